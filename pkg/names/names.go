@@ -1,0 +1,244 @@
+// Package names declares every label, annotation and resource name that nvdomain reads or
+// writes, and the helpers that build and parse them. Nothing else in the module spells these
+// strings: a reader who asks "where is this label written?" follows the helper from here.
+//
+// Two prefixes are configurable (DESIGN §2): the label prefix, used for the node labels and
+// the gpu.nvidia.com/ annotations, and the resource prefix, used for the per-domain extended
+// resources and the per-domain GPU-list annotations that the seed document specified. The
+// names that belong to other projects (the GPU device plugin's nvidia.com/gpu, GPU Operator's
+// nvidia.com/gpu.workload.config) are fixed.
+package names
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// Names that nvdomain does not own and therefore never makes configurable.
+const (
+	// TPLabel opts a pod into tensor-parallel placement when its value is TPLabelValue.
+	TPLabel = "tensor-parallel"
+	// TPLabelValue is the only value of TPLabel that opts in.
+	TPLabelValue = "true"
+	// GPUResource is the NVIDIA device plugin's whole-GPU resource.
+	GPUResource = "nvidia.com/gpu"
+	// SharedGPUResource is what the device plugin advertises for time-sliced GPUs when
+	// renameByDefault is set.
+	SharedGPUResource = "nvidia.com/gpu.shared"
+	// MIGResourcePrefix starts every MIG profile resource (mixed strategy), e.g.
+	// nvidia.com/mig-1g.5gb.
+	MIGResourcePrefix = "nvidia.com/mig-"
+	// NVIDIAPrefix is the vendor prefix of every GPU resource the NVIDIA stack advertises.
+	NVIDIAPrefix = "nvidia.com/"
+	// WorkloadConfigLabel is GPU Operator's per-node workload mode label.
+	WorkloadConfigLabel = "nvidia.com/gpu.workload.config"
+)
+
+// Values of WorkloadConfigLabel.
+const (
+	WorkloadContainer     = "container"
+	WorkloadVMPassthrough = "vm-passthrough"
+	WorkloadVMVGPU        = "vm-vgpu"
+)
+
+// Default prefixes (DESIGN §2).
+const (
+	DefaultLabelPrefix    = "gpu.nvidia.com"
+	DefaultResourcePrefix = "nvidia.com"
+)
+
+// Topology sources, the values of the topology-source label.
+const (
+	SourceNVML       = "nvml"
+	SourceTopoMatrix = "topo-matrix"
+	SourceSimulated  = "simulated"
+)
+
+// Names holds the configured prefixes and builds every nvdomain-owned name from them. The zero
+// value is not usable; call Default or New.
+type Names struct {
+	labelPrefix    string
+	resourcePrefix string
+}
+
+// Default returns the names with the documented default prefixes.
+func Default() Names {
+	return Names{labelPrefix: DefaultLabelPrefix, resourcePrefix: DefaultResourcePrefix}
+}
+
+// New returns names built from the given prefixes. Each prefix must be a DNS subdomain, since
+// Kubernetes requires one before the slash of a qualified name.
+func New(labelPrefix, resourcePrefix string) (Names, error) {
+	for _, p := range []struct{ field, value string }{
+		{"labelPrefix", labelPrefix},
+		{"resourcePrefix", resourcePrefix},
+	} {
+		if err := validateDNSSubdomain(p.value); err != nil {
+			return Names{}, fmt.Errorf("%s %q: %w", p.field, p.value, err)
+		}
+	}
+	return Names{labelPrefix: labelPrefix, resourcePrefix: resourcePrefix}, nil
+}
+
+// LabelPrefix returns the configured label prefix, without the slash.
+func (n Names) LabelPrefix() string { return n.labelPrefix }
+
+// ResourcePrefix returns the configured resource prefix, without the slash.
+func (n Names) ResourcePrefix() string { return n.resourcePrefix }
+
+func (n Names) label(suffix string) string    { return n.labelPrefix + "/" + suffix }
+func (n Names) resource(suffix string) string { return n.resourcePrefix + "/" + suffix }
+
+const (
+	domainSuffix       = "nvswitch-domain-"
+	domainGPUsSuffix   = "gpu-topo-nvswitch-domain-"
+	domainCountSuffix  = "nvswitch-domains"
+	domainMaxSuffix    = "nvswitch-domain-max"
+	topologySrcSuffix  = "topology-source"
+	topologySuffix     = "topology"
+	podDomainSuffix    = "nvswitch-domain"
+	podTPSizeSuffix    = "tp-size"
+	podContainerSuffix = "container-gpus"
+	podAssignedSuffix  = "assigned-gpus"
+)
+
+// Node labels.
+
+// DomainCountLabel is the node label holding the number of NVLink domains.
+func (n Names) DomainCountLabel() string { return n.label(domainCountSuffix) }
+
+// DomainSizeLabel is the node label holding the size of domain id. Its value is an integer so
+// that a nodeAffinity Gt expression can test it.
+func (n Names) DomainSizeLabel(id int) string { return n.label(domainSuffix + strconv.Itoa(id)) }
+
+// DomainMaxLabel is the node label holding the size of the node's largest domain.
+func (n Names) DomainMaxLabel() string { return n.label(domainMaxSuffix) }
+
+// TopologySourceLabel is the node label naming where the topology came from.
+func (n Names) TopologySourceLabel() string { return n.label(topologySrcSuffix) }
+
+// ParseDomainSizeLabel returns the domain id of a DomainSizeLabel key; ok is false for any
+// other key, including DomainMaxLabel and DomainCountLabel.
+func (n Names) ParseDomainSizeLabel(key string) (id int, ok bool) {
+	return parseIndexed(key, n.label(domainSuffix))
+}
+
+// Node annotations.
+
+// DomainGPUsAnnotation is the node annotation listing the GPU indexes of domain id, e.g.
+// "0,1,2,3". Label values cannot hold commas, hence an annotation.
+func (n Names) DomainGPUsAnnotation(id int) string {
+	return n.resource(domainGPUsSuffix + strconv.Itoa(id))
+}
+
+// ParseDomainGPUsAnnotation returns the domain id of a DomainGPUsAnnotation key.
+func (n Names) ParseDomainGPUsAnnotation(key string) (id int, ok bool) {
+	return parseIndexed(key, n.resource(domainGPUsSuffix))
+}
+
+// TopologyAnnotation is the node annotation holding the full topology as JSON.
+func (n Names) TopologyAnnotation() string { return n.label(topologySuffix) }
+
+// Extended resources.
+
+// DomainResource is the extended resource counting the GPUs of domain id, e.g.
+// nvidia.com/nvswitch-domain-1.
+func (n Names) DomainResource(id int) string { return n.resource(domainSuffix + strconv.Itoa(id)) }
+
+// ParseDomainResource returns the domain id of a DomainResource name.
+func (n Names) ParseDomainResource(name string) (id int, ok bool) {
+	return parseIndexed(name, n.resource(domainSuffix))
+}
+
+// IsDomainResource reports whether name is one of nvdomain's per-domain resources.
+func (n Names) IsDomainResource(name string) bool {
+	_, ok := n.ParseDomainResource(name)
+	return ok
+}
+
+// Pod annotations.
+
+// PodDomainAnnotation holds the domain id the webhook chose for the pod.
+func (n Names) PodDomainAnnotation() string { return n.label(podDomainSuffix) }
+
+// PodTPSizeAnnotation holds the pod's tensor-parallel size.
+func (n Names) PodTPSizeAnnotation() string { return n.label(podTPSizeSuffix) }
+
+// PodContainerGPUsAnnotation holds the GPUs per container name as JSON, e.g. {"vllm":4}.
+func (n Names) PodContainerGPUsAnnotation() string { return n.label(podContainerSuffix) }
+
+// PodAssignedGPUsAnnotation reports the GPUs the node assigned, e.g. "4,5".
+func (n Names) PodAssignedGPUsAnnotation() string { return n.label(podAssignedSuffix) }
+
+// parseIndexed parses prefix+<non-negative decimal> without leading zeros or signs, so that
+// every id has exactly one spelling and "nvswitch-domain-max" never parses as an id.
+func parseIndexed(s, prefix string) (int, bool) {
+	rest, ok := strings.CutPrefix(s, prefix)
+	if !ok || rest == "" || len(rest) > 4 {
+		return 0, false
+	}
+	if len(rest) > 1 && rest[0] == '0' {
+		return 0, false
+	}
+	for _, c := range rest {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+	}
+	id, err := strconv.Atoi(rest)
+	if err != nil {
+		return 0, false
+	}
+	return id, true
+}
+
+// FormatGPUList renders GPU indexes as the comma-separated list used in annotations.
+func FormatGPUList(gpus []int) string {
+	parts := make([]string, len(gpus))
+	for i, g := range gpus {
+		parts[i] = strconv.Itoa(g)
+	}
+	return strings.Join(parts, ",")
+}
+
+// ParseGPUList parses a FormatGPUList value. An empty string is an empty list.
+func ParseGPUList(s string) ([]int, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	parts := strings.Split(s, ",")
+	out := make([]int, 0, len(parts))
+	for i, p := range parts {
+		v, err := strconv.Atoi(strings.TrimSpace(p))
+		if err != nil || v < 0 {
+			return nil, fmt.Errorf("GPU list %q: item %d (%q) is not a GPU index", s, i, p)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// validateDNSSubdomain checks the RFC 1123 subdomain rule Kubernetes applies to the prefix of a
+// qualified name. It is re-implemented here, in a dozen lines, to keep this leaf package free
+// of Kubernetes imports.
+func validateDNSSubdomain(s string) error {
+	if s == "" {
+		return fmt.Errorf("must not be empty")
+	}
+	if len(s) > 253 {
+		return fmt.Errorf("must be at most 253 characters")
+	}
+	for _, label := range strings.Split(s, ".") {
+		if label == "" || len(label) > 63 {
+			return fmt.Errorf("must be a DNS subdomain such as gpu.example.com")
+		}
+		for i, c := range label {
+			alnum := (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9')
+			if !alnum && (c != '-' || i == 0 || i == len(label)-1) {
+				return fmt.Errorf("must be a DNS subdomain (lower-case letters, digits, '-' and '.') such as gpu.example.com")
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,167 @@
+// Package placement holds nvdomain's two placement decisions as pure functions, with no
+// Kubernetes types: which domain id a pod is pinned to (the webhook's question, DESIGN §3
+// "Choosing the domain id") and which GPUs inside a domain a container gets (the NRI plugin's
+// question, "Inside a domain"). Keeping them pure makes them cheap to property-test and lets
+// the simulator in the benchmarks run the exact code production runs.
+package placement
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// Candidate is one domain id on one node that a pod could run on.
+type Candidate struct {
+	Node     string
+	Domain   int
+	Capacity int // GPUs in the domain on that node
+	Free     int // Capacity minus the GPUs non-terminal pods hold or are promised there
+}
+
+// Decision is the chosen domain id.
+type Decision struct {
+	Domain int
+	// Fits is true when some node has Free >= k in that domain now. When false, the pod will
+	// wait in Pending for the domain to free up, which is the correct outcome.
+	Fits bool
+	// Node is the node of the tightest fit (Fits), or the first node by name whose domain is
+	// large enough (!Fits). Informational: the scheduler, not the webhook, picks the node.
+	Node string
+	// LeftOver is Free-k on Node when Fits.
+	LeftOver int
+}
+
+// ImpossibleError says that no eligible node has a domain of k GPUs, so the pod could never
+// run and admission should reject it.
+type ImpossibleError struct {
+	GPUs int
+	// Largest is the size of the largest domain on any eligible node, 0 when there is none.
+	Largest int
+	// LargestOn lists up to maxNamedNodes nodes with that domain, sorted; More counts the rest.
+	LargestOn []string
+	More      int
+}
+
+const maxNamedNodes = 5
+
+func (e *ImpossibleError) Error() string {
+	if e.Largest == 0 {
+		return fmt.Sprintf("no node this pod can run on has an NVSwitch domain; a tensor-parallel pod of %d GPUs needs %d GPUs joined by NVLink on one node", e.GPUs, e.GPUs)
+	}
+	nodes := strings.Join(e.LargestOn, ", ")
+	if e.More > 0 {
+		nodes += fmt.Sprintf(" and %d more", e.More)
+	}
+	word := "nodes"
+	if len(e.LargestOn) == 1 && e.More == 0 {
+		word = "node"
+	}
+	return fmt.Sprintf("no node has an NVSwitch domain of %d GPUs; largest is %d on %s %s", e.GPUs, e.Largest, word, nodes)
+}
+
+// DomainChooser picks a domain id for a pod of k GPUs from candidates fed one at a time, in
+// O(1) memory per domain id. The webhook streams its per-node counters through it, so a
+// decision costs O(nodes × domains) and never walks pods.
+type DomainChooser struct {
+	k int
+
+	fit    *Candidate // tightest fit so far
+	anyFit bool
+
+	// capacity of each domain id over candidates whose domain is large enough, and the first
+	// such node by name, for the Pending fallback.
+	bigEnough map[int]*fallback
+
+	largest   int
+	largestOn []string
+}
+
+type fallback struct {
+	capacity int
+	node     string
+}
+
+// NewDomainChooser starts a decision for a pod of k GPUs.
+func NewDomainChooser(k int) *DomainChooser {
+	return &DomainChooser{k: k, bigEnough: map[int]*fallback{}}
+}
+
+// Consider feeds one candidate.
+func (c *DomainChooser) Consider(cand Candidate) {
+	if cand.Capacity > c.largest {
+		c.largest = cand.Capacity
+		c.largestOn = c.largestOn[:0]
+	}
+	if cand.Capacity == c.largest && cand.Capacity > 0 && !slices.Contains(c.largestOn, cand.Node) {
+		c.largestOn = append(c.largestOn, cand.Node)
+	}
+	if cand.Capacity < c.k {
+		return
+	}
+	fb := c.bigEnough[cand.Domain]
+	if fb == nil {
+		fb = &fallback{node: cand.Node}
+		c.bigEnough[cand.Domain] = fb
+	}
+	fb.capacity += cand.Capacity
+	if cand.Node < fb.node {
+		fb.node = cand.Node
+	}
+	if cand.Free >= c.k && (!c.anyFit || tighter(cand, *c.fit)) {
+		cp := cand
+		c.fit, c.anyFit = &cp, true
+	}
+}
+
+// tighter orders fits: least left over, then the smaller domain (keep large ones whole), then
+// the lower domain id, then the node name, so the result never depends on feeding order.
+func tighter(a, b Candidate) bool {
+	if a.Free != b.Free {
+		return a.Free < b.Free
+	}
+	if a.Capacity != b.Capacity {
+		return a.Capacity < b.Capacity
+	}
+	if a.Domain != b.Domain {
+		return a.Domain < b.Domain
+	}
+	return a.Node < b.Node
+}
+
+// Decide returns the choice: the tightest fit if any node has room now; otherwise the domain
+// id with the most capacity (summed over nodes where it is large enough), where the pod waits;
+// otherwise an *ImpossibleError.
+func (c *DomainChooser) Decide() (Decision, error) {
+	if c.k <= 0 {
+		return Decision{}, fmt.Errorf("a pod must ask for at least 1 GPU, not %d", c.k)
+	}
+	if c.anyFit {
+		return Decision{Domain: c.fit.Domain, Fits: true, Node: c.fit.Node, LeftOver: c.fit.Free - c.k}, nil
+	}
+	best, bestCap := -1, -1
+	for d, fb := range c.bigEnough {
+		if fb.capacity > bestCap || (fb.capacity == bestCap && d < best) {
+			best, bestCap = d, fb.capacity
+		}
+	}
+	if best >= 0 {
+		return Decision{Domain: best, Node: c.bigEnough[best].node}, nil
+	}
+	on := slices.Sorted(slices.Values(c.largestOn))
+	more := 0
+	if len(on) > maxNamedNodes {
+		more = len(on) - maxNamedNodes
+		on = on[:maxNamedNodes]
+	}
+	return Decision{}, &ImpossibleError{GPUs: c.k, Largest: c.largest, LargestOn: on, More: more}
+}
+
+// ChooseDomain is DomainChooser over a slice.
+func ChooseDomain(k int, cands []Candidate) (Decision, error) {
+	c := NewDomainChooser(k)
+	for _, cand := range cands {
+		c.Consider(cand)
+	}
+	return c.Decide()
+}

@@ -1,0 +1,251 @@
+// Package nvmltopo discovers a node's GPUs and NVLink domains through NVML
+// (github.com/NVIDIA/go-nvml). It is the production discovery source on GPU nodes.
+//
+// On NVSwitch systems (HGX/DGX A100, H100, H200, B200) a GPU's NVLinks end at switches, not at
+// peer GPUs, so a discovery that only looks for GPU-to-GPU links (as NVIDIA's go-gpuallocator
+// does) sees no NVLink at all there. This package follows every active link to its far end:
+// a GPU end is a direct link, a switch end joins the GPU to that switch, and GPUs that reach a
+// common switch talk to each other through it. GPUs that report the same multi-node fabric
+// clique (GB200 NVL72) are linked as well. topology.New then turns those links into domains.
+package nvmltopo
+
+import (
+	"context"
+	"encoding/hex"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/topology"
+)
+
+// Discover initialises NVML, reads every GPU and its NVLinks, and shuts NVML down again.
+// lib is nvml.New() in production and a go-nvml mock in tests. Failures of NVML itself (no
+// driver, no GPUs, a GPU that cannot be queried) are errors; a single link NVML cannot
+// describe is a warning in the result, and that link is left out.
+func Discover(ctx context.Context, lib nvml.Interface) (top *topology.Topology, err error) {
+	if ret := lib.Init(); ret != nvml.SUCCESS {
+		return nil, initError(ret)
+	}
+	defer func() {
+		if ret := lib.Shutdown(); ret != nvml.SUCCESS && err == nil {
+			err = fmt.Errorf("NVML shutdown: %v", ret)
+		}
+	}()
+	count, ret := lib.DeviceGetCount()
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("NVML: count GPUs: %v", ret)
+	}
+	if count == 0 {
+		return nil, fmt.Errorf("NVML: the driver reports no GPUs on this node; check `nvidia-smi -L` and that the container sees /dev/nvidia*")
+	}
+
+	d := discovery{byBusID: map[string]int{}, links: topology.NewLinks()}
+	devices := make([]nvml.Device, count)
+	for i := range count {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		dev, ret := lib.DeviceGetHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			return nil, fmt.Errorf("NVML: open GPU %d: %v", i, ret)
+		}
+		gpu, err := describe(i, dev)
+		if err != nil {
+			return nil, err
+		}
+		devices[i] = dev
+		d.gpus = append(d.gpus, gpu)
+		if gpu.PCIBusID != "" {
+			d.byBusID[gpu.PCIBusID] = i
+		}
+	}
+	switches := map[string][]int{} // switch PCI bus id → GPUs with an active link to it
+	for i, dev := range devices {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		for _, sw := range d.walkLinks(i, dev) {
+			switches[sw] = appendUnique(switches[sw], i)
+		}
+	}
+	for _, gpus := range switches {
+		for a := range gpus {
+			for b := a + 1; b < len(gpus); b++ {
+				d.links.Add(gpus[a], gpus[b])
+			}
+		}
+	}
+	d.linkFabricCliques()
+	return topology.New(names.SourceNVML, d.gpus, d.links, d.warnings)
+}
+
+func initError(ret nvml.Return) error {
+	switch ret {
+	case nvml.ERROR_LIBRARY_NOT_FOUND:
+		return fmt.Errorf("NVML: libnvidia-ml.so.1 not found: install the NVIDIA driver on the node, or run the container with the NVIDIA runtime so the driver library is mounted (%v)", ret)
+	case nvml.ERROR_DRIVER_NOT_LOADED:
+		return fmt.Errorf("NVML: the NVIDIA kernel driver is not loaded; check `lsmod | grep nvidia` (%v)", ret)
+	case nvml.ERROR_NO_PERMISSION:
+		return fmt.Errorf("NVML: permission denied opening the GPUs; the agent needs access to /dev/nvidia* (%v)", ret)
+	}
+	return fmt.Errorf("NVML: init: %v", ret)
+}
+
+type discovery struct {
+	gpus     []topology.GPU
+	byBusID  map[string]int
+	links    *topology.Links
+	warnings []string
+}
+
+func describe(i int, dev nvml.Device) (topology.GPU, error) {
+	gpu := topology.GPU{Index: i}
+	uuid, ret := dev.GetUUID()
+	if ret != nvml.SUCCESS {
+		return gpu, fmt.Errorf("NVML: GPU %d: read UUID: %v", i, ret)
+	}
+	gpu.UUID = uuid
+	pci, ret := dev.GetPciInfo()
+	if ret != nvml.SUCCESS {
+		return gpu, fmt.Errorf("NVML: GPU %d: read PCI info: %v", i, ret)
+	}
+	gpu.PCIBusID = normalizeBusID(busIDString(pci.BusId))
+	// The rest is informational; drivers differ in what they support.
+	if name, ret := dev.GetName(); ret == nvml.SUCCESS {
+		gpu.Product = name
+	}
+	if mem, ret := dev.GetMemoryInfo(); ret == nvml.SUCCESS {
+		gpu.MemoryMiB = mem.Total / (1 << 20)
+	}
+	if numa, ret := dev.GetNumaNodeId(); ret == nvml.SUCCESS && numa >= 0 {
+		gpu.NUMANode = &numa
+	}
+	if fi, ret := dev.GetGpuFabricInfo(); ret == nvml.SUCCESS && fi.State == nvml.GPU_FABRIC_STATE_COMPLETED && fi.ClusterUuid != [16]uint8{} {
+		gpu.Fabric = &topology.Fabric{ClusterUUID: formatUUID(fi.ClusterUuid), CliqueID: fi.CliqueId}
+	}
+	return gpu, nil
+}
+
+// walkLinks records GPU i's direct GPU links and returns the switches its active links reach.
+func (d *discovery) walkLinks(i int, dev nvml.Device) []string {
+	var switches []string
+	active, down := 0, 0
+	for link := range nvml.NVLINK_MAX_LINKS {
+		state, ret := dev.GetNvLinkState(link)
+		if ret == nvml.ERROR_INVALID_ARGUMENT {
+			break // past the device's last link
+		}
+		if ret == nvml.ERROR_NOT_SUPPORTED {
+			continue
+		}
+		if ret != nvml.SUCCESS {
+			d.warn("GPU %d link %d: read state: %v; link ignored", i, link, ret)
+			continue
+		}
+		if state != nvml.FEATURE_ENABLED {
+			down++
+			continue
+		}
+		active++
+		remote, ret := dev.GetNvLinkRemotePciInfo(link)
+		if ret != nvml.SUCCESS {
+			d.warn("GPU %d link %d: read the far end's PCI address: %v; link ignored", i, link, ret)
+			continue
+		}
+		busID := normalizeBusID(busIDString(remote.BusId))
+		kind, ret := dev.GetNvLinkRemoteDeviceType(link)
+		if ret != nvml.SUCCESS {
+			// Drivers before R460 lack the call. The far end is then a GPU when its address is
+			// one of ours, and otherwise a switch hidden from us (as in many VMs), the same
+			// assumption NCCL makes.
+			kind = nvml.NVLINK_DEVICE_TYPE_SWITCH
+			if _, ok := d.byBusID[busID]; ok {
+				kind = nvml.NVLINK_DEVICE_TYPE_GPU
+			}
+		}
+		switch kind {
+		case nvml.NVLINK_DEVICE_TYPE_GPU:
+			peer, ok := d.byBusID[busID]
+			if !ok {
+				d.warn("GPU %d link %d: far end %s is a GPU NVML does not list (another node, or hidden by CUDA_VISIBLE_DEVICES); link ignored", i, link, busID)
+				continue
+			}
+			d.links.Add(i, peer)
+		case nvml.NVLINK_DEVICE_TYPE_SWITCH:
+			switches = appendUnique(switches, busID)
+		default:
+			d.warn("GPU %d link %d: far end %s is neither a GPU nor an NVSwitch (type %d); link ignored", i, link, busID, kind)
+		}
+	}
+	if active == 0 && down > 0 {
+		d.warn("GPU %d: all %d NVLinks are down; it is in no domain until they come up (check `nvidia-smi nvlink -s` and Fabric Manager)", i, down)
+	}
+	return switches
+}
+
+// linkFabricCliques links GPUs of this node that NVML places in the same multi-node NVLink
+// clique: on GB200 NVL72 they share the rack's NVLink switch trays, which the node's own link
+// queries may not show as a common switch.
+func (d *discovery) linkFabricCliques() {
+	byClique := map[topology.Fabric][]int{}
+	for _, g := range d.gpus {
+		if g.Fabric != nil {
+			byClique[*g.Fabric] = append(byClique[*g.Fabric], g.Index)
+		}
+	}
+	for _, gpus := range byClique {
+		for a := range gpus {
+			for b := a + 1; b < len(gpus); b++ {
+				d.links.Add(gpus[a], gpus[b])
+			}
+		}
+	}
+}
+
+func (d *discovery) warn(format string, args ...any) {
+	d.warnings = append(d.warnings, fmt.Sprintf(format, args...))
+}
+
+func busIDString(raw [32]int8) string {
+	b := make([]byte, 0, len(raw))
+	for _, c := range raw {
+		if c == 0 {
+			break
+		}
+		b = append(b, byte(c))
+	}
+	return string(b)
+}
+
+// normalizeBusID makes "0000:18:00.0" and "00000000:18:00.0" (NVML uses both widths for the
+// PCI domain) compare equal, so a link's far end can be matched to a GPU.
+func normalizeBusID(s string) string {
+	s = strings.ToLower(strings.TrimSpace(s))
+	domain, rest, ok := strings.Cut(s, ":")
+	if !ok || strings.Count(rest, ":") != 1 {
+		return s
+	}
+	n, err := strconv.ParseUint(domain, 16, 32)
+	if err != nil {
+		return s
+	}
+	return fmt.Sprintf("%08x:%s", n, rest)
+}
+
+func formatUUID(u [16]uint8) string {
+	h := hex.EncodeToString(u[:])
+	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:32]
+}
+
+func appendUnique[T comparable](s []T, v T) []T {
+	for _, x := range s {
+		if x == v {
+			return s
+		}
+	}
+	return append(s, v)
+}

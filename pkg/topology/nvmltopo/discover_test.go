@@ -1,0 +1,273 @@
+package nvmltopo
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+
+	"github.com/nvdomain/nvdomain/pkg/topology"
+)
+
+// link is one NVLink as the mock reports it.
+type link struct {
+	down   bool
+	kind   nvml.IntNvLinkDeviceType
+	remote string // far end's PCI bus id
+}
+
+func gpuBus(i int) string { return fmt.Sprintf("0000:%02x:00.0", 0x18+i*0x10) }
+
+// switchBus uses NVML's 8-digit PCI domain on purpose, so matching must normalise widths.
+func switchBus(s int) string { return fmt.Sprintf("00000000:%02X:00.0", 0x05+s) }
+
+// machine describes a node for the go-nvml mock: GPUs from the mock's own configs, with the
+// NVLink, NUMA and fabric answers this package asks for layered on top.
+type machine struct {
+	srv            *server.Server
+	links          map[int][]link
+	fabric         map[int]nvml.GpuFabricInfo
+	oldDriver      bool // GetNvLinkRemoteDeviceType unsupported, as before R460
+	failUUIDForGPU int
+}
+
+func newMachine(srv *server.Server) *machine {
+	return &machine{srv: srv, links: map[int][]link{}, fabric: map[int]nvml.GpuFabricInfo{}, failUUIDForGPU: -1}
+}
+
+func toBusID(s string) [32]int8 {
+	var out [32]int8
+	for i, c := range []byte(s) {
+		out[i] = int8(c)
+	}
+	return out
+}
+
+func (m *machine) lib() nvml.Interface {
+	for i, d := range m.srv.Devices {
+		dev := d.(*server.Device)
+		i := i
+		dev.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) {
+			return nvml.PciInfo{BusId: toBusID(gpuBus(i)), PciDeviceId: dev.Config.PciDeviceId}, nvml.SUCCESS
+		}
+		if i == m.failUUIDForGPU {
+			dev.GetUUIDFunc = func() (string, nvml.Return) { return "", nvml.ERROR_GPU_IS_LOST }
+		}
+		dev.GetNumaNodeIdFunc = func() (int, nvml.Return) { return i / 4, nvml.SUCCESS }
+		dev.GetGpuFabricInfoFunc = func() (nvml.GpuFabricInfo, nvml.Return) {
+			if fi, ok := m.fabric[i]; ok {
+				return fi, nvml.SUCCESS
+			}
+			return nvml.GpuFabricInfo{}, nvml.ERROR_NOT_SUPPORTED
+		}
+		links := m.links[i]
+		dev.GetNvLinkStateFunc = func(l int) (nvml.EnableState, nvml.Return) {
+			if l >= len(links) {
+				return 0, nvml.ERROR_NOT_SUPPORTED
+			}
+			if links[l].down {
+				return nvml.FEATURE_DISABLED, nvml.SUCCESS
+			}
+			return nvml.FEATURE_ENABLED, nvml.SUCCESS
+		}
+		dev.GetNvLinkRemotePciInfoFunc = func(l int) (nvml.PciInfo, nvml.Return) {
+			return nvml.PciInfo{BusId: toBusID(links[l].remote)}, nvml.SUCCESS
+		}
+		dev.GetNvLinkRemoteDeviceTypeFunc = func(l int) (nvml.IntNvLinkDeviceType, nvml.Return) {
+			if m.oldDriver {
+				return 0, nvml.ERROR_FUNCTION_NOT_FOUND
+			}
+			return links[l].kind, nvml.SUCCESS
+		}
+	}
+	return m.srv
+}
+
+// hgxH100 is 8 H100s, each with 18 NVLinks spread over 4 NVSwitches (5+4+4+5), as on HGX H100.
+func hgxH100() *machine {
+	m := newMachine(dgxh100.New())
+	for g := range 8 {
+		for l := range 18 {
+			sw := []int{0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 3}[l]
+			m.links[g] = append(m.links[g], link{kind: nvml.NVLINK_DEVICE_TYPE_SWITCH, remote: switchBus(sw)})
+		}
+	}
+	return m
+}
+
+// dgx1 is the V100 hybrid cube-mesh: NVn between two GPUs is n direct links. The wiring is
+// that of testdata/dgx1-v100-cube-mesh-mlx5.txt in the topomatrix package.
+func dgx1() *machine {
+	m := newMachine(must(server.New(server.WithGPUs(gpus.Multiple(8, gpus.A100_SXM4_40GB)...))))
+	wiring := [][3]int{
+		{0, 1, 1}, {0, 2, 1}, {0, 3, 2}, {0, 4, 2}, {1, 2, 2}, {1, 3, 1}, {1, 5, 2}, {2, 3, 2},
+		{2, 6, 1}, {3, 7, 1}, {4, 5, 1}, {4, 6, 1}, {4, 7, 2}, {5, 6, 2}, {5, 7, 1}, {6, 7, 2},
+	}
+	for _, w := range wiring {
+		for range w[2] {
+			m.links[w[0]] = append(m.links[w[0]], link{kind: nvml.NVLINK_DEVICE_TYPE_GPU, remote: strings.ToUpper(gpuBus(w[1]))})
+			m.links[w[1]] = append(m.links[w[1]], link{kind: nvml.NVLINK_DEVICE_TYPE_GPU, remote: gpuBus(w[0])})
+		}
+	}
+	return m
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+func domains(top *topology.Topology) [][]int {
+	var out [][]int
+	for _, d := range top.Domains {
+		out = append(out, d.GPUs)
+	}
+	return out
+}
+
+func TestDiscover(t *testing.T) {
+	islands := hgxH100()
+	for g := range 8 {
+		for l := range islands.links[g] {
+			// GPUs 0-3 reach switches 0 and 1, GPUs 4-7 reach switches 2 and 3.
+			islands.links[g][l].remote = switchBus(2*(g/4) + l%2)
+		}
+	}
+	linkDown := hgxH100()
+	for l := range linkDown.links[5] {
+		linkDown.links[5][l].down = true
+	}
+	oldDriver := dgx1()
+	oldDriver.oldDriver = true
+	gb200 := newMachine(must(server.New(server.WithGPUs(gpus.Multiple(4, gpus.B200_SXM5_180GB)...))))
+	for g := range 4 {
+		gb200.fabric[g] = nvml.GpuFabricInfo{ClusterUuid: [16]uint8{1, 2, 3}, CliqueId: 32766, State: nvml.GPU_FABRIC_STATE_COMPLETED}
+	}
+	twoCliques := newMachine(must(server.New(server.WithGPUs(gpus.Multiple(4, gpus.B200_SXM5_180GB)...))))
+	for g := range 4 {
+		twoCliques.fabric[g] = nvml.GpuFabricInfo{ClusterUuid: [16]uint8{9}, CliqueId: uint32(g / 2), State: nvml.GPU_FABRIC_STATE_COMPLETED}
+	}
+	strayPeer := dgx1()
+	strayPeer.links[0] = append(strayPeer.links[0], link{kind: nvml.NVLINK_DEVICE_TYPE_GPU, remote: "0000:ff:00.0"})
+
+	cases := []struct {
+		name     string
+		m        *machine
+		domains  [][]int
+		unlinked []int
+		warning  string
+	}{
+		{"HGX H100: 8 GPUs behind 4 NVSwitches form one domain", hgxH100(), [][]int{{0, 1, 2, 3, 4, 5, 6, 7}}, nil, ""},
+		{"DGX-1 hybrid cube-mesh splits into 0-3 and 4-7", dgx1(), [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}}, nil, ""},
+		{"two NVSwitch islands of 4", islands, [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}}, nil, ""},
+		{"a GPU whose links are all down is in no domain", linkDown, [][]int{{0, 1, 2, 3, 4, 6, 7}}, []int{5}, "GPU 5: all 18 NVLinks are down"},
+		{"driver without the remote-type call", oldDriver, [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}}, nil, ""},
+		{"GB200: one fabric clique", gb200, [][]int{{0, 1, 2, 3}}, nil, ""},
+		{"fabric cliques split the node", twoCliques, [][]int{{0, 1}, {2, 3}}, nil, ""},
+		{"a link to a GPU NVML does not list is ignored", strayPeer, [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}}, nil, "far end 00000000:ff:00.0 is a GPU NVML does not list"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			top, err := Discover(context.Background(), tc.m.lib())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := domains(top); !slices.EqualFunc(got, tc.domains, slices.Equal[[]int]) {
+				t.Errorf("domains = %v, want %v", got, tc.domains)
+			}
+			if !slices.Equal(top.Unlinked, tc.unlinked) {
+				t.Errorf("unlinked = %v, want %v", top.Unlinked, tc.unlinked)
+			}
+			joined := strings.Join(top.Warnings, "\n")
+			if (tc.warning == "") != (joined == "") || !strings.Contains(joined, tc.warning) {
+				t.Errorf("warnings = %q, want one containing %q", top.Warnings, tc.warning)
+			}
+			if top.Source != "nvml" {
+				t.Errorf("source = %q", top.Source)
+			}
+		})
+	}
+}
+
+func TestDiscoverFillsGPUDetails(t *testing.T) {
+	m := hgxH100()
+	srvUUID := m.srv.Devices[3].(*server.Device).UUID
+	top, err := Discover(context.Background(), m.lib())
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, _ := top.GPU(3)
+	if g.UUID != srvUUID || g.PCIBusID != "00000000:48:00.0" || !strings.Contains(g.Product, "H100") || g.MemoryMiB < 80000 || g.NUMANode == nil || *g.NUMANode != 0 {
+		t.Errorf("GPU 3 = %+v (numa %v)", g, g.NUMANode)
+	}
+	gb := newMachine(must(server.New(server.WithGPUs(gpus.Multiple(2, gpus.B200_SXM5_180GB)...))))
+	gb.fabric[0] = nvml.GpuFabricInfo{ClusterUuid: [16]uint8{0xab, 0xcd}, CliqueId: 4, State: nvml.GPU_FABRIC_STATE_COMPLETED}
+	gb.fabric[1] = nvml.GpuFabricInfo{ClusterUuid: [16]uint8{0xab, 0xcd}, CliqueId: 4, State: nvml.GPU_FABRIC_STATE_IN_PROGRESS}
+	top, err = Discover(context.Background(), gb.lib())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g0, _ := top.GPU(0); g0.Fabric == nil || g0.Fabric.ClusterUUID != "abcd0000-0000-0000-0000-000000000000" || g0.Fabric.CliqueID != 4 {
+		t.Errorf("GPU 0 fabric = %+v", g0.Fabric)
+	}
+	if g1, _ := top.GPU(1); g1.Fabric != nil {
+		t.Errorf("GPU 1 fabric registration is not complete, but fabric = %+v", g1.Fabric)
+	}
+}
+
+func TestDiscoverErrors(t *testing.T) {
+	initFails := func(ret nvml.Return) nvml.Interface {
+		s := dgxh100.New()
+		s.InitFunc = func() nvml.Return { return ret }
+		return s
+	}
+	noGPUs := dgxh100.New()
+	noGPUs.Devices = nil
+	lostGPU := hgxH100()
+	lostGPU.failUUIDForGPU = 2
+	cases := []struct {
+		name string
+		lib  nvml.Interface
+		want string
+	}{
+		{"no driver library", initFails(nvml.ERROR_LIBRARY_NOT_FOUND), "NVML: libnvidia-ml.so.1 not found: install the NVIDIA driver"},
+		{"driver not loaded", initFails(nvml.ERROR_DRIVER_NOT_LOADED), "NVML: the NVIDIA kernel driver is not loaded"},
+		{"no permission", initFails(nvml.ERROR_NO_PERMISSION), "needs access to /dev/nvidia*"},
+		{"other init error", initFails(nvml.ERROR_UNKNOWN), "NVML: init: ERROR_UNKNOWN"},
+		{"no GPUs", noGPUs, "the driver reports no GPUs on this node"},
+		{"GPU lost while reading", lostGPU.lib(), "NVML: GPU 2: read UUID: ERROR_GPU_IS_LOST"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Discover(context.Background(), tc.lib)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error = %v, want it to contain %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestRealNVML calls the real library. On a machine without the NVIDIA driver (CI) it must
+// fail with the clear message; on a GPU node it must return a consistent topology.
+func TestRealNVML(t *testing.T) {
+	top, err := Discover(context.Background(), nvml.New())
+	if err != nil {
+		if !strings.Contains(err.Error(), "NVML:") {
+			t.Fatalf("unclear error: %v", err)
+		}
+		t.Logf("no usable NVML here: %v", err)
+		return
+	}
+	if len(top.GPUs) == 0 {
+		t.Fatal("NVML succeeded with no GPUs")
+	}
+	t.Logf("real NVML: %d GPUs, %d domains, unlinked %v, warnings %q", len(top.GPUs), len(top.Domains), top.Unlinked, top.Warnings)
+}

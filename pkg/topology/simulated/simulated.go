@@ -1,0 +1,326 @@
+// Package simulated reads the simulated-topology document: the JSON payload of the ConfigMap
+// that describes, for nodes without NVSwitch hardware, which GPUs they have and which NVLink
+// domains those GPUs form (seed 000: "write a ConfigMap with JSON describing the NVSwitch
+// domains"). The JSON Schema for the document ships beside this file and is enforced on every
+// parse, so the schema users validate against is the one the agent applies.
+//
+// Every error carries the JSON path of what is wrong, e.g.
+// "nodes[1].domains[0].gpus[2]: GPU 9 is not declared".
+package simulated
+
+import (
+	"bytes"
+	"crypto/sha256"
+	_ "embed"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+	"golang.org/x/text/language"
+	"golang.org/x/text/message"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/topology"
+)
+
+// Schema is the JSON Schema of the document.
+//
+//go:embed simulated-topology.schema.json
+var Schema []byte
+
+// ConfigMapKey is the key of the ConfigMap's data that holds the document.
+const ConfigMapKey = "topology.json"
+
+// Document is the parsed, validated document.
+type Document struct {
+	// Nodes in document order.
+	Nodes []Node
+}
+
+// Node is one node's simulated topology.
+type Node struct {
+	Name     string
+	Topology *topology.Topology
+}
+
+// ForNode returns the topology declared for the named node.
+func (d *Document) ForNode(name string) (*topology.Topology, error) {
+	for _, n := range d.Nodes {
+		if n.Name == name {
+			return n.Topology, nil
+		}
+	}
+	listed := make([]string, len(d.Nodes))
+	for i, n := range d.Nodes {
+		listed[i] = n.Name
+	}
+	return nil, fmt.Errorf("node %q is not in the simulated topology (it lists %s); add an entry under nodes[] with this name", name, strings.Join(listed, ", "))
+}
+
+// PathError is a problem at one place in the document.
+type PathError struct {
+	Path string // e.g. nodes[1].domains[0].gpus[2]; empty for the document as a whole
+	Msg  string
+}
+
+func (e *PathError) Error() string {
+	if e.Path == "" {
+		return e.Msg
+	}
+	return e.Path + ": " + e.Msg
+}
+
+// Errors is every problem found in one document, in document order.
+type Errors []*PathError
+
+func (es Errors) Error() string {
+	msgs := make([]string, len(es))
+	for i, e := range es {
+		msgs[i] = e.Error()
+	}
+	return strings.Join(msgs, "; ")
+}
+
+// Parser validates documents against the embedded schema. Compile it once and reuse it; it is
+// safe for concurrent use.
+type Parser struct {
+	schema *jsonschema.Schema
+}
+
+// NewParser compiles the embedded schema.
+func NewParser() (*Parser, error) {
+	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(Schema))
+	if err != nil {
+		return nil, fmt.Errorf("simulated topology schema: %w", err)
+	}
+	c := jsonschema.NewCompiler()
+	const url = "simulated-topology.schema.json"
+	if err := c.AddResource(url, doc); err != nil {
+		return nil, fmt.Errorf("simulated topology schema: %w", err)
+	}
+	sch, err := c.Compile(url)
+	if err != nil {
+		return nil, fmt.Errorf("simulated topology schema: %w", err)
+	}
+	return &Parser{schema: sch}, nil
+}
+
+type wireDoc struct {
+	Nodes []wireNode `json:"nodes"`
+}
+
+type wireNode struct {
+	Name      string       `json:"name"`
+	GPUCount  *int         `json:"gpuCount"`
+	Product   string       `json:"product"`
+	MemoryMiB uint64       `json:"memoryMiB"`
+	GPUs      []wireGPU    `json:"gpus"`
+	Domains   []wireDomain `json:"domains"`
+}
+
+type wireGPU struct {
+	Index     int    `json:"index"`
+	UUID      string `json:"uuid"`
+	PCIBusID  string `json:"pciBusID"`
+	Product   string `json:"product"`
+	MemoryMiB uint64 `json:"memoryMiB"`
+	NUMANode  *int   `json:"numaNode"`
+}
+
+type wireDomain struct {
+	ID   *int  `json:"id"`
+	GPUs []int `json:"gpus"`
+}
+
+// Parse validates and reads a document. On error nothing is returned: a caller that publishes
+// topologies keeps the last good one.
+func (p *Parser) Parse(data []byte) (*Document, error) {
+	inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(data))
+	if err != nil {
+		return nil, Errors{{Msg: syntaxMessage(data, err)}}
+	}
+	if err := p.schema.Validate(inst); err != nil {
+		var ve *jsonschema.ValidationError
+		if errors.As(err, &ve) {
+			return nil, schemaErrors(ve)
+		}
+		return nil, Errors{{Msg: err.Error()}}
+	}
+	var w wireDoc
+	if err := json.Unmarshal(data, &w); err != nil {
+		return nil, Errors{{Msg: fmt.Sprintf("decode: %v", err)}}
+	}
+	var errs Errors
+	doc := &Document{}
+	seen := map[string]int{}
+	for i, n := range w.Nodes {
+		path := fmt.Sprintf("nodes[%d]", i)
+		if prev, dup := seen[n.Name]; dup {
+			errs = append(errs, &PathError{path + ".name", fmt.Sprintf("node %q is already described by nodes[%d]; merge the two entries", n.Name, prev)})
+			continue
+		}
+		seen[n.Name] = i
+		top, err := buildNode(n)
+		if err != nil {
+			var pe *PathError
+			if errors.As(err, &pe) {
+				errs = append(errs, &PathError{joinPath(path, pe.Path), pe.Msg})
+			} else {
+				errs = append(errs, &PathError{path, err.Error()})
+			}
+			continue
+		}
+		doc.Nodes = append(doc.Nodes, Node{Name: n.Name, Topology: top})
+	}
+	if len(errs) > 0 {
+		return nil, errs
+	}
+	return doc, nil
+}
+
+func joinPath(a, b string) string {
+	if b == "" {
+		return a
+	}
+	return a + "." + b
+}
+
+func buildNode(n wireNode) (*topology.Topology, error) {
+	var gpus []topology.GPU
+	switch {
+	case n.GPUCount != nil && n.GPUs != nil:
+		return nil, &PathError{"gpuCount", "give either gpuCount or gpus, not both"}
+	case n.GPUCount == nil && n.GPUs == nil:
+		return nil, &PathError{"", "declare the node's GPUs with gpuCount (e.g. 8) or a gpus list"}
+	case n.GPUCount != nil:
+		for i := range *n.GPUCount {
+			gpus = append(gpus, topology.GPU{Index: i})
+		}
+	default:
+		at := map[int]int{}
+		for i, g := range n.GPUs {
+			if prev, dup := at[g.Index]; dup {
+				return nil, &PathError{fmt.Sprintf("gpus[%d].index", i), fmt.Sprintf("GPU %d is already declared by gpus[%d]", g.Index, prev)}
+			}
+			at[g.Index] = i
+			gpus = append(gpus, topology.GPU{Index: g.Index, UUID: g.UUID, PCIBusID: g.PCIBusID, Product: g.Product, MemoryMiB: g.MemoryMiB, NUMANode: g.NUMANode})
+		}
+	}
+	for i := range gpus {
+		g := &gpus[i]
+		if g.UUID == "" {
+			g.UUID = simulatedUUID(n.Name, g.Index)
+		}
+		if g.Product == "" {
+			g.Product = n.Product
+		}
+		if g.MemoryMiB == 0 {
+			g.MemoryMiB = n.MemoryMiB
+		}
+	}
+	groups := make([][]int, len(n.Domains))
+	for i, d := range n.Domains {
+		groups[i] = d.GPUs
+	}
+	top, err := topology.FromDomains(names.SourceSimulated, gpus, groups, nil)
+	if err != nil {
+		var de *topology.DomainError
+		if errors.As(err, &de) {
+			return nil, &PathError{de.Path(), de.Msg}
+		}
+		return nil, err
+	}
+	// An id, when given, must be the one nvdomain assigns, or the document would say one
+	// thing and the Node labels another.
+	for i, d := range n.Domains {
+		if d.ID == nil {
+			continue
+		}
+		low := slices.Min(d.GPUs)
+		want := slices.IndexFunc(top.Domains, func(td topology.Domain) bool { return td.GPUs[0] == low })
+		if *d.ID != want {
+			return nil, &PathError{fmt.Sprintf("domains[%d].id", i), fmt.Sprintf("%d does not match the id nvdomain assigns (domains are numbered by their lowest GPU index); set it to %d or remove it", *d.ID, want)}
+		}
+	}
+	return top, nil
+}
+
+// simulatedUUID is stable for a node name and index, so a restarted agent publishes the same
+// UUIDs and the NRI plugin's recorded assignments stay valid.
+func simulatedUUID(node string, index int) string {
+	sum := sha256.Sum256([]byte("nvdomain-simulated/" + node + "/" + strconv.Itoa(index)))
+	h := hex.EncodeToString(sum[:16])
+	return "GPU-" + h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:32]
+}
+
+func syntaxMessage(data []byte, err error) string {
+	var se *json.SyntaxError
+	if errors.As(err, &se) {
+		line, col := lineCol(data, se.Offset)
+		return fmt.Sprintf("invalid JSON at line %d, column %d: %v", line, col, se)
+	}
+	// jsonschema.UnmarshalJSON wraps decoder errors without the offset; find it again.
+	var v any
+	if jerr := json.Unmarshal(data, &v); errors.As(jerr, &se) {
+		line, col := lineCol(data, se.Offset)
+		return fmt.Sprintf("invalid JSON at line %d, column %d: %v", line, col, se)
+	} else if jerr != nil {
+		return fmt.Sprintf("invalid JSON: %v", jerr)
+	}
+	return fmt.Sprintf("invalid JSON: %v", err)
+}
+
+func lineCol(data []byte, offset int64) (int, int) {
+	if offset > int64(len(data)) {
+		offset = int64(len(data))
+	}
+	before := data[:offset]
+	line := bytes.Count(before, []byte("\n")) + 1
+	col := int(offset) - bytes.LastIndexByte(before, '\n')
+	return line, col
+}
+
+var printer = message.NewPrinter(language.English)
+
+// schemaErrors flattens the validator's tree into one error per leaf, each at its instance path.
+func schemaErrors(ve *jsonschema.ValidationError) Errors {
+	var out Errors
+	seen := map[string]bool{}
+	var walk func(e *jsonschema.ValidationError)
+	walk = func(e *jsonschema.ValidationError) {
+		if len(e.Causes) > 0 {
+			for _, c := range e.Causes {
+				walk(c)
+			}
+			return
+		}
+		pe := &PathError{Path: instancePath(e.InstanceLocation), Msg: e.ErrorKind.LocalizedString(printer)}
+		if !seen[pe.Error()] {
+			seen[pe.Error()] = true
+			out = append(out, pe)
+		}
+	}
+	walk(ve)
+	return out
+}
+
+// instancePath renders ["nodes","1","domains","0"] as nodes[1].domains[0].
+func instancePath(loc []string) string {
+	var b strings.Builder
+	for _, part := range loc {
+		if _, err := strconv.Atoi(part); err == nil {
+			b.WriteString("[" + part + "]")
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteByte('.')
+		}
+		b.WriteString(part)
+	}
+	return b.String()
+}

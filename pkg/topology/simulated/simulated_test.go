@@ -1,0 +1,177 @@
+package simulated
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func newParser(t *testing.T) *Parser {
+	t.Helper()
+	p, err := NewParser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// Every example shipped in the repository must pass the schema and the semantic checks:
+// these are what users copy.
+func TestExamplesAreValid(t *testing.T) {
+	p := newParser(t)
+	files, _ := filepath.Glob("testdata/*.json")
+	extra, _ := filepath.Glob("../../../manifests/examples/*topology*.json")
+	files = append(files, extra...)
+	if len(files) < 2 {
+		t.Fatalf("found only %v", files)
+	}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p.Parse(data); err != nil {
+			t.Errorf("%s: %v", f, err)
+		}
+	}
+}
+
+func TestSeedNode(t *testing.T) {
+	data, _ := os.ReadFile("testdata/seed-node.json")
+	doc, err := newParser(t).Parse(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	top, err := doc.ForNode("gpu-node01")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(top.GPUs) != 8 || len(top.Domains) != 2 || !slices.Equal(top.Domains[1].GPUs, []int{4, 5, 6, 7}) || top.Source != "simulated" {
+		t.Fatalf("topology = %+v", top)
+	}
+	g, _ := top.GPU(5)
+	if !strings.HasPrefix(g.UUID, "GPU-") || g.Product != "NVIDIA H100 80GB HBM3" || g.MemoryMiB != 81559 {
+		t.Errorf("GPU 5 = %+v", g)
+	}
+	// UUIDs are stable across parses, so restarts publish the same devices.
+	doc2, _ := newParser(t).Parse(data)
+	g2, _ := doc2.Nodes[0].Topology.GPU(5)
+	if g2.UUID != g.UUID {
+		t.Errorf("UUID changed between parses: %s vs %s", g.UUID, g2.UUID)
+	}
+	if _, err := doc.ForNode("other"); err == nil || !strings.Contains(err.Error(), `node "other" is not in the simulated topology (it lists gpu-node01)`) {
+		t.Errorf("ForNode(other) error = %v", err)
+	}
+}
+
+func TestMixedCluster(t *testing.T) {
+	data, _ := os.ReadFile("testdata/mixed-cluster.json")
+	doc, err := newParser(t).Parse(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]struct {
+		domains  [][]int
+		unlinked []int
+	}{
+		"hgx-split-a":   {[][]int{{0, 1, 2, 3}, {4, 5, 6, 7}}, nil},
+		"hgx-full-b":    {[][]int{{0, 1, 2, 3, 4, 5, 6, 7}}, nil},
+		"pcie-l40s-c":   {nil, []int{0, 1, 2, 3}},
+		"workstation-d": {[][]int{{0, 2}, {1, 3}}, nil},
+	}
+	for _, n := range doc.Nodes {
+		var got [][]int
+		for _, d := range n.Topology.Domains {
+			got = append(got, d.GPUs)
+		}
+		w := want[n.Name]
+		if !slices.EqualFunc(got, w.domains, slices.Equal[[]int]) || !slices.Equal(n.Topology.Unlinked, w.unlinked) {
+			t.Errorf("%s: domains %v unlinked %v, want %v %v", n.Name, got, n.Topology.Unlinked, w.domains, w.unlinked)
+		}
+	}
+	b, _ := doc.ForNode("hgx-full-b")
+	g0, _ := b.GPU(0)
+	if g0.UUID != "GPU-0a6f3c1e-1111-4d2b-9c6e-000000000000" || g0.PCIBusID != "00000000:18:00.0" || *g0.NUMANode != 0 || g0.Product != "NVIDIA H200" {
+		t.Errorf("declared GPU details lost: %+v", g0)
+	}
+}
+
+func TestInvalidDocumentsNameTheJSONPath(t *testing.T) {
+	cases := []struct {
+		name, doc, want string
+	}{
+		{"undeclared GPU in a domain",
+			`{"nodes":[{"name":"a","gpuCount":2},{"name":"b","gpuCount":8,"domains":[{"gpus":[0,1,9]}]}]}`,
+			"nodes[1].domains[0].gpus[2]: GPU 9 is not declared"},
+		{"GPU in two domains",
+			`{"nodes":[{"name":"a","gpuCount":8,"domains":[{"gpus":[0,1,2,3]},{"gpus":[3,4]}]}]}`,
+			"nodes[0].domains[1].gpus[0]: GPU 3 is already in domains[0]; a GPU belongs to at most one domain"},
+		{"wrong id",
+			`{"nodes":[{"name":"a","gpuCount":8,"domains":[{"id":0,"gpus":[4,5,6,7]},{"id":1,"gpus":[0,1,2,3]}]}]}`,
+			"nodes[0].domains[0].id: 0 does not match the id nvdomain assigns (domains are numbered by their lowest GPU index); set it to 1 or remove it"},
+		{"duplicate node", `{"nodes":[{"name":"a","gpuCount":1},{"name":"a","gpuCount":1}]}`,
+			`nodes[1].name: node "a" is already described by nodes[0]; merge the two entries`},
+		{"both gpu forms", `{"nodes":[{"name":"a","gpuCount":1,"gpus":[{"index":0}]}]}`,
+			"nodes[0].gpuCount: give either gpuCount or gpus, not both"},
+		{"no gpus", `{"nodes":[{"name":"a"}]}`,
+			"nodes[0]: declare the node's GPUs with gpuCount (e.g. 8) or a gpus list"},
+		{"duplicate gpu index", `{"nodes":[{"name":"a","gpus":[{"index":0},{"index":0}]}]}`,
+			"nodes[0].gpus[1].index: GPU 0 is already declared by gpus[0]"},
+		{"schema: unknown field", `{"nodes":[{"name":"a","gpuCount":1,"gpu_count":2}]}`,
+			"nodes[0]: additional properties 'gpu_count' not allowed"},
+		{"schema: wrong type", `{"nodes":[{"name":"a","gpuCount":"8"}]}`,
+			"nodes[0].gpuCount: got string, want integer"},
+		{"schema: one-GPU domain", `{"nodes":[{"name":"a","gpuCount":2,"domains":[{"gpus":[1]}]}]}`,
+			"nodes[0].domains[0].gpus: minItems: got 1, want 2"},
+		{"schema: bad node name", `{"nodes":[{"name":"GPU_Node","gpuCount":2}]}`,
+			"nodes[0].name: "},
+		{"schema: missing nodes", `{}`, "missing property 'nodes'"},
+		{"syntax", "{\n  \"nodes\": [\n    {\"name\": \"a\",, }\n  ]\n}", "invalid JSON at line 3, column 19"},
+		{"truncated", `{"nodes":[{"name":"a"`, "invalid JSON"},
+	}
+	p := newParser(t)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			doc, err := p.Parse([]byte(tc.doc))
+			if err == nil {
+				t.Fatalf("accepted: %+v", doc)
+			}
+			if doc != nil {
+				t.Error("a document came back with the error; nothing may be half-applied")
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error = %q, want it to contain %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	for _, name := range []string{"testdata/seed-node.json", "testdata/mixed-cluster.json"} {
+		data, err := os.ReadFile(name)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(data)
+	}
+	p, err := NewParser()
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		doc, err := p.Parse(data)
+		if err != nil {
+			if doc != nil {
+				t.Fatal("document returned with an error")
+			}
+			return
+		}
+		for _, n := range doc.Nodes {
+			if n.Topology == nil {
+				t.Fatalf("node %s without topology", n.Name)
+			}
+		}
+	})
+}

@@ -1,0 +1,205 @@
+// Package checkconfig checks that each node's GPU Operator workload mode
+// (nvidia.com/gpu.workload.config) agrees with the GPU resources the node advertises
+// (DESIGN §6, seed 004). The label decides which NVIDIA component runs on the node and so
+// under which resource name its GPUs appear; when the two disagree, pods that ask for
+// nvidia.com/gpu sit Pending with "Insufficient nvidia.com/gpu" while the GPUs stand idle
+// under another name. The check works on a `kubectl get nodes -o json` dump and needs no
+// cluster access.
+package checkconfig
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
+)
+
+// Kind is the family a GPU resource name belongs to.
+type Kind string
+
+// The three families, named after the workload mode that produces them.
+const (
+	KindContainer     Kind = names.WorkloadContainer
+	KindVMPassthrough Kind = names.WorkloadVMPassthrough
+	KindVMVGPU        Kind = names.WorkloadVMVGPU
+)
+
+// vgpuProfile matches vGPU type names such as NVIDIA_A10-12Q or GRID_T4-16C: a framebuffer
+// size in GB and one capital letter for the profile series.
+var vgpuProfile = regexp.MustCompile(`-[0-9]+[A-Z]$`)
+
+// Classify returns the family of an nvidia.com/ resource, and false for resources that are not
+// GPU devices (nvdomain's own per-domain counters, for one).
+//
+// container covers what the device plugin advertises in container mode: nvidia.com/gpu, the
+// time-sliced nvidia.com/gpu.shared and MIG profiles (nvidia.com/mig-1g.5gb, also .shared).
+// vm-vgpu is a vGPU profile name; vm-passthrough is any other device name (the sandbox device
+// plugin advertises the PCI device model, e.g. nvidia.com/GA102GL_A10).
+func Classify(resource string, n names.Names) (Kind, bool) {
+	rest, ok := strings.CutPrefix(resource, names.NVIDIAPrefix)
+	if !ok || rest == "" || n.IsDomainResource(resource) {
+		return "", false
+	}
+	switch {
+	case resource == names.GPUResource, resource == names.SharedGPUResource, strings.HasPrefix(resource, names.MIGResourcePrefix):
+		return KindContainer, true
+	case vgpuProfile.MatchString(rest):
+		return KindVMVGPU, true
+	}
+	return KindVMPassthrough, true
+}
+
+// Result is the outcome for one checked node.
+type Result struct {
+	Node   string
+	Reason string
+}
+
+// Report is the outcome of a check.
+type Report struct {
+	Checked    int
+	Mismatches []Result
+}
+
+// node is the part of a v1.Node the check reads; decoding only this keeps the checker usable
+// on dumps from any Kubernetes version.
+type node struct {
+	Kind     string `json:"kind"`
+	Metadata struct {
+		Name   string            `json:"name"`
+		Labels map[string]string `json:"labels"`
+	} `json:"metadata"`
+	Status struct {
+		Capacity    map[string]string `json:"capacity"`
+		Allocatable map[string]string `json:"allocatable"`
+	} `json:"status"`
+}
+
+type list struct {
+	Kind  string `json:"kind"`
+	Items []node `json:"items"`
+}
+
+// Check reads a `kubectl get nodes -o json` dump (a List or NodeList, or a single Node) and
+// checks every node that carries the workload-config label. Nodes without it are skipped.
+func Check(r io.Reader, n names.Names) (*Report, error) {
+	data, err := io.ReadAll(r)
+	if err != nil {
+		return nil, fmt.Errorf("read node dump: %w", err)
+	}
+	var l list
+	if err := json.Unmarshal(data, &l); err != nil {
+		return nil, fmt.Errorf("node dump is not valid JSON: %w; produce it with `kubectl get nodes -o json`", err)
+	}
+	nodes := l.Items
+	switch l.Kind {
+	case "List", "NodeList":
+	case "Node":
+		var one node
+		if err := json.Unmarshal(data, &one); err != nil {
+			return nil, fmt.Errorf("node dump: %w", err)
+		}
+		nodes = []node{one}
+	default:
+		return nil, fmt.Errorf("node dump has kind %q; expected the List that `kubectl get nodes -o json` prints", l.Kind)
+	}
+	rep := &Report{}
+	for i, nd := range nodes {
+		mode, labelled := nd.Metadata.Labels[names.WorkloadConfigLabel]
+		if !labelled {
+			continue
+		}
+		name := nd.Metadata.Name
+		if name == "" {
+			name = fmt.Sprintf("items[%d]", i)
+		}
+		rep.Checked++
+		if reason := checkNode(nd, mode, n); reason != "" {
+			rep.Mismatches = append(rep.Mismatches, Result{Node: name, Reason: reason})
+		}
+	}
+	return rep, nil
+}
+
+func checkNode(nd node, mode string, n names.Names) string {
+	want := Kind(mode)
+	if want != KindContainer && want != KindVMPassthrough && want != KindVMVGPU {
+		return fmt.Sprintf("label %s=%q is not a workload mode; use container, vm-passthrough or vm-vgpu", names.WorkloadConfigLabel, mode)
+	}
+	byKind := map[Kind][]string{}
+	for _, m := range []map[string]string{nd.Status.Capacity, nd.Status.Allocatable} {
+		for res, qty := range m {
+			kind, ok := Classify(res, n)
+			if !ok || isZero(qty) || slices.Contains(byKind[kind], res) {
+				continue
+			}
+			byKind[kind] = append(byKind[kind], res)
+		}
+	}
+	var kinds []Kind
+	for k := range byKind {
+		kinds = append(kinds, k)
+		slices.Sort(byKind[k])
+	}
+	slices.Sort(kinds)
+	expect := map[Kind]string{
+		KindContainer:     names.GPUResource,
+		KindVMPassthrough: "a device model name such as nvidia.com/GA102GL_A10",
+		KindVMVGPU:        "a vGPU profile such as nvidia.com/NVIDIA_A10-12Q",
+	}[want]
+	switch {
+	case len(kinds) == 0:
+		return fmt.Sprintf("label %s=%s but the node advertises no NVIDIA GPU resource; expected %s (is the %s component running on this node?)",
+			names.WorkloadConfigLabel, mode, expect, component(want))
+	case len(kinds) > 1:
+		var parts []string
+		for _, k := range kinds {
+			parts = append(parts, fmt.Sprintf("%s (%s)", strings.Join(byKind[k], ","), k))
+		}
+		return fmt.Sprintf("label %s=%s but the node advertises more than one kind of GPU resource: %s; one workload mode must own all the node's GPUs",
+			names.WorkloadConfigLabel, mode, strings.Join(parts, " and "))
+	case kinds[0] != want:
+		return fmt.Sprintf("label %s=%s but the node advertises %s, which is what %s mode advertises; expected %s. Fix the label or the resources, or pods sit Pending while GPUs are free",
+			names.WorkloadConfigLabel, mode, strings.Join(byKind[kinds[0]], ","), kinds[0], expect)
+	}
+	return ""
+}
+
+func component(k Kind) string {
+	switch k {
+	case KindVMPassthrough:
+		return "sandbox device plugin (vfio-manager)"
+	case KindVMVGPU:
+		return "vGPU device manager"
+	}
+	return "NVIDIA device plugin"
+}
+
+// isZero reports whether a resource quantity is zero ("0", "0k", "0.0"), which counts as not
+// advertised: the kubelet keeps a stale resource at zero after its device plugin goes away.
+func isZero(q string) bool {
+	q = strings.TrimSpace(q)
+	num := strings.TrimRightFunc(q, func(r rune) bool { return (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z') })
+	v, err := strconv.ParseFloat(num, 64)
+	return err == nil && v == 0
+}
+
+// Write prints the report in the checker's line format: one MISMATCH=<node> <reason> line per
+// bad node, or OK=<nodes checked>.
+func (r *Report) Write(w io.Writer) error {
+	if len(r.Mismatches) == 0 {
+		_, err := fmt.Fprintf(w, "OK=%d\n", r.Checked)
+		return err
+	}
+	for _, m := range r.Mismatches {
+		if _, err := fmt.Fprintf(w, "MISMATCH=%s %s\n", m.Node, m.Reason); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,314 @@
+// Package cli is the `nvdomain` command: the operator's tool to see what domains nvdomain finds
+// on a machine or in a saved `nvidia-smi topo -m` / simulated-topology file, and to check GPU
+// Operator workload labels against advertised resources in a node dump. cmd/nvdomain only
+// calls Main.
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/spf13/cobra"
+
+	"github.com/nvdomain/nvdomain/pkg/checkconfig"
+	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/topology"
+	"github.com/nvdomain/nvdomain/pkg/topology/nvmltopo"
+	"github.com/nvdomain/nvdomain/pkg/topology/simulated"
+	"github.com/nvdomain/nvdomain/pkg/topology/topomatrix"
+)
+
+// Exit codes. check-config documents 1 for "mismatches found" and 2 for "could not check".
+const (
+	ExitOK       = 0
+	ExitFindings = 1
+	ExitError    = 2
+)
+
+// exitError carries a specific exit code through cobra.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+// Version is set at build time with -ldflags "-X github.com/nvdomain/nvdomain/pkg/cli.Version=…".
+var Version = "dev"
+
+// Main runs the command line and returns the process exit code.
+func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	root := newRoot(stdin)
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return ExitOK
+	}
+	var ee *exitError
+	if errors.As(err, &ee) {
+		if ee.err != nil && ee.code == ExitError {
+			fmt.Fprintf(stderr, "nvdomain: %v\n", ee.err)
+		}
+		return ee.code
+	}
+	fmt.Fprintf(stderr, "nvdomain: %v\n", err)
+	return ExitError
+}
+
+func newRoot(stdin io.Reader) *cobra.Command {
+	root := &cobra.Command{
+		Use:           "nvdomain",
+		Short:         "Inspect NVLink/NVSwitch domains and GPU workload configuration",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(newTopology(stdin), newCheckConfig(stdin), &cobra.Command{
+		Use:   "version",
+		Short: "Print the version",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			_, err := fmt.Fprintln(cmd.OutOrStdout(), Version)
+			return err
+		},
+	})
+	return root
+}
+
+type outputFlag struct{ format string }
+
+func (o *outputFlag) register(cmd *cobra.Command) {
+	cmd.Flags().StringVarP(&o.format, "output", "o", "json", "output format: json or table")
+}
+
+func (o *outputFlag) validate() error {
+	if o.format != "json" && o.format != "table" {
+		return fmt.Errorf("--output %q: use json or table", o.format)
+	}
+	return nil
+}
+
+func newTopology(stdin io.Reader) *cobra.Command {
+	cmd := &cobra.Command{Use: "topology", Short: "Find the NVLink domains of a node"}
+
+	var out outputFlag
+	var format, node string
+	var strict bool
+	parse := &cobra.Command{
+		Use:   "parse --format topo-matrix|simulated FILE",
+		Short: "Read `nvidia-smi topo -m` output or a simulated-topology document (FILE - reads stdin)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := out.validate(); err != nil {
+				return err
+			}
+			data, err := readInput(args[0], stdin)
+			if err != nil {
+				return err
+			}
+			switch format {
+			case names.SourceTopoMatrix:
+				if node != "" {
+					return fmt.Errorf("--node applies to --format simulated only")
+				}
+				top, err := topomatrix.ParseBytes(data, topomatrix.Options{Strict: strict})
+				if err != nil {
+					return fmt.Errorf("%s: %w", args[0], err)
+				}
+				return writeTopologies(cmd.OutOrStdout(), out.format, []namedTopology{{Topology: top}})
+			case names.SourceSimulated:
+				p, err := simulated.NewParser()
+				if err != nil {
+					return err
+				}
+				doc, err := p.Parse(data)
+				if err != nil {
+					return fmt.Errorf("%s: %w", args[0], err)
+				}
+				var tops []namedTopology
+				for _, n := range doc.Nodes {
+					if node == "" || n.Name == node {
+						tops = append(tops, namedTopology{Node: n.Name, Topology: n.Topology})
+					}
+				}
+				if len(tops) == 0 {
+					_, err := doc.ForNode(node)
+					return err
+				}
+				return writeTopologies(cmd.OutOrStdout(), out.format, tops)
+			}
+			return fmt.Errorf("--format %q: use topo-matrix or simulated", format)
+		},
+	}
+	parse.Flags().StringVar(&format, "format", names.SourceTopoMatrix, "input format: topo-matrix or simulated")
+	parse.Flags().StringVar(&node, "node", "", "with --format simulated: print only this node")
+	parse.Flags().BoolVar(&strict, "strict", false, "with --format topo-matrix: fail on cut-off or inconsistent output instead of warning")
+	out.register(parse)
+
+	var dout outputFlag
+	discover := &cobra.Command{
+		Use:   "discover",
+		Short: "Discover this machine's GPUs and NVLink domains through NVML",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := dout.validate(); err != nil {
+				return err
+			}
+			top, err := nvmltopo.Discover(cmd.Context(), nvml.New())
+			if err != nil {
+				return err
+			}
+			return writeTopologies(cmd.OutOrStdout(), dout.format, []namedTopology{{Topology: top}})
+		},
+	}
+	dout.register(discover)
+	cmd.AddCommand(parse, discover)
+	return cmd
+}
+
+func readInput(path string, stdin io.Reader) ([]byte, error) {
+	if path == "-" {
+		data, err := io.ReadAll(stdin)
+		if err != nil {
+			return nil, fmt.Errorf("read stdin: %w", err)
+		}
+		return data, nil
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	return data, nil
+}
+
+type namedTopology struct {
+	Node     string
+	Topology *topology.Topology
+}
+
+// writeTopologies prints one topology as its JSON document, or several (a simulated document
+// with many nodes) as a JSON array whose items add a "node" field.
+func writeTopologies(w io.Writer, format string, tops []namedTopology) error {
+	if format == "table" {
+		return writeTable(w, tops)
+	}
+	var doc any = tops[0].Topology
+	if len(tops) > 1 || tops[0].Node != "" {
+		items := make([]map[string]any, 0, len(tops))
+		for _, t := range tops {
+			b, err := json.Marshal(t.Topology)
+			if err != nil {
+				return err
+			}
+			var m map[string]any
+			if err := json.Unmarshal(b, &m); err != nil {
+				return err
+			}
+			m["node"] = t.Node
+			items = append(items, m)
+		}
+		doc = items
+		if len(items) == 1 {
+			doc = items[0]
+		}
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(doc)
+}
+
+func writeTable(w io.Writer, tops []namedTopology) error {
+	for i, t := range tops {
+		top := t.Topology
+		if i > 0 {
+			fmt.Fprintln(w)
+		}
+		if t.Node != "" {
+			fmt.Fprintf(w, "node: %s\n", t.Node)
+		}
+		fmt.Fprintf(w, "source: %s  gpus: %d  domains: %d  largest domain: %d\n", top.Source, len(top.GPUs), len(top.Domains), top.MaxDomainSize())
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "DOMAIN\tSIZE\tGPUS\tNUMA\tPRODUCT")
+		for _, d := range top.Domains {
+			var numa []int
+			var products []string
+			for _, idx := range d.GPUs {
+				g, _ := top.GPU(idx)
+				if g.NUMANode != nil && !slices.Contains(numa, *g.NUMANode) {
+					numa = append(numa, *g.NUMANode)
+				}
+				if g.Product != "" && !slices.Contains(products, g.Product) {
+					products = append(products, g.Product)
+				}
+			}
+			fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\n", d.ID, d.Size(), names.FormatGPUList(d.GPUs), orDash(names.FormatGPUList(slices.Sorted(slices.Values(numa)))), orDash(strings.Join(products, ", ")))
+		}
+		if len(top.Domains) == 0 {
+			fmt.Fprintln(tw, "-\t0\t-\t-\t-")
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "unlinked: %s\n", orNone(names.FormatGPUList(top.Unlinked)))
+		for _, msg := range top.Warnings {
+			fmt.Fprintf(w, "warning: %s\n", msg)
+		}
+	}
+	return nil
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
+}
+
+func newCheckConfig(stdin io.Reader) *cobra.Command {
+	return &cobra.Command{
+		Use:   "check-config NODES.json",
+		Short: "Check nvidia.com/gpu.workload.config labels against advertised GPU resources",
+		Long: `Reads a 'kubectl get nodes -o json' dump (NODES.json, or - for stdin) and checks every
+node labelled nvidia.com/gpu.workload.config: container nodes must advertise nvidia.com/gpu
+(or MIG / time-sliced names), vm-vgpu nodes a vGPU profile, vm-passthrough nodes a device
+model name, and no node more than one kind.
+
+Prints MISMATCH=<node> <reason> per bad node and exits 1, or OK=<nodes checked> and exits 0.
+Exits 2 when the dump cannot be read.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			data, err := readInput(args[0], stdin)
+			if err != nil {
+				return &exitError{ExitError, err}
+			}
+			rep, err := checkconfig.Check(strings.NewReader(string(data)), names.Default())
+			if err != nil {
+				return &exitError{ExitError, fmt.Errorf("%s: %w", args[0], err)}
+			}
+			if err := rep.Write(cmd.OutOrStdout()); err != nil {
+				return &exitError{ExitError, err}
+			}
+			if len(rep.Mismatches) > 0 {
+				return &exitError{code: ExitFindings}
+			}
+			return nil
+		},
+	}
+}

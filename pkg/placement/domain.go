@@ -88,7 +88,15 @@ func NewDomainChooser(k int) *DomainChooser {
 }
 
 // Consider feeds one candidate.
-func (c *DomainChooser) Consider(cand Candidate) {
+func (c *DomainChooser) Consider(cand Candidate) { c.ConsiderNodes(cand, 1) }
+
+// ConsiderNodes feeds a candidate that stands for nodes identical nodes (the same domain id,
+// capacity and free count), so a caller that keeps per-domain histograms can decide in
+// O(domains × distinct counts) instead of O(nodes). cand.Node names one of them.
+func (c *DomainChooser) ConsiderNodes(cand Candidate, nodes int) {
+	if nodes <= 0 {
+		return
+	}
 	if cand.Capacity > c.largest {
 		c.largest = cand.Capacity
 		c.largestOn = c.largestOn[:0]
@@ -104,7 +112,7 @@ func (c *DomainChooser) Consider(cand Candidate) {
 		fb = &fallback{node: cand.Node}
 		c.bigEnough[cand.Domain] = fb
 	}
-	fb.capacity += cand.Capacity
+	fb.capacity += cand.Capacity * nodes
 	if cand.Node < fb.node {
 		fb.node = cand.Node
 	}

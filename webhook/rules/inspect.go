@@ -78,11 +78,13 @@ func Inspect(pod *corev1.Pod, n names.Names) Pod {
 
 func (p *Pod) add(c *corev1.Container, path string, init bool, n names.Names) {
 	ct := Container{Name: c.Name, Path: path, Init: init, Domain: -1, Resources: map[corev1.ResourceName]int64{}, spec: c}
+	// Negative quantities never pass the apiserver's validation, but mutating webhooks run
+	// before it, so they are read as zero here rather than trusted.
 	for name, q := range c.Resources.Requests {
-		ct.Resources[name] = q.Value()
+		ct.Resources[name] = max(0, q.Value())
 	}
 	for name, q := range c.Resources.Limits {
-		ct.Resources[name] = q.Value()
+		ct.Resources[name] = max(0, q.Value())
 	}
 	ct.GPUs = int(ct.Resources[names.GPUResource])
 	for name, v := range ct.Resources {

@@ -1,0 +1,81 @@
+package clusterview
+
+import (
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
+)
+
+// StripPod is a cache transform that keeps only what the view reads, so the informer's copy
+// of every pod in the cluster costs a few hundred bytes: identity, labels, nvdomain's own
+// annotations, the node, the containers' NVIDIA resources and the phase.
+func StripPod(n names.Names) func(any) (any, error) {
+	return func(obj any) (any, error) {
+		pod, ok := obj.(*corev1.Pod)
+		if !ok {
+			return obj, nil
+		}
+		out := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{
+				Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID, ResourceVersion: pod.ResourceVersion,
+				Labels: pod.Labels,
+			},
+			Spec: corev1.PodSpec{
+				NodeName:       pod.Spec.NodeName,
+				InitContainers: stripContainers(pod.Spec.InitContainers),
+				Containers:     stripContainers(pod.Spec.Containers),
+			},
+			Status: corev1.PodStatus{Phase: pod.Status.Phase},
+		}
+		for k, v := range pod.Annotations {
+			if strings.HasPrefix(k, n.LabelPrefix()+"/") {
+				if out.Annotations == nil {
+					out.Annotations = map[string]string{}
+				}
+				out.Annotations[k] = v
+			}
+		}
+		return out, nil
+	}
+}
+
+func stripContainers(cs []corev1.Container) []corev1.Container {
+	var out []corev1.Container
+	for _, c := range cs {
+		keep := corev1.Container{Name: c.Name, RestartPolicy: c.RestartPolicy}
+		keep.Resources.Limits = nvidiaOnly(c.Resources.Limits)
+		keep.Resources.Requests = nvidiaOnly(c.Resources.Requests)
+		out = append(out, keep)
+	}
+	return out
+}
+
+func nvidiaOnly(rl corev1.ResourceList) corev1.ResourceList {
+	var out corev1.ResourceList
+	for k, v := range rl {
+		if strings.Contains(string(k), "/") && !strings.HasPrefix(string(k), "kubernetes.io/") {
+			if out == nil {
+				out = corev1.ResourceList{}
+			}
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// StripNode is a cache transform that keeps a node's name, labels, taints and extended
+// resources.
+func StripNode(obj any) (any, error) {
+	node, ok := obj.(*corev1.Node)
+	if !ok {
+		return obj, nil
+	}
+	return &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: node.Name, UID: node.UID, ResourceVersion: node.ResourceVersion, Labels: node.Labels},
+		Spec:       corev1.NodeSpec{Taints: node.Spec.Taints, Unschedulable: node.Spec.Unschedulable},
+		Status:     corev1.NodeStatus{Allocatable: nvidiaOnly(node.Status.Allocatable), Capacity: nvidiaOnly(node.Status.Capacity)},
+	}, nil
+}

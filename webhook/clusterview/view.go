@@ -1,0 +1,352 @@
+// Package clusterview is the webhook's picture of the cluster: for every node, its NVSwitch
+// domains' capacity and the GPUs pods hold in them, kept up to date incrementally from Node
+// and Pod events. The webhook asks it to choose a domain id for a pod (DESIGN §3), and for the
+// facts behind rejections and warnings (the largest domain, who advertises a resource).
+//
+// Counters are kept per node and folded into per-domain histograms of (capacity, free) keyed
+// by the node's taints, so that choosing a domain for a pod without node constraints costs
+// O(domains × distinct counts), however many nodes and pods there are. A pod with a
+// nodeSelector or required node affinity makes the view scan the nodes once (still never the
+// pods).
+package clusterview
+
+import (
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	schedcorev1 "k8s.io/component-helpers/scheduling/corev1"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+	"k8s.io/klog/v2"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/webhook/rules"
+)
+
+// ReservationTTL bounds how long a domain choice the webhook just made is counted before the
+// pod shows up in the informer. A pod normally appears within milliseconds; a reservation
+// whose pod was rejected later by another admission plugin simply expires.
+const ReservationTTL = 30 * time.Second
+
+// View is safe for concurrent use.
+type View struct {
+	names names.Names
+	now   func() time.Time
+
+	mu    sync.RWMutex
+	nodes map[string]*node
+	// used[node][domain] is the GPUs of domain held by bound, non-terminal pods. It is kept
+	// apart from nodes so that pod and node events may arrive in any order.
+	used map[string]map[int]int
+	pods map[types.UID]podEntry
+	// pending[domain][pod] is the GPUs of pods pinned to domain but not bound to a node yet:
+	// the scheduler will take them from some node's free GPUs of that domain.
+	pending map[int]map[types.UID]int
+	// hist[taints][domain][capFree] counts nodes, for the fast path; taintSets keeps the
+	// taints behind each key so tolerations are checked once per key, not per node.
+	hist      map[string]map[int]map[capFree]int
+	taintSets map[string][]corev1.Taint
+	// advertised[resource] counts nodes advertising a non-zero nvidia.com/ resource.
+	advertised map[string]int
+	// gpuNodesWithoutDomains counts nodes with GPUs but no NVLink domain (auto mode).
+	gpuNodes, gpuNodesWithoutDomains int
+
+	resMu        sync.Mutex
+	reservations []reservation
+}
+
+type capFree struct{ capacity, free int }
+
+type node struct {
+	obj       *corev1.Node // stripped: name, labels, taints, allocatable
+	taintKey  string
+	capacity  map[int]int
+	histFree  map[int]capFree // what this node contributes to hist now
+	resources []string        // non-zero nvidia.com/ resources
+	hasGPUs   bool
+}
+
+type podEntry struct {
+	node      string
+	namespace string
+	domain    int
+	gpus      int
+}
+
+type reservation struct {
+	namespace string
+	domain    int
+	gpus      int
+	expires   time.Time
+}
+
+// New returns an empty view.
+func New(n names.Names) *View {
+	return &View{
+		names:      n,
+		now:        time.Now,
+		nodes:      map[string]*node{},
+		used:       map[string]map[int]int{},
+		pods:       map[types.UID]podEntry{},
+		pending:    map[int]map[types.UID]int{},
+		hist:       map[string]map[int]map[capFree]int{},
+		taintSets:  map[string][]corev1.Taint{},
+		advertised: map[string]int{},
+	}
+}
+
+// UpsertNode records a node's domains, taints, labels and advertised resources.
+func (v *View) UpsertNode(obj *corev1.Node) {
+	nd := &node{obj: obj, taintKey: taintKey(obj.Spec.Taints), capacity: map[int]int{}, histFree: map[int]capFree{}}
+	for res, q := range obj.Status.Allocatable {
+		if q.Value() <= 0 {
+			continue
+		}
+		if id, ok := v.names.ParseDomainResource(string(res)); ok {
+			nd.capacity[id] = int(q.Value())
+			continue
+		}
+		if strings.HasPrefix(string(res), names.NVIDIAPrefix) {
+			nd.resources = append(nd.resources, string(res))
+			nd.hasGPUs = true
+		}
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.removeNodeLocked(obj.Name)
+	v.nodes[obj.Name] = nd
+	v.taintSets[nd.taintKey] = relevantTaints(obj.Spec.Taints)
+	for _, r := range nd.resources {
+		v.advertised[r]++
+	}
+	if nd.hasGPUs {
+		v.gpuNodes++
+		if len(nd.capacity) == 0 {
+			v.gpuNodesWithoutDomains++
+		}
+	}
+	v.refreshHistLocked(obj.Name)
+}
+
+// DeleteNode forgets a node.
+func (v *View) DeleteNode(name string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.removeNodeLocked(name)
+}
+
+func (v *View) removeNodeLocked(name string) {
+	nd, ok := v.nodes[name]
+	if !ok {
+		return
+	}
+	v.setHistLocked(nd, map[int]capFree{})
+	for _, r := range nd.resources {
+		if v.advertised[r]--; v.advertised[r] <= 0 {
+			delete(v.advertised, r)
+		}
+	}
+	if nd.hasGPUs {
+		v.gpuNodes--
+		if len(nd.capacity) == 0 {
+			v.gpuNodesWithoutDomains--
+		}
+	}
+	delete(v.nodes, name)
+}
+
+// UpsertPod records the GPUs of a domain a pod holds (bound) or waits for (pinned, unbound).
+// Pods without domain resources and terminal pods hold nothing.
+func (v *View) UpsertPod(pod *corev1.Pod) {
+	p := rules.Inspect(pod, v.names)
+	d := p.PinnedDomain()
+	terminal := pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.removePodLocked(pod.UID)
+	if d < 0 || terminal {
+		return
+	}
+	held := 0
+	for _, c := range p.Containers {
+		if !c.Init {
+			held += c.DomainGPUs
+		}
+	}
+	e := podEntry{node: pod.Spec.NodeName, namespace: pod.Namespace, domain: d, gpus: held}
+	v.pods[pod.UID] = e
+	if e.node == "" {
+		if v.pending[d] == nil {
+			v.pending[d] = map[types.UID]int{}
+		}
+		v.pending[d][pod.UID] = held
+		v.consumeReservation(pod.Namespace, d, held)
+		return
+	}
+	if v.used[e.node] == nil {
+		v.used[e.node] = map[int]int{}
+	}
+	v.used[e.node][d] += held
+	v.refreshHistLocked(e.node)
+}
+
+// DeletePod forgets a pod.
+func (v *View) DeletePod(uid types.UID) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.removePodLocked(uid)
+}
+
+func (v *View) removePodLocked(uid types.UID) {
+	e, ok := v.pods[uid]
+	if !ok {
+		return
+	}
+	delete(v.pods, uid)
+	if e.node == "" {
+		delete(v.pending[e.domain], uid)
+		return
+	}
+	if v.used[e.node][e.domain] -= e.gpus; v.used[e.node][e.domain] <= 0 {
+		delete(v.used[e.node], e.domain)
+		if len(v.used[e.node]) == 0 {
+			delete(v.used, e.node)
+		}
+	}
+	v.refreshHistLocked(e.node)
+}
+
+func (v *View) free(name string, nd *node, d int) int {
+	return nd.capacity[d] - v.used[name][d]
+}
+
+func (v *View) refreshHistLocked(name string) {
+	nd, ok := v.nodes[name]
+	if !ok {
+		return
+	}
+	next := map[int]capFree{}
+	for d, c := range nd.capacity {
+		next[d] = capFree{c, max(0, v.free(name, nd, d))}
+	}
+	v.setHistLocked(nd, next)
+}
+
+func (v *View) setHistLocked(nd *node, next map[int]capFree) {
+	byDomain := v.hist[nd.taintKey]
+	if byDomain == nil {
+		byDomain = map[int]map[capFree]int{}
+		v.hist[nd.taintKey] = byDomain
+	}
+	for d, cf := range nd.histFree {
+		if byDomain[d][cf]--; byDomain[d][cf] <= 0 {
+			delete(byDomain[d], cf)
+		}
+	}
+	for d, cf := range next {
+		if byDomain[d] == nil {
+			byDomain[d] = map[capFree]int{}
+		}
+		byDomain[d][cf]++
+	}
+	nd.histFree = next
+}
+
+// taintKey identifies the taints that decide who may schedule on a node. Condition taints
+// (node.kubernetes.io/not-ready, unreachable, unschedulable, …) are left out: they come and go
+// with the node's health, and a TP pod must not be rejected because its only large node is
+// rebooting. The scheduler still honours them.
+func taintKey(taints []corev1.Taint) string {
+	var parts []string
+	for _, t := range relevantTaints(taints) {
+		parts = append(parts, t.Key+"="+t.Value+":"+string(t.Effect))
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ",")
+}
+
+func relevantTaints(taints []corev1.Taint) []corev1.Taint {
+	var out []corev1.Taint
+	for _, t := range taints {
+		if t.Effect == corev1.TaintEffectPreferNoSchedule || strings.HasPrefix(t.Key, "node.kubernetes.io/") {
+			continue
+		}
+		out = append(out, t)
+	}
+	return out
+}
+
+func tolerates(taints []corev1.Taint, tolerations []corev1.Toleration) bool {
+	_, untolerated := schedcorev1.FindMatchingUntoleratedTaint(klog.Background(), relevantTaints(taints), tolerations, nil, false)
+	return !untolerated
+}
+
+// Reserve counts a domain choice the webhook has just made for a pod that the informer has
+// not delivered yet, so that a burst of admissions does not pile onto one domain.
+func (v *View) Reserve(namespace string, domain, gpus int) {
+	v.resMu.Lock()
+	defer v.resMu.Unlock()
+	v.reservations = append(v.reservations, reservation{namespace, domain, gpus, v.now().Add(ReservationTTL)})
+}
+
+// consumeReservation drops the oldest reservation the arriving pod accounts for.
+func (v *View) consumeReservation(namespace string, domain, gpus int) {
+	v.resMu.Lock()
+	defer v.resMu.Unlock()
+	i := slices.IndexFunc(v.reservations, func(r reservation) bool {
+		return r.namespace == namespace && r.domain == domain && r.gpus == gpus
+	})
+	if i >= 0 {
+		v.reservations = slices.Delete(v.reservations, i, i+1)
+	}
+}
+
+func (v *View) liveReservations() map[int][]int {
+	v.resMu.Lock()
+	defer v.resMu.Unlock()
+	now := v.now()
+	v.reservations = slices.DeleteFunc(v.reservations, func(r reservation) bool { return now.After(r.expires) })
+	out := map[int][]int{}
+	for _, r := range v.reservations {
+		out[r.domain] = append(out[r.domain], r.gpus)
+	}
+	return out
+}
+
+// hasNodeConstraints reports whether the pod restricts nodes by labels; nvdomain's own domain
+// expressions (from an earlier admission) do not count, they are implied by the domain.
+func (v *View) hasNodeConstraints(pod *corev1.Pod) bool {
+	if len(pod.Spec.NodeSelector) > 0 || pod.Spec.NodeName != "" {
+		return true
+	}
+	a := pod.Spec.Affinity
+	if a == nil || a.NodeAffinity == nil || a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil {
+		return false
+	}
+	for _, t := range a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
+		for _, e := range t.MatchExpressions {
+			if _, ours := v.names.ParseDomainSizeLabel(e.Key); !ours {
+				return true
+			}
+		}
+		if len(t.MatchFields) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// eligible reports whether the pod could run on the node as far as labels, name and taints go.
+func eligible(pod *corev1.Pod, req nodeaffinity.RequiredNodeAffinity, nd *node) bool {
+	if pod.Spec.NodeName != "" && pod.Spec.NodeName != nd.obj.Name {
+		return false
+	}
+	if ok, _ := req.Match(nd.obj); !ok {
+		return false
+	}
+	return tolerates(nd.obj.Spec.Taints, pod.Spec.Tolerations)
+}

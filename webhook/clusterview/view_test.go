@@ -1,0 +1,302 @@
+package clusterview
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/placement"
+)
+
+var n = names.Default()
+
+// gpuNode builds a node the way the agent publishes it: one resource per domain.
+func gpuNode(name string, domains []int, labels map[string]string, taints ...corev1.Taint) *corev1.Node {
+	alloc := corev1.ResourceList{}
+	total := 0
+	for id, size := range domains {
+		alloc[corev1.ResourceName(n.DomainResource(id))] = *resource.NewQuantity(int64(size), resource.DecimalSI)
+		total += size
+	}
+	if total == 0 {
+		total = 4
+	}
+	alloc["nvidia.com/gpu"] = *resource.NewQuantity(int64(total), resource.DecimalSI)
+	l := map[string]string{"kubernetes.io/hostname": name}
+	for k, v := range labels {
+		l[k] = v
+	}
+	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: l}, Spec: corev1.NodeSpec{Taints: taints}, Status: corev1.NodeStatus{Allocatable: alloc}}
+}
+
+var podSeq int
+
+// pinnedPod holds k GPUs of domain d, bound to node ("" for pending).
+func pinnedPod(node string, d, k int) *corev1.Pod {
+	podSeq++
+	res := corev1.ResourceList{
+		"nvidia.com/gpu":                         *resource.NewQuantity(int64(k), resource.DecimalSI),
+		corev1.ResourceName(n.DomainResource(d)): *resource.NewQuantity(int64(k), resource.DecimalSI),
+	}
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("p%d", podSeq), Namespace: "default", UID: types.UID(fmt.Sprintf("uid-%d", podSeq))},
+		Spec:       corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Resources: corev1.ResourceRequirements{Limits: res}}}},
+	}
+}
+
+func newTP() *corev1.Pod { return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default"}} }
+
+func TestSeedScenario(t *testing.T) {
+	v := New(n)
+	v.UpsertNode(gpuNode("gpu-node01", []int{4, 4}, nil))
+	steps := []struct {
+		k    int
+		want placement.Decision
+	}{
+		{2, placement.Decision{Domain: 0, Fits: true, LeftOver: 2}},
+		{2, placement.Decision{Domain: 0, Fits: true, LeftOver: 0}},
+		{2, placement.Decision{Domain: 1, Fits: true, LeftOver: 2}},
+	}
+	for i, s := range steps {
+		got, err := v.ChooseDomain(newTP(), s.k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got.Node = ""
+		if got != s.want {
+			t.Fatalf("step %d: got %+v, want %+v", i, got, s.want)
+		}
+		v.UpsertPod(pinnedPod("gpu-node01", got.Domain, s.k))
+	}
+	v.UpsertPod(pinnedPod("gpu-node01", 1, 0)) // no-op pod
+	// 2 free in domain 1 only (domain 0 full): TP=4 waits on the domain with most capacity.
+	got, err := v.ChooseDomain(newTP(), 4)
+	if err != nil || got.Fits {
+		t.Fatalf("TP=4 with 0+2 free: %+v %v", got, err)
+	}
+	if _, err := v.ChooseDomain(newTP(), 8); err == nil || err.Error() != "no node has an NVSwitch domain of 8 GPUs; largest is 4 on node gpu-node01" {
+		t.Fatalf("TP=8: %v", err)
+	}
+	if f := v.Free("gpu-node01"); f[0] != 0 || f[1] != 2 {
+		t.Errorf("free = %v", f)
+	}
+}
+
+func TestTwoPlusTwoFreeTP4Waits(t *testing.T) {
+	v := New(n)
+	v.UpsertNode(gpuNode("gpu-node01", []int{4, 4}, nil))
+	a, b := pinnedPod("gpu-node01", 0, 2), pinnedPod("gpu-node01", 1, 2)
+	v.UpsertPod(a)
+	v.UpsertPod(b)
+	got, err := v.ChooseDomain(newTP(), 4)
+	if err != nil || got.Fits || got.Domain != 0 {
+		t.Fatalf("got %+v %v; want domain 0, not fitting now", got, err)
+	}
+	v.DeletePod(b.UID)
+	got, _ = v.ChooseDomain(newTP(), 4)
+	if !got.Fits || got.Domain != 1 {
+		t.Fatalf("after domain 1 frees: %+v", got)
+	}
+}
+
+func TestPendingAndReservationsSpreadABurst(t *testing.T) {
+	v := New(n)
+	v.UpsertNode(gpuNode("gpu-node01", []int{4, 4}, nil))
+	// Two TP=2 pods already pinned to domain 0 but not bound yet: domain 0 is full.
+	v.UpsertPod(pinnedPod("", 0, 2))
+	v.Reserve("default", 0, 2)
+	got, _ := v.ChooseDomain(newTP(), 2)
+	if got.Domain != 1 || !got.Fits {
+		t.Fatalf("burst piled onto domain 0: %+v", got)
+	}
+	// The reserved pod arrives: the reservation is replaced, not double counted.
+	v.UpsertPod(pinnedPod("", 0, 2))
+	got, _ = v.ChooseDomain(newTP(), 2)
+	if got.Domain != 1 || got.LeftOver != 2 {
+		t.Fatalf("after the pod arrived: %+v", got)
+	}
+	// Reservations expire.
+	v2 := New(n)
+	clock := time.Now()
+	v2.now = func() time.Time { return clock }
+	v2.UpsertNode(gpuNode("gpu-node01", []int{4, 4}, nil))
+	v2.Reserve("default", 0, 4)
+	if got, _ := v2.ChooseDomain(newTP(), 4); got.Domain != 1 {
+		t.Fatalf("reservation ignored: %+v", got)
+	}
+	clock = clock.Add(ReservationTTL + time.Second)
+	if got, _ := v2.ChooseDomain(newTP(), 4); got.Domain != 0 {
+		t.Fatalf("expired reservation still counted: %+v", got)
+	}
+}
+
+func TestTerminalAndDeletedPodsFreeTheirGPUs(t *testing.T) {
+	v := New(n)
+	v.UpsertNode(gpuNode("n", []int{4}, nil))
+	p := pinnedPod("n", 0, 4)
+	v.UpsertPod(p)
+	if v.Free("n")[0] != 0 {
+		t.Fatal("bound pod not counted")
+	}
+	p.Status.Phase = corev1.PodSucceeded
+	v.UpsertPod(p)
+	if v.Free("n")[0] != 4 {
+		t.Fatal("terminal pod still counted")
+	}
+	// A pod event before its node's event is counted once the node arrives.
+	v2 := New(n)
+	v2.UpsertPod(pinnedPod("late", 0, 2))
+	v2.UpsertNode(gpuNode("late", []int{4}, nil))
+	if v2.Free("late")[0] != 2 {
+		t.Fatalf("free = %v", v2.Free("late"))
+	}
+	v2.DeleteNode("late")
+	if _, err := v2.ChooseDomain(newTP(), 2); err == nil {
+		t.Fatal("deleted node still offered")
+	}
+}
+
+func TestMixedNodesAndConstraints(t *testing.T) {
+	v := New(n)
+	v.UpsertNode(gpuNode("split", []int{4, 4}, map[string]string{"pool": "a"}))
+	v.UpsertNode(gpuNode("hgx", []int{8}, map[string]string{"pool": "b"}))
+	v.UpsertNode(gpuNode("pcie", nil, map[string]string{"pool": "a"}))
+	v.UpsertNode(gpuNode("tainted", []int{8}, nil, corev1.Taint{Key: "dedicated", Value: "training", Effect: corev1.TaintEffectNoSchedule}))
+	v.UpsertNode(gpuNode("rebooting", []int{16}, nil, corev1.Taint{Key: "node.kubernetes.io/not-ready", Effect: corev1.TaintEffectNoSchedule}))
+
+	if got, _ := v.ChooseDomain(newTP(), 8); got.Domain != 0 || !got.Fits {
+		t.Fatalf("TP=8: %+v", got)
+	}
+	// TP=16 only fits the rebooting node, whose condition taint must not make it impossible.
+	if got, err := v.ChooseDomain(newTP(), 16); err != nil || got.Domain != 0 {
+		t.Fatalf("TP=16: %+v %v", got, err)
+	}
+	poolA := newTP()
+	poolA.Spec.NodeSelector = map[string]string{"pool": "a"}
+	_, err := v.ChooseDomain(poolA, 8)
+	var ie *placement.ImpossibleError
+	if !errors.As(err, &ie) || err.Error() != "no node has an NVSwitch domain of 8 GPUs; largest is 4 on node split" {
+		t.Fatalf("pool a TP=8: %v", err)
+	}
+	if got, err := v.ChooseDomain(poolA, 4); err != nil || got.Node != "split" {
+		t.Fatalf("pool a TP=4: %+v %v", got, err)
+	}
+	tolerant := newTP()
+	tolerant.Spec.Tolerations = []corev1.Toleration{{Key: "dedicated", Operator: corev1.TolerationOpExists}}
+	v.UpsertPod(pinnedPod("hgx", 0, 8))
+	if got, _ := v.ChooseDomain(tolerant, 8); !got.Fits {
+		t.Fatalf("tolerating pod should fit the tainted node: %+v", got)
+	}
+	if got, _ := v.ChooseDomain(newTP(), 8); got.Fits && got.LeftOver == 0 && got.Node == "tainted" {
+		t.Fatalf("intolerant pod offered the tainted node")
+	}
+	if v.PinNonTP() {
+		t.Error("auto mode must not pin while a GPU node (pcie) has no domains")
+	}
+	v.DeleteNode("pcie")
+	if !v.PinNonTP() {
+		t.Error("auto mode should pin once every GPU node has domains")
+	}
+	sel := v.SelectedNodes(poolA)
+	if len(sel) != 1 || sel[0].Name != "split" {
+		t.Errorf("selected = %+v", sel)
+	}
+}
+
+func TestAdvertisers(t *testing.T) {
+	v := New(n)
+	nd := gpuNode("mig", nil, nil)
+	nd.Status.Allocatable["nvidia.com/mig-1g.5gb"] = resource.MustParse("7")
+	nd.Status.Allocatable["nvidia.com/mig-2g.10gb"] = resource.MustParse("0")
+	v.UpsertNode(nd)
+	adv := v.Advertisers()
+	if adv["nvidia.com/mig-1g.5gb"] != 1 || adv["nvidia.com/gpu"] != 1 {
+		t.Errorf("advertised = %v", adv)
+	}
+	if _, ok := adv["nvidia.com/mig-2g.10gb"]; ok {
+		t.Error("a zero quantity counted as advertised")
+	}
+	v.DeleteNode("mig")
+	if len(v.Advertisers()) != 0 {
+		t.Errorf("advertised after delete = %v", v.Advertisers())
+	}
+}
+
+// The fast path (histograms) and the slow path (node scan) must agree.
+func TestFastAndSlowPathsAgree(t *testing.T) {
+	v := New(n)
+	for i := range 50 {
+		v.UpsertNode(gpuNode(fmt.Sprintf("n%02d", i), []int{4, 4}, map[string]string{"all": "yes"}))
+		for d := range 2 {
+			if k := (i*7 + d*3) % 5; k > 0 {
+				v.UpsertPod(pinnedPod(fmt.Sprintf("n%02d", i), d, k))
+			}
+		}
+	}
+	constrained := newTP()
+	constrained.Spec.NodeSelector = map[string]string{"all": "yes"}
+	for _, k := range []int{1, 2, 4} {
+		fast, err1 := v.ChooseDomain(newTP(), k)
+		slow, err2 := v.ChooseDomain(constrained, k)
+		fast.Node, slow.Node = "", ""
+		if fast != slow || (err1 == nil) != (err2 == nil) {
+			t.Errorf("k=%d: fast %+v %v, slow %+v %v", k, fast, err1, slow, err2)
+		}
+	}
+}
+
+func buildScale(b testing.TB, nodes, pods int) *View {
+	v := New(n)
+	for i := range nodes {
+		v.UpsertNode(gpuNode(fmt.Sprintf("node-%05d", i), []int{4, 4}, map[string]string{"pool": fmt.Sprint(i % 4)}))
+	}
+	for i := range pods {
+		v.UpsertPod(pinnedPod(fmt.Sprintf("node-%05d", i%nodes), i%2, 1))
+	}
+	return v
+}
+
+// BenchmarkChooseDomain measures one decision at 5,000 nodes × 2 domains with 20,000 GPU pods:
+// the fast path (no node constraints) and the scan path (a nodeSelector).
+func BenchmarkChooseDomain(b *testing.B) {
+	runtime.GC()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	v := buildScale(b, 5000, 20000)
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	heapMB := float64(after.HeapAlloc-before.HeapAlloc) / (1 << 20)
+	constrained := newTP()
+	constrained.Spec.NodeSelector = map[string]string{"pool": "1"}
+	for _, bc := range []struct {
+		name string
+		pod  *corev1.Pod
+	}{{"fast-path", newTP()}, {"node-selector-scan", constrained}} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.ReportMetric(heapMB, "view-heap-MB")
+			for b.Loop() {
+				if _, err := v.ChooseDomain(bc.pod, 2); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+func TestImpossibleMessageListsNodes(t *testing.T) {
+	v := buildScale(t, 7, 0)
+	_, err := v.ChooseDomain(newTP(), 8)
+	if err == nil || !strings.HasSuffix(err.Error(), "largest is 4 on nodes node-00000, node-00001, node-00002, node-00003, node-00004 and 2 more") {
+		t.Fatalf("error = %v", err)
+	}
+}

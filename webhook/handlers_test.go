@@ -1,0 +1,322 @@
+package webhook
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	jsonpatch "github.com/evanphx/json-patch/v5"
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/webhook/clusterview"
+)
+
+var n = names.Default()
+
+type fixture struct {
+	view *clusterview.View
+	mut  *Mutator
+	val  *Validator
+	m    *Metrics
+}
+
+func newFixture(t testing.TB, mode NonTPMode, nodes ...*corev1.Node) *fixture {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	m, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := DefaultOptions()
+	opts.NonTPPods = mode
+	opts.ExcludedNamespaces = []string{"kube-system", "nvdomain-system"}
+	view := clusterview.New(n)
+	for _, nd := range nodes {
+		view.UpsertNode(nd)
+	}
+	mut, val := NewHandlers(view, opts, m, logr.Discard(), scheme)
+	return &fixture{view, mut, val, m}
+}
+
+// node publishes domains the way the agent does: one resource per domain, size labels.
+func node(name string, domains []int, extra map[string]string, resources map[string]int64) *corev1.Node {
+	nd := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"kubernetes.io/hostname": name}}, Status: corev1.NodeStatus{Allocatable: corev1.ResourceList{}}}
+	total := 0
+	for id, size := range domains {
+		nd.Status.Allocatable[corev1.ResourceName(n.DomainResource(id))] = *resource.NewQuantity(int64(size), resource.DecimalSI)
+		nd.Labels[n.DomainSizeLabel(id)] = fmt.Sprint(size)
+		total += size
+	}
+	if total > 0 {
+		nd.Status.Allocatable["nvidia.com/gpu"] = *resource.NewQuantity(int64(total), resource.DecimalSI)
+	}
+	for k, v := range extra {
+		nd.Labels[k] = v
+	}
+	for k, v := range resources {
+		nd.Status.Allocatable[corev1.ResourceName(k)] = *resource.NewQuantity(v, resource.DecimalSI)
+	}
+	return nd
+}
+
+func seedNode() *corev1.Node { return node("gpu-node01", []int{4, 4}, nil, nil) }
+
+func pod(tp bool, gpus int64, args ...string) *corev1.Pod {
+	p := &corev1.Pod{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
+		ObjectMeta: metav1.ObjectMeta{Name: "llama", Namespace: "default", Labels: map[string]string{}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "vllm", Args: args,
+			Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{}}}}},
+	}
+	if gpus > 0 {
+		p.Spec.Containers[0].Resources.Limits["nvidia.com/gpu"] = *resource.NewQuantity(gpus, resource.DecimalSI)
+	}
+	if tp {
+		p.Labels["tensor-parallel"] = "true"
+	}
+	return p
+}
+
+func request(t testing.TB, p *corev1.Pod) admission.Request {
+	t.Helper()
+	raw, err := json.Marshal(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rawRequest(raw, p.Namespace)
+}
+
+func rawRequest(raw []byte, ns string) admission.Request {
+	return admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+		UID: "req-1", Kind: metav1.GroupVersionKind{Version: "v1", Kind: "Pod"}, Resource: metav1.GroupVersionResource{Version: "v1", Resource: "pods"},
+		Namespace: ns, Operation: admissionv1.Create, Object: runtime.RawExtension{Raw: raw},
+	}}
+}
+
+// admit runs mutate then validate, as the apiserver does, and returns the final pod.
+func (f *fixture) admit(t testing.TB, p *corev1.Pod) (*corev1.Pod, admission.Response, admission.Response) {
+	t.Helper()
+	req := request(t, p)
+	mresp := f.mut.Handle(context.Background(), req)
+	raw := applyPatches(t, req.Object.Raw, mresp)
+	out := &corev1.Pod{}
+	if err := json.Unmarshal(raw, out); err != nil {
+		t.Fatal(err)
+	}
+	vresp := f.val.Handle(context.Background(), rawRequest(raw, p.Namespace))
+	return out, mresp, vresp
+}
+
+func applyPatches(t testing.TB, raw []byte, resp admission.Response) []byte {
+	t.Helper()
+	if len(resp.Patches) == 0 {
+		return raw
+	}
+	pb, err := json.Marshal(resp.Patches)
+	if err != nil {
+		t.Fatal(err)
+	}
+	patch, err := jsonpatch.DecodePatch(pb)
+	if err != nil {
+		t.Fatalf("undecodable patch %s: %v", pb, err)
+	}
+	out, err := patch.Apply(raw)
+	if err != nil {
+		t.Fatalf("patch %s does not apply: %v", pb, err)
+	}
+	return out
+}
+
+func TestTPPodIsPinned(t *testing.T) {
+	f := newFixture(t, NonTPAuto, node("gpu-node01", []int{4, 4}, map[string]string{"zone": "b"}, nil))
+	p := pod(true, 2, "--tensor-parallel-size", "2")
+	p.Spec.Containers[0].Resources.Requests = corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("2")}
+	p.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+		NodeSelectorTerms: []corev1.NodeSelectorTerm{
+			{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "zone", Operator: corev1.NodeSelectorOpIn, Values: []string{"a"}}}},
+			{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "zone", Operator: corev1.NodeSelectorOpIn, Values: []string{"b"}}}},
+		}}}}
+	out, mresp, vresp := f.admit(t, p)
+	if !mresp.Allowed || len(mresp.Patches) == 0 || !vresp.Allowed {
+		t.Fatalf("mutate %+v validate %+v", mresp.Result, vresp.Result)
+	}
+	c := out.Spec.Containers[0]
+	if q := c.Resources.Limits["nvidia.com/nvswitch-domain-0"]; q.Value() != 2 {
+		t.Errorf("limits = %v", c.Resources.Limits)
+	}
+	if q := c.Resources.Requests["nvidia.com/nvswitch-domain-0"]; q.Value() != 2 {
+		t.Errorf("requests = %v", c.Resources.Requests)
+	}
+	terms := out.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
+	for i, term := range terms {
+		last := term.MatchExpressions[len(term.MatchExpressions)-1]
+		if len(term.MatchExpressions) != 2 || last.Key != "gpu.nvidia.com/nvswitch-domain-0" || last.Operator != corev1.NodeSelectorOpGt || last.Values[0] != "1" {
+			t.Errorf("term %d = %+v", i, term.MatchExpressions)
+		}
+	}
+	want := map[string]string{"gpu.nvidia.com/nvswitch-domain": "0", "gpu.nvidia.com/tp-size": "2", "gpu.nvidia.com/container-gpus": `{"vllm":2}`}
+	for k, v := range want {
+		if out.Annotations[k] != v {
+			t.Errorf("annotation %s = %q, want %q", k, out.Annotations[k], v)
+		}
+	}
+	// Admitting the mutated pod again changes nothing.
+	again := f.mut.Handle(context.Background(), request(t, out))
+	if !again.Allowed || len(again.Patches) != 0 {
+		t.Errorf("re-admission patched: %v", again.Patches)
+	}
+	if got := testutil.ToFloat64(f.m.Admissions.WithLabelValues("mutate", "patched")); got != 1 {
+		t.Errorf("patched admissions = %v", got)
+	}
+}
+
+func TestRejectionsCarryTheExactMessage(t *testing.T) {
+	cases := []struct {
+		name string
+		pod  *corev1.Pod
+		want string
+	}{
+		{"TP=3", pod(true, 3), "spec.containers[0].resources.limits[nvidia.com/gpu]: tensor-parallel size 3 is not allowed (allowed: 2, 4); request one of those GPU counts"},
+		{"TP=8", pod(true, 8), "spec.containers[0].resources.limits[nvidia.com/gpu]: tensor-parallel size 8 cannot run: no node has an NVSwitch domain of 8 GPUs; largest is 4 on node gpu-node01; lower the tensor-parallel size, or add nodes with larger NVLink domains"},
+		{"vLLM flag", pod(true, 2, "--model", "facebook/opt-1.3b", "--tensor-parallel-size", "4"), "spec.containers[0].args[2]: --tensor-parallel-size 4 disagrees with the container's 2 GPUs (nvidia.com/gpu: 2 in resources.limits); the engine would fail or leave GPUs idle, so set both to the same number"},
+		{"no GPU", pod(true, 0), "spec.containers: the pod is labelled tensor-parallel=true but no container requests nvidia.com/gpu; add nvidia.com/gpu: <GPUs> to resources.limits of the container that runs the engine, or remove the label"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, NonTPAuto, seedNode())
+			_, mresp, vresp := f.admit(t, tc.pod)
+			if !mresp.Allowed || len(mresp.Patches) != 0 {
+				t.Errorf("mutator should pass invalid pods through untouched: %+v", mresp)
+			}
+			if vresp.Allowed || vresp.Result.Message != tc.want || vresp.Result.Code != 403 {
+				t.Fatalf("validate = allowed %v code %d\n got %q\nwant %q", vresp.Allowed, vresp.Result.Code, vresp.Result.Message, tc.want)
+			}
+		})
+	}
+}
+
+func TestNonTPModes(t *testing.T) {
+	pcie := node("pcie", nil, nil, map[string]int64{"nvidia.com/gpu": 4})
+	cases := []struct {
+		name   string
+		mode   NonTPMode
+		nodes  []*corev1.Node
+		pinned bool
+	}{
+		{"pin", NonTPPin, []*corev1.Node{seedNode(), pcie}, true},
+		{"account", NonTPAccount, []*corev1.Node{seedNode()}, false},
+		{"auto pins when every GPU node has domains", NonTPAuto, []*corev1.Node{seedNode()}, true},
+		{"auto accounts beside a PCIe node", NonTPAuto, []*corev1.Node{seedNode(), pcie}, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, tc.mode, tc.nodes...)
+			out, mresp, vresp := f.admit(t, pod(false, 1))
+			if !mresp.Allowed || !vresp.Allowed {
+				t.Fatalf("non-TP pod refused: %+v %+v", mresp.Result, vresp.Result)
+			}
+			_, has := out.Annotations["gpu.nvidia.com/nvswitch-domain"]
+			if has != tc.pinned {
+				t.Fatalf("pinned = %v, want %v (annotations %v)", has, tc.pinned, out.Annotations)
+			}
+			if _, tp := out.Annotations["gpu.nvidia.com/tp-size"]; tp {
+				t.Error("a non-TP pod got a tp-size annotation")
+			}
+		})
+	}
+}
+
+func TestExcludedNamespaceIsUntouched(t *testing.T) {
+	f := newFixture(t, NonTPPin, seedNode())
+	p := pod(true, 3)
+	p.Namespace = "kube-system"
+	_, mresp, vresp := f.admit(t, p)
+	if len(mresp.Patches) != 0 || !vresp.Allowed {
+		t.Fatalf("kube-system pod touched: %+v %+v", mresp, vresp.Result)
+	}
+}
+
+func TestWarnings(t *testing.T) {
+	a100 := node("a100-mig", nil, map[string]string{"nvidia.com/gpu.workload.config": "container"}, map[string]int64{"nvidia.com/mig-1g.5gb": 7, "nvidia.com/mig-2g.10gb": 3})
+	pass := node("a10-pass", nil, map[string]string{"gpu": "a10", "nvidia.com/gpu.workload.config": "vm-passthrough"}, map[string]int64{"nvidia.com/GA102GL_A10": 2})
+	f := newFixture(t, NonTPAccount, a100, pass, seedNode())
+
+	mig := pod(false, 0)
+	mig.Spec.Containers[0].Resources.Limits["nvidia.com/mig-1g.6gb"] = resource.MustParse("1")
+	_, _, v := f.admit(t, mig)
+	want := "spec.containers[0].resources.limits[nvidia.com/mig-1g.6gb]: no node advertises nvidia.com/mig-1g.6gb, so this pod cannot be scheduled until one does; advertised now: nvidia.com/mig-1g.5gb, nvidia.com/mig-2g.10gb"
+	if !v.Allowed || len(v.Warnings) != 1 || v.Warnings[0] != want {
+		t.Fatalf("warnings = %q", v.Warnings)
+	}
+
+	split := pod(false, 1)
+	split.Spec.NodeSelector = map[string]string{"gpu": "a10"}
+	_, _, v = f.admit(t, split)
+	want = "spec.nodeSelector selects node a10-pass whose GPUs are advertised as nvidia.com/GA102GL_A10 (nvidia.com/gpu.workload.config=vm-passthrough), not nvidia.com/gpu: the pod would stay Pending with 'Insufficient nvidia.com/gpu' while those GPUs are free; request nvidia.com/GA102GL_A10, or select nodes whose workload config advertises nvidia.com/gpu"
+	if !v.Allowed || len(v.Warnings) != 1 || v.Warnings[0] != want {
+		t.Fatalf("warnings = %q", v.Warnings)
+	}
+	if got := testutil.ToFloat64(f.m.Warnings.WithLabelValues("split-inventory")); got != 1 {
+		t.Errorf("split-inventory warnings metric = %v", got)
+	}
+	ok := pod(false, 1)
+	if _, _, v := f.admit(t, ok); len(v.Warnings) != 0 {
+		t.Errorf("a satisfiable pod got warnings %q", v.Warnings)
+	}
+}
+
+func TestBurstSpreadsAcrossDomains(t *testing.T) {
+	f := newFixture(t, NonTPAuto, seedNode())
+	var domains []string
+	for i := range 4 {
+		p := pod(true, 2)
+		p.Name = fmt.Sprintf("tp-%d", i)
+		out, _, _ := f.admit(t, p)
+		domains = append(domains, out.Annotations["gpu.nvidia.com/nvswitch-domain"])
+	}
+	if strings.Join(domains, ",") != "0,0,1,1" {
+		t.Fatalf("four TP=2 pods admitted before any bound went to domains %v; want 0,0,1,1", domains)
+	}
+}
+
+func FuzzHandlers(f *testing.F) {
+	files, _ := filepath.Glob("testdata/pods/*.json")
+	for _, file := range files {
+		data, err := os.ReadFile(file)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(data)
+	}
+	f.Add([]byte(`{"metadata":{"labels":{"tensor-parallel":"true"}},"spec":{"containers":[{"name":"a","resources":{"limits":{"nvidia.com/gpu":"-3"}}}]}}`))
+	f.Add([]byte(`{"spec":{"containers":null}}`))
+	fx := newFixture(f, NonTPPin, seedNode(), node("hgx", []int{8}, nil, nil))
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		for _, h := range []admission.Handler{fx.mut, fx.val} {
+			resp := h.Handle(context.Background(), rawRequest(raw, "default"))
+			if !resp.Allowed && (resp.Result == nil || resp.Result.Message == "") {
+				t.Fatalf("refusal without a message: %+v", resp)
+			}
+			if resp.Allowed && len(resp.Patches) > 0 {
+				applyPatches(t, raw, resp)
+			}
+		}
+	})
+}

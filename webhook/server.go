@@ -1,0 +1,167 @@
+package webhook
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
+
+	"github.com/nvdomain/nvdomain/webhook/clusterview"
+)
+
+// Paths the handlers serve; the webhook configurations in manifests/ point at them.
+const (
+	MutatePath   = "/mutate-pods"
+	ValidatePath = "/validate-pods"
+)
+
+// ServerOptions configure the process around the handlers.
+type ServerOptions struct {
+	Handlers Options
+	// CertDir holds tls.crt and tls.key; it is watched, so rotated certificates are picked
+	// up without a restart.
+	CertDir     string
+	Host        string
+	Port        int
+	MetricsAddr string
+	ProbeAddr   string
+	// Registry receives the metrics; nil means controller-runtime's registry, which the
+	// metrics endpoint serves.
+	Registry ctrlmetrics.RegistererGatherer
+}
+
+// NewManager builds a controller-runtime manager serving the webhook, with the informers that
+// feed the cluster view. Start it with mgr.Start.
+func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Manager, *clusterview.View, error) {
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return nil, nil, err
+	}
+	reg := so.Registry
+	if reg == nil {
+		reg = ctrlmetrics.Registry
+	}
+	mgr, err := manager.New(cfg, manager.Options{
+		Scheme: scheme,
+		Logger: log,
+		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+			&corev1.Pod{}:  {Transform: clusterview.StripPod(so.Handlers.Names)},
+			&corev1.Node{}: {Transform: clusterview.StripNode},
+		}},
+		WebhookServer: crwebhook.NewServer(crwebhook.Options{
+			Host:    so.Host,
+			Port:    so.Port,
+			CertDir: so.CertDir,
+			TLSOpts: []func(*tls.Config){func(c *tls.Config) { c.MinVersion = tls.VersionTLS12 }},
+		}),
+		Metrics:                metricsserver.Options{BindAddress: so.MetricsAddr},
+		HealthProbeBindAddress: so.ProbeAddr,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("create manager: %w", err)
+	}
+	view := clusterview.New(so.Handlers.Names)
+	synced, err := feedView(mgr.GetCache(), view)
+	if err != nil {
+		return nil, nil, err
+	}
+	metrics, err := NewMetrics(reg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("register metrics: %w", err)
+	}
+	mut, val := NewHandlers(view, so.Handlers, metrics, log, scheme)
+	srv := mgr.GetWebhookServer()
+	srv.Register(MutatePath, &crwebhook.Admission{Handler: mut})
+	srv.Register(ValidatePath, &crwebhook.Admission{Handler: val})
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return nil, nil, err
+	}
+	// Ready only when the webhook serves and the view has seen every node and pod: answering
+	// from a half-filled view would pin pods to domains that are already full.
+	if err := mgr.AddReadyzCheck("webhook", srv.StartedChecker()); err != nil {
+		return nil, nil, err
+	}
+	if err := mgr.AddReadyzCheck("cluster-view", func(*http.Request) error {
+		for _, s := range synced {
+			if !s.HasSynced() {
+				return errors.New("node and pod informers have not synced yet")
+			}
+		}
+		return nil
+	}); err != nil {
+		return nil, nil, err
+	}
+	return mgr, view, nil
+}
+
+// feedView connects node and pod informers to the view.
+func feedView(c cache.Cache, view *clusterview.View) ([]toolscache.ResourceEventHandlerRegistration, error) {
+	ctx := context.Background()
+	nodes, err := c.GetInformer(ctx, &corev1.Node{})
+	if err != nil {
+		return nil, fmt.Errorf("node informer: %w", err)
+	}
+	pods, err := c.GetInformer(ctx, &corev1.Pod{})
+	if err != nil {
+		return nil, fmt.Errorf("pod informer: %w", err)
+	}
+	nreg, err := nodes.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { upsertNode(view, obj) },
+		UpdateFunc: func(_, obj any) { upsertNode(view, obj) },
+		DeleteFunc: func(obj any) {
+			if n, ok := tombstone(obj).(*corev1.Node); ok {
+				view.DeleteNode(n.Name)
+			}
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	preg, err := pods.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { upsertPod(view, obj) },
+		UpdateFunc: func(_, obj any) { upsertPod(view, obj) },
+		DeleteFunc: func(obj any) {
+			if p, ok := tombstone(obj).(*corev1.Pod); ok {
+				view.DeletePod(p.UID)
+			}
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	return []toolscache.ResourceEventHandlerRegistration{nreg, preg}, nil
+}
+
+func upsertNode(view *clusterview.View, obj any) {
+	if n, ok := obj.(*corev1.Node); ok {
+		view.UpsertNode(n)
+	}
+}
+
+func upsertPod(view *clusterview.View, obj any) {
+	if p, ok := obj.(*corev1.Pod); ok {
+		view.UpsertPod(p)
+	}
+}
+
+func tombstone(obj any) any {
+	if t, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+		return t.Obj
+	}
+	return obj
+}

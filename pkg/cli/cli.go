@@ -6,6 +6,7 @@ package cli
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,10 +15,12 @@ import (
 	"slices"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/spf13/cobra"
 
+	"github.com/nvdomain/nvdomain/pkg/certs"
 	"github.com/nvdomain/nvdomain/pkg/checkconfig"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/topology"
@@ -73,7 +76,7 @@ func newRoot(stdin io.Reader) *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newTopology(stdin), newCheckConfig(stdin), &cobra.Command{
+	root.AddCommand(newTopology(stdin), newCheckConfig(stdin), newCerts(), &cobra.Command{
 		Use:   "version",
 		Short: "Print the version",
 		Args:  cobra.NoArgs,
@@ -279,6 +282,43 @@ func orNone(s string) string {
 		return "none"
 	}
 	return s
+}
+
+func newCerts() *cobra.Command {
+	cmd := &cobra.Command{Use: "certs", Short: "Webhook certificates for clusters without cert-manager"}
+	var o certs.Options
+	var dir string
+	gen := &cobra.Command{
+		Use:   "generate --out-dir DIR",
+		Short: "Write a self-signed CA and a webhook serving certificate to DIR and print the caBundle",
+		Long: `Writes ca.crt, tls.crt and tls.key to --out-dir (the layout of a kubernetes.io/tls Secret)
+and prints the base64 caBundle for the webhook configurations on stdout:
+
+  nvdomain certs generate --out-dir ./tls --service nvdomain-webhook --namespace nvdomain-system
+  kubectl -n nvdomain-system create secret tls nvdomain-webhook-tls --cert tls/tls.crt --key tls/tls.key`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if dir == "" {
+				return fmt.Errorf("--out-dir is required")
+			}
+			b, err := certs.Generate(o)
+			if err != nil {
+				return err
+			}
+			if err := b.WriteDir(dir); err != nil {
+				return err
+			}
+			_, err = fmt.Fprintln(cmd.OutOrStdout(), base64.StdEncoding.EncodeToString(b.CACert))
+			return err
+		},
+	}
+	gen.Flags().StringVar(&dir, "out-dir", "", "directory to write ca.crt, tls.crt and tls.key to")
+	gen.Flags().StringVar(&o.Service, "service", "nvdomain-webhook", "webhook Service name")
+	gen.Flags().StringVar(&o.Namespace, "namespace", "nvdomain-system", "webhook Service namespace")
+	gen.Flags().StringSliceVar(&o.Hosts, "host", nil, "extra DNS name or IP the webhook is reached at (repeatable), e.g. 127.0.0.1")
+	gen.Flags().DurationVar(&o.Validity, "validity", 365*24*time.Hour, "serving certificate lifetime")
+	cmd.AddCommand(gen)
+	return cmd
 }
 
 func newCheckConfig(stdin io.Reader) *cobra.Command {

@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -195,5 +196,25 @@ func TestDiscoverWithoutADriverFailsClearly(t *testing.T) {
 	}
 	if code != 2 || !strings.Contains(errOut, "nvdomain: NVML:") {
 		t.Fatalf("exit %d stderr %q", code, errOut)
+	}
+}
+
+func TestCertsGenerate(t *testing.T) {
+	dir := t.TempDir()
+	code, out, errOut := runCLI(t, "", "certs", "generate", "--out-dir", dir, "--host", "127.0.0.1")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	ca, err := base64.StdEncoding.DecodeString(strings.TrimSpace(out))
+	if err != nil || !strings.Contains(string(ca), "BEGIN CERTIFICATE") {
+		t.Fatalf("stdout is not a base64 caBundle: %q", out)
+	}
+	for _, f := range []string{"ca.crt", "tls.crt", "tls.key"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Error(err)
+		}
+	}
+	if code, _, errOut := runCLI(t, "", "certs", "generate"); code != 2 || !strings.Contains(errOut, "--out-dir is required") {
+		t.Errorf("exit %d stderr %q", code, errOut)
 	}
 }

@@ -1,0 +1,63 @@
+// Command nvdomain-nri is nvdomain's containerd NRI plugin: it gives each GPU container the
+// exact GPUs of its pod's NVSwitch domain. It runs as an external plugin (a DaemonSet with the
+// NRI socket mounted) or pre-installed in containerd's plugin_path. See package nriplugin.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/go-logr/logr"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/nvdomain/nvdomain/nri-plugin"
+	"github.com/nvdomain/nvdomain/pkg/names"
+)
+
+func main() {
+	o := nriplugin.RunOptions{Names: names.Default()}
+	var naming, labelPrefix, resourcePrefix string
+	flag.StringVar(&o.TopologyFile, "topology-file", "", "node topology JSON (as `nvdomain topology parse|discover -o json` prints it)")
+	flag.StringVar(&o.SimulatedFile, "simulated-file", "", "simulated-topology document; needs --node-name")
+	flag.StringVar(&o.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (simulated topology, events)")
+	flag.BoolVar(&o.NVML, "nvml", false, "discover the topology through NVML")
+	flag.StringVar(&naming, "naming", string(nriplugin.NameByUUID), "how GPUs are named to containers: uuid, index or cdi")
+	flag.StringVar(&o.StateFile, "state-file", "/run/nvdomain/nri-state.json", "where to write which container holds which GPUs, for the node agent")
+	flag.StringVar(&o.MetricsAddr, "metrics-bind-address", "", "Prometheus metrics address, e.g. 127.0.0.1:9101; empty disables")
+	flag.StringVar(&o.SocketPath, "socket-path", "", "NRI socket (external plugin); empty when containerd launches the plugin")
+	flag.StringVar(&o.PluginName, "plugin-name", "", "plugin name (external plugin)")
+	flag.StringVar(&o.PluginIdx, "plugin-idx", "", "plugin index, two digits (external plugin)")
+	flag.BoolVar(&o.Report, "report", true, "annotate pods with their GPUs and record Events through the API")
+	flag.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig for reports; empty means in-cluster")
+	flag.StringVar(&labelPrefix, "label-prefix", names.DefaultLabelPrefix, "prefix of nvdomain's labels and annotations")
+	flag.StringVar(&resourcePrefix, "resource-prefix", names.DefaultResourcePrefix, "prefix of the per-domain extended resources")
+	zo := zap.Options{}
+	zo.BindFlags(flag.CommandLine)
+	flag.Parse()
+
+	log := zap.New(zap.UseFlagOptions(&zo)).WithName("nvdomain-nri")
+	if err := run(o, naming, labelPrefix, resourcePrefix, log); err != nil {
+		fmt.Fprintf(os.Stderr, "nvdomain-nri: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run(o nriplugin.RunOptions, naming, labelPrefix, resourcePrefix string, log logr.Logger) error {
+	var err error
+	if o.Names, err = names.New(labelPrefix, resourcePrefix); err != nil {
+		return err
+	}
+	switch nriplugin.DeviceNaming(naming) {
+	case nriplugin.NameByUUID, nriplugin.NameByIndex, nriplugin.NameByCDI:
+		o.Naming = nriplugin.DeviceNaming(naming)
+	default:
+		return fmt.Errorf("--naming %q: use uuid, index or cdi", naming)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return nriplugin.Run(ctx, o, log)
+}

@@ -1,0 +1,289 @@
+package nriplugin
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
+)
+
+// StateFileDoc is the state file the node agent reads: every container holding GPUs on this
+// node. The agent lowers a domain's advertised capacity by the GPUs that unpinned containers
+// (Domain -1) hold in it. A file on a shared hostPath is the channel because both sides run on
+// the same node, it survives either side restarting, and it needs no extra API permission.
+type StateFileDoc struct {
+	Version     int          `json:"version"`
+	Updated     time.Time    `json:"updated"`
+	Assignments []Assignment `json:"assignments"`
+}
+
+// StateFile writes StateFileDoc atomically, coalescing bursts: Changed only records the
+// latest state and wakes a writer goroutine, so container creation never waits on disk.
+type StateFile struct {
+	path string
+	log  logr.Logger
+
+	mu      sync.Mutex
+	latest  []Assignment
+	pending bool
+	wake    chan struct{}
+}
+
+// NewStateFile starts the writer; it stops when ctx ends, after a final write.
+func NewStateFile(ctx context.Context, path string, log logr.Logger) *StateFile {
+	s := &StateFile{path: path, log: log, wake: make(chan struct{}, 1)}
+	go s.loop(ctx)
+	return s
+}
+
+// Assigned implements Reporter; the state file only cares about the whole picture.
+func (s *StateFile) Assigned(Assignment, bool) {}
+
+// Changed implements Reporter.
+func (s *StateFile) Changed(all []Assignment) {
+	s.mu.Lock()
+	s.latest, s.pending = all, true
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (s *StateFile) loop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			s.flush()
+			return
+		case <-s.wake:
+			s.flush()
+		}
+	}
+}
+
+func (s *StateFile) flush() {
+	s.mu.Lock()
+	if !s.pending {
+		s.mu.Unlock()
+		return
+	}
+	doc := StateFileDoc{Version: 1, Updated: time.Now().UTC(), Assignments: s.latest}
+	s.pending = false
+	s.mu.Unlock()
+	if doc.Assignments == nil {
+		doc.Assignments = []Assignment{}
+	}
+	if err := writeAtomic(s.path, doc); err != nil {
+		s.log.Error(err, "write state file", "path", s.path)
+	}
+}
+
+// ReadStateFile reads what StateFile wrote.
+func ReadStateFile(path string) (*StateFileDoc, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read NRI state file: %w", err)
+	}
+	var doc StateFileDoc
+	if err := json.Unmarshal(data, &doc); err != nil {
+		return nil, fmt.Errorf("NRI state file %s: %w", path, err)
+	}
+	return &doc, nil
+}
+
+func writeAtomic(path string, v any) error {
+	data, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		os.Remove(tmp.Name())
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		os.Remove(tmp.Name())
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
+
+// Reporters fans events out to several reporters.
+type Reporters []Reporter
+
+// Assigned implements Reporter.
+func (rs Reporters) Assigned(a Assignment, shouldHaveBeenPinned bool) {
+	for _, r := range rs {
+		r.Assigned(a, shouldHaveBeenPinned)
+	}
+}
+
+// Changed implements Reporter.
+func (rs Reporters) Changed(all []Assignment) {
+	for _, r := range rs {
+		r.Changed(all)
+	}
+}
+
+// KubeReporter puts the assignment on the pod (the assigned-gpus annotation) and records an
+// Event, from a worker goroutine with a bounded queue: API trouble delays or, at worst, drops
+// a report; it never slows or fails a container creation.
+type KubeReporter struct {
+	client kubernetes.Interface
+	names  names.Names
+	node   string
+	log    logr.Logger
+	queue  chan report
+
+	mu     sync.Mutex
+	perPod map[string]map[string][]int // pod uid → container → GPUs, for the annotation
+}
+
+type report struct {
+	a      Assignment
+	unpin  bool
+	perPod map[string][]int
+}
+
+// NewKubeReporter starts the worker; it stops when ctx ends.
+func NewKubeReporter(ctx context.Context, client kubernetes.Interface, n names.Names, node string, log logr.Logger) *KubeReporter {
+	r := &KubeReporter{client: client, names: n, node: node, log: log, queue: make(chan report, 1024), perPod: map[string]map[string][]int{}}
+	go r.loop(ctx)
+	return r
+}
+
+// Assigned implements Reporter.
+func (r *KubeReporter) Assigned(a Assignment, shouldHaveBeenPinned bool) {
+	r.mu.Lock()
+	m := r.perPod[a.PodUID]
+	if m == nil {
+		m = map[string][]int{}
+		r.perPod[a.PodUID] = m
+	}
+	m[a.ContainerName] = a.GPUs
+	cp := make(map[string][]int, len(m))
+	for k, v := range m {
+		cp[k] = v
+	}
+	r.mu.Unlock()
+	select {
+	case r.queue <- report{a, shouldHaveBeenPinned, cp}:
+	default:
+		r.log.Info("report queue full; dropping the pod annotation and event", "pod", a.PodNamespace+"/"+a.PodName)
+	}
+}
+
+// Changed implements Reporter: forget pods that no longer hold anything.
+func (r *KubeReporter) Changed(all []Assignment) {
+	live := map[string]bool{}
+	for _, a := range all {
+		live[a.PodUID] = true
+	}
+	r.mu.Lock()
+	for uid := range r.perPod {
+		if !live[uid] {
+			delete(r.perPod, uid)
+		}
+	}
+	r.mu.Unlock()
+}
+
+func (r *KubeReporter) loop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case rep := <-r.queue:
+			r.send(ctx, rep)
+		}
+	}
+}
+
+// AssignedValue renders the pod annotation: "4,5" for one GPU container, else a JSON object
+// of container name to GPU list.
+func AssignedValue(perContainer map[string][]int) string {
+	if len(perContainer) == 1 {
+		for _, g := range perContainer {
+			return names.FormatGPUList(g)
+		}
+	}
+	keys := make([]string, 0, len(perContainer))
+	for k := range perContainer {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		kb, _ := json.Marshal(k)
+		parts[i] = fmt.Sprintf("%s:%q", kb, names.FormatGPUList(perContainer[k]))
+	}
+	return "{" + strings.Join(parts, ",") + "}"
+}
+
+func (r *KubeReporter) send(ctx context.Context, rep report) {
+	a := rep.a
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{r.names.PodAssignedGPUsAnnotation(): AssignedValue(rep.perPod)}}})
+	backoff := 200 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := r.client.CoreV1().Pods(a.PodNamespace).Patch(cctx, a.PodName, types.MergePatchType, patch, metav1.PatchOptions{})
+		cancel()
+		if err == nil {
+			break
+		}
+		if attempt == 5 || ctx.Err() != nil {
+			r.log.Error(err, "annotate pod with its GPUs", "pod", a.PodNamespace+"/"+a.PodName)
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff *= 2
+	}
+	where := fmt.Sprintf("NVSwitch domain %d", a.Domain)
+	if a.Domain < 0 {
+		where = "no domain (pod not pinned)"
+	}
+	ev := &corev1.Event{
+		ObjectMeta:     metav1.ObjectMeta{GenerateName: a.PodName + ".", Namespace: a.PodNamespace},
+		InvolvedObject: corev1.ObjectReference{Kind: "Pod", Namespace: a.PodNamespace, Name: a.PodName, UID: types.UID(a.PodUID), APIVersion: "v1"},
+		Reason:         "GPUsAssigned",
+		Message:        fmt.Sprintf("container %s got GPUs %s from %s", a.ContainerName, names.FormatGPUList(a.GPUs), where),
+		Type:           corev1.EventTypeNormal,
+		Source:         corev1.EventSource{Component: "nvdomain-nri", Host: r.node},
+		FirstTimestamp: metav1.Now(), LastTimestamp: metav1.Now(), Count: 1,
+	}
+	if rep.unpin {
+		ev.Reason, ev.Type = "TensorParallelNotPinned", corev1.EventTypeWarning
+		ev.Message = fmt.Sprintf("tensor-parallel container %s arrived without an NVSwitch domain (admitted while the nvdomain webhook was down?); it got GPUs %s, packed but not guaranteed to share a domain",
+			a.ContainerName, names.FormatGPUList(a.GPUs))
+	}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := r.client.CoreV1().Events(a.PodNamespace).Create(cctx, ev, metav1.CreateOptions{}); err != nil {
+		r.log.Error(err, "record event", "pod", a.PodNamespace+"/"+a.PodName)
+	}
+}

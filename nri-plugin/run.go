@@ -1,0 +1,151 @@
+package nriplugin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/containerd/nri/pkg/stub"
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/topology"
+	"github.com/nvdomain/nvdomain/pkg/topology/nvmltopo"
+	"github.com/nvdomain/nvdomain/pkg/topology/simulated"
+)
+
+// RunOptions configure the plugin process.
+type RunOptions struct {
+	Names names.Names
+	// Exactly one topology source: TopologyFile (the JSON document `nvdomain topology
+	// parse/discover` prints and the agent publishes), SimulatedFile with NodeName, or NVML.
+	TopologyFile  string
+	SimulatedFile string
+	NodeName      string
+	NVML          bool
+
+	Naming      DeviceNaming
+	StateFile   string
+	MetricsAddr string
+	// SocketPath, PluginName and PluginIdx make it an external plugin. When containerd
+	// launches the binary from its plugin_path it passes these in the environment instead,
+	// and they must stay empty.
+	SocketPath string
+	PluginName string
+	PluginIdx  string
+	// Report turns on pod annotations and Events through the API (in-cluster config, or
+	// Kubeconfig).
+	Report     bool
+	Kubeconfig string
+}
+
+// LoadTopology reads the node's topology from the configured source.
+func LoadTopology(ctx context.Context, o RunOptions) (*topology.Topology, error) {
+	switch {
+	case o.TopologyFile != "":
+		data, err := os.ReadFile(o.TopologyFile)
+		if err != nil {
+			return nil, fmt.Errorf("read topology: %w", err)
+		}
+		var top topology.Topology
+		if err := json.Unmarshal(data, &top); err != nil {
+			return nil, fmt.Errorf("topology file %s: %w", o.TopologyFile, err)
+		}
+		return &top, nil
+	case o.SimulatedFile != "":
+		data, err := os.ReadFile(o.SimulatedFile)
+		if err != nil {
+			return nil, fmt.Errorf("read simulated topology: %w", err)
+		}
+		p, err := simulated.NewParser()
+		if err != nil {
+			return nil, err
+		}
+		doc, err := p.Parse(data)
+		if err != nil {
+			return nil, fmt.Errorf("simulated topology %s: %w", o.SimulatedFile, err)
+		}
+		return doc.ForNode(o.NodeName)
+	case o.NVML:
+		return nvmltopo.Discover(ctx, nvml.New())
+	}
+	return nil, errors.New("no topology source: give --topology-file, --simulated-file with --node-name, or --nvml")
+}
+
+// Run connects to containerd's NRI socket and serves until ctx ends or the runtime goes away.
+func Run(ctx context.Context, o RunOptions, log logr.Logger) error {
+	top, err := LoadTopology(ctx, o)
+	if err != nil {
+		return err
+	}
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg)
+	if err != nil {
+		return err
+	}
+	reporters := Reporters{}
+	if o.StateFile != "" {
+		reporters = append(reporters, NewStateFile(ctx, o.StateFile, log.WithName("state")))
+	}
+	if o.Report {
+		cs, err := kubeClient(o.Kubeconfig)
+		if err != nil {
+			return err
+		}
+		reporters = append(reporters, NewKubeReporter(ctx, cs, o.Names, o.NodeName, log.WithName("report")))
+	}
+	p, err := New(Config{Names: o.Names, Topology: top, Naming: o.Naming}, log, m, reporters)
+	if err != nil {
+		return err
+	}
+	if o.MetricsAddr != "" {
+		ln, err := net.Listen("tcp", o.MetricsAddr)
+		if err != nil {
+			return fmt.Errorf("metrics listener: %w", err)
+		}
+		srv := &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = srv.Serve(ln) }()
+		defer srv.Close()
+	}
+	var opts []stub.Option
+	if o.SocketPath != "" {
+		opts = append(opts, stub.WithSocketPath(o.SocketPath))
+	}
+	if o.PluginName != "" {
+		opts = append(opts, stub.WithPluginName(o.PluginName))
+	}
+	if o.PluginIdx != "" {
+		opts = append(opts, stub.WithPluginIdx(o.PluginIdx))
+	}
+	s, err := stub.New(p, opts...)
+	if err != nil {
+		return fmt.Errorf("create NRI stub: %w", err)
+	}
+	log.Info("starting", "gpus", len(top.GPUs), "domains", len(top.Domains), "source", top.Source, "naming", p.cfg.Naming)
+	return s.Run(ctx)
+}
+
+func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
+	var cfg *rest.Config
+	var err error
+	if kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	} else {
+		cfg, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client for pod reports: %w (run with --report=false to skip them)", err)
+	}
+	return kubernetes.NewForConfig(cfg)
+}

@@ -17,7 +17,7 @@ LDFLAGS     := -X github.com/nvdomain/nvdomain/pkg/cli.Version=$(VERSION)
 # marks deprecated, which only adds compiler noise.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all build test unit k8s-assets lint fmt vet staticcheck cover fuzz bench demo clean
+.PHONY: all build test unit k8s-assets containerd-assets lint fmt vet staticcheck cover fuzz bench demo clean
 
 all: build
 
@@ -32,12 +32,21 @@ test: lint unit
 k8s-assets:
 	K8S_VERSION=$(K8S_VERSION) test/tools/build-k8s.sh >/dev/null
 
-unit: k8s-assets
+# The NRI tier (test/containerd) runs a real containerd v2 with NRI, built the same way into
+# bin/containerd/<version> (about 2 minutes cold), with Debian's runc and busybox-static.
+containerd-assets:
+	test/tools/build-containerd.sh >/dev/null
+
+unit: k8s-assets containerd-assets
 	KUBEBUILDER_ASSETS=$(K8S_ASSETS) $(GO) test -race -count=1 -timeout 20m ./...
 
-## bench: the webhook's domain decision at 5,000 nodes × 2 domains with 20,000 GPU pods.
-bench:
-	$(GO) test -run '^$$' -bench . -benchmem ./webhook/clusterview/
+## bench: the webhook's domain decision at 5,000 nodes × 2 domains with 20,000 GPU pods, the
+## NRI plugin's own handling, its round trip over the NRI socket, and container creation on
+## real containerd with the plugin against without it.
+bench: containerd-assets
+	$(GO) test -run '^$$' -bench . -benchmem ./webhook/clusterview/ ./nri-plugin/
+	$(GO) test -run '^$$' -bench . ./test/nri/
+	$(GO) test -run '^$$' -bench . -benchtime 1x ./test/containerd/
 
 lint: fmt vet staticcheck
 

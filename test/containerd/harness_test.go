@@ -1,0 +1,430 @@
+// Package containerd runs the nvdomain NRI plugin against a real containerd (built from the Go
+// module proxy, NRI enabled), Debian's runc and crictl, with containers started from locally
+// built images. It needs root, as containerd does.
+package containerd
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nvdomain/nvdomain/pkg/topology"
+	"github.com/nvdomain/nvdomain/test/ocitest"
+)
+
+func repoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+const (
+	busyboxRef = "docker.io/library/busybox:nvdomain"
+	pauseRef   = "registry.k8s.io/pause:nvdomain"
+)
+
+// node is one containerd with NRI, its images, and the nvdomain plugin.
+type node struct {
+	t          testing.TB
+	dir        string
+	bins       string
+	runc       string
+	containerd *exec.Cmd
+	plugin     *exec.Cmd
+	pluginBin  string
+	topology   string
+	started    int
+}
+
+func run(t testing.TB, name string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+func startNode(t testing.TB) *node {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("the containerd tier needs root (containerd mounts overlays and creates cgroups); run `make test` as root, as CI does")
+	}
+	runcPath, err := exec.LookPath("runc")
+	if err != nil {
+		t.Fatal("runc not found: apt-get install runc (.ci/run installs it)")
+	}
+	if _, err := os.Stat("/bin/busybox"); err != nil {
+		t.Fatal("/bin/busybox not found: apt-get install busybox-static (.ci/run installs it)")
+	}
+	bins := strings.TrimSpace(run(t, filepath.Join(repoRoot(), "test", "tools", "build-containerd.sh")))
+	// Unix socket paths must stay under 108 bytes.
+	dir, err := os.MkdirTemp("/tmp", "nvd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &node{t: t, dir: dir, bins: bins, runc: runcPath}
+	t.Cleanup(n.teardown)
+	n.buildBinaries()
+	n.writeConfig()
+	n.startContainerd()
+	n.importImages()
+	n.topology = n.writeSeedTopology()
+	return n
+}
+
+func (n *node) path(p string) string { return filepath.Join(n.dir, p) }
+
+func (n *node) buildBinaries() {
+	n.pluginBin = n.path("nvdomain-nri")
+	for _, b := range []struct{ out, pkg string }{{n.pluginBin, "./cmd/nvdomain-nri"}, {n.path("pause"), "./test/images/pause"}} {
+		cmd := exec.Command("go", "build", "-o", b.out, b.pkg)
+		cmd.Dir = repoRoot()
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if b.pkg == "./cmd/nvdomain-nri" {
+			cmd.Env = os.Environ() // go-nvml needs cgo
+		}
+		if out, err := cmd.CombinedOutput(); err != nil {
+			n.t.Fatalf("go build %s: %v\n%s", b.pkg, err, out)
+		}
+	}
+}
+
+func (n *node) writeConfig() {
+	for _, d := range []string{"cni", "cni-bin", "nri-plugins", "nri-conf", "logs", "s", "opt"} {
+		if err := os.MkdirAll(n.path(d), 0o755); err != nil {
+			n.t.Fatal(err)
+		}
+	}
+	cfg := fmt.Sprintf(`version = 4
+root = '%[1]s/root'
+state = '%[1]s/state'
+imports = []
+[plugins]
+  [plugins.'io.containerd.server.v1.grpc']
+    address = '%[1]s/c.sock'
+  [plugins.'io.containerd.server.v1.ttrpc']
+    address = '%[1]s/t.sock'
+  [plugins.'io.containerd.cri.v1.images']
+    snapshotter = 'overlayfs'
+    [plugins.'io.containerd.cri.v1.images'.pinned_images]
+      sandbox = '%[2]s'
+  [plugins.'io.containerd.cri.v1.runtime']
+    disable_apparmor = true
+    # Required on this machine kind: runc may not write oom_score_adj -998 here, and every
+    # sandbox would fail with "can't get final child's PID from pipe: EOF".
+    restrict_oom_score_adj = true
+    [plugins.'io.containerd.cri.v1.runtime'.containerd]
+      default_runtime_name = 'runc'
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+        runtime_type = 'io.containerd.runc.v2'
+        [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+          BinaryName = '%[3]s'
+          Root = '%[1]s/runc'
+          SystemdCgroup = false
+    [plugins.'io.containerd.cri.v1.runtime'.cni]
+      bin_dirs = ['%[1]s/cni-bin']
+      conf_dir = '%[1]s/cni'
+  [plugins.'io.containerd.grpc.v1.cri']
+    stream_server_address = '127.0.0.1'
+  [plugins.'io.containerd.internal.v1.opt']
+    path = '%[1]s/opt'
+  [plugins.'io.containerd.nri.v1.nri']
+    disable = false
+    disable_connections = false
+    socket_path = '%[1]s/nri.sock'
+    plugin_path = '%[1]s/nri-plugins'
+    plugin_config_path = '%[1]s/nri-conf'
+  [plugins.'io.containerd.shim.v1.manager']
+    socket_dir = '%[1]s/s'
+`, n.dir, pauseRef, n.runc)
+	if err := os.WriteFile(n.path("config.toml"), []byte(cfg), 0o644); err != nil {
+		n.t.Fatal(err)
+	}
+}
+
+func (n *node) startContainerd() {
+	logf, err := os.Create(n.path("containerd.log"))
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(n.bins, "containerd"), "--config", n.path("config.toml"))
+	cmd.Env = append(os.Environ(), "PATH="+n.bins+":"+os.Getenv("PATH"))
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		n.t.Fatal(err)
+	}
+	n.containerd = cmd
+	n.waitFor(n.path("nri.sock"), "containerd's NRI socket")
+	n.waitFor(n.path("c.sock"), "containerd's socket")
+}
+
+func (n *node) waitFor(path, what string) {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := os.Stat(path); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			log, _ := os.ReadFile(n.path("containerd.log"))
+			n.t.Fatalf("%s never appeared at %s; containerd log:\n%s", what, path, tail(string(log), 3000))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+func (n *node) importImages() {
+	busybox := ocitest.Image{Ref: busyboxRef, Files: map[string]ocitest.File{"bin/busybox": {Source: "/bin/busybox"}},
+		Env: []string{"PATH=/bin"}, Entrypoint: []string{"/bin/sh"}}
+	for _, applet := range []string{"sh", "env", "sleep", "cat", "echo", "true"} {
+		busybox.Files["bin/"+applet] = ocitest.File{Link: "busybox"}
+	}
+	pause := ocitest.Image{Ref: pauseRef, Files: map[string]ocitest.File{"pause": {Source: n.path("pause")}}, Entrypoint: []string{"/pause"}}
+	for _, img := range []ocitest.Image{busybox, pause} {
+		tarPath := n.path(strings.NewReplacer("/", "_", ":", "_").Replace(img.Ref) + ".tar")
+		if err := ocitest.WriteArchive(img, tarPath); err != nil {
+			n.t.Fatal(err)
+		}
+		run(n.t, filepath.Join(n.bins, "ctr"), "--address", n.path("c.sock"), "-n", "k8s.io", "images", "import", tarPath)
+	}
+}
+
+func (n *node) writeSeedTopology() string {
+	var gpus []topology.GPU
+	for i := range 8 {
+		gpus = append(gpus, topology.GPU{Index: i, UUID: fmt.Sprintf("GPU-seed-%d", i)})
+	}
+	top, err := topology.FromDomains("simulated", gpus, [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}}, nil)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	data, _ := json.Marshal(top)
+	p := n.path("topology.json")
+	if err := os.WriteFile(p, data, 0o644); err != nil {
+		n.t.Fatal(err)
+	}
+	return p
+}
+
+// startPlugin runs the plugin as an external NRI plugin and waits until containerd lists it.
+func (n *node) startPlugin() {
+	logf, err := os.OpenFile(n.path("plugin.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	cmd := exec.Command(n.pluginBin, "--topology-file", n.topology, "--socket-path", n.path("nri.sock"),
+		"--plugin-name", "nvdomain", "--plugin-idx", "10", "--report=false", "--state-file", n.path("nri-state.json"))
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		n.t.Fatal(err)
+	}
+	n.plugin = cmd
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		log, _ := os.ReadFile(n.path("containerd.log"))
+		if strings.Count(string(log), `plugin \"10-nvdomain\" connected and synchronized`) > n.pluginStarts() {
+			break
+		}
+		if time.Now().After(deadline) {
+			pl, _ := os.ReadFile(n.path("plugin.log"))
+			n.t.Fatalf("plugin did not register with containerd; plugin log:\n%s", tail(string(pl), 3000))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	n.started++
+}
+
+// pluginStarts counts how many times this test started the plugin, to tell a new registration
+// from an old log line.
+func (n *node) pluginStarts() int { return n.started }
+
+// killPlugin is kill -9: the plugin gets no chance to say goodbye.
+func (n *node) killPlugin() {
+	if n.plugin != nil && n.plugin.Process != nil {
+		_ = n.plugin.Process.Signal(syscall.SIGKILL)
+		_ = n.plugin.Wait()
+		n.plugin = nil
+	}
+}
+
+func (n *node) crictl(args ...string) (string, error) {
+	full := append([]string{"--runtime-endpoint", "unix://" + n.path("c.sock"), "--image-endpoint", "unix://" + n.path("c.sock"), "--timeout", "30s"}, args...)
+	cmd := exec.Command(filepath.Join(n.bins, "crictl"), full...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	if err != nil {
+		return strings.TrimSpace(out.String()), fmt.Errorf("crictl %s: %v: %s", args[0], err, strings.TrimSpace(errb.String()))
+	}
+	return strings.TrimSpace(out.String()), nil
+}
+
+type podSpec struct {
+	name        string
+	annotations map[string]string
+	labels      map[string]string
+}
+
+// runPod starts a hostNetwork pod sandbox (no CNI needed) and returns its id and config file.
+func (n *node) runPod(p podSpec) (string, string) {
+	n.t.Helper()
+	cfg := map[string]any{
+		"metadata":      map[string]any{"name": p.name, "namespace": "default", "uid": "uid-" + p.name, "attempt": 0},
+		"labels":        p.labels,
+		"annotations":   p.annotations,
+		"log_directory": n.path("logs"),
+		"linux":         map[string]any{"security_context": map[string]any{"namespace_options": map[string]any{"network": 2}}},
+	}
+	path := n.path("pod-" + p.name + ".json")
+	writeJSON(n.t, path, cfg)
+	id, err := n.crictl("runp", path)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	return id, path
+}
+
+// createContainer creates a busybox container whose environment carries the device plugin's
+// own NVIDIA_VISIBLE_DEVICES (which the plugin must override); it returns the crictl error.
+func (n *node) createContainer(podID, podCfg, name, devicePluginChoice string) (string, error) {
+	cfg := map[string]any{
+		"metadata": map[string]any{"name": name},
+		"image":    map[string]any{"image": busyboxRef},
+		"command":  []string{"/bin/sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"},
+		"envs":     []map[string]string{{"key": "NVIDIA_VISIBLE_DEVICES", "value": devicePluginChoice}},
+		"log_path": name + ".log",
+	}
+	path := n.path(fmt.Sprintf("ctr-%s-%d.json", name, time.Now().UnixNano()))
+	writeJSON(n.t, path, cfg)
+	return n.crictl("create", podID, path, podCfg)
+}
+
+func writeJSON(t testing.TB, path string, v any) {
+	data, _ := json.Marshal(v)
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// envOf reads a variable inside the running container.
+func (n *node) envOf(ctrID, key string) string {
+	n.t.Helper()
+	out, err := n.crictl("exec", ctrID, "env")
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	sc := bufio.NewScanner(strings.NewReader(out))
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), key+"="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// teardown stops everything this node started and leaves no process, mount or cgroup behind.
+func (n *node) teardown() {
+	if n.containerd != nil {
+		_, _ = n.crictl("rmp", "-fa")
+	}
+	n.killPlugin()
+	if n.containerd != nil && n.containerd.Process != nil {
+		_ = n.containerd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = n.containerd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = syscall.Kill(-n.containerd.Process.Pid, syscall.SIGKILL)
+			<-done
+		}
+	}
+	// Shims run in their own process groups; anything of ours still alive goes now.
+	if out, err := exec.Command(n.runc, "--root", n.path("runc"), "list", "-q").Output(); err == nil {
+		for _, id := range strings.Fields(string(out)) {
+			_ = exec.Command(n.runc, "--root", n.path("runc"), "delete", "-f", id).Run()
+		}
+	}
+	killUnder(n.dir)
+	unmountUnder(n.dir)
+	removeCgroups("k8s.io")
+	if err := os.RemoveAll(n.dir); err != nil {
+		n.t.Logf("remove %s: %v", n.dir, err)
+	}
+}
+
+// killUnder kills processes whose command line names the work dir (containerd shims).
+func killUnder(dir string) {
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		var pid int
+		if _, err := fmt.Sscan(e.Name(), &pid); err != nil || pid == os.Getpid() {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && bytes.Contains(cmdline, []byte(dir)) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+}
+
+func unmountUnder(dir string) {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return
+	}
+	var mounts []string
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && strings.HasPrefix(f[4], dir) {
+			mounts = append(mounts, f[4])
+		}
+	}
+	sort.Sort(sort.Reverse(sort.StringSlice(mounts))) // deepest first
+	for _, m := range mounts {
+		_ = syscall.Unmount(m, syscall.MNT_DETACH)
+	}
+}
+
+// removeCgroups removes the empty cgroups containerd created under name in every hierarchy.
+func removeCgroups(name string) {
+	roots, _ := filepath.Glob("/sys/fs/cgroup/*/" + name)
+	if unified := "/sys/fs/cgroup/" + name; dirExists(unified) {
+		roots = append(roots, unified)
+	}
+	for _, root := range roots {
+		var dirs []string
+		_ = filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				dirs = append(dirs, p)
+			}
+			return nil
+		})
+		sort.Sort(sort.Reverse(sort.StringSlice(dirs)))
+		for _, d := range dirs {
+			_ = os.Remove(d)
+		}
+	}
+}
+
+func dirExists(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.IsDir()
+}

@@ -25,6 +25,7 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/nristate"
 	"github.com/nvdomain/nvdomain/pkg/placement"
 	"github.com/nvdomain/nvdomain/pkg/topology"
 )
@@ -51,18 +52,8 @@ type Config struct {
 	Naming   DeviceNaming
 }
 
-// Assignment is what one container holds.
-type Assignment struct {
-	ContainerID   string `json:"containerID"`
-	PodSandboxID  string `json:"podSandboxID"`
-	PodNamespace  string `json:"podNamespace"`
-	PodName       string `json:"podName"`
-	PodUID        string `json:"podUID"`
-	ContainerName string `json:"containerName"`
-	GPUs          []int  `json:"gpus"`
-	// Domain is the pinned domain id, or -1 for a container whose pod has no domain.
-	Domain int `json:"domain"`
-}
+// Assignment is what one container holds; the state file shares the type with the agent.
+type Assignment = nristate.Assignment
 
 // Plugin implements the NRI events nvdomain needs. It is safe for concurrent use: the runtime
 // may create containers in parallel, and a GPU must never go to two running containers.

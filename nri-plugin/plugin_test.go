@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/nristate"
 	"github.com/nvdomain/nvdomain/pkg/topology"
 )
 
@@ -312,7 +313,7 @@ func TestStateFile(t *testing.T) {
 	s.Changed([]Assignment{{ContainerID: "a", GPUs: []int{1}, Domain: -1}, {ContainerID: "b", GPUs: []int{4, 5}, Domain: 1}})
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		doc, err := ReadStateFile(path)
+		doc, err := nristate.Read(path)
 		if err == nil && len(doc.Assignments) == 2 {
 			break
 		}

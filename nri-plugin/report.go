@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -17,20 +15,12 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/nvdomain/nvdomain/pkg/kubeevents"
 	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/nristate"
 )
 
-// StateFileDoc is the state file the node agent reads: every container holding GPUs on this
-// node. The agent lowers a domain's advertised capacity by the GPUs that unpinned containers
-// (Domain -1) hold in it. A file on a shared hostPath is the channel because both sides run on
-// the same node, it survives either side restarting, and it needs no extra API permission.
-type StateFileDoc struct {
-	Version     int          `json:"version"`
-	Updated     time.Time    `json:"updated"`
-	Assignments []Assignment `json:"assignments"`
-}
-
-// StateFile writes StateFileDoc atomically, coalescing bursts: Changed only records the
+// StateFile writes the nristate file, coalescing bursts: Changed only records the
 // latest state and wakes a writer goroutine, so container creation never waits on disk.
 type StateFile struct {
 	path string
@@ -81,52 +71,12 @@ func (s *StateFile) flush() {
 		s.mu.Unlock()
 		return
 	}
-	doc := StateFileDoc{Version: 1, Updated: time.Now().UTC(), Assignments: s.latest}
+	latest := s.latest
 	s.pending = false
 	s.mu.Unlock()
-	if doc.Assignments == nil {
-		doc.Assignments = []Assignment{}
-	}
-	if err := writeAtomic(s.path, doc); err != nil {
+	if err := nristate.Write(s.path, latest); err != nil {
 		s.log.Error(err, "write state file", "path", s.path)
 	}
-}
-
-// ReadStateFile reads what StateFile wrote.
-func ReadStateFile(path string) (*StateFileDoc, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("read NRI state file: %w", err)
-	}
-	var doc StateFileDoc
-	if err := json.Unmarshal(data, &doc); err != nil {
-		return nil, fmt.Errorf("NRI state file %s: %w", path, err)
-	}
-	return &doc, nil
-}
-
-func writeAtomic(path string, v any) error {
-	data, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return err
-	}
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		os.Remove(tmp.Name())
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		os.Remove(tmp.Name())
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
 }
 
 // Reporters fans events out to several reporters.
@@ -267,23 +217,14 @@ func (r *KubeReporter) send(ctx context.Context, rep report) {
 	if a.Domain < 0 {
 		where = "no domain (pod not pinned)"
 	}
-	ev := &corev1.Event{
-		ObjectMeta:     metav1.ObjectMeta{GenerateName: a.PodName + ".", Namespace: a.PodNamespace},
-		InvolvedObject: corev1.ObjectReference{Kind: "Pod", Namespace: a.PodNamespace, Name: a.PodName, UID: types.UID(a.PodUID), APIVersion: "v1"},
-		Reason:         "GPUsAssigned",
-		Message:        fmt.Sprintf("container %s got GPUs %s from %s", a.ContainerName, names.FormatGPUList(a.GPUs), where),
-		Type:           corev1.EventTypeNormal,
-		Source:         corev1.EventSource{Component: "nvdomain-nri", Host: r.node},
-		FirstTimestamp: metav1.Now(), LastTimestamp: metav1.Now(), Count: 1,
-	}
+	ev := kubeevents.Event{Object: kubeevents.PodRef(a.PodNamespace, a.PodName, a.PodUID), Type: corev1.EventTypeNormal, Reason: "GPUsAssigned",
+		Message: fmt.Sprintf("container %s got GPUs %s from %s", a.ContainerName, names.FormatGPUList(a.GPUs), where), Component: "nvdomain-nri", Host: r.node}
 	if rep.unpin {
 		ev.Reason, ev.Type = "TensorParallelNotPinned", corev1.EventTypeWarning
 		ev.Message = fmt.Sprintf("tensor-parallel container %s arrived without an NVSwitch domain (admitted while the nvdomain webhook was down?); it got GPUs %s, packed but not guaranteed to share a domain",
 			a.ContainerName, names.FormatGPUList(a.GPUs))
 	}
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if _, err := r.client.CoreV1().Events(a.PodNamespace).Create(cctx, ev, metav1.CreateOptions{}); err != nil {
-		r.log.Error(err, "record event", "pod", a.PodNamespace+"/"+a.PodName)
+	if err := kubeevents.Record(ctx, r.client, ev); err != nil {
+		r.log.Error(err, "record event")
 	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/nvdomain/nvdomain/nri-plugin"
 	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/nristate"
 )
 
 func main() {
@@ -26,7 +27,7 @@ func main() {
 	flag.StringVar(&o.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (simulated topology, events)")
 	flag.BoolVar(&o.NVML, "nvml", false, "discover the topology through NVML")
 	flag.StringVar(&naming, "naming", string(nriplugin.NameByUUID), "how GPUs are named to containers: uuid, index or cdi")
-	flag.StringVar(&o.StateFile, "state-file", "/run/nvdomain/nri-state.json", "where to write which container holds which GPUs, for the node agent")
+	flag.StringVar(&o.StateFile, "state-file", nristate.DefaultPath, "where to write which container holds which GPUs, for the node agent")
 	flag.StringVar(&o.MetricsAddr, "metrics-bind-address", "", "Prometheus metrics address, e.g. 127.0.0.1:9101; empty disables")
 	flag.StringVar(&o.SocketPath, "socket-path", "", "NRI socket (external plugin); empty when containerd launches the plugin")
 	flag.StringVar(&o.PluginName, "plugin-name", "", "plugin name (external plugin)")

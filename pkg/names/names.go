@@ -96,6 +96,7 @@ const (
 	domainCountSuffix  = "nvswitch-domains"
 	domainMaxSuffix    = "nvswitch-domain-max"
 	topologySrcSuffix  = "topology-source"
+	topologyStale      = "topology-stale"
 	topologySuffix     = "topology"
 	podDomainSuffix    = "nvswitch-domain"
 	podTPSizeSuffix    = "tp-size"
@@ -117,6 +118,10 @@ func (n Names) DomainMaxLabel() string { return n.label(domainMaxSuffix) }
 
 // TopologySourceLabel is the node label naming where the topology came from.
 func (n Names) TopologySourceLabel() string { return n.label(topologySrcSuffix) }
+
+// TopologyStaleLabel is "true" while the agent's source is broken and the published topology
+// is the last good one.
+func (n Names) TopologyStaleLabel() string { return n.label(topologyStale) }
 
 // ParseDomainSizeLabel returns the domain id of a DomainSizeLabel key; ok is false for any
 // other key, including DomainMaxLabel and DomainCountLabel.

@@ -1,0 +1,53 @@
+// Command nvdomain-agent publishes this node's NVLink domains as labels, annotations and
+// per-domain extended resources, and optionally serves simulated GPUs to the kubelet. See
+// package agent.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/nvdomain/nvdomain/pkg/agent"
+	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/nristate"
+)
+
+func main() {
+	o := agent.ProcessOptions{}
+	var labelPrefix, resourcePrefix string
+	flag.StringVar(&o.Node, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
+	flag.StringVar(&o.Source, "source", names.SourceNVML, "topology source: nvml, topo-matrix or simulated")
+	flag.StringVar(&o.TopoMatrixFile, "topo-matrix-file", "", "saved `nvidia-smi topo -m` output (--source topo-matrix)")
+	flag.StringVar(&o.SimulatedFile, "simulated-file", "", "simulated-topology document on disk (--source simulated)")
+	flag.StringVar(&o.ConfigMap, "configmap", "nvdomain-system/nvdomain-topology", "namespace/name of the simulated-topology ConfigMap (--source simulated)")
+	flag.DurationVar(&o.Period, "period", 30*time.Second, "how often everything is re-asserted")
+	flag.StringVar(&o.NRIStateFile, "nri-state-file", nristate.DefaultPath, "the NRI plugin's state file; empty disables account-mode capacity")
+	flag.StringVar(&o.ProbeAddr, "probe-bind-address", ":8082", "address for /healthz, /readyz and /metrics; empty disables")
+	flag.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig; empty means in-cluster")
+	flag.BoolVar(&o.DevicePlugin, "device-plugin", false, "serve the topology's GPUs to the kubelet as nvidia.com/gpu (simulated GPUs)")
+	flag.StringVar(&o.DevicePluginDir, "device-plugin-dir", "/var/lib/kubelet/device-plugins", "the kubelet's device-plugin directory")
+	flag.StringVar(&labelPrefix, "label-prefix", names.DefaultLabelPrefix, "prefix of nvdomain's labels and annotations")
+	flag.StringVar(&resourcePrefix, "resource-prefix", names.DefaultResourcePrefix, "prefix of the per-domain extended resources")
+	zo := zap.Options{}
+	zo.BindFlags(flag.CommandLine)
+	flag.Parse()
+
+	log := zap.New(zap.UseFlagOptions(&zo)).WithName("nvdomain-agent")
+	var err error
+	if o.Names, err = names.New(labelPrefix, resourcePrefix); err == nil {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		err = agent.RunProcess(ctx, o, log)
+		stop()
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "nvdomain-agent: %v\n", err)
+		os.Exit(1)
+	}
+}

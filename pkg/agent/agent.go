@@ -1,0 +1,241 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/nvdomain/nvdomain/pkg/kubeevents"
+	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/nristate"
+	"github.com/nvdomain/nvdomain/pkg/topology"
+)
+
+// Options configure the agent.
+type Options struct {
+	Names  names.Names
+	Node   string
+	Source Source
+	Client kubernetes.Interface
+	// Period is how often everything is re-asserted: a re-created Node (whose extended
+	// resources the kubelet zeroes) is whole again within one period.
+	Period time.Duration
+	// NRIStateFile is the NRI plugin's state file; empty disables account-mode capacity.
+	NRIStateFile string
+	// StatePoll is how often the state file is checked for changes (default 1s).
+	StatePoll time.Duration
+	Log       logr.Logger
+	Metrics   *Metrics
+}
+
+// Agent publishes one node's topology.
+type Agent struct {
+	o         Options
+	publisher Publisher
+	ready     atomic.Bool
+
+	lastGood   *topology.Topology
+	lastErr    string
+	stale      bool
+	unpinned   map[int]int
+	stateMTime time.Time
+	published  string // the last domain layout announced by an Event
+}
+
+// New returns an agent; Run starts it.
+func New(o Options) *Agent {
+	if o.StatePoll == 0 {
+		o.StatePoll = time.Second
+	}
+	return &Agent{o: o, publisher: Publisher{Client: o.Client, Names: o.Names, Node: o.Node}, unpinned: map[int]int{}}
+}
+
+// Ready reports whether the agent has published a good topology at least once.
+func (a *Agent) Ready() bool { return a.ready.Load() }
+
+// ErrNoTopology is returned by Run when the source has no good topology at start.
+var ErrNoTopology = errors.New("no good topology at start")
+
+// Run publishes until ctx ends. It fails at once if the source has no good topology at start:
+// a node agent that publishes nothing must be visible as a crashing pod, not a silent one.
+func (a *Agent) Run(ctx context.Context) error {
+	top, err := a.o.Source.Load(ctx)
+	if err != nil {
+		a.o.Metrics.Errors.WithLabelValues("source").Inc()
+		return fmt.Errorf("%w from %s: %v", ErrNoTopology, a.o.Source.Describe(), err)
+	}
+	a.lastGood = top
+	a.readNRIState()
+	if err := a.publish(ctx); err != nil {
+		a.o.Log.Error(err, "first publish failed; retrying every period")
+	}
+	tick := time.NewTicker(a.o.Period)
+	defer tick.Stop()
+	poll := time.NewTicker(a.o.StatePoll)
+	defer poll.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+			a.sync(ctx)
+		case <-a.o.Source.Changes():
+			a.sync(ctx)
+		case <-poll.C:
+			if a.readNRIState() {
+				if err := a.publish(ctx); err != nil {
+					a.o.Log.Error(err, "publish after an NRI state change")
+				}
+			}
+		}
+	}
+}
+
+// sync reloads the source and publishes. A broken source keeps the last good topology
+// published, marks it stale, logs the error (with its JSON path for simulated documents) and
+// records an Event on the Node once per distinct error.
+func (a *Agent) sync(ctx context.Context) {
+	top, err := a.o.Source.Load(ctx)
+	switch {
+	case err != nil:
+		a.o.Metrics.Errors.WithLabelValues("source").Inc()
+		msg := err.Error()
+		a.stale = true
+		if msg != a.lastErr {
+			a.lastErr = msg
+			a.o.Log.Error(err, "topology source is invalid; keeping the last good topology published and marking it stale", "source", a.o.Source.Describe())
+			a.event(ctx, corev1.EventTypeWarning, "TopologyInvalid", fmt.Sprintf("%s is invalid, keeping the last good topology (marked %s=true): %s", a.o.Source.Describe(), a.o.Names.TopologyStaleLabel(), msg))
+		}
+	default:
+		if a.stale {
+			a.o.Log.Info("topology source is valid again", "source", a.o.Source.Describe())
+			a.event(ctx, corev1.EventTypeNormal, "TopologyRecovered", fmt.Sprintf("%s is valid again", a.o.Source.Describe()))
+		}
+		a.lastGood, a.stale, a.lastErr = top, false, ""
+	}
+	a.readNRIState()
+	if err := a.publish(ctx); err != nil {
+		a.o.Log.Error(err, "publish")
+	}
+}
+
+func (a *Agent) publish(ctx context.Context) error {
+	d, err := Desire(a.o.Names, a.lastGood, a.unpinned, a.stale)
+	if err != nil {
+		return err
+	}
+	res, err := a.publisher.Publish(ctx, d)
+	if err != nil {
+		a.o.Metrics.Errors.WithLabelValues("publish").Inc()
+		return err
+	}
+	result := "unchanged"
+	if res.MetadataPatched || res.StatusPatched {
+		result = "changed"
+	}
+	a.o.Metrics.Publishes.WithLabelValues(result).Inc()
+	stale := 0.0
+	if a.stale {
+		stale = 1
+	}
+	a.o.Metrics.Stale.Set(stale)
+	a.o.Metrics.Domains.Set(float64(len(a.lastGood.Domains)))
+	a.ready.Store(true)
+	if layout := layoutOf(a.lastGood); layout != a.published {
+		a.published = layout
+		a.event(ctx, corev1.EventTypeNormal, "TopologyPublished", fmt.Sprintf("published %d NVLink domain(s) from %s: %s", len(a.lastGood.Domains), a.lastGood.Source, layout))
+	}
+	return nil
+}
+
+func layoutOf(t *topology.Topology) string {
+	if len(t.Domains) == 0 {
+		return "no domains"
+	}
+	s := ""
+	for i, d := range t.Domains {
+		if i > 0 {
+			s += " "
+		}
+		s += fmt.Sprintf("%d={%s}", d.ID, names.FormatGPUList(d.GPUs))
+	}
+	return s
+}
+
+// readNRIState reloads unpinned usage when the state file changed; it reports whether usage
+// changed. A missing file is no usage; an unreadable one keeps the previous usage.
+func (a *Agent) readNRIState() bool {
+	if a.o.NRIStateFile == "" {
+		return false
+	}
+	fi, err := os.Stat(a.o.NRIStateFile)
+	if err != nil {
+		if len(a.unpinned) > 0 {
+			a.unpinned, a.stateMTime = map[int]int{}, time.Time{}
+			return true
+		}
+		return false
+	}
+	if fi.ModTime().Equal(a.stateMTime) {
+		return false
+	}
+	doc, err := nristate.Read(a.o.NRIStateFile)
+	if err != nil {
+		a.o.Metrics.Errors.WithLabelValues("nri-state").Inc()
+		a.o.Log.Error(err, "read the NRI plugin's state file; keeping the previous unpinned usage")
+		return false
+	}
+	a.stateMTime = fi.ModTime()
+	top := a.lastGood
+	usage := nristate.UnpinnedByDomain(doc, func(g int) (int, bool) {
+		gpu, ok := top.GPU(g)
+		if !ok || gpu.Domain == nil {
+			return 0, false
+		}
+		return *gpu.Domain, true
+	})
+	changed := len(usage) != len(a.unpinned)
+	for d, v := range usage {
+		changed = changed || a.unpinned[d] != v
+	}
+	a.unpinned = usage
+	return changed
+}
+
+func (a *Agent) event(ctx context.Context, typ, reason, msg string) {
+	if err := kubeevents.Record(ctx, a.o.Client, kubeevents.Event{Object: kubeevents.NodeRef(a.o.Node), Type: typ, Reason: reason, Message: msg, Component: "nvdomain-agent", Host: a.o.Node}); err != nil {
+		a.o.Log.Error(err, "record node event")
+	}
+}
+
+// Metrics are the agent's Prometheus series.
+type Metrics struct {
+	Publishes *prometheus.CounterVec
+	Errors    *prometheus.CounterVec
+	Stale     prometheus.Gauge
+	Domains   prometheus.Gauge
+}
+
+// NewMetrics creates the series and registers them with reg.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	m := &Metrics{
+		Publishes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nvdomain_agent_publishes_total", Help: "Publish rounds, by result (changed, unchanged)."}, []string{"result"}),
+		Errors:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nvdomain_agent_errors_total", Help: "Errors, by stage (source, publish, nri-state)."}, []string{"stage"}),
+		Stale:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "nvdomain_agent_topology_stale", Help: "1 while the source is invalid and the last good topology stays published."}),
+		Domains:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "nvdomain_agent_domains", Help: "NVLink domains published for this node."}),
+	}
+	for _, c := range []prometheus.Collector{m.Publishes, m.Errors, m.Stale, m.Domains} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}

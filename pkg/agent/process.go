@@ -1,0 +1,158 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/nvdomain/nvdomain/pkg/deviceplugin"
+	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/topology/simulated"
+)
+
+// ProcessOptions are the agent binary's settings.
+type ProcessOptions struct {
+	Names names.Names
+	Node  string
+	// Source is nvml, topo-matrix or simulated.
+	Source string
+	// TopoMatrixFile for topo-matrix; SimulatedFile, or ConfigMap (namespace/name), for
+	// simulated.
+	TopoMatrixFile string
+	SimulatedFile  string
+	ConfigMap      string
+	Period         time.Duration
+	NRIStateFile   string
+	// ProbeAddr serves /healthz, /readyz and /metrics; empty disables.
+	ProbeAddr  string
+	Kubeconfig string
+	// DevicePlugin serves nvidia.com/gpu for the topology's GPUs from DevicePluginDir.
+	DevicePlugin    bool
+	DevicePluginDir string
+}
+
+// RunProcess wires the agent (and, when asked, the simulated device plugin) and runs it.
+func RunProcess(ctx context.Context, o ProcessOptions, log logr.Logger) error {
+	if o.Node == "" {
+		return errors.New("the node name is empty: pass --node-name or set NODE_NAME from the downward API (spec.nodeName)")
+	}
+	cfg, err := restConfig(o.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	src, err := buildSource(ctx, o, client)
+	if err != nil {
+		return err
+	}
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg)
+	if err != nil {
+		return err
+	}
+	a := New(Options{Names: o.Names, Node: o.Node, Source: src, Client: client, Period: o.Period, NRIStateFile: o.NRIStateFile, Log: log, Metrics: m})
+	if o.ProbeAddr != "" {
+		stop, err := serveProbes(o.ProbeAddr, reg, a.Ready)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+	if o.DevicePlugin {
+		top, err := src.Load(ctx)
+		if err != nil {
+			return fmt.Errorf("device plugin needs a topology: %w", err)
+		}
+		dp, err := deviceplugin.New(deviceplugin.Options{Dir: o.DevicePluginDir, SocketName: "nvdomain-gpu.sock", Topology: top, Log: log.WithName("device-plugin")})
+		if err != nil {
+			return err
+		}
+		go func() {
+			if err := dp.Run(ctx); err != nil {
+				log.Error(err, "device plugin stopped")
+			}
+		}()
+	}
+	log.Info("starting", "node", o.Node, "source", src.Describe(), "period", o.Period)
+	return a.Run(ctx)
+}
+
+func buildSource(ctx context.Context, o ProcessOptions, client kubernetes.Interface) (Source, error) {
+	switch o.Source {
+	case names.SourceNVML:
+		return NVMLSource{Lib: nvml.New()}, nil
+	case names.SourceTopoMatrix:
+		if o.TopoMatrixFile == "" {
+			return nil, errors.New("--source topo-matrix needs --topo-matrix-file")
+		}
+		return TopoMatrixFileSource{Path: o.TopoMatrixFile}, nil
+	case names.SourceSimulated:
+		p, err := simulated.NewParser()
+		if err != nil {
+			return nil, err
+		}
+		if o.SimulatedFile != "" {
+			return SimulatedFileSource{Path: o.SimulatedFile, Node: o.Node, Parser: p}, nil
+		}
+		ns, name, ok := cut(o.ConfigMap)
+		if !ok {
+			return nil, fmt.Errorf("--configmap %q: give namespace/name, e.g. nvdomain-system/nvdomain-topology", o.ConfigMap)
+		}
+		return NewConfigMapSource(ctx, client, ns, name, o.Node, p)
+	}
+	return nil, fmt.Errorf("--source %q: use nvml, topo-matrix or simulated", o.Source)
+}
+
+func cut(s string) (string, string, bool) {
+	for i := range len(s) {
+		if s[i] == '/' {
+			return s[:i], s[i+1:], i > 0 && i < len(s)-1
+		}
+	}
+	return "", "", false
+}
+
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig != "" {
+		return clientcmd.BuildConfigFromFlags("", kubeconfig)
+	}
+	cfg, err := rest.InClusterConfig()
+	if err != nil {
+		return nil, fmt.Errorf("in-cluster config: %w (outside a cluster pass --kubeconfig)", err)
+	}
+	return cfg, nil
+}
+
+func serveProbes(addr string, reg *prometheus.Registry, ready func() bool) (func(), error) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !ready() {
+			http.Error(w, "no topology published yet", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok"))
+	})
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("probe listener: %w", err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	return func() { _ = srv.Close() }, nil
+}

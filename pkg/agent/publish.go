@@ -1,0 +1,164 @@
+// Package agent is nvdomain's node agent: it turns this node's topology into the labels,
+// annotations and per-domain extended resources of DESIGN §2, and keeps them true. It owns
+// only its own keys (those the names package can parse back), removes the ones that no longer
+// apply, never touches anyone else's, re-asserts everything on a period and on change, keeps
+// the last good topology published when its source breaks, and lowers a domain's capacity by
+// the GPUs that unpinned containers hold there (reported by the NRI plugin's state file).
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"strconv"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/topology"
+)
+
+// Desired is what the node should say about itself.
+type Desired struct {
+	Labels      map[string]string
+	Annotations map[string]string
+	// Capacity per domain resource, after unpinned usage is subtracted.
+	Capacity map[string]int64
+}
+
+// Desire computes the node's labels, annotations and capacity. unpinned[d] is the GPUs of
+// domain d that containers without a domain hold; stale marks a topology kept from before the
+// source broke.
+func Desire(n names.Names, top *topology.Topology, unpinned map[int]int, stale bool) (Desired, error) {
+	d := Desired{Labels: map[string]string{}, Annotations: map[string]string{}, Capacity: map[string]int64{}}
+	d.Labels[n.DomainCountLabel()] = strconv.Itoa(len(top.Domains))
+	d.Labels[n.DomainMaxLabel()] = strconv.Itoa(top.MaxDomainSize())
+	d.Labels[n.TopologySourceLabel()] = top.Source
+	if stale {
+		d.Labels[n.TopologyStaleLabel()] = "true"
+	}
+	for _, dom := range top.Domains {
+		d.Labels[n.DomainSizeLabel(dom.ID)] = strconv.Itoa(dom.Size())
+		d.Annotations[n.DomainGPUsAnnotation(dom.ID)] = names.FormatGPUList(dom.GPUs)
+		d.Capacity[n.DomainResource(dom.ID)] = int64(max(0, dom.Size()-unpinned[dom.ID]))
+	}
+	doc, err := json.Marshal(top)
+	if err != nil {
+		return Desired{}, fmt.Errorf("encode topology: %w", err)
+	}
+	d.Annotations[n.TopologyAnnotation()] = string(doc)
+	return d, nil
+}
+
+// ownsLabel reports whether a label key is one the agent writes.
+func ownsLabel(n names.Names, key string) bool {
+	if _, ok := n.ParseDomainSizeLabel(key); ok {
+		return true
+	}
+	switch key {
+	case n.DomainCountLabel(), n.DomainMaxLabel(), n.TopologySourceLabel(), n.TopologyStaleLabel():
+		return true
+	}
+	return false
+}
+
+func ownsAnnotation(n names.Names, key string) bool {
+	_, ok := n.ParseDomainGPUsAnnotation(key)
+	return ok || key == n.TopologyAnnotation()
+}
+
+// Publisher writes Desired onto one Node with patches scoped to the agent's own keys.
+type Publisher struct {
+	Client kubernetes.Interface
+	Names  names.Names
+	Node   string
+}
+
+// Result says what a Publish changed.
+type Result struct {
+	MetadataPatched, StatusPatched bool
+}
+
+// Publish reads the node and patches what differs: metadata (labels, annotations) with a JSON
+// merge patch that sets the agent's keys and nulls its stale ones, and status.capacity (and
+// allocatable, which a kubelet would mirror anyway, so that the scheduler sees the change at
+// once) through the status subresource the same way. Keys the agent does not own are never in
+// a patch.
+func (p *Publisher) Publish(ctx context.Context, d Desired) (Result, error) {
+	node, err := p.Client.CoreV1().Nodes().Get(ctx, p.Node, metav1.GetOptions{})
+	if err != nil {
+		return Result{}, fmt.Errorf("get node %s: %w", p.Node, err)
+	}
+	var res Result
+	labels := diff(node.Labels, d.Labels, func(k string) bool { return ownsLabel(p.Names, k) })
+	annotations := diff(node.Annotations, d.Annotations, func(k string) bool { return ownsAnnotation(p.Names, k) })
+	if len(labels) > 0 || len(annotations) > 0 {
+		meta := map[string]any{}
+		if len(labels) > 0 {
+			meta["labels"] = labels
+		}
+		if len(annotations) > 0 {
+			meta["annotations"] = annotations
+		}
+		body, _ := json.Marshal(map[string]any{"metadata": meta})
+		if _, err := p.Client.CoreV1().Nodes().Patch(ctx, p.Node, types.MergePatchType, body, metav1.PatchOptions{FieldManager: "nvdomain-agent"}); err != nil {
+			return res, fmt.Errorf("patch node %s labels and annotations: %w", p.Node, err)
+		}
+		res.MetadataPatched = true
+	}
+	status := map[string]any{}
+	for _, field := range []struct {
+		name string
+		list corev1.ResourceList
+	}{{"capacity", node.Status.Capacity}, {"allocatable", node.Status.Allocatable}} {
+		if change := resourceDiff(p.Names, field.list, d.Capacity); len(change) > 0 {
+			status[field.name] = change
+		}
+	}
+	if len(status) > 0 {
+		body, _ := json.Marshal(map[string]any{"status": status})
+		if _, err := p.Client.CoreV1().Nodes().Patch(ctx, p.Node, types.MergePatchType, body, metav1.PatchOptions{FieldManager: "nvdomain-agent"}, "status"); err != nil {
+			return res, fmt.Errorf("patch node %s capacity: %w", p.Node, err)
+		}
+		res.StatusPatched = true
+	}
+	return res, nil
+}
+
+// diff returns a merge-patch map: desired keys whose value differs, and owned keys that are no
+// longer desired, set to nil (JSON null deletes them).
+func diff(current, desired map[string]string, owned func(string) bool) map[string]any {
+	out := map[string]any{}
+	for k, v := range desired {
+		if cur, ok := current[k]; !ok || cur != v {
+			out[k] = v
+		}
+	}
+	for k := range current {
+		if _, keep := desired[k]; !keep && owned(k) {
+			out[k] = nil
+		}
+	}
+	return out
+}
+
+func resourceDiff(n names.Names, current corev1.ResourceList, desired map[string]int64) map[string]any {
+	out := map[string]any{}
+	for k, v := range desired {
+		cur, ok := current[corev1.ResourceName(k)]
+		if !ok || cur.Value() != v {
+			out[k] = resource.NewQuantity(v, resource.DecimalSI).String()
+		}
+	}
+	for k := range maps.Keys(current) {
+		if _, keep := desired[string(k)]; !keep && n.IsDomainResource(string(k)) {
+			out[string(k)] = nil
+		}
+	}
+	return out
+}

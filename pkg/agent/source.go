@@ -1,0 +1,168 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/nvdomain/nvdomain/pkg/topology"
+	"github.com/nvdomain/nvdomain/pkg/topology/nvmltopo"
+	"github.com/nvdomain/nvdomain/pkg/topology/simulated"
+	"github.com/nvdomain/nvdomain/pkg/topology/topomatrix"
+)
+
+// Source yields this node's topology. Load is called on every period and on every signal of
+// Changes (nil when the source has no change notifications).
+type Source interface {
+	Describe() string
+	Load(ctx context.Context) (*topology.Topology, error)
+	Changes() <-chan struct{}
+}
+
+// NVMLSource discovers through NVML on every load.
+type NVMLSource struct{ Lib nvml.Interface }
+
+func (s NVMLSource) Describe() string { return "NVML" }
+
+func (s NVMLSource) Load(ctx context.Context) (*topology.Topology, error) {
+	return nvmltopo.Discover(ctx, s.Lib)
+}
+
+func (s NVMLSource) Changes() <-chan struct{} { return nil }
+
+// TopoMatrixFileSource parses a saved `nvidia-smi topo -m` output, strictly: a cut-off file is
+// an error, never half a topology.
+type TopoMatrixFileSource struct{ Path string }
+
+func (s TopoMatrixFileSource) Describe() string { return "topo-matrix file " + s.Path }
+
+func (s TopoMatrixFileSource) Load(context.Context) (*topology.Topology, error) {
+	data, err := os.ReadFile(s.Path)
+	if err != nil {
+		return nil, err
+	}
+	return topomatrix.ParseBytes(data, topomatrix.Options{Strict: true})
+}
+
+func (s TopoMatrixFileSource) Changes() <-chan struct{} { return nil }
+
+// SimulatedFileSource reads this node's entry of a simulated-topology document on disk.
+type SimulatedFileSource struct {
+	Path, Node string
+	Parser     *simulated.Parser
+}
+
+func (s SimulatedFileSource) Describe() string { return "simulated topology file " + s.Path }
+
+func (s SimulatedFileSource) Load(context.Context) (*topology.Topology, error) {
+	data, err := os.ReadFile(s.Path)
+	if err != nil {
+		return nil, err
+	}
+	return forNode(s.Parser, data, s.Node)
+}
+
+func (s SimulatedFileSource) Changes() <-chan struct{} { return nil }
+
+func forNode(p *simulated.Parser, data []byte, node string) (*topology.Topology, error) {
+	doc, err := p.Parse(data)
+	if err != nil {
+		return nil, err
+	}
+	return doc.ForNode(node)
+}
+
+// ConfigMapSource watches one ConfigMap through the API (seed 000: "the device plugin reads
+// this ConfigMap to emulate the NVSwitch structure") and reads this node's entry from its
+// topology.json key. Every change of the ConfigMap signals Changes.
+type ConfigMapSource struct {
+	Namespace, Name, Node string
+	Parser                *simulated.Parser
+
+	mu      sync.Mutex
+	data    *string
+	present bool
+	changes chan struct{}
+}
+
+// NewConfigMapSource starts an informer on the one ConfigMap and waits for its first sync.
+func NewConfigMapSource(ctx context.Context, client kubernetes.Interface, namespace, name, node string, p *simulated.Parser) (*ConfigMapSource, error) {
+	s := &ConfigMapSource{Namespace: namespace, Name: name, Node: node, Parser: p, changes: make(chan struct{}, 1)}
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String() }))
+	inf := factory.Core().V1().ConfigMaps().Informer()
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { s.set(obj) },
+		UpdateFunc: func(_, obj any) { s.set(obj) },
+		DeleteFunc: func(any) { s.unset() },
+	}); err != nil {
+		return nil, err
+	}
+	factory.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+		return nil, fmt.Errorf("watch ConfigMap %s/%s: informer did not sync", namespace, name)
+	}
+	return s, nil
+}
+
+func (s *ConfigMapSource) set(obj any) {
+	cm, ok := obj.(*corev1.ConfigMap)
+	if !ok {
+		return
+	}
+	s.mu.Lock()
+	v, has := cm.Data[simulated.ConfigMapKey]
+	s.present = true
+	s.data = nil
+	if has {
+		s.data = &v
+	}
+	s.mu.Unlock()
+	s.signal()
+}
+
+func (s *ConfigMapSource) unset() {
+	s.mu.Lock()
+	s.present, s.data = false, nil
+	s.mu.Unlock()
+	s.signal()
+}
+
+func (s *ConfigMapSource) signal() {
+	select {
+	case s.changes <- struct{}{}:
+	default:
+	}
+}
+
+func (s *ConfigMapSource) Describe() string {
+	return fmt.Sprintf("ConfigMap %s/%s", s.Namespace, s.Name)
+}
+
+func (s *ConfigMapSource) Load(context.Context) (*topology.Topology, error) {
+	s.mu.Lock()
+	present, data := s.present, s.data
+	s.mu.Unlock()
+	switch {
+	case !present:
+		return nil, fmt.Errorf("ConfigMap %s/%s does not exist; create it with the simulated topology under the key %s", s.Namespace, s.Name, simulated.ConfigMapKey)
+	case data == nil:
+		return nil, fmt.Errorf("ConfigMap %s/%s has no key %s; put the simulated-topology JSON there", s.Namespace, s.Name, simulated.ConfigMapKey)
+	}
+	top, err := forNode(s.Parser, []byte(*data), s.Node)
+	if err != nil {
+		return nil, fmt.Errorf("ConfigMap %s/%s key %s: %w", s.Namespace, s.Name, simulated.ConfigMapKey, err)
+	}
+	return top, nil
+}
+
+func (s *ConfigMapSource) Changes() <-chan struct{} { return s.changes }

@@ -1,0 +1,62 @@
+// Package kubeevents records Kubernetes Events for nvdomain's node-side components. They
+// write Events on Pods and Nodes from background workers, so a plain create with a short
+// timeout is enough; an Event that cannot be written is logged by the caller, never retried
+// forever.
+package kubeevents
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+)
+
+// Event is what to record and about which object.
+type Event struct {
+	Object    corev1.ObjectReference
+	Type      string // corev1.EventTypeNormal or EventTypeWarning
+	Reason    string
+	Message   string
+	Component string
+	Host      string
+}
+
+// NodeRef refers to a Node by name.
+func NodeRef(name string) corev1.ObjectReference {
+	return corev1.ObjectReference{Kind: "Node", Name: name, UID: types.UID(name), APIVersion: "v1"}
+}
+
+// PodRef refers to a Pod.
+func PodRef(namespace, name, uid string) corev1.ObjectReference {
+	return corev1.ObjectReference{Kind: "Pod", Namespace: namespace, Name: name, UID: types.UID(uid), APIVersion: "v1"}
+}
+
+// Record creates the Event. Node Events live in the default namespace, as the kubelet's do.
+func Record(ctx context.Context, c kubernetes.Interface, e Event) error {
+	ns := e.Object.Namespace
+	if ns == "" {
+		ns = metav1.NamespaceDefault
+	}
+	now := metav1.Now()
+	ev := &corev1.Event{
+		ObjectMeta:     metav1.ObjectMeta{GenerateName: e.Object.Name + ".", Namespace: ns},
+		InvolvedObject: e.Object,
+		Reason:         e.Reason,
+		Message:        e.Message,
+		Type:           e.Type,
+		Source:         corev1.EventSource{Component: e.Component, Host: e.Host},
+		FirstTimestamp: now,
+		LastTimestamp:  now,
+		Count:          1,
+	}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := c.CoreV1().Events(ns).Create(cctx, ev, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("record %s event on %s %s: %w", e.Reason, e.Object.Kind, e.Object.Name, err)
+	}
+	return nil
+}

@@ -98,7 +98,9 @@ type ConfigMapSource struct {
 func NewConfigMapSource(ctx context.Context, client kubernetes.Interface, namespace, name, node string, p *simulated.Parser) (*ConfigMapSource, error) {
 	s := &ConfigMapSource{Namespace: namespace, Name: name, Node: node, Parser: p, changes: make(chan struct{}, 1)}
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String() }))
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String()
+		}))
 	inf := factory.Core().V1().ConfigMaps().Informer()
 	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { s.set(obj) },

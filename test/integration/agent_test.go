@@ -202,7 +202,9 @@ func TestAgentPublishesAndKeepsTheNodeTrue(t *testing.T) {
 
 	// A topology change: three domains.
 	f.setConfigMap(`{"nodes":[{"name":"gpu-node01","gpuCount":8,"domains":[{"gpus":[0,1]},{"gpus":[2,3]},{"gpus":[4,5,6,7]}]}]}`)
-	node = f.waitNode("three domains", func(n *corev1.Node) bool { return n.Labels["gpu.nvidia.com/nvswitch-domains"] == "3" && capacityOf(n, "nvidia.com/nvswitch-domain-2") == 4 })
+	node = f.waitNode("three domains", func(n *corev1.Node) bool {
+		return n.Labels["gpu.nvidia.com/nvswitch-domains"] == "3" && capacityOf(n, "nvidia.com/nvswitch-domain-2") == 4
+	})
 	if node.Labels["gpu.nvidia.com/nvswitch-domain-0"] != "2" || capacityOf(node, "nvidia.com/nvswitch-domain-1") != 2 || node.Annotations["nvidia.com/gpu-topo-nvswitch-domain-2"] != "4,5,6,7" {
 		t.Errorf("after change: labels %v capacity %v", node.Labels, node.Status.Capacity)
 	}
@@ -247,7 +249,7 @@ func TestAgentPublishesAndKeepsTheNodeTrue(t *testing.T) {
 	f.setConfigMap(`{"nodes": [`)
 	f.waitNode("still stale on invalid JSON", func(n *corev1.Node) bool { return len(nodeEvents(t, f.client, "TopologyInvalid")) >= 2 })
 	f.setConfigMap(seedDoc)
-	node = f.waitNode("recovered", func(n *corev1.Node) bool { _, stale := n.Labels["gpu.nvidia.com/topology-stale"]; return !stale })
+	f.waitNode("recovered", func(n *corev1.Node) bool { _, stale := n.Labels["gpu.nvidia.com/topology-stale"]; return !stale })
 	if len(nodeEvents(t, f.client, "TopologyRecovered")) == 0 {
 		t.Error("no TopologyRecovered event")
 	}
@@ -258,7 +260,9 @@ func TestAgentPublishesAndKeepsTheNodeTrue(t *testing.T) {
 		t.Fatal(err)
 	}
 	wiped := time.Now()
-	f.waitNode("capacity restored", func(n *corev1.Node) bool { return capacityOf(n, "nvidia.com/nvswitch-domain-0") == 4 && capacityOf(n, "nvidia.com/nvswitch-domain-1") == 4 })
+	f.waitNode("capacity restored", func(n *corev1.Node) bool {
+		return capacityOf(n, "nvidia.com/nvswitch-domain-0") == 4 && capacityOf(n, "nvidia.com/nvswitch-domain-1") == 4
+	})
 	t.Logf("capacity restored %v after it was wiped (period 300ms)", time.Since(wiped).Round(10*time.Millisecond))
 
 	// Unpinned containers hold GPUs 5 and 6 of domain 1: its capacity drops to 2, then returns.
@@ -316,4 +320,3 @@ func nodeYAML(n *corev1.Node) string {
 	})
 	return string(b)
 }
-

@@ -17,7 +17,7 @@ LDFLAGS     := -X github.com/nvdomain/nvdomain/pkg/cli.Version=$(VERSION)
 # marks deprecated, which only adds compiler noise.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all build test unit k8s-assets containerd-assets lint fmt vet staticcheck cover fuzz bench demo clean
+.PHONY: all build test unit k8s-assets containerd-assets helm-assets lint fmt vet staticcheck cover fuzz bench demo clean
 
 all: build
 
@@ -37,7 +37,10 @@ k8s-assets:
 containerd-assets:
 	test/tools/build-containerd.sh >/dev/null
 
-unit: k8s-assets containerd-assets
+helm-assets:
+	test/tools/build-helm.sh >/dev/null
+
+unit: k8s-assets containerd-assets helm-assets
 	KUBEBUILDER_ASSETS=$(K8S_ASSETS) $(GO) test -race -count=1 -timeout 20m ./...
 
 ## bench: the webhook's domain decision at 5,000 nodes × 2 domains with 20,000 GPU pods, the

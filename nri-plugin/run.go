@@ -23,6 +23,7 @@ import (
 	"github.com/nvdomain/nvdomain/pkg/topology"
 	"github.com/nvdomain/nvdomain/pkg/topology/nvmltopo"
 	"github.com/nvdomain/nvdomain/pkg/topology/simulated"
+	"github.com/nvdomain/nvdomain/pkg/topology/topomatrix"
 )
 
 // RunOptions configure the plugin process.
@@ -30,10 +31,11 @@ type RunOptions struct {
 	Names names.Names
 	// Exactly one topology source: TopologyFile (the JSON document `nvdomain topology
 	// parse/discover` prints and the agent publishes), SimulatedFile with NodeName, or NVML.
-	TopologyFile  string
-	SimulatedFile string
-	NodeName      string
-	NVML          bool
+	TopologyFile   string
+	TopoMatrixFile string
+	SimulatedFile  string
+	NodeName       string
+	NVML           bool
 
 	Naming      DeviceNaming
 	StateFile   string
@@ -63,6 +65,12 @@ func LoadTopology(ctx context.Context, o RunOptions) (*topology.Topology, error)
 			return nil, fmt.Errorf("topology file %s: %w", o.TopologyFile, err)
 		}
 		return &top, nil
+	case o.TopoMatrixFile != "":
+		data, err := os.ReadFile(o.TopoMatrixFile)
+		if err != nil {
+			return nil, fmt.Errorf("read topo matrix: %w", err)
+		}
+		return topomatrix.ParseBytes(data, topomatrix.Options{Strict: true})
 	case o.SimulatedFile != "":
 		data, err := os.ReadFile(o.SimulatedFile)
 		if err != nil {
@@ -80,7 +88,7 @@ func LoadTopology(ctx context.Context, o RunOptions) (*topology.Topology, error)
 	case o.NVML:
 		return nvmltopo.Discover(ctx, nvml.New())
 	}
-	return nil, errors.New("no topology source: give --topology-file, --simulated-file with --node-name, or --nvml")
+	return nil, errors.New("no topology source: give --topology-file, --topo-matrix-file, --simulated-file with --node-name, or --nvml")
 }
 
 // Run connects to containerd's NRI socket and serves until ctx ends or the runtime goes away.

@@ -23,6 +23,7 @@ func main() {
 	o := nriplugin.RunOptions{Names: names.Default()}
 	var naming, labelPrefix, resourcePrefix string
 	flag.StringVar(&o.TopologyFile, "topology-file", "", "node topology JSON (as `nvdomain topology parse|discover -o json` prints it)")
+	flag.StringVar(&o.TopoMatrixFile, "topo-matrix-file", "", "saved `nvidia-smi topo -m` output (parsed strictly)")
 	flag.StringVar(&o.SimulatedFile, "simulated-file", "", "simulated-topology document; needs --node-name")
 	flag.StringVar(&o.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (simulated topology, events)")
 	flag.BoolVar(&o.NVML, "nvml", false, "discover the topology through NVML")

@@ -1,0 +1,192 @@
+// Package chart checks the Helm chart with the real helm CLI (built from the Go module proxy):
+// lint, golden renders of the main value combinations, bad values rejected with a clear
+// message, the rendered webhook configurations identical to manifests/webhook, and the plain
+// install manifest in manifests/install up to date.
+package chart
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"runtime"
+	"strings"
+	"testing"
+
+	admissionregv1 "k8s.io/api/admissionregistration/v1"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
+)
+
+var update = os.Getenv("UPDATE_GOLDEN") == "1"
+
+func root() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+func helm(t *testing.T) string {
+	t.Helper()
+	out, err := exec.Command(filepath.Join(root(), "test", "tools", "build-helm.sh")).Output()
+	if err != nil {
+		t.Fatalf("build helm: %v", err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func render(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	cmd := exec.Command(helm(t), append([]string{"template", "nvdomain", filepath.Join(root(), "charts", "nvdomain"), "-n", "nvdomain-system"}, args...)...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		return "", &renderError{err, errb.String()}
+	}
+	return out.String(), nil
+}
+
+type renderError struct {
+	err    error
+	stderr string
+}
+
+func (e *renderError) Error() string { return e.err.Error() + ": " + e.stderr }
+
+// Generated key material differs on every render.
+var secrets = regexp.MustCompile(`(?m)^(\s*(caBundle|tls\.crt|tls\.key|ca\.crt):) \S+$`)
+
+func TestLintAndGoldenRenders(t *testing.T) {
+	cases := map[string][]string{"default": nil}
+	files, _ := filepath.Glob(filepath.Join(root(), "charts", "nvdomain", "ci", "*.yaml"))
+	for _, f := range files {
+		cases[strings.TrimSuffix(filepath.Base(f), ".yaml")] = []string{"-f", f}
+	}
+	for name, args := range cases {
+		t.Run(name, func(t *testing.T) {
+			lint := exec.Command(helm(t), append([]string{"lint", "--strict", filepath.Join(root(), "charts", "nvdomain")}, args...)...)
+			if out, err := lint.CombinedOutput(); err != nil {
+				t.Fatalf("helm lint: %v\n%s", err, out)
+			}
+			out, err := render(t, args...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := secrets.ReplaceAllString(out, "$1 <generated>")
+			golden := filepath.Join("testdata", name+".yaml")
+			if update {
+				if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(golden)
+			if err != nil {
+				t.Fatalf("%v (run with UPDATE_GOLDEN=1 to create it)", err)
+			}
+			if got != string(want) {
+				t.Errorf("render differs from %s; review the change and run UPDATE_GOLDEN=1 go test ./test/chart", golden)
+			}
+		})
+	}
+}
+
+func TestBadValuesAreRejected(t *testing.T) {
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--set", "node.agent.source=dcgm"}, "at '/node/agent/source': value must be one of 'nvml', 'topo-matrix', 'simulated'"},
+		{[]string{"--set", "certs.mode=vault"}, "at '/certs/mode': value must be one of 'self-signed', 'cert-manager'"},
+		{[]string{"--set", "webhook.nonTPPods=sometimes"}, "at '/webhook/nonTPPods'"},
+		{[]string{"--set", "node.agent.source=simulated"}, "node.agent.source=simulated needs topology.simulated"},
+		{[]string{"--set", "node.agent.source=topo-matrix"}, "needs node.agent.topoMatrixFile"},
+		{[]string{"--set", "webhook.replica=3"}, "at '/webhook': additional properties 'replica' not allowed"},
+	}
+	for _, tc := range cases {
+		_, err := render(t, tc.args...)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("helm template %v: %v, want an error mentioning %q", tc.args, err, tc.want)
+		}
+	}
+}
+
+func decodeAll(t *testing.T, doc string) (muts []admissionregv1.MutatingWebhookConfiguration, vals []admissionregv1.ValidatingWebhookConfiguration) {
+	t.Helper()
+	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(doc), 4096)
+	for {
+		var raw map[string]any
+		if err := dec.Decode(&raw); err != nil {
+			break
+		}
+		b, _ := yaml.Marshal(raw)
+		switch raw["kind"] {
+		case "MutatingWebhookConfiguration":
+			var m admissionregv1.MutatingWebhookConfiguration
+			if err := yaml.Unmarshal(b, &m); err != nil {
+				t.Fatal(err)
+			}
+			muts = append(muts, m)
+		case "ValidatingWebhookConfiguration":
+			var v admissionregv1.ValidatingWebhookConfiguration
+			if err := yaml.Unmarshal(b, &v); err != nil {
+				t.Fatal(err)
+			}
+			vals = append(vals, v)
+		}
+	}
+	return muts, vals
+}
+
+// The chart and manifests/webhook must never drift: the integration tests register the
+// manifests, users install the chart.
+func TestChartWebhooksMatchManifests(t *testing.T) {
+	rendered, err := render(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	manifest, err := os.ReadFile(filepath.Join(root(), "manifests", "webhook", "webhook-configurations.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm, cv := decodeAll(t, rendered)
+	mm, mv := decodeAll(t, string(manifest))
+	if len(cm) != 1 || len(cv) != 1 || len(mm) != 1 || len(mv) != 1 {
+		t.Fatalf("configurations: chart %d/%d, manifests %d/%d", len(cm), len(cv), len(mm), len(mv))
+	}
+	for i := range cm[0].Webhooks {
+		a, b := cm[0].Webhooks[i], mm[0].Webhooks[i]
+		a.ClientConfig, b.ClientConfig = admissionregv1.WebhookClientConfig{}, admissionregv1.WebhookClientConfig{}
+		if !reflect.DeepEqual(a, b) {
+			t.Errorf("mutating entry %s differs:\nchart     %+v\nmanifests %+v", a.Name, a, b)
+		}
+	}
+	for i := range cv[0].Webhooks {
+		a, b := cv[0].Webhooks[i], mv[0].Webhooks[i]
+		a.ClientConfig, b.ClientConfig = admissionregv1.WebhookClientConfig{}, admissionregv1.WebhookClientConfig{}
+		if !reflect.DeepEqual(a, b) {
+			t.Errorf("validating entry %s differs:\nchart     %+v\nmanifests %+v", a.Name, a, b)
+		}
+	}
+}
+
+// manifests/install/nvdomain.yaml is the chart rendered for kubectl apply (cert-manager mode,
+// so no key material is baked in).
+func TestPlainInstallManifestIsUpToDate(t *testing.T) {
+	out, err := render(t, "-f", filepath.Join(root(), "charts", "nvdomain", "ci", "cert-manager-values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	header := "# Rendered from charts/nvdomain with ci/cert-manager-values.yaml for `kubectl apply -f`.\n# Regenerate: UPDATE_GOLDEN=1 go test ./test/chart\n"
+	path := filepath.Join(root(), "manifests", "install", "nvdomain.yaml")
+	if update {
+		_ = os.MkdirAll(filepath.Dir(path), 0o755)
+		if err := os.WriteFile(path, []byte(header+out), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	have, err := os.ReadFile(path)
+	if err != nil || string(have) != header+out {
+		t.Errorf("%s is stale or missing (%v); run UPDATE_GOLDEN=1 go test ./test/chart", path, err)
+	}
+}

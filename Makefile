@@ -17,15 +17,16 @@ LDFLAGS     := -X github.com/nvdomain/nvdomain/pkg/cli.Version=$(VERSION)
 # marks deprecated, which only adds compiler noise.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all build test unit k8s-assets containerd-assets helm-assets lint fmt vet staticcheck cover fuzz bench demo clean
+.PHONY: all build test unit e2e k8s-assets containerd-assets helm-assets lint fmt vet staticcheck cover fuzz bench demo clean
 
 all: build
 
 build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
 
-## test: everything CI checks: lint, then unit tests with the race detector.
-test: lint unit
+## test: everything CI checks: lint, unit and integration tests with the race detector, then
+## the end-to-end run on a real local cluster.
+test: lint unit e2e
 
 # Integration tests (test/) run the real kube-apiserver, etcd and kube-scheduler, built from the
 # Go module proxy once per version into bin/k8s/<version> (about 6 minutes cold, free warm).
@@ -42,6 +43,11 @@ helm-assets:
 
 unit: k8s-assets containerd-assets helm-assets
 	KUBEBUILDER_ASSETS=$(K8S_ASSETS) $(GO) test -race -count=1 -timeout 20m ./...
+
+## e2e: the seed scenarios on a real single-node cluster (kubelet + containerd with NRI) with
+## nvdomain installed by its Helm chart. Root only; runs alone.
+e2e: k8s-assets containerd-assets helm-assets
+	$(GO) test -tags e2e -count=1 -timeout 20m -v ./test/e2e/ 2>&1 | tail -n 80
 
 ## bench: the webhook's domain decision at 5,000 nodes × 2 domains with 20,000 GPU pods, the
 ## NRI plugin's own handling, its round trip over the NRI socket, and container creation on
@@ -78,16 +84,11 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./pkg/topology/simulated/
 	$(GO) test -run '^$$' -fuzz '^FuzzHandlers$$' -fuzztime $(FUZZTIME) ./webhook/
 
-## demo: the local-cluster demo lands with its issue; until then, show what the node side
-## will publish for the seed node and run the workload-config checker on the example lab.
-demo: build
-	@echo "== The full demo (a local cluster running the seed scenarios) is not yet available;"
-	@echo "== it lands with the local-cluster issue. Meanwhile, the seed node's topology:"
-	$(BIN)/nvdomain topology parse --format simulated pkg/topology/simulated/testdata/seed-node.json -o table
-	@echo "== A DGX-1 hybrid cube-mesh, from real 'nvidia-smi topo -m' output:"
-	$(BIN)/nvdomain topology parse pkg/topology/topomatrix/testdata/dgx1-v100-cube-mesh-mlx5.txt -o table
-	@echo "== GPU Operator workload-config check on the three-node lab:"
-	$(BIN)/nvdomain check-config pkg/checkconfig/testdata/lab-ok.json
+## demo: a real single-node cluster, nvdomain installed with its Helm chart (simulated
+## topology), the seed scenarios applied from manifests/examples, and a report. Root only.
+## KEEP=1 leaves the cluster up and prints how to reach it.
+demo: k8s-assets containerd-assets helm-assets
+	$(GO) run ./test/demo
 
 clean:
 	rm -rf $(BIN)

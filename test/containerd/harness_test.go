@@ -12,13 +12,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"sort"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/nvdomain/nvdomain/pkg/topology"
+	"github.com/nvdomain/nvdomain/test/hostclean"
 	"github.com/nvdomain/nvdomain/test/ocitest"
 )
 
@@ -83,6 +83,10 @@ func startNode(t testing.TB) *node {
 }
 
 func (n *node) path(p string) string { return filepath.Join(n.dir, p) }
+
+// cgroupParent keeps this run's containers in a cgroup of their own, so teardown removes
+// exactly what this run created and nothing of another containerd on the machine.
+func (n *node) cgroupParent() string { return "/" + filepath.Base(n.dir) }
 
 func (n *node) buildBinaries() {
 	n.pluginBin = n.path("nvdomain-nri")
@@ -290,7 +294,8 @@ func (n *node) runPod(p podSpec) (string, string) {
 		"labels":        p.labels,
 		"annotations":   p.annotations,
 		"log_directory": n.path("logs"),
-		"linux":         map[string]any{"security_context": map[string]any{"namespace_options": map[string]any{"network": 2}}},
+		"linux": map[string]any{"cgroup_parent": n.cgroupParent(),
+			"security_context": map[string]any{"namespace_options": map[string]any{"network": 2}}},
 	}
 	path := n.path("pod-" + p.name + ".json")
 	writeJSON(n.t, path, cfg)
@@ -362,69 +367,10 @@ func (n *node) teardown() {
 			_ = exec.Command(n.runc, "--root", n.path("runc"), "delete", "-f", id).Run()
 		}
 	}
-	killUnder(n.dir)
-	unmountUnder(n.dir)
-	removeCgroups("k8s.io")
+	hostclean.KillUnder(n.dir)
+	hostclean.UnmountUnder(n.dir)
+	hostclean.RemoveCgroups(filepath.Base(n.dir))
 	if err := os.RemoveAll(n.dir); err != nil {
 		n.t.Logf("remove %s: %v", n.dir, err)
 	}
-}
-
-// killUnder kills processes whose command line names the work dir (containerd shims).
-func killUnder(dir string) {
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		var pid int
-		if _, err := fmt.Sscan(e.Name(), &pid); err != nil || pid == os.Getpid() {
-			continue
-		}
-		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err == nil && bytes.Contains(cmdline, []byte(dir)) {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
-	}
-}
-
-func unmountUnder(dir string) {
-	data, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return
-	}
-	var mounts []string
-	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 4 && strings.HasPrefix(f[4], dir) {
-			mounts = append(mounts, f[4])
-		}
-	}
-	sort.Sort(sort.Reverse(sort.StringSlice(mounts))) // deepest first
-	for _, m := range mounts {
-		_ = syscall.Unmount(m, syscall.MNT_DETACH)
-	}
-}
-
-// removeCgroups removes the empty cgroups containerd created under name in every hierarchy.
-func removeCgroups(name string) {
-	roots, _ := filepath.Glob("/sys/fs/cgroup/*/" + name)
-	if unified := "/sys/fs/cgroup/" + name; dirExists(unified) {
-		roots = append(roots, unified)
-	}
-	for _, root := range roots {
-		var dirs []string
-		_ = filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
-			if err == nil && d.IsDir() {
-				dirs = append(dirs, p)
-			}
-			return nil
-		})
-		sort.Sort(sort.Reverse(sort.StringSlice(dirs)))
-		for _, d := range dirs {
-			_ = os.Remove(d)
-		}
-	}
-}
-
-func dirExists(p string) bool {
-	fi, err := os.Stat(p)
-	return err == nil && fi.IsDir()
 }

@@ -49,34 +49,12 @@ unit: k8s-assets containerd-assets helm-assets
 e2e: k8s-assets containerd-assets helm-assets
 	$(GO) test -tags e2e -count=1 -timeout 20m -v ./test/e2e/ 2>&1 | tail -n 80
 
-## bench: the webhook's domain decision at 5,000 nodes × 2 domains with 20,000 GPU pods, the
-## NRI plugin's own handling, its round trip over the NRI socket, and container creation on
-## real containerd with the plugin against without it.
+## bench: every benchmark in one run (about 5 minutes): placement quality by simulation,
+## admission latency at fixed rates against a no-op webhook, the domain decision at scale, and
+## the NRI plugin's cost; prints one table and writes docs/benchmarks.md with a plot. Root
+## (the containerd part). Not part of `make test`, which runs smoke versions.
 bench: containerd-assets
-	$(GO) test -run '^$$' -bench . -benchmem ./webhook/clusterview/ ./nri-plugin/
-	$(GO) test -run '^$$' -bench . ./test/nri/
-	$(GO) test -run '^$$' -bench . -benchtime 1x ./test/containerd/
-
-lint: fmt vet staticcheck
-
-fmt:
-	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './bin/*')); \
-	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
-
-vet:
-	$(GO) vet ./...
-
-# staticcheck is built from the Go module proxy once per version and cached under bin/tools.
-$(STATICCHECK):
-	mkdir -p $(TOOLS)
-	GOBIN=$(TOOLS) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
-	mv $(TOOLS)/staticcheck $@
-
-staticcheck: $(STATICCHECK)
-	$(STATICCHECK) ./...
-
-cover:
-	$(GO) test -count=1 -cover ./pkg/...
+	$(GO) run ./test/bench
 
 ## fuzz: run every fuzz target for FUZZTIME each (not part of `make test`).
 fuzz:

@@ -104,32 +104,40 @@ func (v *View) tolerateKey(tk string, tolerations []corev1.Toleration) bool {
 	return tk == "" || tolerates(v.taintSets[tk], tolerations)
 }
 
-func (v *View) pendingLocked(reserved map[int][]int) map[int][]int {
-	out := map[int][]int{}
-	for d, pods := range v.pending {
-		for _, g := range pods {
-			out[d] = append(out[d], g)
-		}
+func (v *View) pendingLocked(reserved map[demand]int) map[demand]int {
+	out := make(map[demand]int, len(v.pending)+len(reserved))
+	for k, c := range v.pending {
+		out[k] += c
 	}
-	for d, gs := range reserved {
-		out[d] = append(out[d], gs...)
-	}
-	for d := range out {
-		slices.Sort(out[d])
-		slices.Reverse(out[d]) // largest first, as a packer would
+	for k, c := range reserved {
+		out[k] += c
 	}
 	return out
 }
 
 // applyPending lets pods that are pinned but not yet bound take their GPUs from the tightest
-// bucket of their domain, the same way the webhook would have placed them. Pending pods are
-// few (they bind within a second), so this is cheap.
-func applyPending(buckets []bucket, pending map[int][]int) []bucket {
-	for d, sizes := range pending {
-		for _, k := range sizes {
+// buckets of their domain, largest pods first, the way the webhook would have placed them.
+// Pods of one size move whole groups of identical nodes at once, so the cost depends on the
+// number of distinct (domain, size) demands and buckets, not on how many pods wait.
+func applyPending(buckets []bucket, pending map[demand]int) []bucket {
+	keys := make([]demand, 0, len(pending))
+	for k := range pending {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if keys[i].domain != keys[j].domain {
+			return keys[i].domain < keys[j].domain
+		}
+		return keys[i].gpus > keys[j].gpus
+	})
+	for _, k := range keys {
+		if k.gpus <= 0 {
+			continue
+		}
+		for m := pending[k]; m > 0; {
 			best := -1
 			for i, b := range buckets {
-				if b.domain != d || b.nodes == 0 || b.cf.free < k {
+				if b.domain != k.domain || b.nodes == 0 || b.cf.free < k.gpus {
 					continue
 				}
 				if best < 0 || b.cf.free < buckets[best].cf.free {
@@ -137,11 +145,22 @@ func applyPending(buckets []bucket, pending map[int][]int) []bucket {
 				}
 			}
 			if best < 0 {
-				continue // waits for GPUs that are not free yet
+				break // the rest wait for GPUs that are not free yet
 			}
-			taken := buckets[best]
-			buckets[best].nodes--
-			buckets = append(buckets, bucket{domain: d, cf: capFree{taken.cf.capacity, taken.cf.free - k}, nodes: 1, sample: taken.sample})
+			// Each node of the bucket takes as many of these pods as fit.
+			per := buckets[best].cf.free / k.gpus
+			nodes := min(buckets[best].nodes, (m+per-1)/per)
+			taken := min(m, nodes*per)
+			full := taken / per
+			src := buckets[best]
+			buckets[best].nodes -= nodes
+			if full > 0 {
+				buckets = append(buckets, bucket{domain: k.domain, cf: capFree{src.cf.capacity, src.cf.free - per*k.gpus}, nodes: full, sample: src.sample})
+			}
+			if rest := taken - full*per; rest > 0 {
+				buckets = append(buckets, bucket{domain: k.domain, cf: capFree{src.cf.capacity, src.cf.free - rest*k.gpus}, nodes: 1, sample: src.sample})
+			}
+			m -= taken
 		}
 	}
 	return buckets

@@ -11,7 +11,6 @@
 package clusterview
 
 import (
-	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -43,9 +42,10 @@ type View struct {
 	// apart from nodes so that pod and node events may arrive in any order.
 	used map[string]map[int]int
 	pods map[types.UID]podEntry
-	// pending[domain][pod] is the GPUs of pods pinned to domain but not bound to a node yet:
-	// the scheduler will take them from some node's free GPUs of that domain.
-	pending map[int]map[types.UID]int
+	// pending counts pods pinned to a domain but not bound to a node yet, by (domain, GPUs):
+	// the scheduler will take their GPUs from some node's free GPUs of that domain. Counts,
+	// not lists, keep a decision's cost independent of how many pods wait.
+	pending map[demand]int
 	// hist[taints][domain][capFree] counts nodes, for the fast path; taintSets keeps the
 	// taints behind each key so tolerations are checked once per key, not per node.
 	hist      map[string]map[int]map[capFree]int
@@ -56,7 +56,17 @@ type View struct {
 	gpuNodes, gpuNodesWithoutDomains int
 
 	resMu        sync.Mutex
-	reservations []reservation
+	reservations []reservation  // in expiry order (the TTL is constant)
+	resLive      map[resKey]int // reservations not yet consumed or expired
+	resConsumed  map[resKey]int // consumed by an arriving pod, still in the queue
+}
+
+// demand is a pending pod's domain and GPU count.
+type demand struct{ domain, gpus int }
+
+type resKey struct {
+	namespace string
+	demand
 }
 
 type capFree struct{ capacity, free int }
@@ -78,24 +88,24 @@ type podEntry struct {
 }
 
 type reservation struct {
-	namespace string
-	domain    int
-	gpus      int
-	expires   time.Time
+	key     resKey
+	expires time.Time
 }
 
 // New returns an empty view.
 func New(n names.Names) *View {
 	return &View{
-		names:      n,
-		now:        time.Now,
-		nodes:      map[string]*node{},
-		used:       map[string]map[int]int{},
-		pods:       map[types.UID]podEntry{},
-		pending:    map[int]map[types.UID]int{},
-		hist:       map[string]map[int]map[capFree]int{},
-		taintSets:  map[string][]corev1.Taint{},
-		advertised: map[string]int{},
+		names:       n,
+		now:         time.Now,
+		nodes:       map[string]*node{},
+		used:        map[string]map[int]int{},
+		pods:        map[types.UID]podEntry{},
+		pending:     map[demand]int{},
+		resLive:     map[resKey]int{},
+		resConsumed: map[resKey]int{},
+		hist:        map[string]map[int]map[capFree]int{},
+		taintSets:   map[string][]corev1.Taint{},
+		advertised:  map[string]int{},
 	}
 }
 
@@ -180,10 +190,7 @@ func (v *View) UpsertPod(pod *corev1.Pod) {
 	e := podEntry{node: pod.Spec.NodeName, namespace: pod.Namespace, domain: d, gpus: held}
 	v.pods[pod.UID] = e
 	if e.node == "" {
-		if v.pending[d] == nil {
-			v.pending[d] = map[types.UID]int{}
-		}
-		v.pending[d][pod.UID] = held
+		v.pending[demand{d, held}]++
 		v.consumeReservation(pod.Namespace, d, held)
 		return
 	}
@@ -208,7 +215,10 @@ func (v *View) removePodLocked(uid types.UID) {
 	}
 	delete(v.pods, uid)
 	if e.node == "" {
-		delete(v.pending[e.domain], uid)
+		k := demand{e.domain, e.gpus}
+		if v.pending[k]--; v.pending[k] <= 0 {
+			delete(v.pending, k)
+		}
 		return
 	}
 	if v.used[e.node][e.domain] -= e.gpus; v.used[e.node][e.domain] <= 0 {
@@ -290,29 +300,45 @@ func tolerates(taints []corev1.Taint, tolerations []corev1.Toleration) bool {
 func (v *View) Reserve(namespace string, domain, gpus int) {
 	v.resMu.Lock()
 	defer v.resMu.Unlock()
-	v.reservations = append(v.reservations, reservation{namespace, domain, gpus, v.now().Add(ReservationTTL)})
+	k := resKey{namespace, demand{domain, gpus}}
+	v.reservations = append(v.reservations, reservation{k, v.now().Add(ReservationTTL)})
+	v.resLive[k]++
 }
 
-// consumeReservation drops the oldest reservation the arriving pod accounts for.
+// consumeReservation retires one reservation the arriving pod accounts for.
 func (v *View) consumeReservation(namespace string, domain, gpus int) {
 	v.resMu.Lock()
 	defer v.resMu.Unlock()
-	i := slices.IndexFunc(v.reservations, func(r reservation) bool {
-		return r.namespace == namespace && r.domain == domain && r.gpus == gpus
-	})
-	if i >= 0 {
-		v.reservations = slices.Delete(v.reservations, i, i+1)
+	k := resKey{namespace, demand{domain, gpus}}
+	if v.resLive[k] > 0 {
+		v.resLive[k]--
+		v.resConsumed[k]++
 	}
 }
 
-func (v *View) liveReservations() map[int][]int {
+// liveReservations expires old reservations (amortised O(1): they expire in order) and
+// returns the live ones counted by demand.
+func (v *View) liveReservations() map[demand]int {
 	v.resMu.Lock()
 	defer v.resMu.Unlock()
 	now := v.now()
-	v.reservations = slices.DeleteFunc(v.reservations, func(r reservation) bool { return now.After(r.expires) })
-	out := map[int][]int{}
-	for _, r := range v.reservations {
-		out[r.domain] = append(out[r.domain], r.gpus)
+	i := 0
+	for ; i < len(v.reservations) && now.After(v.reservations[i].expires); i++ {
+		k := v.reservations[i].key
+		if v.resConsumed[k] > 0 {
+			v.resConsumed[k]--
+		} else if v.resLive[k] > 0 {
+			v.resLive[k]--
+		}
+	}
+	v.reservations = v.reservations[i:]
+	out := map[demand]int{}
+	for k, c := range v.resLive {
+		if c > 0 {
+			out[k.demand] += c
+		} else {
+			delete(v.resLive, k)
+		}
 	}
 	return out
 }

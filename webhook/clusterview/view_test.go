@@ -300,3 +300,44 @@ func TestImpossibleMessageListsNodes(t *testing.T) {
 		t.Fatalf("error = %v", err)
 	}
 }
+
+// Many reservations (a flood of admissions whose pods never arrive) must not slow decisions:
+// they are counted by demand, not listed.
+func BenchmarkChooseDomainWithManyReservations(b *testing.B) {
+	v := buildScale(b, 500, 2000)
+	for i := range 40000 {
+		v.Reserve("default", i%2, 2)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := v.ChooseDomain(newTP(), 2); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func TestGroupedPendingMatchesOneByOne(t *testing.T) {
+	// 6 nodes with 4 free GPUs in domain 0 and 3 pending TP=2 pods: they fill one node and
+	// half of another, leaving 4 nodes whole; a TP=4 still fits now.
+	v := New(n)
+	for i := range 6 {
+		v.UpsertNode(gpuNode(fmt.Sprintf("n%d", i), []int{4}, nil))
+	}
+	for range 3 {
+		v.UpsertPod(pinnedPod("", 0, 2))
+	}
+	got, err := v.ChooseDomain(newTP(), 4)
+	if err != nil || !got.Fits {
+		t.Fatalf("TP=4 after 3 pending TP=2: %+v %v", got, err)
+	}
+	// With 11 pending TP=2 pods (22 GPUs of 24), a TP=4 no longer fits now.
+	for range 8 {
+		v.UpsertPod(pinnedPod("", 0, 2))
+	}
+	if got, _ := v.ChooseDomain(newTP(), 4); got.Fits {
+		t.Fatalf("TP=4 fits although pending pods take 22 of 24 GPUs: %+v", got)
+	}
+	if got, _ := v.ChooseDomain(newTP(), 2); !got.Fits || got.LeftOver != 0 {
+		t.Fatalf("the last free pair: %+v", got)
+	}
+}

@@ -27,7 +27,7 @@ import (
 	"github.com/nvdomain/nvdomain/pkg/topology/simulated"
 )
 
-func startAPI(t *testing.T) *kubernetes.Clientset {
+func startAPI(t testing.TB) *kubernetes.Clientset {
 	t.Helper()
 	env := &envtest.Environment{BinaryAssetsDirectory: assets(t)}
 	env.ControlPlane.GetAPIServer().Configure().Set("disable-admission-plugins", "ServiceAccount,TaintNodesByCondition")

@@ -154,7 +154,7 @@ func loadWebhookConfigs(t testing.TB, host string, port int) ([]*admissionregv1.
 	return muts, vals
 }
 
-func startCluster(t *testing.T, opts webhook.Options) *cluster {
+func startCluster(t testing.TB, opts webhook.Options) *cluster {
 	t.Helper()
 	dir := assets(t)
 	port, err := freePort()

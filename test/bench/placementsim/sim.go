@@ -146,6 +146,9 @@ type Policy interface {
 	Admit(j *Job, nodes []*Node) bool
 	// Place returns the node and GPUs for a queued job, or ok=false to keep it waiting.
 	Place(j *Job, nodes []*Node, rng *rand.Rand) (node int, gpus []int, ok bool)
+	// FitKey groups jobs that fit exactly where each other fit (same size, same pin), so a
+	// pass over the queue tries each group once after its first failure.
+	FitKey(j *Job) int
 }
 
 // Result is one policy at one load.
@@ -198,9 +201,18 @@ func Run(p Policy, mkNodes func() []*Node, jobs []Job, horizon, warmup float64, 
 	}
 	tryQueue := func(now float64) {
 		kept := queue[:0]
+		// Placing a job only takes GPUs away, so a group that failed once in a pass fails for
+		// the rest of it; without this, long queues at overload make the run quadratic.
+		failed := map[int]bool{}
 		for _, j := range queue {
+			key := p.FitKey(j)
+			if failed[key] {
+				kept = append(kept, j)
+				continue
+			}
 			ni, gs, ok := p.Place(j, nodes, rng)
 			if !ok {
+				failed[key] = true
 				kept = append(kept, j)
 				continue
 			}
@@ -298,6 +310,9 @@ type Nvdomain struct{ pinned map[int]int }
 
 func (p *Nvdomain) Name() string { return "nvdomain" }
 
+// FitKey implements Policy: size and pinned domain.
+func (p *Nvdomain) FitKey(j *Job) int { return j.Size*1000 + p.pinned[j.ID] }
+
 func (p *Nvdomain) Admit(j *Job, nodes []*Node) bool {
 	if p.pinned == nil {
 		p.pinned = map[int]int{}
@@ -342,6 +357,8 @@ func (p *Nvdomain) Place(j *Job, nodes []*Node, rng *rand.Rand) (int, []int, boo
 // but not links that end at an NVSwitch, so on switch-based nodes every GPU looks alike and it
 // takes the lowest free indexes.
 type NodeCountOnly struct{}
+
+func (NodeCountOnly) FitKey(j *Job) int { return j.Size }
 
 func (NodeCountOnly) Name() string             { return "node-count only" }
 func (NodeCountOnly) Admit(*Job, []*Node) bool { return true }
@@ -394,6 +411,8 @@ func pairsFirst(n *Node, k int) []int {
 // Random places on a random node with enough GPUs, random GPUs.
 type Random struct{}
 
+func (Random) FitKey(j *Job) int { return j.Size }
+
 func (Random) Name() string             { return "random" }
 func (Random) Admit(*Job, []*Node) bool { return true }
 
@@ -422,6 +441,8 @@ func (Random) Place(j *Job, nodes []*Node, rng *rand.Rand) (int, []int, bool) {
 
 // FirstFit places on the first node with enough GPUs, lowest free GPUs.
 type FirstFit struct{}
+
+func (FirstFit) FitKey(j *Job) int { return j.Size }
 
 func (FirstFit) Name() string             { return "first-fit" }
 func (FirstFit) Admit(*Job, []*Node) bool { return true }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/nvdomain/nvdomain/pkg/topology"
 	"github.com/nvdomain/nvdomain/test/hostclean"
+	"github.com/nvdomain/nvdomain/test/localcluster"
 	"github.com/nvdomain/nvdomain/test/ocitest"
 )
 
@@ -29,7 +30,7 @@ func repoRoot() string {
 
 const (
 	busyboxRef = "docker.io/library/busybox:nvdomain"
-	pauseRef   = "registry.k8s.io/pause:nvdomain"
+	pauseRef   = localcluster.PauseImage
 )
 
 // node is one containerd with NRI, its images, and the nvdomain plugin.
@@ -109,48 +110,7 @@ func (n *node) writeConfig() {
 			n.t.Fatal(err)
 		}
 	}
-	cfg := fmt.Sprintf(`version = 4
-root = '%[1]s/root'
-state = '%[1]s/state'
-imports = []
-[plugins]
-  [plugins.'io.containerd.server.v1.grpc']
-    address = '%[1]s/c.sock'
-  [plugins.'io.containerd.server.v1.ttrpc']
-    address = '%[1]s/t.sock'
-  [plugins.'io.containerd.cri.v1.images']
-    snapshotter = 'overlayfs'
-    [plugins.'io.containerd.cri.v1.images'.pinned_images]
-      sandbox = '%[2]s'
-  [plugins.'io.containerd.cri.v1.runtime']
-    disable_apparmor = true
-    # Required on this machine kind: runc may not write oom_score_adj -998 here, and every
-    # sandbox would fail with "can't get final child's PID from pipe: EOF".
-    restrict_oom_score_adj = true
-    [plugins.'io.containerd.cri.v1.runtime'.containerd]
-      default_runtime_name = 'runc'
-      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
-        runtime_type = 'io.containerd.runc.v2'
-        [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
-          BinaryName = '%[3]s'
-          Root = '%[1]s/runc'
-          SystemdCgroup = false
-    [plugins.'io.containerd.cri.v1.runtime'.cni]
-      bin_dirs = ['%[1]s/cni-bin']
-      conf_dir = '%[1]s/cni'
-  [plugins.'io.containerd.grpc.v1.cri']
-    stream_server_address = '127.0.0.1'
-  [plugins.'io.containerd.internal.v1.opt']
-    path = '%[1]s/opt'
-  [plugins.'io.containerd.nri.v1.nri']
-    disable = false
-    disable_connections = false
-    socket_path = '%[1]s/nri.sock'
-    plugin_path = '%[1]s/nri-plugins'
-    plugin_config_path = '%[1]s/nri-conf'
-  [plugins.'io.containerd.shim.v1.manager']
-    socket_dir = '%[1]s/s'
-`, n.dir, pauseRef, n.runc)
+	cfg := localcluster.ContainerdConfig(n.dir, n.path("nri.sock"), n.runc)
 	if err := os.WriteFile(n.path("config.toml"), []byte(cfg), 0o644); err != nil {
 		n.t.Fatal(err)
 	}
@@ -362,11 +322,7 @@ func (n *node) teardown() {
 		}
 	}
 	// Shims run in their own process groups; anything of ours still alive goes now.
-	if out, err := exec.Command(n.runc, "--root", n.path("runc"), "list", "-q").Output(); err == nil {
-		for _, id := range strings.Fields(string(out)) {
-			_ = exec.Command(n.runc, "--root", n.path("runc"), "delete", "-f", id).Run()
-		}
-	}
+	hostclean.RuncDeleteAll(n.runc, n.path("runc"))
 	hostclean.KillUnder(n.dir)
 	hostclean.UnmountUnder(n.dir)
 	hostclean.RemoveCgroups(filepath.Base(n.dir))

@@ -6,6 +6,7 @@ package hostclean
 import (
 	"bytes"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -80,5 +81,16 @@ func RemoveCgroups(name string) {
 				syscall.Nanosleep(&syscall.Timespec{Nsec: 50_000_000}, nil)
 			}
 		}
+	}
+}
+
+// RuncDeleteAll force-deletes every container runc still knows under root.
+func RuncDeleteAll(runc, root string) {
+	out, err := exec.Command(runc, "--root", root, "list", "-q").Output()
+	if err != nil {
+		return
+	}
+	for _, id := range strings.Fields(string(out)) {
+		_ = exec.Command(runc, "--root", root, "delete", "-f", id).Run()
 	}
 }

@@ -51,4 +51,3 @@ func BenchmarkPodCreate(b *testing.B) {
 		b.ReportMetric(float64(with[samples*99/100])/float64(without[samples*99/100]), "p99-ratio")
 	}
 }
-

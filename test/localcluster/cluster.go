@@ -253,11 +253,7 @@ func (c *Cluster) Stop() {
 		}
 	}
 	if c.Dir != "" {
-		if out, err := exec.Command(c.Runc, "--root", c.path("runc"), "list", "-q").Output(); err == nil {
-			for _, id := range strings.Fields(string(out)) {
-				_ = exec.Command(c.Runc, "--root", c.path("runc"), "delete", "-f", id).Run()
-			}
-		}
+		hostclean.RuncDeleteAll(c.Runc, c.path("runc"))
 		hostclean.RemoveCgroups("kubepods")
 		hostclean.KillUnder(c.Dir)
 		hostclean.UnmountUnder(c.Dir)

@@ -151,46 +151,7 @@ func (c *Cluster) startContainerd(ctx context.Context) error {
 		return err
 	}
 	c.NRISocket = c.path("nri", "nri.sock")
-	cfg := fmt.Sprintf(`version = 4
-root = '%[1]s/containerd'
-state = '%[1]s/containerd-state'
-imports = []
-[plugins]
-  [plugins.'io.containerd.server.v1.grpc']
-    address = '%[1]s/c.sock'
-  [plugins.'io.containerd.server.v1.ttrpc']
-    address = '%[1]s/t.sock'
-  [plugins.'io.containerd.cri.v1.images']
-    snapshotter = 'overlayfs'
-    [plugins.'io.containerd.cri.v1.images'.pinned_images]
-      sandbox = '%[2]s'
-  [plugins.'io.containerd.cri.v1.runtime']
-    disable_apparmor = true
-    restrict_oom_score_adj = true
-    [plugins.'io.containerd.cri.v1.runtime'.containerd]
-      default_runtime_name = 'runc'
-      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
-        runtime_type = 'io.containerd.runc.v2'
-        [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
-          BinaryName = '%[3]s'
-          Root = '%[1]s/runc'
-          SystemdCgroup = false
-    [plugins.'io.containerd.cri.v1.runtime'.cni]
-      bin_dirs = ['%[1]s/cni-bin']
-      conf_dir = '%[1]s/cni'
-  [plugins.'io.containerd.grpc.v1.cri']
-    stream_server_address = '127.0.0.1'
-  [plugins.'io.containerd.internal.v1.opt']
-    path = '%[1]s/opt'
-  [plugins.'io.containerd.nri.v1.nri']
-    disable = false
-    disable_connections = false
-    socket_path = '%[4]s'
-    plugin_path = '%[1]s/nri-plugins'
-    plugin_config_path = '%[1]s/nri-conf'
-  [plugins.'io.containerd.shim.v1.manager']
-    socket_dir = '%[1]s/s'
-`, c.Dir, PauseImage, c.Runc, c.NRISocket)
+	cfg := ContainerdConfig(c.Dir, c.NRISocket, c.Runc)
 	if err := os.WriteFile(c.path("containerd.toml"), []byte(cfg), 0o644); err != nil {
 		return err
 	}
@@ -264,4 +225,52 @@ func (c *Cluster) waitNodeReady(ctx context.Context) error {
 		taints, _, _ := c.Kubectl("get", "node", NodeName, "-o", "jsonpath={.spec.taints}")
 		return err == nil && !strings.Contains(taints, "not-ready")
 	})
+}
+
+// ContainerdConfig is a containerd v2 configuration (schema 4) that keeps every path, socket
+// and runc state under dir, enables NRI on nriSocket, pins the local pause image so nothing is
+// pulled, and sets what this machine kind needs (see shared/recipes): cgroupfs, no AppArmor,
+// and restrict_oom_score_adj, without which runc is refused when it writes oom_score_adj and
+// every sandbox fails with "can't get final child's PID from pipe: EOF".
+func ContainerdConfig(dir, nriSocket, runc string) string {
+	return fmt.Sprintf(`version = 4
+root = '%[1]s/containerd'
+state = '%[1]s/containerd-state'
+imports = []
+[plugins]
+  [plugins.'io.containerd.server.v1.grpc']
+    address = '%[1]s/c.sock'
+  [plugins.'io.containerd.server.v1.ttrpc']
+    address = '%[1]s/t.sock'
+  [plugins.'io.containerd.cri.v1.images']
+    snapshotter = 'overlayfs'
+    [plugins.'io.containerd.cri.v1.images'.pinned_images]
+      sandbox = '%[2]s'
+  [plugins.'io.containerd.cri.v1.runtime']
+    disable_apparmor = true
+    restrict_oom_score_adj = true
+    [plugins.'io.containerd.cri.v1.runtime'.containerd]
+      default_runtime_name = 'runc'
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+        runtime_type = 'io.containerd.runc.v2'
+        [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+          BinaryName = '%[3]s'
+          Root = '%[1]s/runc'
+          SystemdCgroup = false
+    [plugins.'io.containerd.cri.v1.runtime'.cni]
+      bin_dirs = ['%[1]s/cni-bin']
+      conf_dir = '%[1]s/cni'
+  [plugins.'io.containerd.grpc.v1.cri']
+    stream_server_address = '127.0.0.1'
+  [plugins.'io.containerd.internal.v1.opt']
+    path = '%[1]s/opt'
+  [plugins.'io.containerd.nri.v1.nri']
+    disable = false
+    disable_connections = false
+    socket_path = '%[4]s'
+    plugin_path = '%[1]s/nri-plugins'
+    plugin_config_path = '%[1]s/nri-conf'
+  [plugins.'io.containerd.shim.v1.manager']
+    socket_dir = '%[1]s/s'
+`, dir, PauseImage, runc, nriSocket)
 }

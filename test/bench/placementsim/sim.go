@@ -363,13 +363,19 @@ func (NodeCountOnly) FitKey(j *Job) int { return j.Size }
 func (NodeCountOnly) Name() string             { return "node-count only" }
 func (NodeCountOnly) Admit(*Job, []*Node) bool { return true }
 
-func (NodeCountOnly) Place(j *Job, nodes []*Node, rng *rand.Rand) (int, []int, bool) {
+// byCount lists the nodes with at least k free GPUs.
+func byCount(nodes []*Node, k int) []int {
 	var feasible []int
 	for i, n := range nodes {
-		if n.free() >= j.Size {
+		if n.free() >= k {
 			feasible = append(feasible, i)
 		}
 	}
+	return feasible
+}
+
+func (NodeCountOnly) Place(j *Job, nodes []*Node, rng *rand.Rand) (int, []int, bool) {
+	feasible := byCount(nodes, j.Size)
 	if len(feasible) == 0 {
 		return 0, nil, false
 	}
@@ -417,12 +423,7 @@ func (Random) Name() string             { return "random" }
 func (Random) Admit(*Job, []*Node) bool { return true }
 
 func (Random) Place(j *Job, nodes []*Node, rng *rand.Rand) (int, []int, bool) {
-	var feasible []int
-	for i, n := range nodes {
-		if n.free() >= j.Size {
-			feasible = append(feasible, i)
-		}
-	}
+	feasible := byCount(nodes, j.Size)
 	if len(feasible) == 0 {
 		return 0, nil, false
 	}

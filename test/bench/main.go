@@ -285,8 +285,8 @@ func reading(sims []placementsim.Result, bounds map[float64]float64, loadStats [
   TP=8 job waits for an HGX node instead of taking eight GPUs across a split node. Its utilisation is %.0f%% below the
   (loose) bound at that load.
 - Admission: on its own, nvdomain's handler answers in a few hundred microseconds up to %d req/s (%.1f-%.1fx the no-op
-  webhook at p50); at %d req/s on 2 cores the server and the load generator share the CPUs and both targets
-  queue (p99 %s against %s).
+  webhook at p50); at %d req/s on 2 cores, where the server and the load generator share the CPUs, its p99 is %s
+  against %s for the no-op.
 - Through a real kube-apiserver, creating a TP pod took %s µs at p50 with nvdomain's two webhook calls (mutating and
   validating, over TLS) against %s µs without (x%s), on a machine where etcd, the apiserver, the scheduler, the webhook and
   the client share 2 cores.

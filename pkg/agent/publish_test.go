@@ -1,0 +1,86 @@
+package agent
+
+import (
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/topology"
+)
+
+var n = names.Default()
+
+func seed(t *testing.T) *topology.Topology {
+	t.Helper()
+	gpus := make([]topology.GPU, 8)
+	for i := range gpus {
+		gpus[i] = topology.GPU{Index: i}
+	}
+	top, err := topology.FromDomains("simulated", gpus, [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return top
+}
+
+func TestDesire(t *testing.T) {
+	d, err := Desire(n, seed(t), map[int]int{1: 3}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"gpu.nvidia.com/nvswitch-domains": "2", "gpu.nvidia.com/nvswitch-domain-0": "4", "gpu.nvidia.com/nvswitch-domain-1": "4",
+		"gpu.nvidia.com/nvswitch-domain-max": "4", "gpu.nvidia.com/topology-source": "simulated", "gpu.nvidia.com/topology-stale": "true",
+	}
+	for k, v := range want {
+		if d.Labels[k] != v {
+			t.Errorf("label %s = %q, want %q", k, d.Labels[k], v)
+		}
+	}
+	if len(d.Labels) != len(want) {
+		t.Errorf("labels = %v", d.Labels)
+	}
+	if d.Annotations["nvidia.com/gpu-topo-nvswitch-domain-1"] != "4,5,6,7" || d.Annotations["gpu.nvidia.com/topology"] == "" {
+		t.Errorf("annotations = %v", d.Annotations)
+	}
+	// Unpinned containers hold 3 GPUs of domain 1; capacity never goes below zero.
+	if d.Capacity["nvidia.com/nvswitch-domain-0"] != 4 || d.Capacity["nvidia.com/nvswitch-domain-1"] != 1 {
+		t.Errorf("capacity = %v", d.Capacity)
+	}
+	d, _ = Desire(n, seed(t), map[int]int{0: 9}, false)
+	if d.Capacity["nvidia.com/nvswitch-domain-0"] != 0 {
+		t.Errorf("capacity with more unpinned GPUs than the domain = %v", d.Capacity)
+	}
+	if _, stale := d.Labels["gpu.nvidia.com/topology-stale"]; stale {
+		t.Error("stale label on a fresh topology")
+	}
+}
+
+func TestPatchesTouchOnlyOwnedKeys(t *testing.T) {
+	current := map[string]string{
+		"team": "ml", "gpu.nvidia.com/nvswitch-domain-2": "4", "gpu.nvidia.com/nvswitch-domain-0": "4",
+		"gpu.nvidia.com/topology-stale": "true", "gpu.nvidia.com/gpu.product": "H100", // GFD's key: same prefix, not ours
+	}
+	desired := map[string]string{"gpu.nvidia.com/nvswitch-domain-0": "4", "gpu.nvidia.com/nvswitch-domains": "1"}
+	got := diff(current, desired, func(k string) bool { return ownsLabel(n, k) })
+	want := map[string]any{"gpu.nvidia.com/nvswitch-domain-2": nil, "gpu.nvidia.com/topology-stale": nil, "gpu.nvidia.com/nvswitch-domains": "1"}
+	if len(got) != len(want) {
+		t.Fatalf("patch = %v, want %v", got, want)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("patch[%s] = %v, want %v", k, got[k], v)
+		}
+	}
+	res := resourceDiff(n, corev1.ResourceList{
+		"nvidia.com/gpu": resource.MustParse("8"), "nvidia.com/nvswitch-domain-0": resource.MustParse("4"), "nvidia.com/nvswitch-domain-3": resource.MustParse("4"),
+	}, map[string]int64{"nvidia.com/nvswitch-domain-0": 2})
+	if len(res) != 2 || res["nvidia.com/nvswitch-domain-0"] != "2" || res["nvidia.com/nvswitch-domain-3"] != nil {
+		t.Errorf("resource patch = %v", res)
+	}
+	if _, touched := res["nvidia.com/gpu"]; touched {
+		t.Error("the device plugin's resource was touched")
+	}
+}

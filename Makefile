@@ -17,7 +17,7 @@ LDFLAGS     := -X github.com/nvdomain/nvdomain/pkg/cli.Version=$(VERSION)
 # marks deprecated, which only adds compiler noise.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all build test unit e2e k8s-assets containerd-assets helm-assets lint fmt vet staticcheck cover fuzz bench demo clean
+.PHONY: all build test unit e2e host-deps k8s-assets containerd-assets helm-assets lint fmt vet staticcheck cover fuzz bench demo clean
 
 all: build
 
@@ -33,6 +33,13 @@ test: lint unit e2e
 k8s-assets:
 	K8S_VERSION=$(K8S_VERSION) test/tools/build-k8s.sh >/dev/null
 
+# Debian packages the real-component tiers need: runc, and a static busybox for the test images.
+host-deps:
+	@if ! command -v runc >/dev/null || ! ldd /bin/busybox 2>&1 | grep -q "not a dynamic executable"; then \
+		echo "installing runc and busybox-static"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends runc busybox-static; \
+	fi
+
 # The NRI tier (test/containerd) runs a real containerd v2 with NRI, built the same way into
 # bin/containerd/<version> (about 2 minutes cold), with Debian's runc and busybox-static.
 containerd-assets:
@@ -41,19 +48,19 @@ containerd-assets:
 helm-assets:
 	test/tools/build-helm.sh >/dev/null
 
-unit: k8s-assets containerd-assets helm-assets
+unit: host-deps k8s-assets containerd-assets helm-assets
 	KUBEBUILDER_ASSETS=$(K8S_ASSETS) $(GO) test -race -count=1 -timeout 20m ./...
 
 ## e2e: the seed scenarios on a real single-node cluster (kubelet + containerd with NRI) with
 ## nvdomain installed by its Helm chart. Root only; runs alone.
-e2e: k8s-assets containerd-assets helm-assets
+e2e: host-deps k8s-assets containerd-assets helm-assets
 	$(GO) test -tags e2e -count=1 -timeout 20m -v ./test/e2e/ 2>&1 | tail -n 80
 
 ## bench: every benchmark in one run (about 5 minutes): placement quality by simulation,
 ## admission latency at fixed rates against a no-op webhook, the domain decision at scale, and
 ## the NRI plugin's cost; prints one table and writes docs/benchmarks.md with a plot. Root
 ## (the containerd part). Not part of `make test`, which runs smoke versions.
-bench: containerd-assets
+bench: host-deps k8s-assets containerd-assets
 	$(GO) run ./test/bench
 
 ## fuzz: run every fuzz target for FUZZTIME each (not part of `make test`).
@@ -65,7 +72,7 @@ fuzz:
 ## demo: a real single-node cluster, nvdomain installed with its Helm chart (simulated
 ## topology), the seed scenarios applied from manifests/examples, and a report. Root only.
 ## KEEP=1 leaves the cluster up and prints how to reach it.
-demo: k8s-assets containerd-assets helm-assets
+demo: host-deps k8s-assets containerd-assets helm-assets
 	$(GO) run ./test/demo
 
 clean:

@@ -35,7 +35,7 @@ k8s-assets:
 
 # Debian packages the real-component tiers need: runc, and a static busybox for the test images.
 host-deps:
-	@if ! command -v runc >/dev/null || ! ldd /bin/busybox 2>&1 | grep -q "not a dynamic executable"; then \
+	@if ! command -v runc >/dev/null || ! { ldd /bin/busybox 2>&1 || true; } | grep -q "not a dynamic executable"; then \
 		echo "installing runc and busybox-static"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends runc busybox-static; \
 	fi

@@ -56,6 +56,27 @@ unit: host-deps k8s-assets containerd-assets helm-assets
 e2e: host-deps k8s-assets containerd-assets helm-assets
 	$(GO) test -tags e2e -count=1 -timeout 20m -v ./test/e2e/ 2>&1 | tail -n 80
 
+lint: fmt vet staticcheck
+
+fmt:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './bin/*')); \
+	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+
+vet:
+	$(GO) vet -tags e2e ./...
+
+# staticcheck is built from the Go module proxy once per version and cached under bin/tools.
+$(STATICCHECK):
+	mkdir -p $(TOOLS)
+	GOBIN=$(TOOLS) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+	mv $(TOOLS)/staticcheck $@
+
+staticcheck: $(STATICCHECK)
+	$(STATICCHECK) -tags e2e ./...
+
+cover:
+	$(GO) test -count=1 -cover ./pkg/...
+
 ## bench: every benchmark in one run (about 5 minutes): placement quality by simulation,
 ## admission latency at fixed rates against a no-op webhook, the domain decision at scale, and
 ## the NRI plugin's cost; prints one table and writes docs/benchmarks.md with a plot. Root

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"testing"
 
+	cmv1 "github.com/cert-manager/cert-manager/pkg/apis/certmanager/v1"
 	admissionregv1 "k8s.io/api/admissionregistration/v1"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
@@ -188,5 +189,51 @@ func TestPlainInstallManifestIsUpToDate(t *testing.T) {
 	have, err := os.ReadFile(path)
 	if err != nil || string(have) != header+out {
 		t.Errorf("%s is stale or missing (%v); run UPDATE_GOLDEN=1 go test ./test/chart", path, err)
+	}
+}
+
+// The cert-manager objects, as shipped in certs/ and as the chart renders them, decode strictly
+// into cert-manager's own API types: a misspelt field (renewBefore, privateKey.rotationPolicy)
+// would be silently ignored by the apiserver's pruning and leave certificates unrenewed.
+func TestCertManagerObjectsMatchTheirAPI(t *testing.T) {
+	rendered, err := render(t, "-f", filepath.Join(root(), "charts", "nvdomain", "ci", "cert-manager-values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	shipped, err := os.ReadFile(filepath.Join(root(), "certs", "cert-manager.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, doc := range map[string]string{"chart": rendered, "certs/cert-manager.yaml": string(shipped)} {
+		kinds := map[string]int{}
+		dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(doc), 4096)
+		for {
+			var raw map[string]any
+			if err := dec.Decode(&raw); err != nil {
+				break
+			}
+			b, _ := yaml.Marshal(raw)
+			var target any
+			switch raw["kind"] {
+			case "Certificate":
+				target = &cmv1.Certificate{}
+			case "Issuer":
+				target = &cmv1.Issuer{}
+			default:
+				continue
+			}
+			if err := yaml.UnmarshalStrict(b, target); err != nil {
+				t.Errorf("%s: %s does not match cert-manager's API: %v", name, raw["kind"], err)
+			}
+			kinds[raw["kind"].(string)]++
+			if c, ok := target.(*cmv1.Certificate); ok {
+				if c.Spec.RenewBefore == nil || c.Spec.PrivateKey == nil || c.Spec.PrivateKey.RotationPolicy != cmv1.RotationPolicyAlways || len(c.Spec.DNSNames) < 4 {
+					t.Errorf("%s: certificate spec %+v", name, c.Spec)
+				}
+			}
+		}
+		if kinds["Certificate"] != 1 || kinds["Issuer"] != 1 {
+			t.Errorf("%s: found %v, want one Certificate and one Issuer", name, kinds)
+		}
 	}
 }

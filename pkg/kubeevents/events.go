@@ -43,7 +43,9 @@ func Record(ctx context.Context, c kubernetes.Interface, e Event) error {
 	}
 	now := metav1.Now()
 	ev := &corev1.Event{
-		ObjectMeta:     metav1.ObjectMeta{GenerateName: e.Object.Name + ".", Namespace: ns},
+		// Named like client-go's recorder names them (object name + hex timestamp) rather than
+		// generated, so every client, fakes included, sees distinct Events.
+		ObjectMeta:     metav1.ObjectMeta{Name: fmt.Sprintf("%s.%x", e.Object.Name, now.UnixNano()), Namespace: ns},
 		InvolvedObject: e.Object,
 		Reason:         e.Reason,
 		Message:        e.Message,

@@ -59,8 +59,11 @@ func plotPlacement(sims []placementsim.Result, bounds map[float64]float64, loads
 	bl.Color, bl.Dashes = policyColors["bound"], []vg.Length{vg.Points(4), vg.Points(3)}
 	util.Add(bl)
 	util.Legend.Add("bound", bl)
-	util.Legend.Top, cross.Legend.Top = false, true
-	util.Legend.Left = false
+	// Keep the legends off the lines: bottom right for utilisation (lines rise to the top
+	// right), halfway up for the cross-domain panel (nvdomain's line sits at zero).
+	util.Legend.Top, util.Legend.Left = false, false
+	cross.Legend.Top, cross.Legend.Left = false, false
+	cross.Legend.YOffs = vg.Points(110)
 	img := vgimg.New(vg.Points(1000), vg.Points(420))
 	dc := draw.New(img)
 	tiles := draw.Tiles{Rows: 1, Cols: 2, PadX: vg.Millimeter * 6, PadY: vg.Millimeter * 3, PadTop: vg.Millimeter * 2, PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 2}

@@ -1,12 +1,17 @@
 package integration
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/nvdomain/nvdomain/webhook"
 )
@@ -139,6 +144,30 @@ func TestSeedScenario(t *testing.T) {
 		want := "spec.containers[0].resources.limits[nvidia.com/mig-1g.6gb]: no node advertises nvidia.com/mig-1g.6gb, so this pod cannot be scheduled until one does"
 		if len(got) != 1 || got[0] != want {
 			t.Fatalf("warnings = %q, want [%q]", got, want)
+		}
+	})
+
+	t.Run("split inventory: the selected nodes advertise their GPUs under another name", func(t *testing.T) {
+		c.addGPUNode("a10-passthrough", nil, 0, map[string]string{"gpu": "a10", "nvidia.com/gpu.workload.config": "vm-passthrough"})
+		patch := []byte(`{"status":{"capacity":{"nvidia.com/gpu":null,"nvidia.com/GA102GL_A10":"2"},"allocatable":{"nvidia.com/gpu":null,"nvidia.com/GA102GL_A10":"2"}}}`)
+		if _, err := c.client.CoreV1().Nodes().Patch(context.Background(), "a10-passthrough", types.MergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
+			t.Fatal(err)
+		}
+		// The webhook's view follows the node through its informer.
+		want := "spec.nodeSelector selects node a10-passthrough whose GPUs are advertised as nvidia.com/GA102GL_A10 (nvidia.com/gpu.workload.config=vm-passthrough), not nvidia.com/gpu: the pod would stay Pending with 'Insufficient nvidia.com/gpu' while those GPUs are free; request nvidia.com/GA102GL_A10, or select nodes whose workload config advertises nvidia.com/gpu"
+		var got []string
+		err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 15*time.Second, true, func(ctx context.Context) (bool, error) {
+			c.warnings.take()
+			p := gpuPod(fmt.Sprintf("a10-%d", time.Now().UnixNano()), false, 1)
+			p.Spec.NodeSelector = map[string]string{"gpu": "a10"}
+			if _, err := c.createPod(p); err != nil {
+				return false, err
+			}
+			got = c.warnings.take()
+			return len(got) == 1 && got[0] == want, nil
+		})
+		if err != nil {
+			t.Fatalf("warnings = %q, want [%q]: %v", got, want, err)
 		}
 	})
 

@@ -2,28 +2,22 @@ package nriplugin
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
-	"os"
-	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/containerd/nri/pkg/stub"
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/probes"
 	"github.com/nvdomain/nvdomain/pkg/topology"
-	"github.com/nvdomain/nvdomain/pkg/topology/nvmltopo"
 	"github.com/nvdomain/nvdomain/pkg/topology/simulated"
-	"github.com/nvdomain/nvdomain/pkg/topology/topomatrix"
+	"github.com/nvdomain/nvdomain/pkg/topology/source"
 )
 
 // RunOptions configure the plugin process.
@@ -52,43 +46,31 @@ type RunOptions struct {
 	Kubeconfig string
 }
 
-// LoadTopology reads the node's topology from the configured source.
+// LoadTopology reads the node's topology from the configured source, once: the plugin is
+// restarted to pick up a new topology.
 func LoadTopology(ctx context.Context, o RunOptions) (*topology.Topology, error) {
+	var src source.Source
 	switch {
 	case o.TopologyFile != "":
-		data, err := os.ReadFile(o.TopologyFile)
-		if err != nil {
-			return nil, fmt.Errorf("read topology: %w", err)
-		}
-		var top topology.Topology
-		if err := json.Unmarshal(data, &top); err != nil {
-			return nil, fmt.Errorf("topology file %s: %w", o.TopologyFile, err)
-		}
-		return &top, nil
+		src = source.JSONFile{Path: o.TopologyFile}
 	case o.TopoMatrixFile != "":
-		data, err := os.ReadFile(o.TopoMatrixFile)
-		if err != nil {
-			return nil, fmt.Errorf("read topo matrix: %w", err)
-		}
-		return topomatrix.ParseBytes(data, topomatrix.Options{Strict: true})
+		src = source.TopoMatrixFile{Path: o.TopoMatrixFile}
 	case o.SimulatedFile != "":
-		data, err := os.ReadFile(o.SimulatedFile)
-		if err != nil {
-			return nil, fmt.Errorf("read simulated topology: %w", err)
-		}
 		p, err := simulated.NewParser()
 		if err != nil {
 			return nil, err
 		}
-		doc, err := p.Parse(data)
-		if err != nil {
-			return nil, fmt.Errorf("simulated topology %s: %w", o.SimulatedFile, err)
-		}
-		return doc.ForNode(o.NodeName)
+		src = source.SimulatedFile{Path: o.SimulatedFile, Node: o.NodeName, Parser: p}
 	case o.NVML:
-		return nvmltopo.Discover(ctx, nvml.New())
+		src = source.NVML{Lib: nvml.New()}
+	default:
+		return nil, errors.New("no topology source: give --topology-file, --topo-matrix-file, --simulated-file with --node-name, or --nvml")
 	}
-	return nil, errors.New("no topology source: give --topology-file, --topo-matrix-file, --simulated-file with --node-name, or --nvml")
+	top, err := src.Load(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", src.Describe(), err)
+	}
+	return top, nil
 }
 
 // Run connects to containerd's NRI socket and serves until ctx ends or the runtime goes away.
@@ -118,13 +100,11 @@ func Run(ctx context.Context, o RunOptions, log logr.Logger) error {
 		return err
 	}
 	if o.MetricsAddr != "" {
-		ln, err := net.Listen("tcp", o.MetricsAddr)
+		stop, err := probes.Serve(o.MetricsAddr, reg, nil, "")
 		if err != nil {
-			return fmt.Errorf("metrics listener: %w", err)
+			return err
 		}
-		srv := &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
-		go func() { _ = srv.Serve(ln) }()
-		defer srv.Close()
+		defer stop()
 	}
 	var opts []stub.Option
 	if o.SocketPath != "" {

@@ -87,7 +87,7 @@ func (m *Mutator) handle(_ context.Context, req admission.Request) admission.Res
 		return admission.Allowed("")
 	}
 	if p.TP {
-		if len(rules.ValidateTP(p, m.Options.rulesConfig(), 0)) > 0 || len(rules.ValidateDomains(pod, p, m.Options.Names)) > 0 {
+		if len(rules.ValidateTP(p, m.Options.rulesConfig(), nil)) > 0 || len(rules.ValidateDomains(pod, p, m.Options.Names)) > 0 {
 			return admission.Allowed("invalid tensor-parallel pod left for the validating webhook")
 		}
 	} else if !m.pinsNonTP() {
@@ -143,7 +143,7 @@ func (v *Validator) handle(_ context.Context, req admission.Request) admission.R
 	p := rules.Inspect(pod, n)
 	vs := rules.ValidateDomains(pod, p, n)
 	if p.TP {
-		tp := rules.ValidateTP(p, v.Options.rulesConfig(), v.View.LargestDomain())
+		tp := rules.ValidateTP(p, v.Options.rulesConfig(), v.View.LargestDomain)
 		vs = append(vs, tp...)
 		if len(tp) == 0 {
 			vs = append(vs, v.domainViolations(pod, p)...)

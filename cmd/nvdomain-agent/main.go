@@ -21,7 +21,6 @@ import (
 
 func main() {
 	o := agent.ProcessOptions{}
-	var labelPrefix, resourcePrefix string
 	flag.StringVar(&o.Node, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
 	flag.StringVar(&o.Source, "source", names.SourceNVML, "topology source: nvml, topo-matrix or simulated")
 	flag.StringVar(&o.TopoMatrixFile, "topo-matrix-file", "", "saved `nvidia-smi topo -m` output (--source topo-matrix)")
@@ -33,15 +32,14 @@ func main() {
 	flag.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig; empty means in-cluster")
 	flag.BoolVar(&o.DevicePlugin, "device-plugin", false, "serve the topology's GPUs to the kubelet as nvidia.com/gpu (simulated GPUs)")
 	flag.StringVar(&o.DevicePluginDir, "device-plugin-dir", "/var/lib/kubelet/device-plugins", "the kubelet's device-plugin directory")
-	flag.StringVar(&labelPrefix, "label-prefix", names.DefaultLabelPrefix, "prefix of nvdomain's labels and annotations")
-	flag.StringVar(&resourcePrefix, "resource-prefix", names.DefaultResourcePrefix, "prefix of the per-domain extended resources")
+	namesFromFlags := names.BindFlags(flag.CommandLine)
 	zo := zap.Options{}
 	zo.BindFlags(flag.CommandLine)
 	flag.Parse()
 
 	log := zap.New(zap.UseFlagOptions(&zo)).WithName("nvdomain-agent")
 	var err error
-	if o.Names, err = names.New(labelPrefix, resourcePrefix); err == nil {
+	if o.Names, err = namesFromFlags(); err == nil {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		err = agent.RunProcess(ctx, o, log)
 		stop()

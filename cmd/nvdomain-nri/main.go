@@ -21,7 +21,7 @@ import (
 
 func main() {
 	o := nriplugin.RunOptions{Names: names.Default()}
-	var naming, labelPrefix, resourcePrefix string
+	var naming string
 	flag.StringVar(&o.TopologyFile, "topology-file", "", "node topology JSON (as `nvdomain topology parse|discover -o json` prints it)")
 	flag.StringVar(&o.TopoMatrixFile, "topo-matrix-file", "", "saved `nvidia-smi topo -m` output (parsed strictly)")
 	flag.StringVar(&o.SimulatedFile, "simulated-file", "", "simulated-topology document; needs --node-name")
@@ -35,22 +35,21 @@ func main() {
 	flag.StringVar(&o.PluginIdx, "plugin-idx", "", "plugin index, two digits (external plugin)")
 	flag.BoolVar(&o.Report, "report", true, "annotate pods with their GPUs and record Events through the API")
 	flag.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig for reports; empty means in-cluster")
-	flag.StringVar(&labelPrefix, "label-prefix", names.DefaultLabelPrefix, "prefix of nvdomain's labels and annotations")
-	flag.StringVar(&resourcePrefix, "resource-prefix", names.DefaultResourcePrefix, "prefix of the per-domain extended resources")
+	namesFromFlags := names.BindFlags(flag.CommandLine)
 	zo := zap.Options{}
 	zo.BindFlags(flag.CommandLine)
 	flag.Parse()
 
 	log := zap.New(zap.UseFlagOptions(&zo)).WithName("nvdomain-nri")
-	if err := run(o, naming, labelPrefix, resourcePrefix, log); err != nil {
+	if err := run(o, naming, namesFromFlags, log); err != nil {
 		fmt.Fprintf(os.Stderr, "nvdomain-nri: %v\n", err)
 		os.Exit(1)
 	}
 }
 
-func run(o nriplugin.RunOptions, naming, labelPrefix, resourcePrefix string, log logr.Logger) error {
+func run(o nriplugin.RunOptions, naming string, namesFromFlags func() (names.Names, error), log logr.Logger) error {
 	var err error
-	if o.Names, err = names.New(labelPrefix, resourcePrefix); err != nil {
+	if o.Names, err = namesFromFlags(); err != nil {
 		return err
 	}
 	switch nriplugin.DeviceNaming(naming) {

@@ -24,7 +24,7 @@ func main() {
 
 func run() error {
 	so := webhook.ServerOptions{Handlers: webhook.DefaultOptions()}
-	var tpSizes, nonTP, excluded, labelPrefix, resourcePrefix string
+	var tpSizes, nonTP, excluded string
 	flag.StringVar(&so.CertDir, "cert-dir", "/etc/nvdomain/tls", "directory with tls.crt and tls.key (watched for rotation)")
 	flag.StringVar(&so.Host, "host", "", "address to serve the webhook on (empty: all interfaces)")
 	flag.IntVar(&so.Port, "port", 9443, "webhook port")
@@ -33,8 +33,7 @@ func run() error {
 	flag.StringVar(&tpSizes, "tp-sizes", "2,4,8,16,32,64,128,256", "allowed tensor-parallel sizes")
 	flag.StringVar(&nonTP, "non-tp-pods", string(webhook.NonTPAuto), "what to do with GPU pods that are not tensor-parallel: pin, account or auto")
 	flag.StringVar(&excluded, "exclude-namespaces", "kube-system", "comma-separated namespaces never touched (add the webhook's own)")
-	flag.StringVar(&labelPrefix, "label-prefix", names.DefaultLabelPrefix, "prefix of nvdomain's labels and annotations")
-	flag.StringVar(&resourcePrefix, "resource-prefix", names.DefaultResourcePrefix, "prefix of the per-domain extended resources")
+	namesFromFlags := names.BindFlags(flag.CommandLine)
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
@@ -46,7 +45,7 @@ func run() error {
 	if so.Handlers.NonTPPods, err = webhook.ParseNonTPMode(nonTP); err != nil {
 		return err
 	}
-	if so.Handlers.Names, err = names.New(labelPrefix, resourcePrefix); err != nil {
+	if so.Handlers.Names, err = namesFromFlags(); err != nil {
 		return err
 	}
 	so.Handlers.ExcludedNamespaces = nil

@@ -17,13 +17,14 @@ import (
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/nristate"
 	"github.com/nvdomain/nvdomain/pkg/topology"
+	"github.com/nvdomain/nvdomain/pkg/topology/source"
 )
 
 // Options configure the agent.
 type Options struct {
 	Names  names.Names
 	Node   string
-	Source Source
+	Source source.Source
 	Client kubernetes.Interface
 	// Period is how often everything is re-asserted: a re-created Node (whose extended
 	// resources the kubelet zeroes) is whole again within one period.

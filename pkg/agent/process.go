@@ -4,21 +4,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/nvdomain/nvdomain/pkg/deviceplugin"
 	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/probes"
 	"github.com/nvdomain/nvdomain/pkg/topology/simulated"
+	"github.com/nvdomain/nvdomain/pkg/topology/source"
 )
 
 // ProcessOptions are the agent binary's settings.
@@ -66,7 +65,7 @@ func RunProcess(ctx context.Context, o ProcessOptions, log logr.Logger) error {
 	}
 	a := New(Options{Names: o.Names, Node: o.Node, Source: src, Client: client, Period: o.Period, NRIStateFile: o.NRIStateFile, Log: log, Metrics: m})
 	if o.ProbeAddr != "" {
-		stop, err := serveProbes(o.ProbeAddr, reg, a.Ready)
+		stop, err := probes.Serve(o.ProbeAddr, reg, a.Ready, "no topology published yet")
 		if err != nil {
 			return err
 		}
@@ -91,22 +90,22 @@ func RunProcess(ctx context.Context, o ProcessOptions, log logr.Logger) error {
 	return a.Run(ctx)
 }
 
-func buildSource(ctx context.Context, o ProcessOptions, client kubernetes.Interface) (Source, error) {
+func buildSource(ctx context.Context, o ProcessOptions, client kubernetes.Interface) (source.Source, error) {
 	switch o.Source {
 	case names.SourceNVML:
-		return NVMLSource{Lib: nvml.New()}, nil
+		return source.NVML{Lib: nvml.New()}, nil
 	case names.SourceTopoMatrix:
 		if o.TopoMatrixFile == "" {
 			return nil, errors.New("--source topo-matrix needs --topo-matrix-file")
 		}
-		return TopoMatrixFileSource{Path: o.TopoMatrixFile}, nil
+		return source.TopoMatrixFile{Path: o.TopoMatrixFile}, nil
 	case names.SourceSimulated:
 		p, err := simulated.NewParser()
 		if err != nil {
 			return nil, err
 		}
 		if o.SimulatedFile != "" {
-			return SimulatedFileSource{Path: o.SimulatedFile, Node: o.Node, Parser: p}, nil
+			return source.SimulatedFile{Path: o.SimulatedFile, Node: o.Node, Parser: p}, nil
 		}
 		ns, name, ok := cut(o.ConfigMap)
 		if !ok {
@@ -135,24 +134,4 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 		return nil, fmt.Errorf("in-cluster config: %w (outside a cluster pass --kubeconfig)", err)
 	}
 	return cfg, nil
-}
-
-func serveProbes(addr string, reg *prometheus.Registry, ready func() bool) (func(), error) {
-	mux := http.NewServeMux()
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !ready() {
-			http.Error(w, "no topology published yet", http.StatusServiceUnavailable)
-			return
-		}
-		_, _ = w.Write([]byte("ok"))
-	})
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("probe listener: %w", err)
-	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	return func() { _ = srv.Close() }, nil
 }

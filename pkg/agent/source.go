@@ -3,10 +3,8 @@ package agent
 import (
 	"context"
 	"fmt"
-	"os"
 	"sync"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -15,71 +13,9 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/nvdomain/nvdomain/pkg/topology"
-	"github.com/nvdomain/nvdomain/pkg/topology/nvmltopo"
 	"github.com/nvdomain/nvdomain/pkg/topology/simulated"
-	"github.com/nvdomain/nvdomain/pkg/topology/topomatrix"
+	"github.com/nvdomain/nvdomain/pkg/topology/source"
 )
-
-// Source yields this node's topology. Load is called on every period and on every signal of
-// Changes (nil when the source has no change notifications).
-type Source interface {
-	Describe() string
-	Load(ctx context.Context) (*topology.Topology, error)
-	Changes() <-chan struct{}
-}
-
-// NVMLSource discovers through NVML on every load.
-type NVMLSource struct{ Lib nvml.Interface }
-
-func (s NVMLSource) Describe() string { return "NVML" }
-
-func (s NVMLSource) Load(ctx context.Context) (*topology.Topology, error) {
-	return nvmltopo.Discover(ctx, s.Lib)
-}
-
-func (s NVMLSource) Changes() <-chan struct{} { return nil }
-
-// TopoMatrixFileSource parses a saved `nvidia-smi topo -m` output, strictly: a cut-off file is
-// an error, never half a topology.
-type TopoMatrixFileSource struct{ Path string }
-
-func (s TopoMatrixFileSource) Describe() string { return "topo-matrix file " + s.Path }
-
-func (s TopoMatrixFileSource) Load(context.Context) (*topology.Topology, error) {
-	data, err := os.ReadFile(s.Path)
-	if err != nil {
-		return nil, err
-	}
-	return topomatrix.ParseBytes(data, topomatrix.Options{Strict: true})
-}
-
-func (s TopoMatrixFileSource) Changes() <-chan struct{} { return nil }
-
-// SimulatedFileSource reads this node's entry of a simulated-topology document on disk.
-type SimulatedFileSource struct {
-	Path, Node string
-	Parser     *simulated.Parser
-}
-
-func (s SimulatedFileSource) Describe() string { return "simulated topology file " + s.Path }
-
-func (s SimulatedFileSource) Load(context.Context) (*topology.Topology, error) {
-	data, err := os.ReadFile(s.Path)
-	if err != nil {
-		return nil, err
-	}
-	return forNode(s.Parser, data, s.Node)
-}
-
-func (s SimulatedFileSource) Changes() <-chan struct{} { return nil }
-
-func forNode(p *simulated.Parser, data []byte, node string) (*topology.Topology, error) {
-	doc, err := p.Parse(data)
-	if err != nil {
-		return nil, err
-	}
-	return doc.ForNode(node)
-}
 
 // ConfigMapSource watches one ConfigMap through the API (seed 000: "the device plugin reads
 // this ConfigMap to emulate the NVSwitch structure") and reads this node's entry from its
@@ -160,7 +96,7 @@ func (s *ConfigMapSource) Load(context.Context) (*topology.Topology, error) {
 	case data == nil:
 		return nil, fmt.Errorf("ConfigMap %s/%s has no key %s; put the simulated-topology JSON there", s.Namespace, s.Name, simulated.ConfigMapKey)
 	}
-	top, err := forNode(s.Parser, []byte(*data), s.Node)
+	top, err := source.ForNode(s.Parser, []byte(*data), s.Node)
 	if err != nil {
 		return nil, fmt.Errorf("ConfigMap %s/%s key %s: %w", s.Namespace, s.Name, simulated.ConfigMapKey, err)
 	}

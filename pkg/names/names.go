@@ -10,6 +10,7 @@
 package names
 
 import (
+	"flag"
 	"fmt"
 	"strconv"
 	"strings"
@@ -246,4 +247,12 @@ func validateDNSSubdomain(s string) error {
 		}
 	}
 	return nil
+}
+
+// BindFlags registers --label-prefix and --resource-prefix on fs and returns a function that
+// builds the Names from them once fs is parsed, so every binary spells the flags alike.
+func BindFlags(fs *flag.FlagSet) func() (Names, error) {
+	label := fs.String("label-prefix", DefaultLabelPrefix, "prefix of nvdomain's labels and annotations")
+	resource := fs.String("resource-prefix", DefaultResourcePrefix, "prefix of the per-domain extended resources")
+	return func() (Names, error) { return New(*label, *resource) }
 }

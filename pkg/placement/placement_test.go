@@ -44,7 +44,7 @@ func TestChooseDomain(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := ChooseDomain(tc.k, tc.cands)
 			if tc.err != "" {
-				if err == nil || !containsStr(err.Error(), tc.err) {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
 					t.Fatalf("error = %v, want %q", err, tc.err)
 				}
 				return
@@ -99,7 +99,7 @@ func TestChooseGPUs(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := ChooseGPUs(tc.k, tc.domain, usedSet(tc.used...))
 			if tc.err != "" {
-				if err == nil || !containsStr(err.Error(), tc.err) {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
 					t.Fatalf("error = %v, want %q", err, tc.err)
 				}
 				return
@@ -136,7 +136,7 @@ func TestPackUnpinned(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := PackUnpinned(tc.k, tc.domains, tc.unlinked, usedSet(tc.used...))
 			if tc.err != "" {
-				if err == nil || !containsStr(err.Error(), tc.err) {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
 					t.Fatalf("error = %v, want %q", err, tc.err)
 				}
 				return
@@ -150,8 +150,6 @@ func TestPackUnpinned(t *testing.T) {
 		})
 	}
 }
-
-func containsStr(s, sub string) bool { return strings.Contains(s, sub) }
 
 // Property: with seeded random domains and usage, ChooseGPUs returns exactly k distinct free
 // GPUs of the domain, or an error exactly when fewer than k are free; and a power-of-two

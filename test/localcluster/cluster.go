@@ -229,8 +229,7 @@ func (c *Cluster) Stop() {
 		return
 	}
 	if c.Kubeconfig != "" && c.K8sBin != "" {
-		zero := "--grace-period=1"
-		_, _, _ = c.Kubectl("delete", "pods", "--all", "--all-namespaces", zero, "--wait=false")
+		_, _, _ = c.Kubectl("delete", "pods", "--all", "--all-namespaces", "--grace-period=1", "--wait=false")
 		_ = waitUntil(context.Background(), 20*time.Second, "pods gone", func() bool {
 			out, _, err := c.Kubectl("get", "pods", "-A", "-o", "name")
 			return err != nil || strings.TrimSpace(out) == ""

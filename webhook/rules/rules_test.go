@@ -33,7 +33,7 @@ func gpus(k int64) map[string]int64 { return map[string]int64{"nvidia.com/gpu": 
 func check(t *testing.T, pod *corev1.Pod, largest int) []Violation {
 	t.Helper()
 	p := Inspect(pod, n)
-	vs := ValidateTP(p, Config{Names: n, AllowedTPSizes: DefaultAllowedTPSizes}, largest)
+	vs := ValidateTP(p, Config{Names: n, AllowedTPSizes: DefaultAllowedTPSizes}, func() int { return largest })
 	return append(vs, ValidateDomains(pod, p, n)...)
 }
 

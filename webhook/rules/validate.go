@@ -45,10 +45,11 @@ type Config struct {
 var DefaultAllowedTPSizes = []int{2, 4, 8, 16, 32, 64, 128, 256}
 
 // ValidateTP checks a tensor-parallel pod's own spec: a GPU ask, an allowed size, whole GPUs,
-// engine flags that agree with the GPU count. It returns nothing for other pods. largest is
-// the largest domain in the cluster (0 when unknown); the message lists only the allowed
-// sizes up to it, since larger ones could not run anyway.
-func ValidateTP(p Pod, cfg Config, largest int) []Violation {
+// engine flags that agree with the GPU count. It returns nothing for other pods. largest
+// returns the largest domain in the cluster (nil or 0 when unknown); the message lists only the
+// allowed sizes up to it, since larger ones could not run anyway. It is a function because
+// finding it walks the nodes, which only a disallowed size needs.
+func ValidateTP(p Pod, cfg Config, largest func() int) []Violation {
 	if !p.TP {
 		return nil
 	}
@@ -316,7 +317,11 @@ func shellWords(s string) []string {
 	return words
 }
 
-func shown(allowed []int, largest int) []int {
+func shown(allowed []int, largestFn func() int) []int {
+	largest := 0
+	if largestFn != nil {
+		largest = largestFn()
+	}
 	var out []int
 	for _, v := range allowed {
 		if largest <= 0 || v <= largest {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"net/http"
 	"slices"
 	"sort"
@@ -15,6 +16,7 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/nvdomain/nvdomain/pkg/checkconfig"
@@ -96,7 +98,7 @@ func (m *Mutator) handle(_ context.Context, req admission.Request) admission.Res
 	d := p.PinnedDomain()
 	if d < 0 {
 		start := time.Now()
-		dec, err := m.View.ChooseDomain(pod, p.GPUs)
+		dec, err := m.View.ChooseDomain(pod, p.GPUs, spreadSeed(req.UID))
 		m.Metrics.Decision.Observe(time.Since(start).Seconds())
 		if err != nil {
 			// The validator rejects a TP pod that no domain can hold; a non-TP pod that no
@@ -104,7 +106,10 @@ func (m *Mutator) handle(_ context.Context, req admission.Request) admission.Res
 			return admission.Allowed(err.Error())
 		}
 		d = dec.Domain
-		m.View.Reserve(pod.Namespace, d, p.GPUs)
+		// A dry run creates no pod, so it must not hold GPUs back from real ones.
+		if !isDryRun(req) {
+			m.View.Reserve(pod.Namespace, d, p.GPUs)
+		}
 		m.Log.V(1).Info("pinned", "namespace", pod.Namespace, "name", podName(pod), "tp", p.TP, "gpus", p.GPUs, "domain", d, "fitsNow", dec.Fits, "exampleNode", dec.Node)
 	}
 	pinned, err := json.Marshal(Pin(pod, p, d, m.Options.Names))
@@ -172,7 +177,7 @@ func (v *Validator) domainViolations(pod *corev1.Pod, p rules.Pod) []rules.Viola
 	if len(p.GPUContainers()) > 1 {
 		field = "spec.containers[*].resources.limits[" + names.GPUResource + "]"
 	}
-	_, err := v.View.ChooseDomain(pod, p.GPUs)
+	_, err := v.View.ChooseDomain(pod, p.GPUs, 0)
 	var ie *placement.ImpossibleError
 	if errors.As(err, &ie) {
 		return []rules.Violation{{Field: field, Reason: rules.ReasonNoDomain,
@@ -294,6 +299,16 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+func isDryRun(req admission.Request) bool { return req.DryRun != nil && *req.DryRun }
+
+// spreadSeed derives the tie-breaking seed of a domain choice from the admission request, so
+// every replica answers one request alike while concurrent requests spread over the domains.
+func spreadSeed(uid types.UID) uint64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(uid))
+	return h.Sum64() | 1
 }
 
 func podName(pod *corev1.Pod) string {

@@ -22,6 +22,7 @@ import (
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/nvdomain/nvdomain/webhook/clusterview"
+	"github.com/nvdomain/nvdomain/webhook/repin"
 )
 
 // Paths the handlers serve; the webhook configurations in manifests/ point at them.
@@ -43,6 +44,14 @@ type ServerOptions struct {
 	// Registry receives the metrics; nil means controller-runtime's registry, which the
 	// metrics endpoint serves.
 	Registry ctrlmetrics.RegistererGatherer
+	// Repin configures the re-pin controller, which runs on the elected leader only while
+	// every replica serves admissions.
+	Repin repin.Options
+	// LeaderElection elects the replica that runs the re-pin controller, through a Lease
+	// named LeaderElectionID in LeaderElectionNamespace.
+	LeaderElection          bool
+	LeaderElectionID        string
+	LeaderElectionNamespace string
 }
 
 // NewManager builds a controller-runtime manager serving the webhook, with the informers that
@@ -71,6 +80,12 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 		}),
 		Metrics:                metricsserver.Options{BindAddress: so.MetricsAddr},
 		HealthProbeBindAddress: so.ProbeAddr,
+		LeaderElection:         so.LeaderElection && so.Repin.Enabled,
+		LeaderElectionID:       so.LeaderElectionID,
+		// The Lease is handed over at once on a clean shutdown, so a rolling update does not
+		// leave re-pinning idle for a lease duration.
+		LeaderElectionNamespace:       so.LeaderElectionNamespace,
+		LeaderElectionReleaseOnCancel: true,
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("create manager: %w", err)
@@ -85,6 +100,17 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 		return nil, nil, fmt.Errorf("register metrics: %w", err)
 	}
 	mut, val := NewHandlers(view, so.Handlers, metrics, log, scheme)
+	if so.Repin.Enabled {
+		rm, err := repin.NewMetrics(reg)
+		if err != nil {
+			return nil, nil, err
+		}
+		r := &repin.Reconciler{Options: so.Repin, Names: so.Handlers.Names, View: view, Client: mgr.GetClient(), Reader: mgr.GetAPIReader(),
+			Recorder: mgr.GetEventRecorder("nvdomain-repin"), Metrics: rm, Log: log.WithName("repin")}
+		if err := r.Setup(mgr); err != nil {
+			return nil, nil, fmt.Errorf("re-pin controller: %w", err)
+		}
+	}
 	srv := mgr.GetWebhookServer()
 	srv.Register(MutatePath, &crwebhook.Admission{Handler: mut})
 	srv.Register(ValidatePath, &crwebhook.Admission{Handler: val})

@@ -7,6 +7,7 @@ package placement
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 )
@@ -64,10 +65,16 @@ func (e *ImpossibleError) Error() string {
 // O(1) memory per domain id. The webhook streams its per-node counters through it, so a
 // decision costs O(nodes × domains) and never walks pods.
 type DomainChooser struct {
-	k int
+	k    int
+	seed uint64
 
-	fit    *Candidate // tightest fit so far
+	// fit is the tightest fit class seen so far (its Free and Capacity), and ties counts, per
+	// domain id, the nodes in that class: equally good choices that a seeded pick spreads
+	// over, so concurrent pods (admitted by different webhook replicas, which cannot see each
+	// other's choices yet) do not all pile onto the lowest id.
+	fit    Candidate
 	anyFit bool
+	ties   map[int]*tie
 
 	// capacity of each domain id over candidates whose domain is large enough, and the first
 	// such node by name, for the Pending fallback.
@@ -77,14 +84,28 @@ type DomainChooser struct {
 	largestOn []string
 }
 
+type tie struct {
+	nodes  int
+	sample string
+}
+
 type fallback struct {
 	capacity int
 	node     string
 }
 
-// NewDomainChooser starts a decision for a pod of k GPUs.
+// NewDomainChooser starts a decision for a pod of k GPUs. Ties go to the lowest domain id.
 func NewDomainChooser(k int) *DomainChooser {
-	return &DomainChooser{k: k, bigEnough: map[int]*fallback{}}
+	return &DomainChooser{k: k, bigEnough: map[int]*fallback{}, ties: map[int]*tie{}}
+}
+
+// Spread makes the chooser break ties between equally tight domain ids with a pick weighted
+// by how many nodes offer each, derived from seed (a hash of the admission request, say), so
+// the same request gets the same answer from every replica while concurrent requests spread.
+// A zero seed keeps the lowest-id rule.
+func (c *DomainChooser) Spread(seed uint64) *DomainChooser {
+	c.seed = seed
+	return c
 }
 
 // Consider feeds one candidate.
@@ -116,25 +137,75 @@ func (c *DomainChooser) ConsiderNodes(cand Candidate, nodes int) {
 	if cand.Node < fb.node {
 		fb.node = cand.Node
 	}
-	if cand.Free >= c.k && (!c.anyFit || tighter(cand, *c.fit)) {
-		cp := cand
-		c.fit, c.anyFit = &cp, true
+	if cand.Free < c.k {
+		return
+	}
+	switch {
+	case !c.anyFit || tighterClass(cand, c.fit):
+		c.fit, c.anyFit = cand, true
+		clear(c.ties)
+	case tighterClass(c.fit, cand):
+		return
+	}
+	t := c.ties[cand.Domain]
+	if t == nil {
+		t = &tie{sample: cand.Node}
+		c.ties[cand.Domain] = t
+	}
+	t.nodes += nodes
+	if cand.Node < t.sample {
+		t.sample = cand.Node
 	}
 }
 
-// tighter orders fits: least left over, then the smaller domain (keep large ones whole), then
-// the lower domain id, then the node name, so the result never depends on feeding order.
-func tighter(a, b Candidate) bool {
+// tighterClass orders fits by what they leave behind: least left over, then the smaller
+// domain (keep large ones whole). Fits equal on both are ties.
+func tighterClass(a, b Candidate) bool {
 	if a.Free != b.Free {
 		return a.Free < b.Free
 	}
-	if a.Capacity != b.Capacity {
-		return a.Capacity < b.Capacity
+	return a.Capacity < b.Capacity
+}
+
+// tighter is tighterClass made total: then the lower domain id, then the node name, so a
+// result never depends on the order candidates arrive in.
+func tighter(a, b Candidate) bool {
+	if tighterClass(a, b) || tighterClass(b, a) {
+		return tighterClass(a, b)
 	}
 	if a.Domain != b.Domain {
 		return a.Domain < b.Domain
 	}
 	return a.Node < b.Node
+}
+
+// pickTie chooses among the tied domain ids: the lowest without a seed, else a pick weighted
+// by node count from the seed.
+func (c *DomainChooser) pickTie() int {
+	ids := slices.Sorted(maps.Keys(c.ties))
+	if c.seed == 0 || len(ids) == 1 {
+		return ids[0]
+	}
+	total := 0
+	for _, d := range ids {
+		total += c.ties[d].nodes
+	}
+	r := int(mix(c.seed) % uint64(total))
+	for _, d := range ids {
+		if r < c.ties[d].nodes {
+			return d
+		}
+		r -= c.ties[d].nodes
+	}
+	return ids[len(ids)-1]
+}
+
+// mix is splitmix64's finaliser: seeds that differ in one bit pick independently.
+func mix(x uint64) uint64 {
+	x += 0x9e3779b97f4a7c15
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
+	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
+	return x ^ (x >> 31)
 }
 
 // Decide returns the choice: the tightest fit if any node has room now; otherwise the domain
@@ -145,7 +216,8 @@ func (c *DomainChooser) Decide() (Decision, error) {
 		return Decision{}, fmt.Errorf("a pod must ask for at least 1 GPU, not %d", c.k)
 	}
 	if c.anyFit {
-		return Decision{Domain: c.fit.Domain, Fits: true, Node: c.fit.Node, LeftOver: c.fit.Free - c.k}, nil
+		d := c.pickTie()
+		return Decision{Domain: d, Fits: true, Node: c.ties[d].sample, LeftOver: c.fit.Free - c.k}, nil
 	}
 	best, bestCap := -1, -1
 	for d, fb := range c.bigEnough {

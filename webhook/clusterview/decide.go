@@ -20,15 +20,17 @@ type bucket struct {
 }
 
 // ChooseDomain picks the domain id for a pod of k GPUs among the nodes the pod could run on
-// (DESIGN §3): tightest fit now, else the domain id with the most capacity, else an
-// *placement.ImpossibleError naming the largest domain the pod could ever get.
-func (v *View) ChooseDomain(pod *corev1.Pod, k int) (placement.Decision, error) {
+// (docs/architecture.md, "Choosing the domain id"): tightest fit now, else the domain id with
+// the most capacity, else an *placement.ImpossibleError naming the largest domain the pod
+// could ever get. Cordoned and NotReady nodes the pod does not tolerate count as capacity
+// but not as room. seed spreads ties between equally tight ids (0: lowest id).
+func (v *View) ChooseDomain(pod *corev1.Pod, k int, seed uint64) (placement.Decision, error) {
 	reserved := v.liveReservations()
 	v.mu.RLock()
 	defer v.mu.RUnlock()
 	buckets := v.bucketsLocked(pod)
 	buckets = applyPending(buckets, v.pendingLocked(reserved))
-	ch := placement.NewDomainChooser(k)
+	ch := placement.NewDomainChooser(k).Spread(seed)
 	for _, b := range buckets {
 		ch.ConsiderNodes(placement.Candidate{Node: b.sample, Domain: b.domain, Capacity: b.cf.capacity, Free: b.cf.free}, b.nodes)
 	}
@@ -61,11 +63,19 @@ func (v *View) bucketsLocked(pod *corev1.Pod) []bucket {
 	}
 	if !v.hasNodeConstraints(pod) {
 		for tk, byDomain := range v.hist {
-			if len(byDomain) == 0 || !v.tolerateKey(tk, pod.Spec.Tolerations) {
+			if len(byDomain) == 0 {
 				continue
 			}
+			ts := v.taintSets[tk]
+			if !tolerates(ts.hard, pod.Spec.Tolerations) {
+				continue
+			}
+			room := tolerates(ts.avail, pod.Spec.Tolerations)
 			for d, counts := range byDomain {
 				for cf, c := range counts {
+					if !room {
+						cf.free = 0
+					}
 					add(d, cf, c, "")
 				}
 			}
@@ -76,7 +86,11 @@ func (v *View) bucketsLocked(pod *corev1.Pod) []bucket {
 			if len(nd.capacity) == 0 || !eligible(pod, req, nd) {
 				continue
 			}
+			room := available(pod, nd)
 			for d, cf := range nd.histFree {
+				if !room {
+					cf.free = 0
+				}
 				add(d, cf, 1, name)
 			}
 		}
@@ -97,11 +111,6 @@ func (v *View) bucketsLocked(pod *corev1.Pod) []bucket {
 		return a.cf.capacity < b.cf.capacity
 	})
 	return out
-}
-
-// tolerateKey checks the pod's tolerations against one taint signature.
-func (v *View) tolerateKey(tk string, tolerations []corev1.Toleration) bool {
-	return tk == "" || tolerates(v.taintSets[tk], tolerations)
 }
 
 func (v *View) pendingLocked(reserved map[demand]int) map[demand]int {

@@ -9,9 +9,12 @@ import (
 	"github.com/nvdomain/nvdomain/pkg/names"
 )
 
-// StripPod is a cache transform that keeps only what the view reads, so the informer's copy
-// of every pod in the cluster costs a few hundred bytes: identity, labels, nvdomain's own
-// annotations, the node, the containers' NVIDIA resources and the phase.
+// StripPod is a cache transform that keeps only what the view and the re-pin controller
+// read, so the informer's copy of every pod in the cluster costs a few hundred bytes:
+// identity, owner, labels, nvdomain's own annotations, the node, the containers' NVIDIA
+// resources, the phase and whether it is being deleted. A pod not bound yet also keeps what
+// decides where it may run (selector, required node affinity, tolerations, priority) and
+// the scheduler's verdict, which the re-pin controller needs while it waits.
 func StripPod(n names.Names) func(any) (any, error) {
 	return func(obj any) (any, error) {
 		pod, ok := obj.(*corev1.Pod)
@@ -21,7 +24,7 @@ func StripPod(n names.Names) func(any) (any, error) {
 		out := &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{
 				Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID, ResourceVersion: pod.ResourceVersion,
-				Labels: pod.Labels,
+				Labels: pod.Labels, CreationTimestamp: pod.CreationTimestamp, DeletionTimestamp: pod.DeletionTimestamp,
 			},
 			Spec: corev1.PodSpec{
 				NodeName:       pod.Spec.NodeName,
@@ -29,6 +32,24 @@ func StripPod(n names.Names) func(any) (any, error) {
 				Containers:     stripContainers(pod.Spec.Containers),
 			},
 			Status: corev1.PodStatus{Phase: pod.Status.Phase},
+		}
+		if ref := metav1.GetControllerOf(pod); ref != nil {
+			out.OwnerReferences = []metav1.OwnerReference{*ref}
+		}
+		if pod.Spec.NodeName == "" {
+			out.Spec.NodeSelector = pod.Spec.NodeSelector
+			out.Spec.Tolerations = pod.Spec.Tolerations
+			out.Spec.Priority = pod.Spec.Priority
+			if a := pod.Spec.Affinity; a != nil && a.NodeAffinity != nil && a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil {
+				out.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+					RequiredDuringSchedulingIgnoredDuringExecution: a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution,
+				}}
+			}
+			for _, c := range pod.Status.Conditions {
+				if c.Type == corev1.PodScheduled {
+					out.Status.Conditions = []corev1.PodCondition{c}
+				}
+			}
 		}
 		for k, v := range pod.Annotations {
 			if strings.HasPrefix(k, n.LabelPrefix()+"/") {
@@ -66,16 +87,23 @@ func nvidiaOnly(rl corev1.ResourceList) corev1.ResourceList {
 	return out
 }
 
-// StripNode is a cache transform that keeps a node's name, labels, taints and extended
-// resources.
+// StripNode is a cache transform that keeps a node's name, labels, taints, whether it is
+// cordoned, its Ready condition (without the heartbeat times, which change every few
+// seconds and are not read) and its extended resources.
 func StripNode(obj any) (any, error) {
 	node, ok := obj.(*corev1.Node)
 	if !ok {
 		return obj, nil
 	}
-	return &corev1.Node{
+	out := &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: node.Name, UID: node.UID, ResourceVersion: node.ResourceVersion, Labels: node.Labels},
 		Spec:       corev1.NodeSpec{Taints: node.Spec.Taints, Unschedulable: node.Spec.Unschedulable},
 		Status:     corev1.NodeStatus{Allocatable: nvidiaOnly(node.Status.Allocatable), Capacity: nvidiaOnly(node.Status.Capacity)},
-	}, nil
+	}
+	for _, c := range node.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			out.Status.Conditions = []corev1.NodeCondition{{Type: c.Type, Status: c.Status, Reason: c.Reason}}
+		}
+	}
+	return out, nil
 }

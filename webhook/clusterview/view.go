@@ -49,7 +49,7 @@ type View struct {
 	// hist[taints][domain][capFree] counts nodes, for the fast path; taintSets keeps the
 	// taints behind each key so tolerations are checked once per key, not per node.
 	hist      map[string]map[int]map[capFree]int
-	taintSets map[string][]corev1.Taint
+	taintSets map[string]taintSet
 	// advertised[resource] counts nodes advertising a non-zero nvidia.com/ resource.
 	advertised map[string]int
 	// gpuNodesWithoutDomains counts nodes with GPUs but no NVLink domain (auto mode).
@@ -71,9 +71,19 @@ type resKey struct {
 
 type capFree struct{ capacity, free int }
 
+// taintSet is what decides who may use a node: hard taints say who may ever run there (a
+// pod that tolerates none of them cannot use the node's domains at all, so they do not count
+// even as capacity); availability taints say whether the node is room right now (cordoned,
+// NotReady, unreachable, under pressure), so a pod that does not tolerate them sees the
+// node's domains as full but still large enough to wait for.
+type taintSet struct {
+	hard, avail []corev1.Taint
+}
+
 type node struct {
-	obj       *corev1.Node // stripped: name, labels, taints, allocatable
+	obj       *corev1.Node // stripped: name, labels, taints, Ready condition, allocatable
 	taintKey  string
+	taints    taintSet
 	capacity  map[int]int
 	histFree  map[int]capFree // what this node contributes to hist now
 	resources []string        // non-zero nvidia.com/ resources
@@ -104,14 +114,15 @@ func New(n names.Names) *View {
 		resLive:     map[resKey]int{},
 		resConsumed: map[resKey]int{},
 		hist:        map[string]map[int]map[capFree]int{},
-		taintSets:   map[string][]corev1.Taint{},
+		taintSets:   map[string]taintSet{},
 		advertised:  map[string]int{},
 	}
 }
 
 // UpsertNode records a node's domains, taints, labels and advertised resources.
 func (v *View) UpsertNode(obj *corev1.Node) {
-	nd := &node{obj: obj, taintKey: taintKey(obj.Spec.Taints), capacity: map[int]int{}, histFree: map[int]capFree{}}
+	ts := taintSet{hard: hardTaints(obj.Spec.Taints), avail: availabilityTaints(obj)}
+	nd := &node{obj: obj, taints: ts, taintKey: ts.key(), capacity: map[int]int{}, histFree: map[int]capFree{}}
 	for res, q := range obj.Status.Allocatable {
 		if q.Value() <= 0 {
 			continue
@@ -129,7 +140,7 @@ func (v *View) UpsertNode(obj *corev1.Node) {
 	defer v.mu.Unlock()
 	v.removeNodeLocked(obj.Name)
 	v.nodes[obj.Name] = nd
-	v.taintSets[nd.taintKey] = relevantTaints(obj.Spec.Taints)
+	v.taintSets[nd.taintKey] = ts
 	for _, r := range nd.resources {
 		v.advertised[r]++
 	}
@@ -170,15 +181,18 @@ func (v *View) removeNodeLocked(name string) {
 }
 
 // UpsertPod records the GPUs of a domain a pod holds (bound) or waits for (pinned, unbound).
-// Pods without domain resources and terminal pods hold nothing.
+// Pods without domain resources and terminal pods hold nothing, and neither do pods being
+// deleted: their GPUs are about to be free, and counting them as free lets a replacement
+// created during a rolling update take its predecessor's domain instead of being pinned to a
+// domain that a sibling already fills.
 func (v *View) UpsertPod(pod *corev1.Pod) {
 	p := rules.Inspect(pod, v.names)
 	d := p.PinnedDomain()
-	terminal := pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
+	gone := pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed || pod.DeletionTimestamp != nil
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	v.removePodLocked(pod.UID)
-	if d < 0 || terminal {
+	if d < 0 || gone {
 		return
 	}
 	held := 0
@@ -266,23 +280,37 @@ func (v *View) setHistLocked(nd *node, next map[int]capFree) {
 	nd.histFree = next
 }
 
-// taintKey identifies the taints that decide who may schedule on a node. Condition taints
-// (node.kubernetes.io/not-ready, unreachable, unschedulable, …) are left out: they come and go
-// with the node's health, and a TP pod must not be rejected because its only large node is
-// rebooting. The scheduler still honours them.
-func taintKey(taints []corev1.Taint) string {
-	var parts []string
-	for _, t := range relevantTaints(taints) {
+// key identifies a taint set, so nodes with the same taints share histogram entries.
+func (ts taintSet) key() string {
+	if len(ts.hard) == 0 && len(ts.avail) == 0 {
+		return ""
+	}
+	return keyOf(ts.hard) + "|" + keyOf(ts.avail)
+}
+
+func keyOf(taints []corev1.Taint) string {
+	parts := make([]string, 0, len(taints))
+	for _, t := range taints {
 		parts = append(parts, t.Key+"="+t.Value+":"+string(t.Effect))
 	}
 	sort.Strings(parts)
 	return strings.Join(parts, ",")
 }
 
-func relevantTaints(taints []corev1.Taint) []corev1.Taint {
+// isConditionTaint tells the taints Kubernetes itself sets for a node's state
+// (node.kubernetes.io/not-ready, unreachable, unschedulable, memory-pressure, …) from the
+// ones an operator sets to reserve a node.
+func isConditionTaint(t corev1.Taint) bool {
+	return strings.HasPrefix(t.Key, "node.kubernetes.io/")
+}
+
+// hardTaints are the taints that decide who may ever schedule on a node. Condition taints are
+// left out: they come and go with the node's health, and a TP pod must not be rejected
+// because its only large node is rebooting.
+func hardTaints(taints []corev1.Taint) []corev1.Taint {
 	var out []corev1.Taint
 	for _, t := range taints {
-		if t.Effect == corev1.TaintEffectPreferNoSchedule || strings.HasPrefix(t.Key, "node.kubernetes.io/") {
+		if t.Effect == corev1.TaintEffectPreferNoSchedule || isConditionTaint(t) {
 			continue
 		}
 		out = append(out, t)
@@ -290,8 +318,41 @@ func relevantTaints(taints []corev1.Taint) []corev1.Taint {
 	return out
 }
 
+// availabilityTaints are the condition taints that make a node no room right now, plus the
+// ones its state implies before the node lifecycle controller has written them: a cordoned
+// node is unschedulable, and a node whose Ready condition is not True is not ready. A pod
+// that tolerates them (a DaemonSet's, say) may still use the node, as the scheduler allows.
+func availabilityTaints(n *corev1.Node) []corev1.Taint {
+	var out []corev1.Taint
+	has := func(key string) bool {
+		for _, t := range out {
+			if t.Key == key {
+				return true
+			}
+		}
+		return false
+	}
+	for _, t := range n.Spec.Taints {
+		if isConditionTaint(t) && t.Effect != corev1.TaintEffectPreferNoSchedule {
+			out = append(out, t)
+		}
+	}
+	if n.Spec.Unschedulable && !has(corev1.TaintNodeUnschedulable) {
+		out = append(out, corev1.Taint{Key: corev1.TaintNodeUnschedulable, Effect: corev1.TaintEffectNoSchedule})
+	}
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady && c.Status != corev1.ConditionTrue && !has(corev1.TaintNodeNotReady) && !has(corev1.TaintNodeUnreachable) {
+			out = append(out, corev1.Taint{Key: corev1.TaintNodeNotReady, Effect: corev1.TaintEffectNoSchedule})
+		}
+	}
+	return out
+}
+
 func tolerates(taints []corev1.Taint, tolerations []corev1.Toleration) bool {
-	_, untolerated := schedcorev1.FindMatchingUntoleratedTaint(klog.Background(), relevantTaints(taints), tolerations, nil, false)
+	if len(taints) == 0 {
+		return true
+	}
+	_, untolerated := schedcorev1.FindMatchingUntoleratedTaint(klog.Background(), taints, tolerations, nil, false)
 	return !untolerated
 }
 
@@ -366,7 +427,8 @@ func (v *View) hasNodeConstraints(pod *corev1.Pod) bool {
 	return false
 }
 
-// eligible reports whether the pod could run on the node as far as labels, name and taints go.
+// eligible reports whether the pod could ever run on the node as far as labels, name and
+// taints go; available whether the node is room for it now.
 func eligible(pod *corev1.Pod, req nodeaffinity.RequiredNodeAffinity, nd *node) bool {
 	if pod.Spec.NodeName != "" && pod.Spec.NodeName != nd.obj.Name {
 		return false
@@ -374,5 +436,9 @@ func eligible(pod *corev1.Pod, req nodeaffinity.RequiredNodeAffinity, nd *node) 
 	if ok, _ := req.Match(nd.obj); !ok {
 		return false
 	}
-	return tolerates(nd.obj.Spec.Taints, pod.Spec.Tolerations)
+	return tolerates(nd.taints.hard, pod.Spec.Tolerations)
+}
+
+func available(pod *corev1.Pod, nd *node) bool {
+	return tolerates(nd.taints.avail, pod.Spec.Tolerations)
 }

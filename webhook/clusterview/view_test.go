@@ -67,7 +67,7 @@ func TestSeedScenario(t *testing.T) {
 		{2, placement.Decision{Domain: 1, Fits: true, LeftOver: 2}},
 	}
 	for i, s := range steps {
-		got, err := v.ChooseDomain(newTP(), s.k)
+		got, err := v.ChooseDomain(newTP(), s.k, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -79,11 +79,11 @@ func TestSeedScenario(t *testing.T) {
 	}
 	v.UpsertPod(pinnedPod("gpu-node01", 1, 0)) // no-op pod
 	// 2 free in domain 1 only (domain 0 full): TP=4 waits on the domain with most capacity.
-	got, err := v.ChooseDomain(newTP(), 4)
+	got, err := v.ChooseDomain(newTP(), 4, 0)
 	if err != nil || got.Fits {
 		t.Fatalf("TP=4 with 0+2 free: %+v %v", got, err)
 	}
-	if _, err := v.ChooseDomain(newTP(), 8); err == nil || err.Error() != "no node has an NVSwitch domain of 8 GPUs; largest is 4 on node gpu-node01" {
+	if _, err := v.ChooseDomain(newTP(), 8, 0); err == nil || err.Error() != "no node has an NVSwitch domain of 8 GPUs; largest is 4 on node gpu-node01" {
 		t.Fatalf("TP=8: %v", err)
 	}
 	if f := v.Free("gpu-node01"); f[0] != 0 || f[1] != 2 {
@@ -97,12 +97,12 @@ func TestTwoPlusTwoFreeTP4Waits(t *testing.T) {
 	a, b := pinnedPod("gpu-node01", 0, 2), pinnedPod("gpu-node01", 1, 2)
 	v.UpsertPod(a)
 	v.UpsertPod(b)
-	got, err := v.ChooseDomain(newTP(), 4)
+	got, err := v.ChooseDomain(newTP(), 4, 0)
 	if err != nil || got.Fits || got.Domain != 0 {
 		t.Fatalf("got %+v %v; want domain 0, not fitting now", got, err)
 	}
 	v.DeletePod(b.UID)
-	got, _ = v.ChooseDomain(newTP(), 4)
+	got, _ = v.ChooseDomain(newTP(), 4, 0)
 	if !got.Fits || got.Domain != 1 {
 		t.Fatalf("after domain 1 frees: %+v", got)
 	}
@@ -114,13 +114,13 @@ func TestPendingAndReservationsSpreadABurst(t *testing.T) {
 	// Two TP=2 pods already pinned to domain 0 but not bound yet: domain 0 is full.
 	v.UpsertPod(pinnedPod("", 0, 2))
 	v.Reserve("default", 0, 2)
-	got, _ := v.ChooseDomain(newTP(), 2)
+	got, _ := v.ChooseDomain(newTP(), 2, 0)
 	if got.Domain != 1 || !got.Fits {
 		t.Fatalf("burst piled onto domain 0: %+v", got)
 	}
 	// The reserved pod arrives: the reservation is replaced, not double counted.
 	v.UpsertPod(pinnedPod("", 0, 2))
-	got, _ = v.ChooseDomain(newTP(), 2)
+	got, _ = v.ChooseDomain(newTP(), 2, 0)
 	if got.Domain != 1 || got.LeftOver != 2 {
 		t.Fatalf("after the pod arrived: %+v", got)
 	}
@@ -130,11 +130,11 @@ func TestPendingAndReservationsSpreadABurst(t *testing.T) {
 	v2.now = func() time.Time { return clock }
 	v2.UpsertNode(gpuNode("gpu-node01", []int{4, 4}, nil))
 	v2.Reserve("default", 0, 4)
-	if got, _ := v2.ChooseDomain(newTP(), 4); got.Domain != 1 {
+	if got, _ := v2.ChooseDomain(newTP(), 4, 0); got.Domain != 1 {
 		t.Fatalf("reservation ignored: %+v", got)
 	}
 	clock = clock.Add(ReservationTTL + time.Second)
-	if got, _ := v2.ChooseDomain(newTP(), 4); got.Domain != 0 {
+	if got, _ := v2.ChooseDomain(newTP(), 4, 0); got.Domain != 0 {
 		t.Fatalf("expired reservation still counted: %+v", got)
 	}
 }
@@ -160,7 +160,7 @@ func TestTerminalAndDeletedPodsFreeTheirGPUs(t *testing.T) {
 		t.Fatalf("free = %v", v2.Free("late"))
 	}
 	v2.DeleteNode("late")
-	if _, err := v2.ChooseDomain(newTP(), 2); err == nil {
+	if _, err := v2.ChooseDomain(newTP(), 2, 0); err == nil {
 		t.Fatal("deleted node still offered")
 	}
 }
@@ -173,30 +173,30 @@ func TestMixedNodesAndConstraints(t *testing.T) {
 	v.UpsertNode(gpuNode("tainted", []int{8}, nil, corev1.Taint{Key: "dedicated", Value: "training", Effect: corev1.TaintEffectNoSchedule}))
 	v.UpsertNode(gpuNode("rebooting", []int{16}, nil, corev1.Taint{Key: "node.kubernetes.io/not-ready", Effect: corev1.TaintEffectNoSchedule}))
 
-	if got, _ := v.ChooseDomain(newTP(), 8); got.Domain != 0 || !got.Fits {
+	if got, _ := v.ChooseDomain(newTP(), 8, 0); got.Domain != 0 || !got.Fits {
 		t.Fatalf("TP=8: %+v", got)
 	}
 	// TP=16 only fits the rebooting node, whose condition taint must not make it impossible.
-	if got, err := v.ChooseDomain(newTP(), 16); err != nil || got.Domain != 0 {
+	if got, err := v.ChooseDomain(newTP(), 16, 0); err != nil || got.Domain != 0 {
 		t.Fatalf("TP=16: %+v %v", got, err)
 	}
 	poolA := newTP()
 	poolA.Spec.NodeSelector = map[string]string{"pool": "a"}
-	_, err := v.ChooseDomain(poolA, 8)
+	_, err := v.ChooseDomain(poolA, 8, 0)
 	var ie *placement.ImpossibleError
 	if !errors.As(err, &ie) || err.Error() != "no node has an NVSwitch domain of 8 GPUs; largest is 4 on node split" {
 		t.Fatalf("pool a TP=8: %v", err)
 	}
-	if got, err := v.ChooseDomain(poolA, 4); err != nil || got.Node != "split" {
+	if got, err := v.ChooseDomain(poolA, 4, 0); err != nil || got.Node != "split" {
 		t.Fatalf("pool a TP=4: %+v %v", got, err)
 	}
 	tolerant := newTP()
 	tolerant.Spec.Tolerations = []corev1.Toleration{{Key: "dedicated", Operator: corev1.TolerationOpExists}}
 	v.UpsertPod(pinnedPod("hgx", 0, 8))
-	if got, _ := v.ChooseDomain(tolerant, 8); !got.Fits {
+	if got, _ := v.ChooseDomain(tolerant, 8, 0); !got.Fits {
 		t.Fatalf("tolerating pod should fit the tainted node: %+v", got)
 	}
-	if got, _ := v.ChooseDomain(newTP(), 8); got.Fits && got.LeftOver == 0 && got.Node == "tainted" {
+	if got, _ := v.ChooseDomain(newTP(), 8, 0); got.Fits && got.LeftOver == 0 && got.Node == "tainted" {
 		t.Fatalf("intolerant pod offered the tainted node")
 	}
 	if v.PinNonTP() {
@@ -245,8 +245,8 @@ func TestFastAndSlowPathsAgree(t *testing.T) {
 	constrained := newTP()
 	constrained.Spec.NodeSelector = map[string]string{"all": "yes"}
 	for _, k := range []int{1, 2, 4} {
-		fast, err1 := v.ChooseDomain(newTP(), k)
-		slow, err2 := v.ChooseDomain(constrained, k)
+		fast, err1 := v.ChooseDomain(newTP(), k, 0)
+		slow, err2 := v.ChooseDomain(constrained, k, 0)
 		fast.Node, slow.Node = "", ""
 		if fast != slow || (err1 == nil) != (err2 == nil) {
 			t.Errorf("k=%d: fast %+v %v, slow %+v %v", k, fast, err1, slow, err2)
@@ -284,7 +284,7 @@ func BenchmarkChooseDomain(b *testing.B) {
 		b.Run(bc.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				if _, err := v.ChooseDomain(bc.pod, 2); err != nil {
+				if _, err := v.ChooseDomain(bc.pod, 2, 0); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -295,7 +295,7 @@ func BenchmarkChooseDomain(b *testing.B) {
 
 func TestImpossibleMessageListsNodes(t *testing.T) {
 	v := buildScale(t, 7, 0)
-	_, err := v.ChooseDomain(newTP(), 8)
+	_, err := v.ChooseDomain(newTP(), 8, 0)
 	if err == nil || !strings.HasSuffix(err.Error(), "largest is 4 on nodes node-00000, node-00001, node-00002, node-00003, node-00004 and 2 more") {
 		t.Fatalf("error = %v", err)
 	}
@@ -310,7 +310,7 @@ func BenchmarkChooseDomainWithManyReservations(b *testing.B) {
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := v.ChooseDomain(newTP(), 2); err != nil {
+		if _, err := v.ChooseDomain(newTP(), 2, 0); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -326,7 +326,7 @@ func TestGroupedPendingMatchesOneByOne(t *testing.T) {
 	for range 3 {
 		v.UpsertPod(pinnedPod("", 0, 2))
 	}
-	got, err := v.ChooseDomain(newTP(), 4)
+	got, err := v.ChooseDomain(newTP(), 4, 0)
 	if err != nil || !got.Fits {
 		t.Fatalf("TP=4 after 3 pending TP=2: %+v %v", got, err)
 	}
@@ -334,10 +334,10 @@ func TestGroupedPendingMatchesOneByOne(t *testing.T) {
 	for range 8 {
 		v.UpsertPod(pinnedPod("", 0, 2))
 	}
-	if got, _ := v.ChooseDomain(newTP(), 4); got.Fits {
+	if got, _ := v.ChooseDomain(newTP(), 4, 0); got.Fits {
 		t.Fatalf("TP=4 fits although pending pods take 22 of 24 GPUs: %+v", got)
 	}
-	if got, _ := v.ChooseDomain(newTP(), 2); !got.Fits || got.LeftOver != 0 {
+	if got, _ := v.ChooseDomain(newTP(), 2, 0); !got.Fits || got.LeftOver != 0 {
 		t.Fatalf("the last free pair: %+v", got)
 	}
 }

@@ -1,0 +1,134 @@
+package placement
+
+import (
+	"reflect"
+	"testing"
+)
+
+func rooms(specs ...[2]map[int]int) []NodeRoom {
+	out := make([]NodeRoom, len(specs))
+	for i, s := range specs {
+		out[i] = NodeRoom{Name: string(rune('a' + i)), Capacity: s[0], Free: s[1]}
+	}
+	return out
+}
+
+func TestPlanRepins(t *testing.T) {
+	twoByFour := map[int]int{0: 4, 1: 4}
+	cases := []struct {
+		name    string
+		nodes   []NodeRoom
+		waiters []Waiter
+		want    []RepinDecision
+	}{
+		{
+			name:    "pinned id has room: the scheduler will bind it",
+			nodes:   rooms([2]map[int]int{twoByFour, {0: 4, 1: 0}}),
+			waiters: []Waiter{{ID: "w", Domain: 0, GPUs: 4, Eligible: []int{0}, CanMove: true}},
+			want:    []RepinDecision{{ID: "w", Verdict: WillSchedule, From: 0, To: -1}},
+		},
+		{
+			name:    "pinned id full, the other id free: stranded, moved to it",
+			nodes:   rooms([2]map[int]int{twoByFour, {0: 0, 1: 4}}),
+			waiters: []Waiter{{ID: "w", Domain: 0, GPUs: 4, Eligible: []int{0}, CanMove: true}},
+			want:    []RepinDecision{{ID: "w", Verdict: Stranded, From: 0, To: 1, Node: "a"}},
+		},
+		{
+			name:    "nothing free anywhere: waiting is correct",
+			nodes:   rooms([2]map[int]int{twoByFour, {0: 0, 1: 2}}),
+			waiters: []Waiter{{ID: "w", Domain: 0, GPUs: 4, Eligible: []int{0}, CanMove: true}},
+			want:    []RepinDecision{{ID: "w", Verdict: Waiting, From: 0, To: -1}},
+		},
+		{
+			name:  "two waiters never chase one free domain: the earlier one claims it",
+			nodes: rooms([2]map[int]int{twoByFour, {0: 0, 1: 4}}),
+			waiters: []Waiter{
+				{ID: "first", Domain: 0, GPUs: 4, Eligible: []int{0}, CanMove: true},
+				{ID: "second", Domain: 0, GPUs: 4, Eligible: []int{0}, CanMove: true},
+			},
+			want: []RepinDecision{
+				{ID: "first", Verdict: Stranded, From: 0, To: 1, Node: "a"},
+				{ID: "second", Verdict: Waiting, From: 0, To: -1},
+			},
+		},
+		{
+			name:  "an earlier waiter pinned to the free id keeps it: the stranded one waits",
+			nodes: rooms([2]map[int]int{twoByFour, {0: 0, 1: 4}}),
+			waiters: []Waiter{
+				{ID: "owner", Domain: 1, GPUs: 4, Eligible: []int{0}},
+				{ID: "late", Domain: 0, GPUs: 4, Eligible: []int{0}, CanMove: true},
+			},
+			want: []RepinDecision{
+				{ID: "owner", Verdict: WillSchedule, From: 1, To: -1},
+				{ID: "late", Verdict: Waiting, From: 0, To: -1},
+			},
+		},
+		{
+			name:    "a waiter the scheduler has not judged yet is never moved",
+			nodes:   rooms([2]map[int]int{twoByFour, {0: 0, 1: 4}}),
+			waiters: []Waiter{{ID: "new", Domain: 0, GPUs: 4, Eligible: []int{0}}},
+			want:    []RepinDecision{{ID: "new", Verdict: Waiting, From: 0, To: -1}},
+		},
+		{
+			name:    "room only on a node the pod may not use does not count",
+			nodes:   rooms([2]map[int]int{twoByFour, {0: 0, 1: 0}}, [2]map[int]int{twoByFour, {0: 4, 1: 4}}),
+			waiters: []Waiter{{ID: "w", Domain: 0, GPUs: 4, Eligible: []int{0}, CanMove: true}},
+			want:    []RepinDecision{{ID: "w", Verdict: Waiting, From: 0, To: -1}},
+		},
+		{
+			name: "moves to the tightest fit, like the webhook's choice",
+			nodes: rooms(
+				[2]map[int]int{{0: 4, 1: 8}, {0: 0, 1: 8}},
+				[2]map[int]int{{0: 4, 2: 4}, {0: 0, 2: 2}},
+				[2]map[int]int{{0: 4, 3: 4}, {0: 0, 3: 4}},
+			),
+			waiters: []Waiter{{ID: "w", Domain: 0, GPUs: 2, Eligible: []int{0, 1, 2}, CanMove: true}},
+			want:    []RepinDecision{{ID: "w", Verdict: Stranded, From: 0, To: 2, Node: "b"}},
+		},
+		{
+			name:    "a pinned id whose domain is too small everywhere is stranded when another fits",
+			nodes:   rooms([2]map[int]int{{0: 2, 1: 4}, {0: 2, 1: 4}}),
+			waiters: []Waiter{{ID: "w", Domain: 0, GPUs: 4, Eligible: []int{0}, CanMove: true}},
+			want:    []RepinDecision{{ID: "w", Verdict: Stranded, From: 0, To: 1, Node: "a"}},
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got := PlanRepins(tc.nodes, tc.waiters)
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Fatalf("got  %+v\nwant %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestPlanRepinsLeavesItsInputAlone(t *testing.T) {
+	nodes := rooms([2]map[int]int{{0: 4, 1: 4}, {0: 4, 1: 4}})
+	PlanRepins(nodes, []Waiter{{ID: "w", Domain: 0, GPUs: 4, Eligible: []int{0}}})
+	if nodes[0].Free[0] != 4 {
+		t.Fatalf("the plan changed the caller's free counts: %v", nodes[0].Free)
+	}
+}
+
+func TestSpreadPicksAmongTiesByWeight(t *testing.T) {
+	// Domain 0 is offered by 3 nodes and domain 1 by 1, all equally tight: a seeded pick
+	// takes domain 0 about three times as often, and never a looser fit.
+	counts := map[int]int{}
+	for seed := uint64(1); seed <= 4000; seed++ {
+		c := NewDomainChooser(2).Spread(seed)
+		c.ConsiderNodes(Candidate{Node: "x", Domain: 0, Capacity: 4, Free: 2}, 3)
+		c.ConsiderNodes(Candidate{Node: "y", Domain: 1, Capacity: 4, Free: 2}, 1)
+		c.ConsiderNodes(Candidate{Node: "z", Domain: 2, Capacity: 4, Free: 4}, 10)
+		d, err := c.Decide()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.LeftOver != 0 {
+			t.Fatalf("seed %d took a looser fit: %+v", seed, d)
+		}
+		counts[d.Domain]++
+	}
+	if counts[2] != 0 || counts[0] < 2700 || counts[0] > 3300 {
+		t.Fatalf("counts = %v, want about 3000:1000 between domains 0 and 1", counts)
+	}
+}

@@ -1,0 +1,95 @@
+// Package repin is the re-pin controller of the webhook Deployment: it finds pods whose
+// pinned domain id has had no room on any node they may run on for a while, although another
+// id has room, and moves them there. A pod's resources are immutable, so a pod moves by being
+// evicted and recreated by its owner; the webhook pins the replacement where there is room.
+// Bare pods are never deleted, they get a Stranded Event naming where room is. The decision
+// is placement.PlanRepins over a snapshot of the webhook's cluster view; the Reconciler here
+// only applies it, on the elected leader (docs/architecture.md, "Re-pinning stranded pods").
+package repin
+
+import (
+	"flag"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Options configure the controller.
+type Options struct {
+	// Enabled turns the controller on; off, nothing is evicted and no Event is recorded.
+	Enabled bool
+	// After is how long a pod must have been stranded before it is moved: long enough for a
+	// terminating predecessor to go and for the scheduler to retry, short enough that a user
+	// does not notice.
+	After time.Duration
+	// Interval is the least time between two passes over the waiting pods; events in between
+	// are folded into the next pass.
+	Interval time.Duration
+	// QPS and Burst bound evictions cluster-wide, so that a surprise (a node pool vanishing)
+	// never turns into an eviction storm.
+	QPS   float64
+	Burst int
+	// OwnerKinds are the controllers, as Kind.group (Kind alone for the core group), that
+	// recreate a pod that is evicted. Job is handled apart: see Reconciler.jobTolerates.
+	OwnerKinds []string
+	// EventEvery is how often a Stranded or RepinSkipped Event is repeated for one pod.
+	EventEvery time.Duration
+}
+
+// DefaultOwnerKinds recreate an evicted pod without counting it as a failure.
+var DefaultOwnerKinds = []string{"ReplicaSet.apps", "StatefulSet.apps", "ReplicationController"}
+
+// DefaultOptions are the documented defaults.
+func DefaultOptions() Options {
+	return Options{
+		Enabled:    true,
+		After:      30 * time.Second,
+		Interval:   time.Second,
+		QPS:        2,
+		Burst:      20,
+		OwnerKinds: slices.Clone(DefaultOwnerKinds),
+		EventEvery: 10 * time.Minute,
+	}
+}
+
+// AddFlags registers the controller's flags on fs.
+func (o *Options) AddFlags(fs *flag.FlagSet) {
+	fs.BoolVar(&o.Enabled, "repin", o.Enabled, "re-pin stranded tensor-parallel pods (evict pods whose owner recreates them; Events for bare pods)")
+	fs.DurationVar(&o.After, "repin-after", o.After, "how long a pod's pinned domain must have had no room, while another domain had, before it is re-pinned")
+	fs.DurationVar(&o.Interval, "repin-interval", o.Interval, "least time between two passes of the re-pin controller")
+	fs.Float64Var(&o.QPS, "repin-qps", o.QPS, "evictions per second, cluster-wide")
+	fs.IntVar(&o.Burst, "repin-burst", o.Burst, "evictions allowed at once")
+	fs.Func("repin-owner-kinds", "comma-separated owner kinds (Kind.group) that recreate evicted pods (default "+strings.Join(DefaultOwnerKinds, ",")+")", func(s string) error {
+		o.OwnerKinds = nil
+		for _, k := range strings.Split(s, ",") {
+			if k = strings.TrimSpace(k); k != "" {
+				o.OwnerKinds = append(o.OwnerKinds, k)
+			}
+		}
+		return nil
+	})
+	fs.DurationVar(&o.EventEvery, "repin-event-every", o.EventEvery, "how often a Stranded or RepinSkipped Event is repeated for one pod")
+}
+
+// Validate checks the options and names the flag at fault.
+func (o Options) Validate() error {
+	switch {
+	case o.After < 0:
+		return fmt.Errorf("--repin-after=%s: must not be negative", o.After)
+	case o.Interval <= 0:
+		return fmt.Errorf("--repin-interval=%s: must be positive, e.g. 1s", o.Interval)
+	case o.QPS <= 0:
+		return fmt.Errorf("--repin-qps=%g: must be positive; use --repin=false to turn re-pinning off", o.QPS)
+	case o.Burst < 1:
+		return fmt.Errorf("--repin-burst=%d: must be at least 1", o.Burst)
+	case o.EventEvery <= 0:
+		return fmt.Errorf("--repin-event-every=%s: must be positive", o.EventEvery)
+	}
+	for _, k := range o.OwnerKinds {
+		if kind, _, _ := strings.Cut(k, "."); kind == "" || strings.ContainsAny(k, " /") {
+			return fmt.Errorf("--repin-owner-kinds: %q is not Kind.group (e.g. StatefulSet.apps)", k)
+		}
+	}
+	return nil
+}

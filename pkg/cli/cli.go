@@ -110,7 +110,15 @@ func newTopology(stdin io.Reader) *cobra.Command {
 	parse := &cobra.Command{
 		Use:   "parse --format topo-matrix|simulated FILE",
 		Short: "Read `nvidia-smi topo -m` output or a simulated-topology document (FILE - reads stdin)",
-		Args:  cobra.ExactArgs(1),
+		Long: `Reads FILE (or stdin with -) and prints the node's GPUs and NVLink domains.
+
+--format topo-matrix takes ` + "`nvidia-smi topo -m`" + ` output as people paste it: with or without the
+legend, tabs or runs of spaces, blank lines between rows, rows wrapped by a narrow terminal or
+a mail client, shell prompts and prose around it, Markdown code fences, quotes and tables
+(| GPU0 | X | NV18 |). A cell it cannot read counts as missing: a GPU pair is linked only when
+one of its two cells reads NV#, so every domain is a set of GPUs whose links were all seen.
+What could not be read is printed as warnings; --strict turns them into an error.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := out.validate(); err != nil {
 				return err

@@ -72,6 +72,9 @@ func TestParseSummaries(t *testing.T) {
 		{[]string{"topology", "parse", "../topology/topomatrix/testdata/dgx1-v100-cube-mesh-mlx5.txt"}, "", 8, "[[0,1,2,3],[4,5,6,7]]", "[]"},
 		{[]string{"topology", "parse", "--format", "topo-matrix", "-"}, mustRead(t, "../topology/topomatrix/testdata/hgx-h100-8gpu.txt"), 8, "[[0,1,2,3,4,5,6,7]]", "[]"},
 		{[]string{"topology", "parse", "../topology/topomatrix/testdata/pcie-8x-rtx4090-2nic.txt"}, "", 8, "[]", "[0,1,2,3,4,5,6,7]"},
+		// Pasted forms through stdin: blank lines between rows, and a Markdown table.
+		{[]string{"topology", "parse", "--format", "topo-matrix", "-"}, mustRead(t, "../topology/topomatrix/testdata/v100-8gpu-cube-mesh-blank-lines-no-legend.txt"), 8, "[[0,1,2,3],[4,5,6,7]]", "[]"},
+		{[]string{"topology", "parse", "-"}, mustRead(t, "../topology/topomatrix/testdata/gb300-4gpu-markdown-table.txt"), 4, "[[0,1,2,3]]", "[]"},
 		{[]string{"topology", "parse", "--format", "simulated", "../topology/simulated/testdata/seed-node.json"}, "", 8, "[[0,1,2,3],[4,5,6,7]]", "[]"},
 		{[]string{"topology", "parse", "--format", "simulated", "--node", "pcie-l40s-c", "../topology/simulated/testdata/mixed-cluster.json"}, "", 4, "[]", "[0,1,2,3]"},
 	}

@@ -293,8 +293,8 @@ func readMatrix(lines []line) (*matrix, error) {
 			gap = true
 			continue
 		}
-		if w := l.words[0]; slices.ContainsFunc(l.words, func(w string) bool { return classify(w) != cellUnknown }) ||
-			gpuName.MatchString(w) && slices.Contains(hdr, w) {
+		if first := l.words[0]; slices.ContainsFunc(l.words, func(w string) bool { return classify(w) != cellUnknown }) ||
+			gpuName.MatchString(first) && slices.Contains(hdr, first) {
 			break
 		}
 		hdr = joinWrapped(hdr, prev, l, width, validHeaderWord)

@@ -1,10 +1,19 @@
-// Package checkconfig checks that each node's GPU Operator workload mode
-// (nvidia.com/gpu.workload.config) agrees with the GPU resources the node advertises
-// (DESIGN §6, seed 004). The label decides which NVIDIA component runs on the node and so
-// under which resource name its GPUs appear; when the two disagree, pods that ask for
-// nvidia.com/gpu sit Pending with "Insufficient nvidia.com/gpu" while the GPUs stand idle
-// under another name. The check works on a `kubectl get nodes -o json` dump and needs no
-// cluster access.
+// Package checkconfig checks a node dump (`kubectl get nodes -o json`) for GPU nodes whose
+// configuration and advertised GPU resources disagree, without cluster access. Such a node has
+// idle GPUs while pods that ask for them sit Pending with "Insufficient nvidia.com/gpu".
+//
+// Four checks, each applying to the nodes that carry its label:
+//   - nvidia.com/gpu.workload.config (GPU Operator's workload mode) decides which NVIDIA
+//     component runs on the node and so under which resource name its GPUs appear;
+//   - nvidia.com/mig.config.state is mig-manager's report: failed is a mismatch, and so is
+//     pending or rebooting for longer than Options.PendingTimeout;
+//   - nvidia.com/mig.config names a mig-parted layout; given the config file
+//     (Options.MIGConfig), the node must advertise exactly what that layout makes of its
+//     nvidia.com/gpu.count GPUs under its nvidia.com/mig.strategy;
+//   - nvidia.com/gpu.replicas above 1 is time-slicing: each device is advertised that many
+//     times, as nvidia.com/gpu or, renamed, nvidia.com/gpu.shared.
+//
+// A node counts as checked (the n of OK=n) when at least one of these labels is on it.
 package checkconfig
 
 import (
@@ -15,6 +24,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/nvdomain/nvdomain/pkg/names"
 )
@@ -71,13 +81,56 @@ type Report struct {
 type node struct {
 	Kind     string `json:"kind"`
 	Metadata struct {
-		Name   string            `json:"name"`
-		Labels map[string]string `json:"labels"`
+		Name          string            `json:"name"`
+		Labels        map[string]string `json:"labels"`
+		ManagedFields []managedField    `json:"managedFields"`
 	} `json:"metadata"`
 	Status struct {
 		Capacity    map[string]string `json:"capacity"`
 		Allocatable map[string]string `json:"allocatable"`
 	} `json:"status"`
+}
+
+// managedField is one field manager's entry: when it last wrote the object and which fields
+// it owns. `kubectl get -o json` leaves these out unless given --show-managed-fields.
+type managedField struct {
+	Manager  string         `json:"manager"`
+	Time     string         `json:"time"`
+	FieldsV1 map[string]any `json:"fieldsV1"`
+}
+
+// PendingPolicy says what a pending MIG state whose age cannot be read counts as.
+type PendingPolicy string
+
+// The values of --mig-pending-no-timestamp.
+const (
+	PendingOK       PendingPolicy = "ok"
+	PendingMismatch PendingPolicy = "mismatch"
+)
+
+// Options tune Check. The zero value runs the workload, MIG state (failed only) and
+// time-slicing checks.
+type Options struct {
+	// MIGConfig is the mig-parted config nodes' nvidia.com/mig.config labels name; nil skips
+	// the MIG resource check (the state is still checked).
+	MIGConfig *MIGConfig
+	// MIGConfigSource names MIGConfig's file in messages.
+	MIGConfigSource string
+	// PendingTimeout is how long nvidia.com/mig.config.state may stay pending or rebooting;
+	// 0 turns the age check off. The age is read from the node's managedFields (see
+	// node.stateSince).
+	PendingTimeout time.Duration
+	// PendingWithoutTime is what a pending or rebooting state counts as when the dump does
+	// not say since when; the zero value is PendingOK.
+	PendingWithoutTime PendingPolicy
+	// Now is the time the dump is judged at; zero means time.Now().
+	Now time.Time
+}
+
+type checker struct {
+	n    names.Names
+	opts Options
+	now  time.Time
 }
 
 type list struct {
@@ -86,8 +139,9 @@ type list struct {
 }
 
 // Check reads a `kubectl get nodes -o json` dump (a List or NodeList, or a single Node) and
-// checks every node that carries the workload-config label. Nodes without it are skipped.
-func Check(r io.Reader, n names.Names) (*Report, error) {
+// checks every node that carries one of the labels in the package comment. Nodes with none
+// are skipped and not counted.
+func Check(r io.Reader, n names.Names, opts Options) (*Report, error) {
 	data, err := io.ReadAll(r)
 	if err != nil {
 		return nil, fmt.Errorf("read node dump: %w", err)
@@ -108,10 +162,19 @@ func Check(r io.Reader, n names.Names) (*Report, error) {
 	default:
 		return nil, fmt.Errorf("node dump has kind %q; expected the List that `kubectl get nodes -o json` prints", l.Kind)
 	}
+	switch opts.PendingWithoutTime {
+	case "", PendingOK, PendingMismatch:
+	default:
+		return nil, fmt.Errorf("pending policy %q: use %s or %s", opts.PendingWithoutTime, PendingOK, PendingMismatch)
+	}
+	c := &checker{n: n, opts: opts, now: opts.Now}
+	if c.now.IsZero() {
+		c.now = time.Now()
+	}
 	rep := &Report{}
 	for i, nd := range nodes {
-		mode, labelled := nd.Metadata.Labels[names.WorkloadConfigLabel]
-		if !labelled {
+		reasons, checked := c.checkNode(nd)
+		if !checked {
 			continue
 		}
 		name := nd.Metadata.Name
@@ -119,14 +182,50 @@ func Check(r io.Reader, n names.Names) (*Report, error) {
 			name = fmt.Sprintf("items[%d]", i)
 		}
 		rep.Checked++
-		if reason := checkNode(nd, mode, n); reason != "" {
-			rep.Mismatches = append(rep.Mismatches, Result{Node: name, Reason: reason})
+		if len(reasons) > 0 {
+			rep.Mismatches = append(rep.Mismatches, Result{Node: name, Reason: strings.Join(reasons, "; ")})
 		}
 	}
 	return rep, nil
 }
 
-func checkNode(nd node, mode string, n names.Names) string {
+// checkNode runs every check whose label the node carries; checked is false when none does.
+func (c *checker) checkNode(nd node) (reasons []string, checked bool) {
+	labels := nd.Metadata.Labels
+	add := func(r string) {
+		if r != "" {
+			reasons = append(reasons, r)
+		}
+	}
+	if mode, ok := labels[names.WorkloadConfigLabel]; ok {
+		checked = true
+		add(checkWorkload(nd, mode, c.n))
+	}
+	_, hasState := labels[names.MIGConfigStateLabel]
+	cfgName, hasMIG := labels[names.MIGConfigLabel]
+	_, hasReplicas := labels[names.GPUReplicasLabel]
+	checked = checked || hasState || hasMIG || hasReplicas
+
+	stateReason, inFlux := c.migState(nd)
+	add(stateReason)
+	replicas, replicasReason := nd.replicas()
+	add(replicasReason)
+	switch {
+	case inFlux:
+		// mig-manager is changing the layout (or failed to): the resources are in between and
+		// say nothing about the config; the state check above speaks for the node.
+	case hasMIG && c.opts.MIGConfig != nil:
+		add(c.checkMIG(nd, cfgName, replicas))
+	case hasMIG:
+		// Without the config file the layout, and so the count time-slicing multiplies, is
+		// unknown.
+	case replicas > 1:
+		add(checkTimeSlicing(nd, replicas))
+	}
+	return reasons, checked
+}
+
+func checkWorkload(nd node, mode string, n names.Names) string {
 	want := Kind(mode)
 	if want != KindContainer && want != KindVMPassthrough && want != KindVMVGPU {
 		return fmt.Sprintf("label %s=%q is not a workload mode; use container, vm-passthrough or vm-vgpu", names.WorkloadConfigLabel, mode)

@@ -110,7 +110,15 @@ func newTopology(stdin io.Reader) *cobra.Command {
 	parse := &cobra.Command{
 		Use:   "parse --format topo-matrix|simulated FILE",
 		Short: "Read `nvidia-smi topo -m` output or a simulated-topology document (FILE - reads stdin)",
-		Args:  cobra.ExactArgs(1),
+		Long: `Reads FILE (or stdin with -) and prints the node's GPUs and NVLink domains.
+
+--format topo-matrix takes ` + "`nvidia-smi topo -m`" + ` output as people paste it: with or without the
+legend, tabs or runs of spaces, blank lines between rows, rows wrapped by a narrow terminal or
+a mail client, shell prompts and prose around it, Markdown code fences, quotes and tables
+(| GPU0 | X | NV18 |). A cell it cannot read counts as missing: a GPU pair is linked only when
+one of its two cells reads NV#, so every domain is a set of GPUs whose links were all seen.
+What could not be read is printed as warnings; --strict turns them into an error.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := out.validate(); err != nil {
 				return err
@@ -322,23 +330,73 @@ and prints the base64 caBundle for the webhook configurations on stdout:
 }
 
 func newCheckConfig(stdin io.Reader) *cobra.Command {
-	return &cobra.Command{
+	var migConfig, now, noTimestamp string
+	var pendingTimeout time.Duration
+	cmd := &cobra.Command{
 		Use:   "check-config NODES.json",
-		Short: "Check nvidia.com/gpu.workload.config labels against advertised GPU resources",
-		Long: `Reads a 'kubectl get nodes -o json' dump (NODES.json, or - for stdin) and checks every
-node labelled nvidia.com/gpu.workload.config: container nodes must advertise nvidia.com/gpu
-(or MIG / time-sliced names), vm-vgpu nodes a vGPU profile, vm-passthrough nodes a device
-model name, and no node more than one kind.
+		Short: "Check GPU workload, MIG and time-slicing labels against advertised GPU resources",
+		Long: `Reads a 'kubectl get nodes -o json' dump (NODES.json, or - for stdin) and checks each node
+that carries one of these labels (such a node counts in OK=<n>; a node with none is skipped):
+
+  nvidia.com/gpu.workload.config  container nodes must advertise nvidia.com/gpu (or MIG /
+                                  time-sliced names), vm-vgpu nodes a vGPU profile,
+                                  vm-passthrough nodes a device model name, no node two kinds.
+  nvidia.com/mig.config.state     failed is a mismatch; so is pending or rebooting for longer
+                                  than --mig-pending-timeout.
+  nvidia.com/mig.config           with --mig-config, the node must advertise exactly what that
+                                  layout makes of its nvidia.com/gpu.count GPUs under its
+                                  nvidia.com/mig.strategy (mixed: nvidia.com/mig-<profile> per
+                                  profile, nvidia.com/gpu for GPUs without MIG; single: every MIG
+                                  device as nvidia.com/gpu). Without --mig-config only the state
+                                  is checked.
+  nvidia.com/gpu.replicas         above 1, time-slicing: nvidia.com/gpu.shared (renamed, product
+                                  ending in -SHARED) or nvidia.com/gpu must be GPUs x replicas.
+
+How long a MIG state has been pending is read from the node's managedFields: the API server
+stamps the entry of the field manager that owns nvidia.com/mig.config.state with the time of its
+last write. kubectl leaves managedFields out unless asked, so dump with
+  kubectl get nodes -o json --show-managed-fields > nodes.json
+A dump without them cannot say; pending then counts as fine, unless
+--mig-pending-no-timestamp=mismatch. --now sets the time the dump is judged at (the time it was
+taken, for an old dump).
 
 Prints MISMATCH=<node> <reason> per bad node and exits 1, or OK=<nodes checked> and exits 0.
-Exits 2 when the dump cannot be read.`,
+Exits 2 when the dump or a flag's file cannot be read.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			opts := checkconfig.Options{
+				PendingTimeout:     pendingTimeout,
+				PendingWithoutTime: checkconfig.PendingPolicy(noTimestamp),
+			}
+			if noTimestamp != string(checkconfig.PendingOK) && noTimestamp != string(checkconfig.PendingMismatch) {
+				return &exitError{ExitError, fmt.Errorf("--mig-pending-no-timestamp %q: use %s or %s", noTimestamp, checkconfig.PendingOK, checkconfig.PendingMismatch)}
+			}
+			if pendingTimeout < 0 {
+				return &exitError{ExitError, fmt.Errorf("--mig-pending-timeout %s: use a positive duration such as 30m, or 0 to turn the age check off", pendingTimeout)}
+			}
+			if now != "" {
+				t, err := time.Parse(time.RFC3339, now)
+				if err != nil {
+					return &exitError{ExitError, fmt.Errorf("--now %q: use an RFC 3339 time such as 2026-03-01T10:00:00Z", now)}
+				}
+				opts.Now = t
+			}
+			if migConfig != "" {
+				data, err := os.ReadFile(migConfig)
+				if err != nil {
+					return &exitError{ExitError, fmt.Errorf("--mig-config: %w", err)}
+				}
+				cfg, err := checkconfig.ParseMIGConfig(data)
+				if err != nil {
+					return &exitError{ExitError, fmt.Errorf("--mig-config %s: %w", migConfig, err)}
+				}
+				opts.MIGConfig, opts.MIGConfigSource = cfg, migConfig
+			}
 			data, err := readInput(args[0], stdin)
 			if err != nil {
 				return &exitError{ExitError, err}
 			}
-			rep, err := checkconfig.Check(strings.NewReader(string(data)), names.Default())
+			rep, err := checkconfig.Check(strings.NewReader(string(data)), names.Default(), opts)
 			if err != nil {
 				return &exitError{ExitError, fmt.Errorf("%s: %w", args[0], err)}
 			}
@@ -351,4 +409,10 @@ Exits 2 when the dump cannot be read.`,
 			return nil
 		},
 	}
+	f := cmd.Flags()
+	f.StringVar(&migConfig, "mig-config", "", "mig-parted config that nvidia.com/mig.config labels name: the file itself, or its ConfigMap as 'kubectl get cm "+names.DefaultMIGPartedConfigMap+" -o yaml' prints it (data."+names.MIGPartedConfigKey+")")
+	f.DurationVar(&pendingTimeout, "mig-pending-timeout", 30*time.Minute, "how long nvidia.com/mig.config.state may stay pending or rebooting before it is a mismatch; 0 turns the check off")
+	f.StringVar(&noTimestamp, "mig-pending-no-timestamp", string(checkconfig.PendingOK), "what a pending state counts as when the dump has no managedFields to date it: ok or mismatch")
+	f.StringVar(&now, "now", "", "time the dump is judged at, RFC 3339 (default: the current time)")
+	return cmd
 }

@@ -72,6 +72,9 @@ func TestParseSummaries(t *testing.T) {
 		{[]string{"topology", "parse", "../topology/topomatrix/testdata/dgx1-v100-cube-mesh-mlx5.txt"}, "", 8, "[[0,1,2,3],[4,5,6,7]]", "[]"},
 		{[]string{"topology", "parse", "--format", "topo-matrix", "-"}, mustRead(t, "../topology/topomatrix/testdata/hgx-h100-8gpu.txt"), 8, "[[0,1,2,3,4,5,6,7]]", "[]"},
 		{[]string{"topology", "parse", "../topology/topomatrix/testdata/pcie-8x-rtx4090-2nic.txt"}, "", 8, "[]", "[0,1,2,3,4,5,6,7]"},
+		// Pasted forms through stdin: blank lines between rows, and a Markdown table.
+		{[]string{"topology", "parse", "--format", "topo-matrix", "-"}, mustRead(t, "../topology/topomatrix/testdata/v100-8gpu-cube-mesh-blank-lines-no-legend.txt"), 8, "[[0,1,2,3],[4,5,6,7]]", "[]"},
+		{[]string{"topology", "parse", "-"}, mustRead(t, "../topology/topomatrix/testdata/gb300-4gpu-markdown-table.txt"), 4, "[[0,1,2,3]]", "[]"},
 		{[]string{"topology", "parse", "--format", "simulated", "../topology/simulated/testdata/seed-node.json"}, "", 8, "[[0,1,2,3],[4,5,6,7]]", "[]"},
 		{[]string{"topology", "parse", "--format", "simulated", "--node", "pcie-l40s-c", "../topology/simulated/testdata/mixed-cluster.json"}, "", 4, "[]", "[0,1,2,3]"},
 	}
@@ -180,6 +183,50 @@ func TestCheckConfig(t *testing.T) {
 			code, out, errOut := runCLI(t, tc.stdin, tc.args...)
 			if code != tc.code || !strings.HasPrefix(out, tc.out) || !strings.Contains(errOut, tc.errOut) {
 				t.Fatalf("exit %d out %q err %q; want exit %d, out %q, err containing %q", code, out, errOut, tc.code, tc.out, tc.errOut)
+			}
+		})
+	}
+}
+
+func TestCheckConfigMIGAndTimeSlicing(t *testing.T) {
+	const td = "../checkconfig/testdata/"
+	mig := []string{"--mig-config", td + "default-mig-parted-config.yaml", "--now", "2026-03-01T10:00:00Z"}
+	cases := []struct {
+		name string
+		args []string
+		code int
+		out  string // the whole stdout
+		err  string // a substring of stderr
+	}{
+		{"mixed, right count", append([]string{"check-config", td + "mig-mixed-ok.json"}, mig...), 0, "OK=1\n", ""},
+		{"mixed, wrong count", append([]string{"check-config", td + "mig-mixed-wrong-count.json"}, mig...), 1,
+			"MISMATCH=a100-mixed-2 label nvidia.com/mig.config=all-1g.5gb (mixed strategy, 8 GPUs): nvidia.com/gpu=1 advertised, none expected; nvidia.com/mig-1g.5gb=56 expected, 48 advertised; if mig-manager reports success, restart the device plugin on the node, else fix the label\n", ""},
+		{"single, wrong count", append([]string{"check-config", td + "mig-single-wrong.json"}, mig...), 1,
+			"MISMATCH=a100-single-2 label nvidia.com/mig.config=all-1g.5gb (single strategy, 8 GPUs): nvidia.com/gpu=56 expected, 8 advertised; if mig-manager reports success, restart the device plugin on the node, else fix the label\n", ""},
+		{"config name not in the file", append([]string{"check-config", td + "mig-unknown-config.json"}, mig...), 1,
+			"MISMATCH=a100-typo-1 label nvidia.com/mig.config=all-1g.5gb-typo names no config in --mig-config ../checkconfig/testdata/default-mig-parted-config.yaml (it has 81: all-1g.10gb, all-1g.10gb.me, all-1g.12gb, all-1g.12gb.me, all-1g.18gb, all-1g.18gb.me and 75 more); fix the label or add the config to the file\n", ""},
+		{"pending for two hours", append([]string{"check-config", td + "mig-state-pending-too-long.json"}, mig...), 1,
+			"MISMATCH=a100-stuck-1 label nvidia.com/mig.config.state=pending for 2h0m0s (last written 2026-03-01T08:00:00Z), longer than --mig-pending-timeout 30m0s: mig-manager is stuck applying nvidia.com/mig.config=all-3g.20gb; see its log on this node\n", ""},
+		{"pending for two hours, timeout 3h", append([]string{"check-config", td + "mig-state-pending-too-long.json", "--mig-pending-timeout", "3h"}, mig...), 0, "OK=1\n", ""},
+		{"rebooting for ten minutes", append([]string{"check-config", td + "mig-state-pending-recent.json"}, mig...), 0, "OK=1\n", ""},
+		{"pending without a timestamp", []string{"check-config", td + "mig-state-pending-no-timestamp.json"}, 0, "OK=1\n", ""},
+		{"pending without a timestamp, counted", []string{"check-config", td + "mig-state-pending-no-timestamp.json", "--mig-pending-no-timestamp", "mismatch"}, 1,
+			"MISMATCH=a100-applying-2 label nvidia.com/mig.config.state=pending and the dump does not tell since when (no managedFields entry owns the label: dump with kubectl get nodes -o json --show-managed-fields); --mig-pending-no-timestamp=mismatch counts that as a mismatch\n", ""},
+		{"time-slicing renamed, wrong", []string{"check-config", td + "timeslicing-renamed-wrong.json"}, 1,
+			"MISMATCH=a10g-shared-2 time-slicing nvidia.com/gpu.replicas=4 on 4 GPUs (nvidia.com/gpu.count), renamed (nvidia.com/gpu.shared): nvidia.com/gpu.shared=16 expected, 4 advertised; the device plugin's sharing config and GFD's labels disagree, restart both on the node\n", ""},
+		{"time-slicing, right", []string{"check-config", td + "timeslicing-ok.json"}, 0, "OK=1\n", ""},
+		{"bad --mig-config file", []string{"check-config", td + "mig-mixed-ok.json", "--mig-config", td + "lab-ok.json"}, 2, "",
+			"nvdomain: --mig-config ../checkconfig/testdata/lab-ok.json: a List of 4 object(s) (kinds: Node), not one ConfigMap; pass the ConfigMap named in ClusterPolicy spec.migManager.config.name (GPU Operator's is default-mig-parted-config)"},
+		{"missing --mig-config file", []string{"check-config", td + "mig-mixed-ok.json", "--mig-config", "/nonexistent/cm.yaml"}, 2, "", "nvdomain: --mig-config: open /nonexistent/cm.yaml"},
+		{"bad --now", []string{"check-config", td + "mig-mixed-ok.json", "--now", "yesterday"}, 2, "", `--now "yesterday": use an RFC 3339 time such as 2026-03-01T10:00:00Z`},
+		{"bad --mig-pending-no-timestamp", []string{"check-config", td + "mig-mixed-ok.json", "--mig-pending-no-timestamp", "warn"}, 2, "", `--mig-pending-no-timestamp "warn": use ok or mismatch`},
+		{"negative --mig-pending-timeout", []string{"check-config", td + "mig-mixed-ok.json", "--mig-pending-timeout", "-5m"}, 2, "", "--mig-pending-timeout -5m0s: use a positive duration"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out, errOut := runCLI(t, "", tc.args...)
+			if code != tc.code || out != tc.out || !strings.Contains(errOut, tc.err) {
+				t.Fatalf("exit %d out %q err %q\nwant exit %d out %q err containing %q", code, out, errOut, tc.code, tc.out, tc.err)
 			}
 		})
 	}

@@ -2,11 +2,12 @@
 // writes, and the helpers that build and parse them. Nothing else in the module spells these
 // strings: a reader who asks "where is this label written?" follows the helper from here.
 //
-// Two prefixes are configurable (DESIGN §2): the label prefix, used for the node labels and
-// the gpu.nvidia.com/ annotations, and the resource prefix, used for the per-domain extended
-// resources and the per-domain GPU-list annotations that the seed document specified. The
-// names that belong to other projects (the GPU device plugin's nvidia.com/gpu, GPU Operator's
-// nvidia.com/gpu.workload.config) are fixed.
+// Two prefixes are configurable (--label-prefix and --resource-prefix, bound once by
+// BindFlags; the chart sets them in charts/nvdomain/values.yaml): the label prefix, used for
+// the node labels and the gpu.nvidia.com/ annotations, and the resource prefix, used for the
+// per-domain extended resources and the per-domain GPU-list annotations. The names that belong
+// to other projects (the GPU device plugin's nvidia.com/gpu, the nvidia.com/ labels of GPU
+// Operator and GPU feature discovery) are fixed.
 package names
 
 import (
@@ -26,7 +27,7 @@ const (
 	GPUResource = "nvidia.com/gpu"
 	// SharedGPUResource is what the device plugin advertises for time-sliced GPUs when
 	// renameByDefault is set.
-	SharedGPUResource = "nvidia.com/gpu.shared"
+	SharedGPUResource = GPUResource + SharedResourceSuffix
 	// MIGResourcePrefix starts every MIG profile resource (mixed strategy), e.g.
 	// nvidia.com/mig-1g.5gb.
 	MIGResourcePrefix = "nvidia.com/mig-"
@@ -43,7 +44,66 @@ const (
 	WorkloadVMVGPU        = "vm-vgpu"
 )
 
-// Default prefixes (DESIGN §2).
+// GPU Operator's MIG names: the node label that picks a mig-parted config, the label where
+// mig-manager reports how applying it went, and where the configs live.
+const (
+	// MIGConfigLabel names the mig-parted config a node should run, e.g. all-1g.5gb.
+	MIGConfigLabel = "nvidia.com/mig.config"
+	// MIGConfigStateLabel is mig-manager's report on applying MIGConfigLabel.
+	MIGConfigStateLabel = "nvidia.com/mig.config.state"
+	// DefaultMIGPartedConfigMap is the ConfigMap GPU Operator installs with its configs.
+	DefaultMIGPartedConfigMap = "default-mig-parted-config"
+	// MIGPartedConfigKey is the ConfigMap key holding the mig-parted config file.
+	MIGPartedConfigKey = "config.yaml"
+)
+
+// Values of MIGConfigStateLabel.
+const (
+	MIGStateSuccess   = "success"
+	MIGStatePending   = "pending"
+	MIGStateRebooting = "rebooting"
+	MIGStateFailed    = "failed"
+)
+
+// Labels GPU feature discovery (GFD) writes, which say how the device plugin exposes a node's
+// GPUs.
+const (
+	// MIGStrategyLabel is the device plugin's MIG strategy: single, mixed or none.
+	MIGStrategyLabel = "nvidia.com/mig.strategy"
+	// GPUCountLabel is the number of GPUs; under the single MIG strategy GFD overrides it with
+	// the number of MIG devices.
+	GPUCountLabel = "nvidia.com/gpu.count"
+	// GPUProductLabel is the GPU model, e.g. NVIDIA-A100-SXM4-40GB. GFD appends
+	// MIGProductInfix and the profile under the single MIG strategy, and SharedProductSuffix
+	// when time-sliced GPUs are renamed.
+	GPUProductLabel = "nvidia.com/gpu.product"
+	// GPUReplicasLabel is the number of time-slicing replicas of each GPU.
+	GPUReplicasLabel = "nvidia.com/gpu.replicas"
+	// MIGProductInfix separates the model from the MIG profile in GPUProductLabel, as in
+	// A100-SXM4-40GB-MIG-1g.5gb.
+	MIGProductInfix = "-MIG-"
+	// SharedProductSuffix ends GPUProductLabel when time-sliced GPUs are renamed.
+	SharedProductSuffix = "-SHARED"
+	// SharedResourceSuffix ends a resource name the device plugin renamed for time-slicing
+	// (nvidia.com/gpu.shared, nvidia.com/mig-1g.5gb.shared).
+	SharedResourceSuffix = ".shared"
+)
+
+// Values of MIGStrategyLabel.
+const (
+	MIGStrategySingle = "single"
+	MIGStrategyMixed  = "mixed"
+	MIGStrategyNone   = "none"
+)
+
+// MIGResource is the mixed-strategy resource for a mig-parted profile: nvidia.com/mig-1g.5gb
+// for "1g.5gb". Resource names cannot hold '+', so the device plugin writes a profile's
+// attributes after a dot ("1g.5gb+me" is nvidia.com/mig-1g.5gb.me).
+func MIGResource(profile string) string {
+	return MIGResourcePrefix + strings.ReplaceAll(profile, "+", ".")
+}
+
+// Default prefixes, the ones charts/nvdomain/values.yaml ships.
 const (
 	DefaultLabelPrefix    = "gpu.nvidia.com"
 	DefaultResourcePrefix = "nvidia.com"

@@ -97,3 +97,19 @@ func TestGPUList(t *testing.T) {
 		}
 	}
 }
+
+func TestMIGResource(t *testing.T) {
+	for profile, want := range map[string]string{
+		"1g.5gb":      "nvidia.com/mig-1g.5gb",
+		"1g.5gb+me":   "nvidia.com/mig-1g.5gb.me",
+		"1g.24gb-me":  "nvidia.com/mig-1g.24gb-me",
+		"4g.96gb+gfx": "nvidia.com/mig-4g.96gb.gfx",
+	} {
+		if got := MIGResource(profile); got != want {
+			t.Errorf("MIGResource(%q) = %q, want %q", profile, got, want)
+		}
+	}
+	if SharedGPUResource != "nvidia.com/gpu.shared" {
+		t.Errorf("SharedGPUResource = %q", SharedGPUResource)
+	}
+}

@@ -17,7 +17,7 @@ LDFLAGS     := -X github.com/nvdomain/nvdomain/pkg/cli.Version=$(VERSION)
 # marks deprecated, which only adds compiler noise.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all build test unit e2e host-deps k8s-assets containerd-assets helm-assets lint fmt vet staticcheck cover fuzz bench demo clean
+.PHONY: all build test unit e2e host-deps k8s-assets containerd-assets helm-assets lint fmt vet staticcheck cover fuzz bench bench-placement demo clean
 
 all: build
 
@@ -83,6 +83,11 @@ cover:
 ## (the containerd part). Not part of `make test`, which runs smoke versions.
 bench: host-deps k8s-assets containerd-assets
 	$(GO) run ./test/bench
+
+## bench-placement: only the placement simulation (about a minute and a half); rewrites its
+## section and summary rows of docs/benchmarks.md and the plot, and leaves the rest as it is.
+bench-placement:
+	$(GO) run ./test/bench -only placement
 
 ## fuzz: run every fuzz target for FUZZTIME each (not part of `make test`).
 fuzz:

@@ -1,7 +1,9 @@
 // Command bench is `make bench`: every nvdomain benchmark in one run on this machine, printed
 // as one table and written to docs/benchmarks.md with a plot. Absolute times on a 2-core
 // machine are noisy, so each cost is also given as a ratio against a baseline measured in the
-// same run.
+// same run. `-only placement` (`make bench-placement`) runs the placement simulation alone,
+// which needs neither root nor the built Kubernetes and containerd binaries, and rewrites only
+// its parts of the report.
 package main
 
 import (
@@ -24,7 +26,6 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/nvdomain/nvdomain/test/bench/admissionload"
-	"github.com/nvdomain/nvdomain/test/bench/placementsim"
 )
 
 func main() {
@@ -32,8 +33,18 @@ func main() {
 	ctrllog.SetLogger(logr.Discard())
 	quick := flag.Bool("quick", false, "short runs (seconds), for a smoke check")
 	out := flag.String("out", "docs/benchmarks.md", "report file; empty skips writing it")
+	only := flag.String("only", "", `"placement" runs only the placement simulation and rewrites only its parts of the report`)
 	flag.Parse()
-	if err := run(*quick, *out); err != nil {
+	var err error
+	switch *only {
+	case "":
+		err = run(*quick, *out)
+	case "placement":
+		err = runPlacementOnly(*quick, *out)
+	default:
+		err = fmt.Errorf("-only %q: the only part that runs alone is \"placement\"", *only)
+	}
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
 		os.Exit(1)
 	}
@@ -47,29 +58,12 @@ func run(quick bool, outPath string) error {
 	var md bytes.Buffer
 
 	// 1. Placement quality by simulation.
-	loads := []float64{0.5, 0.8, 0.95, 1.1}
-	horizon, warmup := 2000.0, 200.0
-	if quick {
-		horizon, warmup = 200, 20
+	sims, err := runPlacement(quick)
+	if err != nil {
+		return err
 	}
-	mk := func() []*placementsim.Node { return placementsim.Cluster(32, 16, 16) }
-	var sims []placementsim.Result
-	bounds := map[float64]float64{}
-	for _, load := range loads {
-		jobs := placementsim.Trace(20261129, 8*64, load, 10, horizon)
-		bounds[load] = placementsim.UpperBound(mk(), jobs, horizon, warmup)
-		for _, p := range []placementsim.Policy{&placementsim.Nvdomain{}, placementsim.NodeCountOnly{}, placementsim.Random{}, placementsim.FirstFit{}} {
-			r := placementsim.Run(p, mk, jobs, horizon, warmup, 1)
-			r.Load = load
-			sims = append(sims, r)
-		}
-	}
-	for _, r := range sims {
-		if r.Policy == "nvdomain" {
-			rows = append(rows, row{"placement", fmt.Sprintf("utilisation at %.0f%% load (cross-domain %.1f%%)", r.Load*100, r.CrossDomainPct),
-				fmt.Sprintf("%.3f", r.Utilisation), fmt.Sprintf("bound %.3f", bounds[r.Load]), fmt.Sprintf("%.2f", r.Utilisation/bounds[r.Load])})
-		}
-	}
+	sims.printTables(os.Stdout)
+	rows = append(rows, sims.summaryRows()...)
 	fmt.Fprintf(os.Stderr, "placement simulation done (%s)\n", time.Since(start).Round(time.Second))
 
 	// 2. Admission latency at fixed rates, nvdomain against a no-op webhook.
@@ -150,11 +144,43 @@ func run(quick bool, outPath string) error {
 		return nil
 	}
 	png := strings.TrimSuffix(outPath, ".md") + "-placement.png"
-	if err := plotPlacement(sims, bounds, loads, png); err != nil {
+	if err := plotPlacement(sims, png); err != nil {
 		return err
 	}
-	writeReport(&md, rows, sims, bounds, loads, loadStats, rates, dur, filepath.Base(png), time.Since(start), pc)
-	return os.WriteFile(outPath, md.Bytes(), 0o644)
+	writeReport(&md, rows, sims.markdown(filepath.Base(png)), loadStats, rates, dur, time.Since(start), pc)
+	if err := os.WriteFile(outPath, md.Bytes(), 0o644); err != nil {
+		return fmt.Errorf("write report: %w", err)
+	}
+	return nil
+}
+
+// runPlacementOnly runs the placement simulation alone and rewrites only its parts of an
+// existing report (summary rows, section and plot); the rest keeps the last full run's figures.
+func runPlacementOnly(quick bool, outPath string) error {
+	sims, err := runPlacement(quick)
+	if err != nil {
+		return err
+	}
+	sims.printTables(os.Stdout)
+	if outPath == "" {
+		return nil
+	}
+	old, err := os.ReadFile(outPath)
+	if err != nil {
+		return fmt.Errorf("read the report to update: %w", err)
+	}
+	png := strings.TrimSuffix(outPath, ".md") + "-placement.png"
+	if err := plotPlacement(sims, png); err != nil {
+		return err
+	}
+	md, err := spliceReport(string(old), sims.summaryRows(), sims.markdown(filepath.Base(png)))
+	if err != nil {
+		return fmt.Errorf("%s: %w", outPath, err)
+	}
+	if err := os.WriteFile(outPath, []byte(md), 0o644); err != nil {
+		return fmt.Errorf("write report: %w", err)
+	}
+	return nil
 }
 
 func us(d time.Duration) string {
@@ -211,8 +237,8 @@ func cpuModel() string {
 	return "unknown"
 }
 
-func writeReport(w io.Writer, rows []row, sims []placementsim.Result, bounds map[float64]float64, loads []float64,
-	loadStats [][2]admissionload.Stats, rates []int, dur time.Duration, png string, took time.Duration, podCreate map[string]string) {
+func writeReport(w io.Writer, rows []row, placementSection string,
+	loadStats [][2]admissionload.Stats, rates []int, dur time.Duration, took time.Duration, podCreate map[string]string) {
 	fmt.Fprintf(w, "# nvdomain benchmarks\n\nGenerated by `make bench` on %s: %d cores (%s), %s, in %s. Regenerate with `make bench`;\n",
 		time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), cpuModel(), runtime.Version(), took.Round(time.Second))
 	fmt.Fprintf(w, "absolute times on this small machine are noisy, so each cost comes with a baseline from the same run.\n\n")
@@ -238,52 +264,17 @@ func writeReport(w io.Writer, rows []row, sims []placementsim.Result, bounds map
 	fmt.Fprintf(w, "\n## 3. NRI\n\n- the plugin's own handling: `go test -run '^$' -bench BenchmarkCreateContainer -benchmem ./nri-plugin/`;\n")
 	fmt.Fprintf(w, "- a CreateContainer round trip through `nri/pkg/adaptation` (what containerd embeds), the ttrpc socket and the plugin\n  process: `go test -run '^$' -bench . ./test/nri/`;\n")
 	fmt.Fprintf(w, "- `crictl create` on real containerd 2.4.2 with NRI, 25 containers without the plugin connected, then 25 with it:\n  `go test -run '^$' -bench . -benchtime 1x ./test/containerd/` (root).\n")
-	fmt.Fprintf(w, "\n## 4. Placement quality, by simulation\n\n`test/bench/placementsim`, pure Go, seeded and deterministic. 64 nodes: 32 HGX (one 8-GPU NVSwitch domain),\n")
-	fmt.Fprintf(w, "16 split nodes (two NVSwitch islands of 4), 16 PCIe nodes with NVLink bridges on 4 pairs; 512 GPUs. Jobs of 1/2/4/8 GPUs\n")
-	fmt.Fprintf(w, "(40/30/20/10%%), Poisson arrivals at 50/80/95/110%% of capacity, exponential durations (mean 10), horizon %.0f, first %.0f\n", sims[0].Load*0+2000, 200.0)
-	fmt.Fprintf(w, "ignored. Policies:\n\n- **nvdomain**: the webhook's domain choice (production code) at arrival; the scheduler takes any node whose pinned\n")
-	fmt.Fprintf(w, "  domain has room (at random: the default scheduler does not score extended resources); GPUs by aligned blocks\n  (production code).\n")
-	fmt.Fprintf(w, "- **node-count only**: today's default stack; the scheduler sees `nvidia.com/gpu` counts; the device plugin's best-effort\n")
-	fmt.Fprintf(w, "  choice prefers links it can see (direct NVLink bridges) and sees none on NVSwitch nodes, so it takes the lowest free GPUs there.\n")
-	fmt.Fprintf(w, "- **random** and **first-fit** by GPU count.\n- **bound**: GPU-time that jobs fitting some domain can spend in the window, capped by capacity\n")
-	fmt.Fprintf(w, "  (no fragmentation, no queueing); no policy can exceed it, and it is loose at high load.\n\n")
-	fmt.Fprintf(w, "| load | policy | cross-domain TP jobs | utilisation | of bound | mean wait | p95 wait | never placed |\n|---|---|---|---|---|---|---|---|\n")
-	for _, r := range sims {
-		fmt.Fprintf(w, "| %.0f%% | %s | %.1f%% | %.3f | %.2f | %.2f | %.2f | %d of %d |\n", r.Load*100, r.Policy, r.CrossDomainPct, r.Utilisation,
-			r.Utilisation/bounds[r.Load], r.MeanWait, r.P95Wait, r.NeverPlaced, r.Jobs)
-	}
-	fmt.Fprintf(w, "\n![utilisation and cross-domain placements by policy and load](%s)\n", png)
-	fmt.Fprintf(w, "\n## Reading\n\n%s\n", reading(sims, bounds, loadStats, podCreate))
+	fmt.Fprintf(w, "\n%s", placementSection)
+	fmt.Fprintf(w, "## Reading\n\n%s\n", reading(loadStats, podCreate))
 }
-
-func reading(sims []placementsim.Result, bounds map[float64]float64, loadStats [][2]admissionload.Stats, podCreate map[string]string) string {
-	var nv, cnt placementsim.Result
-	for _, r := range sims {
-		if r.Load == 0.95 && r.Policy == "nvdomain" {
-			nv = r
-		}
-		if r.Load == 0.95 && r.Policy == "node-count only" {
-			cnt = r
-		}
-	}
-	maxCross := 0.0
-	for _, r := range sims {
-		if r.Policy != "nvdomain" && r.CrossDomainPct > maxCross {
-			maxCross = r.CrossDomainPct
-		}
-	}
+func reading(loadStats [][2]admissionload.Stats, podCreate map[string]string) string {
 	last := loadStats[len(loadStats)-1]
 	lo, hi := math.Inf(1), 0.0
 	for _, pair := range loadStats[:len(loadStats)-1] {
 		r := ratio(pair[0].P50, pair[1].P50)
 		lo, hi = math.Min(lo, r), math.Max(hi, r)
 	}
-	return fmt.Sprintf(`- nvdomain never gives a tensor-parallel job GPUs from two domains; the alternatives do for up to %.0f%% of TP jobs.
-  Those can only be on the split and bridged nodes (the only ones with more than one domain), and run at PCIe speed.
-- The price is queueing. At 95%% load nvdomain reaches %.3f utilisation against %.3f for the count-only stack, with a mean
-  wait of %.2f against %.2f, and %d jobs still waiting at the end against %d: a pinned job waits for *its* domain id, and a
-  TP=8 job waits for an HGX node instead of taking eight GPUs across a split node. Its utilisation is %.0f%% below the
-  (loose) bound at that load.
+	return fmt.Sprintf(`- Placement: see the reading at the end of section 4.
 - Admission: on its own, nvdomain's handler answers in a few hundred microseconds up to %d req/s (%.1f-%.1fx the no-op
   webhook at p50); at %d req/s on 2 cores, where the server and the load generator share the CPUs, its p99 is %s
   against %s for the no-op.
@@ -292,7 +283,6 @@ func reading(sims []placementsim.Result, bounds map[float64]float64, loadStats [
   the client share 2 cores.
 - NRI: the plugin's handling is microseconds and its round trip over the socket under a millisecond; against a container
   create of about 20 ms on this machine the difference is within run-to-run noise.`,
-		maxCross, nv.Utilisation, cnt.Utilisation, nv.MeanWait, cnt.MeanWait, nv.NeverPlaced, cnt.NeverPlaced,
-		100*(1-nv.Utilisation/bounds[0.95]), loadStats[len(loadStats)-2][0].Rate, lo, hi, last[0].Rate, us(last[0].P99), us(last[1].P99),
+		loadStats[len(loadStats)-2][0].Rate, lo, hi, last[0].Rate, us(last[0].P99), us(last[1].P99),
 		podCreate["p50-with-µs"], podCreate["p50-without-µs"], podCreate["p50-ratio"])
 }

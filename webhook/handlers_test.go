@@ -320,3 +320,43 @@ func FuzzHandlers(f *testing.F) {
 		}
 	})
 }
+
+func TestPinnedPodPrefersTheSmallestDomainThatHoldsIt(t *testing.T) {
+	f := newFixture(t, NonTPAuto, seedNode())
+	out, _, _ := f.admit(t, pod(true, 2))
+	pref := out.Spec.Affinity.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution
+	var got []string
+	for _, term := range pref {
+		e := term.Preference.MatchExpressions[0]
+		got = append(got, fmt.Sprintf("%d:%s %s %s", term.Weight, e.Key, e.Operator, e.Values[0]))
+	}
+	want := "60:gpu.nvidia.com/nvswitch-domain-0 Lt 4,30:gpu.nvidia.com/nvswitch-domain-0 Lt 8,10:gpu.nvidia.com/nvswitch-domain-0 Lt 16"
+	if strings.Join(got, ",") != want {
+		t.Fatalf("preferred terms = %v, want %s", got, want)
+	}
+	// Idempotent: the preference is not added twice.
+	again := f.mut.Handle(context.Background(), request(t, out))
+	if len(again.Patches) != 0 {
+		t.Fatalf("re-admission patched: %v", again.Patches)
+	}
+}
+
+func TestDryRunReservesNothing(t *testing.T) {
+	// One 4-GPU domain: a dry run of a TP=4 must not make the real TP=4 after it look like
+	// it has to wait.
+	f := newFixture(t, NonTPAuto, node("gpu-node01", []int{4}, nil, nil))
+	req := request(t, pod(true, 4))
+	yes := true
+	req.DryRun = &yes
+	if resp := f.mut.Handle(context.Background(), req); !resp.Allowed || len(resp.Patches) == 0 {
+		t.Fatalf("dry run must still show the pinned pod: %+v", resp.Result)
+	}
+	dec, err := f.view.ChooseDomain(pod(true, 4), 4, 0)
+	if err != nil || !dec.Fits {
+		t.Fatalf("after a dry run the domain no longer fits: %+v %v", dec, err)
+	}
+	f.mut.Handle(context.Background(), request(t, pod(true, 4)))
+	if dec, _ := f.view.ChooseDomain(pod(true, 4), 4, 0); dec.Fits {
+		t.Fatalf("a real admission must reserve its GPUs: %+v", dec)
+	}
+}

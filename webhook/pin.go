@@ -14,8 +14,9 @@ import (
 // Pin returns a copy of pod pinned to domain d: every container that asks for nvidia.com/gpu
 // also asks for the same number of nvidia.com/nvswitch-domain-<d>, every required
 // nodeSelectorTerm gains `gpu.nvidia.com/nvswitch-domain-<d> Gt k-1` (terms are ORed, so the
-// expression goes into each; the user's own expressions stay), and the annotations of DESIGN
-// §2 record the choice. Pinning an already pinned pod changes nothing, which makes admission
+// expression goes into each; the user's own expressions stay), preferred terms favour nodes
+// where domain <d> is small for the pod, and the pod annotations of docs/architecture.md
+// record the choice. Pinning an already pinned pod changes nothing, which makes admission
 // idempotent.
 func Pin(pod *corev1.Pod, p rules.Pod, d int, n names.Names) *corev1.Pod {
 	out := pod.DeepCopy()
@@ -63,6 +64,9 @@ func Pin(pod *corev1.Pod, p rules.Pod, d int, n names.Names) *corev1.Pod {
 		}
 	}
 	na.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms = terms
+	if !hasPreference(na.PreferredDuringSchedulingIgnoredDuringExecution, key) {
+		na.PreferredDuringSchedulingIgnoredDuringExecution = append(na.PreferredDuringSchedulingIgnoredDuringExecution, smallestDomainFirst(key, p.GPUs)...)
+	}
 
 	if out.Annotations == nil {
 		out.Annotations = map[string]string{}
@@ -74,6 +78,31 @@ func Pin(pod *corev1.Pod, p rules.Pod, d int, n names.Names) *corev1.Pod {
 	perJSON, _ := json.Marshal(perContainer) // map[string]int cannot fail to marshal
 	out.Annotations[n.PodContainerGPUsAnnotation()] = string(perJSON)
 	return out
+}
+
+// smallestDomainFirst asks the scheduler to prefer nodes where the pinned domain id is small
+// for the pod: the required expression lets a 2-GPU pod pinned to id 0 land on any node whose
+// domain 0 has 2 free GPUs, including an HGX node whose domain 0 is a whole 8-GPU NVSwitch
+// island, and once small pods are spread over the large islands a TP=8 pod finds none whole.
+// The weights add up, so a domain of [k, 2k) GPUs scores 100, [2k, 4k) 40 and [4k, 8k) 10.
+func smallestDomainFirst(key string, k int) []corev1.PreferredSchedulingTerm {
+	var out []corev1.PreferredSchedulingTerm
+	for i, w := range []int32{60, 30, 10} {
+		below := k << (i + 1)
+		out = append(out, corev1.PreferredSchedulingTerm{Weight: w, Preference: corev1.NodeSelectorTerm{
+			MatchExpressions: []corev1.NodeSelectorRequirement{{Key: key, Operator: corev1.NodeSelectorOpLt, Values: []string{strconv.Itoa(below)}}},
+		}})
+	}
+	return out
+}
+
+func hasPreference(terms []corev1.PreferredSchedulingTerm, key string) bool {
+	for _, t := range terms {
+		if hasExpression(t.Preference.MatchExpressions, key) {
+			return true
+		}
+	}
+	return false
 }
 
 func findContainer(pod *corev1.Pod, name string) *corev1.Container {

@@ -200,6 +200,39 @@ func (c *DomainChooser) pickTie() int {
 	return ids[len(ids)-1]
 }
 
+// waitIn picks the domain id a pod waits for when none has room now: without a seed the id
+// with the most capacity (lowest id on ties); with one, an id drawn in proportion to its
+// capacity, so that a crowd of waiters queues on every id in proportion to what each can
+// serve instead of all on one, and room that frees anywhere finds a waiter already pinned
+// there. -1 when no id is large enough.
+func (c *DomainChooser) waitIn() int {
+	ids := slices.Sorted(maps.Keys(c.bigEnough))
+	if len(ids) == 0 {
+		return -1
+	}
+	if c.seed == 0 {
+		best := ids[0]
+		for _, d := range ids[1:] {
+			if c.bigEnough[d].capacity > c.bigEnough[best].capacity {
+				best = d
+			}
+		}
+		return best
+	}
+	total := 0
+	for _, d := range ids {
+		total += c.bigEnough[d].capacity
+	}
+	r := int(mix(c.seed) % uint64(total))
+	for _, d := range ids {
+		if r < c.bigEnough[d].capacity {
+			return d
+		}
+		r -= c.bigEnough[d].capacity
+	}
+	return ids[len(ids)-1]
+}
+
 // mix is splitmix64's finaliser: seeds that differ in one bit pick independently.
 func mix(x uint64) uint64 {
 	x += 0x9e3779b97f4a7c15
@@ -209,7 +242,7 @@ func mix(x uint64) uint64 {
 }
 
 // Decide returns the choice: the tightest fit if any node has room now; otherwise the domain
-// id with the most capacity (summed over nodes where it is large enough), where the pod waits;
+// id the pod waits for (waitIn: by capacity summed over nodes where it is large enough);
 // otherwise an *ImpossibleError.
 func (c *DomainChooser) Decide() (Decision, error) {
 	if c.k <= 0 {
@@ -219,13 +252,7 @@ func (c *DomainChooser) Decide() (Decision, error) {
 		d := c.pickTie()
 		return Decision{Domain: d, Fits: true, Node: c.ties[d].sample, LeftOver: c.fit.Free - c.k}, nil
 	}
-	best, bestCap := -1, -1
-	for d, fb := range c.bigEnough {
-		if fb.capacity > bestCap || (fb.capacity == bestCap && d < best) {
-			best, bestCap = d, fb.capacity
-		}
-	}
-	if best >= 0 {
+	if best := c.waitIn(); best >= 0 {
 		return Decision{Domain: best, Node: c.bigEnough[best].node}, nil
 	}
 	on := slices.Sorted(slices.Values(c.largestOn))

@@ -132,3 +132,28 @@ func TestSpreadPicksAmongTiesByWeight(t *testing.T) {
 		t.Fatalf("counts = %v, want about 3000:1000 between domains 0 and 1", counts)
 	}
 }
+
+func TestWaitersSpreadInProportionToCapacity(t *testing.T) {
+	// No room anywhere: id 0 has 24 GPUs of 4-GPU domains, id 1 has 8. Seeded waiters queue
+	// on both in about 3:1; without a seed they all wait for the larger id.
+	feed := func(c *DomainChooser) *DomainChooser {
+		c.ConsiderNodes(Candidate{Node: "a", Domain: 0, Capacity: 4, Free: 0}, 6)
+		c.ConsiderNodes(Candidate{Node: "b", Domain: 1, Capacity: 4, Free: 1}, 2)
+		c.ConsiderNodes(Candidate{Node: "c", Domain: 2, Capacity: 2, Free: 2}, 9) // too small
+		return c
+	}
+	if d, _ := feed(NewDomainChooser(4)).Decide(); d.Domain != 0 || d.Fits {
+		t.Fatalf("unseeded: %+v", d)
+	}
+	counts := map[int]int{}
+	for seed := uint64(1); seed <= 4000; seed++ {
+		d, err := feed(NewDomainChooser(4).Spread(seed)).Decide()
+		if err != nil || d.Fits {
+			t.Fatalf("seed %d: %+v %v", seed, d, err)
+		}
+		counts[d.Domain]++
+	}
+	if counts[2] != 0 || counts[0] < 2700 || counts[0] > 3300 {
+		t.Fatalf("counts = %v, want about 3000:1000", counts)
+	}
+}

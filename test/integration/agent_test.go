@@ -30,7 +30,7 @@ import (
 func startAPI(t testing.TB) *kubernetes.Clientset {
 	t.Helper()
 	env := &envtest.Environment{BinaryAssetsDirectory: assets(t)}
-	env.ControlPlane.GetAPIServer().Configure().Set("disable-admission-plugins", "ServiceAccount,TaintNodesByCondition")
+	configureAPIServer(env.ControlPlane.GetAPIServer())
 	cfg, err := env.Start()
 	if err != nil {
 		t.Fatalf("start envtest: %v", err)

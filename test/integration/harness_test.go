@@ -98,6 +98,15 @@ func (w *warningRecorder) take() []string {
 // server by URL, keeping every selector, condition and failure policy as shipped.
 func loadWebhookConfigs(t testing.TB, host string, port int) ([]*admissionregv1.MutatingWebhookConfiguration, []*admissionregv1.ValidatingWebhookConfiguration) {
 	t.Helper()
+	return readWebhookConfigs(t, func(cc *admissionregv1.WebhookClientConfig) {
+		url := fmt.Sprintf("https://%s:%d%s", host, port, *cc.Service.Path)
+		cc.URL, cc.Service = &url, nil
+	})
+}
+
+// readWebhookConfigs reads manifests/webhook, letting point adjust each entry's client config.
+func readWebhookConfigs(t testing.TB, point func(*admissionregv1.WebhookClientConfig)) ([]*admissionregv1.MutatingWebhookConfiguration, []*admissionregv1.ValidatingWebhookConfiguration) {
+	t.Helper()
 	f, err := os.Open(filepath.Join(repoRoot(), "manifests", "webhook", "webhook-configurations.yaml"))
 	if err != nil {
 		t.Fatal(err)
@@ -106,10 +115,6 @@ func loadWebhookConfigs(t testing.TB, host string, port int) ([]*admissionregv1.
 	dec := utilyaml.NewYAMLOrJSONDecoder(f, 4096)
 	var muts []*admissionregv1.MutatingWebhookConfiguration
 	var vals []*admissionregv1.ValidatingWebhookConfiguration
-	point := func(cc *admissionregv1.WebhookClientConfig) {
-		url := fmt.Sprintf("https://%s:%d%s", host, port, *cc.Service.Path)
-		cc.URL, cc.Service = &url, nil
-	}
 	for {
 		var probe struct {
 			Kind string `json:"kind"`
@@ -170,9 +175,7 @@ func startCluster(t testing.TB, opts webhook.Options) *cluster {
 		},
 	}
 	api := env.ControlPlane.GetAPIServer()
-	// No ServiceAccount controller runs here, and without the node lifecycle controller
-	// every new Node would keep the not-ready taint.
-	api.Configure().Set("disable-admission-plugins", "ServiceAccount,TaintNodesByCondition")
+	configureAPIServer(api)
 	cfg, err := env.Start()
 	if err != nil {
 		t.Fatalf("start envtest: %v", err)
@@ -185,6 +188,17 @@ func startCluster(t testing.TB, opts webhook.Options) *cluster {
 	c.startWebhook()
 	c.startScheduler()
 	return c
+}
+
+// configureAPIServer sets what every envtest apiserver here needs. No ServiceAccount
+// controller runs, and without the node lifecycle controller every new Node would keep the
+// not-ready taint. The tests may run in a private network namespace without a default route
+// (test/netns), where the apiserver cannot guess an address to advertise; and the kubernetes
+// Service's endpoints are not reconciled, since a loopback address is not a valid endpoint.
+func configureAPIServer(api *envtest.APIServer) {
+	api.Configure().Set("disable-admission-plugins", "ServiceAccount,TaintNodesByCondition")
+	api.Configure().Set("advertise-address", "127.0.0.1")
+	api.Configure().Set("endpoint-reconciler-type", "none")
 }
 
 func freePort() (int, error) {

@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -63,6 +62,7 @@ func (c *Cluster) Install(ctx context.Context, w io.Writer) error {
 		// One node: two hostNetwork replicas would fight over the webhook port.
 		"--set", "webhook.replicas=1",
 		"--set", "node.nri.socketPath=" + c.NRISocket,
+		"--set", "webhook.repin.after=" + RepinAfter.String(),
 		"--set-json", "topology.simulated=" + topo,
 		"--wait", "--timeout", "3m"}
 	fmt.Fprintf(w, "$ helm install nvdomain charts/nvdomain -n nvdomain-system -f charts/nvdomain/ci/simulated-values.yaml ...\n")
@@ -150,23 +150,9 @@ func (c *Cluster) RunScenarios(ctx context.Context, w io.Writer) (*Report, error
 		return pod, nil
 	}
 	record := func(p *corev1.Pod, scenario string) PodResult {
-		log, _, _ := c.Kubectl("logs", p.Name)
-		raw := ""
-		for _, line := range strings.Split(log, "\n") {
-			if v, ok := strings.CutPrefix(line, "NVIDIA_VISIBLE_DEVICES="); ok {
-				raw = v
-			}
-		}
-		var gpus []int
-		for _, id := range strings.Split(raw, ",") {
-			if g, ok := uuidIndex[id]; ok {
-				gpus = append(gpus, g)
-			}
-		}
-		sort.Ints(gpus)
-		r := PodResult{Name: p.Name, TPSize: p.Annotations[n.PodTPSizeAnnotation()], Node: p.Spec.NodeName, Domain: p.Annotations[n.PodDomainAnnotation()],
-			GPUs: gpus, Raw: raw, Phase: string(p.Status.Phase), Scenario: scenario}
-		say("  %s: domain %s, GPUs %v inside the container (NVIDIA_VISIBLE_DEVICES=%s)", p.Name, r.Domain, gpus, raw)
+		r := c.observe(p, rep)
+		r.Scenario = scenario
+		say("  %s: domain %s, GPUs %v inside the container (NVIDIA_VISIBLE_DEVICES=%s)", p.Name, r.Domain, r.GPUs, r.Raw)
 		return r
 	}
 	results := map[string]PodResult{}

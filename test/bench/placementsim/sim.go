@@ -6,11 +6,15 @@ package placementsim
 
 import (
 	"container/heap"
+	"encoding/binary"
 	"fmt"
+	"hash/fnv"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"slices"
 	"sort"
+	"strings"
 
 	"github.com/nvdomain/nvdomain/pkg/placement"
 )
@@ -212,6 +216,9 @@ type Result struct {
 	NeverPlaced    int // rejected at admission or still waiting at the end
 	Rejected       int
 	Repins         int // waiters a Controller moved
+	// Lapses counts waiters the re-pin controller found stranded that lost the room to
+	// another job before their grace period ran out.
+	Lapses int
 }
 
 type event struct {
@@ -427,6 +434,9 @@ func (s *sim) start(j *Job, now float64, ni int, gs []int) {
 
 func (s *sim) finish() Result {
 	res := s.res
+	if l, ok := s.p.(interface{ lapses() int }); ok {
+		res.Lapses = l.lapses()
+	}
 	res.NeverPlaced = res.Rejected + len(s.queue)
 	if s.tpPlaced > 0 {
 		res.CrossDomainPct = 100 * float64(s.cross) / float64(s.tpPlaced)
@@ -477,22 +487,67 @@ func UpperBound(nodes []*Node, jobs []Job, horizon float64) float64 {
 	return math.Min(1, offered/(float64(8*len(nodes))*horizon))
 }
 
-// Nvdomain pins each job to a domain id on arrival (the webhook's choice, production code)
-// and places it like the stock scheduler: any node whose pinned domain has room, chosen at
-// random (the default scheduler does not score extended resources), GPUs chosen inside the
-// domain by the NRI plugin's aligned blocks (production code).
-type Nvdomain struct{ pinned map[int]int }
+// Nvdomain pins each job to a domain id on arrival (the webhook's choice, production code,
+// with the per-request seed production spreads ties and waiters with) and places it like the
+// stock scheduler: among the nodes whose pinned domain has room, those where the pod's
+// preferred node affinity scores highest (the webhook asks for nodes where the pinned domain
+// is small for the pod), at random among those, since the scheduler's other scores (cpu and
+// memory balance; it does not score extended resources by default) do not depend on GPUs;
+// GPUs chosen inside the domain by the NRI plugin's aligned blocks (production code).
+type Nvdomain struct {
+	// WhatIf measures changes production does not make; the zero value is production.
+	WhatIf WhatIf
 
-func (p *Nvdomain) Name() string { return "nvdomain" }
+	pinned map[int]int
+	// attempts counts a job's admissions: a re-pinned job's replacement is a new pod, whose
+	// admission request hashes to a new seed.
+	attempts map[int]int
+	// waiting holds the GPUs of each job admitted and not yet started (WhatIf.ShortestLine).
+	waiting map[int]int
+	// seed overrides the admission seed in tests that need to know where a job is pinned
+	// (a zero seed is the chooser's deterministic rule); nil is production's per-request hash.
+	seed func(id, attempt int) uint64
+}
+
+// WhatIf are changes to production that the benchmark measures against the gap between
+// nvdomain + re-pin and "any domain with room"; none of them is what nvdomain does today.
+type WhatIf struct {
+	// Pack has the scheduler take, among the nodes its affinity score ranks first, one whose
+	// pinned domain has the fewest free GPUs, as the tightest fit does, instead of any: what
+	// a NodeResourcesFit scoring strategy of MostAllocated over the nvswitch-domain resources
+	// in the scheduler's configuration would come close to.
+	Pack bool
+	// ShortestLine has the webhook pin a pod that has no room anywhere to the domain id with
+	// the fewest GPUs already waiting on it per GPU of capacity (its view counts pods pinned
+	// but not bound), lowest id on ties, instead of an id drawn in proportion to capacity.
+	ShortestLine bool
+}
+
+func (p *Nvdomain) Name() string { return "nvdomain" + p.WhatIf.suffix() }
+
+// suffix names the changes in a policy's name, "" for production.
+func (w WhatIf) suffix() string {
+	var parts []string
+	if w.Pack {
+		parts = append(parts, "packing scheduler")
+	}
+	if w.ShortestLine {
+		parts = append(parts, "shortest line")
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return " (what if: " + strings.Join(parts, ", ") + ")"
+}
 
 // FitKey implements Policy: size and pinned domain.
 func (p *Nvdomain) FitKey(j *Job) int { return j.Size*1000 + p.pinned[j.ID] }
 
 func (p *Nvdomain) Admit(j *Job, nodes []*Node) bool {
 	if p.pinned == nil {
-		p.pinned = map[int]int{}
+		p.pinned, p.attempts, p.waiting = map[int]int{}, map[int]int{}, map[int]int{}
 	}
-	dec, err := chooseDomain(j.Size, nodes)
+	dec, err := p.decide(j, nodes)
 	if err != nil {
 		return false
 	}
@@ -500,12 +555,69 @@ func (p *Nvdomain) Admit(j *Job, nodes []*Node) bool {
 	return true
 }
 
-// chooseDomain is the webhook's decision (production code) over the nodes' free GPUs now.
-// Jobs that wait pinned hold nothing here, unlike in the webhook's view, which counts pods
-// pinned but unbound against their domain: in the simulation every waiter has already failed
-// to fit its domain, so the webhook's accounting (webhook/clusterview) would take nothing off.
-func chooseDomain(k int, nodes []*Node) (placement.Decision, error) {
-	ch := placement.NewDomainChooser(k)
+// decide is the webhook's decision for the job's next admission.
+func (p *Nvdomain) decide(j *Job, nodes []*Node) (placement.Decision, error) {
+	attempt := p.attempts[j.ID]
+	p.attempts[j.ID]++
+	seed := admissionSeed(j.ID, attempt)
+	if p.seed != nil {
+		seed = p.seed(j.ID, attempt)
+	}
+	dec, err := chooseDomain(j.Size, nodes, seed)
+	if err != nil || !p.WhatIf.ShortestLine {
+		return dec, err
+	}
+	delete(p.waiting, j.ID) // a re-pinned job no longer waits where it was
+	if !dec.Fits {
+		dec.Domain = p.shortestLine(j.Size, nodes)
+	}
+	p.waiting[j.ID] = j.Size
+	return dec, nil
+}
+
+// shortestLine is WhatIf.ShortestLine's domain id for a pod of k GPUs that has no room.
+func (p *Nvdomain) shortestLine(k int, nodes []*Node) int {
+	capacity := map[int]int{}
+	for _, n := range nodes {
+		for d, gs := range n.Domains {
+			if len(gs) >= k {
+				capacity[d] += len(gs)
+			}
+		}
+	}
+	waiting := map[int]int{}
+	for id, gpus := range p.waiting {
+		waiting[p.pinned[id]] += gpus
+	}
+	best := -1
+	for _, d := range slices.Sorted(maps.Keys(capacity)) {
+		// (waiting[d]+k)/capacity[d] < (waiting[best]+k)/capacity[best], in integers.
+		if best < 0 || (waiting[d]+k)*capacity[best] < (waiting[best]+k)*capacity[d] {
+			best = d
+		}
+	}
+	return best
+}
+
+// admissionSeed stands in for the webhook's seed, an FNV-1a hash of the admission request's
+// UID made nonzero: every admission of every job (a re-pin's replacement included) gets its
+// own, so its tie-break and, when nothing has room, the id it waits for are drawn afresh.
+func admissionSeed(id, attempt int) uint64 {
+	h := fnv.New64a()
+	var b [16]byte
+	binary.LittleEndian.PutUint64(b[:8], uint64(id))
+	binary.LittleEndian.PutUint64(b[8:], uint64(attempt))
+	_, _ = h.Write(b[:])
+	return h.Sum64() | 1
+}
+
+// chooseDomain is the webhook's decision (production code) over the nodes' free GPUs now,
+// with ties and waiters spread by seed (0: the deterministic rule). Jobs that wait pinned
+// hold nothing here, unlike in the webhook's view, which counts pods pinned but unbound
+// against their domain: in the simulation every waiter has already failed to fit its domain,
+// so the webhook's accounting (webhook/clusterview) would take nothing off.
+func chooseDomain(k int, nodes []*Node, seed uint64) (placement.Decision, error) {
+	ch := placement.NewDomainChooser(k).Spread(seed)
 	for _, n := range nodes {
 		for d, gs := range n.Domains {
 			ch.Consider(placement.Candidate{Node: n.name, Domain: d, Capacity: len(gs), Free: n.domainFree(d)})
@@ -520,21 +632,43 @@ func chooseDomain(k int, nodes []*Node) (placement.Decision, error) {
 
 func (p *Nvdomain) Place(j *Job, nodes []*Node, rng *rand.Rand) (int, []int, bool) {
 	d := p.pinned[j.ID]
-	var feasible []int
+	var best []int
+	var bestScore int64 = -1
 	for i, n := range nodes {
-		if d < len(n.Domains) && len(n.Domains[d]) >= j.Size && n.domainFree(d) >= j.Size {
-			feasible = append(feasible, i)
+		free := 0
+		if d < len(n.Domains) {
+			free = n.domainFree(d)
 		}
+		if free < j.Size {
+			continue
+		}
+		a := affinityOf(j.Size, d, len(n.Domains[d]))
+		if !a.fits {
+			continue
+		}
+		score := a.score
+		if p.WhatIf.Pack {
+			// Affinity first, then the fewest GPUs left free (at most 8 per domain).
+			score = score*16 + int64(8-free)
+		}
+		switch {
+		case score < bestScore:
+			continue
+		case score > bestScore:
+			best, bestScore = best[:0], score
+		}
+		best = append(best, i)
 	}
-	if len(feasible) == 0 {
+	if len(best) == 0 {
 		return 0, nil, false
 	}
-	ni := feasible[rng.IntN(len(feasible))]
+	ni := best[rng.IntN(len(best))]
 	n := nodes[ni]
 	gs, err := placement.ChooseGPUs(j.Size, n.Domains[d], n.inUse)
 	if err != nil {
 		return 0, nil, false
 	}
+	delete(p.waiting, j.ID)
 	return ni, gs, true
 }
 

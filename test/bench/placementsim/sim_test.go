@@ -2,18 +2,29 @@ package placementsim
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 )
 
 func allPolicies() []Policy {
-	return []Policy{&Nvdomain{}, NewNvdomainRepin(DefaultRepinAfter, DefaultRepinsPerUnit), AnyDomain{}, NodeCountOnly{}, Random{}, FirstFit{}}
+	return []Policy{&Nvdomain{}, NewNvdomainRepin(DefaultRepinAfter, DefaultRepinsPerUnit), AnyDomain{}, NodeCountOnly{}, Random{}, FirstFit{},
+		whatIf(WhatIf{Pack: true, ShortestLine: true})}
 }
 
-// domainAware are the policies that must never give a TP job GPUs from two domains.
-var domainAware = []string{"nvdomain", "nvdomain + re-pin", "any domain with room"}
+func whatIf(w WhatIf) *NvdomainRepin {
+	p := NewNvdomainRepin(DefaultRepinAfter, DefaultRepinsPerUnit)
+	p.WhatIf = w
+	return p
+}
+
+// domainAware says whether a policy must never give a TP job GPUs from two domains.
+func domainAware(name string) bool {
+	return strings.HasPrefix(name, "nvdomain") || name == "any domain with room"
+}
 
 // The smoke version of the placement benchmark: a short seeded trace per scenario at 80% and
 // 110% load. The domain-aware policies never give a TP job GPUs from two domains; the
@@ -42,9 +53,9 @@ func TestSmokePlacementQuality(t *testing.T) {
 						t.Errorf("%s: utilisation %.4f exceeds the upper bound %.4f", r.Policy, r.Utilisation, bound)
 					}
 				}
-				for _, name := range domainAware {
-					if got := results[name].CrossDomainPct; got != 0 {
-						t.Errorf("%s placed %.2f%% of TP jobs across domains", name, got)
+				for name, r := range results {
+					if domainAware(name) && r.CrossDomainPct != 0 {
+						t.Errorf("%s placed %.2f%% of TP jobs across domains", name, r.CrossDomainPct)
 					}
 				}
 				if got := results["node-count only"].CrossDomainPct; got == 0 {
@@ -214,9 +225,21 @@ func (m *moves) Act(now float64, q []*Job, nodes []*Node) (*Job, float64) {
 	return j, wake
 }
 
+// unseeded makes the webhook decide with a zero seed, its deterministic rule (ties and
+// waiters go to the lowest id), so that a test knows where each job is pinned; the seeded
+// spread has tests of its own.
+func unseeded(int, int) uint64 { return 0 }
+
+// repin is the re-pin policy with unseeded admissions.
+func repin(after float64, perUnit int) *NvdomainRepin {
+	p := NewNvdomainRepin(after, perUnit)
+	p.seed = unseeded
+	return p
+}
+
 // One split node. A holds domain 0 for 100; B holds domain 1 for bDur; C (TP=4) arrives at 2
-// with no room anywhere and is pinned to domain 0 (equal capacity, lower id), where it would
-// wait until A ends at 100.
+// with no room anywhere and is pinned to domain 0 (unseeded: equal capacity, lower id), where
+// it would wait until A ends at 100.
 func strandedTrace(bDur float64) []Job {
 	return []Job{
 		{ID: 0, Size: 4, Arrival: 0, Duration: 100},
@@ -225,6 +248,8 @@ func strandedTrace(bDur float64) []Job {
 	}
 }
 
+// The grace period runs from when the controller first finds the waiter stranded (its pinned
+// id has no room, another id has), as in webhook/repin, not from its arrival.
 func TestRepinMovesStrandedJob(t *testing.T) {
 	cases := []struct {
 		name      string
@@ -233,10 +258,11 @@ func TestRepinMovesStrandedJob(t *testing.T) {
 		wantStart float64
 		wantMoves int
 	}{
-		{"plain nvdomain waits for its pinned domain", &Nvdomain{}, 9, 100, 0},
-		{"the other id frees after the grace period: moved at once", NewNvdomainRepin(0.5, 10), 9, 10, 1},
-		{"the other id frees within the grace period: moved when it runs out", NewNvdomainRepin(3, 10), 1.5, 5, 1},
-		{"the other id stays full: never moved", NewNvdomainRepin(0.5, 10), 200, 100, 0},
+		{"plain nvdomain waits for its pinned domain", &Nvdomain{seed: unseeded}, 9, 100, 0},
+		{"the other id frees at 10: moved when the grace period has run from then", repin(0.5, 10), 9, 10.5, 1},
+		{"a longer grace period counts from the stranding too", repin(3, 10), 1.5, 5.5, 1},
+		{"no grace period: moved as soon as the other id frees", repin(0, 10), 9, 10, 1},
+		{"the other id stays full: never moved", repin(0.5, 10), 200, 100, 0},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -257,8 +283,29 @@ func TestRepinMovesStrandedJob(t *testing.T) {
 	}
 }
 
-// One free domain, two stranded waiters: the one first in scheduling order gets it; the other
-// is not moved at all until a second domain frees (C's end at 60).
+// Room that another job takes during the grace period ends the stranding, and the clock
+// starts again at the next one, as the controller forgets a pod that a pass finds no longer
+// stranded. C waits pinned to domain 0 from 2; domain 1 frees at 10 and E, arriving at 10.2,
+// is pinned there (the only room) and holds it until 15.2.
+func TestRepinClockRestartsWhenTheRoomIsTaken(t *testing.T) {
+	jobs := append(strandedTrace(9), Job{ID: 3, Size: 4, Arrival: 10.2, Duration: 5})
+	m := &moves{NvdomainRepin: repin(0.5, 10)}
+	log := map[int]placed{}
+	r := run(m, Cluster(0, 1, 0), jobs, 300, 0, 1, log)
+	if log[3].start != 10.2 {
+		t.Errorf("E started at %v, want 10.2", log[3].start)
+	}
+	if !slices.Equal(m.at, []float64{15.7}) || log[2].start != 15.7 {
+		t.Errorf("C moved at %v and started at %v, want moved and started at 15.7 (stranded again from 15.2)", m.at, log[2].start)
+	}
+	if r.Lapses != 1 {
+		t.Errorf("%d lapsed strandings, want 1 (C's room went to E at 10.2)", r.Lapses)
+	}
+}
+
+// One free domain, two stranded waiters: the plan gives it to the one first in scheduling
+// order; the other claims nothing, so it is not stranded until a second domain frees (the
+// first's end at 60.5), and moves half a time unit later.
 func TestRepinRespectsQueueOrder(t *testing.T) {
 	cases := []struct {
 		name          string
@@ -272,21 +319,22 @@ func TestRepinRespectsQueueOrder(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			jobs := append(strandedTrace(9), Job{ID: 3, Size: 4, Arrival: 3, Duration: 50, Priority: c.dPriority})
 			jobs[2].Duration = 50
-			m := &moves{NvdomainRepin: NewNvdomainRepin(0.5, 10)}
+			m := &moves{NvdomainRepin: repin(0.5, 10)}
 			log := map[int]placed{}
 			run(m, Cluster(0, 1, 0), jobs, 300, 0, 1, log)
-			if want := []int{c.first, c.second}; !slices.Equal(m.id, want) || !slices.Equal(m.at, []float64{10, 60}) {
-				t.Fatalf("moved %v at %v, want %v at [10 60]", m.id, m.at, want)
+			if want := []int{c.first, c.second}; !slices.Equal(m.id, want) || !slices.Equal(m.at, []float64{10.5, 61}) {
+				t.Fatalf("moved %v at %v, want %v at [10.5 61]", m.id, m.at, want)
 			}
-			if log[c.first].start != 10 || log[c.second].start != 60 {
-				t.Errorf("started at %v and %v, want 10 and 60", log[c.first].start, log[c.second].start)
+			if log[c.first].start != 10.5 || log[c.second].start != 61 {
+				t.Errorf("started at %v and %v, want 10.5 and 61", log[c.first].start, log[c.second].start)
 			}
 		})
 	}
 }
 
 // Three split nodes: domain 0 held for long everywhere, domain 1 everywhere until 10. Three
-// TP=4 waiters pinned to domain 0 can all move at 10; the rate limit spaces them out.
+// TP=4 waiters pinned to domain 0 are stranded from 10 and due at 10.5; the controller's token
+// bucket (PerUnit a time unit, a burst of PerUnit, full at the start) spaces them out.
 func TestRateLimitCapsRepins(t *testing.T) {
 	var jobs []Job
 	for i := range 6 {
@@ -303,13 +351,13 @@ func TestRateLimitCapsRepins(t *testing.T) {
 		perUnit int
 		want    []float64
 	}{
-		{0, []float64{10, 10, 10}},
-		{1, []float64{10, 11, 12}},
-		{2, []float64{10, 10, 11}},
+		{0, []float64{10.5, 10.5, 10.5}},
+		{1, []float64{10.5, 11.5, 12.5}},
+		{2, []float64{10.5, 10.5, 11}},
 	}
 	for _, c := range cases {
 		t.Run(fmt.Sprintf("%d per unit", c.perUnit), func(t *testing.T) {
-			m := &moves{NvdomainRepin: NewNvdomainRepin(0.5, c.perUnit)}
+			m := &moves{NvdomainRepin: repin(0.5, c.perUnit)}
 			log := map[int]placed{}
 			run(m, Cluster(0, 3, 0), jobs, 300, 0, 1, log)
 			if !slices.Equal(m.at, c.want) || !slices.Equal(m.id, []int{6, 7, 8}) {
@@ -320,14 +368,178 @@ func TestRateLimitCapsRepins(t *testing.T) {
 					t.Errorf("job %d moved at %v but started at %v", id, m.at[i], log[id].start)
 				}
 			}
-			if c.perUnit > 0 {
-				for i := c.perUnit; i < len(m.at); i++ {
-					if m.at[i]-m.at[i-c.perUnit] < 1 {
-						t.Errorf("%d moves within one time unit: %v", c.perUnit+1, m.at[i-c.perUnit:i+1])
-					}
+		})
+	}
+}
+
+// The stock scheduler's choice for a pinned pod: among the nodes where the pinned id has room,
+// those where the webhook's preferred affinity scores highest (the domain is small for the
+// pod), any of those. Every case is tried with many scheduler seeds; want is the set of nodes
+// that must come up, and nothing else may.
+func TestPinnedSmallJobsPreferSmallDomains(t *testing.T) {
+	mixed := func(bridgedUsed ...int) []*Node {
+		return []*Node{node(HGX8, 0), node(Split2x4, 1), node(Bridged4x2, 2, bridgedUsed...)}
+	}
+	cases := []struct {
+		name   string
+		nodes  []*Node
+		k, pin int
+		what   WhatIf
+		want   []int
+	}{
+		{"TP=2 on id 0: a bridged pair (100) over a split island (40) and an HGX island (10)", mixed(), 2, 0, WhatIf{}, []int{2}},
+		{"1 GPU on id 0: a bridged pair (40) over a split island (10) and an HGX island (0)", mixed(), 1, 0, WhatIf{}, []int{2}},
+		{"TP=4 on id 0: a split island (100) over an HGX island (40)", mixed(), 4, 0, WhatIf{}, []int{1}},
+		{"TP=8 on id 0: only an HGX island holds it", mixed(), 8, 0, WhatIf{}, []int{0}},
+		{"the bridged pair taken: TP=2 goes to the split island", mixed(0, 1), 2, 0, WhatIf{}, []int{1}},
+		{"TP=2 on id 1: no HGX node has one", mixed(), 2, 1, WhatIf{}, []int{2}},
+		{"only HGX islands have room: any of them", []*Node{node(HGX8, 0), node(HGX8, 1, 0, 1, 2), node(Split2x4, 2, 0, 1, 2, 3)}, 1, 0, WhatIf{}, []int{0, 1}},
+		{"what if the scheduler packed: the fuller island", []*Node{node(HGX8, 0), node(HGX8, 1, 0, 1, 2), node(Split2x4, 2, 0, 1, 2, 3)}, 1, 0, WhatIf{Pack: true}, []int{1}},
+		{"no room in the pinned id: waits", mixed(0, 1, 2, 3, 4, 5, 6, 7), 2, 3, WhatIf{}, nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p := &Nvdomain{WhatIf: c.what, pinned: map[int]int{0: c.pin}}
+			seen := map[int]bool{}
+			for seed := range uint64(64) {
+				ni, gs, ok := p.Place(&Job{ID: 0, Size: c.k}, c.nodes, rand.New(rand.NewPCG(seed, 1)))
+				if !ok {
+					continue
+				}
+				seen[ni] = true
+				if d := c.nodes[ni].domainOf(gs[0]); d != c.pin || len(gs) != c.k {
+					t.Fatalf("node %d GPUs %v: want %d GPUs of domain %d", ni, gs, c.k, c.pin)
+				}
+			}
+			if got := slices.Sorted(maps.Keys(seen)); !slices.Equal(got, c.want) {
+				t.Errorf("placed on nodes %v, want %v", got, c.want)
+			}
+		})
+	}
+}
+
+// The scores come from the webhook's own Pin and the scheduler's own matcher; this pins down
+// what they add up to: a domain of [k, 2k) GPUs scores 100, [2k, 4k) 40, [4k, 8k) 10, and a
+// domain smaller than k is no place at all, whatever the id.
+func TestAffinityScoresBySize(t *testing.T) {
+	cases := []struct {
+		k, size int
+		fits    bool
+		score   int64
+	}{
+		{2, 1, false, 0},
+		{1, 1, true, 100},
+		{2, 2, true, 100},
+		{2, 3, true, 100},
+		{2, 4, true, 40},
+		{2, 7, true, 40},
+		{2, 8, true, 10},
+		{2, 16, true, 0},
+		{1, 2, true, 40},
+		{1, 4, true, 10},
+		{1, 8, true, 0},
+		{4, 4, true, 100},
+		{4, 8, true, 40},
+		{8, 8, true, 100},
+	}
+	for _, c := range cases {
+		for _, d := range []int{0, 3} {
+			if got := affinityOf(c.k, d, c.size); got != (pinAffinity{c.fits, c.score}) {
+				t.Errorf("%d GPUs pinned to id %d, domain of %d: fits %v score %d, want %v %d", c.k, d, c.size, got.fits, got.score, c.fits, c.score)
+			}
+		}
+	}
+}
+
+// The webhook's seeded spread: with no room anywhere, the id a pod waits for is drawn in
+// proportion to the capacity each id offers it (every node's domains large enough for it),
+// and ties between equally tight fits are drawn by the nodes offering each. Without a seed,
+// everything goes to one id. Each case admits many jobs into one unchanging cluster.
+func TestWaitersSpreadOverIdsInProportionToCapacity(t *testing.T) {
+	full := func() []*Node {
+		nodes := Cluster(32, 16, 16)
+		for _, n := range nodes {
+			for g := range n.used {
+				n.used[g] = true
+			}
+		}
+		return nodes
+	}
+	cases := []struct {
+		name  string
+		nodes []*Node
+		k     int
+		seed  func(id, attempt int) uint64
+		want  map[int]float64 // share of jobs per id
+	}{
+		// Id 0: 32×8 + 16×4 + 16×2 GPUs; id 1: 16×4 + 16×2; ids 2 and 3: 16×2 each; of 512.
+		{"1 GPU, mixed cluster full", full(), 1, nil, map[int]float64{0: 352.0 / 512, 1: 96.0 / 512, 2: 32.0 / 512, 3: 32.0 / 512}},
+		// Only domains of 4 or more: id 0 32×8 + 16×4, id 1 16×4.
+		{"TP=4, mixed cluster full", full(), 4, nil, map[int]float64{0: 320.0 / 384, 1: 64.0 / 384}},
+		{"TP=8, mixed cluster full: id 0 alone has 8-GPU domains", full(), 8, nil, map[int]float64{0: 1}},
+		{"without a seed every waiter waits for id 0", full(), 1, unseeded, map[int]float64{0: 1}},
+		{"TP=4 on an empty split pool: ties, half each", Cluster(0, 8, 0), 4, nil, map[int]float64{0: 0.5, 1: 0.5}},
+		{"TP=4 on an empty split pool without a seed: id 0", Cluster(0, 8, 0), 4, unseeded, map[int]float64{0: 1}},
+	}
+	const jobs = 4000
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p := &Nvdomain{seed: c.seed}
+			count := map[int]int{}
+			for id := range jobs {
+				if !p.Admit(&Job{ID: id, Size: c.k}, c.nodes) {
+					t.Fatalf("job %d rejected", id)
+				}
+				count[p.pinned[id]]++
+			}
+			for d := range count {
+				if _, ok := c.want[d]; !ok {
+					t.Errorf("%d jobs pinned to id %d, want none", count[d], d)
+				}
+			}
+			for d, share := range c.want {
+				// Four binomial standard deviations at the largest variance.
+				if got := float64(count[d]) / jobs; math.Abs(got-share) > 4*math.Sqrt(0.25/jobs) {
+					t.Errorf("id %d: %.3f of jobs, want %.3f", d, got, share)
 				}
 			}
 		})
+	}
+}
+
+// Every admission draws its own seed, a re-pin's replacement included, and none is zero (the
+// chooser's unseeded rule).
+func TestAdmissionSeedsDiffer(t *testing.T) {
+	seen := map[uint64]bool{}
+	for id := range 100 {
+		for attempt := range 3 {
+			s := admissionSeed(id, attempt)
+			if s == 0 || seen[s] {
+				t.Fatalf("job %d attempt %d: seed %#x is zero or repeats", id, attempt, s)
+			}
+			seen[s] = true
+		}
+	}
+}
+
+// The what-if of the shortest line: a pod with no room waits for the id with the fewest GPUs
+// already waiting per GPU of capacity. On a full split pool both ids offer the same, so
+// waiters alternate.
+func TestShortestLineAlternatesOnEqualIds(t *testing.T) {
+	nodes := Cluster(0, 2, 0)
+	for _, n := range nodes {
+		for g := range n.used {
+			n.used[g] = true
+		}
+	}
+	p := &Nvdomain{WhatIf: WhatIf{ShortestLine: true}}
+	var got []int
+	for id := range 6 {
+		p.Admit(&Job{ID: id, Size: 4}, nodes)
+		got = append(got, p.pinned[id])
+	}
+	if want := []int{0, 1, 0, 1, 0, 1}; !slices.Equal(got, want) {
+		t.Errorf("pinned to %v, want %v", got, want)
 	}
 }
 

@@ -1,0 +1,86 @@
+package placementsim
+
+import (
+	"fmt"
+	"strconv"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/webhook"
+	"github.com/nvdomain/nvdomain/webhook/rules"
+)
+
+// pinAffinity is what the stock scheduler makes of a pinned pod's node affinity on one node:
+// whether the required terms let it run there, and the NodeAffinity score of its preferred
+// terms.
+type pinAffinity struct {
+	fits  bool
+	score int64
+}
+
+type affinityKey struct{ gpus, domain, size int }
+
+var (
+	affinityMu    sync.Mutex
+	affinityCache = map[affinityKey]pinAffinity{}
+)
+
+// affinityOf is the node affinity of a pod of gpus GPUs pinned to domain id domain, judged on
+// a node whose domain id has size GPUs. The pod is pinned by the webhook's own Pin, and its
+// terms are matched by the helpers the scheduler's NodeAffinity plugin calls
+// (k8s.io/component-helpers), so the simulation follows the weights and expressions
+// production writes rather than a copy of them. The answer depends on the three numbers only,
+// so it is worked out once per triple.
+func affinityOf(gpus, domain, size int) pinAffinity {
+	key := affinityKey{gpus, domain, size}
+	affinityMu.Lock()
+	defer affinityMu.Unlock()
+	if a, ok := affinityCache[key]; ok {
+		return a
+	}
+	a, err := judgeAffinity(key)
+	if err != nil {
+		// Pin writes terms the helpers always parse; anything else is a bug in this file.
+		panic(err)
+	}
+	affinityCache[key] = a
+	return a
+}
+
+func judgeAffinity(key affinityKey) (pinAffinity, error) {
+	n := names.Default()
+	q := *resource.NewQuantity(int64(key.gpus), resource.DecimalSI)
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "job", Labels: map[string]string{names.TPLabel: names.TPLabelValue}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Resources: corev1.ResourceRequirements{
+			Limits:   corev1.ResourceList{names.GPUResource: q},
+			Requests: corev1.ResourceList{names.GPUResource: q},
+		}}}},
+	}
+	pinned := webhook.Pin(pod, rules.Inspect(pod, n), key.domain, n)
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node", Labels: map[string]string{
+		n.DomainSizeLabel(key.domain): strconv.Itoa(key.size),
+	}}}
+	fits, err := nodeaffinity.GetRequiredNodeAffinity(pinned).Match(node)
+	if err != nil {
+		return pinAffinity{}, fmt.Errorf("required affinity of a pod of %d GPUs pinned to domain %d: %w", key.gpus, key.domain, err)
+	}
+	var preferred []corev1.PreferredSchedulingTerm
+	if na := pinned.Spec.Affinity.NodeAffinity; na != nil {
+		preferred = na.PreferredDuringSchedulingIgnoredDuringExecution
+	}
+	terms, err := nodeaffinity.NewPreferredSchedulingTerms(preferred)
+	if err != nil {
+		return pinAffinity{}, fmt.Errorf("preferred affinity of a pod of %d GPUs pinned to domain %d: %w", key.gpus, key.domain, err)
+	}
+	if !fits {
+		// The scheduler scores only the nodes that pass the required terms.
+		return pinAffinity{}, nil
+	}
+	return pinAffinity{fits: true, score: terms.Score(node)}, nil
+}

@@ -8,6 +8,8 @@ type Metrics struct {
 	Refusals             *prometheus.CounterVec
 	ShouldHaveBeenPinned prometheus.Counter
 	Conflicts            prometheus.Counter
+	Untouched            prometheus.Counter
+	TopologyReloads      *prometheus.CounterVec
 	Handling             prometheus.Histogram
 }
 
@@ -18,7 +20,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "nvdomain_nri_assignments_total", Help: "GPU assignments at container creation, by kind (pinned, unpinned).",
 		}, []string{"kind"}),
 		Refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "nvdomain_nri_refusals_total", Help: "Container creations refused, by reason (domain-full, node-full, bad-annotation).",
+			Name: "nvdomain_nri_refusals_total", Help: "Container creations refused, by reason (domain-full, node-full, bad-annotation, annotation-mismatch, not-whole-gpus, shared-gpus).",
 		}, []string{"reason"}),
 		ShouldHaveBeenPinned: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "nvdomain_nri_unpinned_tp_containers_total", Help: "Tensor-parallel containers that arrived without a domain (admitted while the webhook was down).",
@@ -26,12 +28,18 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		Conflicts: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "nvdomain_nri_sync_conflicts_total", Help: "GPUs found held by two containers when state was rebuilt.",
 		}),
+		Untouched: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "nvdomain_nri_untouched_containers_total", Help: "GPU containers passed through as the device plugin made them: MIG devices, devices the topology does not know, time-sliced GPUs.",
+		}),
+		TopologyReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "nvdomain_nri_topology_reloads_total", Help: "Topology source changes seen, by result (applied, refused, error).",
+		}, []string{"result"}),
 		Handling: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "nvdomain_nri_create_container_seconds", Help: "Time the plugin spends handling CreateContainer.",
 			Buckets: prometheus.ExponentialBuckets(5e-6, 3, 10),
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.Assignments, m.Refusals, m.ShouldHaveBeenPinned, m.Conflicts, m.Handling} {
+	for _, c := range []prometheus.Collector{m.Assignments, m.Refusals, m.ShouldHaveBeenPinned, m.Conflicts, m.Untouched, m.TopologyReloads, m.Handling} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

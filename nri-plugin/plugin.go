@@ -1,9 +1,12 @@
 // Package nriplugin is nvdomain's NRI plugin for containerd: at container creation it picks
 // the exact GPUs a container gets, from the NVSwitch domain the webhook pinned its pod to,
-// and sets NVIDIA_VISIBLE_DEVICES (or CDI devices) accordingly, overriding whatever the
-// device plugin chose. It is the last line of defence: when the domain does not have the
-// GPUs, the container is not created and the kubelet retries. Containers whose pod has no
-// domain are packed so that NVLink domains stay whole (DESIGN §3, account mode).
+// and rewrites whatever the device plugin chose into that choice, in every form the device
+// plugin uses (CDI devices and their device nodes and cgroup rules, NVIDIA_VISIBLE_DEVICES,
+// volume mounts; docs/node-side.md). It is the last line of defence: when the domain does
+// not have the GPUs, or the pod's annotations disagree with what the device plugin allocated,
+// the container is not created and the kubelet retries. Containers whose pod has no domain
+// are packed so that NVLink domains stay whole (account mode); MIG devices and time-sliced
+// GPUs pass untouched.
 //
 // State (which container holds which GPUs) lives in memory, is rebuilt from Synchronize after
 // a restart, and is written to a state file the node agent reads to lower the advertised
@@ -15,6 +18,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,32 +28,24 @@ import (
 	"github.com/containerd/nri/pkg/api"
 	"github.com/go-logr/logr"
 
+	"github.com/nvdomain/nvdomain/pkg/cdispec"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/nristate"
 	"github.com/nvdomain/nvdomain/pkg/placement"
 	"github.com/nvdomain/nvdomain/pkg/topology"
 )
 
-// VisibleDevicesEnv is the variable the NVIDIA container toolkit reads.
-const VisibleDevicesEnv = "NVIDIA_VISIBLE_DEVICES"
-
-// DeviceNaming says how GPUs are named to the container.
-type DeviceNaming string
-
-const (
-	// NameByUUID sets NVIDIA_VISIBLE_DEVICES to GPU UUIDs (default; stable across reboots).
-	NameByUUID DeviceNaming = "uuid"
-	// NameByIndex sets NVIDIA_VISIBLE_DEVICES to GPU indexes.
-	NameByIndex DeviceNaming = "index"
-	// NameByCDI injects CDI devices nvidia.com/gpu=<uuid> instead of the variable.
-	NameByCDI DeviceNaming = "cdi"
-)
-
 // Config configures the plugin.
 type Config struct {
 	Names    names.Names
 	Topology *topology.Topology
-	Naming   DeviceNaming
+	// CDIKind names the GPUs the plugin adds to a container that came with GPU device nodes
+	// but no CDI names of its own (the kind of the names it came with wins).
+	CDIKind cdispec.Kind
+	// SharedGPUs says the node time-slices its GPUs: GPUs are then shared by design, so
+	// containers without a domain keep what the device plugin gave them, and tensor-parallel
+	// containers, which need GPUs to themselves, are refused.
+	SharedGPUs bool
 }
 
 // Assignment is what one container holds; the state file shares the type with the agent.
@@ -63,18 +59,32 @@ type Plugin struct {
 	metrics *Metrics
 	report  Reporter
 
-	uuidToIndex map[string]int
-
-	mu       sync.Mutex
-	assigned map[string]*Assignment // by container id
-	inUse    map[int]string         // GPU index → container id
+	mu           sync.Mutex
+	top          *topology.Topology
+	uuidToIndex  map[string]int
+	minorToIndex map[int]int
+	assigned     map[string]*Assignment // by container id
+	// holders lists, per GPU, the containers holding it. Normally one; after a restart
+	// Synchronize may find two (the plugin was down while the device plugin chose), and the
+	// GPU stays taken until the last of them ends.
+	holders    map[int]map[string]bool
+	generation int64
 }
 
 // Reporter is told about assignments and releases, off the creation path. The production
 // reporter annotates the pod, emits Events and writes the agent's state file.
 type Reporter interface {
 	Assigned(a Assignment, shouldHaveBeenPinned bool)
-	Changed(all []Assignment)
+	Changed(snap Snapshot)
+}
+
+// Snapshot is every assignment at one moment. Generation orders snapshots: reporters run
+// outside the plugin's lock, so a later snapshot may reach them first and must not be
+// replaced by an earlier one.
+type Snapshot struct {
+	Generation  int64
+	Fingerprint string
+	Assignments []Assignment
 }
 
 // New returns a plugin over the node's topology.
@@ -82,17 +92,54 @@ func New(cfg Config, log logr.Logger, m *Metrics, r Reporter) (*Plugin, error) {
 	if cfg.Topology == nil {
 		return nil, errors.New("nri plugin: no topology")
 	}
-	if cfg.Naming == "" {
-		cfg.Naming = NameByUUID
+	if cfg.CDIKind == (cdispec.Kind{}) {
+		cfg.CDIKind = cdispec.DevicePluginGPU
 	}
-	p := &Plugin{cfg: cfg, log: log, metrics: m, report: r, uuidToIndex: map[string]int{},
-		assigned: map[string]*Assignment{}, inUse: map[int]string{}}
-	for _, g := range cfg.Topology.GPUs {
+	p := &Plugin{cfg: cfg, log: log, metrics: m, report: r, assigned: map[string]*Assignment{}, holders: map[int]map[string]bool{}}
+	p.setTopologyLocked(cfg.Topology)
+	return p, nil
+}
+
+func (p *Plugin) setTopologyLocked(top *topology.Topology) {
+	p.top = top
+	p.uuidToIndex, p.minorToIndex = map[string]int{}, map[int]int{}
+	for _, g := range top.GPUs {
 		if g.UUID != "" {
 			p.uuidToIndex[g.UUID] = g.Index
 		}
+		p.minorToIndex[g.DeviceMinor()] = g.Index
 	}
-	return p, nil
+}
+
+// SetTopology replaces the topology, when its source changed. Containers keep the GPUs they
+// hold; the new domains apply to the next creations. It refuses a topology that lacks a GPU
+// some container holds, since those books could no longer be kept.
+func (p *Plugin) SetTopology(top *topology.Topology) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for g, hs := range p.holders {
+		if _, ok := top.GPU(g); !ok && len(hs) > 0 {
+			return fmt.Errorf("the new topology has no GPU %d, which running containers hold; keeping the old one until they end", g)
+		}
+	}
+	p.setTopologyLocked(top)
+	return nil
+}
+
+// republish hands the reporters a fresh snapshot (after a topology change, whose fingerprint
+// the state file carries).
+func (p *Plugin) republish() {
+	p.mu.Lock()
+	snap := p.snapshotLocked()
+	p.mu.Unlock()
+	p.report.Changed(snap)
+}
+
+// Topology returns the topology in use.
+func (p *Plugin) Topology() *topology.Topology {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.top
 }
 
 // CreateContainer picks the container's GPUs and returns the adjustment, or an error that
@@ -100,16 +147,47 @@ func New(cfg Config, log logr.Logger, m *Metrics, r Reporter) (*Plugin, error) {
 func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
 	start := time.Now()
 	defer func() { p.metrics.Handling.Observe(time.Since(start).Seconds()) }()
+	fail := func(reason string, err error) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
+		p.metrics.Refusals.WithLabelValues(reason).Inc()
+		return nil, nil, fmt.Errorf("nvdomain: pod %s/%s container %s: %w", pod.Namespace, pod.Name, ctr.Name, err)
+	}
 
 	k, domain, tp, err := p.request(pod, ctr)
 	if err != nil {
-		p.metrics.Refusals.WithLabelValues("bad-annotation").Inc()
-		return nil, nil, err
-	}
-	if k == 0 {
-		return nil, nil, nil // not a GPU container: no adjustment at all
+		return fail("bad-annotation", err)
 	}
 	p.mu.Lock()
+	g := p.readGiven(pod, ctr)
+	if g.Untouchable != "" {
+		p.mu.Unlock()
+		if domain >= 0 && k > 0 {
+			return fail("not-whole-gpus", fmt.Errorf("the pod is pinned to NVSwitch domain %d, but %s; a tensor-parallel container needs whole GPUs (nvidia.com/gpu)", domain, g.Untouchable))
+		}
+		p.metrics.Untouched.Inc()
+		return nil, nil, nil // MIG devices and the like keep what the device plugin gave
+	}
+	switch {
+	case domain >= 0 && k != g.Count():
+		// Only nvdomain writes the annotations, and it writes the count the pod requests, so
+		// a difference means they were written by hand or the pod was changed after
+		// admission; a hand-written annotation must never be worth GPUs.
+		p.mu.Unlock()
+		return fail("annotation-mismatch", fmt.Errorf("annotation %s says %d GPU(s) for this container but the device plugin allocated %d; only nvdomain's webhook may write that annotation: delete and recreate the pod so the webhook pins it",
+			p.cfg.Names.PodContainerGPUsAnnotation(), k, g.Count()))
+	case domain >= 0 && p.cfg.SharedGPUs:
+		p.mu.Unlock()
+		return fail("shared-gpus", fmt.Errorf("this node time-slices its GPUs, so a tensor-parallel container cannot have GPUs to itself; run it on a node without time-slicing"))
+	case domain < 0 && p.cfg.SharedGPUs:
+		p.mu.Unlock()
+		p.metrics.Untouched.Inc()
+		return nil, nil, nil // time-sliced replicas are shared by design
+	case domain < 0:
+		k = g.Count()
+	}
+	if k == 0 {
+		p.mu.Unlock()
+		return nil, nil, nil // not a GPU container: no adjustment at all
+	}
 	gpus, err := p.choose(k, domain)
 	if err != nil {
 		p.mu.Unlock()
@@ -117,12 +195,14 @@ func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 		if domain < 0 {
 			reason = "node-full"
 		}
-		p.metrics.Refusals.WithLabelValues(reason).Inc()
-		return nil, nil, fmt.Errorf("nvdomain: pod %s/%s container %s: %w", pod.Namespace, pod.Name, ctr.Name, err)
+		return fail(reason, err)
 	}
 	a := Assignment{ContainerID: ctr.Id, PodSandboxID: pod.Id, PodNamespace: pod.Namespace, PodName: pod.Name, PodUID: pod.Uid,
 		ContainerName: ctr.Name, GPUs: gpus, Domain: domain}
 	p.recordLocked(a)
+	adj := &api.ContainerAdjustment{}
+	p.adjust(adj, g, gpus)
+	adj.AddAnnotation(p.cfg.Names.PodAssignedGPUsAnnotation(), names.FormatGPUList(gpus))
 	all := p.snapshotLocked()
 	p.mu.Unlock()
 
@@ -136,57 +216,45 @@ func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 	}
 	p.report.Assigned(a, domain < 0 && tp)
 	p.report.Changed(all)
-	return p.adjustment(gpus), nil, nil
+	return adj, nil, nil
 }
 
-// request reads what the container needs: its GPU count and domain from the webhook's pod
-// annotations, or, for a pod without a domain, the count the device plugin gave it.
+// request reads what the webhook decided for the container: its GPU count and domain from
+// the pod's annotations; a pod without a domain gets -1 (the count then comes from what the
+// device plugin gave).
 func (p *Plugin) request(pod *api.PodSandbox, ctr *api.Container) (k, domain int, tp bool, err error) {
 	n := p.cfg.Names
 	tp = pod.Labels[names.TPLabel] == names.TPLabelValue
-	if ds, ok := pod.Annotations[n.PodDomainAnnotation()]; ok {
-		domain, err = strconv.Atoi(ds)
-		if err != nil || domain < 0 {
-			return 0, 0, tp, fmt.Errorf("nvdomain: pod %s/%s: annotation %s=%q is not a domain id", pod.Namespace, pod.Name, n.PodDomainAnnotation(), ds)
-		}
-		per := map[string]int{}
-		if raw := pod.Annotations[n.PodContainerGPUsAnnotation()]; raw != "" {
-			if err := json.Unmarshal([]byte(raw), &per); err != nil {
-				return 0, 0, tp, fmt.Errorf("nvdomain: pod %s/%s: annotation %s is not a JSON map of container name to GPUs: %v", pod.Namespace, pod.Name, n.PodContainerGPUsAnnotation(), err)
-			}
-		}
-		return per[ctr.Name], domain, tp, nil
+	ds, ok := pod.Annotations[n.PodDomainAnnotation()]
+	if !ok {
+		return 0, -1, tp, nil
 	}
-	return visibleDeviceCount(ctr.Env), -1, tp, nil
+	domain, err = strconv.Atoi(ds)
+	if err != nil || domain < 0 {
+		return 0, 0, tp, fmt.Errorf("annotation %s=%q is not a domain id", n.PodDomainAnnotation(), ds)
+	}
+	per := map[string]int{}
+	if raw := pod.Annotations[n.PodContainerGPUsAnnotation()]; raw != "" {
+		if err := json.Unmarshal([]byte(raw), &per); err != nil {
+			return 0, 0, tp, fmt.Errorf("annotation %s is not a JSON map of container name to GPUs: %v", n.PodContainerGPUsAnnotation(), err)
+		}
+	}
+	if per[ctr.Name] < 0 {
+		return 0, 0, tp, fmt.Errorf("annotation %s gives container %s %d GPUs", n.PodContainerGPUsAnnotation(), ctr.Name, per[ctr.Name])
+	}
+	return per[ctr.Name], domain, tp, nil
 }
 
-// visibleDeviceCount counts the GPUs the device plugin exposed through the environment.
-// "all" means the container was given every GPU outside the device plugin (a privileged
-// tool, say) and is left alone, like "none" and "void".
-func visibleDeviceCount(env []string) int {
-	for _, e := range env {
-		v, ok := strings.CutPrefix(e, VisibleDevicesEnv+"=")
-		if !ok {
-			continue
-		}
-		switch v = strings.TrimSpace(v); v {
-		case "", "all", "none", "void":
-			return 0
-		}
-		return len(strings.Split(v, ","))
-	}
-	return 0
-}
+func (p *Plugin) inUseLocked(g int) bool { return len(p.holders[g]) > 0 }
 
 func (p *Plugin) choose(k, domain int) ([]int, error) {
-	top := p.cfg.Topology
-	used := func(g int) bool { _, ok := p.inUse[g]; return ok }
+	top := p.top
 	if domain < 0 {
 		groups := make([][]int, len(top.Domains))
 		for i, d := range top.Domains {
 			groups[i] = d.GPUs
 		}
-		gpus, err := placement.PackUnpinned(k, groups, top.Unlinked, used)
+		gpus, err := placement.PackUnpinned(k, groups, top.Unlinked, p.inUseLocked)
 		if err != nil {
 			return nil, fmt.Errorf("the node has %s", insufficient(err, k))
 		}
@@ -196,7 +264,7 @@ func (p *Plugin) choose(k, domain int) ([]int, error) {
 	if !ok {
 		return nil, fmt.Errorf("the pod is pinned to NVSwitch domain %d but this node has %d domain(s); its topology and the node's labels disagree", domain, len(top.Domains))
 	}
-	gpus, err := placement.ChooseGPUs(k, d.GPUs, used)
+	gpus, err := placement.ChooseGPUs(k, d.GPUs, p.inUseLocked)
 	if err != nil {
 		return nil, fmt.Errorf("NVSwitch domain %d (GPUs %s) has %s; the GPUs in use there: %s", domain, names.FormatGPUList(d.GPUs), insufficient(err, k), p.holdersLocked(d.GPUs))
 	}
@@ -214,7 +282,8 @@ func insufficient(err error, k int) string {
 func (p *Plugin) holdersLocked(gpus []int) string {
 	var parts []string
 	for _, g := range gpus {
-		if id, ok := p.inUse[g]; ok {
+		ids := slices.Sorted(maps.Keys(p.holders[g]))
+		for _, id := range ids {
 			a := p.assigned[id]
 			parts = append(parts, fmt.Sprintf("%d by %s/%s/%s", g, a.PodNamespace, a.PodName, a.ContainerName))
 		}
@@ -230,7 +299,10 @@ func (p *Plugin) recordLocked(a Assignment) {
 	cp := a
 	p.assigned[a.ContainerID] = &cp
 	for _, g := range a.GPUs {
-		p.inUse[g] = a.ContainerID
+		if p.holders[g] == nil {
+			p.holders[g] = map[string]bool{}
+		}
+		p.holders[g][a.ContainerID] = true
 	}
 }
 
@@ -240,53 +312,32 @@ func (p *Plugin) releaseLocked(containerID string) bool {
 		return false
 	}
 	for _, g := range a.GPUs {
-		if p.inUse[g] == containerID {
-			delete(p.inUse, g)
+		delete(p.holders[g], containerID)
+		if len(p.holders[g]) == 0 {
+			delete(p.holders, g)
 		}
 	}
 	delete(p.assigned, containerID)
 	return true
 }
 
-func (p *Plugin) snapshotLocked() []Assignment {
+func (p *Plugin) snapshotLocked() Snapshot {
 	out := make([]Assignment, 0, len(p.assigned))
 	for _, a := range p.assigned {
 		out = append(out, *a)
 	}
 	slices.SortFunc(out, func(a, b Assignment) int { return strings.Compare(a.ContainerID, b.ContainerID) })
-	return out
+	// Wall-clock nanoseconds, forced to increase: a restarted plugin's snapshots are then
+	// newer than anything its predecessor wrote.
+	p.generation = max(time.Now().UnixNano(), p.generation+1)
+	return Snapshot{Generation: p.generation, Fingerprint: p.top.Fingerprint(), Assignments: out}
 }
 
 // Assignments returns what every container holds, sorted by container id.
 func (p *Plugin) Assignments() []Assignment {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.snapshotLocked()
-}
-
-func (p *Plugin) adjustment(gpus []int) *api.ContainerAdjustment {
-	adj := &api.ContainerAdjustment{}
-	var ids []string
-	for _, g := range gpus {
-		gpu, _ := p.cfg.Topology.GPU(g)
-		switch {
-		case p.cfg.Naming == NameByIndex || gpu.UUID == "":
-			ids = append(ids, strconv.Itoa(g))
-		default:
-			ids = append(ids, gpu.UUID)
-		}
-	}
-	if p.cfg.Naming == NameByCDI {
-		for _, id := range ids {
-			adj.AddCDIDevice(&api.CDIDevice{Name: names.GPUResource + "=" + id})
-		}
-		// The toolkit must not also expose the device plugin's choice.
-		adj.AddEnv(VisibleDevicesEnv, "void")
-	} else {
-		adj.AddEnv(VisibleDevicesEnv, strings.Join(ids, ","))
-	}
-	adj.AddAnnotation(p.cfg.Names.PodAssignedGPUsAnnotation(), names.FormatGPUList(gpus))
-	return adj
+	return p.snapshotLocked().Assignments
 }
 
 // StopContainer releases the container's GPUs: Kubernetes never restarts a stopped container
@@ -330,34 +381,38 @@ func (p *Plugin) release(containerID string) {
 }
 
 // Synchronize rebuilds the state after a (re)start from the containers the runtime runs: the
-// assigned-gpus annotation this plugin put on each container, or else the GPUs its
-// NVIDIA_VISIBLE_DEVICES names. Nothing is assigned twice afterwards.
+// assigned-gpus annotation this plugin put on each container, or else the GPUs the device
+// plugin gave it (created while the plugin was down). Such a container may hold a GPU that
+// another one holds too; both are kept as holders, so the GPU is handed out again only once
+// neither runs.
 func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, ctrs []*api.Container) ([]*api.ContainerUpdate, error) {
 	byID := map[string]*api.PodSandbox{}
 	for _, pod := range pods {
 		byID[pod.Id] = pod
 	}
 	p.mu.Lock()
-	p.assigned, p.inUse = map[string]*Assignment{}, map[int]string{}
+	p.assigned, p.holders = map[string]*Assignment{}, map[int]map[string]bool{}
 	for _, ctr := range ctrs {
 		if ctr.State == api.ContainerState_CONTAINER_STOPPED {
 			continue
 		}
-		gpus := p.heldGPUs(ctr)
+		pod := byID[ctr.PodSandboxId]
+		if pod == nil {
+			pod = &api.PodSandbox{Id: ctr.PodSandboxId}
+		}
+		gpus := p.heldGPUsLocked(pod, ctr)
 		if len(gpus) == 0 {
 			continue
 		}
-		pod := byID[ctr.PodSandboxId]
-		a := Assignment{ContainerID: ctr.Id, PodSandboxID: ctr.PodSandboxId, ContainerName: ctr.Name, GPUs: gpus, Domain: -1}
-		if pod != nil {
-			a.PodNamespace, a.PodName, a.PodUID = pod.Namespace, pod.Name, pod.Uid
-			if d, err := strconv.Atoi(pod.Annotations[p.cfg.Names.PodDomainAnnotation()]); err == nil {
-				a.Domain = d
-			}
+		a := Assignment{ContainerID: ctr.Id, PodSandboxID: ctr.PodSandboxId, ContainerName: ctr.Name, GPUs: gpus, Domain: -1,
+			PodNamespace: pod.Namespace, PodName: pod.Name, PodUID: pod.Uid}
+		if d, err := strconv.Atoi(pod.Annotations[p.cfg.Names.PodDomainAnnotation()]); err == nil {
+			a.Domain = d
 		}
 		for _, g := range gpus {
-			if other, taken := p.inUse[g]; taken {
-				p.log.Info("GPU held by two containers after restart; both are kept as holding it", "gpu", g, "containers", []string{other, ctr.Id})
+			if others := p.holders[g]; len(others) > 0 {
+				p.log.Info("GPU held by two containers after restart; it stays taken until both end", "gpu", g,
+					"containers", append(slices.Sorted(maps.Keys(others)), ctr.Id))
 				p.metrics.Conflicts.Inc()
 			}
 		}
@@ -365,34 +420,20 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, ctrs []*
 	}
 	all := p.snapshotLocked()
 	p.mu.Unlock()
-	p.log.Info("synchronized", "containers", len(ctrs), "holdingGPUs", len(all))
+	p.log.Info("synchronized", "containers", len(ctrs), "holdingGPUs", len(all.Assignments))
 	p.report.Changed(all)
 	return nil, nil
 }
 
-func (p *Plugin) heldGPUs(ctr *api.Container) []int {
+func (p *Plugin) heldGPUsLocked(pod *api.PodSandbox, ctr *api.Container) []int {
 	if v, ok := ctr.Annotations[p.cfg.Names.PodAssignedGPUsAnnotation()]; ok {
 		if gpus, err := names.ParseGPUList(v); err == nil && len(gpus) > 0 {
 			return gpus
 		}
 	}
-	for _, e := range ctr.Env {
-		v, ok := strings.CutPrefix(e, VisibleDevicesEnv+"=")
-		if !ok {
-			continue
-		}
-		var gpus []int
-		for _, id := range strings.Split(v, ",") {
-			id = strings.TrimSpace(id)
-			if g, ok := p.uuidToIndex[id]; ok {
-				gpus = append(gpus, g)
-			} else if g, err := strconv.Atoi(id); err == nil {
-				if _, known := p.cfg.Topology.GPU(g); known {
-					gpus = append(gpus, g)
-				}
-			}
-		}
-		return gpus
+	g := p.readGiven(pod, ctr)
+	if g.Untouchable != "" || p.cfg.SharedGPUs {
+		return nil
 	}
-	return nil
+	return g.GPUs
 }

@@ -3,7 +3,6 @@ package nriplugin
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -53,20 +52,20 @@ func (r *recorder) Assigned(a Assignment, should bool) {
 	}
 }
 
-func (r *recorder) Changed(all []Assignment) {
+func (r *recorder) Changed(snap Snapshot) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.latest = all
+	r.latest = snap.Assignments
 }
 
-func newPlugin(t testing.TB, naming DeviceNaming) (*Plugin, *recorder, *Metrics) {
+func newPlugin(t testing.TB) (*Plugin, *recorder, *Metrics) {
 	t.Helper()
 	m, err := NewMetrics(prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
 	rec := &recorder{}
-	p, err := New(Config{Names: n, Topology: seedTopology(t), Naming: naming}, logr.Discard(), m, rec)
+	p, err := New(Config{Names: n, Topology: seedTopology(t)}, logr.Discard(), m, rec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,6 +85,46 @@ func ctr(id, pod, name string, env ...string) *api.Container {
 	return &api.Container{Id: id, PodSandboxId: pod, Name: name, Env: env, State: api.ContainerState_CONTAINER_CREATED}
 }
 
+// given makes a container the way the device plugin would under one strategy, holding the
+// GPUs of those indexes (GPU-<i> by UUID).
+func given(c *api.Container, strategy string, gpus ...int) *api.Container {
+	var ids, cdiNames []string
+	for _, g := range gpus {
+		ids = append(ids, fmt.Sprintf("GPU-%d", g))
+		cdiNames = append(cdiNames, "k8s.device-plugin.nvidia.com/gpu="+fmt.Sprintf("GPU-%d", g))
+	}
+	nodes := func() {
+		c.Linux = &api.LinuxContainer{}
+		for _, g := range gpus {
+			c.Linux.Devices = append(c.Linux.Devices, &api.LinuxDevice{Path: fmt.Sprintf("/dev/nvidia%d", g), Type: "c", Major: 195, Minor: int64(g)})
+		}
+		c.Linux.Devices = append(c.Linux.Devices, &api.LinuxDevice{Path: "/dev/nvidiactl", Type: "c", Major: 195, Minor: 255})
+		c.Env = append(c.Env, "NVIDIA_VISIBLE_DEVICES=void")
+	}
+	switch strategy {
+	case names.StrategyEnvVar:
+		c.Env = append(c.Env, "NVIDIA_VISIBLE_DEVICES="+strings.Join(ids, ","))
+	case names.StrategyVolumeMounts:
+		c.Env = append(c.Env, "NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices")
+		for _, id := range ids {
+			c.Mounts = append(c.Mounts, &api.Mount{Destination: "/var/run/nvidia-container-devices/" + id, Source: "/dev/null", Type: "bind"})
+		}
+	case names.StrategyCDICRI:
+		for _, n := range cdiNames {
+			c.CDIDevices = append(c.CDIDevices, &api.CDIDevice{Name: n})
+		}
+		nodes()
+	case names.StrategyCDIAnnotations:
+		c.Annotations = map[string]string{"cdi.k8s.io/nvidia-device-plugin_1234": strings.Join(cdiNames, ",")}
+		nodes()
+	}
+	return c
+}
+
+func envGiven(id, pod, name string, gpus ...int) *api.Container {
+	return given(ctr(id, pod, name), names.StrategyEnvVar, gpus...)
+}
+
 func envOf(adj *api.ContainerAdjustment) map[string]string {
 	out := map[string]string{}
 	if adj == nil {
@@ -98,7 +137,7 @@ func envOf(adj *api.ContainerAdjustment) map[string]string {
 }
 
 func TestPinnedContainersGetGPUsFromTheirDomain(t *testing.T) {
-	p, rec, m := newPlugin(t, NameByUUID)
+	p, rec, m := newPlugin(t)
 	ctx := context.Background()
 	cases := []struct {
 		pod, ctr string
@@ -112,7 +151,8 @@ func TestPinnedContainersGetGPUsFromTheirDomain(t *testing.T) {
 		{"d", "d1", 0, 2, "GPU-2,GPU-3"}, // the aligned pair, leaving GPU 1 beside GPU 0's block
 	}
 	for _, tc := range cases {
-		adj, _, err := p.CreateContainer(ctx, pinnedPod(tc.pod, tc.domain, fmt.Sprintf(`{"vllm":%d}`, tc.k)), ctr(tc.ctr, tc.pod, "vllm", "NVIDIA_VISIBLE_DEVICES=GPU-0,GPU-1"))
+		dp := []int{0, 1}[:tc.k]
+		adj, _, err := p.CreateContainer(ctx, pinnedPod(tc.pod, tc.domain, fmt.Sprintf(`{"vllm":%d}`, tc.k)), envGiven(tc.ctr, tc.pod, "vllm", dp...))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -121,7 +161,7 @@ func TestPinnedContainersGetGPUsFromTheirDomain(t *testing.T) {
 		}
 	}
 	// Domain 1 is full: the next TP=2 there is refused with the pod, domain and counts.
-	_, _, err := p.CreateContainer(ctx, pinnedPod("e", 1, `{"vllm":2}`), ctr("e1", "e", "vllm"))
+	_, _, err := p.CreateContainer(ctx, pinnedPod("e", 1, `{"vllm":2}`), envGiven("e1", "e", "vllm", 0, 1))
 	want := "nvdomain: pod default/pod-e container vllm: NVSwitch domain 1 (GPUs 4,5,6,7) has 0 free GPU(s), 2 requested; the GPUs in use there: 4 by default/pod-a/vllm, 5 by default/pod-a/vllm, 6 by default/pod-b/vllm, 7 by default/pod-b/vllm"
 	if err == nil || err.Error() != want {
 		t.Fatalf("error = %v\nwant    %s", err, want)
@@ -136,7 +176,7 @@ func TestPinnedContainersGetGPUsFromTheirDomain(t *testing.T) {
 	if _, err := p.StopContainer(ctx, nil, ctr("a1", "a", "vllm")); err != nil {
 		t.Fatal(err)
 	}
-	adj, _, err := p.CreateContainer(ctx, pinnedPod("e", 1, `{"vllm":2}`), ctr("e2", "e", "vllm"))
+	adj, _, err := p.CreateContainer(ctx, pinnedPod("e", 1, `{"vllm":2}`), envGiven("e2", "e", "vllm", 0, 1))
 	if err != nil || envOf(adj)["NVIDIA_VISIBLE_DEVICES"] != "GPU-4,GPU-5" {
 		t.Fatalf("after stop: %v %v", envOf(adj), err)
 	}
@@ -145,33 +185,154 @@ func TestPinnedContainersGetGPUsFromTheirDomain(t *testing.T) {
 	}
 }
 
-func TestNamingModes(t *testing.T) {
-	for _, tc := range []struct {
-		naming  DeviceNaming
+// Every device list strategy NVIDIA's device plugin has: the device plugin chose GPUs 0,1 and
+// the pod is pinned to domain 1, so the container must end with 4,5 in the form it came in.
+func TestEveryStrategyIsRewrittenToTheChosenGPUs(t *testing.T) {
+	type want struct {
 		env     string
-		devices []string
+		cdi     []string
+		removed []string // device nodes removed
+		denied  []int64  // minors denied in the device cgroup
+		mounts  []string // added mount destinations
+		unmount []string // removed mount destinations
+	}
+	cases := []struct {
+		strategy string
+		want     want
 	}{
-		{NameByUUID, "GPU-4,GPU-5", nil},
-		{NameByIndex, "4,5", nil},
-		{NameByCDI, "void", []string{"nvidia.com/gpu=GPU-4", "nvidia.com/gpu=GPU-5"}},
-	} {
-		p, _, _ := newPlugin(t, tc.naming)
-		adj, _, err := p.CreateContainer(context.Background(), pinnedPod("a", 1, `{"c":2}`), ctr("a1", "a", "c"))
-		if err != nil {
-			t.Fatal(err)
+		{names.StrategyEnvVar, want{env: "GPU-4,GPU-5"}},
+		{names.StrategyVolumeMounts, want{
+			mounts:  []string{"/var/run/nvidia-container-devices/GPU-4", "/var/run/nvidia-container-devices/GPU-5"},
+			unmount: []string{"/var/run/nvidia-container-devices/GPU-0", "/var/run/nvidia-container-devices/GPU-1"}}},
+		{names.StrategyCDICRI, want{
+			cdi:     []string{"k8s.device-plugin.nvidia.com/gpu=GPU-4", "k8s.device-plugin.nvidia.com/gpu=GPU-5"},
+			removed: []string{"/dev/nvidia0", "/dev/nvidia1"}, denied: []int64{0, 1}}},
+		{names.StrategyCDIAnnotations, want{
+			cdi:     []string{"k8s.device-plugin.nvidia.com/gpu=GPU-4", "k8s.device-plugin.nvidia.com/gpu=GPU-5"},
+			removed: []string{"/dev/nvidia0", "/dev/nvidia1"}, denied: []int64{0, 1}}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.strategy, func(t *testing.T) {
+			p, _, _ := newPlugin(t)
+			adj, _, err := p.CreateContainer(context.Background(), pinnedPod("a", 1, `{"vllm":2}`), given(ctr("a1", "a", "vllm"), tc.strategy, 0, 1))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got want
+			got.env = envOf(adj)["NVIDIA_VISIBLE_DEVICES"]
+			for _, d := range adj.CDIDevices {
+				got.cdi = append(got.cdi, d.Name)
+			}
+			if adj.Linux != nil {
+				for _, d := range adj.Linux.Devices {
+					if path, ok := strings.CutPrefix(d.Path, "-"); ok {
+						got.removed = append(got.removed, path)
+					}
+				}
+				if adj.Linux.Resources != nil {
+					for _, r := range adj.Linux.Resources.Devices {
+						if r.Allow || r.Major.GetValue() != 195 || r.Access != "rwm" {
+							t.Errorf("cgroup rule %+v", r)
+						}
+						got.denied = append(got.denied, r.Minor.GetValue())
+					}
+				}
+			}
+			for _, m := range adj.Mounts {
+				if path, ok := strings.CutPrefix(m.Destination, "-"); ok {
+					got.unmount = append(got.unmount, path)
+				} else {
+					got.mounts = append(got.mounts, m.Destination)
+				}
+			}
+			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Fatalf("got  %+v\nwant %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestOverlapKeepsTheSharedGPUAndChangesTheRest(t *testing.T) {
+	// The device plugin chose 3,4 and the domain gives 4,5: GPU 4 stays, 3 goes, 5 comes.
+	p, _, _ := newPlugin(t)
+	adj, _, err := p.CreateContainer(context.Background(), pinnedPod("a", 1, `{"vllm":2}`), given(ctr("a1", "a", "vllm"), names.StrategyCDICRI, 3, 4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(adj.CDIDevices) != 1 || adj.CDIDevices[0].Name != "k8s.device-plugin.nvidia.com/gpu=GPU-5" {
+		t.Errorf("added %v", adj.CDIDevices)
+	}
+	if len(adj.Linux.Devices) != 1 || adj.Linux.Devices[0].Path != "-/dev/nvidia3" {
+		t.Errorf("removed %v", adj.Linux.Devices)
+	}
+}
+
+func TestMIGAndUnknownDevicesPassUntouched(t *testing.T) {
+	mig := ctr("m1", "m", "c")
+	mig.CDIDevices = []*api.CDIDevice{{Name: "k8s.device-plugin.nvidia.com/mig=MIG-1c2a-4e"}}
+	mig.Linux = &api.LinuxContainer{Devices: []*api.LinuxDevice{{Path: "/dev/nvidia0", Type: "c", Major: 195}, {Path: "/dev/nvidia-caps/nvidia-cap21", Type: "c", Major: 511, Minor: 21}}}
+	migEnv := ctr("m2", "m", "c", "NVIDIA_VISIBLE_DEVICES=MIG-1c2a-4e")
+	foreign := ctr("f1", "f", "c", "NVIDIA_VISIBLE_DEVICES=GPU-not-on-this-node")
+	cases := []struct {
+		name string
+		c    *api.Container
+	}{{"MIG by CDI", mig}, {"MIG by env", migEnv}, {"unknown GPU", foreign}}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p, rec, m := newPlugin(t)
+			adj, upd, err := p.CreateContainer(context.Background(), &api.PodSandbox{Id: tc.c.PodSandboxId, Name: "x", Namespace: "default"}, tc.c)
+			if adj != nil || upd != nil || err != nil || len(rec.assigned) != 0 || testutil.ToFloat64(m.Untouched) != 1 {
+				t.Fatalf("adj %v err %v assigned %v", adj, err, rec.assigned)
+			}
+			// A pinned tensor-parallel pod must not run on them.
+			_, _, err = p.CreateContainer(context.Background(), pinnedPod("tp", 0, `{"c":1}`), tc.c)
+			if err == nil || !strings.Contains(err.Error(), "needs whole GPUs") {
+				t.Fatalf("pinned: %v", err)
+			}
+		})
+	}
+}
+
+func TestHandWrittenAnnotationsGiveNoGPUs(t *testing.T) {
+	// A pod with no GPU request carrying nvdomain's annotations by hand: the device plugin
+	// gave it nothing, so it must not get four GPUs from the plugin's books.
+	p, rec, m := newPlugin(t)
+	pod := &api.PodSandbox{Id: "h", Name: "sneaky", Namespace: "default", Annotations: map[string]string{
+		"gpu.nvidia.com/nvswitch-domain": "0", "gpu.nvidia.com/container-gpus": `{"main":4}`}}
+	_, _, err := p.CreateContainer(context.Background(), pod, ctr("h1", "h", "main"))
+	want := "nvdomain: pod default/sneaky container main: annotation gpu.nvidia.com/container-gpus says 4 GPU(s) for this container but the device plugin allocated 0"
+	if err == nil || !strings.HasPrefix(err.Error(), want) {
+		t.Fatalf("error = %v\nwant %s…", err, want)
+	}
+	if len(rec.assigned) != 0 || testutil.ToFloat64(m.Refusals.WithLabelValues("annotation-mismatch")) != 1 {
+		t.Fatalf("assigned %v", rec.assigned)
+	}
+	// Domain 0 is still whole for a real TP=4.
+	if _, _, err := p.CreateContainer(context.Background(), pinnedPod("r", 0, `{"vllm":4}`), envGiven("r1", "r", "vllm", 4, 5, 6, 7)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestSharedGPUNodes(t *testing.T) {
+	m, _ := NewMetrics(prometheus.NewRegistry())
+	p, err := New(Config{Names: n, Topology: seedTopology(t), SharedGPUs: true}, logr.Discard(), m, &recorder{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Two time-sliced replicas of GPU 0 in two containers: both untouched.
+	for _, id := range []string{"s1", "s2"} {
+		adj, _, err := p.CreateContainer(context.Background(), &api.PodSandbox{Id: id, Name: id, Namespace: "default"}, envGiven(id, id, "c", 0))
+		if adj != nil || err != nil {
+			t.Fatalf("%s: %v %v", id, adj, err)
 		}
-		var cdi []string
-		for _, d := range adj.CDIDevices {
-			cdi = append(cdi, d.Name)
-		}
-		if envOf(adj)["NVIDIA_VISIBLE_DEVICES"] != tc.env || !slices.Equal(cdi, tc.devices) {
-			t.Errorf("%s: env %v cdi %v", tc.naming, envOf(adj), cdi)
-		}
+	}
+	if _, _, err := p.CreateContainer(context.Background(), pinnedPod("tp", 0, `{"c":1}`), envGiven("t1", "tp", "c", 0)); err == nil || !strings.Contains(err.Error(), "time-slices its GPUs") {
+		t.Fatalf("TP on a shared node: %v", err)
 	}
 }
 
 func TestContainersWithoutGPUsGetNoAdjustment(t *testing.T) {
-	p, rec, _ := newPlugin(t, NameByUUID)
+	p, rec, _ := newPlugin(t)
 	ctx := context.Background()
 	for _, c := range []struct {
 		pod *api.PodSandbox
@@ -193,29 +354,30 @@ func TestContainersWithoutGPUsGetNoAdjustment(t *testing.T) {
 }
 
 func TestUnpinnedContainersArePackedAndTPIsFlagged(t *testing.T) {
-	p, rec, m := newPlugin(t, NameByIndex)
+	p, rec, m := newPlugin(t)
 	ctx := context.Background()
 	// Domain 1 already half used by a pinned pod.
-	if _, _, err := p.CreateContainer(ctx, pinnedPod("a", 1, `{"c":2}`), ctr("a1", "a", "c")); err != nil {
+	if _, _, err := p.CreateContainer(ctx, pinnedPod("a", 1, `{"c":2}`), envGiven("a1", "a", "c", 0, 1)); err != nil {
 		t.Fatal(err)
 	}
 	plain := &api.PodSandbox{Id: "b", Name: "batch", Namespace: "default"}
-	adj, _, err := p.CreateContainer(ctx, plain, ctr("b1", "b", "c", "NVIDIA_VISIBLE_DEVICES=GPU-0,GPU-1"))
+	adj, _, err := p.CreateContainer(ctx, plain, ctr("b1", "b", "c", "NVIDIA_VISIBLE_DEVICES=0,1"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Tightest domain: the 2 free GPUs of domain 1, keeping domain 0 whole for a TP=4.
+	// Tightest domain: the 2 free GPUs of domain 1, keeping domain 0 whole for a TP=4; named
+	// by index, as the device plugin named them.
 	if got := envOf(adj)["NVIDIA_VISIBLE_DEVICES"]; got != "6,7" {
 		t.Errorf("unpinned container got %q, want 6,7", got)
 	}
 	tp := &api.PodSandbox{Id: "c", Name: "tp-while-down", Namespace: "default", Labels: map[string]string{"tensor-parallel": "true"}}
-	if _, _, err := p.CreateContainer(ctx, tp, ctr("c1", "c", "c", "NVIDIA_VISIBLE_DEVICES=GPU-0,GPU-1")); err != nil {
+	if _, _, err := p.CreateContainer(ctx, tp, envGiven("c1", "c", "c", 0, 1)); err != nil {
 		t.Fatal(err)
 	}
 	if rec.unpinned != 1 || testutil.ToFloat64(m.ShouldHaveBeenPinned) != 1 || testutil.ToFloat64(m.Assignments.WithLabelValues("unpinned")) != 2 {
 		t.Errorf("should-have-been-pinned reports %d, metric %v", rec.unpinned, testutil.ToFloat64(m.ShouldHaveBeenPinned))
 	}
-	if _, _, err := p.CreateContainer(ctx, plain, ctr("b2", "b", "c", "NVIDIA_VISIBLE_DEVICES=a,b,c")); err == nil || !strings.Contains(err.Error(), "the node has 2 free GPU(s), 3 requested") {
+	if _, _, err := p.CreateContainer(ctx, plain, envGiven("b2", "b", "c", 0, 1, 2)); err == nil || !strings.Contains(err.Error(), "the node has 2 free GPU(s), 3 requested") {
 		t.Errorf("node-full error = %v", err)
 	}
 	if err := p.RemovePodSandbox(ctx, plain); err != nil {
@@ -229,33 +391,38 @@ func TestUnpinnedContainersArePackedAndTPIsFlagged(t *testing.T) {
 }
 
 func TestBadAnnotationsRefuseWithAClearError(t *testing.T) {
-	p, _, _ := newPlugin(t, NameByUUID)
-	pod := pinnedPod("a", 0, `{"c":2}`)
-	pod.Annotations["gpu.nvidia.com/nvswitch-domain"] = "one"
-	if _, _, err := p.CreateContainer(context.Background(), pod, ctr("a1", "a", "c")); err == nil || !strings.Contains(err.Error(), `annotation gpu.nvidia.com/nvswitch-domain="one" is not a domain id`) {
-		t.Errorf("error = %v", err)
+	cases := []struct {
+		pod  *api.PodSandbox
+		want string
+	}{
+		{func() *api.PodSandbox {
+			p := pinnedPod("a", 0, `{"c":2}`)
+			p.Annotations["gpu.nvidia.com/nvswitch-domain"] = "one"
+			return p
+		}(), `annotation gpu.nvidia.com/nvswitch-domain="one" is not a domain id`},
+		{pinnedPod("b", 5, `{"c":2}`), "pinned to NVSwitch domain 5 but this node has 2 domain(s)"},
+		{pinnedPod("c", 0, `{"c":`), "is not a JSON map"},
+		{pinnedPod("d", 0, `{"c":-2}`), "gives container c -2 GPUs"},
 	}
-	pod = pinnedPod("b", 5, `{"c":2}`)
-	if _, _, err := p.CreateContainer(context.Background(), pod, ctr("b1", "b", "c")); err == nil || !strings.Contains(err.Error(), "pinned to NVSwitch domain 5 but this node has 2 domain(s)") {
-		t.Errorf("error = %v", err)
-	}
-	pod = pinnedPod("c", 0, `{"c":`)
-	if _, _, err := p.CreateContainer(context.Background(), pod, ctr("c1", "c", "c")); err == nil || !strings.Contains(err.Error(), "is not a JSON map") {
-		t.Errorf("error = %v", err)
+	for _, tc := range cases {
+		p, _, _ := newPlugin(t)
+		if _, _, err := p.CreateContainer(context.Background(), tc.pod, envGiven("x", tc.pod.Id, "c", 0, 1)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: error = %v, want %q", tc.pod.Id, err, tc.want)
+		}
 	}
 }
 
 func TestSynchronizeRebuildsState(t *testing.T) {
-	p, rec, _ := newPlugin(t, NameByUUID)
+	p, rec, _ := newPlugin(t)
 	pods := []*api.PodSandbox{pinnedPod("a", 1, `{"c":2}`), {Id: "b", Name: "old", Namespace: "default"}}
 	withAnn := ctr("a1", "a", "c")
 	withAnn.State = api.ContainerState_CONTAINER_RUNNING
 	withAnn.Annotations = map[string]string{"gpu.nvidia.com/assigned-gpus": "4,5"}
-	envOnly := ctr("b1", "b", "c", "NVIDIA_VISIBLE_DEVICES=GPU-0,GPU-1")
-	envOnly.State = api.ContainerState_CONTAINER_RUNNING
-	stopped := ctr("b0", "b", "c", "NVIDIA_VISIBLE_DEVICES=GPU-2")
+	cdiOnly := given(ctr("b1", "b", "c"), names.StrategyCDICRI, 0, 1)
+	cdiOnly.State = api.ContainerState_CONTAINER_RUNNING
+	stopped := envGiven("b0", "b", "c", 2)
 	stopped.State = api.ContainerState_CONTAINER_STOPPED
-	if _, err := p.Synchronize(context.Background(), pods, []*api.Container{withAnn, envOnly, stopped}); err != nil {
+	if _, err := p.Synchronize(context.Background(), pods, []*api.Container{withAnn, cdiOnly, stopped}); err != nil {
 		t.Fatal(err)
 	}
 	got := p.Assignments()
@@ -266,14 +433,85 @@ func TestSynchronizeRebuildsState(t *testing.T) {
 		t.Errorf("state not reported after sync: %v", rec.latest)
 	}
 	// Nothing is given twice afterwards: domain 1 has only 6,7 left.
-	adj, _, err := p.CreateContainer(context.Background(), pinnedPod("c", 1, `{"c":2}`), ctr("c1", "c", "c"))
+	adj, _, err := p.CreateContainer(context.Background(), pinnedPod("c", 1, `{"c":2}`), envGiven("c1", "c", "c", 0, 1))
 	if err != nil || envOf(adj)["NVIDIA_VISIBLE_DEVICES"] != "GPU-6,GPU-7" {
 		t.Fatalf("after sync: %v %v", envOf(adj), err)
 	}
 }
 
+// While the plugin was down the device plugin gave GPU 6 to a second container; after the
+// restart GPU 6 has two holders and must stay taken until both end.
+func TestAGPUWithTwoHoldersIsFreeOnlyWhenBothEnd(t *testing.T) {
+	p, _, m := newPlugin(t)
+	first := ctr("x1", "x", "c")
+	first.State = api.ContainerState_CONTAINER_RUNNING
+	first.Annotations = map[string]string{"gpu.nvidia.com/assigned-gpus": "6,7"}
+	second := envGiven("y1", "y", "c", 6)
+	second.State = api.ContainerState_CONTAINER_RUNNING
+	pods := []*api.PodSandbox{pinnedPod("x", 1, `{"c":2}`), {Id: "y", Name: "down-time", Namespace: "default"}}
+	if _, err := p.Synchronize(context.Background(), pods, []*api.Container{first, second}); err != nil {
+		t.Fatal(err)
+	}
+	if testutil.ToFloat64(m.Conflicts) != 1 {
+		t.Fatalf("conflicts = %v", testutil.ToFloat64(m.Conflicts))
+	}
+	ctx := context.Background()
+	steps := []struct {
+		stop string
+		want string // what a TP=4 in domain 1 gets, or the refusal
+	}{
+		{"x1", "has 3 free GPU(s), 4 requested"}, // 6 is still y1's
+		{"y1", "GPU-4,GPU-5,GPU-6,GPU-7"},
+	}
+	for _, st := range steps {
+		if _, err := p.StopContainer(ctx, nil, ctr(st.stop, "", "c")); err != nil {
+			t.Fatal(err)
+		}
+		adj, _, err := p.CreateContainer(ctx, pinnedPod("z", 1, `{"c":4}`), envGiven("z-"+st.stop, "z", "c", 0, 1, 2, 3))
+		got := ""
+		if err != nil {
+			got = err.Error()
+		} else {
+			got = envOf(adj)["NVIDIA_VISIBLE_DEVICES"]
+			p.release("z-" + st.stop)
+		}
+		if !strings.Contains(got, st.want) {
+			t.Fatalf("after stopping %s: %q, want %q", st.stop, got, st.want)
+		}
+	}
+}
+
+func TestTopologyReloadKeepsHeldGPUs(t *testing.T) {
+	p, _, _ := newPlugin(t)
+	if _, _, err := p.CreateContainer(context.Background(), pinnedPod("a", 1, `{"c":2}`), envGiven("a1", "a", "c", 0, 1)); err != nil {
+		t.Fatal(err)
+	}
+	// A topology without GPUs 4-7 cannot replace the one in use while 4,5 are held.
+	var four []topology.GPU
+	for i := range 4 {
+		four = append(four, topology.GPU{Index: i, UUID: fmt.Sprintf("GPU-%d", i)})
+	}
+	small, _ := topology.FromDomains("simulated", four, [][]int{{0, 1}, {2, 3}}, nil)
+	if err := p.SetTopology(small); err == nil || !strings.Contains(err.Error(), "running containers hold") {
+		t.Fatalf("SetTopology = %v", err)
+	}
+	// One that only regroups the domains applies, and the next pinned container follows it.
+	var eight []topology.GPU
+	for i := range 8 {
+		eight = append(eight, topology.GPU{Index: i, UUID: fmt.Sprintf("GPU-%d", i)})
+	}
+	regrouped, _ := topology.FromDomains("simulated", eight, [][]int{{0, 1, 2, 3, 4, 5, 6, 7}}, nil)
+	if err := p.SetTopology(regrouped); err != nil {
+		t.Fatal(err)
+	}
+	adj, _, err := p.CreateContainer(context.Background(), pinnedPod("b", 0, `{"c":4}`), envGiven("b1", "b", "c", 0, 1, 2, 3))
+	if err != nil || envOf(adj)["NVIDIA_VISIBLE_DEVICES"] != "GPU-0,GPU-1,GPU-2,GPU-3" {
+		t.Fatalf("after reload: %v %v", envOf(adj), err)
+	}
+}
+
 func TestParallelCreatesNeverShareAGPU(t *testing.T) {
-	p, _, _ := newPlugin(t, NameByIndex)
+	p, _, _ := newPlugin(t)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	got := map[string]int{}
@@ -283,7 +521,7 @@ func TestParallelCreatesNeverShareAGPU(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			id := fmt.Sprint(i)
-			adj, _, err := p.CreateContainer(context.Background(), pinnedPod(id, i%2, `{"c":1}`), ctr("c"+id, id, "c"))
+			adj, _, err := p.CreateContainer(context.Background(), pinnedPod(id, i%2, `{"c":1}`), envGiven("c"+id, id, "c", 0))
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -309,12 +547,14 @@ func TestStateFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "run", "nri-state.json")
 	ctx, cancel := context.WithCancel(context.Background())
 	s := NewStateFile(ctx, path, logr.Discard())
-	s.Changed([]Assignment{{ContainerID: "a", GPUs: []int{1}, Domain: -1}})
-	s.Changed([]Assignment{{ContainerID: "a", GPUs: []int{1}, Domain: -1}, {ContainerID: "b", GPUs: []int{4, 5}, Domain: 1}})
+	s.Changed(Snapshot{Generation: 1, Assignments: []Assignment{{ContainerID: "a", GPUs: []int{1}, Domain: -1}}})
+	s.Changed(Snapshot{Generation: 3, Fingerprint: "f", Assignments: []Assignment{{ContainerID: "a", GPUs: []int{1}, Domain: -1}, {ContainerID: "b", GPUs: []int{4, 5}, Domain: 1}}})
+	// A snapshot taken earlier but delivered later is ignored.
+	s.Changed(Snapshot{Generation: 2, Assignments: nil})
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		doc, err := nristate.Read(path)
-		if err == nil && len(doc.Assignments) == 2 {
+		if err == nil && len(doc.Assignments) == 2 && doc.TopologyFingerprint == "f" {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -323,8 +563,9 @@ func TestStateFile(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	cancel()
-	if entries, _ := os.ReadDir(filepath.Dir(path)); len(entries) != 1 {
-		t.Errorf("temporary files left behind: %v", entries)
+	time.Sleep(50 * time.Millisecond)
+	if doc, _ := nristate.Read(path); doc == nil || len(doc.Assignments) != 2 {
+		t.Fatalf("an older snapshot replaced the newer one: %+v", doc)
 	}
 }
 
@@ -340,14 +581,14 @@ func TestAssignedValue(t *testing.T) {
 // BenchmarkCreateContainer measures the plugin's own handling, the number the runtime waits
 // for on every container creation.
 func BenchmarkCreateContainer(b *testing.B) {
-	p, _, _ := newPlugin(b, NameByUUID)
+	p, _, _ := newPlugin(b)
 	ctx := context.Background()
 	pod := pinnedPod("a", 1, `{"c":2}`)
 	i := 0
 	for b.Loop() {
 		id := fmt.Sprint(i)
 		i++
-		if _, _, err := p.CreateContainer(ctx, pod, ctr(id, "a", "c")); err != nil {
+		if _, _, err := p.CreateContainer(ctx, pod, given(ctr(id, "a", "c"), names.StrategyCDICRI, 0, 1)); err != nil {
 			b.Fatal(err)
 		}
 		p.release(id)

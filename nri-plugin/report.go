@@ -27,7 +27,7 @@ type StateFile struct {
 	log  logr.Logger
 
 	mu      sync.Mutex
-	latest  []Assignment
+	latest  Snapshot
 	pending bool
 	wake    chan struct{}
 }
@@ -42,10 +42,14 @@ func NewStateFile(ctx context.Context, path string, log logr.Logger) *StateFile 
 // Assigned implements Reporter; the state file only cares about the whole picture.
 func (s *StateFile) Assigned(Assignment, bool) {}
 
-// Changed implements Reporter.
-func (s *StateFile) Changed(all []Assignment) {
+// Changed implements Reporter; an older snapshot than the one pending is ignored.
+func (s *StateFile) Changed(snap Snapshot) {
 	s.mu.Lock()
-	s.latest, s.pending = all, true
+	if snap.Generation < s.latest.Generation {
+		s.mu.Unlock()
+		return
+	}
+	s.latest, s.pending = snap, true
 	s.mu.Unlock()
 	select {
 	case s.wake <- struct{}{}:
@@ -74,8 +78,12 @@ func (s *StateFile) flush() {
 	latest := s.latest
 	s.pending = false
 	s.mu.Unlock()
-	if err := nristate.Write(s.path, latest); err != nil {
+	written, err := nristate.Write(s.path, nristate.Doc{Generation: latest.Generation, TopologyFingerprint: latest.Fingerprint, Assignments: latest.Assignments})
+	switch {
+	case err != nil:
 		s.log.Error(err, "write state file", "path", s.path)
+	case !written:
+		s.log.Info("state file holds a newer snapshot (another plugin process wrote it); not replaced", "path", s.path, "generation", latest.Generation)
 	}
 }
 
@@ -90,9 +98,9 @@ func (rs Reporters) Assigned(a Assignment, shouldHaveBeenPinned bool) {
 }
 
 // Changed implements Reporter.
-func (rs Reporters) Changed(all []Assignment) {
+func (rs Reporters) Changed(snap Snapshot) {
 	for _, r := range rs {
-		r.Changed(all)
+		r.Changed(snap)
 	}
 }
 
@@ -145,9 +153,9 @@ func (r *KubeReporter) Assigned(a Assignment, shouldHaveBeenPinned bool) {
 }
 
 // Changed implements Reporter: forget pods that no longer hold anything.
-func (r *KubeReporter) Changed(all []Assignment) {
+func (r *KubeReporter) Changed(snap Snapshot) {
 	live := map[string]bool{}
-	for _, a := range all {
+	for _, a := range snap.Assignments {
 		live[a.PodUID] = true
 	}
 	r.mu.Lock()

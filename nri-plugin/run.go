@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/containerd/nri/pkg/stub"
@@ -13,6 +14,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/nvdomain/nvdomain/pkg/cdispec"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/probes"
 	"github.com/nvdomain/nvdomain/pkg/topology"
@@ -31,7 +33,15 @@ type RunOptions struct {
 	NodeName       string
 	NVML           bool
 
-	Naming      DeviceNaming
+	// CDIKind (vendor/class) names GPUs the plugin adds to containers that came with GPU
+	// device nodes but no CDI names; SharedGPUs says the node time-slices its GPUs.
+	CDIKind    string
+	SharedGPUs bool
+	// TopologyReload is how often the topology source is read again; a change is applied
+	// (the agent republishes the same change) unless running containers hold GPUs the new
+	// topology lacks. 0 reads it once.
+	TopologyReload time.Duration
+
 	StateFile   string
 	MetricsAddr string
 	// SocketPath, PluginName and PluginIdx make it an external plugin. When containerd
@@ -46,8 +56,7 @@ type RunOptions struct {
 	Kubeconfig string
 }
 
-// LoadTopology reads the node's topology from the configured source, once: the plugin is
-// restarted to pick up a new topology.
+// LoadTopology reads the node's topology from the configured source.
 func LoadTopology(ctx context.Context, o RunOptions) (*topology.Topology, error) {
 	var src source.Source
 	switch {
@@ -95,9 +104,19 @@ func Run(ctx context.Context, o RunOptions, log logr.Logger) error {
 		}
 		reporters = append(reporters, NewKubeReporter(ctx, cs, o.Names, o.NodeName, log.WithName("report")))
 	}
-	p, err := New(Config{Names: o.Names, Topology: top, Naming: o.Naming}, log, m, reporters)
+	kind := cdispec.DevicePluginGPU
+	if o.CDIKind != "" {
+		var ok bool
+		if kind, _, ok = cdispec.ParseName(o.CDIKind + "=x"); !ok {
+			return fmt.Errorf("--cdi-kind %q: give vendor/class, e.g. %s", o.CDIKind, cdispec.DevicePluginGPU)
+		}
+	}
+	p, err := New(Config{Names: o.Names, Topology: top, CDIKind: kind, SharedGPUs: o.SharedGPUs}, log, m, reporters)
 	if err != nil {
 		return err
+	}
+	if o.TopologyReload > 0 {
+		go reloadTopology(ctx, o, p, m, log.WithName("topology"))
 	}
 	if o.MetricsAddr != "" {
 		stop, err := probes.Serve(o.MetricsAddr, reg, nil, "")
@@ -120,8 +139,47 @@ func Run(ctx context.Context, o RunOptions, log logr.Logger) error {
 	if err != nil {
 		return fmt.Errorf("create NRI stub: %w", err)
 	}
-	log.Info("starting", "gpus", len(top.GPUs), "domains", len(top.Domains), "source", top.Source, "naming", p.cfg.Naming)
+	log.Info("starting", "gpus", len(top.GPUs), "domains", len(top.Domains), "source", top.Source, "fingerprint", top.Fingerprint(),
+		"cdiKind", kind.String(), "sharedGPUs", o.SharedGPUs, "topologyReload", o.TopologyReload)
 	return s.Run(ctx)
+}
+
+// reloadTopology reads the topology source every o.TopologyReload and applies a change, so the
+// plugin follows the agent (which republishes the same source) instead of silently serving
+// an old topology; a change it cannot apply is logged and counted, and the agent shows the
+// mismatch on the node (the fingerprints in the state file differ).
+func reloadTopology(ctx context.Context, o RunOptions, p *Plugin, m *Metrics, log logr.Logger) {
+	t := time.NewTicker(o.TopologyReload)
+	defer t.Stop()
+	lastErr := ""
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		top, err := LoadTopology(ctx, o)
+		if err != nil {
+			if err.Error() != lastErr {
+				log.Error(err, "reload the topology; keeping the one in use")
+				lastErr = err.Error()
+			}
+			m.TopologyReloads.WithLabelValues("error").Inc()
+			continue
+		}
+		lastErr = ""
+		if top.Fingerprint() == p.Topology().Fingerprint() {
+			continue
+		}
+		if err := p.SetTopology(top); err != nil {
+			log.Error(err, "topology changed but cannot be applied yet", "fingerprint", top.Fingerprint())
+			m.TopologyReloads.WithLabelValues("refused").Inc()
+			continue
+		}
+		log.Info("topology changed; applied", "fingerprint", top.Fingerprint(), "domains", len(top.Domains))
+		m.TopologyReloads.WithLabelValues("applied").Inc()
+		p.republish()
+	}
 }
 
 func kubeClient(kubeconfig string) (kubernetes.Interface, error) {

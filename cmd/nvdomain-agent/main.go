@@ -9,12 +9,14 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/nvdomain/nvdomain/pkg/agent"
+	"github.com/nvdomain/nvdomain/pkg/deviceplugin"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/nristate"
 )
@@ -32,12 +34,15 @@ func main() {
 	flag.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig; empty means in-cluster")
 	flag.BoolVar(&o.DevicePlugin, "device-plugin", false, "serve the topology's GPUs to the kubelet as nvidia.com/gpu (simulated GPUs)")
 	flag.StringVar(&o.DevicePluginDir, "device-plugin-dir", "/var/lib/kubelet/device-plugins", "the kubelet's device-plugin directory")
+	strategies := flag.String("device-list-strategy", strings.Join(deviceplugin.DefaultStrategies, ","), "how the device plugin hands GPUs to containers, as NVIDIA's does: a comma-separated list of envvar, volume-mounts, cdi-annotations, cdi-cri")
+	flag.StringVar(&o.CDISpecDir, "cdi-spec-dir", "/var/run/cdi", "where the device plugin writes its CDI spec (a directory in containerd's cdi_spec_dirs)")
 	namesFromFlags := names.BindFlags(flag.CommandLine)
 	zo := zap.Options{}
 	zo.BindFlags(flag.CommandLine)
 	flag.Parse()
 
 	log := zap.New(zap.UseFlagOptions(&zo)).WithName("nvdomain-agent")
+	o.DeviceListStrategies = strings.Split(*strategies, ",")
 	var err error
 	if o.Names, err = namesFromFlags(); err == nil {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

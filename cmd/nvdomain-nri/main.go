@@ -10,24 +10,27 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/go-logr/logr"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/nvdomain/nvdomain/nri-plugin"
+	"github.com/nvdomain/nvdomain/pkg/cdispec"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/nristate"
 )
 
 func main() {
 	o := nriplugin.RunOptions{Names: names.Default()}
-	var naming string
 	flag.StringVar(&o.TopologyFile, "topology-file", "", "node topology JSON (as `nvdomain topology parse|discover -o json` prints it)")
 	flag.StringVar(&o.TopoMatrixFile, "topo-matrix-file", "", "saved `nvidia-smi topo -m` output (parsed strictly)")
 	flag.StringVar(&o.SimulatedFile, "simulated-file", "", "simulated-topology document; needs --node-name")
 	flag.StringVar(&o.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (simulated topology, events)")
 	flag.BoolVar(&o.NVML, "nvml", false, "discover the topology through NVML")
-	flag.StringVar(&naming, "naming", string(nriplugin.NameByUUID), "how GPUs are named to containers: uuid, index or cdi")
+	flag.StringVar(&o.CDIKind, "cdi-kind", cdispec.DevicePluginGPU.String(), "CDI kind (vendor/class) to add GPUs with when a container came with GPU device nodes but no CDI names")
+	flag.BoolVar(&o.SharedGPUs, "shared-gpus", false, "the node time-slices its GPUs: leave GPU containers without a domain as the device plugin made them, refuse tensor-parallel ones")
+	flag.DurationVar(&o.TopologyReload, "topology-reload", 30*time.Second, "how often the topology source is read again (0: once)")
 	flag.StringVar(&o.StateFile, "state-file", nristate.DefaultPath, "where to write which container holds which GPUs, for the node agent")
 	flag.StringVar(&o.MetricsAddr, "metrics-bind-address", "", "Prometheus metrics address, e.g. 127.0.0.1:9101; empty disables")
 	flag.StringVar(&o.SocketPath, "socket-path", "", "NRI socket (external plugin); empty when containerd launches the plugin")
@@ -41,22 +44,16 @@ func main() {
 	flag.Parse()
 
 	log := zap.New(zap.UseFlagOptions(&zo)).WithName("nvdomain-nri")
-	if err := run(o, naming, namesFromFlags, log); err != nil {
+	if err := run(o, namesFromFlags, log); err != nil {
 		fmt.Fprintf(os.Stderr, "nvdomain-nri: %v\n", err)
 		os.Exit(1)
 	}
 }
 
-func run(o nriplugin.RunOptions, naming string, namesFromFlags func() (names.Names, error), log logr.Logger) error {
+func run(o nriplugin.RunOptions, namesFromFlags func() (names.Names, error), log logr.Logger) error {
 	var err error
 	if o.Names, err = namesFromFlags(); err != nil {
 		return err
-	}
-	switch nriplugin.DeviceNaming(naming) {
-	case nriplugin.NameByUUID, nriplugin.NameByIndex, nriplugin.NameByCDI:
-		o.Naming = nriplugin.DeviceNaming(naming)
-	default:
-		return fmt.Errorf("--naming %q: use uuid, index or cdi", naming)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -49,6 +49,10 @@ type Agent struct {
 	unpinned   map[int]int
 	stateMTime time.Time
 	published  string // the last domain layout announced by an Event
+	// pluginTopology is the NRI plugin's topology fingerprint from its state file; mismatch
+	// whether it differed at the last publish.
+	pluginTopology string
+	mismatch       bool
 }
 
 // New returns an agent; Run starts it.
@@ -129,7 +133,8 @@ func (a *Agent) sync(ctx context.Context) {
 }
 
 func (a *Agent) publish(ctx context.Context) error {
-	d, err := Desire(a.o.Names, a.lastGood, a.unpinned, a.stale)
+	mismatch := a.pluginTopology != "" && a.pluginTopology != a.lastGood.Fingerprint()
+	d, err := Desire(a.o.Names, a.lastGood, a.unpinned, Health{Stale: a.stale, Mismatch: mismatch})
 	if err != nil {
 		return err
 	}
@@ -148,6 +153,17 @@ func (a *Agent) publish(ctx context.Context) error {
 		stale = 1
 	}
 	a.o.Metrics.Stale.Set(stale)
+	if mismatch != a.mismatch {
+		a.mismatch = mismatch
+		if mismatch {
+			a.o.Metrics.Mismatch.Set(1)
+			a.event(ctx, corev1.EventTypeWarning, "TopologyMismatch", fmt.Sprintf("the NRI plugin on this node serves topology %s while the agent publishes %s (%s); a pod's domain id may name other GPUs to the plugin than to the scheduler until both read the same source: check that they are configured alike (labelled %s=true)",
+				a.pluginTopology, a.lastGood.Fingerprint(), layoutOf(a.lastGood), a.o.Names.TopologyMismatchLabel()))
+		} else {
+			a.o.Metrics.Mismatch.Set(0)
+			a.event(ctx, corev1.EventTypeNormal, "TopologyMatched", "the NRI plugin and the agent read the same topology again")
+		}
+	}
 	a.o.Metrics.Domains.Set(float64(len(a.lastGood.Domains)))
 	a.ready.Store(true)
 	if layout := layoutOf(a.lastGood); layout != a.published {
@@ -195,6 +211,8 @@ func (a *Agent) readNRIState() bool {
 		return false
 	}
 	a.stateMTime = fi.ModTime()
+	fpChanged := doc.TopologyFingerprint != a.pluginTopology
+	a.pluginTopology = doc.TopologyFingerprint
 	top := a.lastGood
 	usage := nristate.UnpinnedByDomain(doc, func(g int) (int, bool) {
 		gpu, ok := top.GPU(g)
@@ -203,7 +221,7 @@ func (a *Agent) readNRIState() bool {
 		}
 		return *gpu.Domain, true
 	})
-	changed := len(usage) != len(a.unpinned)
+	changed := fpChanged || len(usage) != len(a.unpinned)
 	for d, v := range usage {
 		changed = changed || a.unpinned[d] != v
 	}
@@ -222,6 +240,7 @@ type Metrics struct {
 	Publishes *prometheus.CounterVec
 	Errors    *prometheus.CounterVec
 	Stale     prometheus.Gauge
+	Mismatch  prometheus.Gauge
 	Domains   prometheus.Gauge
 }
 
@@ -231,9 +250,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		Publishes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nvdomain_agent_publishes_total", Help: "Publish rounds, by result (changed, unchanged)."}, []string{"result"}),
 		Errors:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nvdomain_agent_errors_total", Help: "Errors, by stage (source, publish, nri-state)."}, []string{"stage"}),
 		Stale:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "nvdomain_agent_topology_stale", Help: "1 while the source is invalid and the last good topology stays published."}),
+		Mismatch:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "nvdomain_agent_topology_mismatch", Help: "1 while the NRI plugin serves another topology than the agent publishes."}),
 		Domains:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "nvdomain_agent_domains", Help: "NVLink domains published for this node."}),
 	}
-	for _, c := range []prometheus.Collector{m.Publishes, m.Errors, m.Stale, m.Domains} {
+	for _, c := range []prometheus.Collector{m.Publishes, m.Errors, m.Stale, m.Mismatch, m.Domains} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -39,6 +39,10 @@ type ProcessOptions struct {
 	// DevicePlugin serves nvidia.com/gpu for the topology's GPUs from DevicePluginDir.
 	DevicePlugin    bool
 	DevicePluginDir string
+	// DeviceListStrategies and CDISpecDir shape the device plugin's answers (see
+	// deviceplugin.Options).
+	DeviceListStrategies []string
+	CDISpecDir           string
 }
 
 // RunProcess wires the agent (and, when asked, the simulated device plugin) and runs it.
@@ -71,23 +75,33 @@ func RunProcess(ctx context.Context, o ProcessOptions, log logr.Logger) error {
 		}
 		defer stop()
 	}
+	// A dead device plugin must not hide behind a Ready agent: its failure ends the process.
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	if o.DevicePlugin {
 		top, err := src.Load(ctx)
 		if err != nil {
 			return fmt.Errorf("device plugin needs a topology: %w", err)
 		}
-		dp, err := deviceplugin.New(deviceplugin.Options{Dir: o.DevicePluginDir, SocketName: "nvdomain-gpu.sock", Topology: top, Log: log.WithName("device-plugin")})
+		dp, err := deviceplugin.New(deviceplugin.Options{Dir: o.DevicePluginDir, SocketName: "nvdomain-gpu.sock", Topology: top,
+			Strategies: o.DeviceListStrategies, CDISpecDir: o.CDISpecDir, Log: log.WithName("device-plugin")})
 		if err != nil {
 			return err
 		}
 		go func() {
 			if err := dp.Run(ctx); err != nil {
-				log.Error(err, "device plugin stopped")
+				cancel(fmt.Errorf("device plugin: %w", err))
 			}
 		}()
 	}
-	log.Info("starting", "node", o.Node, "source", src.Describe(), "period", o.Period)
-	return a.Run(ctx)
+	log.Info("starting", "node", o.Node, "source", src.Describe(), "period", o.Period, "devicePlugin", o.DevicePlugin, "deviceListStrategies", o.DeviceListStrategies)
+	if err := a.Run(ctx); err != nil {
+		return err
+	}
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		return cause
+	}
+	return nil
 }
 
 func buildSource(ctx context.Context, o ProcessOptions, client kubernetes.Interface) (source.Source, error) {

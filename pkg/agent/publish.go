@@ -31,16 +31,26 @@ type Desired struct {
 	Capacity map[string]int64
 }
 
+// Health is what the agent knows about the topology it publishes.
+type Health struct {
+	// Stale marks a topology kept from before the source broke.
+	Stale bool
+	// Mismatch marks a node whose NRI plugin serves another topology than this one.
+	Mismatch bool
+}
+
 // Desire computes the node's labels, annotations and capacity. unpinned[d] is the GPUs of
-// domain d that containers without a domain hold; stale marks a topology kept from before the
-// source broke.
-func Desire(n names.Names, top *topology.Topology, unpinned map[int]int, stale bool) (Desired, error) {
+// domain d that containers without a domain hold.
+func Desire(n names.Names, top *topology.Topology, unpinned map[int]int, h Health) (Desired, error) {
 	d := Desired{Labels: map[string]string{}, Annotations: map[string]string{}, Capacity: map[string]int64{}}
 	d.Labels[n.DomainCountLabel()] = strconv.Itoa(len(top.Domains))
 	d.Labels[n.DomainMaxLabel()] = strconv.Itoa(top.MaxDomainSize())
 	d.Labels[n.TopologySourceLabel()] = top.Source
-	if stale {
+	if h.Stale {
 		d.Labels[n.TopologyStaleLabel()] = "true"
+	}
+	if h.Mismatch {
+		d.Labels[n.TopologyMismatchLabel()] = "true"
 	}
 	for _, dom := range top.Domains {
 		d.Labels[n.DomainSizeLabel(dom.ID)] = strconv.Itoa(dom.Size())
@@ -61,7 +71,7 @@ func ownsLabel(n names.Names, key string) bool {
 		return true
 	}
 	switch key {
-	case n.DomainCountLabel(), n.DomainMaxLabel(), n.TopologySourceLabel(), n.TopologyStaleLabel():
+	case n.DomainCountLabel(), n.DomainMaxLabel(), n.TopologySourceLabel(), n.TopologyStaleLabel(), n.TopologyMismatchLabel():
 		return true
 	}
 	return false

@@ -26,7 +26,7 @@ func seed(t *testing.T) *topology.Topology {
 }
 
 func TestDesire(t *testing.T) {
-	d, err := Desire(n, seed(t), map[int]int{1: 3}, true)
+	d, err := Desire(n, seed(t), map[int]int{1: 3}, Health{Stale: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +49,7 @@ func TestDesire(t *testing.T) {
 	if d.Capacity["nvidia.com/nvswitch-domain-0"] != 4 || d.Capacity["nvidia.com/nvswitch-domain-1"] != 1 {
 		t.Errorf("capacity = %v", d.Capacity)
 	}
-	d, _ = Desire(n, seed(t), map[int]int{0: 9}, false)
+	d, _ = Desire(n, seed(t), map[int]int{0: 9}, Health{})
 	if d.Capacity["nvidia.com/nvswitch-domain-0"] != 0 {
 		t.Errorf("capacity with more unpinned GPUs than the domain = %v", d.Capacity)
 	}

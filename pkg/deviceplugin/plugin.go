@@ -1,15 +1,18 @@
 // Package deviceplugin is a kubelet device plugin for nvidia.com/gpu that serves the GPUs of a
-// simulated (or any) topology, for machines without GPUs: it is how seed 000's "device plugin
-// reads this ConfigMap to emulate the NVSwitch structure" runs on a laptop or in CI. It
-// registers one device per GPU with the GPU UUID as its ID, prefers GPUs of one domain in
-// aligned blocks when the kubelet asks (the placement core), answers Allocate with
-// NVIDIA_VISIBLE_DEVICES, and registers again whenever the kubelet restarts.
+// simulated (or any) topology, for machines without GPUs: the simulated-topology ConfigMap
+// then drives a node that behaves like an HGX box to the kubelet and containerd. It registers
+// one device per GPU with the GPU UUID as its ID, prefers GPUs of one domain in aligned blocks
+// when the kubelet asks (the placement core), answers Allocate the way NVIDIA's device plugin
+// does under each DEVICE_LIST_STRATEGY (CDI device names, annotations, the environment
+// variable or volume mounts, see docs/node-side.md), and registers again whenever the kubelet
+// restarts.
 package deviceplugin
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"net"
 	"os"
 	"path/filepath"
@@ -24,6 +27,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/nvdomain/nvdomain/pkg/cdispec"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/placement"
 	"github.com/nvdomain/nvdomain/pkg/topology"
@@ -36,6 +40,12 @@ type Options struct {
 	// SocketName is this plugin's socket inside Dir.
 	SocketName string
 	Topology   *topology.Topology
+	// Strategies are NVIDIA's device list strategies to answer Allocate with (names.Strategy*);
+	// the GPU Operator's default is cdi-annotations and cdi-cri together.
+	Strategies []string
+	// CDISpecDir is where the CDI spec of the GPUs is written for the CDI strategies;
+	// containerd must list it in cdi_spec_dirs.
+	CDISpecDir string
 	Log        logr.Logger
 	// Poll is how often the plugin checks whether the kubelet restarted (default 1s).
 	Poll time.Duration
@@ -61,6 +71,12 @@ func New(o Options) (*Plugin, error) {
 	if o.Poll == 0 {
 		o.Poll = time.Second
 	}
+	if len(o.Strategies) == 0 {
+		o.Strategies = DefaultStrategies
+	}
+	if err := ValidateStrategies(o.Strategies); err != nil {
+		return nil, err
+	}
 	p := &Plugin{o: o, byID: map[string]int{}, idOf: map[int]string{}}
 	for _, g := range o.Topology.GPUs {
 		id := g.UUID
@@ -77,9 +93,46 @@ func New(o Options) (*Plugin, error) {
 	return p, nil
 }
 
+// DefaultStrategies are the GPU Operator's (v25.10 and later).
+var DefaultStrategies = []string{names.StrategyCDIAnnotations, names.StrategyCDICRI}
+
+// ValidateStrategies checks a --device-list-strategy list.
+func ValidateStrategies(ss []string) error {
+	if len(ss) == 0 {
+		return errors.New("--device-list-strategy: give at least one of envvar, volume-mounts, cdi-annotations, cdi-cri")
+	}
+	for _, s := range ss {
+		switch s {
+		case names.StrategyEnvVar, names.StrategyVolumeMounts, names.StrategyCDIAnnotations, names.StrategyCDICRI:
+		default:
+			return fmt.Errorf("--device-list-strategy: %q is not one of envvar, volume-mounts, cdi-annotations, cdi-cri", s)
+		}
+	}
+	return nil
+}
+
+func (p *Plugin) usesCDI() bool {
+	return slices.Contains(p.o.Strategies, names.StrategyCDIAnnotations) || slices.Contains(p.o.Strategies, names.StrategyCDICRI)
+}
+
+// WriteCDISpec publishes the GPUs' CDI spec when a CDI strategy is on; Run calls it before
+// registering, so the kubelet never hands out a device containerd cannot resolve.
+func (p *Plugin) WriteCDISpec() error {
+	if !p.usesCDI() {
+		return nil
+	}
+	if p.o.CDISpecDir == "" {
+		return errors.New("device plugin: a CDI strategy needs --cdi-spec-dir (a directory in containerd's cdi_spec_dirs)")
+	}
+	return cdispec.Write(p.o.CDISpecDir, cdispec.DevicePluginGPU, cdispec.ForGPUs(cdispec.DevicePluginGPU, p.o.Topology.GPUs))
+}
+
 // Run serves and registers until ctx ends, and serves and registers again whenever the kubelet
 // restarts: the kubelet then recreates kubelet.sock and removes every plugin socket.
 func (p *Plugin) Run(ctx context.Context) error {
+	if err := p.WriteCDISpec(); err != nil {
+		return err
+	}
 	for {
 		srv, err := p.serve()
 		if err != nil {
@@ -274,8 +327,9 @@ func (p *Plugin) prefer(availableIDs, mustIDs []string, k int) ([]string, error)
 	return ids, nil
 }
 
-// Allocate answers with NVIDIA_VISIBLE_DEVICES; the NRI plugin may replace the choice at
-// container creation with GPUs of the pod's domain.
+// Allocate answers the way NVIDIA's device plugin does under each configured strategy
+// (getAllocateResponse in its internal/plugin/server.go); the NRI plugin may replace the choice
+// at container creation with GPUs of the pod's domain, whichever form it took.
 func (p *Plugin) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
 	resp := &pluginapi.AllocateResponse{}
 	for _, cr := range req.ContainerRequests {
@@ -284,11 +338,47 @@ func (p *Plugin) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*p
 				return nil, fmt.Errorf("allocate: unknown device %q", id)
 			}
 		}
-		resp.ContainerResponses = append(resp.ContainerResponses, &pluginapi.ContainerAllocateResponse{
-			Envs: map[string]string{"NVIDIA_VISIBLE_DEVICES": strings.Join(cr.DevicesIds, ",")},
-		})
+		resp.ContainerResponses = append(resp.ContainerResponses, p.containerResponse(cr.DevicesIds))
 	}
 	return resp, nil
+}
+
+func (p *Plugin) containerResponse(ids []string) *pluginapi.ContainerAllocateResponse {
+	r := &pluginapi.ContainerAllocateResponse{}
+	cdiNames := make([]string, len(ids))
+	for i, id := range ids {
+		cdiNames[i] = cdispec.DevicePluginGPU.Device(id)
+	}
+	for _, s := range p.o.Strategies {
+		switch s {
+		case names.StrategyEnvVar:
+			r.Envs = map[string]string{names.VisibleDevicesEnv: strings.Join(ids, ",")}
+		case names.StrategyVolumeMounts:
+			r.Envs = map[string]string{names.VisibleDevicesEnv: names.VolumeMountsDir}
+			for _, id := range ids {
+				r.Mounts = append(r.Mounts, &pluginapi.Mount{ContainerPath: names.VolumeMountsDir + "/" + id, HostPath: "/dev/null", ReadOnly: true})
+			}
+		case names.StrategyCDIAnnotations:
+			// The device plugin keys the annotation by a hash of the request; the ids do as well.
+			r.Annotations = map[string]string{names.DevicePluginCDIAnnotationKey + annotationID(ids): strings.Join(cdiNames, ",")}
+		case names.StrategyCDICRI:
+			for _, n := range cdiNames {
+				r.CdiDevices = append(r.CdiDevices, &pluginapi.CDIDevice{Name: n})
+			}
+		}
+	}
+	return r
+}
+
+// annotationID makes the per-request suffix of the CDI annotation key: short, stable, and a
+// valid annotation key part.
+func annotationID(ids []string) string {
+	h := fnv.New32a()
+	for _, id := range ids {
+		_, _ = h.Write([]byte(id))
+		_, _ = h.Write([]byte{0})
+	}
+	return fmt.Sprintf("%08x", h.Sum32())
 }
 
 // PreStartContainer implements pluginapi.DevicePluginServer; nothing to do.

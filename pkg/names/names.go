@@ -103,6 +103,59 @@ func MIGResource(profile string) string {
 	return MIGResourcePrefix + strings.ReplaceAll(profile, "+", ".")
 }
 
+// How NVIDIA's device plugin hands GPUs to a container, by its DEVICE_LIST_STRATEGY, and the
+// names each strategy uses. The NRI plugin reads them to know which GPUs a container was
+// given and rewrites them; the simulated device plugin writes them.
+const (
+	// VisibleDevicesEnv is the variable the NVIDIA container toolkit reads (envvar strategy);
+	// CDI specs set it to VisibleDevicesVoid so the toolkit adds nothing of its own.
+	VisibleDevicesEnv  = "NVIDIA_VISIBLE_DEVICES"
+	VisibleDevicesVoid = "void"
+	// VolumeMountsDir is where the volume-mounts strategy bind-mounts one /dev/null per GPU,
+	// named by the GPU's id; NVIDIA_VISIBLE_DEVICES then names this directory.
+	VolumeMountsDir = "/var/run/nvidia-container-devices"
+	// DevicePluginCDIVendor and the classes below make the CDI device names the device plugin
+	// returns under the cdi-cri and cdi-annotations strategies:
+	// k8s.device-plugin.nvidia.com/gpu=<uuid>, k8s.device-plugin.nvidia.com/mig=<uuid>.
+	DevicePluginCDIVendor = "k8s.device-plugin.nvidia.com"
+	CDIClassGPU           = "gpu"
+	CDIClassMIG           = "mig"
+	// CDIAnnotationPrefix starts the pod annotations that carry CDI device names
+	// (cdi-annotations strategy); the device plugin's key is
+	// cdi.k8s.io/nvidia-device-plugin_<id>.
+	CDIAnnotationPrefix = "cdi.k8s.io/"
+	// DevicePluginCDIAnnotationKey is the device plugin's annotation key before its id.
+	DevicePluginCDIAnnotationKey = CDIAnnotationPrefix + "nvidia-device-plugin_"
+	// GPUDeviceMajor is the NVIDIA driver's character-device major: /dev/nvidia<minor>.
+	GPUDeviceMajor = 195
+	// GPUDevicePrefix starts a GPU's device node path; the minor number follows.
+	GPUDevicePrefix = "/dev/nvidia"
+)
+
+// Device list strategies, as NVIDIA's device plugin spells them.
+const (
+	StrategyEnvVar         = "envvar"
+	StrategyVolumeMounts   = "volume-mounts"
+	StrategyCDIAnnotations = "cdi-annotations"
+	StrategyCDICRI         = "cdi-cri"
+)
+
+// NRI's default validator refuses a container that a plugin its pod requires did not see.
+const (
+	// NRIPluginName is the name nvdomain's NRI plugin registers under (without its index).
+	NRIPluginName = "nvdomain"
+	// RequiredPluginsAnnotation is the validator's pod annotation key; a per-container key adds
+	// RequiredPluginsContainerInfix and the container's name.
+	RequiredPluginsAnnotation     = "required-plugins.noderesource.dev"
+	RequiredPluginsContainerInfix = "/container."
+)
+
+// RequiredPluginsFor is the pod annotation that makes containerd refuse the named container
+// unless nvdomain's NRI plugin handles its creation.
+func RequiredPluginsFor(container string) string {
+	return RequiredPluginsAnnotation + RequiredPluginsContainerInfix + container
+}
+
 // Default prefixes, the ones charts/nvdomain/values.yaml ships.
 const (
 	DefaultLabelPrefix    = "gpu.nvidia.com"
@@ -158,6 +211,7 @@ const (
 	domainMaxSuffix    = "nvswitch-domain-max"
 	topologySrcSuffix  = "topology-source"
 	topologyStale      = "topology-stale"
+	topologyMismatch   = "topology-mismatch"
 	topologySuffix     = "topology"
 	podDomainSuffix    = "nvswitch-domain"
 	podTPSizeSuffix    = "tp-size"
@@ -183,6 +237,10 @@ func (n Names) TopologySourceLabel() string { return n.label(topologySrcSuffix) 
 // TopologyStaleLabel is "true" while the agent's source is broken and the published topology
 // is the last good one.
 func (n Names) TopologyStaleLabel() string { return n.label(topologyStale) }
+
+// TopologyMismatchLabel is "true" while the NRI plugin on the node serves another topology
+// than the agent publishes, so domain ids in pod annotations may mean other GPUs there.
+func (n Names) TopologyMismatchLabel() string { return n.label(topologyMismatch) }
 
 // ParseDomainSizeLabel returns the domain id of a DomainSizeLabel key; ok is false for any
 // other key, including DomainMaxLabel and DomainCountLabel.

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 )
 
@@ -31,38 +32,70 @@ type Assignment struct {
 
 // Doc is the file's content.
 type Doc struct {
-	Version     int          `json:"version"`
-	Updated     time.Time    `json:"updated"`
-	Assignments []Assignment `json:"assignments"`
+	Version int `json:"version"`
+	// Generation orders snapshots: the plugin stamps each with the time it was taken, in
+	// Unix nanoseconds, under the lock that guards its books. A writer never replaces a newer
+	// snapshot with an older one, which can otherwise happen when a plugin that is shutting
+	// down flushes after its replacement has written.
+	Generation int64     `json:"generation"`
+	Updated    time.Time `json:"updated"`
+	// TopologyFingerprint is the plugin's topology.Fingerprint, so the agent can tell when
+	// the two read different topologies.
+	TopologyFingerprint string       `json:"topologyFingerprint,omitempty"`
+	Assignments         []Assignment `json:"assignments"`
 }
 
-// Write replaces the file atomically (a temporary file renamed over it), so a reader never sees
-// half a document.
-func Write(path string, assignments []Assignment) error {
-	if assignments == nil {
-		assignments = []Assignment{}
+// Write replaces the file atomically (a temporary file renamed over it), so a reader never
+// sees half a document, unless the file already holds a newer generation; it reports whether
+// it wrote. Writers serialise on a lock file beside it.
+func Write(path string, doc Doc) (bool, error) {
+	if doc.Assignments == nil {
+		doc.Assignments = []Assignment{}
 	}
-	data, err := json.MarshalIndent(Doc{Version: 1, Updated: time.Now().UTC(), Assignments: assignments}, "", "  ")
+	doc.Version = 1
+	if doc.Updated.IsZero() {
+		doc.Updated = time.Now().UTC()
+	}
+	data, err := json.MarshalIndent(doc, "", "  ")
 	if err != nil {
-		return err
+		return false, err
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return fmt.Errorf("NRI state file: %w", err)
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return false, fmt.Errorf("NRI state file: %w", err)
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	lock, err := os.OpenFile(path+".lock", os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
-		return fmt.Errorf("NRI state file: %w", err)
+		return false, fmt.Errorf("NRI state file lock: %w", err)
 	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		return false, fmt.Errorf("NRI state file lock: %w", err)
+	}
+	defer func() { _ = syscall.Flock(int(lock.Fd()), syscall.LOCK_UN) }()
+	if cur, err := Read(path); err == nil && cur.Generation > doc.Generation {
+		return false, nil
+	}
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*")
+	if err != nil {
+		return false, fmt.Errorf("NRI state file: %w", err)
+	}
+	defer os.Remove(tmp.Name())
 	if _, err := tmp.Write(data); err != nil {
 		tmp.Close()
-		os.Remove(tmp.Name())
-		return fmt.Errorf("NRI state file: %w", err)
+		return false, fmt.Errorf("NRI state file: %w", err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return false, fmt.Errorf("NRI state file: %w", err)
 	}
 	if err := tmp.Close(); err != nil {
-		os.Remove(tmp.Name())
-		return fmt.Errorf("NRI state file: %w", err)
+		return false, fmt.Errorf("NRI state file: %w", err)
 	}
-	return os.Rename(tmp.Name(), path)
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return false, fmt.Errorf("NRI state file: %w", err)
+	}
+	return true, nil
 }
 
 // Read reads the file.

@@ -14,8 +14,8 @@ func TestWriteReadAndUnpinnedUsage(t *testing.T) {
 		{ContainerID: "b", GPUs: []int{6}, Domain: -1},
 		{ContainerID: "c", GPUs: []int{0, 8}, Domain: -1}, // GPU 8 is in no domain
 	}
-	if err := Write(path, in); err != nil {
-		t.Fatal(err)
+	if ok, err := Write(path, Doc{Generation: 10, Assignments: in}); err != nil || !ok {
+		t.Fatal(ok, err)
 	}
 	doc, err := Read(path)
 	if err != nil || doc.Version != 1 || len(doc.Assignments) != 3 {
@@ -34,15 +34,32 @@ func TestWriteReadAndUnpinnedUsage(t *testing.T) {
 	if len(UnpinnedByDomain(nil, domainOf)) != 0 {
 		t.Error("a missing document must mean no usage")
 	}
-	if err := Write(path, nil); err != nil {
-		t.Fatal(err)
+	if ok, err := Write(path, Doc{Generation: 11}); err != nil || !ok {
+		t.Fatal(ok, err)
 	}
 	data, _ := os.ReadFile(path)
 	if !strings.Contains(string(data), `"assignments": []`) {
 		t.Errorf("empty state is not an empty list: %s", data)
 	}
-	if entries, _ := os.ReadDir(filepath.Dir(path)); len(entries) != 1 {
+	if entries, _ := os.ReadDir(filepath.Dir(path)); len(entries) != 2 { // the file and its lock
 		t.Errorf("temporary files left: %v", entries)
+	}
+}
+
+func TestAnOlderSnapshotNeverReplacesANewerOne(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "nri-state.json")
+	newer := Doc{Generation: 200, Assignments: []Assignment{{ContainerID: "new", GPUs: []int{1}, Domain: 0}}}
+	older := Doc{Generation: 100, Assignments: []Assignment{{ContainerID: "old", GPUs: []int{2}, Domain: 0}}}
+	if ok, err := Write(path, newer); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	// A plugin that was shutting down flushes after its replacement wrote.
+	if ok, err := Write(path, older); err != nil || ok {
+		t.Fatalf("older snapshot written = %v, %v", ok, err)
+	}
+	doc, err := Read(path)
+	if err != nil || doc.Generation != 200 || doc.Assignments[0].ContainerID != "new" {
+		t.Fatalf("file holds %+v, %v", doc, err)
 	}
 }
 

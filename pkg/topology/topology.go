@@ -5,6 +5,8 @@
 package topology
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -31,6 +33,18 @@ type GPU struct {
 	Fabric *Fabric `json:"fabric,omitempty"`
 	// Domain is the id of the domain holding this GPU; nil when it is in none.
 	Domain *int `json:"domain,omitempty"`
+	// Minor is the minor number of the GPU's device node /dev/nvidia<minor>, which the driver
+	// assigns and which need not equal Index; nil when the source does not know it.
+	Minor *int `json:"minor,omitempty"`
+}
+
+// DeviceMinor is the GPU's device-node minor number: Minor when known, else Index, which is
+// what it is on the machines where the source cannot tell.
+func (g GPU) DeviceMinor() int {
+	if g.Minor != nil {
+		return *g.Minor
+	}
+	return g.Index
 }
 
 // Fabric is the NVLink fabric membership NVML reports for a GPU.
@@ -234,6 +248,21 @@ type wire struct {
 	Unlinked []int    `json:"unlinked"`
 	Devices  []GPU    `json:"devices"`
 	Warnings []string `json:"warnings,omitempty"`
+}
+
+// Fingerprint identifies what placement depends on: the domains, and which GPU (UUID and
+// device minor) each index is. The agent and the NRI plugin compare fingerprints to notice
+// that they read different topologies, where a domain id in a pod's annotation would mean
+// other GPUs to the plugin than to the scheduler.
+func (t *Topology) Fingerprint() string {
+	h := sha256.New()
+	for _, g := range t.GPUs {
+		fmt.Fprintf(h, "gpu %d %s %d\n", g.Index, g.UUID, g.DeviceMinor())
+	}
+	for _, d := range t.Domains {
+		fmt.Fprintf(h, "domain %d %v\n", d.ID, d.GPUs)
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
 // MarshalJSON writes the documented shape; empty lists are [] rather than null.

@@ -266,17 +266,17 @@ func TestAgentPublishesAndKeepsTheNodeTrue(t *testing.T) {
 	t.Logf("capacity restored %v after it was wiped (period 300ms)", time.Since(wiped).Round(10*time.Millisecond))
 
 	// Unpinned containers hold GPUs 5 and 6 of domain 1: its capacity drops to 2, then returns.
-	if err := nristate.Write(f.state, []nristate.Assignment{
+	if _, err := nristate.Write(f.state, nristate.Doc{Generation: time.Now().UnixNano(), Assignments: []nristate.Assignment{
 		{ContainerID: "c1", PodName: "batch", GPUs: []int{5, 6}, Domain: -1},
 		{ContainerID: "c2", PodName: "tp", GPUs: []int{0, 1}, Domain: 0},
-	}); err != nil {
+	}}); err != nil {
 		t.Fatal(err)
 	}
 	node = f.waitNode("capacity lowered", func(n *corev1.Node) bool { return capacityOf(n, "nvidia.com/nvswitch-domain-1") == 2 })
 	if capacityOf(node, "nvidia.com/nvswitch-domain-0") != 4 {
 		t.Errorf("pinned usage must not lower capacity: %v", node.Status.Capacity)
 	}
-	if err := nristate.Write(f.state, nil); err != nil {
+	if _, err := nristate.Write(f.state, nristate.Doc{Generation: time.Now().UnixNano()}); err != nil {
 		t.Fatal(err)
 	}
 	f.waitNode("capacity restored after unpinned containers ended", func(n *corev1.Node) bool { return capacityOf(n, "nvidia.com/nvswitch-domain-1") == 4 })

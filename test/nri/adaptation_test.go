@@ -104,7 +104,7 @@ func newRuntime(t testing.TB) *runtimeSim {
 func (rs *runtimeSim) plugin(topologyFile string) *exec.Cmd {
 	rs.t.Helper()
 	cmd := exec.Command(pluginBin, "--topology-file", topologyFile, "--socket-path", filepath.Join(rs.dir, "nri.sock"),
-		"--plugin-name", "nvdomain", "--plugin-idx", "10", "--report=false", "--naming", "uuid",
+		"--plugin-name", "nvdomain", "--plugin-idx", "10", "--report=false",
 		"--state-file", filepath.Join(rs.dir, "state.json"))
 	logf, _ := os.Create(filepath.Join(rs.dir, fmt.Sprintf("plugin-%d.log", time.Now().UnixNano())))
 	cmd.Stdout, cmd.Stderr = logf, logf
@@ -123,7 +123,7 @@ func (rs *runtimeSim) plugin(topologyFile string) *exec.Cmd {
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		resp, err := rs.r.CreateContainer(context.Background(), &api.CreateContainerRequest{Pod: probe,
-			Container: &api.Container{Id: "probe", PodSandboxId: probe.Id, Name: "probe", Env: []string{"NVIDIA_VISIBLE_DEVICES=x"}}})
+			Container: &api.Container{Id: "probe", PodSandboxId: probe.Id, Name: "probe", Env: []string{"NVIDIA_VISIBLE_DEVICES=GPU-seed-0"}}})
 		if err == nil && resp.GetAdjust() != nil && len(resp.GetAdjust().Env) > 0 {
 			break
 		}
@@ -206,8 +206,15 @@ func pod(id string, domain int, gpus int) *api.PodSandbox {
 }
 
 func ctr(id string, pod *api.PodSandbox) *api.Container {
-	// The device plugin's own choice, which the plugin must override.
-	return &api.Container{Id: id, PodSandboxId: pod.Id, Name: "vllm", Env: []string{"PATH=/usr/bin", "NVIDIA_VISIBLE_DEVICES=GPU-seed-0,GPU-seed-1"}}
+	// The device plugin's own choice, as many GPUs as the pod asks for, from the start of
+	// domain 0: the plugin must override it.
+	var ids []string
+	var per map[string]int
+	_ = json.Unmarshal([]byte(pod.Annotations["gpu.nvidia.com/container-gpus"]), &per)
+	for i := range per["vllm"] {
+		ids = append(ids, fmt.Sprintf("GPU-seed-%d", i))
+	}
+	return &api.Container{Id: id, PodSandboxId: pod.Id, Name: "vllm", Env: []string{"PATH=/usr/bin", "NVIDIA_VISIBLE_DEVICES=" + strings.Join(ids, ",")}}
 }
 
 func visible(adj *api.ContainerAdjustment) string {

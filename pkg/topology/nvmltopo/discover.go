@@ -121,6 +121,9 @@ func describe(i int, dev nvml.Device) (topology.GPU, error) {
 	if mem, ret := dev.GetMemoryInfo(); ret == nvml.SUCCESS {
 		gpu.MemoryMiB = mem.Total / (1 << 20)
 	}
+	if minor, ret := dev.GetMinorNumber(); ret == nvml.SUCCESS && minor >= 0 {
+		gpu.Minor = &minor
+	}
 	if numa, ret := dev.GetNumaNodeId(); ret == nvml.SUCCESS && numa >= 0 {
 		gpu.NUMANode = &numa
 	}

@@ -1,0 +1,120 @@
+// Package cdispec writes and reads the Container Device Interface (CDI) specs that name a
+// node's GPUs. The simulated device plugin and the DRA driver publish a spec for simulated
+// GPUs whose device nodes are real character devices with the NVIDIA driver's major number:
+// containerd creates them in the container and allows them in its device cgroup exactly as it
+// would for real GPUs, and opening one fails with ENXIO (no driver) where a GPU that was
+// denied fails with EPERM, so tests can tell the two apart. The NRI plugin reads specs to
+// know which device nodes belong to which CDI device.
+package cdispec
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	cdi "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/topology"
+)
+
+// Version is the CDI spec version written: the oldest that has everything used here, so any
+// runtime with CDI support reads it.
+const Version = "0.6.0"
+
+// ControlMinor is /dev/nvidiactl's minor number, which every GPU container also gets.
+const ControlMinor = 255
+
+// Kind is a CDI kind, vendor/class.
+type Kind struct{ Vendor, Class string }
+
+func (k Kind) String() string { return k.Vendor + "/" + k.Class }
+
+// Device names one device of a kind: vendor/class=id.
+func (k Kind) Device(id string) string { return k.String() + "=" + id }
+
+// DevicePluginGPU is the kind NVIDIA's device plugin names whole GPUs with.
+var DevicePluginGPU = Kind{names.DevicePluginCDIVendor, names.CDIClassGPU}
+
+// ParseName splits a fully qualified CDI device name vendor/class=id.
+func ParseName(s string) (Kind, string, bool) {
+	kind, id, ok := strings.Cut(strings.TrimSpace(s), "=")
+	if !ok || id == "" {
+		return Kind{}, "", false
+	}
+	vendor, class, ok := strings.Cut(kind, "/")
+	if !ok || vendor == "" || class == "" {
+		return Kind{}, "", false
+	}
+	return Kind{vendor, class}, id, true
+}
+
+// GPUNode is the device node of a GPU with that minor number.
+func GPUNode(minor int) *cdi.DeviceNode {
+	mode := os.FileMode(0o666)
+	return &cdi.DeviceNode{Path: names.GPUDevicePrefix + strconv.Itoa(minor), Type: "c", Major: names.GPUDeviceMajor, Minor: int64(minor), FileMode: &mode, Permissions: "rw"}
+}
+
+// ForGPUs is the spec of simulated GPUs: one device per GPU, named by its UUID and again by its
+// index (NVIDIA's specs name both), each with its /dev/nvidia<minor>; /dev/nvidiactl and
+// NVIDIA_VISIBLE_DEVICES=void go with any of them, as in NVIDIA's own specs.
+func ForGPUs(kind Kind, gpus []topology.GPU) *cdi.Spec {
+	mode := os.FileMode(0o666)
+	spec := &cdi.Spec{Version: Version, Kind: kind.String(), ContainerEdits: cdi.ContainerEdits{
+		Env:         []string{names.VisibleDevicesEnv + "=" + names.VisibleDevicesVoid},
+		DeviceNodes: []*cdi.DeviceNode{{Path: names.GPUDevicePrefix + "ctl", Type: "c", Major: names.GPUDeviceMajor, Minor: ControlMinor, FileMode: &mode, Permissions: "rw"}},
+	}}
+	for _, g := range gpus {
+		edits := cdi.ContainerEdits{DeviceNodes: []*cdi.DeviceNode{GPUNode(g.DeviceMinor())}}
+		if g.UUID != "" {
+			spec.Devices = append(spec.Devices, cdi.Device{Name: g.UUID, ContainerEdits: edits})
+		}
+		spec.Devices = append(spec.Devices, cdi.Device{Name: strconv.Itoa(g.Index), ContainerEdits: edits})
+	}
+	return spec
+}
+
+// FileName is the spec's file name in a spec directory, as CDI tools name them
+// (vendor-class.json).
+func FileName(kind Kind) string {
+	return kind.Vendor + "-" + kind.Class + ".json"
+}
+
+// Write puts the spec into dir atomically (temporary file, fsync, rename), so a runtime that
+// refreshes its specs never reads half a file.
+func Write(dir string, kind Kind, spec *cdi.Spec) error {
+	data, err := json.MarshalIndent(spec, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode CDI spec %s: %w", kind, err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("CDI spec directory %s: %w", dir, err)
+	}
+	tmp, err := os.CreateTemp(dir, ".tmp-"+FileName(kind)+"-*")
+	if err != nil {
+		return fmt.Errorf("write CDI spec %s: %w", kind, err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return fmt.Errorf("write CDI spec %s: %w", kind, err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return fmt.Errorf("write CDI spec %s: %w", kind, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("write CDI spec %s: %w", kind, err)
+	}
+	// CDI refuses specs other users may write; 0644 is what its own writer uses.
+	if err := os.Chmod(tmp.Name(), 0o644); err != nil {
+		return fmt.Errorf("write CDI spec %s: %w", kind, err)
+	}
+	if err := os.Rename(tmp.Name(), filepath.Join(dir, FileName(kind))); err != nil {
+		return fmt.Errorf("install CDI spec %s: %w", kind, err)
+	}
+	return nil
+}

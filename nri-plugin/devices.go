@@ -1,6 +1,7 @@
 package nriplugin
 
 import (
+	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/containerd/nri/pkg/api"
 
+	"github.com/nvdomain/nvdomain/nri-plugin/devhook"
 	"github.com/nvdomain/nvdomain/pkg/cdispec"
 	"github.com/nvdomain/nvdomain/pkg/names"
 )
@@ -29,6 +31,8 @@ type Given struct {
 	// EnvList is true when NVIDIA_VISIBLE_DEVICES lists GPUs; envByUUID says how it names them.
 	EnvList   bool
 	envByUUID bool
+	// CDINames are the CDI device names that brought each GPU.
+	CDINames map[int]string
 	// Mounts are the volume-mounts strategy's mount paths, by GPU.
 	Mounts map[int]string
 	// Untouchable is set when the container holds MIG devices or ids this node's topology does
@@ -42,7 +46,7 @@ func (g Given) Count() int { return len(g.GPUs) }
 // readGiven collects a container's GPUs. GPU ids map through the topology: UUIDs, indexes,
 // and the device nodes' minor numbers.
 func (p *Plugin) readGiven(pod *api.PodSandbox, ctr *api.Container) Given {
-	g := Given{Nodes: map[int][]*api.LinuxDevice{}, Mounts: map[int]string{}}
+	g := Given{Nodes: map[int][]*api.LinuxDevice{}, Mounts: map[int]string{}, CDINames: map[int]string{}}
 	set := map[int]bool{}
 	add := func(gpu int) { set[gpu] = true }
 	resolve := func(id string) (int, bool) {
@@ -90,6 +94,7 @@ func (p *Plugin) readGiven(pod *api.PodSandbox, ctr *api.Container) Given {
 			continue
 		}
 		add(idx)
+		g.CDINames[idx] = name
 		k := kind
 		g.CDIKind, g.cdiByUUID = &k, id != strconv.Itoa(idx)
 	}
@@ -179,32 +184,33 @@ func envValue(env []string, key string) (string, bool) {
 
 // adjust turns the device plugin's choice into the chosen GPUs, in every form the container
 // was given them, so no strategy leaves a GPU outside the domain reachable:
-//   - device nodes of GPUs not chosen are removed, and denied in the device cgroup, because
-//     removing a node does not remove the allow rule CDI added (a process with CAP_MKNOD could
-//     otherwise make the node again and open it); chosen GPUs the container lacks come as
-//     CDI devices of the kind the device plugin used, which containerd resolves with their
-//     nodes and allow rules;
+//   - GPUs that came as device nodes (CDI) and are not chosen are denied in the device cgroup
+//     and their nodes removed; chosen GPUs the container lacks come as CDI devices of the kind
+//     the device plugin used, which containerd resolves with their nodes and allow rules.
+//     containerd drops an NRI adjustment's removal of a device the container already had
+//     (containerd/nri#80), so the nodes are removed by a createContainer OCI hook (the hook
+//     binary, HookPath) inside the container's mount namespace before it starts; the cgroup
+//     deny holds either way, because removing a node never removed the allow rule CDI added;
 //   - a GPU list in NVIDIA_VISIBLE_DEVICES is replaced;
-//   - volume mounts of GPUs not chosen are removed and the chosen ones added.
+//   - volume mounts cannot be removed for the same reason, so volume-mounts containers keep
+//     the device plugin's GPUs when they are a valid choice (choose decides, see keepGiven).
 //
-// CDI hooks the device plugin's devices brought cannot be removed through NRI; NVIDIA's
-// per-GPU hooks only make symlinks, which point nowhere once the node is gone.
+// CDI hooks the device plugin's devices brought cannot be removed; NVIDIA's per-GPU hooks
+// only make symlinks, which point nowhere once the node is gone.
 func (p *Plugin) adjust(adj *api.ContainerAdjustment, g Given, chosen []int) {
 	drop, gain := diff(g.GPUs, chosen)
 	cdiForm := g.CDIKind != nil || len(g.Nodes) > 0
 	if cdiForm {
+		var remove []string
 		for _, idx := range drop {
-			nodes := g.Nodes[idx]
-			if len(nodes) == 0 {
-				// Named by CDI but not yet in the container (a runtime hook injects later):
-				// deny its node anyway.
-				gpu, _ := p.top.GPU(idx)
-				nodes = []*api.LinuxDevice{{Path: names.GPUDevicePrefix + strconv.Itoa(gpu.DeviceMinor()), Type: "c", Major: names.GPUDeviceMajor, Minor: int64(gpu.DeviceMinor())}}
-			}
-			for _, d := range nodes {
+			for _, d := range p.nodesOf(g, idx) {
+				remove = append(remove, d.Path)
 				adj.RemoveDevice(d.Path)
 				denyDevice(adj, d)
 			}
+		}
+		if len(remove) > 0 && p.cfg.HookPath != "" {
+			adj.AddHooks(&api.Hooks{CreateContainer: []*api.Hook{{Path: p.cfg.HookPath, Args: append([]string{filepath.Base(p.cfg.HookPath), devhook.RemoveDevices}, remove...)}}})
 		}
 		kind := p.cfg.CDIKind
 		byUUID := true
@@ -222,17 +228,38 @@ func (p *Plugin) adjust(adj *api.ContainerAdjustment, g Given, chosen []int) {
 		}
 		adj.AddEnv(names.VisibleDevicesEnv, strings.Join(ids, ","))
 	}
-	if len(g.Mounts) > 0 {
-		for _, idx := range drop {
-			if path, ok := g.Mounts[idx]; ok {
-				adj.RemoveMount(path)
+}
+
+// nodesOf lists the device nodes of a GPU the container has: those CDI says its device
+// brought (its /dev/nvidia<minor>, and on real nodes its /dev/dri card and render nodes), else
+// the ones found in the container, else its /dev/nvidia<minor> when a runtime hook has yet to
+// add it.
+func (p *Plugin) nodesOf(g Given, idx int) []*api.LinuxDevice {
+	if name, ok := g.CDINames[idx]; ok && p.cdi != nil {
+		if dev := p.cdi.GetDevice(name); dev != nil {
+			var out []*api.LinuxDevice
+			for _, n := range dev.ContainerEdits.DeviceNodes {
+				if n.Type == "" || n.Major == 0 {
+					continue // not fully specified: the node found in the container says more
+				}
+				out = append(out, &api.LinuxDevice{Path: n.Path, Type: n.Type, Major: n.Major, Minor: n.Minor})
+			}
+			if len(out) > 0 {
+				return out
 			}
 		}
-		for _, idx := range gain {
-			adj.AddMount(&api.Mount{Destination: names.VolumeMountsDir + "/" + p.gpuID(idx, true), Source: "/dev/null", Type: "bind",
-				Options: []string{"bind", "ro", "nosuid", "noexec"}})
-		}
 	}
+	if nodes := g.Nodes[idx]; len(nodes) > 0 {
+		return nodes
+	}
+	gpu, _ := p.top.GPU(idx)
+	return []*api.LinuxDevice{{Path: names.GPUDevicePrefix + strconv.Itoa(gpu.DeviceMinor()), Type: "c", Major: names.GPUDeviceMajor, Minor: int64(gpu.DeviceMinor())}}
+}
+
+// keepGiven reports whether the container must keep the device plugin's GPUs: under the
+// volume-mounts strategy the plugin can add GPUs but not take the device plugin's away.
+func keepGiven(g Given) bool {
+	return len(g.Mounts) > 0 && !g.EnvList && g.CDIKind == nil && len(g.Nodes) == 0
 }
 
 func denyDevice(adj *api.ContainerAdjustment, d *api.LinuxDevice) {

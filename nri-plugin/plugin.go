@@ -28,6 +28,8 @@ import (
 	"github.com/containerd/nri/pkg/api"
 	"github.com/go-logr/logr"
 
+	"tags.cncf.io/container-device-interface/pkg/cdi"
+
 	"github.com/nvdomain/nvdomain/pkg/cdispec"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/nristate"
@@ -46,6 +48,13 @@ type Config struct {
 	// containers without a domain keep what the device plugin gave them, and tensor-parallel
 	// containers, which need GPUs to themselves, are refused.
 	SharedGPUs bool
+	// HookPath is the node-side path of the nvdomain-nri-hook binary, which removes device
+	// nodes of GPUs a container must not have (see adjust); empty leaves them in place,
+	// denied by the device cgroup.
+	HookPath string
+	// CDISpecDirs are read to know every device node a CDI device brings (empty: only the
+	// /dev/nvidia<minor> nodes found in the container are known).
+	CDISpecDirs []string
 }
 
 // Assignment is what one container holds; the state file shares the type with the agent.
@@ -58,6 +67,8 @@ type Plugin struct {
 	log     logr.Logger
 	metrics *Metrics
 	report  Reporter
+
+	cdi *cdi.Cache
 
 	mu           sync.Mutex
 	top          *topology.Topology
@@ -97,6 +108,15 @@ func New(cfg Config, log logr.Logger, m *Metrics, r Reporter) (*Plugin, error) {
 	}
 	p := &Plugin{cfg: cfg, log: log, metrics: m, report: r, assigned: map[string]*Assignment{}, holders: map[int]map[string]bool{}}
 	p.setTopologyLocked(cfg.Topology)
+	if len(cfg.CDISpecDirs) > 0 {
+		c, err := cdi.NewCache(cdi.WithSpecDirs(cfg.CDISpecDirs...), cdi.WithAutoRefresh(true))
+		if err != nil {
+			// A broken spec file elsewhere must not stop the plugin: the nodes found in the
+			// container still say which GPUs it holds.
+			log.Error(err, "read CDI specs; device nodes beyond /dev/nvidia<minor> will not be known", "dirs", cfg.CDISpecDirs)
+		}
+		p.cdi = c
+	}
 	return p, nil
 }
 
@@ -188,7 +208,7 @@ func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 		p.mu.Unlock()
 		return nil, nil, nil // not a GPU container: no adjustment at all
 	}
-	gpus, err := p.choose(k, domain)
+	gpus, err := p.chooseFor(g, k, domain)
 	if err != nil {
 		p.mu.Unlock()
 		reason := "domain-full"
@@ -246,6 +266,30 @@ func (p *Plugin) request(pod *api.PodSandbox, ctr *api.Container) (k, domain int
 }
 
 func (p *Plugin) inUseLocked(g int) bool { return len(p.holders[g]) > 0 }
+
+// chooseFor picks the container's GPUs: the domain's best block, unless the form the device
+// plugin used cannot be rewritten (keepGiven), where its own choice stands if it is one the
+// plugin could have made, and the container is refused otherwise.
+func (p *Plugin) chooseFor(g Given, k, domain int) ([]int, error) {
+	if !keepGiven(g) {
+		return p.choose(k, domain)
+	}
+	var bad []string
+	for _, idx := range g.GPUs {
+		gpu, _ := p.top.GPU(idx)
+		switch {
+		case p.inUseLocked(idx):
+			bad = append(bad, fmt.Sprintf("GPU %d is in use (%s)", idx, p.holdersLocked([]int{idx})))
+		case domain >= 0 && (gpu.Domain == nil || *gpu.Domain != domain):
+			bad = append(bad, fmt.Sprintf("GPU %d is not in NVSwitch domain %d", idx, domain))
+		}
+	}
+	if len(bad) > 0 {
+		return nil, fmt.Errorf("the device plugin chose GPUs %s by volume mounts, which containerd does not let NRI plugins take away (containerd/nri#80), and %s; configure the device plugin's DEVICE_LIST_STRATEGY as cdi-cri or envvar so nvdomain can pick the GPUs",
+			names.FormatGPUList(g.GPUs), strings.Join(bad, ", "))
+	}
+	return g.GPUs, nil
+}
 
 func (p *Plugin) choose(k, domain int) ([]int, error) {
 	top := p.top

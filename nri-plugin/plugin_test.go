@@ -201,9 +201,6 @@ func TestEveryStrategyIsRewrittenToTheChosenGPUs(t *testing.T) {
 		want     want
 	}{
 		{names.StrategyEnvVar, want{env: "GPU-4,GPU-5"}},
-		{names.StrategyVolumeMounts, want{
-			mounts:  []string{"/var/run/nvidia-container-devices/GPU-4", "/var/run/nvidia-container-devices/GPU-5"},
-			unmount: []string{"/var/run/nvidia-container-devices/GPU-0", "/var/run/nvidia-container-devices/GPU-1"}}},
 		{names.StrategyCDICRI, want{
 			cdi:     []string{"k8s.device-plugin.nvidia.com/gpu=GPU-4", "k8s.device-plugin.nvidia.com/gpu=GPU-5"},
 			removed: []string{"/dev/nvidia0", "/dev/nvidia1"}, denied: []int64{0, 1}}},
@@ -214,6 +211,7 @@ func TestEveryStrategyIsRewrittenToTheChosenGPUs(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.strategy, func(t *testing.T) {
 			p, _, _ := newPlugin(t)
+			p.cfg.HookPath = "/opt/nvdomain/bin/nvdomain-nri-hook"
 			adj, _, err := p.CreateContainer(context.Background(), pinnedPod("a", 1, `{"vllm":2}`), given(ctr("a1", "a", "vllm"), tc.strategy, 0, 1))
 			if err != nil {
 				t.Fatal(err)
@@ -248,7 +246,47 @@ func TestEveryStrategyIsRewrittenToTheChosenGPUs(t *testing.T) {
 			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
 				t.Fatalf("got  %+v\nwant %+v", got, tc.want)
 			}
+			// containerd drops NRI's device removals (containerd/nri#80): the hook removes them.
+			var hooks []string
+			if adj.Hooks != nil {
+				for _, h := range adj.Hooks.CreateContainer {
+					hooks = append(hooks, h.Path+" "+strings.Join(h.Args[1:], " "))
+				}
+			}
+			wantHooks := []string{}
+			if len(tc.want.removed) > 0 {
+				wantHooks = []string{"/opt/nvdomain/bin/nvdomain-nri-hook remove-devices " + strings.Join(tc.want.removed, " ")}
+			}
+			if fmt.Sprint(hooks) != fmt.Sprint(wantHooks) {
+				t.Fatalf("hooks %v, want %v", hooks, wantHooks)
+			}
 		})
+	}
+}
+
+// Under volume-mounts the device plugin's mounts cannot be taken away, so its choice stands
+// when it is a valid one and the container is refused, saying why, when it is not.
+func TestVolumeMountsKeepAValidChoiceOrRefuse(t *testing.T) {
+	p, _, _ := newPlugin(t)
+	adj, _, err := p.CreateContainer(context.Background(), pinnedPod("a", 1, `{"vllm":2}`), given(ctr("a1", "a", "vllm"), names.StrategyVolumeMounts, 4, 5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if adj.Annotations["gpu.nvidia.com/assigned-gpus"] != "4,5" || len(adj.Mounts) != 0 || len(adj.Env) != 0 {
+		t.Fatalf("kept choice: %+v", adj)
+	}
+	cases := []struct {
+		dp   []int
+		want string
+	}{
+		{[]int{0, 1}, "GPU 0 is not in NVSwitch domain 1, GPU 1 is not in NVSwitch domain 1; configure the device plugin's DEVICE_LIST_STRATEGY as cdi-cri or envvar"},
+		{[]int{5, 6}, "GPU 5 is in use (5 by default/pod-a/vllm)"},
+	}
+	for _, tc := range cases {
+		_, _, err := p.CreateContainer(context.Background(), pinnedPod("b", 1, `{"vllm":2}`), given(ctr("b1", "b", "vllm"), names.StrategyVolumeMounts, tc.dp...))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want %q", tc.dp, err, tc.want)
+		}
 	}
 }
 

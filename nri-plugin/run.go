@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -37,6 +38,10 @@ type RunOptions struct {
 	// device nodes but no CDI names; SharedGPUs says the node time-slices its GPUs.
 	CDIKind    string
 	SharedGPUs bool
+	// HookPath is the node-side path of nvdomain-nri-hook; CDISpecDirs are read to know each
+	// CDI device's nodes (see Config).
+	HookPath    string
+	CDISpecDirs []string
 	// TopologyReload is how often the topology source is read again; a change is applied
 	// (the agent republishes the same change) unless running containers hold GPUs the new
 	// topology lacks. 0 reads it once.
@@ -111,7 +116,12 @@ func Run(ctx context.Context, o RunOptions, log logr.Logger) error {
 			return fmt.Errorf("--cdi-kind %q: give vendor/class, e.g. %s", o.CDIKind, cdispec.DevicePluginGPU)
 		}
 	}
-	p, err := New(Config{Names: o.Names, Topology: top, CDIKind: kind, SharedGPUs: o.SharedGPUs}, log, m, reporters)
+	if o.HookPath != "" {
+		if fi, err := os.Stat(o.HookPath); err != nil || fi.Mode()&0o111 == 0 {
+			return fmt.Errorf("--hook-path %s: not an executable (%v); install nvdomain-nri-hook on the node there (the chart's install-hook init container does), or pass --hook-path= to leave removed GPUs' device nodes in place, denied by the device cgroup", o.HookPath, err)
+		}
+	}
+	p, err := New(Config{Names: o.Names, Topology: top, CDIKind: kind, SharedGPUs: o.SharedGPUs, HookPath: o.HookPath, CDISpecDirs: o.CDISpecDirs}, log, m, reporters)
 	if err != nil {
 		return err
 	}
@@ -140,7 +150,7 @@ func Run(ctx context.Context, o RunOptions, log logr.Logger) error {
 		return fmt.Errorf("create NRI stub: %w", err)
 	}
 	log.Info("starting", "gpus", len(top.GPUs), "domains", len(top.Domains), "source", top.Source, "fingerprint", top.Fingerprint(),
-		"cdiKind", kind.String(), "sharedGPUs", o.SharedGPUs, "topologyReload", o.TopologyReload)
+		"cdiKind", kind.String(), "sharedGPUs", o.SharedGPUs, "topologyReload", o.TopologyReload, "hookPath", o.HookPath, "cdiSpecDirs", o.CDISpecDirs)
 	return s.Run(ctx)
 }
 

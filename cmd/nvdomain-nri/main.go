@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -30,6 +31,8 @@ func main() {
 	flag.BoolVar(&o.NVML, "nvml", false, "discover the topology through NVML")
 	flag.StringVar(&o.CDIKind, "cdi-kind", cdispec.DevicePluginGPU.String(), "CDI kind (vendor/class) to add GPUs with when a container came with GPU device nodes but no CDI names")
 	flag.BoolVar(&o.SharedGPUs, "shared-gpus", false, "the node time-slices its GPUs: leave GPU containers without a domain as the device plugin made them, refuse tensor-parallel ones")
+	flag.StringVar(&o.HookPath, "hook-path", "", "node-side path of nvdomain-nri-hook, which removes the device nodes of GPUs a container must not have (empty: they stay, denied by the device cgroup)")
+	cdiDirs := flag.String("cdi-spec-dirs", "/etc/cdi,/var/run/cdi", "comma-separated CDI spec directories, to know every device node a GPU's CDI device brings")
 	flag.DurationVar(&o.TopologyReload, "topology-reload", 30*time.Second, "how often the topology source is read again (0: once)")
 	flag.StringVar(&o.StateFile, "state-file", nristate.DefaultPath, "where to write which container holds which GPUs, for the node agent")
 	flag.StringVar(&o.MetricsAddr, "metrics-bind-address", "", "Prometheus metrics address, e.g. 127.0.0.1:9101; empty disables")
@@ -44,6 +47,11 @@ func main() {
 	flag.Parse()
 
 	log := zap.New(zap.UseFlagOptions(&zo)).WithName("nvdomain-nri")
+	for _, d := range strings.Split(*cdiDirs, ",") {
+		if d = strings.TrimSpace(d); d != "" {
+			o.CDISpecDirs = append(o.CDISpecDirs, d)
+		}
+	}
 	if err := run(o, namesFromFlags, log); err != nil {
 		fmt.Fprintf(os.Stderr, "nvdomain-nri: %v\n", err)
 		os.Exit(1)

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nvdomain/nvdomain/pkg/cdispec"
 	"github.com/nvdomain/nvdomain/pkg/topology"
 	"github.com/nvdomain/nvdomain/test/hostclean"
 	"github.com/nvdomain/nvdomain/test/localcluster"
@@ -91,7 +92,7 @@ func (n *node) cgroupParent() string { return "/" + filepath.Base(n.dir) }
 
 func (n *node) buildBinaries() {
 	n.pluginBin = n.path("nvdomain-nri")
-	for _, b := range []struct{ out, pkg string }{{n.pluginBin, "./cmd/nvdomain-nri"}, {n.path("pause"), "./test/images/pause"}} {
+	for _, b := range []struct{ out, pkg string }{{n.pluginBin, "./cmd/nvdomain-nri"}, {n.path("pause"), "./test/images/pause"}, {n.path("nvdomain-nri-hook"), "./cmd/nvdomain-nri-hook"}} {
 		cmd := exec.Command("go", "build", "-o", b.out, b.pkg)
 		cmd.Dir = repoRoot()
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
@@ -110,7 +111,11 @@ func (n *node) writeConfig() {
 			n.t.Fatal(err)
 		}
 	}
-	cfg := localcluster.ContainerdConfig(n.dir, n.path("nri.sock"), n.runc)
+	toolkit, err := localcluster.InstallToolkit(repoRoot(), n.dir, n.runc)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	cfg := localcluster.ContainerdConfig(n.dir, n.path("nri.sock"), toolkit)
 	if err := os.WriteFile(n.path("config.toml"), []byte(cfg), 0o644); err != nil {
 		n.t.Fatal(err)
 	}
@@ -157,7 +162,7 @@ func tail(s string, n int) string {
 func (n *node) importImages() {
 	busybox := ocitest.Image{Ref: busyboxRef, Files: map[string]ocitest.File{"bin/busybox": {Source: "/bin/busybox"}},
 		Env: []string{"PATH=/bin"}, Entrypoint: []string{"/bin/sh"}}
-	for _, applet := range []string{"sh", "env", "sleep", "cat", "echo", "true"} {
+	for _, applet := range []string{"sh", "env", "sleep", "cat", "echo", "true", "ls", "mknod"} {
 		busybox.Files["bin/"+applet] = ocitest.File{Link: "busybox"}
 	}
 	pause := ocitest.Image{Ref: pauseRef, Files: map[string]ocitest.File{"pause": {Source: n.path("pause")}}, Entrypoint: []string{"/pause"}}
@@ -170,6 +175,8 @@ func (n *node) importImages() {
 	}
 }
 
+// writeSeedTopology writes the seed node's topology for the plugin and the CDI spec of its
+// simulated GPUs for containerd, as the agent's device plugin does on a cluster node.
 func (n *node) writeSeedTopology() string {
 	var gpus []topology.GPU
 	for i := range 8 {
@@ -177,6 +184,9 @@ func (n *node) writeSeedTopology() string {
 	}
 	top, err := topology.FromDomains("simulated", gpus, [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}}, nil)
 	if err != nil {
+		n.t.Fatal(err)
+	}
+	if err := cdispec.Write(localcluster.CDISpecDir(n.dir), cdispec.DevicePluginGPU, cdispec.ForGPUs(cdispec.DevicePluginGPU, top.GPUs)); err != nil {
 		n.t.Fatal(err)
 	}
 	data, _ := json.Marshal(top)
@@ -194,7 +204,8 @@ func (n *node) startPlugin() {
 		n.t.Fatal(err)
 	}
 	cmd := exec.Command(n.pluginBin, "--topology-file", n.topology, "--socket-path", n.path("nri.sock"),
-		"--plugin-name", "nvdomain", "--plugin-idx", "10", "--report=false", "--state-file", n.path("nri-state.json"))
+		"--plugin-name", "nvdomain", "--plugin-idx", "10", "--report=false", "--state-file", n.path("nri-state.json"),
+		"--hook-path", n.path("nvdomain-nri-hook"), "--cdi-spec-dirs", localcluster.CDISpecDir(n.dir))
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		n.t.Fatal(err)
@@ -269,16 +280,54 @@ func (n *node) runPod(p podSpec) (string, string) {
 // createContainer creates a busybox container whose environment carries the device plugin's
 // own NVIDIA_VISIBLE_DEVICES (which the plugin must override); it returns the crictl error.
 func (n *node) createContainer(podID, podCfg, name, devicePluginChoice string) (string, error) {
+	return n.createContainerWith(podID, podCfg, name, ctrDevices{env: map[string]string{"NVIDIA_VISIBLE_DEVICES": devicePluginChoice}})
+}
+
+// ctrDevices is how the kubelet hands a device plugin's answer to containerd: environment,
+// CDI device names, annotations (cdi.k8s.io/… among them) and mounts.
+type ctrDevices struct {
+	env         map[string]string
+	cdi         []string
+	annotations map[string]string
+	mounts      map[string]string // container path → host path, read-only
+}
+
+func (n *node) createContainerWith(podID, podCfg, name string, d ctrDevices) (string, error) {
+	var envs []map[string]string
+	for k, v := range d.env {
+		envs = append(envs, map[string]string{"key": k, "value": v})
+	}
+	var cdi []map[string]string
+	for _, c := range d.cdi {
+		cdi = append(cdi, map[string]string{"name": c})
+	}
+	var mounts []map[string]any
+	for c, h := range d.mounts {
+		mounts = append(mounts, map[string]any{"container_path": c, "host_path": h, "readonly": true})
+	}
 	cfg := map[string]any{
-		"metadata": map[string]any{"name": name},
-		"image":    map[string]any{"image": busyboxRef},
-		"command":  []string{"/bin/sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"},
-		"envs":     []map[string]string{{"key": "NVIDIA_VISIBLE_DEVICES", "value": devicePluginChoice}},
-		"log_path": name + ".log",
+		"metadata":    map[string]any{"name": name},
+		"image":       map[string]any{"image": busyboxRef},
+		"command":     []string{"/bin/sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"},
+		"envs":        envs,
+		"CDI_devices": cdi,
+		"annotations": d.annotations,
+		"mounts":      mounts,
+		"log_path":    name + ".log",
 	}
 	path := n.path(fmt.Sprintf("ctr-%s-%d.json", name, time.Now().UnixNano()))
 	writeJSON(n.t, path, cfg)
 	return n.crictl("create", podID, path, podCfg)
+}
+
+// sh runs a shell command in the container and returns what it printed, errors included.
+func (n *node) sh(ctrID, script string) string {
+	n.t.Helper()
+	out, err := n.crictl("exec", ctrID, "/bin/sh", "-c", script+" 2>&1; true")
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	return out
 }
 
 func writeJSON(t testing.TB, path string, v any) {

@@ -2,16 +2,20 @@ package localcluster
 
 import (
 	"context"
+	"encoding/json"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/nvdomain/nvdomain/pkg/cdispec"
 )
 
 type clusterPKI struct {
@@ -151,7 +155,11 @@ func (c *Cluster) startContainerd(ctx context.Context) error {
 		return err
 	}
 	c.NRISocket = c.path("nri", "nri.sock")
-	cfg := ContainerdConfig(c.Dir, c.NRISocket, c.Runc)
+	toolkit, err := InstallToolkit(c.Root, c.Dir, c.Runc)
+	if err != nil {
+		return err
+	}
+	cfg := ContainerdConfig(c.Dir, c.NRISocket, toolkit)
 	if err := os.WriteFile(c.path("containerd.toml"), []byte(cfg), 0o644); err != nil {
 		return err
 	}
@@ -228,11 +236,14 @@ func (c *Cluster) waitNodeReady(ctx context.Context) error {
 }
 
 // ContainerdConfig is a containerd v2 configuration (schema 4) that keeps every path, socket
-// and runc state under dir, enables NRI on nriSocket, pins the local pause image so nothing is
-// pulled, and sets what this machine kind needs (see shared/recipes): cgroupfs, no AppArmor,
-// and restrict_oom_score_adj, without which runc is refused when it writes oom_score_adj and
-// every sandbox fails with "can't get final child's PID from pipe: EOF".
-func ContainerdConfig(dir, nriSocket, runc string) string {
+// and runc state under dir, enables NRI on nriSocket with its default validator (so a pod
+// that requires the nvdomain plugin is refused while the plugin is down), reads CDI specs from
+// CDISpecDir(dir), pins the local pause image so nothing is pulled, and sets what this machine
+// kind needs (see shared/recipes): cgroupfs, no AppArmor, and restrict_oom_score_adj, without
+// which runc is refused when it writes oom_score_adj and every sandbox fails with "can't get
+// final child's PID from pipe: EOF". runtime is runc, or the test toolkit in front of it
+// (InstallToolkit).
+func ContainerdConfig(dir, nriSocket, runtime string) string {
 	return fmt.Sprintf(`version = 4
 root = '%[1]s/containerd'
 state = '%[1]s/containerd-state'
@@ -249,6 +260,7 @@ imports = []
   [plugins.'io.containerd.cri.v1.runtime']
     disable_apparmor = true
     restrict_oom_score_adj = true
+    cdi_spec_dirs = ['%[5]s']
     [plugins.'io.containerd.cri.v1.runtime'.containerd]
       default_runtime_name = 'runc'
       [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
@@ -270,7 +282,30 @@ imports = []
     socket_path = '%[4]s'
     plugin_path = '%[1]s/nri-plugins'
     plugin_config_path = '%[1]s/nri-conf'
+    [plugins.'io.containerd.nri.v1.nri'.default_validator]
+      enable = true
   [plugins.'io.containerd.shim.v1.manager']
     socket_dir = '%[1]s/s'
-`, dir, PauseImage, runc, nriSocket)
+`, dir, PauseImage, runtime, nriSocket, CDISpecDir(dir))
+}
+
+// CDISpecDir is where the CDI specs of a cluster or node under dir live.
+func CDISpecDir(dir string) string { return filepath.Join(dir, "cdi") }
+
+// InstallToolkit builds test/toolkit into dir and configures it to inject the CDI devices of
+// the GPUs a container names by the envvar or volume-mounts strategies, then run runc; it
+// returns the binary, for ContainerdConfig.
+func InstallToolkit(root, dir, runc string) (string, error) {
+	bin := filepath.Join(dir, "nvdomain-toolkit")
+	cmd := exec.Command("go", "build", "-o", bin, "./test/toolkit")
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build ./test/toolkit: %v\n%s", err, out)
+	}
+	cfg, _ := json.Marshal(map[string]any{"runc": runc, "cdiSpecDirs": []string{CDISpecDir(dir)}, "kind": cdispec.DevicePluginGPU.String()})
+	if err := os.WriteFile(bin+".json", cfg, 0o644); err != nil {
+		return "", err
+	}
+	return bin, os.MkdirAll(CDISpecDir(dir), 0o755)
 }

@@ -1,0 +1,203 @@
+package containerd
+
+import (
+	"fmt"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	cdi "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/nvdomain/nvdomain/pkg/cdispec"
+	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/test/localcluster"
+)
+
+// The device plugin's answer for some GPUs of the seed node, in each of NVIDIA's device list
+// strategies, as the kubelet hands it to containerd.
+func devicePluginAnswer(strategy string, gpus ...int) ctrDevices {
+	var ids []string
+	for _, g := range gpus {
+		ids = append(ids, fmt.Sprintf("GPU-seed-%d", g))
+	}
+	var cdiNames []string
+	for _, id := range ids {
+		cdiNames = append(cdiNames, cdispec.DevicePluginGPU.Device(id))
+	}
+	switch strategy {
+	case names.StrategyCDICRI:
+		return ctrDevices{cdi: cdiNames}
+	case names.StrategyCDIAnnotations:
+		return ctrDevices{annotations: map[string]string{names.DevicePluginCDIAnnotationKey + "4f2a": strings.Join(cdiNames, ",")}}
+	case names.StrategyEnvVar:
+		return ctrDevices{env: map[string]string{names.VisibleDevicesEnv: strings.Join(ids, ",")}}
+	case names.StrategyVolumeMounts:
+		d := ctrDevices{env: map[string]string{names.VisibleDevicesEnv: names.VolumeMountsDir}, mounts: map[string]string{}}
+		for _, id := range ids {
+			d.mounts[names.VolumeMountsDir+"/"+id] = "/dev/null"
+		}
+		return d
+	}
+	panic(strategy)
+}
+
+func requirePlugin(p podSpec, container string) podSpec {
+	if p.annotations == nil {
+		p.annotations = map[string]string{}
+	}
+	p.annotations[names.RequiredPluginsFor(container)] = `["` + names.NRIPluginName + `"]`
+	return p
+}
+
+var gpuNode = regexp.MustCompile(`^nvidia[0-9]+$`)
+
+// gpuNodes lists the GPU device nodes inside a running container.
+func (n *node) gpuNodes(ctrID string) []string {
+	n.t.Helper()
+	var out []string
+	for _, f := range strings.Fields(n.sh(ctrID, "ls /dev")) {
+		if gpuNode.MatchString(f) {
+			out = append(out, "/dev/"+f)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// canOpen tells, from inside the container, whether GPU minor m is reachable: a GPU the
+// container may use opens to ENXIO (the simulated GPU has no driver behind it), one it must
+// not use is refused by the device cgroup (EPERM) even when a process makes the node again
+// with mknod, which containers may do by default.
+func (n *node) canOpen(ctrID string, m int) (bool, string) {
+	out := n.sh(ctrID, fmt.Sprintf("p=/dev/nvidia%d; [ -e $p ] || { mknod /dev/probe%d c 195 %d && p=/dev/probe%d; }; cat $p", m, m, m, m))
+	switch {
+	case strings.Contains(out, "No such device or address"):
+		return true, out
+	case strings.Contains(out, "Operation not permitted"):
+		return false, out
+	}
+	n.t.Fatalf("opening GPU %d said %q; expected ENXIO (allowed) or EPERM (denied)", m, out)
+	return false, out
+}
+
+// TestEveryDeviceListStrategyEndsWithExactlyTheDomainsGPUs: the device plugin chose GPUs 0,1
+// (domain 0) and the pod is pinned to domain 1; whichever way the device plugin handed them
+// over, the container ends with device nodes for GPUs 4 and 5 alone, can open those, and
+// cannot open any other GPU, even by making its node. Under volume-mounts, whose mounts NRI
+// cannot take away, a valid choice of the device plugin (4,5) stands and an invalid one (0,1)
+// is refused with the reason.
+func TestEveryDeviceListStrategyEndsWithExactlyTheDomainsGPUs(t *testing.T) {
+	n := startNode(t)
+	n.startPlugin()
+	for _, strategy := range []string{names.StrategyCDICRI, names.StrategyCDIAnnotations, names.StrategyEnvVar, names.StrategyVolumeMounts} {
+		t.Run(strategy, func(t *testing.T) {
+			pod, cfg := n.runPod(requirePlugin(tpPod("tp2-"+strategy, 1, 2), "vllm"))
+			defer func() {
+				_, _ = n.crictl("stopp", pod)
+				_, _ = n.crictl("rmp", pod)
+			}()
+			dp := []int{0, 1}
+			if strategy == names.StrategyVolumeMounts {
+				_, err := n.createContainerWith(pod, cfg, "vllm", devicePluginAnswer(strategy, dp...))
+				if err == nil || !strings.Contains(err.Error(), "GPU 0 is not in NVSwitch domain 1") {
+					t.Fatalf("volume-mounts choice outside the domain: %v", err)
+				}
+				dp = []int{4, 5}
+			}
+			id, err := n.createContainerWith(pod, cfg, "vllm", devicePluginAnswer(strategy, dp...))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := n.crictl("start", id); err != nil {
+				t.Fatal(err)
+			}
+			if got := n.gpuNodes(id); !slices.Equal(got, []string{"/dev/nvidia4", "/dev/nvidia5"}) {
+				t.Fatalf("GPU device nodes in the container: %v, want /dev/nvidia4 and /dev/nvidia5", got)
+			}
+			for m := range 8 {
+				ok, out := n.canOpen(id, m)
+				if want := m == 4 || m == 5; ok != want {
+					t.Errorf("GPU %d reachable = %v, want %v (%s)", m, ok, want, out)
+				}
+			}
+			t.Logf("%s: ls /dev → %v; GPU 0: %s", strategy, n.gpuNodes(id), strings.TrimSpace(n.sh(id, "mknod /dev/g0 c 195 0")))
+		})
+	}
+}
+
+// TestMIGDevicePassesUntouched: a container holding a MIG device keeps exactly what the
+// device plugin gave it, and the plugin does not count it against whole GPUs.
+func TestMIGDevicePassesUntouched(t *testing.T) {
+	n := startNode(t)
+	mig := cdispec.Kind{Vendor: names.DevicePluginCDIVendor, Class: names.CDIClassMIG}
+	mode := os.FileMode(0o666)
+	spec := &cdi.Spec{Version: cdispec.Version, Kind: mig.String(), Devices: []cdi.Device{{Name: "MIG-seed-0-1g", ContainerEdits: cdi.ContainerEdits{
+		DeviceNodes: []*cdi.DeviceNode{cdispec.GPUNode(0), {Path: "/dev/nvidia-caps/nvidia-cap21", Type: "c", Major: 511, Minor: 21, FileMode: &mode}},
+	}}}}
+	if err := cdispec.Write(localcluster.CDISpecDir(n.dir), mig, spec); err != nil {
+		t.Fatal(err)
+	}
+	n.startPlugin()
+	pod, cfg := n.runPod(podSpec{name: "mig"})
+	id, err := n.createContainerWith(pod, cfg, "cuda", ctrDevices{cdi: []string{mig.Device("MIG-seed-0-1g")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.crictl("start", id); err != nil {
+		t.Fatal(err)
+	}
+	if got := n.gpuNodes(id); !slices.Equal(got, []string{"/dev/nvidia0"}) {
+		t.Fatalf("GPU nodes %v, want the MIG device's parent /dev/nvidia0 untouched", got)
+	}
+	if out := n.sh(id, "ls /dev/nvidia-caps"); !strings.Contains(out, "nvidia-cap21") {
+		t.Fatalf("MIG capability node missing: %q", out)
+	}
+	// GPU 0 was not booked: a TP=4 in domain 0 still gets GPUs 0-3.
+	tp, tcfg := n.runPod(tpPod("tp4", 0, 4))
+	tid, err := n.createContainerWith(tp, tcfg, "vllm", ctrDevices{cdi: []string{cdispec.DevicePluginGPU.Device("GPU-seed-4"), cdispec.DevicePluginGPU.Device("GPU-seed-5"),
+		cdispec.DevicePluginGPU.Device("GPU-seed-6"), cdispec.DevicePluginGPU.Device("GPU-seed-7")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.crictl("start", tid); err != nil {
+		t.Fatal(err)
+	}
+	if got := n.gpuNodes(tid); !slices.Equal(got, []string{"/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia2", "/dev/nvidia3"}) {
+		t.Fatalf("TP=4 in domain 0 got %v", got)
+	}
+}
+
+// TestContainerRefusedWhileNRIPluginDownThenRuns: the webhook's required-plugins annotation
+// makes containerd's NRI validator refuse a GPU container the plugin cannot see, with a
+// message that names nvdomain; once the plugin is back the same container is created in its
+// domain. A hand-written domain annotation on a pod that asked for no GPU gets none.
+func TestContainerRefusedWhileNRIPluginDownThenRuns(t *testing.T) {
+	n := startNode(t)
+	pod, cfg := n.runPod(requirePlugin(tpPod("tp2", 1, 2), "vllm"))
+	_, err := n.createContainerWith(pod, cfg, "vllm", devicePluginAnswer(names.StrategyCDICRI, 0, 1))
+	// crictl prints the runtime's message with its quotes escaped.
+	if err == nil || !strings.Contains(strings.ReplaceAll(err.Error(), `\"`, `"`), `rejected container adjustment, reason: validation error: required plugin "nvdomain" not present`) {
+		t.Fatalf("create while the plugin is down: %v; want the validator's refusal naming nvdomain", err)
+	}
+	t.Logf("refused while the plugin is down: %v", err)
+	n.startPlugin()
+	id, err := n.createContainerWith(pod, cfg, "vllm", devicePluginAnswer(names.StrategyCDICRI, 0, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.crictl("start", id); err != nil {
+		t.Fatal(err)
+	}
+	if got := n.gpuNodes(id); !slices.Equal(got, []string{"/dev/nvidia4", "/dev/nvidia5"}) {
+		t.Fatalf("after the plugin came back: %v", got)
+	}
+
+	sneaky, scfg := n.runPod(podSpec{name: "sneaky", annotations: map[string]string{
+		"gpu.nvidia.com/nvswitch-domain": "0", "gpu.nvidia.com/container-gpus": `{"main":4}`}})
+	_, err = n.createContainerWith(sneaky, scfg, "main", ctrDevices{})
+	if err == nil || !strings.Contains(err.Error(), "says 4 GPU(s) for this container but the device plugin allocated 0") {
+		t.Fatalf("hand-annotated pod: %v", err)
+	}
+}

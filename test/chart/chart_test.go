@@ -5,6 +5,7 @@
 package chart
 
 import (
+	"fmt"
 	"bytes"
 	"os"
 	"os/exec"
@@ -235,5 +236,37 @@ func TestCertManagerObjectsMatchTheirAPI(t *testing.T) {
 		if kinds["Certificate"] != 1 || kinds["Issuer"] != 1 {
 			t.Errorf("%s: found %v, want one Certificate and one Issuer", name, kinds)
 		}
+	}
+}
+
+// manifests/policies is what the integration tests register; it must stay the chart's render.
+func TestChartPoliciesMatchManifests(t *testing.T) {
+	rendered, err := render(t, "--show-only", "templates/policies.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	manifest, err := os.ReadFile(filepath.Join(root(), "manifests", "policies", "policies.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	specs := func(doc string) map[string]any {
+		out := map[string]any{}
+		dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(doc), 4096)
+		for {
+			var raw map[string]any
+			if err := dec.Decode(&raw); err != nil {
+				break
+			}
+			if raw == nil {
+				continue
+			}
+			meta, _ := raw["metadata"].(map[string]any)
+			out[fmt.Sprint(raw["kind"], "/", meta["name"])] = raw["spec"]
+		}
+		return out
+	}
+	got, want := specs(rendered), specs(string(manifest))
+	if len(got) != 4 || !reflect.DeepEqual(got, want) {
+		t.Fatalf("chart policies and manifests/policies differ (regenerate the manifest):\nchart     %v\nmanifests %v", got, want)
 	}
 }

@@ -1,0 +1,247 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	admissionregv1 "k8s.io/api/admissionregistration/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/yaml"
+)
+
+// startPolicyCluster starts envtest's apiserver with nvdomain's ValidatingAdmissionPolicies
+// from manifests/policies (what the chart renders) and nothing else: they must hold with no
+// webhook at all.
+func startPolicyCluster(t *testing.T) *cluster {
+	t.Helper()
+	env := &envtest.Environment{BinaryAssetsDirectory: assets(t)}
+	configureAPIServer(env.ControlPlane.GetAPIServer())
+	cfg, err := env.Start()
+	if err != nil {
+		t.Fatalf("start envtest: %v", err)
+	}
+	c := &cluster{t: t, env: env, cfg: cfg, warnings: &warningRecorder{}, client: kubernetes.NewForConfigOrDie(cfg)}
+	t.Cleanup(c.stop)
+	f, err := os.Open(filepath.Join(repoRoot(), "manifests", "policies", "policies.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	dec := utilyaml.NewYAMLOrJSONDecoder(f, 4096)
+	ctx := context.Background()
+	for {
+		var raw map[string]any
+		if err := dec.Decode(&raw); err != nil {
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			t.Fatal(err)
+		}
+		b, _ := yaml.Marshal(raw)
+		switch raw["kind"] {
+		case "ValidatingAdmissionPolicy":
+			var p admissionregv1.ValidatingAdmissionPolicy
+			if err := yaml.UnmarshalStrict(b, &p); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := c.client.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, &p, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		case "ValidatingAdmissionPolicyBinding":
+			var p admissionregv1.ValidatingAdmissionPolicyBinding
+			if err := yaml.UnmarshalStrict(b, &p); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := c.client.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, &p, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// A policy takes effect once the apiserver has compiled it: wait for it to deny.
+	probe := handAnnotated("policy-probe")
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, err := c.client.CoreV1().Pods("default").Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return apierrors.IsInvalid(err) || apierrors.IsForbidden(err), nil
+	})
+	if err != nil {
+		t.Fatalf("the policies never took effect: %v", err)
+	}
+	return c
+}
+
+// handAnnotated is the pod from the issue: no GPU request, nvdomain's annotations by hand.
+func handAnnotated(name string) *corev1.Pod {
+	p := gpuPod(name, false, 0)
+	p.Namespace = "default"
+	p.Annotations = map[string]string{n.PodDomainAnnotation(): "0", n.PodContainerGPUsAnnotation(): `{"vllm":4}`}
+	return p
+}
+
+func TestHandWrittenDomainAnnotationIsDenied(t *testing.T) {
+	c := startPolicyCluster(t)
+	ctx := context.Background()
+	pinned := gpuPod("pinned", true, 2)
+	pinned.Namespace = "default"
+	pinned.Spec.Containers[0].Resources.Limits["nvidia.com/nvswitch-domain-1"] = pinned.Spec.Containers[0].Resources.Limits["nvidia.com/gpu"]
+	pinned.Annotations = map[string]string{n.PodDomainAnnotation(): "1", n.PodTPSizeAnnotation(): "2", n.PodContainerGPUsAnnotation(): `{"vllm":2}`}
+	tpOnly := gpuPod("tp-only", false, 0)
+	tpOnly.Namespace = "default"
+	tpOnly.Annotations = map[string]string{n.PodTPSizeAnnotation(): "8"}
+	reported := gpuPod("reported", false, 0)
+	reported.Namespace = "default"
+	reported.Annotations = map[string]string{n.PodAssignedGPUsAnnotation(): "0,1,2,3"}
+	cases := []struct {
+		pod  *corev1.Pod
+		want string // "" for admitted
+	}{
+		{handAnnotated("sneaky"), "metadata.annotations[gpu.nvidia.com/nvswitch-domain]: says domain 0 but no container requests nvidia.com/nvswitch-domain-0"},
+		{tpOnly, "come only with nvdomain's gpu.nvidia.com/nvswitch-domain"},
+		{reported, "a new pod cannot carry it"},
+		{pinned, ""},
+	}
+	for _, tc := range cases {
+		_, err := c.client.CoreV1().Pods("default").Create(ctx, tc.pod, metav1.CreateOptions{})
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: %v", tc.pod.Name, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s: %v, want %q", tc.pod.Name, err, tc.want)
+		case err != nil:
+			t.Logf("kubectl would say: %v", err)
+		}
+	}
+	// The pin never changes after creation, not even by a cluster admin.
+	patch := []byte(`{"metadata":{"annotations":{"gpu.nvidia.com/nvswitch-domain":"0"}}}`)
+	if _, err := c.client.CoreV1().Pods("default").Patch(ctx, "pinned", types.MergePatchType, patch, metav1.PatchOptions{}); err == nil || !strings.Contains(err.Error(), "is fixed at creation") {
+		t.Errorf("changing the pin: %v", err)
+	}
+	assigned := []byte(`{"metadata":{"annotations":{"gpu.nvidia.com/assigned-gpus":"4,5"}}}`)
+	if _, err := c.client.CoreV1().Pods("default").Patch(ctx, "pinned", types.MergePatchType, assigned, metav1.PatchOptions{}); err == nil || !strings.Contains(err.Error(), "written only by nvdomain's NRI plugin") {
+		t.Errorf("an admin writing assigned-gpus: %v", err)
+	}
+	// Other changes to an annotated pod pass.
+	other := []byte(`{"metadata":{"labels":{"team":"llm"}}}`)
+	if _, err := c.client.CoreV1().Pods("default").Patch(ctx, "pinned", types.MergePatchType, other, metav1.PatchOptions{}); err != nil {
+		t.Errorf("an unrelated change was denied: %v", err)
+	}
+}
+
+// nodeClient returns a client authenticated as nvdomain's node service account with the token
+// of a pod bound to node, as the DaemonSet pod on that node has.
+func (c *cluster) nodeClient(node string) *kubernetes.Clientset {
+	c.t.Helper()
+	ctx := context.Background()
+	ns, sa := "nvdomain-system", "nvdomain-node"
+	_, _ = c.client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+	if _, err := c.client.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		c.t.Fatal(err)
+	}
+	// The chart's ClusterRole for the node pod.
+	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "nvdomain-node"}, Rules: []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "patch"}},
+		{APIGroups: []string{""}, Resources: []string{"nodes/status"}, Verbs: []string{"patch"}},
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "patch"}},
+	}}
+	if _, err := c.client.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		c.t.Fatal(err)
+	}
+	binding := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "nvdomain-node"}, RoleRef: rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "nvdomain-node"},
+		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: sa, Namespace: ns}}}
+	if _, err := c.client.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		c.t.Fatal(err)
+	}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "nvdomain-node-" + node, Namespace: ns}, Spec: corev1.PodSpec{
+		NodeName: node, ServiceAccountName: sa, Containers: []corev1.Container{{Name: "agent", Image: "nvdomain"}}}}
+	pod, err := c.client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	tr, err := c.client.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa, &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
+		BoundObjectRef: &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID}}}, metav1.CreateOptions{})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	cfg := rest.AnonymousClientConfig(c.cfg)
+	cfg.BearerToken = tr.Status.Token
+	return kubernetes.NewForConfigOrDie(cfg)
+}
+
+func TestNodeServiceAccountWritesOnlyItsOwnNode(t *testing.T) {
+	c := startPolicyCluster(t)
+	ctx := context.Background()
+	for _, name := range []string{"gpu-a", "gpu-b"} {
+		if _, err := c.client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	onB := gpuPod("on-b", false, 0)
+	onB.Namespace, onB.Spec.NodeName = "default", "gpu-b"
+	onA := gpuPod("on-a", false, 0)
+	onA.Namespace, onA.Spec.NodeName = "default", "gpu-a"
+	for _, p := range []*corev1.Pod{onA, onB} {
+		if _, err := c.client.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	agentOnA := c.nodeClient("gpu-a")
+	label := func(v string) []byte {
+		b, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]string{"gpu.nvidia.com/nvswitch-domains": v}}})
+		return b
+	}
+	assigned := []byte(`{"metadata":{"annotations":{"gpu.nvidia.com/assigned-gpus":"0,1"}}}`)
+	// Both policies refuse the last step; which message comes first is the apiserver's choice.
+	steps := []struct {
+		what string
+		do   func() error
+		want string // "" allowed
+	}{
+		{"label its own node", func() error {
+			_, err := agentOnA.CoreV1().Nodes().Patch(ctx, "gpu-a", types.MergePatchType, label("2"), metav1.PatchOptions{})
+			return err
+		}, ""},
+		{"label another node", func() error {
+			_, err := agentOnA.CoreV1().Nodes().Patch(ctx, "gpu-b", types.MergePatchType, label("2"), metav1.PatchOptions{})
+			return err
+		}, "on node gpu-a may change only its own Node, not gpu-b"},
+		{"patch another node's status", func() error {
+			_, err := agentOnA.CoreV1().Nodes().Patch(ctx, "gpu-b", types.MergePatchType, []byte(`{"status":{"capacity":{"nvidia.com/nvswitch-domain-0":"8"}}}`), metav1.PatchOptions{}, "status")
+			return err
+		}, "may change only its own Node, not gpu-b"},
+		{"report GPUs on a pod of its node", func() error {
+			_, err := agentOnA.CoreV1().Pods("default").Patch(ctx, "on-a", types.MergePatchType, assigned, metav1.PatchOptions{})
+			return err
+		}, ""},
+		{"report GPUs on a pod of another node", func() error {
+			_, err := agentOnA.CoreV1().Pods("default").Patch(ctx, "on-b", types.MergePatchType, assigned, metav1.PatchOptions{})
+			return err
+		}, "denied request"},
+	}
+	for _, st := range steps {
+		err := st.do()
+		switch {
+		case st.want == "" && err != nil:
+			t.Errorf("%s: %v", st.what, err)
+		case st.want != "" && (err == nil || !strings.Contains(err.Error(), st.want)):
+			t.Errorf("%s: %v, want %q", st.what, err, st.want)
+		case err != nil:
+			t.Logf("%s: denied: %v", st.what, err)
+		}
+	}
+}

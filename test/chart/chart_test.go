@@ -5,8 +5,8 @@
 package chart
 
 import (
-	"fmt"
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"

@@ -2,10 +2,10 @@ package localcluster
 
 import (
 	"context"
-	"encoding/json"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"

@@ -53,7 +53,7 @@ func tpPodSpec(k int64) corev1.PodSpec {
 		TerminationGracePeriodSeconds: ptr.To(int64(2)),
 		Containers: []corev1.Container{{
 			Name: "vllm", Image: BusyboxImage, Command: []string{"/bin/sh", "-c"},
-			Args: []string{fmt.Sprintf("echo NVIDIA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES; echo would run: vllm serve --tensor-parallel-size %d; trap 'exit 0' TERM; while true; do sleep 1; done", k)},
+			Args:      []string{fmt.Sprintf("echo NVIDIA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES; echo would run: vllm serve --tensor-parallel-size %d; trap 'exit 0' TERM; while true; do sleep 1; done", k)},
 			Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{names.GPUResource: *resource.NewQuantity(k, resource.DecimalSI)}},
 		}},
 	}

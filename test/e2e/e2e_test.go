@@ -58,7 +58,7 @@ func TestSeedScenariosEndToEnd(t *testing.T) {
 			t.Fatalf("pod %s never ran", name)
 		}
 		if len(p.GPUs) != want {
-			t.Fatalf("pod %s sees GPUs %v (NVIDIA_VISIBLE_DEVICES=%s), want %d", name, p.GPUs, p.Raw, want)
+			t.Fatalf("pod %s holds GPU device nodes %v, want %d", name, p.Devices, want)
 		}
 		d, err := rep.DomainOf(p.GPUs)
 		if err != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -53,7 +54,7 @@ func tpPodSpec(k int64) corev1.PodSpec {
 		TerminationGracePeriodSeconds: ptr.To(int64(2)),
 		Containers: []corev1.Container{{
 			Name: "vllm", Image: BusyboxImage, Command: []string{"/bin/sh", "-c"},
-			Args:      []string{fmt.Sprintf("echo NVIDIA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES; echo would run: vllm serve --tensor-parallel-size %d; trap 'exit 0' TERM; while true; do sleep 1; done", k)},
+			Args:      []string{ReportGPUs + fmt.Sprintf(" echo would run: vllm serve --tensor-parallel-size %d; trap 'exit 0' TERM; while true; do sleep 1; done", k)},
 			Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{names.GPUResource: *resource.NewQuantity(k, resource.DecimalSI)}},
 		}},
 	}
@@ -258,7 +259,7 @@ func (c *Cluster) runningPods(ctx context.Context, cs *kubernetes.Clientset, sel
 				continue
 			}
 			r := c.observe(p, rep)
-			if r.Raw == "" {
+			if !r.Seen {
 				return false
 			}
 			out = append(out, r)
@@ -273,27 +274,38 @@ func (c *Cluster) runningPods(ctx context.Context, cs *kubernetes.Clientset, sel
 	return out, nil
 }
 
-// observe reads what a running pod's container says about its GPUs.
+// ReportGPUs is the shell the example containers start with: it prints the GPU device nodes
+// the container holds (their minor numbers) and the toolkit's variable, which observe reads.
+const ReportGPUs = `echo GPU_DEVICES=$(for d in /dev/nvidia[0-9]*; do [ -e $d ] && printf '%s,' ${d#/dev/nvidia}; done); echo NVIDIA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES;`
+
+// observe reads, from a running pod's log, which GPU device nodes its container holds.
 func (c *Cluster) observe(p *corev1.Pod, rep *Report) PodResult {
 	n := names.Default()
 	log, _, _ := c.Kubectl("logs", p.Name)
-	raw := ""
-	for _, line := range strings.Split(log, "\n") {
-		if v, ok := strings.CutPrefix(line, "NVIDIA_VISIBLE_DEVICES="); ok {
-			raw = v
-		}
+	r := PodResult{Name: p.Name, TPSize: p.Annotations[n.PodTPSizeAnnotation()], Node: p.Spec.NodeName, Domain: p.Annotations[n.PodDomainAnnotation()],
+		Phase: string(p.Status.Phase)}
+	byMinor := map[int]int{}
+	for _, g := range rep.Topology.GPUs {
+		byMinor[g.DeviceMinor()] = g.Index
 	}
-	var gpus []int
-	for _, id := range strings.Split(raw, ",") {
-		for _, g := range rep.Topology.GPUs {
-			if g.UUID == id {
-				gpus = append(gpus, g.Index)
+	for _, line := range strings.Split(log, "\n") {
+		if v, ok := strings.CutPrefix(line, "GPU_DEVICES="); ok {
+			r.Raw, r.Seen = v, true
+			for _, m := range strings.Split(strings.TrimSuffix(v, ","), ",") {
+				if minor, err := strconv.Atoi(m); err == nil {
+					r.Devices = append(r.Devices, names.GPUDevicePrefix+m)
+					if idx, ok := byMinor[minor]; ok {
+						r.GPUs = append(r.GPUs, idx)
+					}
+				}
 			}
 		}
+		if v, ok := strings.CutPrefix(line, names.VisibleDevicesEnv+"="); ok {
+			r.Env = v
+		}
 	}
-	sort.Ints(gpus)
-	return PodResult{Name: p.Name, TPSize: p.Annotations[n.PodTPSizeAnnotation()], Node: p.Spec.NodeName, Domain: p.Annotations[n.PodDomainAnnotation()],
-		GPUs: gpus, Raw: raw, Phase: string(p.Status.Phase)}
+	sort.Ints(r.GPUs)
+	return r
 }
 
 // clearDefault deletes every workload and pod in the default namespace and waits until the

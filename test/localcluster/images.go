@@ -34,6 +34,7 @@ func (c *Cluster) buildBinaries() (map[string]string, error) {
 		{"nvdomain-agent", "./cmd/nvdomain-agent", true},
 		{"nvdomain-nri", "./cmd/nvdomain-nri", true},
 		{"nvdomain", "./cmd/nvdomain", true},
+		{"nvdomain-nri-hook", "./cmd/nvdomain-nri-hook", false},
 		{"pause", "./test/images/pause", false},
 	} {
 		path := filepath.Join(dir, b.name)
@@ -91,7 +92,7 @@ func (c *Cluster) importImages() error {
 		return err
 	}
 	nv := ocitest.Image{Ref: NvdomainImage, Files: busyboxFiles(), Env: []string{"PATH=/bin"}}
-	for _, name := range []string{"nvdomain-webhook", "nvdomain-agent", "nvdomain-nri", "nvdomain"} {
+	for _, name := range []string{"nvdomain-webhook", "nvdomain-agent", "nvdomain-nri", "nvdomain", "nvdomain-nri-hook"} {
 		nv.Files[name] = ocitest.File{Source: bins[name]}
 		libs, err := sharedLibs(bins[name])
 		if err != nil {

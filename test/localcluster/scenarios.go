@@ -27,8 +27,11 @@ type PodResult struct {
 	TPSize   string
 	Node     string
 	Domain   string
-	GPUs     []int  // from inside the container (its log), mapped to indexes
-	Raw      string // NVIDIA_VISIBLE_DEVICES as the container printed it
+	GPUs     []int    // the GPU device nodes inside the container (its log), mapped to indexes
+	Devices  []string // those device nodes, e.g. /dev/nvidia4
+	Raw      string   // the minor numbers as the container printed them
+	Env      string   // NVIDIA_VISIBLE_DEVICES inside the container (void under CDI)
+	Seen     bool     // the container has printed its devices
 	Phase    string
 	Message  string // Pending reason, rejection or warning
 	Scenario string
@@ -63,6 +66,11 @@ func (c *Cluster) Install(ctx context.Context, w io.Writer) error {
 		"--set", "webhook.replicas=1",
 		"--set", "node.nri.socketPath=" + c.NRISocket,
 		"--set", "webhook.repin.after=" + RepinAfter.String(),
+		// The hook binary and the CDI specs live in the cluster's work directory, so the
+		// teardown removes them with it.
+		"--set", "node.nri.hookDir=" + c.path("hook"),
+		"--set", "node.agent.cdiSpecDir=" + CDISpecDir(c.Dir),
+		"--set-json", fmt.Sprintf("node.cdiSpecDirs=[%q]", CDISpecDir(c.Dir)),
 		"--set-json", "topology.simulated=" + topo,
 		"--wait", "--timeout", "3m"}
 	fmt.Fprintf(w, "$ helm install nvdomain charts/nvdomain -n nvdomain-system -f charts/nvdomain/ci/simulated-values.yaml ...\n")
@@ -141,7 +149,7 @@ func (c *Cluster) RunScenarios(ctx context.Context, w io.Writer) (*Report, error
 			}
 			pod = p
 			log, _, _ := c.Kubectl("logs", name)
-			return strings.Contains(log, "NVIDIA_VISIBLE_DEVICES=")
+			return strings.Contains(log, "GPU_DEVICES=")
 		})
 		if err != nil {
 			desc, _, _ := c.Kubectl("describe", "pod", name)
@@ -152,7 +160,7 @@ func (c *Cluster) RunScenarios(ctx context.Context, w io.Writer) (*Report, error
 	record := func(p *corev1.Pod, scenario string) PodResult {
 		r := c.observe(p, rep)
 		r.Scenario = scenario
-		say("  %s: domain %s, GPUs %v inside the container (NVIDIA_VISIBLE_DEVICES=%s)", p.Name, r.Domain, r.GPUs, r.Raw)
+		say("  %s: domain %s, GPU device nodes inside the container: %s (NVIDIA_VISIBLE_DEVICES=%s)", p.Name, r.Domain, strings.Join(r.Devices, " "), r.Env)
 		return r
 	}
 	results := map[string]PodResult{}
@@ -385,11 +393,11 @@ func nodeSummary(node *corev1.Node, n names.Names) string {
 func (r *Report) Write(w io.Writer) {
 	fmt.Fprintln(w, "\n================ nvdomain demo report ================")
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "POD\tSCENARIO\tTP\tNODE\tDOMAIN\tGPUS (inside the container)\tPHASE (when recorded)")
+	fmt.Fprintln(tw, "POD\tSCENARIO\tTP\tNODE\tDOMAIN\tGPU DEVICE NODES (inside the container)\tPHASE (when recorded)")
 	for _, p := range r.Pods {
 		gpus := "-"
-		if len(p.GPUs) > 0 {
-			gpus = names.FormatGPUList(p.GPUs)
+		if len(p.Devices) > 0 {
+			gpus = strings.Join(p.Devices, " ")
 		}
 		node := p.Node
 		if node == "" {

@@ -11,6 +11,11 @@ type Metrics struct {
 	Untouched            prometheus.Counter
 	TopologyReloads      *prometheus.CounterVec
 	Handling             prometheus.Histogram
+	// ContainerGPU is 1 for each GPU a container holds. The kubelet's PodResources API, and so
+	// DCGM exporter's pod labels, report the device plugin's choice, not the GPUs the plugin
+	// gave; joining DCGM's series on UUID with this one attributes GPU metrics to the right
+	// pods (docs/node-side.md).
+	ContainerGPU *prometheus.GaugeVec
 }
 
 // NewMetrics creates the series and registers them with reg.
@@ -34,12 +39,15 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		TopologyReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nvdomain_nri_topology_reloads_total", Help: "Topology source changes seen, by result (applied, refused, error).",
 		}, []string{"result"}),
+		ContainerGPU: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "nvdomain_nri_container_gpu_info", Help: "1 for each GPU a container holds, as nvdomain assigned it; join DCGM exporter's series on UUID to attribute them to pods.",
+		}, []string{"namespace", "pod", "container", "gpu", "UUID", "domain"}),
 		Handling: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "nvdomain_nri_create_container_seconds", Help: "Time the plugin spends handling CreateContainer.",
 			Buckets: prometheus.ExponentialBuckets(5e-6, 3, 10),
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.Assignments, m.Refusals, m.ShouldHaveBeenPinned, m.Conflicts, m.Untouched, m.TopologyReloads, m.Handling} {
+	for _, c := range []prometheus.Collector{m.Assignments, m.Refusals, m.ShouldHaveBeenPinned, m.Conflicts, m.Untouched, m.TopologyReloads, m.Handling, m.ContainerGPU} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -27,6 +27,7 @@ import (
 
 	"github.com/containerd/nri/pkg/api"
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
@@ -347,6 +348,7 @@ func (p *Plugin) recordLocked(a Assignment) {
 			p.holders[g] = map[string]bool{}
 		}
 		p.holders[g][a.ContainerID] = true
+		p.metrics.ContainerGPU.With(p.gpuLabels(a, g)).Set(1)
 	}
 }
 
@@ -360,9 +362,16 @@ func (p *Plugin) releaseLocked(containerID string) bool {
 		if len(p.holders[g]) == 0 {
 			delete(p.holders, g)
 		}
+		p.metrics.ContainerGPU.Delete(p.gpuLabels(*a, g))
 	}
 	delete(p.assigned, containerID)
 	return true
+}
+
+func (p *Plugin) gpuLabels(a Assignment, g int) prometheus.Labels {
+	gpu, _ := p.top.GPU(g)
+	return prometheus.Labels{"namespace": a.PodNamespace, "pod": a.PodName, "container": a.ContainerName,
+		"gpu": strconv.Itoa(g), "UUID": gpu.UUID, "domain": strconv.Itoa(a.Domain)}
 }
 
 func (p *Plugin) snapshotLocked() Snapshot {
@@ -436,6 +445,7 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, ctrs []*
 	}
 	p.mu.Lock()
 	p.assigned, p.holders = map[string]*Assignment{}, map[int]map[string]bool{}
+	p.metrics.ContainerGPU.Reset()
 	for _, ctr := range ctrs {
 		if ctr.State == api.ContainerState_CONTAINER_STOPPED {
 			continue

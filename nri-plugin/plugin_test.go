@@ -632,3 +632,20 @@ func BenchmarkCreateContainer(b *testing.B) {
 		p.release(id)
 	}
 }
+
+func TestContainerGPUInfoFollowsAssignments(t *testing.T) {
+	p, _, m := newPlugin(t)
+	if _, _, err := p.CreateContainer(context.Background(), pinnedPod("a", 1, `{"vllm":2}`), envGiven("a1", "a", "vllm", 0, 1)); err != nil {
+		t.Fatal(err)
+	}
+	got := testutil.ToFloat64(m.ContainerGPU.With(prometheus.Labels{"namespace": "default", "pod": "pod-a", "container": "vllm", "gpu": "4", "UUID": "GPU-4", "domain": "1"}))
+	if got != 1 || testutil.CollectAndCount(m.ContainerGPU) != 2 {
+		t.Fatalf("info series: %v, %d", got, testutil.CollectAndCount(m.ContainerGPU))
+	}
+	if _, err := p.StopContainer(context.Background(), nil, ctr("a1", "a", "vllm")); err != nil {
+		t.Fatal(err)
+	}
+	if n := testutil.CollectAndCount(m.ContainerGPU); n != 0 {
+		t.Fatalf("%d series left after the container stopped", n)
+	}
+}

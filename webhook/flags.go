@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/webhook/repin"
@@ -22,6 +23,8 @@ func DefaultServerOptions() ServerOptions {
 		LeaderElection:          true,
 		LeaderElectionID:        "nvdomain-repin",
 		LeaderElectionNamespace: os.Getenv("POD_NAMESPACE"),
+		Drain:                   &Drain{},
+		ShutdownDelay:           10 * time.Second,
 	}
 }
 
@@ -36,6 +39,7 @@ func (so *ServerOptions) AddFlags(fs *flag.FlagSet) (complete func() error) {
 	tpSizes := fs.String("tp-sizes", "2,4,8,16,32,64,128,256", "allowed tensor-parallel sizes")
 	nonTP := fs.String("non-tp-pods", string(so.Handlers.NonTPPods), "what to do with GPU pods that are not tensor-parallel: pin, account or auto")
 	excluded := fs.String("exclude-namespaces", strings.Join(so.Handlers.ExcludedNamespaces, ","), "comma-separated namespaces never touched (add the webhook's own)")
+	fs.DurationVar(&so.ShutdownDelay, "shutdown-delay", so.ShutdownDelay, "after SIGTERM, how long to keep serving with readiness failing, so the Service's endpoints drop this replica before it closes (keep it under the pod's terminationGracePeriodSeconds)")
 	fs.BoolVar(&so.LeaderElection, "leader-elect", so.LeaderElection, "elect one replica to run the re-pin controller (every replica serves admissions)")
 	fs.StringVar(&so.LeaderElectionNamespace, "leader-election-namespace", so.LeaderElectionNamespace, "namespace of the leader-election Lease (default $POD_NAMESPACE)")
 	so.Repin.AddFlags(fs)
@@ -66,6 +70,9 @@ func (so ServerOptions) Validate() error {
 	if so.Port <= 0 || so.Port > 65535 {
 		return fmt.Errorf("--port=%d: must be a TCP port", so.Port)
 	}
+	if so.ShutdownDelay < 0 {
+		return fmt.Errorf("--shutdown-delay=%s: must not be negative", so.ShutdownDelay)
+	}
 	if so.Repin.Enabled {
 		if err := so.Repin.Validate(); err != nil {
 			return err
@@ -83,6 +90,6 @@ func (so ServerOptions) Summary() map[string]any {
 		"port": so.Port, "nonTPPods": so.Handlers.NonTPPods, "tpSizes": so.Handlers.AllowedTPSizes,
 		"excludedNamespaces": so.Handlers.ExcludedNamespaces, "labelPrefix": so.Handlers.Names.LabelPrefix(),
 		"resourcePrefix": so.Handlers.Names.ResourcePrefix(), "repin": so.Repin.Enabled, "repinAfter": so.Repin.After.String(),
-		"leaderElection": so.LeaderElection, "leaderElectionNamespace": so.LeaderElectionNamespace,
+		"leaderElection": so.LeaderElection, "leaderElectionNamespace": so.LeaderElectionNamespace, "shutdownDelay": so.ShutdownDelay.String(),
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
@@ -52,6 +53,10 @@ type ServerOptions struct {
 	LeaderElection          bool
 	LeaderElectionID        string
 	LeaderElectionNamespace string
+	// Drain fails readiness while the process shuts down (RunGracefully); ShutdownDelay is how
+	// long it keeps serving after that.
+	Drain         *Drain
+	ShutdownDelay time.Duration
 }
 
 // NewManager builds a controller-runtime manager serving the webhook, with the informers that
@@ -111,15 +116,21 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 			return nil, nil, fmt.Errorf("re-pin controller: %w", err)
 		}
 	}
+	if so.Drain == nil {
+		so.Drain = &Drain{}
+	}
 	srv := mgr.GetWebhookServer()
-	srv.Register(MutatePath, &crwebhook.Admission{Handler: mut})
-	srv.Register(ValidatePath, &crwebhook.Admission{Handler: val})
+	srv.Register(MutatePath, so.Drain.Handler(&crwebhook.Admission{Handler: mut}))
+	srv.Register(ValidatePath, so.Drain.Handler(&crwebhook.Admission{Handler: val}))
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return nil, nil, err
 	}
 	// Ready only when the webhook serves and the view has seen every node and pod: answering
 	// from a half-filled view would pin pods to domains that are already full.
 	if err := mgr.AddReadyzCheck("webhook", srv.StartedChecker()); err != nil {
+		return nil, nil, err
+	}
+	if err := mgr.AddReadyzCheck("draining", so.Drain.Check); err != nil {
 		return nil, nil, err
 	}
 	if err := mgr.AddReadyzCheck("cluster-view", func(*http.Request) error {

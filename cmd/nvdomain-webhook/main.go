@@ -40,5 +40,5 @@ func run() error {
 		return err
 	}
 	log.Info("starting", "options", so.Summary())
-	return mgr.Start(ctrl.SetupSignalHandler())
+	return webhook.RunGracefully(ctrl.SetupSignalHandler(), mgr, so.Drain, so.ShutdownDelay, log)
 }

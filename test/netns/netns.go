@@ -77,7 +77,7 @@ func AddAddress(ip string) error {
 		return errors.New("netns: not inside a private network namespace")
 	}
 	out, err := exec.Command("ip", "addr", "add", ip+"/32", "dev", "lo").CombinedOutput()
-	if err != nil && !strings.Contains(string(out), "File exists") {
+	if err != nil && !strings.Contains(string(out), "File exists") && !strings.Contains(string(out), "already assigned") {
 		return fmt.Errorf("netns: ip addr add %s: %v: %s", ip, err, out)
 	}
 	return nil

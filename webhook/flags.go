@@ -25,6 +25,11 @@ func DefaultServerOptions() ServerOptions {
 		LeaderElectionNamespace: os.Getenv("POD_NAMESPACE"),
 		Drain:                   &Drain{},
 		ShutdownDelay:           10 * time.Second,
+		CertRotation: CertRotationOptions{
+			Validity:    365 * 24 * time.Hour,
+			RenewBefore: 30 * 24 * time.Hour,
+			Interval:    time.Hour,
+		},
 	}
 }
 
@@ -43,6 +48,14 @@ func (so *ServerOptions) AddFlags(fs *flag.FlagSet) (complete func() error) {
 	fs.BoolVar(&so.LeaderElection, "leader-elect", so.LeaderElection, "elect one replica to run the re-pin controller (every replica serves admissions)")
 	fs.StringVar(&so.LeaderElectionNamespace, "leader-election-namespace", so.LeaderElectionNamespace, "namespace of the leader-election Lease (default $POD_NAMESPACE)")
 	so.Repin.AddFlags(fs)
+	cr := &so.CertRotation
+	fs.StringVar(&cr.Secret, "cert-secret", cr.Secret, "namespace/name of the self-signed serving certificate's Secret to renew before it expires (empty: certificates are managed elsewhere, e.g. cert-manager)")
+	fs.StringVar(&cr.WebhookConfiguration, "webhook-configuration", cr.WebhookConfiguration, "name of the Mutating- and ValidatingWebhookConfiguration whose caBundle follows the Secret's CAs")
+	fs.StringVar(&cr.Service, "cert-service", cr.Service, "the webhook Service's name, for the certificate's DNS names")
+	certHosts := fs.String("cert-hosts", "", "comma-separated extra DNS names or IPs for the certificate (e.g. 127.0.0.1 when the webhook is reached by URL)")
+	fs.DurationVar(&cr.Validity, "cert-validity", cr.Validity, "validity of a renewed serving certificate (the CA lives ten times longer)")
+	fs.DurationVar(&cr.RenewBefore, "cert-renew-before", cr.RenewBefore, "renew the serving certificate this long before it expires")
+	fs.DurationVar(&cr.Interval, "cert-check-interval", cr.Interval, "how often the elected replica checks the certificate")
 	namesFromFlags := names.BindFlags(fs)
 	return func() error {
 		var err error
@@ -54,6 +67,11 @@ func (so *ServerOptions) AddFlags(fs *flag.FlagSet) (complete func() error) {
 		}
 		if so.Handlers.Names, err = namesFromFlags(); err != nil {
 			return err
+		}
+		for _, h := range strings.Split(*certHosts, ",") {
+			if h = strings.TrimSpace(h); h != "" {
+				cr.Hosts = append(cr.Hosts, h)
+			}
 		}
 		so.Handlers.ExcludedNamespaces = nil
 		for _, ns := range strings.Split(*excluded, ",") {
@@ -73,6 +91,22 @@ func (so ServerOptions) Validate() error {
 	if so.ShutdownDelay < 0 {
 		return fmt.Errorf("--shutdown-delay=%s: must not be negative", so.ShutdownDelay)
 	}
+	if cr := so.CertRotation; cr.Secret != "" {
+		if ns, name, ok := strings.Cut(cr.Secret, "/"); !ok || ns == "" || name == "" {
+			return fmt.Errorf("--cert-secret=%q: give namespace/name, e.g. nvdomain-system/nvdomain-webhook-tls", cr.Secret)
+		}
+		switch {
+		case cr.Service == "" && len(cr.Hosts) == 0:
+			return fmt.Errorf("--cert-secret needs --cert-service (or --cert-hosts) to know whom the certificate is for")
+		case cr.Validity <= 0 || cr.RenewBefore <= 0 || cr.RenewBefore >= cr.Validity:
+			return fmt.Errorf("--cert-renew-before=%s must be positive and shorter than --cert-validity=%s", cr.RenewBefore, cr.Validity)
+		case cr.Interval <= 0 || cr.Interval >= cr.RenewBefore:
+			return fmt.Errorf("--cert-check-interval=%s must be positive and shorter than --cert-renew-before=%s, or a renewal could be missed", cr.Interval, cr.RenewBefore)
+		}
+		if so.LeaderElection && so.LeaderElectionNamespace == "" {
+			return fmt.Errorf("--leader-election-namespace is empty: set it (or POD_NAMESPACE) to the webhook's namespace")
+		}
+	}
 	if so.Repin.Enabled {
 		if err := so.Repin.Validate(); err != nil {
 			return err
@@ -91,5 +125,6 @@ func (so ServerOptions) Summary() map[string]any {
 		"excludedNamespaces": so.Handlers.ExcludedNamespaces, "labelPrefix": so.Handlers.Names.LabelPrefix(),
 		"resourcePrefix": so.Handlers.Names.ResourcePrefix(), "repin": so.Repin.Enabled, "repinAfter": so.Repin.After.String(),
 		"leaderElection": so.LeaderElection, "leaderElectionNamespace": so.LeaderElectionNamespace, "shutdownDelay": so.ShutdownDelay.String(),
+		"certSecret": so.CertRotation.Secret, "certValidity": so.CertRotation.Validity.String(), "certRenewBefore": so.CertRotation.RenewBefore.String(),
 	}
 }

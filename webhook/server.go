@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -22,6 +24,8 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 
+	"github.com/nvdomain/nvdomain/pkg/certs"
+	"github.com/nvdomain/nvdomain/webhook/certrotation"
 	"github.com/nvdomain/nvdomain/webhook/clusterview"
 	"github.com/nvdomain/nvdomain/webhook/repin"
 )
@@ -57,6 +61,24 @@ type ServerOptions struct {
 	// long it keeps serving after that.
 	Drain         *Drain
 	ShutdownDelay time.Duration
+	// CertRotation, when CertRotation.Secret is set, renews the self-signed serving
+	// certificate in that Secret on the elected replica (package certrotation).
+	CertRotation CertRotationOptions
+}
+
+// CertRotationOptions configure the self-signed certificate rotator.
+type CertRotationOptions struct {
+	// Secret is namespace/name of the serving certificate's Secret; empty disables rotation.
+	Secret string
+	// WebhookConfiguration names the webhook configurations whose caBundle it keeps.
+	WebhookConfiguration string
+	// Service is the webhook Service's name (its namespace is the Secret's); Hosts are extra
+	// names or IPs the certificate must cover.
+	Service     string
+	Hosts       []string
+	Validity    time.Duration
+	RenewBefore time.Duration
+	Interval    time.Duration
 }
 
 // NewManager builds a controller-runtime manager serving the webhook, with the informers that
@@ -85,7 +107,7 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 		}),
 		Metrics:                metricsserver.Options{BindAddress: so.MetricsAddr},
 		HealthProbeBindAddress: so.ProbeAddr,
-		LeaderElection:         so.LeaderElection && so.Repin.Enabled,
+		LeaderElection:         so.LeaderElection && (so.Repin.Enabled || so.CertRotation.Secret != ""),
 		LeaderElectionID:       so.LeaderElectionID,
 		// The Lease is handed over at once on a clean shutdown, so a rolling update does not
 		// leave re-pinning idle for a lease duration.
@@ -105,6 +127,25 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 		return nil, nil, fmt.Errorf("register metrics: %w", err)
 	}
 	mut, val := NewHandlers(view, so.Handlers, metrics, log, scheme)
+	if cr := so.CertRotation; cr.Secret != "" {
+		ns, name, _ := strings.Cut(cr.Secret, "/")
+		// Secrets and webhook configurations are read directly, not through the informer
+		// cache, which would list every Secret in the cluster.
+		direct, err := client.New(cfg, client.Options{Scheme: scheme})
+		if err != nil {
+			return nil, nil, fmt.Errorf("certificate rotation client: %w", err)
+		}
+		cm, err := certrotation.NewMetrics(reg)
+		if err != nil {
+			return nil, nil, err
+		}
+		rot := &certrotation.Rotator{Client: direct, Secret: types.NamespacedName{Namespace: ns, Name: name}, WebhookConfiguration: cr.WebhookConfiguration,
+			Cert:        certs.Options{Service: cr.Service, Namespace: ns, Hosts: cr.Hosts, Validity: cr.Validity},
+			RenewBefore: cr.RenewBefore, Interval: cr.Interval, Log: log.WithName("certificates"), Metrics: cm}
+		if err := mgr.Add(rot); err != nil {
+			return nil, nil, fmt.Errorf("certificate rotation: %w", err)
+		}
+	}
 	if so.Repin.Enabled {
 		rm, err := repin.NewMetrics(reg)
 		if err != nil {

@@ -57,7 +57,7 @@ type renderError struct {
 func (e *renderError) Error() string { return e.err.Error() + ": " + e.stderr }
 
 // Generated key material differs on every render.
-var secrets = regexp.MustCompile(`(?m)^(\s*(caBundle|tls\.crt|tls\.key|ca\.crt):) \S+$`)
+var secrets = regexp.MustCompile(`(?m)^(\s*(caBundle|tls\.crt|tls\.key|ca\.crt|ca\.key):) \S+$`)
 
 func TestLintAndGoldenRenders(t *testing.T) {
 	cases := map[string][]string{"default": nil}

@@ -128,15 +128,32 @@ func startHACluster(t *testing.T, n int, webhookArgs ...string) *haCluster {
 		t.Fatal(err)
 	}
 
-	bundle, err := certs.Generate(certs.Options{Service: haService, Namespace: haNamespace})
+	// A test that lets the webhook renew certificates starts from one as short-lived as the
+	// ones it will issue.
+	certOpts := certs.Options{Service: haService, Namespace: haNamespace}
+	for _, a := range webhookArgs {
+		if v, ok := strings.CutPrefix(a, "--cert-validity="); ok {
+			if certOpts.Validity, err = time.ParseDuration(v); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	bundle, err := certs.Generate(certOpts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	h.certDir = filepath.Join(h.logDir, "tls")
-	if err := bundle.WriteDir(h.certDir); err != nil {
+	if err := projectFiles(h.certDir, map[string][]byte{certs.CertFile: bundle.ServerCert, certs.KeyFile: bundle.ServerKey, certs.CAFile: bundle.CACert}); err != nil {
 		t.Fatal(err)
 	}
 	h.createService()
+	// The serving certificate lives in a Secret, as the chart's self-signed mode has it; a
+	// goroutine plays the kubelet that projects it into the replicas' certificate directory.
+	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: haService + "-tls", Namespace: haNamespace}, Type: corev1.SecretTypeTLS, Data: map[string][]byte{
+		certs.CertFile: bundle.ServerCert, certs.KeyFile: bundle.ServerKey, certs.CAFile: bundle.CACert, certs.CAKeyFile: bundle.CAKey}}
+	if _, err := h.client.CoreV1().Secrets(haNamespace).Create(context.Background(), sec, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	for i := range n {
 		ip := fmt.Sprintf("192.0.2.%d", 11+i)
 		if err := netns.AddAddress(ip); err != nil {
@@ -155,6 +172,7 @@ func startHACluster(t *testing.T, n int, webhookArgs ...string) *haCluster {
 	h.stopEP, h.epDone = cancel, make(chan struct{})
 	go h.syncEndpoints(ctx)
 	go h.finishDeletions(ctx)
+	go h.projectSecret(ctx)
 	h.waitEndpoints(n)
 
 	muts, vals := readWebhookConfigs(t, func(cc *admissionregv1.WebhookClientConfig) { cc.CABundle = bundle.CACert })
@@ -291,6 +309,68 @@ func (h *haCluster) finishDeletions(ctx context.Context) {
 			_ = h.client.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero, Preconditions: &metav1.Preconditions{UID: &p.UID}})
 		}
 	}
+}
+
+// projectSecret plays the kubelet's secret volume: when the certificate Secret changes, its
+// files in the replicas' certificate directory are replaced (each atomically).
+func (h *haCluster) projectSecret(ctx context.Context) {
+	var last string
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(500 * time.Millisecond):
+		}
+		sec, err := h.client.CoreV1().Secrets(haNamespace).Get(ctx, haService+"-tls", metav1.GetOptions{})
+		if err != nil || sec.ResourceVersion == last {
+			continue
+		}
+		files := map[string][]byte{certs.CertFile: sec.Data[certs.CertFile], certs.KeyFile: sec.Data[certs.KeyFile], certs.CAFile: sec.Data[certs.CAFile]}
+		if err := projectFiles(h.certDir, files); err != nil {
+			h.t.Logf("project the certificate Secret: %v", err)
+			continue
+		}
+		last = sec.ResourceVersion
+	}
+}
+
+// projectFiles writes files into dir the way the kubelet's atomic writer updates a Secret
+// volume: a new timestamped directory, a ..data symlink swapped to it by rename, and each
+// file a symlink through ..data, so a reader never sees a certificate with another's key.
+func projectFiles(dir string, files map[string][]byte) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	ts := fmt.Sprintf("..%d", time.Now().UnixNano())
+	if err := os.Mkdir(filepath.Join(dir, ts), 0o755); err != nil {
+		return err
+	}
+	for name, data := range files {
+		if err := os.WriteFile(filepath.Join(dir, ts, name), data, 0o600); err != nil {
+			return err
+		}
+	}
+	old, _ := os.Readlink(filepath.Join(dir, "..data"))
+	tmp := filepath.Join(dir, "..data_tmp")
+	_ = os.Remove(tmp)
+	if err := os.Symlink(ts, tmp); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, "..data")); err != nil {
+		return err
+	}
+	for name := range files {
+		link := filepath.Join(dir, name)
+		if _, err := os.Lstat(link); os.IsNotExist(err) {
+			if err := os.Symlink(filepath.Join("..data", name), link); err != nil {
+				return err
+			}
+		}
+	}
+	if old != "" {
+		_ = os.RemoveAll(filepath.Join(dir, old))
+	}
+	return nil
 }
 
 func endpointsEqual(a, b []discoveryv1.Endpoint) bool {

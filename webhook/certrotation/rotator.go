@@ -1,0 +1,289 @@
+// Package certrotation keeps the webhook's self-signed serving certificate valid without a
+// human: on the elected replica it renews the certificate in its Secret before it expires,
+// replaces the CA before that expires, and keeps the webhook configurations' caBundle equal to
+// the CAs the Secret trusts. Every replica serves the certificate from the mounted Secret and
+// reloads it when the kubelet updates the files (controller-runtime's certificate watcher),
+// so a renewal never restarts anything.
+//
+// Renewing the serving certificate keeps the CA, so the apiserver trusts the new one at once.
+// Replacing the CA takes two passes: the new CA is first added to the bundle (the apiserver
+// then trusts both), and only a later pass serves a certificate signed by it; the old CA
+// leaves the bundle when it expires. cert-manager mode does not use this package
+// (docs/operations.md has the cert-manager settings).
+package certrotation
+
+import (
+	"bytes"
+	"context"
+	"crypto/x509"
+	"fmt"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	admissionregv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/nvdomain/nvdomain/pkg/certs"
+)
+
+// State is what the Secret holds, parsed.
+type State struct {
+	// Trusted are the CAs in ca.crt, which the caBundle carries.
+	Trusted []*x509.Certificate
+	// Signer is the CA whose key is in ca.key; nil when there is none.
+	Signer *certs.CA
+	// Leaf is the serving certificate in tls.crt; nil when there is none.
+	Leaf *x509.Certificate
+}
+
+// Step is what one pass does.
+type Step struct {
+	NewCA   bool
+	NewLeaf bool
+	// Drop lists trusted CAs that have expired.
+	Drop []*x509.Certificate
+	Why  string
+}
+
+// Decide is the rotation policy, a pure function of the Secret and the clock. A CA is
+// replaced when it could not sign a full-validity certificate before the current one is due
+// for renewal; the serving certificate is renewed renewBefore its expiry, or when it was not
+// signed by the signing CA (the pass after a CA replacement).
+func Decide(s State, now time.Time, validity, renewBefore time.Duration) Step {
+	var st Step
+	for _, c := range s.Trusted {
+		if now.After(c.NotAfter) && (s.Signer == nil || !c.Equal(s.Signer.Cert)) {
+			st.Drop = append(st.Drop, c)
+		}
+	}
+	switch {
+	case s.Signer == nil:
+		st.NewCA, st.Why = true, "the Secret has no usable CA key"
+	case s.Signer.Cert.NotAfter.Before(now.Add(validity + renewBefore)):
+		st.NewCA, st.Why = true, fmt.Sprintf("the CA expires %s, too soon to sign a certificate valid for %s", s.Signer.Cert.NotAfter.Format(time.RFC3339), validity)
+	case s.Leaf == nil:
+		st.NewLeaf, st.Why = true, "the Secret has no serving certificate"
+	case s.Leaf.NotAfter.Before(now.Add(renewBefore)):
+		st.NewLeaf, st.Why = true, fmt.Sprintf("the serving certificate expires %s, within %s", s.Leaf.NotAfter.Format(time.RFC3339), renewBefore)
+	case s.Leaf.CheckSignatureFrom(s.Signer.Cert) != nil:
+		st.NewLeaf, st.Why = true, "the serving certificate is not signed by the current CA"
+	}
+	return st
+}
+
+// Rotator is the leader-only runnable.
+type Rotator struct {
+	Client client.Client
+	// Secret holds tls.crt, tls.key, ca.crt and ca.key.
+	Secret types.NamespacedName
+	// WebhookConfiguration names the Mutating- and ValidatingWebhookConfiguration whose
+	// caBundle must carry the trusted CAs.
+	WebhookConfiguration string
+	// Cert says what the serving certificate is for (service, namespace, extra hosts) and
+	// how long it is valid.
+	Cert        certs.Options
+	RenewBefore time.Duration
+	Interval    time.Duration
+	Log         logr.Logger
+	Metrics     *Metrics
+	Now         func() time.Time
+}
+
+// Metrics are the rotator's series.
+type Metrics struct {
+	Expiry    prometheus.Gauge
+	Rotations *prometheus.CounterVec
+}
+
+// NewMetrics registers the series with reg.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	m := &Metrics{
+		Expiry: prometheus.NewGauge(prometheus.GaugeOpts{Name: "nvdomain_webhook_certificate_expiry_timestamp_seconds",
+			Help: "When the webhook's serving certificate in its Secret expires (leader only)."}),
+		Rotations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nvdomain_webhook_certificate_rotations_total",
+			Help: "Certificate changes, by kind (ca, serving, ca-bundle, error)."}, []string{"kind"}),
+	}
+	for _, c := range []prometheus.Collector{m.Expiry, m.Rotations} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register certificate metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// NeedLeaderElection makes only the leader rotate.
+func (r *Rotator) NeedLeaderElection() bool { return true }
+
+// Start reconciles at once and then every Interval until ctx ends.
+func (r *Rotator) Start(ctx context.Context) error {
+	t := time.NewTicker(r.Interval)
+	defer t.Stop()
+	for {
+		if err := r.Reconcile(ctx); err != nil {
+			r.Metrics.Rotations.WithLabelValues("error").Inc()
+			r.Log.Error(err, "certificate rotation; retrying", "secret", r.Secret)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+func (r *Rotator) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
+}
+
+// Reconcile makes one pass.
+func (r *Rotator) Reconcile(ctx context.Context) error {
+	var sec corev1.Secret
+	err := r.Client.Get(ctx, r.Secret, &sec)
+	create := apierrors.IsNotFound(err)
+	if err != nil && !create {
+		return fmt.Errorf("read Secret %s: %w", r.Secret, err)
+	}
+	if create {
+		sec = corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: r.Secret.Name, Namespace: r.Secret.Namespace}, Type: corev1.SecretTypeTLS}
+	}
+	if sec.Data == nil {
+		sec.Data = map[string][]byte{}
+	}
+	now := r.now()
+	st := parse(sec.Data)
+	step := Decide(st, now, r.Cert.Validity, r.RenewBefore)
+	changed := false
+	if len(step.Drop) > 0 {
+		var keep []*x509.Certificate
+		for _, c := range st.Trusted {
+			if !contains(step.Drop, c) {
+				keep = append(keep, c)
+			}
+		}
+		st.Trusted = keep
+		sec.Data[certs.CAFile] = certs.EncodeCerts(keep...)
+		changed = true
+		r.Log.Info("dropped expired CAs from the trusted bundle", "dropped", len(step.Drop))
+	}
+	switch {
+	case step.NewCA:
+		ca, err := certs.NewCA(10*r.Cert.Validity, now)
+		if err != nil {
+			return err
+		}
+		key, err := certs.EncodeKey(ca.Key)
+		if err != nil {
+			return err
+		}
+		st.Trusted = append(st.Trusted, ca.Cert)
+		sec.Data[certs.CAFile], sec.Data[certs.CAKeyFile] = certs.EncodeCerts(st.Trusted...), key
+		changed = true
+		r.Metrics.Rotations.WithLabelValues("ca").Inc()
+		r.Log.Info("new CA added to the trusted bundle; the serving certificate moves to it on the next pass", "why", step.Why, "expires", ca.Cert.NotAfter)
+		if st.Leaf == nil {
+			// Nothing is served yet, so nothing to keep trusting: sign at once.
+			st.Signer = ca
+			step.NewLeaf = true
+		}
+	}
+	if step.NewLeaf && st.Signer != nil {
+		opts := r.Cert
+		opts.Now = r.now
+		cert, key, err := st.Signer.Issue(opts)
+		if err != nil {
+			return err
+		}
+		sec.Data[certs.CertFile], sec.Data[certs.KeyFile] = cert, key
+		changed = true
+		r.Metrics.Rotations.WithLabelValues("serving").Inc()
+		r.Log.Info("renewed the serving certificate", "why", step.Why)
+	}
+	if changed {
+		if create {
+			err = r.Client.Create(ctx, &sec)
+		} else {
+			err = r.Client.Update(ctx, &sec)
+		}
+		if err != nil {
+			return fmt.Errorf("write Secret %s: %w", r.Secret, err)
+		}
+	}
+	if leaf := parse(sec.Data).Leaf; leaf != nil {
+		r.Metrics.Expiry.Set(float64(leaf.NotAfter.Unix()))
+	}
+	return r.syncBundle(ctx, sec.Data[certs.CAFile])
+}
+
+// syncBundle makes every entry of both webhook configurations trust exactly the bundle.
+func (r *Rotator) syncBundle(ctx context.Context, bundle []byte) error {
+	if r.WebhookConfiguration == "" || len(bundle) == 0 {
+		return nil
+	}
+	key := types.NamespacedName{Name: r.WebhookConfiguration}
+	var mut admissionregv1.MutatingWebhookConfiguration
+	if err := r.Client.Get(ctx, key, &mut); err != nil {
+		return fmt.Errorf("read MutatingWebhookConfiguration %s: %w", key.Name, err)
+	}
+	changed := false
+	for i := range mut.Webhooks {
+		if !bytes.Equal(mut.Webhooks[i].ClientConfig.CABundle, bundle) {
+			mut.Webhooks[i].ClientConfig.CABundle, changed = bundle, true
+		}
+	}
+	if changed {
+		if err := r.Client.Update(ctx, &mut); err != nil {
+			return fmt.Errorf("update the caBundle of MutatingWebhookConfiguration %s: %w", key.Name, err)
+		}
+	}
+	var val admissionregv1.ValidatingWebhookConfiguration
+	if err := r.Client.Get(ctx, key, &val); err != nil {
+		return fmt.Errorf("read ValidatingWebhookConfiguration %s: %w", key.Name, err)
+	}
+	vchanged := false
+	for i := range val.Webhooks {
+		if !bytes.Equal(val.Webhooks[i].ClientConfig.CABundle, bundle) {
+			val.Webhooks[i].ClientConfig.CABundle, vchanged = bundle, true
+		}
+	}
+	if vchanged {
+		if err := r.Client.Update(ctx, &val); err != nil {
+			return fmt.Errorf("update the caBundle of ValidatingWebhookConfiguration %s: %w", key.Name, err)
+		}
+	}
+	if changed || vchanged {
+		r.Metrics.Rotations.WithLabelValues("ca-bundle").Inc()
+		r.Log.Info("webhook configurations trust the Secret's CAs", "configuration", key.Name)
+	}
+	return nil
+}
+
+func parse(data map[string][]byte) State {
+	var st State
+	if trusted, err := certs.ParseCerts(data[certs.CAFile]); err == nil {
+		st.Trusted = trusted
+	}
+	if ca, err := certs.ParseCA(data[certs.CAFile], data[certs.CAKeyFile]); err == nil {
+		st.Signer = ca
+	}
+	if leaf, err := certs.ParseCerts(data[certs.CertFile]); err == nil {
+		st.Leaf = leaf[0]
+	}
+	return st
+}
+
+func contains(list []*x509.Certificate, c *x509.Certificate) bool {
+	for _, x := range list {
+		if x.Equal(c) {
+			return true
+		}
+	}
+	return false
+}

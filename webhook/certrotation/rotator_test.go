@@ -1,0 +1,185 @@
+package certrotation
+
+import (
+	"context"
+	"crypto/x509"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	admissionregv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	"github.com/nvdomain/nvdomain/pkg/certs"
+)
+
+const day = 24 * time.Hour
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func mustCA(t *testing.T, validity time.Duration, now time.Time) *certs.CA {
+	t.Helper()
+	ca, err := certs.NewCA(validity, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ca
+}
+
+func mustLeaf(t *testing.T, ca *certs.CA, validity time.Duration, now time.Time) *x509.Certificate {
+	t.Helper()
+	pemCert, _, err := ca.Issue(certs.Options{Service: "nvdomain-webhook", Namespace: "nvdomain-system", Validity: validity, Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := certs.ParseCerts(pemCert)
+	return c[0]
+}
+
+func TestDecide(t *testing.T) {
+	ca := mustCA(t, 3650*day, t0)
+	other := mustCA(t, 3650*day, t0)
+	old := mustCA(t, 400*day, t0.Add(-3000*day)) // expired long ago
+	cases := []struct {
+		name    string
+		s       State
+		now     time.Time
+		newCA   bool
+		newLeaf bool
+		drop    int
+	}{
+		{"fresh certificate: nothing to do", State{Trusted: []*x509.Certificate{ca.Cert}, Signer: ca, Leaf: mustLeaf(t, ca, 365*day, t0)}, t0.Add(day), false, false, 0},
+		{"serving certificate within renew-before: renew it", State{Trusted: []*x509.Certificate{ca.Cert}, Signer: ca, Leaf: mustLeaf(t, ca, 365*day, t0)}, t0.Add(340 * day), false, true, 0},
+		{"no serving certificate", State{Trusted: []*x509.Certificate{ca.Cert}, Signer: ca}, t0, false, true, 0},
+		{"CA too close to expiry: a new CA first, the certificate stays", State{Trusted: []*x509.Certificate{ca.Cert}, Signer: ca, Leaf: mustLeaf(t, ca, 365*day, t0)}, t0.Add(3300 * day), true, false, 0},
+		{"no CA key (a Secret from an older chart)", State{Trusted: []*x509.Certificate{ca.Cert}, Leaf: mustLeaf(t, ca, 365*day, t0)}, t0, true, false, 0},
+		{"certificate from the previous CA: re-signed by the new one", State{Trusted: []*x509.Certificate{ca.Cert, other.Cert}, Signer: other, Leaf: mustLeaf(t, ca, 365*day, t0)}, t0.Add(day), false, true, 0},
+		{"an expired CA leaves the bundle", State{Trusted: []*x509.Certificate{old.Cert, ca.Cert}, Signer: ca, Leaf: mustLeaf(t, ca, 365*day, t0)}, t0.Add(day), false, false, 1},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			st := Decide(tc.s, tc.now, 365*day, 30*day)
+			if st.NewCA != tc.newCA || st.NewLeaf != tc.newLeaf || len(st.Drop) != tc.drop {
+				t.Fatalf("step %+v, want newCA=%v newLeaf=%v drop=%d", st, tc.newCA, tc.newLeaf, tc.drop)
+			}
+		})
+	}
+}
+
+type rig struct {
+	r     *Rotator
+	c     client.Client
+	clock time.Time
+}
+
+func newRig(t *testing.T, objs ...client.Object) *rig {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(scheme)
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).Build()
+	m, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rg := &rig{c: c, clock: t0}
+	rg.r = &Rotator{Client: c, Secret: types.NamespacedName{Namespace: "nvdomain-system", Name: "nvdomain-webhook-tls"}, WebhookConfiguration: "nvdomain",
+		Cert: certs.Options{Service: "nvdomain-webhook", Namespace: "nvdomain-system", Validity: 365 * day}, RenewBefore: 30 * day, Interval: time.Hour,
+		Log: logr.Discard(), Metrics: m, Now: func() time.Time { return rg.clock }}
+	return rg
+}
+
+func (rg *rig) pass(t *testing.T, at time.Time) (State, []byte, []byte) {
+	t.Helper()
+	rg.clock = at
+	if err := rg.r.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var sec corev1.Secret
+	if err := rg.c.Get(context.Background(), rg.r.Secret, &sec); err != nil {
+		t.Fatal(err)
+	}
+	var mut admissionregv1.MutatingWebhookConfiguration
+	var val admissionregv1.ValidatingWebhookConfiguration
+	_ = rg.c.Get(context.Background(), types.NamespacedName{Name: "nvdomain"}, &mut)
+	_ = rg.c.Get(context.Background(), types.NamespacedName{Name: "nvdomain"}, &val)
+	return parse(sec.Data), mut.Webhooks[0].ClientConfig.CABundle, val.Webhooks[1].ClientConfig.CABundle
+}
+
+func configs() []client.Object {
+	entries := func() []admissionregv1.WebhookClientConfig {
+		return []admissionregv1.WebhookClientConfig{{CABundle: []byte("stale")}, {CABundle: []byte("stale")}}
+	}
+	m := &admissionregv1.MutatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "nvdomain"}}
+	for _, cc := range entries() {
+		m.Webhooks = append(m.Webhooks, admissionregv1.MutatingWebhook{Name: "x.nvdomain.io", ClientConfig: cc})
+	}
+	v := &admissionregv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "nvdomain"}}
+	for _, cc := range entries() {
+		v.Webhooks = append(v.Webhooks, admissionregv1.ValidatingWebhook{Name: "x.nvdomain.io", ClientConfig: cc})
+	}
+	return []client.Object{m, v}
+}
+
+// A year and a half of a cluster's life, checked at the points that matter: the Secret is
+// made, the serving certificate renewed before expiry (the CA stays, so the bundle does not
+// change), and the webhook configurations always trust what is served.
+func TestRotationOverTheCertificatesLife(t *testing.T) {
+	rg := newRig(t, configs()...)
+	st, mb, vb := rg.pass(t, t0)
+	if st.Signer == nil || st.Leaf == nil || len(st.Trusted) != 1 {
+		t.Fatalf("first pass: %+v", st)
+	}
+	if string(mb) != string(certs.EncodeCerts(st.Trusted...)) || string(vb) != string(mb) {
+		t.Fatal("the webhook configurations do not trust the Secret's CA")
+	}
+	first := st.Leaf
+	if st2, _, _ := rg.pass(t, t0.Add(100*day)); !st2.Leaf.Equal(first) {
+		t.Fatal("renewed a certificate that was not due")
+	}
+	st3, mb3, _ := rg.pass(t, t0.Add(340*day))
+	if st3.Leaf.Equal(first) || st3.Leaf.CheckSignatureFrom(st.Signer.Cert) != nil || string(mb3) != string(mb) {
+		t.Fatalf("renewal at day 340: new leaf %v, same CA bundle %v", !st3.Leaf.Equal(first), string(mb3) == string(mb))
+	}
+	if st3.Leaf.NotAfter.Before(t0.Add(700 * day)) {
+		t.Fatalf("renewed certificate expires %s", st3.Leaf.NotAfter)
+	}
+	if got := st3.Leaf.NotAfter.Sub(t0.Add(340 * day)); got < 364*day {
+		t.Fatalf("renewed certificate valid for %s", got)
+	}
+}
+
+// The CA itself is replaced in two passes, so that no request ever meets a certificate the
+// apiserver does not trust yet.
+func TestCAReplacementTrustsTheNewCABeforeServingFromIt(t *testing.T) {
+	ca := mustCA(t, 400*day, t0)
+	leafPEM, leafKey, _ := ca.Issue(certs.Options{Service: "nvdomain-webhook", Namespace: "nvdomain-system", Validity: 365 * day, Now: func() time.Time { return t0 }})
+	caKey, _ := certs.EncodeKey(ca.Key)
+	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "nvdomain-system", Name: "nvdomain-webhook-tls"}, Data: map[string][]byte{
+		certs.CAFile: certs.EncodeCerts(ca.Cert), certs.CAKeyFile: caKey, certs.CertFile: leafPEM, certs.KeyFile: leafKey}}
+	rg := newRig(t, append(configs(), sec)...)
+	// Day 10: the CA (400 days) cannot sign a 365-day certificate renewed 30 days early.
+	st, bundle, _ := rg.pass(t, t0.Add(10*day))
+	if len(st.Trusted) != 2 || st.Leaf.CheckSignatureFrom(ca.Cert) != nil {
+		t.Fatalf("pass 1 must trust both CAs and keep serving the old certificate: trusted %d", len(st.Trusted))
+	}
+	if trusted, _ := certs.ParseCerts(bundle); len(trusted) != 2 {
+		t.Fatalf("caBundle holds %d CAs, want both", len(trusted))
+	}
+	// Next pass: the certificate moves to the new CA; both stay trusted.
+	st2, _, _ := rg.pass(t, t0.Add(10*day+time.Hour))
+	if st2.Leaf.CheckSignatureFrom(st2.Signer.Cert) != nil || st2.Signer.Cert.Equal(ca.Cert) || len(st2.Trusted) != 2 {
+		t.Fatalf("pass 2: leaf not from the new CA, or a CA dropped early")
+	}
+	// After the old CA expired it leaves the bundle.
+	st3, bundle3, _ := rg.pass(t, t0.Add(401*day))
+	if trusted, _ := certs.ParseCerts(bundle3); len(st3.Trusted) != 1 || len(trusted) != 1 || !trusted[0].Equal(st2.Signer.Cert) {
+		t.Fatalf("after expiry: trusted %d", len(st3.Trusted))
+	}
+}

@@ -225,10 +225,10 @@ func (r *KubeReporter) send(ctx context.Context, rep report) {
 	if a.Domain < 0 {
 		where = "no domain (pod not pinned)"
 	}
-	ev := kubeevents.Event{Object: kubeevents.PodRef(a.PodNamespace, a.PodName, a.PodUID), Type: corev1.EventTypeNormal, Reason: "GPUsAssigned",
+	ev := kubeevents.Event{Object: kubeevents.PodRef(a.PodNamespace, a.PodName, a.PodUID), Type: corev1.EventTypeNormal, Reason: kubeevents.ReasonGPUsAssigned,
 		Message: fmt.Sprintf("container %s got GPUs %s from %s", a.ContainerName, names.FormatGPUList(a.GPUs), where), Component: "nvdomain-nri", Host: r.node}
 	if rep.unpin {
-		ev.Reason, ev.Type = "TensorParallelNotPinned", corev1.EventTypeWarning
+		ev.Reason, ev.Type = kubeevents.ReasonTensorParallelNotPinned, corev1.EventTypeWarning
 		ev.Message = fmt.Sprintf("tensor-parallel container %s arrived without an NVSwitch domain (admitted while the nvdomain webhook was down?); it got GPUs %s, packed but not guaranteed to share a domain",
 			a.ContainerName, names.FormatGPUList(a.GPUs))
 	}

@@ -84,39 +84,111 @@ func (m *Mutator) handle(_ context.Context, req admission.Request) admission.Res
 	if err != nil {
 		return admission.Errored(http.StatusBadRequest, err)
 	}
-	p := rules.Inspect(pod, m.Options.Names)
-	if p.GPUs == 0 {
-		return admission.Allowed("")
+	plan := m.Plan(pod, spreadSeed(req.UID))
+	if plan.Chosen || plan.Outcome == OutcomeNoDomain {
+		m.Metrics.Decision.Observe(plan.DecisionTime.Seconds())
 	}
-	if p.TP {
-		if len(rules.ValidateTP(p, m.Options.rulesConfig(), nil)) > 0 || len(rules.ValidateDomains(pod, p, m.Options.Names)) > 0 {
-			return admission.Allowed("invalid tensor-parallel pod left for the validating webhook")
-		}
-	} else if !m.pinsNonTP() {
+	switch plan.Outcome {
+	case OutcomeExcluded, OutcomeNoGPU, OutcomeNonTPUnpinned:
 		return admission.Allowed("")
+	case OutcomeInvalid:
+		return admission.Allowed("invalid tensor-parallel pod left for the validating webhook")
+	case OutcomeNoDomain:
+		// The validator rejects a TP pod that no domain can hold; a non-TP pod that no
+		// single domain can hold runs unpinned.
+		return admission.Allowed(plan.Err.Error())
 	}
-	d := p.PinnedDomain()
-	if d < 0 {
-		start := time.Now()
-		dec, err := m.View.ChooseDomain(pod, p.GPUs, spreadSeed(req.UID))
-		m.Metrics.Decision.Observe(time.Since(start).Seconds())
-		if err != nil {
-			// The validator rejects a TP pod that no domain can hold; a non-TP pod that no
-			// single domain can hold runs unpinned.
-			return admission.Allowed(err.Error())
-		}
-		d = dec.Domain
+	d := plan.Domain
+	if plan.Chosen {
 		// A dry run creates no pod, so it must not hold GPUs back from real ones.
 		if !isDryRun(req) {
-			m.View.Reserve(pod.Namespace, d, p.GPUs)
+			m.View.Reserve(pod.Namespace, d, plan.Pod.GPUs)
 		}
-		m.Log.V(1).Info("pinned", "namespace", pod.Namespace, "name", podName(pod), "tp", p.TP, "gpus", p.GPUs, "domain", d, "fitsNow", dec.Fits, "exampleNode", dec.Node)
+		m.Log.V(1).Info("pinned", "namespace", pod.Namespace, "name", podName(pod), "tp", plan.Pod.TP, "gpus", plan.Pod.GPUs, "domain", d, "fitsNow", plan.Decision.Fits, "exampleNode", plan.Decision.Node)
 	}
-	pinned, err := json.Marshal(Pin(pod, p, d, m.Options.Names))
+	pinned, err := json.Marshal(Pin(pod, plan.Pod, d, m.Options.Names))
 	if err != nil {
 		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("encode pinned pod: %w", err))
 	}
 	return admission.PatchResponseFromRaw(req.Object.Raw, pinned)
+}
+
+// PinOutcome is what the mutating webhook does with a pod being created.
+type PinOutcome int
+
+const (
+	// OutcomePinned: the pod is pinned to PinPlan.Domain.
+	OutcomePinned PinOutcome = iota
+	// OutcomeExcluded: the pod's namespace is one the webhook never touches.
+	OutcomeExcluded
+	// OutcomeNoGPU: the pod asks for no nvidia.com/gpu; it passes unchanged.
+	OutcomeNoGPU
+	// OutcomeNonTPUnpinned: a GPU pod that is not tensor-parallel, which --non-tp-pods does
+	// not pin now; it passes unchanged and the node side counts its GPUs.
+	OutcomeNonTPUnpinned
+	// OutcomeInvalid: a tensor-parallel pod the validating webhook denies; it passes
+	// unchanged so that the denial names the pod's own fields.
+	OutcomeInvalid
+	// OutcomeNoDomain: no domain on any node the pod may run on is large enough (PinPlan.Err
+	// says which is largest). The validating webhook denies a tensor-parallel pod; another GPU
+	// pod runs unpinned.
+	OutcomeNoDomain
+)
+
+// PinPlan is the mutating webhook's decision for one pod, apart from the admission request
+// around it, so that `nvdomain explain -f` can say what the webhook would do with a manifest.
+type PinPlan struct {
+	Outcome PinOutcome
+	// Pod is the pod's GPU ask.
+	Pod rules.Pod
+	// Domain is the domain id the pod is pinned to, when Outcome is OutcomePinned.
+	Domain int
+	// Chosen is true when the webhook chose Domain now; false when the pod's own resources
+	// already name it (admission is idempotent).
+	Chosen bool
+	// Decision is the domain choice behind a chosen Domain: whether some node has room now.
+	Decision placement.Decision
+	// DecisionTime is how long the choice took.
+	DecisionTime time.Duration
+	// Err says why no domain can hold the pod, when Outcome is OutcomeNoDomain.
+	Err error
+}
+
+// Plan decides what the mutating webhook does with a pod being created. seed spreads ties
+// between equally tight domain ids (0: lowest id). It reserves nothing: the caller reserves
+// the chosen domain when the pod is really being created.
+func (m *Mutator) Plan(pod *corev1.Pod, seed uint64) PinPlan {
+	p := rules.Inspect(pod, m.Options.Names)
+	plan := PinPlan{Pod: p, Domain: -1}
+	switch {
+	case m.Options.excluded(pod.Namespace):
+		plan.Outcome = OutcomeExcluded
+		return plan
+	case p.GPUs == 0:
+		plan.Outcome = OutcomeNoGPU
+		return plan
+	case p.TP:
+		if len(rules.ValidateTP(p, m.Options.rulesConfig(), nil)) > 0 || len(rules.ValidateDomains(pod, p, m.Options.Names)) > 0 {
+			plan.Outcome = OutcomeInvalid
+			return plan
+		}
+	case !m.pinsNonTP():
+		plan.Outcome = OutcomeNonTPUnpinned
+		return plan
+	}
+	plan.Domain = p.PinnedDomain()
+	if plan.Domain >= 0 {
+		return plan
+	}
+	start := time.Now()
+	dec, err := m.View.ChooseDomain(pod, p.GPUs, seed)
+	plan.DecisionTime = time.Since(start)
+	if err != nil {
+		plan.Outcome, plan.Err = OutcomeNoDomain, err
+		return plan
+	}
+	plan.Domain, plan.Chosen, plan.Decision = dec.Domain, true, dec
+	return plan
 }
 
 func (m *Mutator) pinsNonTP() bool {
@@ -144,17 +216,7 @@ func (v *Validator) handle(_ context.Context, req admission.Request) admission.R
 	if err != nil {
 		return admission.Errored(http.StatusBadRequest, err)
 	}
-	n := v.Options.Names
-	p := rules.Inspect(pod, n)
-	vs := rules.ValidateDomains(pod, p, n)
-	if p.TP {
-		tp := rules.ValidateTP(p, v.Options.rulesConfig(), v.View.LargestDomain)
-		vs = append(vs, tp...)
-		if len(tp) == 0 {
-			vs = append(vs, v.domainViolations(pod, p)...)
-		}
-	}
-	warnings := v.warnings(pod, p)
+	vs, warnings := v.review(pod)
 	for _, w := range warnings {
 		v.Metrics.Warnings.WithLabelValues(w.kind).Inc()
 	}
@@ -168,6 +230,32 @@ func (v *Validator) handle(_ context.Context, req admission.Request) admission.R
 		return admission.Denied(strings.Join(msgs, "; ")).WithWarnings(texts(warnings)...)
 	}
 	return admission.Allowed("").WithWarnings(texts(warnings)...)
+}
+
+// Review is the validating webhook's verdict on a pod being created, apart from the
+// admission request around it: every violation (the webhook denies the pod when there is one,
+// with their messages joined by "; ") and every warning, in the webhook's order. A pod in an
+// excluded namespace gets neither. `nvdomain explain -f` prints them one per line.
+func (v *Validator) Review(pod *corev1.Pod) (violations []rules.Violation, warnings []string) {
+	if v.Options.excluded(pod.Namespace) {
+		return nil, nil
+	}
+	vs, ws := v.review(pod)
+	return vs, texts(ws)
+}
+
+func (v *Validator) review(pod *corev1.Pod) ([]rules.Violation, []warning) {
+	n := v.Options.Names
+	p := rules.Inspect(pod, n)
+	vs := rules.ValidateDomains(pod, p, n)
+	if p.TP {
+		tp := rules.ValidateTP(p, v.Options.rulesConfig(), v.View.LargestDomain)
+		vs = append(vs, tp...)
+		if len(tp) == 0 {
+			vs = append(vs, v.domainViolations(pod, p)...)
+		}
+	}
+	return vs, v.warnings(pod, p)
 }
 
 // domainViolations checks what needs the cluster: a domain large enough on some node the pod

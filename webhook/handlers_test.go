@@ -360,3 +360,65 @@ func TestDryRunReservesNothing(t *testing.T) {
 		t.Fatalf("a real admission must reserve its GPUs: %+v", dec)
 	}
 }
+
+// Review and Plan are what `nvdomain explain -f` reports: they must say exactly what the
+// handlers answer, message for message.
+func TestReviewAndPlanMatchTheHandlers(t *testing.T) {
+	f := newFixture(t, NonTPAuto, seedNode())
+	bad := pod(true, 3, "--tensor-parallel-size", "4")
+	bad.Spec.Containers[0].Resources.Limits["nvidia.com/mig-1g.5gb"] = resource.MustParse("1")
+	cases := []struct {
+		name    string
+		pod     *corev1.Pod
+		outcome PinOutcome
+		domain  int
+		denials int
+	}{
+		{"several violations", bad, OutcomeInvalid, -1, 3},
+		{"a TP=2 pod is pinned", pod(true, 2), OutcomePinned, 0, 0},
+		{"no domain of 8", pod(true, 8), OutcomeNoDomain, -1, 1},
+		{"no GPUs", pod(true, 0), OutcomeNoGPU, -1, 1},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			plan := f.mut.Plan(tc.pod, 0)
+			if plan.Outcome != tc.outcome || plan.Domain != tc.domain {
+				t.Fatalf("Plan = outcome %d domain %d, want %d and %d", plan.Outcome, plan.Domain, tc.outcome, tc.domain)
+			}
+			judged := tc.pod
+			if plan.Outcome == OutcomePinned {
+				judged = Pin(tc.pod, plan.Pod, plan.Domain, n)
+			}
+			vs, ws := f.val.Review(judged)
+			if len(vs) != tc.denials {
+				t.Fatalf("Review found %d violations, want %d: %v", len(vs), tc.denials, vs)
+			}
+			resp := f.val.Handle(context.Background(), request(t, judged))
+			if tc.denials == 0 {
+				if !resp.Allowed {
+					t.Fatalf("the handler denied what Review admits: %v", resp.Result)
+				}
+				return
+			}
+			msgs := make([]string, len(vs))
+			for i, v := range vs {
+				msgs[i] = v.Error()
+			}
+			if resp.Allowed || resp.Result.Message != strings.Join(msgs, "; ") {
+				t.Errorf("handler said %q, Review %q", resp.Result.Message, strings.Join(msgs, "; "))
+			}
+			if strings.Join(resp.Warnings, "|") != strings.Join(ws, "|") {
+				t.Errorf("handler warned %q, Review %q", resp.Warnings, ws)
+			}
+		})
+	}
+	// An excluded namespace gets neither a pin nor a verdict.
+	sys := pod(true, 3)
+	sys.Namespace = "kube-system"
+	if plan := f.mut.Plan(sys, 0); plan.Outcome != OutcomeExcluded {
+		t.Errorf("Plan in kube-system = %d", plan.Outcome)
+	}
+	if vs, ws := f.val.Review(sys); vs != nil || ws != nil {
+		t.Errorf("Review in kube-system = %v, %v", vs, ws)
+	}
+}

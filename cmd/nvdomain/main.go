@@ -1,5 +1,6 @@
-// Command nvdomain is the operator CLI: topology discovery and parsing, and the GPU Operator
-// workload-config checker. See pkg/cli.
+// Command nvdomain is the operator CLI: topology discovery and parsing, the GPU Operator
+// workload-config checker, and the cluster verbs status and explain. cmd/kubectl-nvdomain is
+// the same command tree as a kubectl plugin. See pkg/cli.
 package main
 
 import (

@@ -1,7 +1,12 @@
-// Package cli is the `nvdomain` command: the operator's tool to see what domains nvdomain finds
-// on a machine or in a saved `nvidia-smi topo -m` / simulated-topology file, and to check GPU
-// Operator workload labels against advertised resources in a node dump. cmd/nvdomain only
-// calls Main.
+// Package cli is the `nvdomain` command, also installed as the kubectl plugin
+// `kubectl nvdomain`: the operator's tool to see what domains nvdomain finds on a machine or
+// in a saved `nvidia-smi topo -m` / simulated-topology file, to check GPU Operator workload
+// labels against advertised resources in a node dump, and, against a live cluster, to show
+// every node's domains in use (status) and to say what nvdomain did with a pod or would do
+// with a manifest (explain). The cluster verbs follow kubectl's shape, an Options struct
+// with Complete, Validate and Run writing to IOStreams, and decide through the webhook's own
+// code (webhook, webhook/clusterview, webhook/repin), so they say what nvdomain does.
+// cmd/nvdomain calls Main, cmd/kubectl-nvdomain KubectlPluginMain.
 package cli
 
 import (
@@ -48,35 +53,59 @@ func (e *exitError) Unwrap() error { return e.err }
 // Version is set at build time with -ldflags "-X github.com/nvdomain/nvdomain/pkg/cli.Version=…".
 var Version = "dev"
 
-// Main runs the command line and returns the process exit code.
+// Command names: the binary, and the kubectl plugin (krew's convention: kubectl-<name> on
+// PATH becomes `kubectl <name>`).
+const (
+	CommandName       = "nvdomain"
+	PluginBinaryName  = "kubectl-nvdomain"
+	pluginDisplayName = "kubectl nvdomain"
+)
+
+// Main runs the nvdomain command line and returns the process exit code.
 func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	root := newRoot(stdin)
+	return run(ctx, CommandName, args, IOStreams{In: stdin, Out: stdout, ErrOut: stderr}, &KubeFlags{userAgent: CommandName + "/" + Version})
+}
+
+// KubectlPluginMain runs the same command tree as the kubectl plugin kubectl-nvdomain: help and
+// errors name it `kubectl nvdomain`, and it connects as kubectl does (--kubeconfig, --context,
+// -n), so `kubectl nvdomain status` works once the binary is on PATH.
+func KubectlPluginMain(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	return run(ctx, PluginBinaryName, args, IOStreams{In: stdin, Out: stdout, ErrOut: stderr}, &KubeFlags{userAgent: PluginBinaryName + "/" + Version})
+}
+
+func run(ctx context.Context, name string, args []string, streams IOStreams, f ClusterFactory) int {
+	root := newRoot(name, streams, f)
 	root.SetArgs(args)
-	root.SetOut(stdout)
-	root.SetErr(stderr)
+	root.SetIn(streams.In)
+	root.SetOut(streams.Out)
+	root.SetErr(streams.ErrOut)
 	err := root.ExecuteContext(ctx)
 	if err == nil {
 		return ExitOK
 	}
+	prefix := root.DisplayName()
 	var ee *exitError
 	if errors.As(err, &ee) {
 		if ee.err != nil && ee.code == ExitError {
-			fmt.Fprintf(stderr, "nvdomain: %v\n", ee.err)
+			fmt.Fprintf(streams.ErrOut, "%s: %v\n", prefix, ee.err)
 		}
 		return ee.code
 	}
-	fmt.Fprintf(stderr, "nvdomain: %v\n", err)
+	fmt.Fprintf(streams.ErrOut, "%s: %v\n", prefix, err)
 	return ExitError
 }
 
-func newRoot(stdin io.Reader) *cobra.Command {
+func newRoot(name string, streams IOStreams, f ClusterFactory) *cobra.Command {
 	root := &cobra.Command{
-		Use:           "nvdomain",
-		Short:         "Inspect NVLink/NVSwitch domains and GPU workload configuration",
+		Use:           name,
+		Short:         "Inspect NVLink/NVSwitch domains, their use in a cluster, and GPU workload configuration",
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newTopology(stdin), newCheckConfig(stdin), newCerts(), &cobra.Command{
+	if name == PluginBinaryName {
+		root.Annotations = map[string]string{cobra.CommandDisplayNameAnnotation: pluginDisplayName}
+	}
+	root.AddCommand(newTopology(streams.In), newCheckConfig(streams.In), newCerts(), newStatus(f, streams), newExplain(f, streams), &cobra.Command{
 		Use:   "version",
 		Short: "Print the version",
 		Args:  cobra.NoArgs,

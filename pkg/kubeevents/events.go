@@ -15,6 +15,14 @@ import (
 	"k8s.io/client-go/kubernetes"
 )
 
+// Reasons of the Events the NRI plugin records on pods; `nvdomain explain` lists them.
+const (
+	// ReasonGPUsAssigned: a container got its GPUs; the message names them and the domain.
+	ReasonGPUsAssigned = "GPUsAssigned"
+	// ReasonTensorParallelNotPinned: a tensor-parallel container arrived without a domain.
+	ReasonTensorParallelNotPinned = "TensorParallelNotPinned"
+)
+
 // Event is what to record and about which object.
 type Event struct {
 	Object    corev1.ObjectReference

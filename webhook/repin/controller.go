@@ -282,32 +282,48 @@ func (r *Reconciler) act(ctx context.Context, pod *corev1.Pod, dec placement.Rep
 // skipOwner says why a pod of this owner must not be evicted, or "" when its owner recreates
 // it at no cost.
 func (r *Reconciler) skipOwner(ctx context.Context, namespace string, owner *metav1.OwnerReference) string {
+	return OwnerSkipReason(owner, r.Options.OwnerKinds, func(name string) (*batchv1.Job, error) {
+		var job batchv1.Job
+		if err := r.Reader.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, &job); err != nil {
+			return nil, err
+		}
+		return &job, nil
+	})
+}
+
+// OwnerSkipReason says why a pod whose controller is owner must not be evicted to re-pin it,
+// or "" when the owner recreates it at no cost: a kind in ownerKinds (Kind.group, Kind alone
+// for the core group), or a Job whose podFailurePolicy ignores the eviction (see
+// IgnoresDisruption). getJob reads the owning Job by name; it is called for Job owners only.
+// The re-pin controller and `nvdomain explain` both decide through it, so the CLI predicts
+// exactly what the controller does.
+func OwnerSkipReason(owner *metav1.OwnerReference, ownerKinds []string, getJob func(name string) (*batchv1.Job, error)) string {
 	gv, _ := schema.ParseGroupVersion(owner.APIVersion)
 	kind := owner.Kind
 	if gv.Group != "" {
 		kind += "." + gv.Group
 	}
 	if kind == "Job.batch" {
-		return r.jobTolerates(ctx, namespace, owner.Name)
+		return jobTolerates(owner.Name, getJob)
 	}
-	for _, k := range r.Options.OwnerKinds {
+	for _, k := range ownerKinds {
 		if strings.EqualFold(k, kind) {
 			return ""
 		}
 	}
-	return fmt.Sprintf("its owner %s %s is not one that recreates evicted pods (--repin-owner-kinds: %s)", kind, owner.Name, strings.Join(r.Options.OwnerKinds, ","))
+	return fmt.Sprintf("its owner %s %s is not one that recreates evicted pods (--repin-owner-kinds: %s)", kind, owner.Name, strings.Join(ownerKinds, ","))
 }
 
 // jobTolerates decides for a Job's pod. The Job controller counts a pod deleted before it
 // finished as failed, which costs a retry of backoffLimit, unless the Job's podFailurePolicy
 // ignores the DisruptionTarget condition that the Eviction API sets. So a Job's pod is moved
 // only when that rule exists; otherwise it waits, with a RepinSkipped Event naming the fix.
-func (r *Reconciler) jobTolerates(ctx context.Context, namespace, name string) string {
-	var job batchv1.Job
-	if err := r.Reader.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, &job); err != nil {
+func jobTolerates(name string, getJob func(name string) (*batchv1.Job, error)) string {
+	job, err := getJob(name)
+	if err != nil {
 		return fmt.Sprintf("its Job %s could not be read (%v)", name, err)
 	}
-	if IgnoresDisruption(&job) {
+	if IgnoresDisruption(job) {
 		return ""
 	}
 	return fmt.Sprintf("evicting it would count as a failure of Job %s (a retry of its backoffLimit); add spec.podFailurePolicy.rules: [{action: Ignore, onPodConditions: [{type: DisruptionTarget}]}] to let nvdomain move its pods", name)

@@ -315,3 +315,39 @@ func TestOptionsValidate(t *testing.T) {
 		}
 	}
 }
+
+// OwnerSkipReason is the rule `nvdomain explain` predicts re-pins with; the controller
+// decides through it too.
+func TestOwnerSkipReason(t *testing.T) {
+	jobs := map[string]*batchv1.Job{
+		"ignores": {Spec: batchv1.JobSpec{PodFailurePolicy: &batchv1.PodFailurePolicy{Rules: []batchv1.PodFailurePolicyRule{{
+			Action: batchv1.PodFailurePolicyActionIgnore, OnPodConditions: []batchv1.PodFailurePolicyOnPodConditionsPattern{{Type: corev1.DisruptionTarget}},
+		}}}}},
+		"counts": {},
+	}
+	getJob := func(name string) (*batchv1.Job, error) {
+		if j, ok := jobs[name]; ok {
+			return j, nil
+		}
+		return nil, fmt.Errorf("jobs.batch %q not found", name)
+	}
+	cases := []struct {
+		kind, apiVersion, name string
+		want                   string // "" moves the pod
+	}{
+		{"ReplicaSet", "apps/v1", "rs", ""},
+		{"StatefulSet", "apps/v1", "sts", ""},
+		{"ReplicationController", "v1", "rc", ""},
+		{"Job", "batch/v1", "ignores", ""},
+		{"Job", "batch/v1", "counts", "evicting it would count as a failure of Job counts"},
+		{"Job", "batch/v1", "gone", `its Job gone could not be read (jobs.batch "gone" not found)`},
+		{"Notebook", "kubeflow.org/v1", "nb", "its owner Notebook.kubeflow.org nb is not one that recreates evicted pods (--repin-owner-kinds: ReplicaSet.apps,StatefulSet.apps,ReplicationController)"},
+		{"ReplicaSet", "example.com/v1", "lookalike", "its owner ReplicaSet.example.com lookalike is not one"},
+	}
+	for _, tc := range cases {
+		got := OwnerSkipReason(&metav1.OwnerReference{Kind: tc.kind, APIVersion: tc.apiVersion, Name: tc.name}, DefaultOwnerKinds, getJob)
+		if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
+			t.Errorf("%s %s: got %q, want %q", tc.kind, tc.name, got, tc.want)
+		}
+	}
+}

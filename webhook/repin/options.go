@@ -31,7 +31,7 @@ type Options struct {
 	QPS   float64
 	Burst int
 	// OwnerKinds are the controllers, as Kind.group (Kind alone for the core group), that
-	// recreate a pod that is evicted. Job is handled apart: see Reconciler.jobTolerates.
+	// recreate a pod that is evicted. Job is handled apart: see jobTolerates in controller.go.
 	OwnerKinds []string
 	// EventEvery is how often a Stranded or RepinSkipped Event is repeated for one pod.
 	EventEvery time.Duration

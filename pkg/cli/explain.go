@@ -1,0 +1,582 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/util/duration"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/nvdomain/nvdomain/pkg/kubeevents"
+	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/placement"
+	"github.com/nvdomain/nvdomain/webhook"
+	"github.com/nvdomain/nvdomain/webhook/repin"
+	"github.com/nvdomain/nvdomain/webhook/rules"
+)
+
+// nvdomainReasons are the Event reasons nvdomain records on pods: the NRI plugin's
+// (pkg/kubeevents) and the re-pin controller's (webhook/repin).
+var nvdomainReasons = []string{
+	kubeevents.ReasonGPUsAssigned, kubeevents.ReasonTensorParallelNotPinned,
+	repin.ReasonRepinned, repin.ReasonStranded, repin.ReasonRepinSkipped,
+}
+
+// ExplainOptions is `nvdomain explain POD` and `nvdomain explain -f FILE`: kubectl's
+// Complete → Validate → Run.
+type ExplainOptions struct {
+	Factory  ClusterFactory
+	Filename string
+	// TPSizes and NonTPPods mirror the webhook's --tp-sizes and --non-tp-pods, so that a
+	// manifest is judged by the settings the cluster's webhook runs with.
+	TPSizes   string
+	NonTPPods string
+
+	IOStreams
+	namesFromFlags func() (names.Names, error)
+	now            func() time.Time
+
+	// Filled by Complete (pod, webhook) and Run (client, namespace).
+	pod       string
+	client    kubernetes.Interface
+	namespace string
+	webhook   webhook.Options
+}
+
+func newExplain(f ClusterFactory, streams IOStreams) *cobra.Command {
+	def := webhook.DefaultOptions()
+	o := &ExplainOptions{Factory: f, IOStreams: streams, now: time.Now,
+		TPSizes: joinInts(def.AllowedTPSizes), NonTPPods: string(def.NonTPPods)}
+	cmd := &cobra.Command{
+		Use:   "explain (POD | -f FILE)",
+		Short: "Say what nvdomain did with a pod and why it is Pending, or what the webhook would do with a manifest",
+		Long: `explain POD says what nvdomain did with a pod: its tensor-parallel size, the NVSwitch domain
+the webhook pinned it to, that domain's GPUs on the pod's node, the GPUs the node assigned
+and their device nodes, and the Events nvdomain recorded on it. For a Pending pod it says
+why: which nodes have a domain large enough and how many GPUs each has free, whether the
+pinned domain has room, and what the re-pin controller will do (the verdict of its own
+plan over the cluster as it is now).
+
+explain -f FILE (YAML or JSON, - for stdin; a Pod, or a Deployment, StatefulSet, ReplicaSet,
+Job, CronJob or ReplicationController whose pod template is used) runs the webhook's own
+mutating and validating code on each pod against the live cluster, creating nothing, and
+prints every violation and warning at once, with the domain the webhook would pin the pod
+to now. It exits 1 when the webhook would deny a pod. The webhook breaks ties between equally
+good domain ids per request; explain shows the lowest.`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := o.Complete(args); err != nil {
+				return err
+			}
+			if err := o.Validate(); err != nil {
+				return err
+			}
+			return o.Run(cmd.Context())
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVarP(&o.Filename, "filename", "f", "", "manifest to judge as the webhook would (- reads stdin)")
+	fs.StringVar(&o.TPSizes, "tp-sizes", o.TPSizes, "the webhook's --tp-sizes: allowed tensor-parallel sizes")
+	fs.StringVar(&o.NonTPPods, "non-tp-pods", o.NonTPPods, "the webhook's --non-tp-pods: pin, account or auto")
+	f.AddFlags(fs)
+	o.namesFromFlags = addNamesFlags(cmd)
+	return cmd
+}
+
+// Complete reads the arguments and flags. Connecting waits for Run, so that a wrong flag is
+// reported before a missing kubeconfig.
+func (o *ExplainOptions) Complete(args []string) error {
+	if len(args) == 1 {
+		o.pod = args[0]
+		for _, prefix := range []string{"pod/", "pods/", "po/"} {
+			o.pod = strings.TrimPrefix(o.pod, prefix)
+		}
+	}
+	o.webhook = webhook.DefaultOptions()
+	var err error
+	if o.webhook.Names, err = o.namesFromFlags(); err != nil {
+		return fmt.Errorf("--label-prefix/--resource-prefix: %w", err)
+	}
+	if o.webhook.AllowedTPSizes, err = webhook.ParseTPSizes(o.TPSizes); err != nil {
+		return fmt.Errorf("--tp-sizes: %w", err)
+	}
+	if o.webhook.NonTPPods, err = webhook.ParseNonTPMode(o.NonTPPods); err != nil {
+		return fmt.Errorf("--non-tp-pods: %w", err)
+	}
+	return nil
+}
+
+// Validate checks that exactly one thing is to be explained.
+func (o *ExplainOptions) Validate() error {
+	switch {
+	case o.pod != "" && o.Filename != "":
+		return fmt.Errorf("explain takes a pod name or -f FILE, not both")
+	case o.pod == "" && o.Filename == "":
+		return fmt.Errorf("explain needs a pod name (nvdomain explain POD -n NAMESPACE) or a manifest (nvdomain explain -f FILE)")
+	}
+	return nil
+}
+
+// Run connects and explains.
+func (o *ExplainOptions) Run(ctx context.Context) error {
+	var err error
+	if o.namespace, _, err = o.Factory.Namespace(); err != nil {
+		return err
+	}
+	if o.client, err = o.Factory.Client(); err != nil {
+		return err
+	}
+	if o.pod != "" {
+		pod, err := o.client.CoreV1().Pods(o.namespace).Get(ctx, o.pod, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return fmt.Errorf("pod %s not found in namespace %s: check the name, or pass -n NAMESPACE", o.pod, o.namespace)
+		}
+		if err != nil {
+			return fmt.Errorf("get pod %s/%s: %w", o.namespace, o.pod, err)
+		}
+		events, err := o.podEvents(ctx, pod)
+		if err != nil {
+			return err
+		}
+		return o.explainPod(ctx, pod, events)
+	}
+	data, err := readInput(o.Filename, o.In)
+	if err != nil {
+		return err
+	}
+	pods, err := podsFromManifests(data, o.Filename, o.namespace)
+	if err != nil {
+		return err
+	}
+	s, err := loadSnapshot(ctx, o.client, o.webhook.Names)
+	if err != nil {
+		return err
+	}
+	denied := 0
+	for i, mp := range pods {
+		if i > 0 {
+			fmt.Fprintln(o.Out)
+		}
+		if o.explainManifestPod(s, mp) {
+			denied++
+		}
+	}
+	if denied > 0 {
+		return &exitError{code: ExitFindings}
+	}
+	return nil
+}
+
+// podEvents lists the Events nvdomain recorded on the pod, oldest first. The field selector
+// spares the apiserver; the filter below is what decides, since not every client honours it.
+func (o *ExplainOptions) podEvents(ctx context.Context, pod *corev1.Pod) ([]corev1.Event, error) {
+	list, err := o.client.CoreV1().Events(pod.Namespace).List(ctx, metav1.ListOptions{
+		FieldSelector: fields.OneTermEqualSelector("involvedObject.uid", string(pod.UID)).String(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list the Events of pod %s/%s (the command needs list on events): %w", pod.Namespace, pod.Name, err)
+	}
+	var out []corev1.Event
+	for _, ev := range list.Items {
+		if ev.InvolvedObject.UID == pod.UID && slices.Contains(nvdomainReasons, ev.Reason) {
+			out = append(out, ev)
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool { return eventTime(out[i]).Before(eventTime(out[j])) })
+	return out, nil
+}
+
+func eventTime(ev corev1.Event) time.Time {
+	for _, t := range []time.Time{ev.LastTimestamp.Time, ev.EventTime.Time, ev.FirstTimestamp.Time} {
+		if !t.IsZero() {
+			return t
+		}
+	}
+	return ev.CreationTimestamp.Time
+}
+
+// explainPod writes what nvdomain did with an existing pod.
+func (o *ExplainOptions) explainPod(ctx context.Context, pod *corev1.Pod, events []corev1.Event) error {
+	n := o.webhook.Names
+	p := rules.Inspect(pod, n)
+	d := p.PinnedDomain()
+	_, annotated := pod.Annotations[n.PodDomainAnnotation()]
+	pending := pod.Spec.NodeName == "" && pod.DeletionTimestamp == nil && (pod.Status.Phase == "" || pod.Status.Phase == corev1.PodPending)
+	var node *corev1.Node
+	if pod.Spec.NodeName != "" {
+		got, err := o.client.CoreV1().Nodes().Get(ctx, pod.Spec.NodeName, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			// The node is gone; the pod's own annotations still say what it got.
+		case err != nil:
+			return fmt.Errorf("get node %s of pod %s: %w", pod.Spec.NodeName, podKey(pod), err)
+		default:
+			node = got
+		}
+	}
+
+	tw := tabwriter.NewWriter(o.Out, 0, 4, 2, ' ', 0)
+	kv := keyValues(tw)
+	kv("Pod", "%s", podKey(pod))
+	kv("Phase", "%s", phaseText(pod))
+	if pod.Spec.NodeName != "" {
+		kv("Node", "%s", pod.Spec.NodeName)
+	}
+	switch {
+	case p.TP:
+		kv("Tensor-parallel", "yes, %d GPUs", p.GPUs)
+	case p.GPUs > 0:
+		kv("Tensor-parallel", "no (no %s=%s label); %d %s", names.TPLabel, names.TPLabelValue, p.GPUs, plural(p.GPUs, "GPU", "GPUs"))
+	default:
+		kv("Tensor-parallel", "no; the pod asks for no %s", names.GPUResource)
+	}
+	switch {
+	case d >= 0 && annotated:
+		kv("Domain", "%d, pinned by nvdomain's webhook (%s: %d)", d, n.DomainResource(d), podGPUs(p))
+	case d >= 0:
+		kv("Domain", "%d, from the pod's own %s resources (nvdomain's webhook did not pin it)", d, n.DomainResource(d))
+	case p.TP:
+		kv("Domain", "none: tensor-parallel but not pinned (admitted while nvdomain's webhook was down, or outside its selector), so its GPUs may span domains: delete and recreate it")
+	case p.GPUs > 0:
+		kv("Domain", "none: not tensor-parallel, and the webhook's --non-tp-pods left it unpinned")
+	default:
+		kv("Domain", "none")
+	}
+	if d >= 0 && pod.Spec.NodeName != "" {
+		o.writeGPUs(kv, n, pod, node, d)
+	}
+	if msg := schedulerMessage(pod); msg != "" && pod.Spec.NodeName == "" {
+		kv("Scheduler", "%s", msg)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if pending {
+		// Only a waiting pod needs the whole cluster: the re-pin plan weighs it against every
+		// other waiter and every node.
+		s, err := loadSnapshot(ctx, o.client, n)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintln(o.Out, "Why Pending:")
+		if err := o.whyPending(ctx, s, pod, p); err != nil {
+			return err
+		}
+	}
+	return o.writeEvents(events)
+}
+
+// writeGPUs writes the domain's GPUs on the node and what the NRI plugin assigned.
+// node is nil when the pod's node no longer exists.
+func (o *ExplainOptions) writeGPUs(kv func(k, format string, args ...any), n names.Names, pod *corev1.Pod, node *corev1.Node, d int) {
+	var domainGPUs []int
+	var err error
+	if node != nil {
+		domainGPUs, err = names.ParseGPUList(node.Annotations[n.DomainGPUsAnnotation(d)])
+	}
+	switch {
+	case node == nil:
+		kv("Domain GPUs", "unknown: node %s no longer exists", pod.Spec.NodeName)
+	case err != nil:
+		kv("Domain GPUs", "unreadable: node %s's %s annotation: %v", node.Name, n.DomainGPUsAnnotation(d), err)
+	case domainGPUs == nil:
+		kv("Domain GPUs", "unknown: node %s has no %s annotation (is the nvdomain agent running there?)", node.Name, n.DomainGPUsAnnotation(d))
+	default:
+		kv("Domain GPUs", "%s (domain %d on node %s)", names.FormatGPUList(domainGPUs), d, node.Name)
+	}
+	if node != nil && node.Labels[n.TopologyMismatchLabel()] == "true" {
+		kv("Topology", "mismatch (%s): the node's NRI plugin serves another topology than the agent publishes, so domain %d may mean other GPUs there", n.TopologyMismatchLabel(), d)
+	} else if node != nil && node.Labels[n.TopologyStaleLabel()] == "true" {
+		kv("Topology", "stale (%s): the agent's topology source is broken and it publishes its last good topology", n.TopologyStaleLabel())
+	}
+	value, reported := pod.Annotations[n.PodAssignedGPUsAnnotation()]
+	if !reported {
+		kv("Assigned GPUs", "not reported yet: the NRI plugin annotates the pod when it creates its containers")
+		return
+	}
+	assigned, err := parseAssigned(value)
+	if err != nil {
+		kv("Assigned GPUs", "unreadable %s annotation %q: %v", n.PodAssignedGPUsAnnotation(), value, err)
+		return
+	}
+	minors, known := deviceMinors(n, node)
+	containers := make([]string, 0, len(assigned))
+	for c := range assigned {
+		containers = append(containers, c)
+	}
+	sort.Strings(containers)
+	for i, c := range containers {
+		gpus := assigned[c]
+		devs := make([]string, len(gpus))
+		var outside []string
+		for j, g := range gpus {
+			minor, ok := minors[g]
+			if !ok {
+				minor = g
+			}
+			devs[j] = names.GPUDevicePrefix + strconv.Itoa(minor)
+			if domainGPUs != nil && !slices.Contains(domainGPUs, g) {
+				outside = append(outside, strconv.Itoa(g))
+			}
+		}
+		line := names.FormatGPUList(gpus) + " → " + strings.Join(devs, " ")
+		if c != "" {
+			line = c + ": " + line
+		}
+		if len(outside) > 0 {
+			line += fmt.Sprintf(" (GPU %s outside domain %d!)", strings.Join(outside, ","), d)
+		}
+		key := "Assigned GPUs"
+		if i > 0 {
+			key = "" // a continuation line
+		}
+		kv(key, "%s", line)
+	}
+	if !known {
+		kv("", "(device minors taken as the GPU indexes: node %s has no readable %s annotation)", pod.Spec.NodeName, n.TopologyAnnotation())
+	}
+}
+
+// keyValues writes "Key:<tab>value" rows to a tabwriter; an empty key continues the row above.
+func keyValues(tw io.Writer) func(k, format string, args ...any) {
+	return func(k, format string, args ...any) {
+		if k != "" {
+			k += ":"
+		}
+		fmt.Fprintf(tw, "%s\t%s\n", k, fmt.Sprintf(format, args...))
+	}
+}
+
+func phaseText(pod *corev1.Pod) string {
+	phase := string(pod.Status.Phase)
+	if phase == "" {
+		phase = string(corev1.PodPending)
+	}
+	switch {
+	case pod.DeletionTimestamp != nil:
+		phase += ", being deleted"
+	case pod.Spec.NodeName == "" && phase == string(corev1.PodPending):
+		phase += ", not bound to a node"
+	}
+	return phase
+}
+
+// schedulerMessage is the scheduler's last word on a pod it could not place.
+func schedulerMessage(pod *corev1.Pod) string {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse {
+			return strings.TrimSpace(c.Reason + ": " + c.Message)
+		}
+	}
+	return ""
+}
+
+// parseAssigned reads the NRI plugin's assigned-GPUs annotation (nri-plugin/report.go):
+// "4,5" for a pod with one GPU container (keyed "" here), else a JSON object of container
+// name to such a list.
+func parseAssigned(value string) (map[string][]int, error) {
+	if !strings.HasPrefix(strings.TrimSpace(value), "{") {
+		gpus, err := names.ParseGPUList(value)
+		if err != nil {
+			return nil, err
+		}
+		return map[string][]int{"": gpus}, nil
+	}
+	var per map[string]string
+	if err := json.Unmarshal([]byte(value), &per); err != nil {
+		return nil, fmt.Errorf("not a JSON object of container name to GPU list: %w", err)
+	}
+	out := make(map[string][]int, len(per))
+	for c, list := range per {
+		gpus, err := names.ParseGPUList(list)
+		if err != nil {
+			return nil, fmt.Errorf("container %s: %w", c, err)
+		}
+		out[c] = gpus
+	}
+	return out, nil
+}
+
+// whyPending explains an unbound pod from the re-pin controller's own plan over the cluster
+// as it is now, with the pod in its place in the queue.
+func (o *ExplainOptions) whyPending(ctx context.Context, s *snapshot, pod *corev1.Pod, p rules.Pod) error {
+	line := func(format string, args ...any) { fmt.Fprintf(o.Out, "  - "+format+"\n", args...) }
+	d := p.PinnedDomain()
+	if d < 0 {
+		switch {
+		case p.TP:
+			line("nvdomain never pinned it to a domain, so nothing keeps its %d GPUs in one NVSwitch domain and nvdomain does not re-pin it; delete and recreate it while the webhook runs", p.GPUs)
+		default:
+			line("nvdomain did not pin it to a domain, so nvdomain is not what keeps it Pending; see the Scheduler line and kubectl describe pod")
+		}
+		return nil
+	}
+	w, pos, ok := s.waiter(string(pod.UID))
+	if !ok {
+		line("it is pinned to domain %d but not waiting in the re-pin queue (only pods pinned by nvdomain's webhook are)", d)
+		return nil
+	}
+	k := w.GPUs
+	eligible := map[int]bool{}
+	for _, i := range w.Eligible {
+		eligible[i] = true
+	}
+	// Every node with a domain large enough, and how many GPUs each has free.
+	type row struct {
+		node          string
+		domain, c, f  int
+		mayRun        string
+		room, ownRoom bool
+	}
+	var rows []row
+	for i, r := range s.rooms {
+		ids := make([]int, 0, len(r.Capacity))
+		for id := range r.Capacity {
+			ids = append(ids, id)
+		}
+		sort.Ints(ids)
+		for _, id := range ids {
+			if r.Capacity[id] < k {
+				continue
+			}
+			may := "yes"
+			if !eligible[i] {
+				may = "no: " + whyNotEligible(s.node(r.Name))
+			}
+			rows = append(rows, row{node: r.Name, domain: id, c: r.Capacity[id], f: r.Free[id], mayRun: may,
+				room: eligible[i] && r.Free[id] >= k, ownRoom: eligible[i] && id == d && r.Free[id] >= k})
+		}
+	}
+	if len(rows) == 0 {
+		line("no node has a domain of %d GPUs any more (the webhook admitted it when one had): it waits until such a node returns", k)
+	} else {
+		line("pinned to domain %d for %d GPUs; nodes with a domain of at least %d GPUs:", d, k, k)
+		tw := tabwriter.NewWriter(o.Out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "      NODE\tDOMAIN\tSIZE\tFREE\tMAY RUN THERE")
+		for _, r := range rows {
+			fmt.Fprintf(tw, "      %s\t%d\t%d\t%d\t%s\n", r.node, r.domain, r.c, r.f, r.mayRun)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	var ownRoom []string
+	for _, r := range rows {
+		if r.ownRoom {
+			ownRoom = append(ownRoom, r.node)
+		}
+	}
+	dec := s.plan[w.ID]
+	switch {
+	case len(ownRoom) == 0:
+		line("domain %d has no room for %d GPUs on any node this pod may run on", d, k)
+	case dec.Verdict == placement.WillSchedule:
+		line("domain %d has room for it on %s: the scheduler binds it there once its other requests fit (see the Scheduler line)", d, strings.Join(ownRoom, ", "))
+	default:
+		line("domain %d has %d free GPUs on %s, but the %d %s ahead of it in the queue (higher priority, then older) claim them", d, k, strings.Join(ownRoom, ", "), pos, plural(pos, "pod", "pods"))
+	}
+	switch dec.Verdict {
+	case placement.WillSchedule:
+		line("re-pin: not needed")
+	case placement.Stranded:
+		line("re-pin: %s", o.strandedVerdict(ctx, pod, dec))
+	default:
+		if !repin.Unschedulable(pod) {
+			if hyp, ok := s.planAsUnschedulable(w.ID); ok && hyp.Verdict == placement.Stranded {
+				line("re-pin: not yet: the scheduler has not reported it Unschedulable; once it does, it %s", o.strandedVerdict(ctx, pod, hyp))
+				return nil
+			}
+		}
+		var claimed []string
+		for _, r := range rows {
+			if r.room {
+				claimed = append(claimed, fmt.Sprintf("domain %d on %s", r.domain, r.node))
+			}
+		}
+		if len(claimed) > 0 {
+			line("re-pin: none; it waits: the free room (%s) goes to the %d %s ahead of it in the queue (higher priority, then older), and it runs when %d GPUs of domain %d free up", strings.Join(claimed, ", "), pos, plural(pos, "pod", "pods"), k, d)
+			return nil
+		}
+		line("re-pin: none; it waits: no domain of %d GPUs has room on a node it may run on, and it runs when %d GPUs of domain %d free up on one", k, k, d)
+	}
+	return nil
+}
+
+// whyNotEligible names what keeps the pod off a node: the node's state when it is cordoned or
+// NotReady, else the pod's own constraints.
+func whyNotEligible(node *corev1.Node) string {
+	if node != nil {
+		if node.Spec.Unschedulable {
+			return "cordoned"
+		}
+		for _, c := range node.Status.Conditions {
+			if c.Type == corev1.NodeReady && c.Status != corev1.ConditionTrue {
+				return "NotReady"
+			}
+		}
+	}
+	return "its node selector, affinity or tolerations"
+}
+
+// strandedVerdict says what the re-pin controller does with a stranded pod, by the
+// controller's own rule for its owner (repin.OwnerSkipReason).
+func (o *ExplainOptions) strandedVerdict(ctx context.Context, pod *corev1.Pod, dec placement.RepinDecision) string {
+	owner := metav1.GetControllerOf(pod)
+	if owner == nil {
+		return fmt.Sprintf("stranded: domain %d has room on node %s, but the pod has no owner and nvdomain never deletes a pod that no controller recreates: delete and recreate it (kubectl replace --force -f <its manifest>) and the webhook pins it to a domain with room",
+			dec.To, dec.Node)
+	}
+	skip := repin.OwnerSkipReason(owner, repin.DefaultOwnerKinds, func(name string) (*batchv1.Job, error) {
+		return o.client.BatchV1().Jobs(pod.Namespace).Get(ctx, name, metav1.GetOptions{})
+	})
+	if skip == "" {
+		return fmt.Sprintf("will be re-pinned to domain %d (room on node %s) after the re-pin delay (--repin-after, %s by default): nvdomain evicts it, its %s %s recreates it, and the webhook pins the replacement to a domain with room",
+			dec.To, dec.Node, repin.DefaultOptions().After, owner.Kind, owner.Name)
+	}
+	fix := ""
+	if owner.Kind != "Job" {
+		fix = "; delete and recreate it, and the webhook pins it to a domain with room"
+	}
+	return fmt.Sprintf("stranded: domain %d has room on node %s, but it will not be re-pinned: %s%s", dec.To, dec.Node, skip, fix)
+}
+
+// writeEvents prints nvdomain's Events on the pod.
+func (o *ExplainOptions) writeEvents(events []corev1.Event) error {
+	if len(events) == 0 {
+		_, err := fmt.Fprintln(o.Out, "Events from nvdomain: <none>")
+		return err
+	}
+	fmt.Fprintln(o.Out, "Events from nvdomain:")
+	tw := tabwriter.NewWriter(o.Out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  AGE\tTYPE\tREASON\tFROM\tMESSAGE")
+	for _, ev := range events {
+		from := ev.Source.Component
+		if from == "" {
+			from = ev.ReportingController
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", duration.HumanDuration(o.now().Sub(eventTime(ev))), ev.Type, ev.Reason, orDash(from), ev.Message)
+	}
+	return tw.Flush()
+}
+
+func joinInts(v []int) string {
+	s := make([]string, len(v))
+	for i, x := range v {
+		s[i] = strconv.Itoa(x)
+	}
+	return strings.Join(s, ",")
+}

@@ -1,0 +1,226 @@
+package cli
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/nvdomain/nvdomain/pkg/kubeevents"
+	"github.com/nvdomain/nvdomain/webhook/repin"
+)
+
+// assertInOrder fails unless every want appears in out, in order.
+func assertInOrder(t *testing.T, out string, want ...string) {
+	t.Helper()
+	rest := out
+	for _, w := range want {
+		i := strings.Index(rest, w)
+		if i < 0 {
+			t.Fatalf("output lacks %q (in order):\n%s", w, out)
+		}
+		rest = rest[i+len(w):]
+	}
+}
+
+func TestExplainRunningPod(t *testing.T) {
+	domains := [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}}
+	// Device minors differ from the indexes on this node, as the driver may number them.
+	node := gpuNode("gpu-a", domains, withMinors(t, domains, func(i int) int { return 7 - i }))
+	pod := tpPod("llama-0", 2, 1, boundTo("gpu-a", corev1.PodRunning), withAnnotation(nm.PodAssignedGPUsAnnotation(), "4,5"))
+	other := tpPod("other", 2, 1, boundTo("gpu-a", corev1.PodRunning))
+	objs := []runtime.Object{node, pod, other,
+		podEvent(pod, kubeevents.ReasonGPUsAssigned, "nvdomain-nri", "container vllm got GPUs 4,5 from NVSwitch domain 1", 2*time.Minute),
+		podEvent(pod, "Pulled", "kubelet", "image pulled", time.Minute),
+		podEvent(other, kubeevents.ReasonGPUsAssigned, "nvdomain-nri", "container vllm got GPUs 6,7 from NVSwitch domain 1", time.Minute),
+	}
+	code, out, errOut := runFake(t, "", objs, "explain", "pod/llama-0")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	assertInOrder(t, out,
+		"Pod:", "default/llama-0",
+		"Phase:", "Running",
+		"Node:", "gpu-a",
+		"Tensor-parallel:", "yes, 2 GPUs",
+		"Domain:", "1, pinned by nvdomain's webhook (nvidia.com/nvswitch-domain-1: 2)",
+		"Domain GPUs:", "4,5,6,7 (domain 1 on node gpu-a)",
+		"Assigned GPUs:", "4,5 → /dev/nvidia3 /dev/nvidia2",
+		"Events from nvdomain:", "AGE", "REASON", "2m", "Normal", "GPUsAssigned", "nvdomain-nri", "container vllm got GPUs 4,5 from NVSwitch domain 1")
+	for _, bad := range []string{"Pulled", "got GPUs 6,7", "Why Pending"} {
+		if strings.Contains(out, bad) {
+			t.Errorf("output holds %q:\n%s", bad, out)
+		}
+	}
+}
+
+func TestExplainAssignedPerContainer(t *testing.T) {
+	// No topology annotation: the device minors fall back to the indexes, and say so. A GPU
+	// outside the pinned domain is flagged.
+	node := gpuNode("gpu-a", [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}})
+	pod := tpPod("two", 4, 0, boundTo("gpu-a", corev1.PodRunning), withAnnotation(nm.PodAssignedGPUsAnnotation(), `{"draft":"2,5","vllm":"0,1"}`))
+	code, out, errOut := runFake(t, "", []runtime.Object{node, pod}, "explain", "two")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	assertInOrder(t, out,
+		"Assigned GPUs:", "draft: 2,5 → /dev/nvidia2 /dev/nvidia5 (GPU 5 outside domain 0!)",
+		"vllm: 0,1 → /dev/nvidia0 /dev/nvidia1",
+		"device minors taken as the GPU indexes: node gpu-a has no readable gpu.nvidia.com/topology annotation",
+		"Events from nvdomain: <none>")
+}
+
+// Every re-pin verdict, from the controller's own plan and owner rules.
+func TestExplainPendingVerdicts(t *testing.T) {
+	full := func() []runtime.Object {
+		return []runtime.Object{
+			gpuNode("gpu-a", [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}}),
+			tpPod("holder", 4, 0, boundTo("gpu-a", corev1.PodRunning)),
+		}
+	}
+	cases := []struct {
+		name  string
+		extra []runtime.Object
+		pod   *corev1.Pod
+		want  []string
+	}{
+		{"a ReplicaSet's pod is re-pinned",
+			nil, tpPod("w", 4, 0, unschedulable, ownedBy("ReplicaSet", "apps/v1", "llama-7d9")),
+			[]string{"Scheduler:", "Unschedulable: 0/2 nodes are available",
+				"Why Pending:", "pinned to domain 0 for 4 GPUs; nodes with a domain of at least 4 GPUs:",
+				"NODE", "DOMAIN", "SIZE", "FREE", "MAY RUN THERE", "gpu-a", "0", "4", "0", "yes", "gpu-a", "1", "4", "4", "yes",
+				"domain 0 has no room for 4 GPUs on any node this pod may run on",
+				"re-pin: will be re-pinned to domain 1 (room on node gpu-a) after the re-pin delay (--repin-after, 30s by default): nvdomain evicts it, its ReplicaSet llama-7d9 recreates it"}},
+		{"a bare pod must be recreated by hand",
+			nil, tpPod("w", 4, 0, unschedulable),
+			[]string{"re-pin: stranded: domain 1 has room on node gpu-a, but the pod has no owner and nvdomain never deletes a pod that no controller recreates: delete and recreate it (kubectl replace --force -f <its manifest>)"}},
+		{"a Job without a podFailurePolicy is not moved",
+			[]runtime.Object{job("train", false)}, tpPod("w", 4, 0, unschedulable, ownedBy("Job", "batch/v1", "train")),
+			[]string{"re-pin: stranded: domain 1 has room on node gpu-a, but it will not be re-pinned: evicting it would count as a failure of Job train", "podFailurePolicy"}},
+		{"a Job that ignores disruptions is moved",
+			[]runtime.Object{job("train", true)}, tpPod("w", 4, 0, unschedulable, ownedBy("Job", "batch/v1", "train")),
+			[]string{"re-pin: will be re-pinned to domain 1 (room on node gpu-a)", "its Job train recreates it"}},
+		{"an owner that does not recreate pods",
+			nil, tpPod("w", 4, 0, unschedulable, ownedBy("Notebook", "kubeflow.org/v1", "nb")),
+			[]string{"it will not be re-pinned: its owner Notebook.kubeflow.org nb is not one that recreates evicted pods", "delete and recreate it, and the webhook pins it to a domain with room"}},
+		{"not yet judged by the scheduler",
+			nil, tpPod("w", 4, 0, ownedBy("ReplicaSet", "apps/v1", "rs")),
+			[]string{"re-pin: not yet: the scheduler has not reported it Unschedulable; once it does, it will be re-pinned to domain 1 (room on node gpu-a)"}},
+		{"no room in any domain: it waits",
+			[]runtime.Object{tpPod("holder-1", 4, 1, boundTo("gpu-a", corev1.PodRunning))}, tpPod("w", 4, 0, unschedulable, ownedBy("ReplicaSet", "apps/v1", "rs")),
+			[]string{"domain 0 has no room for 4 GPUs", "re-pin: none; it waits: no domain of 4 GPUs has room on a node it may run on, and it runs when 4 GPUs of domain 0 free up on one"}},
+		{"room in its own domain: the scheduler binds it",
+			nil, tpPod("w", 4, 1, unschedulable),
+			[]string{"domain 1 has room for it on gpu-a: the scheduler binds it there", "re-pin: not needed"}},
+		{"an older waiter claims the room first",
+			[]runtime.Object{tpPod("first", 4, 0, unschedulable, ownedBy("ReplicaSet", "apps/v1", "rs"), createdAgo(2*time.Hour))},
+			tpPod("w", 4, 0, unschedulable, ownedBy("ReplicaSet", "apps/v1", "rs")),
+			[]string{"re-pin: none; it waits: the free room (domain 1 on gpu-a) goes to the 1 pod ahead of it in the queue"}},
+		{"the webhook never saw it",
+			nil, tpPod("w", 4, -1, unschedulable),
+			[]string{"Domain:", "none: tensor-parallel but not pinned", "nvdomain never pinned it to a domain", "delete and recreate it while the webhook runs"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			objs := append(full(), tc.extra...)
+			objs = append(objs, tc.pod)
+			code, out, errOut := runFake(t, "", objs, "explain", tc.pod.Name)
+			if code != 0 {
+				t.Fatalf("exit %d: %s", code, errOut)
+			}
+			assertInOrder(t, out, tc.want...)
+		})
+	}
+}
+
+func TestExplainCordonedNodeIsNotRoom(t *testing.T) {
+	objs := []runtime.Object{
+		gpuNode("gpu-a", [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}}),
+		gpuNode("gpu-c", [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}}, cordoned),
+		tpPod("holder", 4, 0, boundTo("gpu-a", corev1.PodRunning)),
+		tpPod("holder-1", 4, 1, boundTo("gpu-a", corev1.PodRunning)),
+		tpPod("w", 4, 0, unschedulable, ownedBy("ReplicaSet", "apps/v1", "rs")),
+	}
+	code, out, errOut := runFake(t, "", objs, "explain", "w")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	assertInOrder(t, out, "gpu-c", "0", "4", "4", "no: cordoned", "gpu-c", "1", "4", "4", "no: cordoned",
+		"domain 0 has no room for 4 GPUs on any node this pod may run on", "re-pin: none; it waits")
+}
+
+func TestExplainListsRepinEvents(t *testing.T) {
+	pod := tpPod("w", 4, 0, unschedulable)
+	objs := []runtime.Object{
+		gpuNode("gpu-a", [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}}),
+		tpPod("holder", 4, 0, boundTo("gpu-a", corev1.PodRunning)),
+		pod,
+		podEvent(pod, repin.ReasonStranded, "", "NVSwitch domain 0 has had no room", 5*time.Minute),
+		podEvent(pod, repin.ReasonRepinSkipped, "", "not moved", 3*time.Minute),
+	}
+	code, out, errOut := runFake(t, "", objs, "explain", "w")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	assertInOrder(t, out, "Events from nvdomain:", "5m", "Stranded", "-", "NVSwitch domain 0 has had no room", "3m", "RepinSkipped", "not moved")
+}
+
+func TestExplainErrors(t *testing.T) {
+	cases := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no such pod", []string{"explain", "ghost", "-n", "ml"}, "pod ghost not found in namespace ml: check the name, or pass -n NAMESPACE"},
+		{"nothing to explain", []string{"explain"}, "explain needs a pod name"},
+		{"both", []string{"explain", "p", "-f", "x.yaml"}, "explain takes a pod name or -f FILE, not both"},
+		{"bad tp sizes", []string{"explain", "p", "--tp-sizes", "2,x"}, "--tp-sizes: tpSizes"},
+		{"bad non-tp mode", []string{"explain", "p", "--non-tp-pods", "maybe"}, "--non-tp-pods: nonTPPods \"maybe\": use pin, account or auto"},
+		{"unreadable file", []string{"explain", "-f", "/nonexistent/pod.yaml"}, "read /nonexistent/pod.yaml"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, errOut := runFake(t, "", statusCluster(), tc.args...)
+			if code != ExitError || !strings.Contains(errOut, tc.want) {
+				t.Errorf("exit %d, stderr %q; want exit 2 and %q", code, errOut, tc.want)
+			}
+		})
+	}
+}
+
+func TestExplainOtherPods(t *testing.T) {
+	plain := tpPod("plain", 1, -1, boundTo("gpu-a", corev1.PodRunning))
+	delete(plain.Labels, "tensor-parallel")
+	web := tpPod("web", 0, -1, unschedulable)
+	delete(web.Labels, "tensor-parallel")
+	web.Spec.Containers[0].Resources.Limits = nil
+	cases := []struct {
+		name string
+		pod  *corev1.Pod
+		want []string
+	}{
+		{"its node is gone", tpPod("orphan", 2, 1, boundTo("gone", corev1.PodRunning), withAnnotation(nm.PodAssignedGPUsAnnotation(), "4,5")),
+			[]string{"Domain GPUs:", "unknown: node gone no longer exists", "Assigned GPUs:", "4,5 → /dev/nvidia4 /dev/nvidia5", "device minors taken as the GPU indexes: node gone"}},
+		{"its node serves another topology", tpPod("odd", 2, 1, boundTo("gpu-m", corev1.PodRunning)),
+			[]string{"Domain GPUs:", "4,5,6,7 (domain 1 on node gpu-m)", "Topology:", "mismatch (gpu.nvidia.com/topology-mismatch): the node's NRI plugin serves another topology than the agent publishes, so domain 1 may mean other GPUs there"}},
+		{"not reported by the node yet", tpPod("fresh", 2, 1, boundTo("gpu-a", corev1.PodPending)),
+			[]string{"Phase:", "Pending", "Assigned GPUs:", "not reported yet: the NRI plugin annotates the pod when it creates its containers"}},
+		{"a GPU pod that is not tensor-parallel", plain,
+			[]string{"Tensor-parallel:", "no (no tensor-parallel=true label); 1 GPU", "Domain:", "none: not tensor-parallel, and the webhook's --non-tp-pods left it unpinned"}},
+		{"a pod without GPUs, Pending for other reasons", web,
+			[]string{"Tensor-parallel:", "no; the pod asks for no nvidia.com/gpu", "Why Pending:", "nvdomain did not pin it to a domain, so nvdomain is not what keeps it Pending"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			objs := []runtime.Object{gpuNode("gpu-a", [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}}),
+				gpuNode("gpu-m", [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}}, withLabel(nm.TopologyMismatchLabel(), "true")), tc.pod}
+			code, out, errOut := runFake(t, "", objs, "explain", tc.pod.Name)
+			if code != 0 {
+				t.Fatalf("exit %d: %s", code, errOut)
+			}
+			assertInOrder(t, out, tc.want...)
+		})
+	}
+}

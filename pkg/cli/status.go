@@ -1,0 +1,332 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/placement"
+	"github.com/nvdomain/nvdomain/webhook/rules"
+)
+
+// StatusAPIVersion and StatusKind identify the document `nvdomain status -o json` prints.
+// Within one apiVersion fields are only ever added, never renamed or removed, so scripts may
+// rely on the ones they read.
+const (
+	StatusAPIVersion = "nvdomain.io/v1"
+	StatusKind       = "DomainStatusList"
+)
+
+// StatusList is the -o json document: one item per node and domain, sorted by node name and
+// domain id.
+type StatusList struct {
+	APIVersion string         `json:"apiVersion"`
+	Kind       string         `json:"kind"`
+	Items      []DomainStatus `json:"items"`
+}
+
+// DomainStatus is one domain of one node.
+type DomainStatus struct {
+	Node   string `json:"node"`
+	Domain int    `json:"domain"`
+	// Size is the domain's GPUs as the agent publishes them (its size label).
+	Size int `json:"size"`
+	// Used is Size minus Free: GPUs held by bound pods pinned to the domain, and GPUs that
+	// unpinned containers hold (the agent lowers the domain's allocatable by those).
+	Used int `json:"used"`
+	// Free is what the scheduler can still promise pods pinned to this domain id here.
+	Free int `json:"free"`
+	// GPUs are the domain's GPU indexes (the node's GPU-list annotation).
+	GPUs []int `json:"gpus"`
+	// Pods are the bound pods pinned to the domain on this node, namespace/name.
+	Pods []string `json:"pods"`
+	// Waiting are the pods pinned to this domain id, not bound, that may run on this node and
+	// fit in the domain's size.
+	Waiting []string `json:"waiting"`
+	// Stranded are the waiting pods the re-pin plan calls stranded: no node they may run on
+	// has room in their domain id while another id has.
+	Stranded []string `json:"stranded"`
+	// Stale is true while the agent publishes its last good topology because its source is
+	// broken; Mismatch while the node's NRI plugin serves another topology than the agent
+	// publishes.
+	Stale    bool `json:"stale"`
+	Mismatch bool `json:"mismatch"`
+}
+
+// Output formats of status.
+const (
+	outputTable = ""
+	outputWide  = "wide"
+	outputJSON  = "json"
+)
+
+// StatusOptions is `nvdomain status`: kubectl's Complete → Validate → Run.
+type StatusOptions struct {
+	Factory  ClusterFactory
+	Output   string
+	Node     string
+	Selector string
+
+	IOStreams
+	namesFromFlags func() (names.Names, error)
+
+	// Filled by Complete (names, selector) and Run (client, namespace).
+	client    kubernetes.Interface
+	names     names.Names
+	namespace string // only pods of this namespace are listed, when the user named one
+	selector  labels.Selector
+}
+
+func newStatus(f ClusterFactory, streams IOStreams) *cobra.Command {
+	o := &StatusOptions{Factory: f, IOStreams: streams}
+	cmd := &cobra.Command{
+		Use:   "status [--node NAME] [-l SELECTOR] [-o wide|json]",
+		Short: "Show every node's NVSwitch domains: size, GPUs used and free, pinned pods, waiting and stranded pods",
+		Long: `Lists one row per node and NVSwitch domain:
+
+  SIZE       the domain's GPUs, as the agent publishes them
+  GPUS USED  GPUs held there: bound pods pinned to the domain, and unpinned containers
+  FREE       GPUs the scheduler can still give to pods pinned to this domain id
+  PODS       bound pods pinned to the domain on this node
+  WAITING    pods pinned to this domain id, not bound yet, that may run on this node
+  STRANDED   waiting pods whose domain id has no room on any node they may run on while
+             another id has: the re-pin controller moves them (see nvdomain explain)
+  STALE      stale: the agent's topology source is broken and it publishes its last good
+             topology; mismatch: the node's NRI plugin serves another topology
+
+Usage is counted the way nvdomain's webhook counts it, from the domain resources of bound,
+non-terminal pods that are not being deleted. Pods of every namespace are counted; -n shows
+only that namespace's pods in PODS, WAITING and STRANDED (the GPU counts stay the node's).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := o.Complete(); err != nil {
+				return err
+			}
+			if err := o.Validate(); err != nil {
+				return err
+			}
+			return o.Run(cmd.Context())
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVarP(&o.Output, "output", "o", outputTable, "output format: wide (adds the domain's GPUs and the pod names) or json")
+	fs.StringVar(&o.Node, "node", "", "show only this node")
+	fs.StringVarP(&o.Selector, "selector", "l", "", "show only nodes matching this label selector, e.g. nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3")
+	f.AddFlags(fs)
+	o.namesFromFlags = addNamesFlags(cmd)
+	return cmd
+}
+
+// addNamesFlags registers --label-prefix and --resource-prefix, as the webhook and the agent
+// spell them, for clusters installed with other prefixes.
+func addNamesFlags(cmd *cobra.Command) func() (names.Names, error) {
+	gfs := flag.NewFlagSet(cmd.Name(), flag.ContinueOnError)
+	build := names.BindFlags(gfs)
+	cmd.Flags().AddGoFlagSet(gfs)
+	return build
+}
+
+// Complete reads the flags. Connecting waits for Run, so that a wrong flag is reported before
+// a missing kubeconfig.
+func (o *StatusOptions) Complete() error {
+	var err error
+	if o.names, err = o.namesFromFlags(); err != nil {
+		return fmt.Errorf("--label-prefix/--resource-prefix: %w", err)
+	}
+	if o.Selector != "" {
+		if o.selector, err = labels.Parse(o.Selector); err != nil {
+			return fmt.Errorf("--selector %q: %w; use the kubectl syntax, e.g. key=value,other!=x", o.Selector, err)
+		}
+	}
+	return nil
+}
+
+// Validate checks the flags.
+func (o *StatusOptions) Validate() error {
+	switch o.Output {
+	case outputTable, outputWide, outputJSON:
+		return nil
+	}
+	return fmt.Errorf("--output %q: use wide or json, or leave it out for the table", o.Output)
+}
+
+// Run connects, lists the cluster and prints the domains.
+func (o *StatusOptions) Run(ctx context.Context) error {
+	ns, explicit, err := o.Factory.Namespace()
+	if err != nil {
+		return err
+	}
+	if explicit {
+		o.namespace = ns
+	}
+	if o.client, err = o.Factory.Client(); err != nil {
+		return err
+	}
+	if o.Node != "" {
+		if _, err := o.client.CoreV1().Nodes().Get(ctx, o.Node, metav1.GetOptions{}); err != nil {
+			if apierrors.IsNotFound(err) {
+				return fmt.Errorf("--node %s: no such node; list them with kubectl get nodes", o.Node)
+			}
+			return fmt.Errorf("get node %s: %w", o.Node, err)
+		}
+	}
+	s, err := loadSnapshot(ctx, o.client, o.names)
+	if err != nil {
+		return err
+	}
+	list := o.statusList(s)
+	if len(list.Items) == 0 && o.Output != outputJSON {
+		_, err := fmt.Fprintln(o.ErrOut, o.emptyMessage())
+		return err
+	}
+	switch o.Output {
+	case outputJSON:
+		enc := json.NewEncoder(o.Out)
+		enc.SetIndent("", "  ")
+		return enc.Encode(list)
+	case outputWide:
+		return writeStatusTable(o.Out, list, true)
+	}
+	return writeStatusTable(o.Out, list, false)
+}
+
+func (o *StatusOptions) emptyMessage() string {
+	switch {
+	case o.Node != "":
+		return fmt.Sprintf("Node %s publishes no NVSwitch domains (no domain size labels such as %s): it has no NVLink domain, or the nvdomain agent does not run there.", o.Node, o.names.DomainSizeLabel(0))
+	case o.Selector != "":
+		return fmt.Sprintf("No node matching %q publishes NVSwitch domains.", o.Selector)
+	}
+	return "No node publishes NVSwitch domains: is the nvdomain agent running on the GPU nodes?"
+}
+
+// statusList builds the rows from the snapshot, keeping the nodes the filters select; every
+// node still counts for the re-pin plan, since a waiter's room may be on a node not shown.
+func (o *StatusOptions) statusList(s *snapshot) StatusList {
+	list := StatusList{APIVersion: StatusAPIVersion, Kind: StatusKind, Items: []DomainStatus{}}
+	type key struct {
+		node   string
+		domain int
+	}
+	pods := map[key][]string{}
+	for i := range s.pods {
+		p := &s.pods[i]
+		if !holdsGPUs(p) || (o.namespace != "" && p.Namespace != o.namespace) {
+			continue
+		}
+		if d := rules.Inspect(p, s.names).PinnedDomain(); d >= 0 {
+			k := key{p.Spec.NodeName, d}
+			pods[k] = append(pods[k], podKey(p))
+		}
+	}
+	waiting, stranded := map[key][]string{}, map[key][]string{}
+	for _, w := range s.waiters {
+		p := s.podByUID(w.ID)
+		if p == nil || (o.namespace != "" && p.Namespace != o.namespace) {
+			continue
+		}
+		for _, i := range w.Eligible {
+			room := s.rooms[i]
+			if room.Capacity[w.Domain] < w.GPUs {
+				continue
+			}
+			k := key{room.Name, w.Domain}
+			waiting[k] = append(waiting[k], podKey(p))
+			if s.plan[w.ID].Verdict == placement.Stranded {
+				stranded[k] = append(stranded[k], podKey(p))
+			}
+		}
+	}
+	for i := range s.nodes {
+		node := &s.nodes[i]
+		if (o.Node != "" && node.Name != o.Node) || (o.selector != nil && !o.selector.Matches(labels.Set(node.Labels))) {
+			continue
+		}
+		free := s.view.Free(node.Name)
+		for _, d := range domainsOf(s.names, node) {
+			k := key{node.Name, d.id}
+			f := max(0, min(free[d.id], d.size))
+			list.Items = append(list.Items, DomainStatus{
+				Node: node.Name, Domain: d.id, Size: d.size, Used: d.size - f, Free: f,
+				GPUs: orEmpty(d.gpus), Pods: orEmpty(pods[k]), Waiting: orEmpty(waiting[k]), Stranded: orEmpty(stranded[k]),
+				Stale:    node.Labels[s.names.TopologyStaleLabel()] == "true",
+				Mismatch: node.Labels[s.names.TopologyMismatchLabel()] == "true",
+			})
+		}
+	}
+	return list
+}
+
+func orEmpty[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}
+
+func writeStatusTable(w io.Writer, list StatusList, wide bool) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	header := "NODE\tDOMAIN\tSIZE\tGPUS USED\tFREE\tPODS\tWAITING\tSTRANDED\tSTALE"
+	if wide {
+		header += "\tGPU LIST\tPOD NAMES"
+	}
+	fmt.Fprintln(tw, header)
+	for _, it := range list.Items {
+		row := []string{it.Node, strconv.Itoa(it.Domain), strconv.Itoa(it.Size), strconv.Itoa(it.Used), strconv.Itoa(it.Free),
+			strconv.Itoa(len(it.Pods)), strconv.Itoa(len(it.Waiting)), strconv.Itoa(len(it.Stranded)), staleText(it)}
+		if wide {
+			row = append(row, kubectlNone(names.FormatGPUList(it.GPUs)), kubectlNone(podNames(it)))
+		}
+		fmt.Fprintln(tw, strings.Join(row, "\t"))
+	}
+	return tw.Flush()
+}
+
+// kubectlNone prints an empty cell as kubectl's tables do.
+func kubectlNone(s string) string {
+	if s == "" {
+		return "<none>"
+	}
+	return s
+}
+
+func staleText(it DomainStatus) string {
+	switch {
+	case it.Stale && it.Mismatch:
+		return "stale,mismatch"
+	case it.Stale:
+		return "stale"
+	case it.Mismatch:
+		return "mismatch"
+	}
+	return "no"
+}
+
+// podNames lists the bound pods, then the waiting ones marked as such.
+func podNames(it DomainStatus) string {
+	out := append([]string{}, it.Pods...)
+	stranded := map[string]bool{}
+	for _, p := range it.Stranded {
+		stranded[p] = true
+	}
+	for _, p := range it.Waiting {
+		if stranded[p] {
+			out = append(out, p+"(stranded)")
+		} else {
+			out = append(out, p+"(waiting)")
+		}
+	}
+	return strings.Join(out, ",")
+}

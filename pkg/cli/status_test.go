@@ -1,0 +1,148 @@
+package cli
+
+import (
+	"encoding/json"
+	"reflect"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+)
+
+// statusCluster: gpu-a has two 4-GPU domains, one held by a running TP=4 pod; gpu-b two
+// 2-GPU domains with a stale topology; a CPU node has none. A TP=4 pod pinned to domain 0
+// waits while gpu-a's domain 1 is free: stranded. A finished pod and a pod being deleted
+// hold nothing.
+func statusCluster() []runtime.Object {
+	return []runtime.Object{
+		gpuNode("gpu-a", [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}}, withLabel("pool", "a")),
+		gpuNode("gpu-b", [][]int{{0, 1}, {2, 3}}, withLabel("pool", "b"), withLabel(nm.TopologyStaleLabel(), "true")),
+		gpuNode("cpu-1", nil),
+		tpPod("llama-0", 4, 0, inNamespace("ml"), boundTo("gpu-a", corev1.PodRunning)),
+		tpPod("done", 4, 1, boundTo("gpu-a", corev1.PodSucceeded)),
+		tpPod("leaving", 4, 1, boundTo("gpu-a", corev1.PodRunning), deleting),
+		tpPod("waiter", 4, 0, inNamespace("ml"), unschedulable),
+		tpPod("small", 2, 0, inNamespace("other"), boundTo("gpu-b", corev1.PodRunning)),
+	}
+}
+
+func TestStatusTable(t *testing.T) {
+	code, out, errOut := runFake(t, "", statusCluster(), "status")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	want := `NODE   DOMAIN  SIZE  GPUS USED  FREE  PODS  WAITING  STRANDED  STALE
+gpu-a  0       4     4          0     1     1        1         no
+gpu-a  1       4     0          4     0     0        0         no
+gpu-b  0       2     2          0     1     0        0         stale
+gpu-b  1       2     0          2     0     0        0         stale
+`
+	if out != want {
+		t.Errorf("status printed\n%s\nwant\n%s", out, want)
+	}
+}
+
+func TestStatusFiltersAndFormats(t *testing.T) {
+	cases := []struct {
+		name string
+		args []string
+		want []string // lines that must be printed, in order
+		not  []string // substrings that must not be
+	}{
+		{"--node keeps one node", []string{"status", "--node", "gpu-b"},
+			[]string{"gpu-b  0", "gpu-b  1"}, []string{"gpu-a"}},
+		{"-l selects nodes by label", []string{"status", "-l", "pool=a"},
+			[]string{"gpu-a  0       4     4          0     1     1        1         no"}, []string{"gpu-b"}},
+		{"-n shows one namespace's pods, the GPU counts stay the node's", []string{"status", "-n", "other"},
+			[]string{"gpu-a  0       4     4          0     0     0        0         no", "gpu-b  0       2     2          0     1"}, nil},
+		{"-o wide adds GPUs and pod names, waiting ones marked", []string{"status", "-o", "wide", "--node", "gpu-a"},
+			[]string{"GPU LIST  POD NAMES", "0,1,2,3   ml/llama-0,ml/waiter(stranded)", "4,5,6,7   <none>"}, []string{"default/done", "default/leaving"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out, errOut := runFake(t, "", statusCluster(), tc.args...)
+			if code != 0 {
+				t.Fatalf("exit %d: %s", code, errOut)
+			}
+			rest := out
+			for _, w := range tc.want {
+				i := strings.Index(rest, w)
+				if i < 0 {
+					t.Fatalf("output lacks %q (in order):\n%s", w, out)
+				}
+				rest = rest[i+len(w):]
+			}
+			for _, s := range tc.not {
+				if strings.Contains(out, s) {
+					t.Errorf("output holds %q:\n%s", s, out)
+				}
+			}
+		})
+	}
+}
+
+func TestStatusJSON(t *testing.T) {
+	code, out, errOut := runFake(t, "", statusCluster(), "status", "-o", "json", "--node", "gpu-a")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var got StatusList
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatalf("%v:\n%s", err, out)
+	}
+	want := StatusList{APIVersion: "nvdomain.io/v1", Kind: "DomainStatusList", Items: []DomainStatus{
+		{Node: "gpu-a", Domain: 0, Size: 4, Used: 4, Free: 0, GPUs: []int{0, 1, 2, 3}, Pods: []string{"ml/llama-0"}, Waiting: []string{"ml/waiter"}, Stranded: []string{"ml/waiter"}},
+		{Node: "gpu-a", Domain: 1, Size: 4, Used: 0, Free: 4, GPUs: []int{4, 5, 6, 7}, Pods: []string{}, Waiting: []string{}, Stranded: []string{}},
+	}}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got %+v\nwant %+v", got, want)
+	}
+	// Empty lists are [] so that scripts can index them without a null check.
+	if !strings.Contains(out, `"pods": []`) || strings.Contains(out, "null") {
+		t.Errorf("empty lists must print as []:\n%s", out)
+	}
+}
+
+// Unpinned containers lower the domain's allocatable (the agent's doing): the GPUs they hold
+// count as used, not free.
+func TestStatusCountsUnpinnedUse(t *testing.T) {
+	node := gpuNode("gpu-a", [][]int{{0, 1, 2, 3}})
+	node.Status.Allocatable[corev1.ResourceName(nm.DomainResource(0))] = *resourceQty(1)
+	code, out, errOut := runFake(t, "", []runtime.Object{node, tpPod("p", 1, 0, boundTo("gpu-a", corev1.PodRunning))}, "status")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if !strings.Contains(out, "gpu-a  0       4     4          0     1") {
+		t.Errorf("3 GPUs held by unpinned containers and 1 by a pinned pod should leave 0 free:\n%s", out)
+	}
+}
+
+func TestStatusErrors(t *testing.T) {
+	cases := []struct {
+		name      string
+		objs      []runtime.Object
+		args      []string
+		code      int
+		wantErr   string
+		wantEmpty bool
+	}{
+		{"unknown node", statusCluster(), []string{"status", "--node", "nope"}, 2, "--node nope: no such node; list them with kubectl get nodes", false},
+		{"bad output", statusCluster(), []string{"status", "-o", "yaml"}, 2, `--output "yaml": use wide or json`, false},
+		{"bad selector", statusCluster(), []string{"status", "-l", "a in ("}, 2, `--selector "a in ("`, false},
+		{"bad prefix", statusCluster(), []string{"status", "--label-prefix", "Bad_Prefix"}, 2, "--label-prefix/--resource-prefix", false},
+		{"no domains anywhere", []runtime.Object{gpuNode("cpu-1", nil)}, []string{"status"}, 0, "No node publishes NVSwitch domains", true},
+		{"a node without domains", statusCluster(), []string{"status", "--node", "cpu-1"}, 0, "Node cpu-1 publishes no NVSwitch domains", true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out, errOut := runFake(t, "", tc.objs, tc.args...)
+			if code != tc.code || !strings.Contains(errOut, tc.wantErr) {
+				t.Errorf("exit %d, stderr %q; want exit %d and %q", code, errOut, tc.code, tc.wantErr)
+			}
+			if tc.wantEmpty && out != "" {
+				t.Errorf("stdout should be empty, got %q", out)
+			}
+		})
+	}
+}

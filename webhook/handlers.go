@@ -96,6 +96,7 @@ func (m *Mutator) handle(_ context.Context, req admission.Request) admission.Res
 		return admission.Allowed("")
 	}
 	d := p.PinnedDomain()
+	var hint []string
 	if d < 0 {
 		start := time.Now()
 		dec, err := m.View.ChooseDomain(pod, p.GPUs, spreadSeed(req.UID))
@@ -105,14 +106,17 @@ func (m *Mutator) handle(_ context.Context, req admission.Request) admission.Res
 			// single domain can hold runs unpinned.
 			return admission.Allowed(err.Error())
 		}
-		d = dec.Domain
-		// A dry run creates no pod, so it must not hold GPUs back from real ones.
+		d, hint = dec.Domain, dec.Hint
+		// A dry run creates no pod, so it must not hold GPUs back from real ones; it is
+		// pinned, hint included, exactly as the real request would be.
 		if !isDryRun(req) {
 			m.View.Reserve(pod.Namespace, d, p.GPUs)
 		}
-		m.Log.V(1).Info("pinned", "namespace", pod.Namespace, "name", podName(pod), "tp", p.TP, "gpus", p.GPUs, "domain", d, "fitsNow", dec.Fits, "exampleNode", dec.Node)
+		m.Log.V(1).Info("pinned", "namespace", pod.Namespace, "name", podName(pod), "tp", p.TP, "gpus", p.GPUs, "domain", d, "fitsNow", dec.Fits, "exampleNode", dec.Node, "hint", hint)
 	}
-	pinned, err := json.Marshal(Pin(pod, p, d, m.Options.Names))
+	// A pod pinned already (re-admitted, or pinned by hand) gets no hint: Pin adds nothing to
+	// a pod that has nvdomain's preferred terms.
+	pinned, err := json.Marshal(Pin(pod, p, d, hint, m.Options.Names))
 	if err != nil {
 		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("encode pinned pod: %w", err))
 	}
@@ -202,7 +206,8 @@ func texts(ws []warning) []string {
 
 // warnings finds requests no current node can satisfy: a resource nobody advertises (a MIG
 // profile that does not exist on these GPUs), and label selections whose nodes advertise their
-// GPUs under another name (seed 004's split inventory).
+// GPUs under another name (a split inventory: nodes whose GPU Operator workload config
+// advertises them as vm-passthrough devices or MIG slices).
 func (v *Validator) warnings(pod *corev1.Pod, p rules.Pod) []warning {
 	asked := p.NVIDIAResources(v.Options.Names)
 	if len(asked) == 0 {

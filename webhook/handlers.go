@@ -100,13 +100,16 @@ func (m *Mutator) handle(_ context.Context, req admission.Request) admission.Res
 	}
 	d := plan.Domain
 	if plan.Chosen {
-		// A dry run creates no pod, so it must not hold GPUs back from real ones.
+		// A dry run creates no pod, so it must not hold GPUs back from real ones; it is
+		// pinned, hint included, exactly as the real request would be.
 		if !isDryRun(req) {
 			m.View.Reserve(pod.Namespace, d, plan.Pod.GPUs)
 		}
-		m.Log.V(1).Info("pinned", "namespace", pod.Namespace, "name", podName(pod), "tp", plan.Pod.TP, "gpus", plan.Pod.GPUs, "domain", d, "fitsNow", plan.Decision.Fits, "exampleNode", plan.Decision.Node)
+		m.Log.V(1).Info("pinned", "namespace", pod.Namespace, "name", podName(pod), "tp", plan.Pod.TP, "gpus", plan.Pod.GPUs, "domain", d, "fitsNow", plan.Decision.Fits, "exampleNode", plan.Decision.Node, "hint", plan.Decision.Hint)
 	}
-	pinned, err := json.Marshal(Pin(pod, plan.Pod, d, m.Options.Names))
+	// A pod pinned already (re-admitted, or pinned by hand) gets no hint: Pin adds nothing to
+	// a pod that has nvdomain's preferred terms.
+	pinned, err := json.Marshal(Pin(pod, plan.Pod, d, plan.Decision.Hint, m.Options.Names))
 	if err != nil {
 		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("encode pinned pod: %w", err))
 	}
@@ -290,7 +293,8 @@ func texts(ws []warning) []string {
 
 // warnings finds requests no current node can satisfy: a resource nobody advertises (a MIG
 // profile that does not exist on these GPUs), and label selections whose nodes advertise their
-// GPUs under another name (seed 004's split inventory).
+// GPUs under another name (a split inventory: nodes whose GPU Operator workload config
+// advertises them as vm-passthrough devices or MIG slices).
 func (v *Validator) warnings(pod *corev1.Pod, p rules.Pod) []warning {
 	asked := p.NVIDIAResources(v.Options.Names)
 	if len(asked) == 0 {

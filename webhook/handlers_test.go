@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -18,12 +20,17 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/placement"
 	"github.com/nvdomain/nvdomain/webhook/clusterview"
+	"github.com/nvdomain/nvdomain/webhook/rules"
 )
+
+func rulesInspect(p *corev1.Pod) rules.Pod { return rules.Inspect(p, n) }
 
 var n = names.Default()
 
@@ -325,12 +332,9 @@ func TestPinnedPodPrefersTheSmallestDomainThatHoldsIt(t *testing.T) {
 	f := newFixture(t, NonTPAuto, seedNode())
 	out, _, _ := f.admit(t, pod(true, 2))
 	pref := out.Spec.Affinity.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution
-	var got []string
-	for _, term := range pref {
-		e := term.Preference.MatchExpressions[0]
-		got = append(got, fmt.Sprintf("%d:%s %s %s", term.Weight, e.Key, e.Operator, e.Values[0]))
-	}
-	want := "60:gpu.nvidia.com/nvswitch-domain-0 Lt 4,30:gpu.nvidia.com/nvswitch-domain-0 Lt 8,10:gpu.nvidia.com/nvswitch-domain-0 Lt 16"
+	got := describeTerms(pref)
+	want := "60:gpu.nvidia.com/nvswitch-domain-0 Lt 4,30:gpu.nvidia.com/nvswitch-domain-0 Lt 8,10:gpu.nvidia.com/nvswitch-domain-0 Lt 16," +
+		"20:kubernetes.io/hostname In gpu-node01&gpu.nvidia.com/nvswitch-domain-0 Gt 1"
 	if strings.Join(got, ",") != want {
 		t.Fatalf("preferred terms = %v, want %s", got, want)
 	}
@@ -339,6 +343,19 @@ func TestPinnedPodPrefersTheSmallestDomainThatHoldsIt(t *testing.T) {
 	if len(again.Patches) != 0 {
 		t.Fatalf("re-admission patched: %v", again.Patches)
 	}
+}
+
+// describeTerms writes preferred terms as "weight:key op values&key op values".
+func describeTerms(terms []corev1.PreferredSchedulingTerm) []string {
+	var out []string
+	for _, term := range terms {
+		var exprs []string
+		for _, e := range term.Preference.MatchExpressions {
+			exprs = append(exprs, fmt.Sprintf("%s %s %s", e.Key, e.Operator, strings.Join(e.Values, " ")))
+		}
+		out = append(out, fmt.Sprintf("%d:%s", term.Weight, strings.Join(exprs, "&")))
+	}
+	return out
 }
 
 func TestDryRunReservesNothing(t *testing.T) {
@@ -387,7 +404,7 @@ func TestReviewAndPlanMatchTheHandlers(t *testing.T) {
 			}
 			judged := tc.pod
 			if plan.Outcome == OutcomePinned {
-				judged = Pin(tc.pod, plan.Pod, plan.Domain, n)
+				judged = Pin(tc.pod, plan.Pod, plan.Domain, plan.Decision.Hint, n)
 			}
 			vs, ws := f.val.Review(judged)
 			if len(vs) != tc.denials {
@@ -420,5 +437,177 @@ func TestReviewAndPlanMatchTheHandlers(t *testing.T) {
 	}
 	if vs, ws := f.val.Review(sys); vs != nil || ws != nil {
 		t.Errorf("Review in kube-system = %v, %v", vs, ws)
+	}
+}
+
+// bound is a pod of k GPUs pinned to domain d and bound to node, as the informer delivers it.
+func bound(nodeName string, d, k int, uid string) *corev1.Pod {
+	q := *resource.NewQuantity(int64(k), resource.DecimalSI)
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: uid, Namespace: "default", UID: types.UID(uid)},
+		Spec: corev1.PodSpec{NodeName: nodeName, Containers: []corev1.Container{{Name: "c", Resources: corev1.ResourceRequirements{
+			Limits: corev1.ResourceList{"nvidia.com/gpu": q, corev1.ResourceName(n.DomainResource(d)): q}}}}},
+	}
+}
+
+// hintOf returns the values of the hint term (nil when there is none) and checks that no more
+// than one is there.
+func hintOf(t *testing.T, p *corev1.Pod) []string {
+	t.Helper()
+	var out []string
+	seen := 0
+	for _, term := range p.Spec.Affinity.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution {
+		for _, e := range term.Preference.MatchExpressions {
+			if e.Key == corev1.LabelHostname && term.Weight == hintWeight {
+				out = e.Values
+				seen++
+			}
+		}
+	}
+	if seen > 1 {
+		t.Fatalf("%d hint terms", seen)
+	}
+	return out
+}
+
+// The hint names the nodes where the chosen domain is the tightest fit for the pod, by their
+// hostname labels, at most placement.MaxHintNodes of them, and nothing when no node has room.
+func TestHintNamesTheTightestNodes(t *testing.T) {
+	withHost := func(nd *corev1.Node, host string) *corev1.Node {
+		nd.Labels[corev1.LabelHostname] = host
+		return nd
+	}
+	var ten []*corev1.Node
+	for i := range 10 {
+		ten = append(ten, node(fmt.Sprintf("gpu-%02d", i), []int{4, 4}, nil, nil))
+	}
+	cases := []struct {
+		name     string
+		nodes    []*corev1.Node
+		bound    []*corev1.Pod
+		selector map[string]string
+		k        int64
+		domain   string
+		want     []string
+	}{
+		{name: "the half-used domain, not a whole one", k: 2, domain: "0",
+			nodes: []*corev1.Node{node("empty", []int{4, 4}, nil, nil), node("used", []int{4, 4}, nil, nil)},
+			bound: []*corev1.Pod{bound("used", 0, 2, "a")}, want: []string{"used"}},
+		{name: "the other domain id when it is the tighter", k: 2, domain: "1",
+			nodes: []*corev1.Node{node("x", []int{4, 4}, nil, nil), node("y", []int{4, 4}, nil, nil)},
+			bound: []*corev1.Pod{bound("x", 0, 1, "a"), bound("y", 1, 2, "b")}, want: []string{"y"}},
+		{name: "at most eight", k: 4, domain: "0", nodes: ten,
+			want: []string{"gpu-00", "gpu-01", "gpu-02", "gpu-03", "gpu-04", "gpu-05", "gpu-06", "gpu-07"}},
+		{name: "the hostname label, not the node name", k: 4, domain: "0",
+			nodes: []*corev1.Node{withHost(node("node-a.example", []int{4}, nil, nil), "host-a")}, want: []string{"host-a"}},
+		{name: "no room now: no hint", k: 4,
+			nodes: []*corev1.Node{node("full", []int{4, 4}, nil, nil)},
+			bound: []*corev1.Pod{bound("full", 0, 2, "a"), bound("full", 1, 1, "b")}, want: nil},
+		{name: "a node selector (the scan path) names the tightest selected node", k: 2, domain: "0",
+			nodes: []*corev1.Node{node("a", []int{4}, map[string]string{"pool": "p"}, nil), node("b", []int{4}, map[string]string{"pool": "p"}, nil),
+				node("c", []int{4}, map[string]string{"pool": "q"}, nil)},
+			bound:    []*corev1.Pod{bound("b", 0, 2, "x"), bound("c", 0, 3, "y")},
+			selector: map[string]string{"pool": "p"}, want: []string{"b"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t, NonTPAuto, c.nodes...)
+			for _, p := range c.bound {
+				f.view.UpsertPod(p)
+			}
+			p := pod(true, c.k)
+			p.Spec.NodeSelector = c.selector
+			out, mresp, vresp := f.admit(t, p)
+			if !mresp.Allowed || !vresp.Allowed {
+				t.Fatalf("mutate %+v validate %+v", mresp.Result, vresp.Result)
+			}
+			if d := out.Annotations["gpu.nvidia.com/nvswitch-domain"]; d == "" || (c.domain != "" && d != c.domain) {
+				t.Fatalf("pinned to domain %s, want %s", d, c.domain)
+			}
+			if got := hintOf(t, out); !slices.Equal(got, c.want) {
+				t.Errorf("hint %q, want %q", got, c.want)
+			}
+			// Admitting the pinned pod again changes nothing, hint included.
+			if again := f.mut.Handle(context.Background(), request(t, out)); len(again.Patches) != 0 {
+				t.Errorf("re-admission patched: %v", again.Patches)
+			}
+		})
+	}
+}
+
+// Pin adds the preferred terms once: pinning a pinned pod again, with another hint or none,
+// changes nothing; the user's own preferred terms stay, first; an empty hint adds no term.
+func TestPinIsIdempotentWithTheHint(t *testing.T) {
+	userTerm := corev1.PreferredSchedulingTerm{Weight: 20, Preference: corev1.NodeSelectorTerm{MatchExpressions: []corev1.NodeSelectorRequirement{
+		{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{"mine"}}}}}
+	withUserTerm := func() *corev1.Pod {
+		p := pod(true, 2)
+		p.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{PreferredDuringSchedulingIgnoredDuringExecution: []corev1.PreferredSchedulingTerm{userTerm}}}
+		return p
+	}
+	sizeTerms := "60:gpu.nvidia.com/nvswitch-domain-1 Lt 4,30:gpu.nvidia.com/nvswitch-domain-1 Lt 8,10:gpu.nvidia.com/nvswitch-domain-1 Lt 16"
+	hintTerm := "20:kubernetes.io/hostname In a b&gpu.nvidia.com/nvswitch-domain-1 Gt 1"
+	cases := []struct {
+		name  string
+		pod   func() *corev1.Pod
+		hints [][]string // one Pin per hint, each on the last one's result
+		want  string
+	}{
+		{"hint once", func() *corev1.Pod { return pod(true, 2) }, [][]string{{"b", "a", "b", ""}}, sizeTerms + "," + hintTerm},
+		{"a second pin with another hint changes nothing", func() *corev1.Pod { return pod(true, 2) }, [][]string{{"a", "b"}, {"c"}}, sizeTerms + "," + hintTerm},
+		{"a second pin with a hint after none adds none", func() *corev1.Pod { return pod(true, 2) }, [][]string{nil, {"a", "b"}}, sizeTerms},
+		{"no hint, no term", func() *corev1.Pod { return pod(true, 2) }, [][]string{{""}}, sizeTerms},
+		{"the user's own terms stay first", withUserTerm, [][]string{{"a", "b"}, {"a", "b"}}, "20:kubernetes.io/hostname In mine," + sizeTerms + "," + hintTerm},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p := c.pod()
+			once := Pin(p, rulesInspect(p), 1, c.hints[0], n)
+			out := once
+			for _, h := range c.hints[1:] {
+				out = Pin(out, rulesInspect(out), 1, h, n)
+			}
+			got := strings.Join(describeTerms(out.Spec.Affinity.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution), ",")
+			if got != c.want {
+				t.Errorf("preferred terms\n got %s\nwant %s", got, c.want)
+			}
+			if !reflect.DeepEqual(once, out) {
+				t.Errorf("pinning again changed the pod")
+			}
+		})
+	}
+	// Many names: the term keeps the first MaxHintNodes in order.
+	var many []string
+	for i := range 12 {
+		many = append(many, fmt.Sprintf("h%02d", 11-i))
+	}
+	out := Pin(pod(true, 2), rulesInspect(pod(true, 2)), 0, many, n)
+	if got := hintOf(t, out); len(got) != placement.MaxHintNodes || got[0] != "h00" || got[7] != "h07" {
+		t.Errorf("hint of 12 names: %q", got)
+	}
+}
+
+// A dry run is pinned exactly as the real request would be, hint included, though it reserves
+// nothing.
+func TestDryRunPinsLikeARealRun(t *testing.T) {
+	nodes := func() []*corev1.Node {
+		return []*corev1.Node{node("a", []int{4, 4}, nil, nil), node("b", []int{4, 4}, nil, nil)}
+	}
+	// The patched pods are compared, not the patches, whose order is not fixed.
+	pinned := map[bool]*corev1.Pod{}
+	for _, dry := range []bool{true, false} {
+		f := newFixture(t, NonTPAuto, nodes()...)
+		f.view.UpsertPod(bound("b", 1, 2, "x"))
+		req := request(t, pod(true, 2))
+		req.DryRun = &dry
+		resp := f.mut.Handle(context.Background(), req)
+		out := &corev1.Pod{}
+		if err := json.Unmarshal(applyPatches(t, req.Object.Raw, resp), out); err != nil {
+			t.Fatal(err)
+		}
+		pinned[dry] = out
+	}
+	if !reflect.DeepEqual(pinned[true], pinned[false]) || !slices.Equal(hintOf(t, pinned[false]), []string{"b"}) {
+		t.Errorf("dry run pinned\n%+v\nreal run pinned\n%+v", pinned[true].Spec.Affinity, pinned[false].Spec.Affinity)
 	}
 }

@@ -2,12 +2,14 @@ package webhook
 
 import (
 	"encoding/json"
+	"slices"
 	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/placement"
 	"github.com/nvdomain/nvdomain/webhook/rules"
 )
 
@@ -15,10 +17,12 @@ import (
 // also asks for the same number of nvidia.com/nvswitch-domain-<d>, every required
 // nodeSelectorTerm gains `gpu.nvidia.com/nvswitch-domain-<d> Gt k-1` (terms are ORed, so the
 // expression goes into each; the user's own expressions stay), preferred terms favour nodes
-// where domain <d> is small for the pod, and the pod annotations of docs/architecture.md
-// record the choice. Pinning an already pinned pod changes nothing, which makes admission
-// idempotent.
-func Pin(pod *corev1.Pod, p rules.Pod, d int, n names.Names) *corev1.Pod {
+// where domain <d> is small for the pod and, when hint names some, the nodes where it is the
+// tightest fit now (tightestNodes), and the annotations of pkg/names record the choice. The
+// user's own preferred terms stay. Pinning an already pinned pod changes nothing, whatever the
+// hint, which makes admission idempotent: the preferred terms are added once, together, the
+// first time (docs/scheduler.md).
+func Pin(pod *corev1.Pod, p rules.Pod, d int, hint []string, n names.Names) *corev1.Pod {
 	out := pod.DeepCopy()
 	res := corev1.ResourceName(n.DomainResource(d))
 	perContainer := map[string]int{}
@@ -66,6 +70,9 @@ func Pin(pod *corev1.Pod, p rules.Pod, d int, n names.Names) *corev1.Pod {
 	na.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms = terms
 	if !hasPreference(na.PreferredDuringSchedulingIgnoredDuringExecution, key) {
 		na.PreferredDuringSchedulingIgnoredDuringExecution = append(na.PreferredDuringSchedulingIgnoredDuringExecution, smallestDomainFirst(key, p.GPUs)...)
+		if t, ok := tightestNodes(key, p.GPUs, hint); ok {
+			na.PreferredDuringSchedulingIgnoredDuringExecution = append(na.PreferredDuringSchedulingIgnoredDuringExecution, t)
+		}
 	}
 
 	if out.Annotations == nil {
@@ -94,6 +101,51 @@ func smallestDomainFirst(key string, k int) []corev1.PreferredSchedulingTerm {
 		}})
 	}
 	return out
+}
+
+// hintWeight is the weight of tightestNodes' term. With smallestDomainFirst's weights a node
+// scores 100, 40, 10 or 0 by the size of its domain for the pod ([k, 2k), [2k, 4k), [4k, 8k),
+// 8k and more); a hinted node scores 20 more. That is below the gaps the larger size terms
+// open (60 and 30), so the hint never takes a pod to a domain of a larger class than the
+// nodes it passes over, except from [4k, 8k) to 8k and more: both at least four times the pod,
+// neither a domain kept whole for a pod it suits, and the hinted one is by construction the
+// tightest fit, the webhook's own rule. Within a size class it decides where the scheduler
+// would otherwise pick on scores that ignore GPUs (cpu and memory; its default LeastAllocated
+// even favours the emptier node, which breaks whole domains). It must also survive the
+// scheduler's normalisation: NodeAffinity scales its scores so the best node gets 100, so a
+// hinted node of the best class leads its class by 100 - 100·100/120 = 17 points, 33 at
+// NodeAffinity's default plugin weight of 2.
+const hintWeight = 20
+
+// tightestNodes is the scheduling hint: a preferred term for the nodes (by their
+// kubernetes.io/hostname label) where, when the webhook decided, the pinned domain was the
+// tightest fit for the pod, so that the scheduler packs the pod where the webhook's chooser
+// would instead of picking at random among the nodes its other terms score alike, and a small
+// pod fills a used domain rather than breaking a whole one. It is only a preference: names
+// gone stale (another pod took the room, or room freed elsewhere first) cost a less tight
+// placement, never a wrong one, since the required expression and the domain resource still
+// decide where the pod may run. The term repeats the required domain expression, which changes
+// nothing where the pod may run, so that it reads on its own and names the domain it is about.
+// ok is false when there is no hint (the pod waits: no node has room now).
+func tightestNodes(key string, k int, hint []string) (corev1.PreferredSchedulingTerm, bool) {
+	hosts := make([]string, 0, len(hint))
+	for _, h := range hint {
+		if h != "" {
+			hosts = append(hosts, h)
+		}
+	}
+	slices.Sort(hosts)
+	hosts = slices.Compact(hosts)
+	if len(hosts) == 0 {
+		return corev1.PreferredSchedulingTerm{}, false
+	}
+	hosts = hosts[:min(len(hosts), placement.MaxHintNodes)]
+	return corev1.PreferredSchedulingTerm{Weight: hintWeight, Preference: corev1.NodeSelectorTerm{
+		MatchExpressions: []corev1.NodeSelectorRequirement{
+			{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: hosts},
+			{Key: key, Operator: corev1.NodeSelectorOpGt, Values: []string{strconv.Itoa(k - 1)}},
+		},
+	}}, true
 }
 
 func hasPreference(terms []corev1.PreferredSchedulingTerm, key string) bool {

@@ -156,7 +156,7 @@ func (o *ExplainOptions) explainManifestPod(s *snapshot, mp manifestPod) bool {
 	plan := mut.Plan(mp.pod, 0)
 	judged := mp.pod
 	if plan.Outcome == webhook.OutcomePinned {
-		judged = webhook.Pin(mp.pod, plan.Pod, plan.Domain, o.webhook.Names)
+		judged = webhook.Pin(mp.pod, plan.Pod, plan.Domain, plan.Decision.Hint, o.webhook.Names)
 	}
 	violations, warnings := val.Review(judged)
 

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/topology"
 )
 
@@ -81,7 +83,9 @@ func TestDevicePluginOverItsRealSocket(t *testing.T) {
 	}
 	defer os.RemoveAll(dir)
 	kubelet := startKubelet(t, dir)
-	p, err := New(Options{Dir: dir, SocketName: "nvdomain-gpu.sock", Topology: seed(t), Log: logr.Discard(), Poll: 50 * time.Millisecond})
+	cdiDir := filepath.Join(dir, "cdi")
+	p, err := New(Options{Dir: dir, SocketName: "nvdomain-gpu.sock", Topology: seed(t), Log: logr.Discard(), Poll: 50 * time.Millisecond,
+		Strategies: []string{names.StrategyEnvVar}, CDISpecDir: cdiDir})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,6 +172,75 @@ func TestDevicePluginOverItsRealSocket(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Allocate answers the way NVIDIA's device plugin does under each DEVICE_LIST_STRATEGY.
+func TestAllocateUnderEveryStrategy(t *testing.T) {
+	ids := []string{"GPU-sim-4", "GPU-sim-5"}
+	cases := []struct {
+		strategies []string
+		check      func(*pluginapi.ContainerAllocateResponse) string
+	}{
+		{[]string{names.StrategyEnvVar}, func(r *pluginapi.ContainerAllocateResponse) string {
+			return r.Envs["NVIDIA_VISIBLE_DEVICES"]
+		}},
+		{[]string{names.StrategyVolumeMounts}, func(r *pluginapi.ContainerAllocateResponse) string {
+			var m []string
+			for _, x := range r.Mounts {
+				m = append(m, x.ContainerPath+"<-"+x.HostPath)
+			}
+			return r.Envs["NVIDIA_VISIBLE_DEVICES"] + " " + strings.Join(m, " ")
+		}},
+		{[]string{names.StrategyCDICRI}, func(r *pluginapi.ContainerAllocateResponse) string {
+			var c []string
+			for _, d := range r.CdiDevices {
+				c = append(c, d.Name)
+			}
+			return strings.Join(c, " ")
+		}},
+		{[]string{names.StrategyCDIAnnotations}, func(r *pluginapi.ContainerAllocateResponse) string {
+			for k, v := range r.Annotations {
+				return strings.SplitN(k, "_", 2)[0] + " " + v
+			}
+			return ""
+		}},
+	}
+	want := []string{
+		"GPU-sim-4,GPU-sim-5",
+		"/var/run/nvidia-container-devices /var/run/nvidia-container-devices/GPU-sim-4<-/dev/null /var/run/nvidia-container-devices/GPU-sim-5<-/dev/null",
+		"k8s.device-plugin.nvidia.com/gpu=GPU-sim-4 k8s.device-plugin.nvidia.com/gpu=GPU-sim-5",
+		"cdi.k8s.io/nvidia-device-plugin k8s.device-plugin.nvidia.com/gpu=GPU-sim-4,k8s.device-plugin.nvidia.com/gpu=GPU-sim-5",
+	}
+	for i, tc := range cases {
+		p, err := New(Options{Topology: seed(t), Strategies: tc.strategies, CDISpecDir: t.TempDir()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := p.Allocate(context.Background(), &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: ids}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := tc.check(resp.ContainerResponses[0]); got != want[i] {
+			t.Errorf("%v: %q, want %q", tc.strategies, got, want[i])
+		}
+	}
+	if _, err := New(Options{Topology: seed(t), Strategies: []string{"cdi"}}); err == nil || !strings.Contains(err.Error(), "--device-list-strategy") {
+		t.Errorf("an unknown strategy: %v", err)
+	}
+	// The CDI strategies write the GPUs' spec; without a directory they refuse to start.
+	p, _ := New(Options{Topology: seed(t)})
+	if err := p.WriteCDISpec(); err == nil || !strings.Contains(err.Error(), "--cdi-spec-dir") {
+		t.Errorf("CDI without a spec directory: %v", err)
+	}
+	dir := t.TempDir()
+	p, _ = New(Options{Topology: seed(t), CDISpecDir: dir})
+	if err := p.WriteCDISpec(); err != nil {
+		t.Fatal(err)
+	}
+	spec, err := os.ReadFile(filepath.Join(dir, "k8s.device-plugin.nvidia.com-gpu.json"))
+	if err != nil || !strings.Contains(string(spec), `"name": "GPU-sim-4"`) || !strings.Contains(string(spec), `"path": "/dev/nvidia4"`) {
+		t.Errorf("CDI spec: %v\n%s", err, spec)
 	}
 }
 

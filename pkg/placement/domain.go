@@ -1,8 +1,8 @@
 // Package placement holds nvdomain's two placement decisions as pure functions, with no
-// Kubernetes types: which domain id a pod is pinned to (the webhook's question, DESIGN §3
-// "Choosing the domain id") and which GPUs inside a domain a container gets (the NRI plugin's
-// question, "Inside a domain"). Keeping them pure makes them cheap to property-test and lets
-// the simulator in the benchmarks run the exact code production runs.
+// Kubernetes types: which domain id a pod is pinned to (the webhook's question; docs/scheduler.md
+// says how it and the scheduler share the placement) and which GPUs inside a domain a container
+// gets (the NRI plugin's question). Keeping them pure makes them cheap to property-test and lets
+// the simulator in the benchmarks (test/bench/placementsim) run the exact code production runs.
 package placement
 
 import (
@@ -31,7 +31,46 @@ type Decision struct {
 	Node string
 	// LeftOver is Free-k on Node when Fits.
 	LeftOver int
+	// Hint names up to MaxHintNodes of the nodes where the chosen domain is the tightest fit
+	// now, smallest names first, as the caller named them (the webhook passes the nodes'
+	// kubernetes.io/hostname labels); nil unless Fits. The webhook turns it into a preferred
+	// node affinity term, so that the scheduler, which otherwise picks at random among nodes
+	// its affinity scores alike, packs the pod where the chooser would.
+	Hint []string
 }
+
+// MaxHintNodes bounds Decision.Hint: enough names that concurrent admissions (other webhook
+// replicas cannot see each other's latest choices) land on different nodes of the tightest
+// class rather than racing for one, few enough to keep the pod's spec short.
+const MaxHintNodes = 8
+
+// NodeSample keeps the smallest MaxHintNodes distinct non-empty names offered to it, sorted,
+// in fixed space: the webhook merges names from several histogram buckets per decision without
+// allocating, and what it keeps does not depend on the order the names come in.
+type NodeSample struct {
+	n     int
+	names [MaxHintNodes]string
+}
+
+// Add offers one name.
+func (s *NodeSample) Add(name string) {
+	if name == "" {
+		return
+	}
+	i, found := slices.BinarySearch(s.names[:s.n], name)
+	if found || i == MaxHintNodes {
+		return
+	}
+	if s.n < MaxHintNodes {
+		s.n++
+	}
+	copy(s.names[i+1:s.n], s.names[i:s.n-1])
+	s.names[i] = name
+}
+
+// Names is the names kept, sorted. The slice shares the sample's storage: it is valid until
+// the next Add.
+func (s *NodeSample) Names() []string { return s.names[:s.n:s.n] }
 
 // ImpossibleError says that no eligible node has a domain of k GPUs, so the pod could never
 // run and admission should reject it.
@@ -79,6 +118,8 @@ type DomainChooser struct {
 	// capacity of each domain id over candidates whose domain is large enough, and the first
 	// such node by name, for the Pending fallback.
 	bigEnough map[int]*fallback
+	// waiting is the GPUs of pods already waiting for each domain id (Queue).
+	waiting map[int]int
 
 	largest   int
 	largestOn []string
@@ -87,6 +128,7 @@ type DomainChooser struct {
 type tie struct {
 	nodes  int
 	sample string
+	hint   NodeSample
 }
 
 type fallback struct {
@@ -100,12 +142,26 @@ func NewDomainChooser(k int) *DomainChooser {
 }
 
 // Spread makes the chooser break ties between equally tight domain ids with a pick weighted
-// by how many nodes offer each, derived from seed (a hash of the admission request, say), so
-// the same request gets the same answer from every replica while concurrent requests spread.
-// A zero seed keeps the lowest-id rule.
+// by how many nodes offer each, and between nearly equally short lines (waitIn) with a pick
+// weighted by capacity, derived from seed (a hash of the admission request, say), so the same
+// request gets the same answer from every replica while concurrent requests spread. A zero
+// seed keeps the lowest-id rule.
 func (c *DomainChooser) Spread(seed uint64) *DomainChooser {
 	c.seed = seed
 	return c
+}
+
+// Queue tells the chooser that pods of gpus GPUs in all are pinned to domain id domain and
+// wait for it, with no room for them now. It only matters when the pod being decided has no
+// room either: it then waits where the line is shortest (waitIn). Calls add up.
+func (c *DomainChooser) Queue(domain, gpus int) {
+	if gpus <= 0 {
+		return
+	}
+	if c.waiting == nil {
+		c.waiting = map[int]int{}
+	}
+	c.waiting[domain] += gpus
 }
 
 // Consider feeds one candidate.
@@ -113,8 +169,9 @@ func (c *DomainChooser) Consider(cand Candidate) { c.ConsiderNodes(cand, 1) }
 
 // ConsiderNodes feeds a candidate that stands for nodes identical nodes (the same domain id,
 // capacity and free count), so a caller that keeps per-domain histograms can decide in
-// O(domains × distinct counts) instead of O(nodes). cand.Node names one of them.
-func (c *DomainChooser) ConsiderNodes(cand Candidate, nodes int) {
+// O(domains × distinct counts) instead of O(nodes). cand.Node names one of them; hint, if
+// given, names some of them (at most MaxHintNodes are kept per domain id) for Decision.Hint.
+func (c *DomainChooser) ConsiderNodes(cand Candidate, nodes int, hint ...string) {
 	if nodes <= 0 {
 		return
 	}
@@ -134,7 +191,7 @@ func (c *DomainChooser) ConsiderNodes(cand Candidate, nodes int) {
 		c.bigEnough[cand.Domain] = fb
 	}
 	fb.capacity += cand.Capacity * nodes
-	if cand.Node < fb.node {
+	if earlierName(cand.Node, fb.node) {
 		fb.node = cand.Node
 	}
 	if cand.Free < c.k {
@@ -153,13 +210,25 @@ func (c *DomainChooser) ConsiderNodes(cand Candidate, nodes int) {
 		c.ties[cand.Domain] = t
 	}
 	t.nodes += nodes
-	if cand.Node < t.sample {
+	if earlierName(cand.Node, t.sample) {
 		t.sample = cand.Node
+	}
+	for _, h := range hint {
+		t.hint.Add(h)
 	}
 }
 
-// tighterClass orders fits by what they leave behind: least left over, then the smaller
-// domain (keep large ones whole). Fits equal on both are ties.
+// earlierName says whether a should replace b as the example node: the smaller name, where ""
+// (a group of nodes the caller did not name) gives way to any name.
+func earlierName(a, b string) bool {
+	return a != "" && (b == "" || a < b)
+}
+
+// TighterClass orders fits by what they leave behind: least left over, then the smaller
+// domain (keep large ones whole). Fits equal on both are ties. It is the order Decide takes
+// the tightest fit by, for callers that need to know which candidates can be it.
+func TighterClass(a, b Candidate) bool { return tighterClass(a, b) }
+
 func tighterClass(a, b Candidate) bool {
 	if a.Free != b.Free {
 		return a.Free < b.Free
@@ -200,37 +269,58 @@ func (c *DomainChooser) pickTie() int {
 	return ids[len(ids)-1]
 }
 
-// waitIn picks the domain id a pod waits for when none has room now: without a seed the id
-// with the most capacity (lowest id on ties); with one, an id drawn in proportion to its
-// capacity, so that a crowd of waiters queues on every id in proportion to what each can
-// serve instead of all on one, and room that frees anywhere finds a waiter already pinned
-// there. -1 when no id is large enough.
+// waitIn picks the domain id a pod waits for when none has room now: the id with the shortest
+// line, the fewest GPUs already waiting for it (Queue) per GPU of capacity it offers the pod
+// (summed over the nodes where its domain is large enough), counting the pod itself:
+// (waiting + k) / capacity. Room that frees on any id then finds about as much waiting for it
+// as on every other, instead of waiters piling onto one id while room frees on another; with
+// nothing waiting, that is the id with the most capacity.
+//
+// Without a seed the lowest id among the shortest lines wins. With one, the pick is drawn, in
+// proportion to capacity, among the ids whose line is nearly the shortest: those whose line
+// before this pod joins it is strictly shorter than the shortest line with the pod in it,
+// waiting[d]/capacity[d] < (waiting[b]+k)/capacity[b] for the shortest b. Picking any of them
+// costs less than the pod's own place in the line, and the draw lets concurrent admissions in
+// different webhook replicas, which cannot yet see each other's pods, spread over the ids
+// instead of all joining the one line each believes shortest. With empty lines every id ties,
+// so a burst of waiters spreads over the ids in proportion to their capacity.
+// -1 when no id is large enough.
 func (c *DomainChooser) waitIn() int {
 	ids := slices.Sorted(maps.Keys(c.bigEnough))
 	if len(ids) == 0 {
 		return -1
 	}
-	if c.seed == 0 {
-		best := ids[0]
-		for _, d := range ids[1:] {
-			if c.bigEnough[d].capacity > c.bigEnough[best].capacity {
-				best = d
-			}
+	capacity := func(d int) int { return c.bigEnough[d].capacity }
+	// Ratios compared by cross-multiplying, in integers: exact, so ties are ties.
+	best := ids[0]
+	for _, d := range ids[1:] {
+		if (c.waiting[d]+c.k)*capacity(best) < (c.waiting[best]+c.k)*capacity(d) {
+			best = d
 		}
+	}
+	if c.seed == 0 {
 		return best
+	}
+	nearlyShortest := func(d int) bool {
+		return c.waiting[d]*capacity(best) < (c.waiting[best]+c.k)*capacity(d)
 	}
 	total := 0
 	for _, d := range ids {
-		total += c.bigEnough[d].capacity
+		if nearlyShortest(d) {
+			total += capacity(d)
+		}
 	}
 	r := int(mix(c.seed) % uint64(total))
 	for _, d := range ids {
-		if r < c.bigEnough[d].capacity {
+		if !nearlyShortest(d) {
+			continue
+		}
+		if r < capacity(d) {
 			return d
 		}
-		r -= c.bigEnough[d].capacity
+		r -= capacity(d)
 	}
-	return ids[len(ids)-1]
+	return best
 }
 
 // mix is splitmix64's finaliser: seeds that differ in one bit pick independently.
@@ -241,16 +331,21 @@ func mix(x uint64) uint64 {
 	return x ^ (x >> 31)
 }
 
-// Decide returns the choice: the tightest fit if any node has room now; otherwise the domain
-// id the pod waits for (waitIn: by capacity summed over nodes where it is large enough);
-// otherwise an *ImpossibleError.
+// Decide returns the choice: the tightest fit if any node has room now, with the nodes of that
+// fit in Hint; otherwise the domain id the pod waits for (waitIn: the shortest line per GPU of
+// capacity); otherwise an *ImpossibleError.
 func (c *DomainChooser) Decide() (Decision, error) {
 	if c.k <= 0 {
 		return Decision{}, fmt.Errorf("a pod must ask for at least 1 GPU, not %d", c.k)
 	}
 	if c.anyFit {
 		d := c.pickTie()
-		return Decision{Domain: d, Fits: true, Node: c.ties[d].sample, LeftOver: c.fit.Free - c.k}, nil
+		t := c.ties[d]
+		var hint []string
+		if t.hint.n > 0 {
+			hint = slices.Clone(t.hint.Names())
+		}
+		return Decision{Domain: d, Fits: true, Node: t.sample, LeftOver: c.fit.Free - c.k, Hint: hint}, nil
 	}
 	if best := c.waitIn(); best >= 0 {
 		return Decision{Domain: best, Node: c.bigEnough[best].node}, nil

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -52,7 +53,7 @@ func TestChooseDomain(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got != tc.want {
+			if !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("got %+v, want %+v", got, tc.want)
 			}
 		})
@@ -223,20 +224,31 @@ func alignedFreeBlockExists(k int, domain []int, used map[int]bool) bool {
 	return false
 }
 
+// chooseNamed is ChooseDomain with every candidate's node offered as a hint name too.
+func chooseNamed(k int, cands []Candidate) (Decision, error) {
+	c := NewDomainChooser(k)
+	for _, cand := range cands {
+		c.ConsiderNodes(cand, 1, cand.Node)
+	}
+	return c.Decide()
+}
+
 // Property: ChooseDomain never picks a domain too small, reports Fits exactly when some
-// candidate has room, and its fit is the tightest; the result does not depend on order.
+// candidate has room, and its fit is the tightest; its hint names exactly the smallest nodes
+// (at most MaxHintNodes) where the chosen domain is that tightest fit; the result does not
+// depend on order.
 func TestChooseDomainProperties(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	for iter := range 5000 {
 		var cands []Candidate
-		for node := range 1 + rng.IntN(6) {
+		for node := range 1 + rng.IntN(12) {
 			for d := range 1 + rng.IntN(3) {
 				capacity := []int{2, 4, 8}[rng.IntN(3)]
-				cands = append(cands, Candidate{fmt.Sprintf("n%d", node), d, capacity, rng.IntN(capacity + 1)})
+				cands = append(cands, Candidate{fmt.Sprintf("n%02d", node), d, capacity, rng.IntN(capacity + 1)})
 			}
 		}
 		k := []int{1, 2, 4, 8}[rng.IntN(4)]
-		got, err := ChooseDomain(k, cands)
+		got, err := chooseNamed(k, cands)
 		anyBig, anyRoom, minLeft := false, false, 1<<30
 		for _, c := range cands {
 			anyBig = anyBig || c.Capacity >= k
@@ -270,9 +282,31 @@ func TestChooseDomainProperties(t *testing.T) {
 		if !found {
 			t.Fatalf("iter %d: decision %+v matches no candidate big enough", iter, got)
 		}
+		// The hint: the smallest names among the chosen domain's candidates of the tightest
+		// class (fewest left over, then the smallest capacity).
+		var class []string
+		if got.Fits {
+			minCap := 1 << 30
+			for _, c := range cands {
+				if c.Free-k == minLeft {
+					minCap = min(minCap, c.Capacity)
+				}
+			}
+			for _, c := range cands {
+				if c.Domain == got.Domain && c.Free-k == minLeft && c.Capacity == minCap {
+					class = append(class, c.Node)
+				}
+			}
+			slices.Sort(class)
+			class = slices.Compact(class)
+			class = class[:min(len(class), MaxHintNodes)]
+		}
+		if !slices.Equal(got.Hint, class) || (got.Fits != (got.Hint != nil)) {
+			t.Fatalf("iter %d: hint %v, want %v", iter, got.Hint, class)
+		}
 		shuffled := slices.Clone(cands)
 		rng.Shuffle(len(shuffled), func(i, j int) { shuffled[i], shuffled[j] = shuffled[j], shuffled[i] })
-		if again, _ := ChooseDomain(k, shuffled); again != got {
+		if again, _ := chooseNamed(k, shuffled); !reflect.DeepEqual(again, got) {
 			t.Fatalf("iter %d: order changed the decision: %+v vs %+v", iter, got, again)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/nvdomain/nvdomain/pkg/placement"
 	"github.com/nvdomain/nvdomain/test/bench/placementsim"
 )
 
@@ -41,17 +42,20 @@ func placementPolicies() []placementsim.Policy {
 	}
 }
 
-// whatIf is a change production does not make, run for nvdomain + re-pin at targetLoad to
-// show what would close its gap to "any domain with room".
+// whatIf is a change production does not make by default, run for nvdomain + re-pin at
+// targetLoad to show what would close the rest of its gap to "any domain with room".
 type whatIf struct {
 	name string
 	w    placementsim.WhatIf
 }
 
+// whatIfPack is the one change left: a scheduler that packs every pod, which operators get from
+// the optional profile of docs/scheduler.md. The shortest line and the hint, once what-ifs
+// here, are what production does.
+const whatIfPack = "packing scheduler"
+
 var whatIfs = []whatIf{
-	{"packing scheduler", placementsim.WhatIf{Pack: true}},
-	{"shortest line", placementsim.WhatIf{ShortestLine: true}},
-	{"both", placementsim.WhatIf{Pack: true, ShortestLine: true}},
+	{whatIfPack, placementsim.WhatIf{Pack: true}},
 }
 
 func newRepin(w placementsim.WhatIf) *placementsim.NvdomainRepin {
@@ -186,7 +190,7 @@ func (b *placementBench) printTables(w io.Writer) {
 		fmt.Fprintln(tw, strings.Join(r, "\t"))
 	}
 	_ = tw.Flush()
-	fmt.Fprintf(w, "\nplacement what-ifs at %.0f%% load: %s with changes production does not make; mean wait (ratio to %s) / never placed\n",
+	fmt.Fprintf(w, "\nplacement what-ifs at %.0f%% load: %s with a change production does not make by default; mean wait (ratio to %s) / never placed\n",
 		targetLoad*100, policyRepin, policyAny)
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, strings.Join(b.whatIfHeader(), "\t"))
@@ -305,13 +309,16 @@ func (b *placementBench) markdown(png string) string {
 	fmt.Fprintf(&w, "(backfill). Utilisation is busy GPU-time over capacity across the whole horizon; waits are of jobs arriving after\n")
 	fmt.Fprintf(&w, "its first tenth; \"never placed\" counts jobs rejected or still waiting at the end. Policies:\n\n")
 	fmt.Fprintf(&w, "- **%s**: the webhook's domain choice (production code) at arrival, under a seed of its own per admission as\n", policyNvdomain)
-	fmt.Fprintf(&w, "  in production (a hash of the request): ties between equally tight domain ids are drawn in proportion to the\n")
-	fmt.Fprintf(&w, "  nodes offering each, and a pod that has room nowhere waits for an id drawn in proportion to the capacity each\n")
-	fmt.Fprintf(&w, "  id offers it. The scheduler takes a node whose pinned domain has room, preferring, by the preferred node\n")
-	fmt.Fprintf(&w, "  affinity the webhook writes (weights 60/30/10 on the domain's size below 2k, 4k and 8k GPUs, judged by the\n")
-	fmt.Fprintf(&w, "  scheduler's own matcher), nodes where that domain is small for the pod; among the nodes that score highest it\n")
-	fmt.Fprintf(&w, "  takes any (its other scores concern cpu and memory; it does not score extended resources by default). GPUs by\n")
-	fmt.Fprintf(&w, "  aligned blocks (production code).\n")
+	fmt.Fprintf(&w, "  in production (a hash of the request). A job with room now is pinned to the tightest fit; ties between equally\n")
+	fmt.Fprintf(&w, "  tight domain ids are drawn in proportion to the nodes offering each. A job with room nowhere waits for the id\n")
+	fmt.Fprintf(&w, "  with the shortest line: the fewest GPUs of jobs already pinned to it and waiting, per GPU of capacity it offers\n")
+	fmt.Fprintf(&w, "  the job, counting the job itself; ids whose line is less than the job's own share apart are drawn in proportion\n")
+	fmt.Fprintf(&w, "  to capacity. The scheduler takes a node whose pinned domain has room, by the preferred node affinity the webhook\n")
+	fmt.Fprintf(&w, "  writes (webhook.Pin, judged by the scheduler's own matcher): weights 60/30/10 on the domain's size below 2k, 4k\n")
+	fmt.Fprintf(&w, "  and 8k GPUs, and, for a job admitted with room, weight 20 on the up to %d nodes the decision names as the\n", placement.MaxHintNodes)
+	fmt.Fprintf(&w, "  tightest fit (its hostname hint). Among the nodes that score highest it takes any (its other scores concern cpu\n")
+	fmt.Fprintf(&w, "  and memory; it does not score extended resources by default). GPUs by aligned blocks (production code). Admission\n")
+	fmt.Fprintf(&w, "  and scheduling are not concurrent here, so a hint is never stale.\n")
 	fmt.Fprintf(&w, "- **%s**: nvdomain plus the re-pin controller, deciding by its production plan (`placement.PlanRepins`)\n", policyRepin)
 	fmt.Fprintf(&w, "  over the waiters in queue order: a waiter is stranded when its pinned id has room for it on no node while another\n")
 	fmt.Fprintf(&w, "  id has room that no earlier waiter claims. Once stranded for %g time units without a break (5%% of a mean job;\n", placementsim.DefaultRepinAfter)
@@ -352,14 +359,14 @@ func (b *placementBench) markdown(png string) string {
 	for _, r := range b.bySizeRows() {
 		w.WriteString(mdRow(r))
 	}
-	fmt.Fprintf(&w, "\n### What would close the gap: what-ifs at %.0f%% load\n\n", targetLoad*100)
-	fmt.Fprintf(&w, "%s with changes production does not make, measured on the same traces; each cell is the mean wait (its ratio\n", policyRepin)
-	fmt.Fprintf(&w, "to %s) / jobs never placed.\n\n", policyAny)
-	fmt.Fprintf(&w, "- **packing scheduler**: among the nodes its affinity score ranks first, the scheduler takes one whose pinned domain\n")
-	fmt.Fprintf(&w, "  has the fewest free GPUs, as the tightest fit does, instead of any; a NodeResourcesFit scoring strategy of\n")
-	fmt.Fprintf(&w, "  MostAllocated over the nvswitch-domain resources in the scheduler's configuration would come close.\n")
-	fmt.Fprintf(&w, "- **shortest line**: a pod that has room nowhere is pinned to the id with the fewest GPUs already waiting on it per\n")
-	fmt.Fprintf(&w, "  GPU of capacity (the webhook's view counts pods pinned but not bound), instead of an id drawn by capacity.\n\n")
+	fmt.Fprintf(&w, "\n### What production does not do by default: what-ifs at %.0f%% load\n\n", targetLoad*100)
+	fmt.Fprintf(&w, "%s with a change production does not make by default, measured on the same traces; each cell is the mean\n", policyRepin)
+	fmt.Fprintf(&w, "wait (its ratio to %s) / jobs never placed. The shortest line and the hostname hint, what-ifs in earlier runs,\n", policyAny)
+	fmt.Fprintf(&w, "are what production does now.\n\n")
+	fmt.Fprintf(&w, "- **%s**: among the nodes its affinity score ranks first, the scheduler takes one whose pinned domain has the\n", whatIfPack)
+	fmt.Fprintf(&w, "  fewest free GPUs, for every pod, including those that waited and so carry no hint: what the optional scheduler\n")
+	fmt.Fprintf(&w, "  profile of [scheduler.md](scheduler.md) (NodeResourcesFit scoring the nvswitch-domain resources with\n")
+	fmt.Fprintf(&w, "  MostAllocated) comes close to.\n\n")
 	h := b.whatIfHeader()
 	w.WriteString(mdRow(h) + strings.Repeat("|---", len(h)) + "|\n")
 	for _, r := range b.whatIfRows() {
@@ -400,13 +407,15 @@ func (b *placementBench) reading() string {
 			t.repin.MeanWait, t.repin.NeverPlaced, t.any.MeanWait, t.any.NeverPlaced, policyAny, map[bool]string{true: "met", false: "missed"}[t.met]))
 	}
 	pool := b.scenarios[min(1, len(b.scenarios)-1)].Name
-	out = append(out, fmt.Sprintf(`- The seeded spread does most of the work in the split pools: a pod with room nowhere waits for an id drawn in
-  proportion to capacity, so room that frees on either id finds waiters pinned there, and plain nvdomain waits %.2f
-  in the %s against %.2f for the baseline. Without a seed every such pod waited for the id with the most
-  capacity (id 0 on ties), and room on id 1 reached waiters only through re-pins.`, b.result(pool, policyNvdomain, targetLoad).MeanWait,
+	out = append(out, fmt.Sprintf(`- One line per domain id, kept level. A pod with room nowhere waits for the id with the fewest GPUs already waiting
+  per GPU of capacity, so room that frees on any id finds about as much waiting there as on every other, and a later,
+  smaller waiter rarely passes an earlier TP job only because they were pinned to different ids: plain nvdomain waits
+  %.2f in the %s against %.2f for the baseline.`, b.result(pool, policyNvdomain, targetLoad).MeanWait,
 		pool, b.result(pool, policyAny, targetLoad).MeanWait))
+	out = append(out, `- Packing. A job admitted with room carries the webhook's hint, the nodes where its domain is the tightest fit, so the
+  scheduler fills a used domain instead of breaking a whole one at random among nodes of one size rank.`)
 	// Where the time goes: TP jobs against the baseline, per scenario.
-	out = append(out, fmt.Sprintf("- Where %s waits longer than %s, TP jobs pay for it and small jobs gain:", policyRepin, policyAny))
+	out = append(out, fmt.Sprintf("- Mean wait by job size, %s against %s:", policyRepin, policyAny))
 	for _, t := range b.targets() {
 		var parts []string
 		for _, k := range []int{4, 8} {
@@ -417,24 +426,21 @@ func (b *placementBench) reading() string {
 		out = append(out, fmt.Sprintf("  - %s: %s; 1 GPU %.2f against %.2f.", t.scenario, strings.Join(parts, ", "),
 			t.repin.MeanWaitBySize[1], t.any.MeanWaitBySize[1]))
 	}
-	out = append(out, "  Two causes, each measured in the what-ifs above:")
-	m := b.scenarios[0].Name
-	pack, mAny := b.whatIf(m, "packing scheduler"), b.result(m, policyAny, targetLoad)
-	packRatio, _ := within(pack.MeanWait, mAny.MeanWait)
-	out = append(out, fmt.Sprintf(`  1. Packing. The preferred affinity ranks nodes by the size of the pinned domain alone; among nodes of one rank
-     the stock scheduler takes any, so a small job breaks a whole domain as readily as it fills a used one, where the
-     tightest fit fills the used one and keeps whole domains for TP jobs. A packing scheduler brings the %s
-     cluster's mean wait to %.2f (%sx; TP=4 %.2f, TP=8 %.2f).`, m, pack.MeanWait, packRatio, pack.MeanWaitBySize[4], pack.MeanWaitBySize[8]))
 	var lines []string
-	for _, sc := range b.scenarios[1:] {
-		both, base := b.whatIf(sc.Name, "both"), b.result(sc.Name, policyAny, targetLoad)
-		ratio, _ := within(both.MeanWait, base.MeanWait)
-		lines = append(lines, fmt.Sprintf("the %s to %.2f (%sx)", sc.Name, both.MeanWait, ratio))
+	for _, sc := range b.scenarios {
+		pack, base, prod := b.whatIf(sc.Name, whatIfPack), b.result(sc.Name, policyAny, targetLoad), b.result(sc.Name, policyRepin, targetLoad)
+		ratio, _ := within(pack.MeanWait, base.MeanWait)
+		lines = append(lines, fmt.Sprintf("%s: %.2f (%sx) and %d never placed, against %.2f and %d without it", sc.Name, pack.MeanWait, ratio,
+			pack.NeverPlaced, prod.MeanWait, prod.NeverPlaced))
 	}
-	out = append(out, fmt.Sprintf(`  2. One line per domain id. Waiters spread over the ids queue apart: room that frees goes to the first waiter pinned
-     to its id, so a later, smaller waiter passes an earlier TP job pinned to another id, and the re-pin controller
-     moves that TP job only once its grace period has run, if the room is still there (the lapses above). Pinning
-     waiters to the id with the shortest line, with a packing scheduler, brings %s.`, strings.Join(lines, "\n     and ")))
+	out = append(out, fmt.Sprintf(`- What production still leaves to the scheduler: a job that waited carries no hint (no node had room when it was
+  admitted), so when room frees the scheduler places it at random among the nodes its size terms rank first. With a
+  packing scheduler (the optional profile of docs/scheduler.md), %s:
+  - %s.
+  In the split pools it cannot differ: when room frees, a waiter fits only on the node that freed it, since it was
+  tried everywhere else before.`, policyRepin, strings.Join(lines, ";\n  - ")))
+	out = append(out, `- "Never placed" is the queue left at the end of the horizon plus rejections: a single snapshot, which moves far
+  more from one trace seed to another than the mean waits do. Read the two together.`)
 	return strings.Join(out, "\n")
 }
 

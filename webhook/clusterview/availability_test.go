@@ -1,6 +1,7 @@
 package clusterview
 
 import (
+	"reflect"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -110,7 +111,7 @@ func TestConcurrentChoicesSpreadOverEqualDomains(t *testing.T) {
 		}
 		counts[got.Domain]++
 		again, _ := v.ChooseDomain(newTP(), 4, seed)
-		if again != got {
+		if !reflect.DeepEqual(again, got) {
 			t.Fatalf("seed %d answered %+v then %+v", seed, got, again)
 		}
 	}

@@ -1,6 +1,7 @@
 package clusterview
 
 import (
+	"cmp"
 	"slices"
 	"sort"
 
@@ -11,28 +12,89 @@ import (
 	"github.com/nvdomain/nvdomain/pkg/placement"
 )
 
-// bucket is a set of identical (domain, capacity, free) entries, with one node as example.
+// bucket is a set of identical (domain, capacity, free) entries, with one node as example and
+// where the hostnames of some of them (for the scheduling hint) can be read: hosts, the index
+// of a sample the scan path collected, and refs, the first of a chain of histogram buckets the
+// fast path drew from (-1 for none). Buckets stay small, so pending pods split them cheaply,
+// and a split-off bucket shares its source's names.
 type bucket struct {
 	domain int
 	cf     capFree
 	nodes  int
 	sample string
+	hosts  int
+	refs   int
+}
+
+func (b *bucket) candidate() placement.Candidate {
+	return placement.Candidate{Node: b.sample, Domain: b.domain, Capacity: b.cf.capacity, Free: b.cf.free}
+}
+
+// nameSources holds where the buckets of one decision read hostnames from.
+type nameSources struct {
+	samples []placement.NodeSample
+	refs    []histRef
+}
+
+// histRef is one histogram bucket a decision's bucket drew nodes from, chained by index.
+type histRef struct {
+	hb   *histBucket
+	next int
+}
+
+// read offers the bucket's hostnames to s and returns an example node name ("" for none).
+func (ns *nameSources) read(b *bucket, s *placement.NodeSample) string {
+	example := ""
+	if b.hosts >= 0 {
+		*s = ns.samples[b.hosts]
+	}
+	for r := b.refs; r >= 0; r = ns.refs[r].next {
+		if ex := ns.refs[r].hb.sampleHosts(s); ex != "" && (example == "" || ex < example) {
+			example = ex
+		}
+	}
+	return example
 }
 
 // ChooseDomain picks the domain id for a pod of k GPUs among the nodes the pod could run on
-// (docs/architecture.md, "Choosing the domain id"): tightest fit now, else the domain id with
-// the most capacity, else an *placement.ImpossibleError naming the largest domain the pod
-// could ever get. Cordoned and NotReady nodes the pod does not tolerate count as capacity
-// but not as room. seed spreads ties between equally tight ids (0: lowest id).
+// (docs/scheduler.md): tightest fit now, with the hostnames of a few nodes of that fit in the
+// decision's Hint; else the domain id with the shortest line, the fewest GPUs already waiting
+// for it per GPU of capacity; else an *placement.ImpossibleError naming the largest domain the
+// pod could ever get. Pods pinned but not bound yet, and the webhook's own fresh reservations,
+// take their room first (applyPending); what finds none is the line. Cordoned and NotReady
+// nodes the pod does not tolerate count as capacity but not as room. seed spreads ties between
+// equally good ids (0: lowest id).
 func (v *View) ChooseDomain(pod *corev1.Pod, k int, seed uint64) (placement.Decision, error) {
 	reserved := v.liveReservations()
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	buckets := v.bucketsLocked(pod)
-	buckets = applyPending(buckets, v.pendingLocked(reserved))
+	buckets, names := v.bucketsLocked(pod, k)
+	buckets, waiting := applyPending(buckets, v.pendingLocked(reserved))
+	// Only buckets of the tightest fit can give the hint, whichever id the chooser then
+	// takes among them, so names are read for those alone: a few per histogram bucket.
+	class := -1
+	for i := range buckets {
+		b := &buckets[i]
+		if b.nodes > 0 && b.cf.free >= k && (class < 0 || placement.TighterClass(b.candidate(), buckets[class].candidate())) {
+			class = i
+		}
+	}
 	ch := placement.NewDomainChooser(k).Spread(seed)
-	for _, b := range buckets {
-		ch.ConsiderNodes(placement.Candidate{Node: b.sample, Domain: b.domain, Capacity: b.cf.capacity, Free: b.cf.free}, b.nodes)
+	var sample placement.NodeSample
+	for i := range buckets {
+		b := &buckets[i]
+		var hosts []string
+		if class >= 0 && b.nodes > 0 && b.cf == buckets[class].cf {
+			sample = placement.NodeSample{}
+			if ex := names.read(b, &sample); b.sample == "" {
+				b.sample = ex
+			}
+			hosts = sample.Names()
+		}
+		ch.ConsiderNodes(b.candidate(), b.nodes, hosts...)
+	}
+	for d, gpus := range waiting {
+		ch.Queue(d, gpus)
 	}
 	dec, err := ch.Decide()
 	if _, impossible := err.(*placement.ImpossibleError); impossible {
@@ -43,40 +105,61 @@ func (v *View) ChooseDomain(pod *corev1.Pod, k int, seed uint64) (placement.Deci
 }
 
 // bucketsLocked folds the nodes the pod could run on into (domain, capacity, free) buckets,
-// from the histograms when the pod has no label constraints, else by scanning nodes.
-func (v *View) bucketsLocked(pod *corev1.Pod) []bucket {
+// from the histograms when the pod has no label constraints, else by scanning nodes. Buckets
+// with room for k GPUs say where to read hostnames: the histogram buckets they came from on
+// the fast path (read later, for the tightest fit only, so the cost stays O(domains × distinct
+// counts)), the names themselves on the scan path, which visits every node anyway.
+func (v *View) bucketsLocked(pod *corev1.Pod, k int) ([]bucket, nameSources) {
 	type key struct {
 		domain int
 		cf     capFree
 	}
-	acc := map[key]*bucket{}
-	add := func(d int, cf capFree, count int, sample string) {
-		b := acc[key{d, cf}]
-		if b == nil {
-			b = &bucket{domain: d, cf: cf, sample: sample}
-			acc[key{d, cf}] = b
+	// Buckets live in out, found by index: no allocation per bucket, and no copy at the end.
+	// A pointer get returns is good until the next get.
+	var out []bucket
+	var names nameSources
+	at := map[key]int{}
+	get := func(d int, cf capFree) *bucket {
+		i, ok := at[key{d, cf}]
+		if !ok {
+			i = len(out)
+			at[key{d, cf}] = i
+			out = append(out, bucket{domain: d, cf: cf, hosts: -1, refs: -1})
 		}
-		b.nodes += count
-		if sample != "" && (b.sample == "" || sample < b.sample) {
-			b.sample = sample
-		}
+		return &out[i]
 	}
 	if !v.hasNodeConstraints(pod) {
+		// Size out once for every histogram bucket the pod may use.
+		var tolerated []string
+		most := 0
 		for tk, byDomain := range v.hist {
-			if len(byDomain) == 0 {
+			if len(byDomain) == 0 || !tolerates(v.taintSets[tk].hard, pod.Spec.Tolerations) {
 				continue
 			}
+			tolerated = append(tolerated, tk)
+			for _, counts := range byDomain {
+				most += len(counts)
+			}
+		}
+		out = make([]bucket, 0, most)
+		for _, tk := range tolerated {
+			byDomain := v.hist[tk]
 			ts := v.taintSets[tk]
-			if !tolerates(ts.hard, pod.Spec.Tolerations) {
-				continue
-			}
 			room := tolerates(ts.avail, pod.Spec.Tolerations)
 			for d, counts := range byDomain {
-				for cf, c := range counts {
+				for cf, hb := range counts {
 					if !room {
 						cf.free = 0
 					}
-					add(d, cf, c, "")
+					b := get(d, cf)
+					b.nodes += hb.count
+					if cf.free >= k {
+						if names.refs == nil {
+							names.refs = make([]histRef, 0, most)
+						}
+						names.refs = append(names.refs, histRef{hb, b.refs})
+						b.refs = len(names.refs) - 1
+					}
 				}
 			}
 		}
@@ -87,30 +170,31 @@ func (v *View) bucketsLocked(pod *corev1.Pod) []bucket {
 				continue
 			}
 			room := available(pod, nd)
-			for d, cf := range nd.histFree {
+			for d, e := range nd.hist {
+				cf := e.cf
 				if !room {
 					cf.free = 0
 				}
-				add(d, cf, 1, name)
+				b := get(d, cf)
+				b.nodes++
+				if b.sample == "" || name < b.sample {
+					b.sample = name
+				}
+				if cf.free >= k {
+					if b.hosts < 0 {
+						b.hosts = len(names.samples)
+						names.samples = append(names.samples, placement.NodeSample{})
+					}
+					names.samples[b.hosts].Add(e.host)
+				}
 			}
 		}
 	}
-	out := make([]bucket, 0, len(acc))
-	for _, b := range acc {
-		out = append(out, *b)
-	}
 	// Deterministic order for applyPending and the chooser's example node.
-	sort.Slice(out, func(i, j int) bool {
-		a, b := out[i], out[j]
-		if a.domain != b.domain {
-			return a.domain < b.domain
-		}
-		if a.cf.free != b.cf.free {
-			return a.cf.free < b.cf.free
-		}
-		return a.cf.capacity < b.cf.capacity
+	slices.SortFunc(out, func(a, b bucket) int {
+		return cmp.Or(cmp.Compare(a.domain, b.domain), cmp.Compare(a.cf.free, b.cf.free), cmp.Compare(a.cf.capacity, b.cf.capacity))
 	})
-	return out
+	return out, names
 }
 
 func (v *View) pendingLocked(reserved map[demand]int) map[demand]int {
@@ -125,10 +209,17 @@ func (v *View) pendingLocked(reserved map[demand]int) map[demand]int {
 }
 
 // applyPending lets pods that are pinned but not yet bound take their GPUs from the tightest
-// buckets of their domain, largest pods first, the way the webhook would have placed them.
-// Pods of one size move whole groups of identical nodes at once, so the cost depends on the
-// number of distinct (domain, size) demands and buckets, not on how many pods wait.
-func applyPending(buckets []bucket, pending map[demand]int) []bucket {
+// buckets of their domain, largest pods first, the way the webhook would have placed them, and
+// returns what is left with, per domain id, the GPUs of the pods that found no room: the line
+// a pod that has no room either would join there. Pods of one size move whole groups of
+// identical nodes at once, so the cost depends on the number of distinct (domain, size)
+// demands and buckets, not on how many pods wait.
+//
+// Which nodes the pending pods will take is not known, so a bucket they split off shares the
+// hostnames of the bucket it came from: the hint may then name a node with more room than the
+// bucket says, which costs a less tight placement, never a wrong one. Once the pods are bound,
+// their nodes' real counters replace the guess.
+func applyPending(buckets []bucket, pending map[demand]int) ([]bucket, map[int]int) {
 	keys := make([]demand, 0, len(pending))
 	for k := range pending {
 		keys = append(keys, k)
@@ -139,11 +230,13 @@ func applyPending(buckets []bucket, pending map[demand]int) []bucket {
 		}
 		return keys[i].gpus > keys[j].gpus
 	})
+	var waiting map[int]int
 	for _, k := range keys {
 		if k.gpus <= 0 {
 			continue
 		}
-		for m := pending[k]; m > 0; {
+		m := pending[k]
+		for m > 0 {
 			best := -1
 			for i, b := range buckets {
 				if b.domain != k.domain || b.nodes == 0 || b.cf.free < k.gpus {
@@ -164,15 +257,21 @@ func applyPending(buckets []bucket, pending map[demand]int) []bucket {
 			src := buckets[best]
 			buckets[best].nodes -= nodes
 			if full > 0 {
-				buckets = append(buckets, bucket{domain: k.domain, cf: capFree{src.cf.capacity, src.cf.free - per*k.gpus}, nodes: full, sample: src.sample})
+				buckets = append(buckets, bucket{domain: k.domain, cf: capFree{src.cf.capacity, src.cf.free - per*k.gpus}, nodes: full, sample: src.sample, hosts: src.hosts, refs: src.refs})
 			}
 			if rest := taken - full*per; rest > 0 {
-				buckets = append(buckets, bucket{domain: k.domain, cf: capFree{src.cf.capacity, src.cf.free - rest*k.gpus}, nodes: 1, sample: src.sample})
+				buckets = append(buckets, bucket{domain: k.domain, cf: capFree{src.cf.capacity, src.cf.free - rest*k.gpus}, nodes: 1, sample: src.sample, hosts: src.hosts, refs: src.refs})
 			}
 			m -= taken
 		}
+		if m > 0 {
+			if waiting == nil {
+				waiting = map[int]int{}
+			}
+			waiting[k.domain] += m * k.gpus
+		}
 	}
-	return buckets
+	return buckets, waiting
 }
 
 func (v *View) impossibleLocked(pod *corev1.Pod, k int) error {

@@ -1,13 +1,14 @@
 // Package clusterview is the webhook's picture of the cluster: for every node, its NVSwitch
 // domains' capacity and the GPUs pods hold in them, kept up to date incrementally from Node
-// and Pod events. The webhook asks it to choose a domain id for a pod (DESIGN §3), and for the
-// facts behind rejections and warnings (the largest domain, who advertises a resource).
+// and Pod events. The webhook asks it to choose a domain id for a pod (docs/scheduler.md), and
+// for the facts behind rejections and warnings (the largest domain, who advertises a resource).
 //
 // Counters are kept per node and folded into per-domain histograms of (capacity, free) keyed
 // by the node's taints, so that choosing a domain for a pod without node constraints costs
-// O(domains × distinct counts), however many nodes and pods there are. A pod with a
-// nodeSelector or required node affinity makes the view scan the nodes once (still never the
-// pods).
+// O(domains × distinct counts), however many nodes and pods there are. Each histogram bucket
+// also lists its nodes, in the order they entered it, so that a decision can name a few nodes
+// of the tightest fit (the scheduling hint) without scanning any. A pod with a nodeSelector or
+// required node affinity makes the view scan the nodes once (still never the pods).
 package clusterview
 
 import (
@@ -23,6 +24,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/placement"
 	"github.com/nvdomain/nvdomain/webhook/rules"
 )
 
@@ -46,9 +48,9 @@ type View struct {
 	// the scheduler will take their GPUs from some node's free GPUs of that domain. Counts,
 	// not lists, keep a decision's cost independent of how many pods wait.
 	pending map[demand]int
-	// hist[taints][domain][capFree] counts nodes, for the fast path; taintSets keeps the
+	// hist[taints][domain][capFree] holds nodes, for the fast path; taintSets keeps the
 	// taints behind each key so tolerations are checked once per key, not per node.
-	hist      map[string]map[int]map[capFree]int
+	hist      map[string]map[int]map[capFree]*histBucket
 	taintSets map[string]taintSet
 	// advertised[resource] counts nodes advertising a non-zero nvidia.com/ resource.
 	advertised map[string]int
@@ -71,6 +73,65 @@ type resKey struct {
 
 type capFree struct{ capacity, free int }
 
+// histBucket is one histogram entry: the nodes with the same taints whose domain has the same
+// capacity and free GPUs. They are kept in a doubly linked list, in the order they entered, so
+// that a node moves between buckets in O(1) as pods come and go, and a decision reads the first
+// few names in O(names) (sampleHosts). Which few does not matter: every node of a bucket is
+// an equally tight fit.
+type histBucket struct {
+	count      int
+	head, tail *histEntry
+}
+
+// histEntry is one node's place in the bucket of one of its domains.
+type histEntry struct {
+	node, host string // the node's name and its kubernetes.io/hostname label ("" without one)
+	cf         capFree
+	prev, next *histEntry
+}
+
+func (b *histBucket) push(e *histEntry) {
+	e.prev, e.next = b.tail, nil
+	if b.tail != nil {
+		b.tail.next = e
+	} else {
+		b.head = e
+	}
+	b.tail = e
+	b.count++
+}
+
+func (b *histBucket) remove(e *histEntry) {
+	if e.prev != nil {
+		e.prev.next = e.next
+	} else {
+		b.head = e.next
+	}
+	if e.next != nil {
+		e.next.prev = e.prev
+	} else {
+		b.tail = e.prev
+	}
+	e.prev, e.next = nil, nil
+	b.count--
+}
+
+// sampleHosts offers the hostnames of the bucket's first nodes to s, at most
+// placement.MaxHintNodes of them, and returns the smallest node name among those it read (an
+// example node for the decision's log line).
+func (b *histBucket) sampleHosts(s *placement.NodeSample) string {
+	example := ""
+	i := 0
+	for e := b.head; e != nil && i < placement.MaxHintNodes; e = e.next {
+		s.Add(e.host)
+		if example == "" || e.node < example {
+			example = e.node
+		}
+		i++
+	}
+	return example
+}
+
 // taintSet is what decides who may use a node: hard taints say who may ever run there (a
 // pod that tolerates none of them cannot use the node's domains at all, so they do not count
 // even as capacity); availability taints say whether the node is room right now (cordoned,
@@ -85,8 +146,8 @@ type node struct {
 	taintKey  string
 	taints    taintSet
 	capacity  map[int]int
-	histFree  map[int]capFree // what this node contributes to hist now
-	resources []string        // non-zero nvidia.com/ resources
+	hist      map[int]*histEntry // this node's entry in hist, per domain
+	resources []string           // non-zero nvidia.com/ resources
 	hasGPUs   bool
 }
 
@@ -113,7 +174,7 @@ func New(n names.Names) *View {
 		pending:     map[demand]int{},
 		resLive:     map[resKey]int{},
 		resConsumed: map[resKey]int{},
-		hist:        map[string]map[int]map[capFree]int{},
+		hist:        map[string]map[int]map[capFree]*histBucket{},
 		taintSets:   map[string]taintSet{},
 		advertised:  map[string]int{},
 	}
@@ -122,7 +183,7 @@ func New(n names.Names) *View {
 // UpsertNode records a node's domains, taints, labels and advertised resources.
 func (v *View) UpsertNode(obj *corev1.Node) {
 	ts := taintSet{hard: hardTaints(obj.Spec.Taints), avail: availabilityTaints(obj)}
-	nd := &node{obj: obj, taints: ts, taintKey: ts.key(), capacity: map[int]int{}, histFree: map[int]capFree{}}
+	nd := &node{obj: obj, taints: ts, taintKey: ts.key(), capacity: map[int]int{}, hist: map[int]*histEntry{}}
 	for res, q := range obj.Status.Allocatable {
 		if q.Value() <= 0 {
 			continue
@@ -165,7 +226,7 @@ func (v *View) removeNodeLocked(name string) {
 	if !ok {
 		return
 	}
-	v.setHistLocked(nd, map[int]capFree{})
+	v.setHistLocked(nd, nil)
 	for _, r := range nd.resources {
 		if v.advertised[r]--; v.advertised[r] <= 0 {
 			delete(v.advertised, r)
@@ -253,31 +314,60 @@ func (v *View) refreshHistLocked(name string) {
 	if !ok {
 		return
 	}
-	next := map[int]capFree{}
+	next := make(map[int]capFree, len(nd.capacity))
 	for d, c := range nd.capacity {
 		next[d] = capFree{c, max(0, v.free(name, nd, d))}
 	}
 	v.setHistLocked(nd, next)
 }
 
+// setHistLocked moves the node's entries to the buckets of next (domain → capacity and free),
+// leaving unchanged ones where they are, so a node keeps its place in a bucket it stays in.
 func (v *View) setHistLocked(nd *node, next map[int]capFree) {
 	byDomain := v.hist[nd.taintKey]
 	if byDomain == nil {
-		byDomain = map[int]map[capFree]int{}
+		byDomain = map[int]map[capFree]*histBucket{}
 		v.hist[nd.taintKey] = byDomain
 	}
-	for d, cf := range nd.histFree {
-		if byDomain[d][cf]--; byDomain[d][cf] <= 0 {
-			delete(byDomain[d], cf)
+	link := func(d int, e *histEntry) {
+		if byDomain[d] == nil {
+			byDomain[d] = map[capFree]*histBucket{}
 		}
+		b := byDomain[d][e.cf]
+		if b == nil {
+			b = &histBucket{}
+			byDomain[d][e.cf] = b
+		}
+		b.push(e)
+	}
+	for d, e := range nd.hist {
+		cf, keep := next[d]
+		if keep && cf == e.cf {
+			continue
+		}
+		b := byDomain[d][e.cf]
+		b.remove(e)
+		if b.count == 0 {
+			delete(byDomain[d], e.cf)
+			if len(byDomain[d]) == 0 {
+				delete(byDomain, d)
+			}
+		}
+		if !keep {
+			delete(nd.hist, d)
+			continue
+		}
+		e.cf = cf
+		link(d, e)
 	}
 	for d, cf := range next {
-		if byDomain[d] == nil {
-			byDomain[d] = map[capFree]int{}
+		if _, placed := nd.hist[d]; placed {
+			continue
 		}
-		byDomain[d][cf]++
+		e := &histEntry{node: nd.obj.Name, host: nd.obj.Labels[corev1.LabelHostname], cf: cf}
+		link(d, e)
+		nd.hist[d] = e
 	}
-	nd.histFree = next
 }
 
 // key identifies a taint set, so nodes with the same taints share histogram entries.

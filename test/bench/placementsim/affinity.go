@@ -17,13 +17,16 @@ import (
 
 // pinAffinity is what the stock scheduler makes of a pinned pod's node affinity on one node:
 // whether the required terms let it run there, and the NodeAffinity score of its preferred
-// terms.
+// terms (before the scheduler scales scores to 0-100 over the nodes, which keeps their order).
 type pinAffinity struct {
 	fits  bool
 	score int64
 }
 
-type affinityKey struct{ gpus, domain, size int }
+type affinityKey struct {
+	gpus, domain, size int
+	hinted             bool
+}
 
 var (
 	affinityMu    sync.Mutex
@@ -31,13 +34,13 @@ var (
 )
 
 // affinityOf is the node affinity of a pod of gpus GPUs pinned to domain id domain, judged on
-// a node whose domain id has size GPUs. The pod is pinned by the webhook's own Pin, and its
-// terms are matched by the helpers the scheduler's NodeAffinity plugin calls
-// (k8s.io/component-helpers), so the simulation follows the weights and expressions
-// production writes rather than a copy of them. The answer depends on the three numbers only,
-// so it is worked out once per triple.
-func affinityOf(gpus, domain, size int) pinAffinity {
-	key := affinityKey{gpus, domain, size}
+// a node whose domain id has size GPUs and which the webhook's hint names (hinted) or not. The
+// pod is pinned by the webhook's own Pin, and its terms are matched by the helpers the
+// scheduler's NodeAffinity plugin calls (k8s.io/component-helpers), so the simulation follows
+// the weights and expressions production writes rather than a copy of them. The answer
+// depends on these four only, so it is worked out once per combination.
+func affinityOf(gpus, domain, size int, hinted bool) pinAffinity {
+	key := affinityKey{gpus, domain, size, hinted}
 	affinityMu.Lock()
 	defer affinityMu.Unlock()
 	if a, ok := affinityCache[key]; ok {
@@ -62,9 +65,15 @@ func judgeAffinity(key affinityKey) (pinAffinity, error) {
 			Requests: corev1.ResourceList{names.GPUResource: q},
 		}}}},
 	}
-	pinned := webhook.Pin(pod, rules.Inspect(pod, n), key.domain, n)
+	// The hint names this node or another one.
+	hint := []string{"other"}
+	if key.hinted {
+		hint = []string{"node"}
+	}
+	pinned := webhook.Pin(pod, rules.Inspect(pod, n), key.domain, hint, n)
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node", Labels: map[string]string{
 		n.DomainSizeLabel(key.domain): strconv.Itoa(key.size),
+		corev1.LabelHostname:          "node",
 	}}}
 	fits, err := nodeaffinity.GetRequiredNodeAffinity(pinned).Match(node)
 	if err != nil {

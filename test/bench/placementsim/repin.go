@@ -28,7 +28,7 @@ func (AnyDomain) FitKey(j *Job) int { return j.Size }
 func (AnyDomain) Admit(j *Job, nodes []*Node) bool { return j.Size <= largestDomain(nodes) }
 
 func (AnyDomain) Place(j *Job, nodes []*Node, _ *rand.Rand) (int, []int, bool) {
-	dec, err := chooseDomain(j.Size, nodes, 0)
+	dec, err := chooseDomain(j.Size, nodes, 0, nil)
 	if err != nil || !dec.Fits {
 		return 0, nil, false
 	}
@@ -139,12 +139,12 @@ func (p *NvdomainRepin) Act(now float64, queue []*Job, nodes []*Node) (*Job, flo
 		// The earliest anything can move; the plan is made again then.
 		return nil, math.Min(wake, p.bucket.next(now))
 	}
+	// The replacement's admission: decide records its pin, and its hint, since it fits.
 	dec, err := p.decide(due, nodes)
 	if err != nil || !dec.Fits {
 		// Unreachable: the plan found room for the job, so the webhook finds a fit.
 		return nil, wake
 	}
-	p.pinned[due.ID] = dec.Domain
 	delete(p.since, due.ID)
 	return due, wake
 }

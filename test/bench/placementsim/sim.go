@@ -9,12 +9,10 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/fnv"
-	"maps"
 	"math"
 	"math/rand/v2"
 	"slices"
 	"sort"
-	"strings"
 
 	"github.com/nvdomain/nvdomain/pkg/placement"
 )
@@ -488,12 +486,15 @@ func UpperBound(nodes []*Node, jobs []Job, horizon float64) float64 {
 }
 
 // Nvdomain pins each job to a domain id on arrival (the webhook's choice, production code,
-// with the per-request seed production spreads ties and waiters with) and places it like the
-// stock scheduler: among the nodes whose pinned domain has room, those where the pod's
-// preferred node affinity scores highest (the webhook asks for nodes where the pinned domain
-// is small for the pod), at random among those, since the scheduler's other scores (cpu and
-// memory balance; it does not score extended resources by default) do not depend on GPUs;
-// GPUs chosen inside the domain by the NRI plugin's aligned blocks (production code).
+// with the per-request seed production spreads ties and waiters with, and the line of jobs
+// already waiting for each id) and places it like the stock scheduler: among the nodes whose
+// pinned domain has room, those where the pod's preferred node affinity scores highest, at
+// random among those, since the scheduler's other scores (cpu and memory balance; it does not
+// score extended resources by default) do not depend on GPUs. The preferred terms are the
+// webhook's own (webhook.Pin), judged by the scheduler's matcher: nodes where the pinned domain
+// is small for the pod, and, for a job that fits when it is admitted, the nodes the decision
+// names as the tightest fit (its hint). GPUs are chosen inside the domain by the NRI plugin's
+// aligned blocks (production code).
 type Nvdomain struct {
 	// WhatIf measures changes production does not make; the zero value is production.
 	WhatIf WhatIf
@@ -502,106 +503,79 @@ type Nvdomain struct {
 	// attempts counts a job's admissions: a re-pinned job's replacement is a new pod, whose
 	// admission request hashes to a new seed.
 	attempts map[int]int
-	// waiting holds the GPUs of each job admitted and not yet started (WhatIf.ShortestLine).
-	waiting map[int]int
+	// line holds, per domain id, the GPUs of the jobs pinned to it and not started: what the
+	// webhook's view finds waiting there (clusterview's applyPending).
+	line map[int]int
+	// hint holds the hint the webhook wrote into a job admitted with room, until it starts.
+	hint map[int][]string
 	// seed overrides the admission seed in tests that need to know where a job is pinned
 	// (a zero seed is the chooser's deterministic rule); nil is production's per-request hash.
 	seed func(id, attempt int) uint64
+	// force replaces, in tests, the id a job is pinned to when no id has room for it, by job
+	// ID, so that a test of the re-pin controller can strand jobs where it wants them.
+	force map[int]int
 }
 
 // WhatIf are changes to production that the benchmark measures against the gap between
-// nvdomain + re-pin and "any domain with room"; none of them is what nvdomain does today.
+// nvdomain + re-pin and "any domain with room"; none of them is what nvdomain does by default.
 type WhatIf struct {
 	// Pack has the scheduler take, among the nodes its affinity score ranks first, one whose
-	// pinned domain has the fewest free GPUs, as the tightest fit does, instead of any: what
-	// a NodeResourcesFit scoring strategy of MostAllocated over the nvswitch-domain resources
-	// in the scheduler's configuration would come close to.
+	// pinned domain has the fewest free GPUs, as the tightest fit does, instead of any, for
+	// every pod and not only one admitted with a hint: what the optional scheduler profile of
+	// docs/scheduler.md (NodeResourcesFit scoring the nvswitch-domain resources with
+	// MostAllocated) comes close to.
 	Pack bool
-	// ShortestLine has the webhook pin a pod that has no room anywhere to the domain id with
-	// the fewest GPUs already waiting on it per GPU of capacity (its view counts pods pinned
-	// but not bound), lowest id on ties, instead of an id drawn in proportion to capacity.
-	ShortestLine bool
 }
 
 func (p *Nvdomain) Name() string { return "nvdomain" + p.WhatIf.suffix() }
 
 // suffix names the changes in a policy's name, "" for production.
 func (w WhatIf) suffix() string {
-	var parts []string
 	if w.Pack {
-		parts = append(parts, "packing scheduler")
+		return " (what if: packing scheduler)"
 	}
-	if w.ShortestLine {
-		parts = append(parts, "shortest line")
-	}
-	if len(parts) == 0 {
-		return ""
-	}
-	return " (what if: " + strings.Join(parts, ", ") + ")"
+	return ""
 }
 
 // FitKey implements Policy: size and pinned domain.
 func (p *Nvdomain) FitKey(j *Job) int { return j.Size*1000 + p.pinned[j.ID] }
 
 func (p *Nvdomain) Admit(j *Job, nodes []*Node) bool {
-	if p.pinned == nil {
-		p.pinned, p.attempts, p.waiting = map[int]int{}, map[int]int{}, map[int]int{}
-	}
-	dec, err := p.decide(j, nodes)
-	if err != nil {
-		return false
-	}
-	p.pinned[j.ID] = dec.Domain
-	return true
+	_, err := p.decide(j, nodes)
+	return err == nil
 }
 
-// decide is the webhook's decision for the job's next admission.
+// decide is the webhook's decision for the job's next admission, recorded: its pin, its place
+// in the line of that id until it starts, and its hint when it fits now. A re-pinned job
+// leaves the line it was in first, as the evicted pod leaves the webhook's view.
 func (p *Nvdomain) decide(j *Job, nodes []*Node) (placement.Decision, error) {
+	p.ready()
+	if d, ok := p.pinned[j.ID]; ok {
+		p.line[d] -= j.Size
+	}
 	attempt := p.attempts[j.ID]
 	p.attempts[j.ID]++
 	seed := admissionSeed(j.ID, attempt)
 	if p.seed != nil {
 		seed = p.seed(j.ID, attempt)
 	}
-	dec, err := chooseDomain(j.Size, nodes, seed)
-	if err != nil || !p.WhatIf.ShortestLine {
+	dec, err := chooseDomain(j.Size, nodes, seed, p.line)
+	if err != nil {
+		delete(p.pinned, j.ID)
 		return dec, err
 	}
-	delete(p.waiting, j.ID) // a re-pinned job no longer waits where it was
-	if !dec.Fits {
-		dec.Domain = p.shortestLine(j.Size, nodes)
+	if d, ok := p.force[j.ID]; ok && !dec.Fits {
+		dec.Domain = d
 	}
-	p.waiting[j.ID] = j.Size
+	p.pinned[j.ID] = dec.Domain
+	p.line[dec.Domain] += j.Size
+	p.hint[j.ID] = dec.Hint
 	return dec, nil
-}
-
-// shortestLine is WhatIf.ShortestLine's domain id for a pod of k GPUs that has no room.
-func (p *Nvdomain) shortestLine(k int, nodes []*Node) int {
-	capacity := map[int]int{}
-	for _, n := range nodes {
-		for d, gs := range n.Domains {
-			if len(gs) >= k {
-				capacity[d] += len(gs)
-			}
-		}
-	}
-	waiting := map[int]int{}
-	for id, gpus := range p.waiting {
-		waiting[p.pinned[id]] += gpus
-	}
-	best := -1
-	for _, d := range slices.Sorted(maps.Keys(capacity)) {
-		// (waiting[d]+k)/capacity[d] < (waiting[best]+k)/capacity[best], in integers.
-		if best < 0 || (waiting[d]+k)*capacity[best] < (waiting[best]+k)*capacity[d] {
-			best = d
-		}
-	}
-	return best
 }
 
 // admissionSeed stands in for the webhook's seed, an FNV-1a hash of the admission request's
 // UID made nonzero: every admission of every job (a re-pin's replacement included) gets its
-// own, so its tie-break and, when nothing has room, the id it waits for are drawn afresh.
+// own, so its tie-break and, among nearly equal lines, the id it waits for are drawn afresh.
 func admissionSeed(id, attempt int) uint64 {
 	h := fnv.New64a()
 	var b [16]byte
@@ -612,16 +586,21 @@ func admissionSeed(id, attempt int) uint64 {
 }
 
 // chooseDomain is the webhook's decision (production code) over the nodes' free GPUs now,
-// with ties and waiters spread by seed (0: the deterministic rule). Jobs that wait pinned
-// hold nothing here, unlike in the webhook's view, which counts pods pinned but unbound
-// against their domain: in the simulation every waiter has already failed to fit its domain,
-// so the webhook's accounting (webhook/clusterview) would take nothing off.
-func chooseDomain(k int, nodes []*Node, seed uint64) (placement.Decision, error) {
+// every node named for the hint (a node's name is its hostname here), with ties and waiters
+// spread by seed (0: the deterministic rule) and line, per domain id, the GPUs of the jobs
+// pinned to it and waiting. The webhook's view counts those jobs as pods pinned but not bound
+// and first lets them take any room their id has (clusterview's applyPending); here every
+// waiter has already failed to fit its id (the scheduler tries the whole queue after every
+// release, before any arrival), so that would take no room, and all their GPUs are the line.
+func chooseDomain(k int, nodes []*Node, seed uint64, line map[int]int) (placement.Decision, error) {
 	ch := placement.NewDomainChooser(k).Spread(seed)
 	for _, n := range nodes {
 		for d, gs := range n.Domains {
-			ch.Consider(placement.Candidate{Node: n.name, Domain: d, Capacity: len(gs), Free: n.domainFree(d)})
+			ch.ConsiderNodes(placement.Candidate{Node: n.name, Domain: d, Capacity: len(gs), Free: n.domainFree(d)}, 1, n.name)
 		}
+	}
+	for d, gpus := range line {
+		ch.Queue(d, gpus)
 	}
 	dec, err := ch.Decide()
 	if err != nil {
@@ -630,8 +609,26 @@ func chooseDomain(k int, nodes []*Node, seed uint64) (placement.Decision, error)
 	return dec, nil
 }
 
+// ready makes the policy's maps on first use, so a zero Nvdomain is production.
+func (p *Nvdomain) ready() {
+	if p.pinned == nil {
+		p.pinned = map[int]int{}
+	}
+	if p.attempts == nil {
+		p.attempts = map[int]int{}
+	}
+	if p.line == nil {
+		p.line = map[int]int{}
+	}
+	if p.hint == nil {
+		p.hint = map[int][]string{}
+	}
+}
+
 func (p *Nvdomain) Place(j *Job, nodes []*Node, rng *rand.Rand) (int, []int, bool) {
+	p.ready()
 	d := p.pinned[j.ID]
+	hint := p.hint[j.ID]
 	var best []int
 	var bestScore int64 = -1
 	for i, n := range nodes {
@@ -642,7 +639,7 @@ func (p *Nvdomain) Place(j *Job, nodes []*Node, rng *rand.Rand) (int, []int, boo
 		if free < j.Size {
 			continue
 		}
-		a := affinityOf(j.Size, d, len(n.Domains[d]))
+		a := affinityOf(j.Size, d, len(n.Domains[d]), slices.Contains(hint, n.name))
 		if !a.fits {
 			continue
 		}
@@ -668,7 +665,8 @@ func (p *Nvdomain) Place(j *Job, nodes []*Node, rng *rand.Rand) (int, []int, boo
 	if err != nil {
 		return 0, nil, false
 	}
-	delete(p.waiting, j.ID)
+	p.line[d] -= j.Size
+	delete(p.hint, j.ID)
 	return ni, gs, true
 }
 

@@ -12,7 +12,7 @@ import (
 
 func allPolicies() []Policy {
 	return []Policy{&Nvdomain{}, NewNvdomainRepin(DefaultRepinAfter, DefaultRepinsPerUnit), AnyDomain{}, NodeCountOnly{}, Random{}, FirstFit{},
-		whatIf(WhatIf{Pack: true, ShortestLine: true})}
+		whatIf(WhatIf{Pack: true})}
 }
 
 func whatIf(w WhatIf) *NvdomainRepin {
@@ -230,10 +230,15 @@ func (m *moves) Act(now float64, q []*Job, nodes []*Node) (*Job, float64) {
 // spread has tests of its own.
 func unseeded(int, int) uint64 { return 0 }
 
-// repin is the re-pin policy with unseeded admissions.
-func repin(after float64, perUnit int) *NvdomainRepin {
+// repin is the re-pin policy with unseeded admissions; jobs in waitOn that find no room wait
+// for the id given there instead of the shortest line, so that a test strands them where it
+// wants.
+func repin(after float64, perUnit int, waitOn ...map[int]int) *NvdomainRepin {
 	p := NewNvdomainRepin(after, perUnit)
 	p.seed = unseeded
+	for _, w := range waitOn {
+		p.force = w
+	}
 	return p
 }
 
@@ -319,7 +324,8 @@ func TestRepinRespectsQueueOrder(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			jobs := append(strandedTrace(9), Job{ID: 3, Size: 4, Arrival: 3, Duration: 50, Priority: c.dPriority})
 			jobs[2].Duration = 50
-			m := &moves{NvdomainRepin: repin(0.5, 10)}
+			// D would wait for id 1, the shorter line; both must be stranded on id 0.
+			m := &moves{NvdomainRepin: repin(0.5, 10, map[int]int{2: 0, 3: 0})}
 			log := map[int]placed{}
 			run(m, Cluster(0, 1, 0), jobs, 300, 0, 1, log)
 			if want := []int{c.first, c.second}; !slices.Equal(m.id, want) || !slices.Equal(m.at, []float64{10.5, 61}) {
@@ -357,7 +363,8 @@ func TestRateLimitCapsRepins(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(fmt.Sprintf("%d per unit", c.perUnit), func(t *testing.T) {
-			m := &moves{NvdomainRepin: repin(0.5, c.perUnit)}
+			// The shortest line would send job 7 to id 1; all three must wait on id 0.
+			m := &moves{NvdomainRepin: repin(0.5, c.perUnit, map[int]int{6: 0, 7: 0, 8: 0})}
 			log := map[int]placed{}
 			run(m, Cluster(0, 3, 0), jobs, 300, 0, 1, log)
 			if !slices.Equal(m.at, c.want) || !slices.Equal(m.id, []int{6, 7, 8}) {
@@ -374,34 +381,44 @@ func TestRateLimitCapsRepins(t *testing.T) {
 
 // The stock scheduler's choice for a pinned pod: among the nodes where the pinned id has room,
 // those where the webhook's preferred affinity scores highest (the domain is small for the
-// pod), any of those. Every case is tried with many scheduler seeds; want is the set of nodes
-// that must come up, and nothing else may.
+// pod; then the nodes its hint names), any of those. Every case is tried with many scheduler
+// seeds; want is the set of nodes that must come up, and nothing else may.
 func TestPinnedSmallJobsPreferSmallDomains(t *testing.T) {
 	mixed := func(bridgedUsed ...int) []*Node {
 		return []*Node{node(HGX8, 0), node(Split2x4, 1), node(Bridged4x2, 2, bridgedUsed...)}
+	}
+	hgxOnly := func() []*Node {
+		return []*Node{node(HGX8, 0), node(HGX8, 1, 0, 1, 2), node(Split2x4, 2, 0, 1, 2, 3)}
 	}
 	cases := []struct {
 		name   string
 		nodes  []*Node
 		k, pin int
+		hint   []string
 		what   WhatIf
 		want   []int
 	}{
-		{"TP=2 on id 0: a bridged pair (100) over a split island (40) and an HGX island (10)", mixed(), 2, 0, WhatIf{}, []int{2}},
-		{"1 GPU on id 0: a bridged pair (40) over a split island (10) and an HGX island (0)", mixed(), 1, 0, WhatIf{}, []int{2}},
-		{"TP=4 on id 0: a split island (100) over an HGX island (40)", mixed(), 4, 0, WhatIf{}, []int{1}},
-		{"TP=8 on id 0: only an HGX island holds it", mixed(), 8, 0, WhatIf{}, []int{0}},
-		{"the bridged pair taken: TP=2 goes to the split island", mixed(0, 1), 2, 0, WhatIf{}, []int{1}},
-		{"TP=2 on id 1: no HGX node has one", mixed(), 2, 1, WhatIf{}, []int{2}},
-		{"only HGX islands have room: any of them", []*Node{node(HGX8, 0), node(HGX8, 1, 0, 1, 2), node(Split2x4, 2, 0, 1, 2, 3)}, 1, 0, WhatIf{}, []int{0, 1}},
-		{"what if the scheduler packed: the fuller island", []*Node{node(HGX8, 0), node(HGX8, 1, 0, 1, 2), node(Split2x4, 2, 0, 1, 2, 3)}, 1, 0, WhatIf{Pack: true}, []int{1}},
-		{"no room in the pinned id: waits", mixed(0, 1, 2, 3, 4, 5, 6, 7), 2, 3, WhatIf{}, nil},
+		{"TP=2 on id 0: a bridged pair (100) over a split island (40) and an HGX island (10)", mixed(), 2, 0, nil, WhatIf{}, []int{2}},
+		{"1 GPU on id 0: a bridged pair (40) over a split island (10) and an HGX island (0)", mixed(), 1, 0, nil, WhatIf{}, []int{2}},
+		{"TP=4 on id 0: a split island (100) over an HGX island (40)", mixed(), 4, 0, nil, WhatIf{}, []int{1}},
+		{"TP=8 on id 0: only an HGX island holds it", mixed(), 8, 0, nil, WhatIf{}, []int{0}},
+		{"the bridged pair taken: TP=2 goes to the split island", mixed(0, 1), 2, 0, nil, WhatIf{}, []int{1}},
+		{"TP=2 on id 1: no HGX node has one", mixed(), 2, 1, nil, WhatIf{}, []int{2}},
+		{"only HGX islands have room: any of them", hgxOnly(), 1, 0, nil, WhatIf{}, []int{0, 1}},
+		{"the hint picks among equals: the fuller island", hgxOnly(), 1, 0, []string{"n0001"}, WhatIf{}, []int{1}},
+		{"what if the scheduler packed: the fuller island without a hint", hgxOnly(), 1, 0, nil, WhatIf{Pack: true}, []int{1}},
+		{"a hint does not outweigh a smaller class: a bridged pair (40) over a hinted split island (10+20)", mixed(), 1, 0, []string{"n0001"}, WhatIf{}, []int{2}},
+		{"between 4k-8k and 8k or more it does: a hinted HGX island (0+20) over a split island (10)",
+			[]*Node{node(HGX8, 0, 0, 1, 2, 3, 4, 5, 6), node(Split2x4, 1)}, 1, 0, []string{"n0000"}, WhatIf{}, []int{0}},
+		{"a hinted node without room is no place", mixed(), 4, 0, []string{"n0002"}, WhatIf{}, []int{1}},
+		{"no room in the pinned id: waits", mixed(0, 1, 2, 3, 4, 5, 6, 7), 2, 3, nil, WhatIf{}, nil},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			p := &Nvdomain{WhatIf: c.what, pinned: map[int]int{0: c.pin}}
 			seen := map[int]bool{}
 			for seed := range uint64(64) {
+				p.hint = map[int][]string{0: c.hint}
 				ni, gs, ok := p.Place(&Job{ID: 0, Size: c.k}, c.nodes, rand.New(rand.NewPCG(seed, 1)))
 				if !ok {
 					continue
@@ -419,8 +436,8 @@ func TestPinnedSmallJobsPreferSmallDomains(t *testing.T) {
 }
 
 // The scores come from the webhook's own Pin and the scheduler's own matcher; this pins down
-// what they add up to: a domain of [k, 2k) GPUs scores 100, [2k, 4k) 40, [4k, 8k) 10, and a
-// domain smaller than k is no place at all, whatever the id.
+// what they add up to: a domain of [k, 2k) GPUs scores 100, [2k, 4k) 40, [4k, 8k) 10, a node the
+// hint names 20 more, and a domain smaller than k is no place at all, whatever the id.
 func TestAffinityScoresBySize(t *testing.T) {
 	cases := []struct {
 		k, size int
@@ -444,17 +461,24 @@ func TestAffinityScoresBySize(t *testing.T) {
 	}
 	for _, c := range cases {
 		for _, d := range []int{0, 3} {
-			if got := affinityOf(c.k, d, c.size); got != (pinAffinity{c.fits, c.score}) {
-				t.Errorf("%d GPUs pinned to id %d, domain of %d: fits %v score %d, want %v %d", c.k, d, c.size, got.fits, got.score, c.fits, c.score)
+			for _, hinted := range []bool{false, true} {
+				want := pinAffinity{c.fits, c.score}
+				if hinted && c.fits {
+					want.score += 20
+				}
+				if got := affinityOf(c.k, d, c.size, hinted); got != want {
+					t.Errorf("%d GPUs pinned to id %d, domain of %d, hinted %v: fits %v score %d, want %v %d", c.k, d, c.size, hinted, got.fits, got.score, want.fits, want.score)
+				}
 			}
 		}
 	}
 }
 
-// The webhook's seeded spread: with no room anywhere, the id a pod waits for is drawn in
-// proportion to the capacity each id offers it (every node's domains large enough for it),
-// and ties between equally tight fits are drawn by the nodes offering each. Without a seed,
-// everything goes to one id. Each case admits many jobs into one unchanging cluster.
+// The webhook's spread of waiters: with no room anywhere, a pod waits where the line is
+// shortest per GPU of capacity each id offers it (every node's domains large enough for it),
+// so a crowd of waiters ends up in proportion to capacity, seeded or not; ties between equally
+// tight fits are drawn by the nodes offering each, and go to id 0 without a seed. Each case
+// admits many jobs into one unchanging cluster, none of which starts.
 func TestWaitersSpreadOverIdsInProportionToCapacity(t *testing.T) {
 	full := func() []*Node {
 		nodes := Cluster(32, 16, 16)
@@ -471,15 +495,16 @@ func TestWaitersSpreadOverIdsInProportionToCapacity(t *testing.T) {
 		k     int
 		seed  func(id, attempt int) uint64
 		want  map[int]float64 // share of jobs per id
+		tol   float64         // how far a share may be from want
 	}{
 		// Id 0: 32×8 + 16×4 + 16×2 GPUs; id 1: 16×4 + 16×2; ids 2 and 3: 16×2 each; of 512.
-		{"1 GPU, mixed cluster full", full(), 1, nil, map[int]float64{0: 352.0 / 512, 1: 96.0 / 512, 2: 32.0 / 512, 3: 32.0 / 512}},
+		{"1 GPU, mixed cluster full", full(), 1, nil, map[int]float64{0: 352.0 / 512, 1: 96.0 / 512, 2: 32.0 / 512, 3: 32.0 / 512}, 0.01},
 		// Only domains of 4 or more: id 0 32×8 + 16×4, id 1 16×4.
-		{"TP=4, mixed cluster full", full(), 4, nil, map[int]float64{0: 320.0 / 384, 1: 64.0 / 384}},
-		{"TP=8, mixed cluster full: id 0 alone has 8-GPU domains", full(), 8, nil, map[int]float64{0: 1}},
-		{"without a seed every waiter waits for id 0", full(), 1, unseeded, map[int]float64{0: 1}},
-		{"TP=4 on an empty split pool: ties, half each", Cluster(0, 8, 0), 4, nil, map[int]float64{0: 0.5, 1: 0.5}},
-		{"TP=4 on an empty split pool without a seed: id 0", Cluster(0, 8, 0), 4, unseeded, map[int]float64{0: 1}},
+		{"TP=4, mixed cluster full", full(), 4, nil, map[int]float64{0: 320.0 / 384, 1: 64.0 / 384}, 0.01},
+		{"TP=8, mixed cluster full: id 0 alone has 8-GPU domains", full(), 8, nil, map[int]float64{0: 1}, 0},
+		{"without a seed, the same shares", full(), 1, unseeded, map[int]float64{0: 352.0 / 512, 1: 96.0 / 512, 2: 32.0 / 512, 3: 32.0 / 512}, 0.01},
+		{"TP=4 on an empty split pool: ties, half each", Cluster(0, 8, 0), 4, nil, map[int]float64{0: 0.5, 1: 0.5}, 4 * math.Sqrt(0.25/4000)},
+		{"TP=4 on an empty split pool without a seed: id 0", Cluster(0, 8, 0), 4, unseeded, map[int]float64{0: 1}, 0},
 	}
 	const jobs = 4000
 	for _, c := range cases {
@@ -498,8 +523,7 @@ func TestWaitersSpreadOverIdsInProportionToCapacity(t *testing.T) {
 				}
 			}
 			for d, share := range c.want {
-				// Four binomial standard deviations at the largest variance.
-				if got := float64(count[d]) / jobs; math.Abs(got-share) > 4*math.Sqrt(0.25/jobs) {
+				if got := float64(count[d]) / jobs; math.Abs(got-share) > c.tol {
 					t.Errorf("id %d: %.3f of jobs, want %.3f", d, got, share)
 				}
 			}
@@ -522,24 +546,44 @@ func TestAdmissionSeedsDiffer(t *testing.T) {
 	}
 }
 
-// The what-if of the shortest line: a pod with no room waits for the id with the fewest GPUs
-// already waiting per GPU of capacity. On a full split pool both ids offer the same, so
-// waiters alternate.
-func TestShortestLineAlternatesOnEqualIds(t *testing.T) {
-	nodes := Cluster(0, 2, 0)
-	for _, n := range nodes {
-		for g := range n.used {
-			n.used[g] = true
+// The shortest line on a full split pool, where both ids offer the same: unseeded waiters
+// alternate; seeded ones are drawn while the lines are less than a pod apart, so the lines
+// never drift a pod apart, and both orders come up.
+func TestShortestLineOnEqualIds(t *testing.T) {
+	full := func() []*Node {
+		nodes := Cluster(0, 2, 0)
+		for _, n := range nodes {
+			for g := range n.used {
+				n.used[g] = true
+			}
 		}
+		return nodes
 	}
-	p := &Nvdomain{WhatIf: WhatIf{ShortestLine: true}}
+	p := &Nvdomain{seed: unseeded}
 	var got []int
 	for id := range 6 {
-		p.Admit(&Job{ID: id, Size: 4}, nodes)
+		p.Admit(&Job{ID: id, Size: 4}, full())
 		got = append(got, p.pinned[id])
 	}
 	if want := []int{0, 1, 0, 1, 0, 1}; !slices.Equal(got, want) {
-		t.Errorf("pinned to %v, want %v", got, want)
+		t.Errorf("unseeded: pinned to %v, want %v", got, want)
+	}
+	firsts := map[int]int{}
+	for run := range 200 {
+		p := &Nvdomain{seed: func(id, attempt int) uint64 { return admissionSeed(id+1000*run, attempt) }}
+		nodes := full()
+		for id := range 20 {
+			p.Admit(&Job{ID: id, Size: 4}, nodes)
+			if id%2 == 0 {
+				firsts[p.pinned[id]]++
+			}
+			if gap := p.line[0] - p.line[1]; gap >= 8 || gap <= -8 {
+				t.Fatalf("run %d: lines %v drifted a pod apart", run, p.line)
+			}
+		}
+	}
+	if firsts[0] < 800 || firsts[1] < 800 {
+		t.Errorf("ids taken by the first of each pair: %v, want both often", firsts)
 	}
 }
 
@@ -608,5 +652,55 @@ func TestTraceIsDeterministic(t *testing.T) {
 	sc, err := Scenarios()[0].Trace(7, 0.95, 100)
 	if err != nil || fmt.Sprint(sc) != fmt.Sprint(Trace(7, 512, 0.95, 10, 100)) {
 		t.Error("the mixed scenario's trace differs from Trace's")
+	}
+}
+
+// A job admitted with room goes where the webhook's hint says, the tightest fit among nodes
+// its size terms score alike, whatever the scheduler's seed; without the hint the scheduler
+// would take either island.
+func TestAdmittedJobFollowsTheHint(t *testing.T) {
+	for seed := range uint64(32) {
+		nodes := []*Node{node(HGX8, 0), node(HGX8, 1, 0, 1, 2)}
+		jobs := []Job{{ID: 0, Size: 1, Arrival: 1, Duration: 5}}
+		log := map[int]placed{}
+		run(&Nvdomain{}, nodes, jobs, 10, 0, seed, log)
+		if pl, ok := log[0]; !ok || pl.node != 1 {
+			t.Fatalf("scheduler seed %d: placed %+v, want node 1, the fuller island", seed, pl)
+		}
+	}
+}
+
+// lineCheck checks, every time the controller runs (after every scheduling pass), that the
+// line the policy feeds the webhook's decision is the GPUs of the queued jobs by pinned id.
+type lineCheck struct {
+	*NvdomainRepin
+	t      *testing.T
+	checks int
+}
+
+func (l *lineCheck) Act(now float64, q []*Job, nodes []*Node) (*Job, float64) {
+	want := map[int]int{}
+	for _, j := range q {
+		want[l.pinned[j.ID]] += j.Size
+	}
+	for _, d := range slices.Concat(slices.Collect(maps.Keys(l.line)), slices.Collect(maps.Keys(want))) {
+		if l.line[d] != want[d] {
+			l.t.Fatalf("at %.2f: line %v, queue holds %v", now, l.line, want)
+		}
+	}
+	l.checks++
+	return l.NvdomainRepin.Act(now, q, nodes)
+}
+
+func TestLineIsTheQueue(t *testing.T) {
+	sc := Scenarios()[2]
+	jobs, err := sc.Trace(9, 1.0, 400)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &lineCheck{NvdomainRepin: NewNvdomainRepin(DefaultRepinAfter, DefaultRepinsPerUnit), t: t}
+	r := Run(l, sc.Nodes, jobs, 400, 0, 1)
+	if l.checks < 1000 || r.Repins == 0 || r.MeanWait == 0 {
+		t.Fatalf("precondition: %d checks, %d re-pins, mean wait %.2f: the trace should queue and re-pin", l.checks, r.Repins, r.MeanWait)
 	}
 }

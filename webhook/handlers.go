@@ -15,6 +15,7 @@ import (
 	"github.com/go-logr/logr"
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
@@ -84,36 +85,84 @@ func (m *Mutator) handle(_ context.Context, req admission.Request) admission.Res
 	if err != nil {
 		return admission.Errored(http.StatusBadRequest, err)
 	}
-	plan := m.Plan(pod, spreadSeed(req.UID))
+	out, plan := m.Mutate(pod, spreadSeed(req.UID))
 	if plan.Chosen || plan.Outcome == OutcomeNoDomain {
 		m.Metrics.Decision.Observe(plan.DecisionTime.Seconds())
 	}
-	switch plan.Outcome {
-	case OutcomeExcluded, OutcomeNoGPU, OutcomeNonTPUnpinned:
-		return admission.Allowed("")
-	case OutcomeInvalid:
-		return admission.Allowed("invalid tensor-parallel pod left for the validating webhook")
-	case OutcomeNoDomain:
-		// The validator rejects a TP pod that no domain can hold; a non-TP pod that no
-		// single domain can hold runs unpinned.
-		return admission.Allowed(plan.Err.Error())
-	}
-	d := plan.Domain
 	if plan.Chosen {
 		// A dry run creates no pod, so it must not hold GPUs back from real ones; it is
 		// pinned, hint included, exactly as the real request would be.
 		if !isDryRun(req) {
-			m.View.Reserve(pod.Namespace, d, plan.Pod.GPUs)
+			m.View.Reserve(pod.Namespace, plan.Domain, plan.Pod.DomainGPUs())
 		}
-		m.Log.V(1).Info("pinned", "namespace", pod.Namespace, "name", podName(pod), "tp", plan.Pod.TP, "gpus", plan.Pod.GPUs, "domain", d, "fitsNow", plan.Decision.Fits, "exampleNode", plan.Decision.Node, "hint", plan.Decision.Hint)
+		m.Log.V(1).Info("pinned", "namespace", pod.Namespace, "name", podName(pod), "tp", plan.Pod.TP, "gpus", plan.Pod.GPUs, "domain", plan.Domain, "fitsNow", plan.Decision.Fits, "exampleNode", plan.Decision.Node, "hint", plan.Decision.Hint)
 	}
-	// A pod pinned already (re-admitted, or pinned by hand) gets no hint: Pin adds nothing to
-	// a pod that has nvdomain's preferred terms.
-	pinned, err := json.Marshal(Pin(pod, plan.Pod, d, plan.Decision.Hint, m.Options.Names))
+	msg := ""
+	switch plan.Outcome {
+	case OutcomeInvalid:
+		msg = "invalid tensor-parallel pod left for the validating webhook"
+	case OutcomeNoDomain:
+		// The validator rejects a TP pod that no domain can hold; a non-TP pod that no
+		// single domain can hold runs unpinned.
+		msg = plan.Err.Error()
+	}
+	if out == nil {
+		return admission.Allowed(msg)
+	}
+	raw, err := json.Marshal(out)
 	if err != nil {
-		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("encode pinned pod: %w", err))
+		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("encode mutated pod: %w", err))
 	}
-	return admission.PatchResponseFromRaw(req.Object.Raw, pinned)
+	resp := admission.PatchResponseFromRaw(req.Object.Raw, raw)
+	if msg != "" {
+		resp.Result = &metav1.Status{Message: msg}
+	}
+	return resp
+}
+
+// Mutate is everything the mutating webhook does to a pod being created: nvdomain's
+// annotations that someone else wrote are removed, the pod is pinned when Plan says so, and
+// each GPU container is made to require the nvdomain NRI plugin on the node. It returns the
+// pod to admit, or nil when nothing changes, and the plan behind it. It reserves nothing.
+func (m *Mutator) Mutate(pod *corev1.Pod, seed uint64) (*corev1.Pod, PinPlan) {
+	n := m.Options.Names
+	work := pod
+	if ownsAnnotations(pod, n) {
+		work = pod.DeepCopy()
+		StripOwned(work, n)
+	}
+	plan := m.Plan(work, seed)
+	// A tensor-parallel pod the validating webhook will deny passes untouched, so that the
+	// denial names the pod's own fields, hand-written annotations included.
+	denied := plan.Outcome == OutcomeInvalid || (plan.Outcome == OutcomeNoDomain && plan.Pod.TP)
+	if plan.Outcome == OutcomeExcluded || denied {
+		return nil, plan
+	}
+	out := work
+	if plan.Outcome == OutcomePinned {
+		// A pod pinned already (re-admitted, or pinned by hand) gets no hint: Pin adds
+		// nothing to a pod that has nvdomain's preferred terms.
+		out = Pin(work, plan.Pod, plan.Domain, plan.Decision.Hint, n)
+	}
+	if plan.Pod.DomainGPUs() > 0 {
+		if out == pod {
+			out = pod.DeepCopy()
+		}
+		RequirePlugin(out, plan.Pod)
+	}
+	if out == pod {
+		return nil, plan
+	}
+	return out, plan
+}
+
+func ownsAnnotations(pod *corev1.Pod, n names.Names) bool {
+	for _, k := range []string{n.PodDomainAnnotation(), n.PodTPSizeAnnotation(), n.PodContainerGPUsAnnotation(), n.PodAssignedGPUsAnnotation()} {
+		if _, ok := pod.Annotations[k]; ok {
+			return true
+		}
+	}
+	return false
 }
 
 // PinOutcome is what the mutating webhook does with a pod being created.
@@ -184,7 +233,7 @@ func (m *Mutator) Plan(pod *corev1.Pod, seed uint64) PinPlan {
 		return plan
 	}
 	start := time.Now()
-	dec, err := m.View.ChooseDomain(pod, p.GPUs, seed)
+	dec, err := m.View.ChooseDomain(pod, p.DomainGPUs(), seed)
 	plan.DecisionTime = time.Since(start)
 	if err != nil {
 		plan.Outcome, plan.Err = OutcomeNoDomain, err

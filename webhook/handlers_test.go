@@ -611,3 +611,129 @@ func TestDryRunPinsLikeARealRun(t *testing.T) {
 		t.Errorf("dry run pinned\n%+v\nreal run pinned\n%+v", pinned[true].Spec.Affinity, pinned[false].Spec.Affinity)
 	}
 }
+
+func TestHandWrittenAnnotationsAreStripped(t *testing.T) {
+	f := newFixture(t, NonTPAccount, seedNode())
+	cases := []struct {
+		name string
+		pod  *corev1.Pod
+		// want is the domain annotation after admission ("" for none).
+		want string
+	}{
+		{"a TP pod is pinned by nvdomain, not by its hand-written annotations", pod(true, 2), "0"},
+		{"an unpinned GPU pod keeps none", pod(false, 2), ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.pod.Annotations = map[string]string{
+				n.PodDomainAnnotation(): "1", n.PodContainerGPUsAnnotation(): `{"vllm":4}`, n.PodTPSizeAnnotation(): "4",
+				n.PodAssignedGPUsAnnotation(): "4,5,6,7", "team": "llm"}
+			out, mresp, vresp := f.admit(t, tc.pod)
+			if !mresp.Allowed || !vresp.Allowed {
+				t.Fatalf("mutate %v validate %v", mresp.Result, vresp.Result)
+			}
+			if got := out.Annotations[n.PodDomainAnnotation()]; got != tc.want {
+				t.Errorf("domain annotation %q, want %q", got, tc.want)
+			}
+			if _, ok := out.Annotations[n.PodAssignedGPUsAnnotation()]; ok || out.Annotations["team"] != "llm" {
+				t.Errorf("annotations after admission: %v", out.Annotations)
+			}
+			if tc.want == "" {
+				for _, k := range []string{n.PodContainerGPUsAnnotation(), n.PodTPSizeAnnotation()} {
+					if _, ok := out.Annotations[k]; ok {
+						t.Errorf("%s survived", k)
+					}
+				}
+			} else if out.Annotations[n.PodContainerGPUsAnnotation()] != `{"vllm":2}` || out.Annotations[n.PodTPSizeAnnotation()] != "2" {
+				t.Errorf("the pin does not follow the pod's resources: %v", out.Annotations)
+			}
+		})
+	}
+}
+
+func TestGPUContainersRequireTheNRIPlugin(t *testing.T) {
+	f := newFixture(t, NonTPAuto, seedNode())
+	p := pod(true, 2)
+	p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: "proxy", Image: "envoy"})
+	p.Annotations = map[string]string{"required-plugins.noderesource.dev/container.vllm": `["topology-aware"]`}
+	out, mresp, _ := f.admit(t, p)
+	if !mresp.Allowed {
+		t.Fatal(mresp.Result)
+	}
+	if got := out.Annotations["required-plugins.noderesource.dev/container.vllm"]; got != `["topology-aware","nvdomain"]` {
+		t.Errorf("vllm requires %s", got)
+	}
+	if _, ok := out.Annotations["required-plugins.noderesource.dev/container.proxy"]; ok {
+		t.Error("a container without GPUs must not require the plugin")
+	}
+	if again := f.mut.Handle(context.Background(), request(t, out)); len(again.Patches) != 0 {
+		t.Errorf("re-admission patched: %v", again.Patches)
+	}
+	// A pod the validating webhook denies is left as it came.
+	if resp := f.mut.Handle(context.Background(), request(t, pod(true, 3))); len(resp.Patches) != 0 {
+		t.Errorf("an invalid pod was changed: %v", resp.Patches)
+	}
+}
+
+func TestGPUInitContainers(t *testing.T) {
+	withInit := func(tp bool, initGPUs, appGPUs int64) *corev1.Pod {
+		p := pod(tp, appGPUs)
+		p.Spec.InitContainers = []corev1.Container{{Name: "check", Image: "cuda", Resources: corev1.ResourceRequirements{
+			Limits: corev1.ResourceList{"nvidia.com/gpu": *resource.NewQuantity(initGPUs, resource.DecimalSI)}}}}
+		return p
+	}
+	cases := []struct {
+		name     string
+		mode     NonTPMode
+		pod      *corev1.Pod
+		pinned   bool
+		initDom  int64  // the init container's domain resource
+		gt       string // the required expression's value: the pod's largest phase minus one
+		perCtr   string
+		required []string
+	}{
+		{"a plain pod with a GPU init container runs unchanged (account mode)", NonTPAccount, withInit(false, 1, 1), false, 0, "", "", []string{"check", "vllm"}},
+		{"in pin mode the init container takes its GPU from the pod's domain", NonTPPin, withInit(false, 1, 1), true, 1, "0", `{"check":1,"vllm":1}`, []string{"check", "vllm"}},
+		{"a TP pod's init container too; the domain fits the larger phase", NonTPAuto, withInit(true, 4, 2), true, 4, "3", `{"check":4,"vllm":2}`, []string{"check", "vllm"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, tc.mode, seedNode())
+			out, mresp, vresp := f.admit(t, tc.pod)
+			if !mresp.Allowed || !vresp.Allowed {
+				t.Fatalf("mutate %v validate %v", mresp.Result, vresp.Result)
+			}
+			d, pinned := out.Annotations[n.PodDomainAnnotation()]
+			if pinned != tc.pinned {
+				t.Fatalf("pinned = %v", pinned)
+			}
+			for _, c := range tc.required {
+				if out.Annotations["required-plugins.noderesource.dev/container."+c] != `["nvdomain"]` {
+					t.Errorf("container %s does not require the plugin: %v", c, out.Annotations)
+				}
+			}
+			if !pinned {
+				return
+			}
+			q := out.Spec.InitContainers[0].Resources.Limits[corev1.ResourceName("nvidia.com/nvswitch-domain-"+d)]
+			if q.Value() != tc.initDom {
+				t.Errorf("init container holds %v of domain %s", q.Value(), d)
+			}
+			expr := out.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0].MatchExpressions[0]
+			if expr.Values[0] != tc.gt || out.Annotations[n.PodContainerGPUsAnnotation()] != tc.perCtr {
+				t.Errorf("expression %v, per container %s", expr, out.Annotations[n.PodContainerGPUsAnnotation()])
+			}
+			// The view counts the pod as the scheduler does: the larger phase.
+			bound := out.DeepCopy()
+			bound.Spec.NodeName, bound.UID = "gpu-node01", "uid-init"
+			f.view.UpsertPod(bound)
+			dom := 0
+			if d == "1" {
+				dom = 1
+			}
+			if free := f.view.Free("gpu-node01")[dom]; int64(free) != 4-max(tc.initDom, int64(tc.pod.Spec.Containers[0].Resources.Limits.Name("nvidia.com/gpu", resource.DecimalSI).Value())) {
+				t.Errorf("free in domain %s = %d", d, free)
+			}
+		})
+	}
+}

@@ -37,8 +37,11 @@ func Pin(pod *corev1.Pod, p rules.Pod, d int, hint []string, n names.Names) *cor
 		}
 		perContainer[c.Name] = gpus
 	}
+	// Init containers with GPUs take them from the pod's domain too. The scheduler counts a
+	// pod's resource as the larger of its biggest init container and the sum of the others,
+	// for the domain resource as for nvidia.com/gpu, so the counts stay in step.
 	for _, c := range p.Containers {
-		if c.GPUs == 0 || c.Init {
+		if c.GPUs == 0 {
 			continue
 		}
 		if ct := findContainer(out, c.Name); ct != nil {
@@ -46,8 +49,9 @@ func Pin(pod *corev1.Pod, p rules.Pod, d int, hint []string, n names.Names) *cor
 		}
 	}
 
+	k := p.DomainGPUs()
 	key := n.DomainSizeLabel(d)
-	expr := corev1.NodeSelectorRequirement{Key: key, Operator: corev1.NodeSelectorOpGt, Values: []string{strconv.Itoa(p.GPUs - 1)}}
+	expr := corev1.NodeSelectorRequirement{Key: key, Operator: corev1.NodeSelectorOpGt, Values: []string{strconv.Itoa(k - 1)}}
 	if out.Spec.Affinity == nil {
 		out.Spec.Affinity = &corev1.Affinity{}
 	}
@@ -69,8 +73,8 @@ func Pin(pod *corev1.Pod, p rules.Pod, d int, hint []string, n names.Names) *cor
 	}
 	na.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms = terms
 	if !hasPreference(na.PreferredDuringSchedulingIgnoredDuringExecution, key) {
-		na.PreferredDuringSchedulingIgnoredDuringExecution = append(na.PreferredDuringSchedulingIgnoredDuringExecution, smallestDomainFirst(key, p.GPUs)...)
-		if t, ok := tightestNodes(key, p.GPUs, hint); ok {
+		na.PreferredDuringSchedulingIgnoredDuringExecution = append(na.PreferredDuringSchedulingIgnoredDuringExecution, smallestDomainFirst(key, k)...)
+		if t, ok := tightestNodes(key, k, hint); ok {
 			na.PreferredDuringSchedulingIgnoredDuringExecution = append(na.PreferredDuringSchedulingIgnoredDuringExecution, t)
 		}
 	}
@@ -85,6 +89,49 @@ func Pin(pod *corev1.Pod, p rules.Pod, d int, hint []string, n names.Names) *cor
 	perJSON, _ := json.Marshal(perContainer) // map[string]int cannot fail to marshal
 	out.Annotations[n.PodContainerGPUsAnnotation()] = string(perJSON)
 	return out
+}
+
+// StripOwned removes nvdomain's pod annotations from a pod being created, in place. Only
+// nvdomain writes them (docs/node-side.md): the webhook writes them again from the pod's
+// resources when it pins the pod, so a re-invoked admission ends the same, and a hand-written
+// copy never survives to claim GPUs on the node. It reports whether it removed any.
+func StripOwned(pod *corev1.Pod, n names.Names) bool {
+	removed := false
+	for _, k := range []string{n.PodDomainAnnotation(), n.PodTPSizeAnnotation(), n.PodContainerGPUsAnnotation(), n.PodAssignedGPUsAnnotation()} {
+		if _, ok := pod.Annotations[k]; ok {
+			delete(pod.Annotations, k)
+			removed = true
+		}
+	}
+	return removed
+}
+
+// RequirePlugin makes containerd refuse each GPU container of the pod unless nvdomain's NRI
+// plugin handles its creation (NRI's default validator; docs/node-side.md "Fail closed"),
+// keeping any other plugins the pod already requires. It changes pod in place.
+func RequirePlugin(pod *corev1.Pod, p rules.Pod) {
+	for _, c := range p.Containers {
+		if c.GPUs == 0 {
+			continue
+		}
+		key := names.RequiredPluginsFor(c.Name)
+		var list []string
+		if v, ok := pod.Annotations[key]; ok {
+			// The validator reads the value as YAML; a JSON list is the form everyone writes.
+			if err := json.Unmarshal([]byte(v), &list); err != nil {
+				list = nil // a broken value is replaced: containerd would reject the pod anyway
+			}
+		}
+		if slices.Contains(list, names.NRIPluginName) {
+			continue
+		}
+		list = append(list, names.NRIPluginName)
+		v, _ := json.Marshal(list) // a []string cannot fail to marshal
+		if pod.Annotations == nil {
+			pod.Annotations = map[string]string{}
+		}
+		pod.Annotations[key] = string(v)
+	}
 }
 
 // smallestDomainFirst asks the scheduler to prefer nodes where the pinned domain id is small

@@ -153,10 +153,9 @@ func (o *ExplainOptions) explainManifestPod(s *snapshot, mp manifestPod) bool {
 	}
 	mut := &webhook.Mutator{View: s.view, Options: o.webhook}
 	val := &webhook.Validator{View: s.view, Options: o.webhook}
-	plan := mut.Plan(mp.pod, 0)
-	judged := mp.pod
-	if plan.Outcome == webhook.OutcomePinned {
-		judged = webhook.Pin(mp.pod, plan.Pod, plan.Domain, plan.Decision.Hint, o.webhook.Names)
+	judged, plan := mut.Mutate(mp.pod, 0)
+	if judged == nil {
+		judged = mp.pod
 	}
 	violations, warnings := val.Review(judged)
 

@@ -50,12 +50,7 @@ func (v *View) RepinInputs(waiting []WaitingPod) ([]placement.NodeRoom, []placem
 		if d < 0 {
 			continue
 		}
-		gpus := 0
-		for _, c := range p.Containers {
-			if !c.Init {
-				gpus += c.DomainGPUs
-			}
-		}
+		gpus := domainHeld(p)
 		unpinned := v.withoutDomainExpressions(wp.Pod)
 		req := nodeaffinity.GetRequiredNodeAffinity(unpinned)
 		w := placement.Waiter{ID: string(wp.Pod.UID), Domain: d, GPUs: gpus, CanMove: wp.CanMove}

@@ -256,12 +256,7 @@ func (v *View) UpsertPod(pod *corev1.Pod) {
 	if d < 0 || gone {
 		return
 	}
-	held := 0
-	for _, c := range p.Containers {
-		if !c.Init {
-			held += c.DomainGPUs
-		}
-	}
+	held := domainHeld(p)
 	e := podEntry{node: pod.Spec.NodeName, namespace: pod.Namespace, domain: d, gpus: held}
 	v.pods[pod.UID] = e
 	if e.node == "" {
@@ -274,6 +269,20 @@ func (v *View) UpsertPod(pod *corev1.Pod) {
 	}
 	v.used[e.node][d] += held
 	v.refreshHistLocked(e.node)
+}
+
+// domainHeld is the GPUs of its domain a pod holds as the scheduler counts it: the larger of
+// its biggest init container and the sum of the containers that run together.
+func domainHeld(p rules.Pod) int {
+	sum, initMax := 0, 0
+	for _, c := range p.Containers {
+		if c.Init {
+			initMax = max(initMax, c.DomainGPUs)
+		} else {
+			sum += c.DomainGPUs
+		}
+	}
+	return max(sum, initMax)
 }
 
 // DeletePod forgets a pod.

@@ -101,6 +101,19 @@ func (p *Pod) add(c *corev1.Container, path string, init bool, n names.Names) {
 	p.Containers = append(p.Containers, ct)
 }
 
+// DomainGPUs is how many GPUs of its domain the pod holds while it exists, as the scheduler
+// counts it: the larger of its biggest init container (init containers run one at a time,
+// before the others) and the sum of the containers that run together.
+func (p Pod) DomainGPUs() int {
+	m := p.GPUs
+	for _, c := range p.Containers {
+		if c.Init {
+			m = max(m, c.GPUs)
+		}
+	}
+	return m
+}
+
 // PinnedDomain returns the one domain id the pod's resources name, or -1 when none or several.
 func (p Pod) PinnedDomain() int {
 	d := -1

@@ -86,8 +86,7 @@ func TestValidateTP(t *testing.T) {
 			[]string{"spec.containers[0].resources.limits[nvidia.com/mig-3g.40gb]: MIG instances have no NVLink between them, so a tensor-parallel pod cannot use them; request whole GPUs with nvidia.com/gpu, or remove the tensor-parallel=true label"}},
 		{"time-sliced", tpPod(container("vllm", map[string]int64{"nvidia.com/gpu.shared": 2})), 8,
 			[]string{"spec.containers[0].resources.limits[nvidia.com/gpu.shared]: time-sliced GPU replicas have no NVLink between them, so a tensor-parallel pod cannot use them; request whole GPUs with nvidia.com/gpu, or remove the tensor-parallel=true label"}},
-		{"init container with GPU", initGPU, 8,
-			[]string{"spec.initContainers[0].resources.limits[nvidia.com/gpu]: an init container of a tensor-parallel pod cannot hold GPUs: it runs before the engine and its GPUs would not be part of the pod's NVSwitch domain; remove the GPU request, or make it a sidecar with restartPolicy: Always"}},
+		{"an init container with a GPU is allowed (it gets it from the pod's domain)", initGPU, 8, nil},
 		{"a GPU sidecar counts toward the TP size", sidecar, 8, nil},
 	}
 	for _, tc := range cases {

@@ -19,7 +19,6 @@ const (
 	ReasonNoDomain         = "no-domain-large-enough"
 	ReasonEngineMismatch   = "engine-flag-mismatch"
 	ReasonSharedGPU        = "mig-or-shared-gpu"
-	ReasonInitContainerGPU = "init-container-gpu"
 	ReasonDomainConflict   = "domain-conflict"
 	ReasonNotPinned        = "not-pinned"
 )
@@ -65,10 +64,6 @@ func ValidateTP(p Pod, cfg Config, largest func() int) []Violation {
 				vs = append(vs, Violation{c.ResourcePath(res), ReasonSharedGPU,
 					fmt.Sprintf("%s have no NVLink between them, so a tensor-parallel pod cannot use them; request whole GPUs with %s, or remove the %s=%s label", kind, names.GPUResource, names.TPLabel, names.TPLabelValue)})
 			}
-		}
-		if c.Init && c.GPUs > 0 {
-			vs = append(vs, Violation{c.ResourcePath(names.GPUResource), ReasonInitContainerGPU,
-				"an init container of a tensor-parallel pod cannot hold GPUs: it runs before the engine and its GPUs would not be part of the pod's NVSwitch domain; remove the GPU request, or make it a sidecar with restartPolicy: Always"})
 		}
 	}
 	gpuContainers := p.GPUContainers()

@@ -54,7 +54,7 @@ unit: host-deps k8s-assets containerd-assets helm-assets
 ## e2e: the seed scenarios on a real single-node cluster (kubelet + containerd with NRI) with
 ## nvdomain installed by its Helm chart. Root only; runs alone.
 e2e: host-deps k8s-assets containerd-assets helm-assets
-	$(GO) test -tags e2e -count=1 -timeout 20m -v ./test/e2e/ 2>&1 | tail -n 80
+	$(GO) test -tags e2e -count=1 -timeout 30m -v ./test/e2e/ 2>&1 | tail -n 80
 
 lint: fmt vet staticcheck
 

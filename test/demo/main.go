@@ -32,8 +32,19 @@ func run() error {
 		return err
 	}
 	rep, err := c.RunScenarios(ctx, os.Stdout)
-	if rep != nil && err == nil {
-		rep.Write(os.Stdout)
+	if err != nil {
+		return err
 	}
-	return err
+	d2, err := c.RunDay2(ctx, os.Stdout, rep)
+	if err != nil {
+		return err
+	}
+	ns, err := c.RunNodeSide(ctx, os.Stdout, rep)
+	if err != nil {
+		return err
+	}
+	rep.Write(os.Stdout)
+	d2.Write(os.Stdout)
+	ns.Write(os.Stdout)
+	return nil
 }

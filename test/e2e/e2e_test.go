@@ -9,6 +9,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"slices"
 	"strings"
@@ -19,7 +20,7 @@ import (
 )
 
 func TestSeedScenariosEndToEnd(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
 	// The kubelet rewrites these kernel settings; teardown must put them back.
 	sysctls := []string{"vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops"}
@@ -118,6 +119,64 @@ func TestSeedScenariosEndToEnd(t *testing.T) {
 		if !strings.Contains(rep.NodeYAML, want) {
 			t.Errorf("node summary lacks %q:\n%s", want, rep.NodeYAML)
 		}
+	}
+
+	// Day 2: a rolling update and stranded waiters.
+	d2, err := c.RunDay2(ctx, os.Stderr, rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d2.Write(os.Stderr)
+	if !strings.Contains(d2.RolloutStatus, "successfully rolled out") || len(d2.RolloutAfter) != 2 {
+		t.Errorf("rolling update: %q, %d pods after", d2.RolloutStatus, len(d2.RolloutAfter))
+	}
+	seen := map[int]bool{}
+	for _, p := range d2.RolloutAfter {
+		d, err := rep.DomainOf(p.GPUs)
+		if err != nil || len(p.GPUs) != 4 {
+			t.Errorf("new pod %s holds %v: %v", p.Name, p.Devices, err)
+		}
+		seen[d] = true
+	}
+	if len(seen) != 2 {
+		t.Errorf("the two new TP=4 pods do not run in distinct domains: %+v", d2.RolloutAfter)
+	}
+	for _, w := range d2.Waiters {
+		switch w.Kind {
+		case "Pod":
+			if !w.StillThere || !strings.Contains(w.Event, "has room on node") || !strings.Contains(w.Event, "kubectl replace --force") {
+				t.Errorf("bare pod: kept %v, Event %q", w.StillThere, w.Event)
+			}
+		default:
+			if w.RanIn != w.Freed || w.Took > 30*time.Second || !strings.Contains(w.Event, "→") {
+				t.Errorf("%s waiter pinned to %s: ran in %s after %s (domain %s freed); Event %q", w.Kind, w.PinnedTo, w.RanIn, w.Took, w.Freed, w.Event)
+			}
+		}
+	}
+	if len(d2.Waiters) != 3 {
+		t.Errorf("waiters: %+v", d2.Waiters)
+	}
+
+	// The node side: fail closed, hand-written annotations, GPU init containers.
+	ns, err := c.RunNodeSide(ctx, os.Stderr, rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Write(os.Stderr)
+	if !strings.Contains(ns.RefusedReason, "required plugin") || !strings.Contains(ns.RefusedReason, "nvdomain") {
+		t.Errorf("refusal while the plugin is down: %q", ns.RefusedReason)
+	}
+	if d, err := rep.DomainOf(ns.AfterRestore.GPUs); err != nil || len(ns.AfterRestore.GPUs) != 2 || fmt.Sprint(d) != ns.AfterRestore.Domain {
+		t.Errorf("after the plugin came back: %+v (%v)", ns.AfterRestore, err)
+	}
+	if !strings.Contains(ns.HandAnnotated, "says domain 0 but no container requests nvidia.com/nvswitch-domain-0") {
+		t.Errorf("hand-annotated pod: %q", ns.HandAnnotated)
+	}
+	if len(ns.InitPlain.GPUs) != 1 || ns.InitPlainInit == "" {
+		t.Errorf("plain pod with a GPU init container: %+v, init held %q", ns.InitPlain, ns.InitPlainInit)
+	}
+	if d, err := rep.DomainOf(ns.InitTP.GPUs); err != nil || len(ns.InitTP.GPUs) != 2 || fmt.Sprint(d) != ns.InitTP.Domain {
+		t.Errorf("TP pod with a GPU init container: %+v (%v)", ns.InitTP, err)
 	}
 
 	c.Stop()

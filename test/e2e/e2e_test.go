@@ -22,16 +22,6 @@ import (
 func TestSeedScenariosEndToEnd(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
-	// The kubelet rewrites these kernel settings; teardown must put them back.
-	sysctls := []string{"vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops"}
-	before := map[string]string{}
-	for _, k := range sysctls {
-		b, err := os.ReadFile("/proc/sys/" + k)
-		if err != nil {
-			t.Fatal(err)
-		}
-		before[k] = string(b)
-	}
 	c, err := localcluster.Start(ctx, localcluster.Options{Log: os.Stderr})
 	if err != nil {
 		t.Fatal(err)
@@ -188,9 +178,11 @@ func TestSeedScenariosEndToEnd(t *testing.T) {
 	if _, err := os.Stat(c.Dir); err == nil {
 		t.Errorf("work dir %s left", c.Dir)
 	}
-	for _, k := range sysctls {
-		if b, _ := os.ReadFile("/proc/sys/" + k); string(b) != before[k] {
-			t.Errorf("sysctl %s is %q after teardown, was %q", k, b, before[k])
+	// The kubelet rewrites kernel settings; teardown must put back what Start found (read
+	// once the machine-wide cluster lock was held, so another cluster's kubelet cannot skew it).
+	for k, was := range c.SavedSysctls() {
+		if b, _ := os.ReadFile("/proc/sys/" + k); strings.TrimSpace(string(b)) != was {
+			t.Errorf("sysctl %s is %q after teardown, was %q", k, b, was)
 		}
 	}
 	if entries, _ := os.ReadDir("/sys/fs/cgroup/cpu/kubepods"); len(entries) > 0 && slices.ContainsFunc(entries, func(e os.DirEntry) bool { return e.IsDir() }) {

@@ -210,6 +210,15 @@ func (c *Cluster) Kubectl(args ...string) (string, string, error) {
 // it is true); they are put back on Stop.
 var kubeletSysctls = []string{"vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops"}
 
+// SavedSysctls returns the kernel settings Start found, which Stop puts back.
+func (c *Cluster) SavedSysctls() map[string]string {
+	out := make(map[string]string, len(c.sysctls))
+	for k, v := range c.sysctls {
+		out[k] = v
+	}
+	return out
+}
+
 func (c *Cluster) saveSysctls() error {
 	for _, k := range kubeletSysctls {
 		b, err := os.ReadFile("/proc/sys/" + k)

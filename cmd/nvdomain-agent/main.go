@@ -1,6 +1,7 @@
 // Command nvdomain-agent publishes this node's NVLink domains as labels, annotations and
-// per-domain extended resources, and optionally serves simulated GPUs to the kubelet. See
-// package agent.
+// per-domain extended resources, and optionally serves simulated GPUs to the kubelet; with
+// --all-nodes it publishes every node of a simulated topology from one process. See package
+// agent.
 package main
 
 import (
@@ -36,6 +37,9 @@ func main() {
 	flag.StringVar(&o.DevicePluginDir, "device-plugin-dir", "/var/lib/kubelet/device-plugins", "the kubelet's device-plugin directory")
 	strategies := flag.String("device-list-strategy", strings.Join(deviceplugin.DefaultStrategies, ","), "how the device plugin hands GPUs to containers, as NVIDIA's does: a comma-separated list of envvar, volume-mounts, cdi-annotations, cdi-cri")
 	flag.StringVar(&o.CDISpecDir, "cdi-spec-dir", "/var/run/cdi", "where the device plugin writes its CDI spec (a directory in containerd's cdi_spec_dirs)")
+	flag.BoolVar(&o.AllNodes, "all-nodes", false, "publish every node of the simulated topology from this one process, each with its own publisher (--source simulated; for fake nodes such as kwok's, which run no agent); --node-name is ignored")
+	qps := flag.Float64("kube-api-qps", 0, "requests per second to the apiserver (0: 5, or 100 with --all-nodes)")
+	flag.IntVar(&o.KubeAPIBurst, "kube-api-burst", 0, "request burst to the apiserver (0: 10, or 200 with --all-nodes)")
 	namesFromFlags := names.BindFlags(flag.CommandLine)
 	zo := zap.Options{}
 	zo.BindFlags(flag.CommandLine)
@@ -43,6 +47,7 @@ func main() {
 
 	log := zap.New(zap.UseFlagOptions(&zo)).WithName("nvdomain-agent")
 	o.DeviceListStrategies = strings.Split(*strategies, ",")
+	o.KubeAPIQPS = float32(*qps)
 	var err error
 	if o.Names, err = namesFromFlags(); err == nil {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

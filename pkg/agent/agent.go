@@ -84,8 +84,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	tick := time.NewTicker(a.o.Period)
 	defer tick.Stop()
-	poll := time.NewTicker(a.o.StatePoll)
-	defer poll.Stop()
+	// Without a state file there is nothing to poll; a fleet of a thousand node agents
+	// (Fleet) would otherwise wake a thousand times a second for nothing.
+	var polls <-chan time.Time
+	if a.o.NRIStateFile != "" {
+		poll := time.NewTicker(a.o.StatePoll)
+		defer poll.Stop()
+		polls = poll.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -94,7 +100,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.sync(ctx)
 		case <-a.o.Source.Changes():
 			a.sync(ctx)
-		case <-poll.C:
+		case <-polls:
 			if a.readNRIState() {
 				if err := a.publish(ctx); err != nil {
 					a.o.Log.Error(err, "publish after an NRI state change")
@@ -246,17 +252,21 @@ type Metrics struct {
 
 // NewMetrics creates the series and registers them with reg.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
-	m := &Metrics{
-		Publishes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nvdomain_agent_publishes_total", Help: "Publish rounds, by result (changed, unchanged)."}, []string{"result"}),
-		Errors:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nvdomain_agent_errors_total", Help: "Errors, by stage (source, publish, nri-state)."}, []string{"stage"}),
-		Stale:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "nvdomain_agent_topology_stale", Help: "1 while the source is invalid and the last good topology stays published."}),
-		Mismatch:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "nvdomain_agent_topology_mismatch", Help: "1 while the NRI plugin serves another topology than the agent publishes."}),
-		Domains:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "nvdomain_agent_domains", Help: "NVLink domains published for this node."}),
-	}
+	m := newMetrics()
 	for _, c := range []prometheus.Collector{m.Publishes, m.Errors, m.Stale, m.Mismatch, m.Domains} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
 	}
 	return m, nil
+}
+
+func newMetrics() *Metrics {
+	return &Metrics{
+		Publishes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nvdomain_agent_publishes_total", Help: "Publish rounds, by result (changed, unchanged)."}, []string{"result"}),
+		Errors:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nvdomain_agent_errors_total", Help: "Errors, by stage (source, publish, nri-state)."}, []string{"stage"}),
+		Stale:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "nvdomain_agent_topology_stale", Help: "1 while the source is invalid and the last good topology stays published."}),
+		Mismatch:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "nvdomain_agent_topology_mismatch", Help: "1 while the NRI plugin serves another topology than the agent publishes."}),
+		Domains:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "nvdomain_agent_domains", Help: "NVLink domains published for this node."}),
+	}
 }

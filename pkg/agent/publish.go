@@ -1,9 +1,11 @@
 // Package agent is nvdomain's node agent: it turns this node's topology into the labels,
-// annotations and per-domain extended resources of DESIGN §2, and keeps them true. It owns
-// only its own keys (those the names package can parse back), removes the ones that no longer
-// apply, never touches anyone else's, re-asserts everything on a period and on change, keeps
-// the last good topology published when its source breaks, and lowers a domain's capacity by
-// the GPUs that unpinned containers hold there (reported by the NRI plugin's state file).
+// annotations and per-domain extended resources that docs/architecture.md lists, and keeps
+// them true. It owns only its own keys (those the names package can parse back), removes the
+// ones that no longer apply, never touches anyone else's, re-asserts everything on a period
+// and on change, keeps the last good topology published when its source breaks, and lowers a
+// domain's capacity by the GPUs that unpinned containers hold there (reported by the NRI
+// plugin's state file). A Fleet runs one agent per node of a simulated topology in one
+// process, for fake nodes that run no agent of their own.
 package agent
 
 import (

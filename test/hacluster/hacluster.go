@@ -92,26 +92,33 @@ var (
 	built   = map[string]string{}
 )
 
-// Build builds a main package of this module (e.g. ./cmd/nvdomain-webhook) once per test
-// binary and returns the binary's path.
-func Build(pkg string) (string, error) {
+// Build builds main packages of this module (e.g. ./cmd/nvdomain-webhook) once per test
+// binary, in one go command so that they link in parallel, and returns the path of the first
+// one's binary. Later calls find the others built.
+func Build(pkgs ...string) (string, error) {
 	buildMu.Lock()
 	defer buildMu.Unlock()
-	if bin, ok := built[pkg]; ok {
-		return bin, nil
+	var missing []string
+	for _, pkg := range pkgs {
+		if _, ok := built[pkg]; !ok && !slices.Contains(missing, pkg) {
+			missing = append(missing, pkg)
+		}
 	}
-	dir, err := os.MkdirTemp("", "nvdomain-bin")
-	if err != nil {
-		return "", fmt.Errorf("build %s: %w", pkg, err)
+	if len(missing) > 0 {
+		dir, err := os.MkdirTemp("", "nvdomain-bin")
+		if err != nil {
+			return "", fmt.Errorf("build %v: %w", missing, err)
+		}
+		cmd := exec.Command("go", append([]string{"build", "-o", dir + "/"}, missing...)...)
+		cmd.Dir = RepoRoot()
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return "", fmt.Errorf("go build %v: %w\n%s", missing, err, out)
+		}
+		for _, pkg := range missing {
+			built[pkg] = filepath.Join(dir, filepath.Base(pkg))
+		}
 	}
-	bin := filepath.Join(dir, filepath.Base(pkg))
-	cmd := exec.Command("go", "build", "-o", bin, pkg)
-	cmd.Dir = RepoRoot()
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build %s: %w\n%s", pkg, err, out)
-	}
-	built[pkg] = bin
-	return bin, nil
+	return built[pkgs[0]], nil
 }
 
 // ConfigureAPIServer sets what every envtest apiserver of the tests needs. No ServiceAccount
@@ -198,6 +205,15 @@ type Options struct {
 	SchedulerArgs, ControllerManagerArgs []string
 	// APIServerArgs are extra kube-apiserver flags (name without dashes → value).
 	APIServerArgs map[string]string
+	// AlsoBuild are more main packages to build with the webhook's (Build).
+	AlsoBuild []string
+	// ReplicasLater leaves the replicas stopped: StartReplica starts them (then
+	// WaitEndpoints, RegisterWebhooks).
+	ReplicasLater bool
+	// KwokFinishesDeletions says that kwok runs and completes graceful pod deletions, as a
+	// kubelet would; otherwise the cluster does it (which lists every pod five times a second:
+	// fine for tens of pods, not for thousands).
+	KwokFinishesDeletions bool
 }
 
 // Replica is one webhook process.
@@ -253,6 +269,7 @@ type Cluster struct {
 }
 
 type proc struct {
+	name string
 	cmd  *exec.Cmd
 	done chan struct{}
 }
@@ -272,7 +289,7 @@ func Start(t testing.TB, o Options) *Cluster {
 	if len(o.Controllers) == 0 {
 		o.Controllers = []string{"replicaset", "garbagecollector"}
 	}
-	bin, err := Build(o.WebhookPackage)
+	bin, err := Build(append([]string{o.WebhookPackage}, o.AlsoBuild...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -346,15 +363,22 @@ func Start(t testing.TB, o Options) *Cluster {
 			"--leader-election-namespace=" + Namespace, "--exclude-namespaces=kube-system," + Namespace,
 		}, o.WebhookArgs...)
 		c.Replicas = append(c.Replicas, r)
-		c.startReplica(r, bin)
+		if !o.ReplicasLater {
+			c.startReplica(r, bin)
+		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c.stopBG = cancel
-	c.bg.Add(3)
+	c.bg.Add(2)
 	go func() { defer c.bg.Done(); c.syncEndpoints(ctx) }()
-	go func() { defer c.bg.Done(); c.finishDeletions(ctx) }()
 	go func() { defer c.bg.Done(); c.projectSecret(ctx) }()
-	c.WaitEndpoints(o.Replicas)
+	if !o.KwokFinishesDeletions {
+		c.bg.Add(1)
+		go func() { defer c.bg.Done(); c.finishDeletions(ctx) }()
+	}
+	if !o.ReplicasLater {
+		c.WaitEndpoints(o.Replicas)
+	}
 	if !o.Unregistered {
 		c.RegisterWebhooks()
 	}
@@ -422,7 +446,7 @@ func (c *Cluster) StartProcess(name, path string, args ...string) *exec.Cmd {
 	}
 	done := make(chan struct{})
 	c.mu.Lock()
-	c.procs = append(c.procs, proc{cmd, done})
+	c.procs = append(c.procs, proc{name, cmd, done})
 	c.mu.Unlock()
 	go func() {
 		_ = cmd.Wait()
@@ -430,6 +454,18 @@ func (c *Cluster) StartProcess(name, path string, args ...string) *exec.Cmd {
 		close(done)
 	}()
 	return cmd
+}
+
+// Process returns the process StartProcess (or Start) started under name, or nil.
+func (c *Cluster) Process(name string) *exec.Cmd {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, p := range c.procs {
+		if p.name == name {
+			return p.cmd
+		}
+	}
+	return nil
 }
 
 // Log returns the end of a process's log (LogDir/<name>.log).
@@ -501,6 +537,9 @@ func (c *Cluster) syncEndpoints(ctx context.Context) {
 			term := c.terminating[r.Name]
 			done := r.done
 			c.mu.Unlock()
+			if done == nil {
+				continue // never started
+			}
 			select {
 			case <-done:
 				continue // a process that exited has no endpoint
@@ -656,23 +695,36 @@ func (c *Cluster) RestartReplica(r *Replica, grace time.Duration) error {
 // ReplaceReplica restarts r as RestartReplica does, running bin (built by Build) with the
 // same flags: how a benchmark swaps the program behind the Service in a running cluster.
 func (c *Cluster) ReplaceReplica(r *Replica, bin string, grace time.Duration) error {
+	if err := c.StopReplica(r, grace); err != nil {
+		return err
+	}
+	c.startReplica(r, bin)
+	return nil
+}
+
+// StopReplica stops r as a scale-down would: its endpoint turns terminating, the process
+// gets SIGTERM and is waited for (killed after grace). StartReplica starts it again.
+func (c *Cluster) StopReplica(r *Replica, grace time.Duration) error {
 	c.mu.Lock()
 	c.terminating[r.Name] = true
 	c.mu.Unlock()
 	_ = r.cmd.Process.Signal(syscall.SIGTERM)
+	var err error
 	select {
 	case <-r.done:
 	case <-time.After(grace):
 		_ = r.cmd.Process.Kill()
 		<-r.done
-		return fmt.Errorf("%s did not exit within %s of SIGTERM", r.Name, grace)
+		err = fmt.Errorf("%s did not exit within %s of SIGTERM", r.Name, grace)
 	}
 	c.mu.Lock()
 	delete(c.terminating, r.Name)
 	c.mu.Unlock()
-	c.startReplica(r, bin)
-	return nil
+	return err
 }
+
+// StartReplica starts a stopped replica again, with the program and flags it had.
+func (c *Cluster) StartReplica(r *Replica) { c.startReplica(r, c.webhookBin) }
 
 // ReplicaLogs returns the end of every replica's log.
 func (c *Cluster) ReplicaLogs() string {
@@ -710,7 +762,7 @@ func (c *Cluster) stop() {
 		<-p.done
 	}
 	for _, r := range c.Replicas {
-		if r.cmd != nil && r.cmd.Process != nil {
+		if r.cmd != nil {
 			_ = r.cmd.Process.Kill()
 			<-r.done
 		}

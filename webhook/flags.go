@@ -41,6 +41,7 @@ func (so *ServerOptions) AddFlags(fs *flag.FlagSet) (complete func() error) {
 	fs.IntVar(&so.Port, "port", so.Port, "webhook port")
 	fs.StringVar(&so.MetricsAddr, "metrics-bind-address", so.MetricsAddr, "Prometheus metrics address; 0 disables")
 	fs.StringVar(&so.ProbeAddr, "health-probe-bind-address", so.ProbeAddr, "healthz/readyz address")
+	fs.StringVar(&so.PprofAddr, "pprof-bind-address", so.PprofAddr, "serve Go's pprof profiles (/debug/pprof/) on this address; empty disables (keep it off networks others reach)")
 	tpSizes := fs.String("tp-sizes", "2,4,8,16,32,64,128,256", "allowed tensor-parallel sizes")
 	nonTP := fs.String("non-tp-pods", string(so.Handlers.NonTPPods), "what to do with GPU pods that are not tensor-parallel: pin, account or auto")
 	excluded := fs.String("exclude-namespaces", strings.Join(so.Handlers.ExcludedNamespaces, ","), "comma-separated namespaces never touched (add the webhook's own)")

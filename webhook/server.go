@@ -23,6 +23,7 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/nvdomain/nvdomain/pkg/certs"
 	"github.com/nvdomain/nvdomain/webhook/certrotation"
@@ -64,6 +65,13 @@ type ServerOptions struct {
 	// CertRotation, when CertRotation.Secret is set, renews the self-signed serving
 	// certificate in that Secret on the elected replica (package certrotation).
 	CertRotation CertRotationOptions
+	// PprofAddr serves net/http/pprof there; empty disables it.
+	PprofAddr string
+	// AdmissionOverride, when set, answers on both webhook paths instead of nvdomain's
+	// handlers, and everything else about the process stays as it is: test/noopwebhook sets
+	// it to a handler that allows everything, the baseline against which
+	// docs/benchmarks.md measures what nvdomain's admission costs.
+	AdmissionOverride admission.Handler
 }
 
 // CertRotationOptions configure the self-signed certificate rotator.
@@ -107,6 +115,7 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 		}),
 		Metrics:                metricsserver.Options{BindAddress: so.MetricsAddr},
 		HealthProbeBindAddress: so.ProbeAddr,
+		PprofBindAddress:       so.PprofAddr,
 		LeaderElection:         so.LeaderElection && (so.Repin.Enabled || so.CertRotation.Secret != ""),
 		LeaderElectionID:       so.LeaderElectionID,
 		// The Lease is handed over at once on a clean shutdown, so a rolling update does not
@@ -160,9 +169,13 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 	if so.Drain == nil {
 		so.Drain = &Drain{}
 	}
+	var mh, vh admission.Handler = mut, val
+	if so.AdmissionOverride != nil {
+		mh, vh = so.AdmissionOverride, so.AdmissionOverride
+	}
 	srv := mgr.GetWebhookServer()
-	srv.Register(MutatePath, so.Drain.Handler(&crwebhook.Admission{Handler: mut}))
-	srv.Register(ValidatePath, so.Drain.Handler(&crwebhook.Admission{Handler: val}))
+	srv.Register(MutatePath, so.Drain.Handler(&crwebhook.Admission{Handler: mh}))
+	srv.Register(ValidatePath, so.Drain.Handler(&crwebhook.Admission{Handler: vh}))
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return nil, nil, err
 	}

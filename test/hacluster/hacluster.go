@@ -54,6 +54,7 @@ const (
 	Service   = "nvdomain-webhook"
 	Port      = 9443
 	ProbePort = 8081
+	PprofPort = 6060
 )
 
 // WebhookPackage is the Go package of nvdomain's webhook process.
@@ -205,6 +206,8 @@ type Options struct {
 	SchedulerArgs, ControllerManagerArgs []string
 	// APIServerArgs are extra kube-apiserver flags (name without dashes → value).
 	APIServerArgs map[string]string
+	// Pprof serves each replica's pprof profiles on its address, port PprofPort.
+	Pprof bool
 	// AlsoBuild are more main packages to build with the webhook's (Build).
 	AlsoBuild []string
 	// ReplicasLater leaves the replicas stopped: StartReplica starts them (then
@@ -362,6 +365,9 @@ func Start(t testing.TB, o Options) *Cluster {
 			"--metrics-bind-address=0", fmt.Sprintf("--health-probe-bind-address=%s:%d", ip, ProbePort),
 			"--leader-election-namespace=" + Namespace, "--exclude-namespaces=kube-system," + Namespace,
 		}, o.WebhookArgs...)
+		if o.Pprof {
+			r.args = append(r.args, fmt.Sprintf("--pprof-bind-address=%s:%d", ip, PprofPort))
+		}
 		c.Replicas = append(c.Replicas, r)
 		if !o.ReplicasLater {
 			c.startReplica(r, bin)

@@ -135,7 +135,7 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 	if err != nil {
 		return nil, nil, fmt.Errorf("register metrics: %w", err)
 	}
-	mut, val := NewHandlers(view, so.Handlers, metrics, log, scheme)
+	mut, val := NewHandlers(view, so.Handlers, metrics, log)
 	if cr := so.CertRotation; cr.Secret != "" {
 		ns, name, _ := strings.Cut(cr.Secret, "/")
 		// Secrets and webhook configurations are read directly, not through the informer

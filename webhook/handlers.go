@@ -95,6 +95,9 @@ func (m *Mutator) handle(_ context.Context, req admission.Request) admission.Res
 	} else if !m.pinsNonTP() {
 		return admission.Allowed("")
 	}
+	if resp, ok := m.admitDRA(req, pod, p); ok {
+		return resp
+	}
 	d := p.PinnedDomain()
 	if d < 0 {
 		start := time.Now()
@@ -112,7 +115,7 @@ func (m *Mutator) handle(_ context.Context, req admission.Request) admission.Res
 		}
 		m.Log.V(1).Info("pinned", "namespace", pod.Namespace, "name", podName(pod), "tp", p.TP, "gpus", p.GPUs, "domain", d, "fitsNow", dec.Fits, "exampleNode", dec.Node)
 	}
-	pinned, err := json.Marshal(Pin(pod, p, d, m.Options.Names))
+	pinned, err := json.Marshal(m.keepOffDRA(Pin(pod, p, d, m.Options.Names)))
 	if err != nil {
 		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("encode pinned pod: %w", err))
 	}
@@ -144,6 +147,7 @@ func (v *Validator) handle(_ context.Context, req admission.Request) admission.R
 	if err != nil {
 		return admission.Errored(http.StatusBadRequest, err)
 	}
+	pod = asRequested(pod, v.Options.Names)
 	n := v.Options.Names
 	p := rules.Inspect(pod, n)
 	vs := rules.ValidateDomains(pod, p, n)
@@ -151,7 +155,7 @@ func (v *Validator) handle(_ context.Context, req admission.Request) admission.R
 		tp := rules.ValidateTP(p, v.Options.rulesConfig(), v.View.LargestDomain)
 		vs = append(vs, tp...)
 		if len(tp) == 0 {
-			vs = append(vs, v.domainViolations(pod, p)...)
+			vs = append(vs, v.placementViolations(pod, p)...)
 		}
 	}
 	warnings := v.warnings(pod, p)

@@ -22,6 +22,7 @@ import (
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/nvdomain/nvdomain/webhook/clusterview"
+	"github.com/nvdomain/nvdomain/webhook/dratemplates"
 	"github.com/nvdomain/nvdomain/webhook/repin"
 )
 
@@ -52,7 +53,14 @@ type ServerOptions struct {
 	LeaderElection          bool
 	LeaderElectionID        string
 	LeaderElectionNamespace string
+	// DRATemplates configures the controller that keeps the ResourceClaimTemplates of DRA
+	// mode in every namespace; it runs on the elected leader too. Its sizes and excluded
+	// namespaces are the handlers'.
+	DRATemplates dratemplates.Options
 }
+
+// leaderOnly reports whether a controller that must run on one replica is on.
+func (so ServerOptions) leaderOnly() bool { return so.Repin.Enabled || so.DRATemplates.Enabled }
 
 // NewManager builds a controller-runtime manager serving the webhook, with the informers that
 // feed the cluster view. Start it with mgr.Start.
@@ -80,7 +88,7 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 		}),
 		Metrics:                metricsserver.Options{BindAddress: so.MetricsAddr},
 		HealthProbeBindAddress: so.ProbeAddr,
-		LeaderElection:         so.LeaderElection && so.Repin.Enabled,
+		LeaderElection:         so.LeaderElection && so.leaderOnly(),
 		LeaderElectionID:       so.LeaderElectionID,
 		// The Lease is handed over at once on a clean shutdown, so a rolling update does not
 		// leave re-pinning idle for a lease duration.
@@ -109,6 +117,14 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 			Recorder: mgr.GetEventRecorder("nvdomain-repin"), Metrics: rm, Log: log.WithName("repin")}
 		if err := r.Setup(mgr); err != nil {
 			return nil, nil, fmt.Errorf("re-pin controller: %w", err)
+		}
+	}
+	if so.DRATemplates.Enabled {
+		o := so.DRATemplates
+		o.Sizes, o.ExcludedNamespaces = so.Handlers.AllowedTPSizes, so.Handlers.ExcludedNamespaces
+		r := &dratemplates.Reconciler{Options: o, Client: mgr.GetClient(), Log: log.WithName("dratemplates")}
+		if err := r.Setup(mgr); err != nil {
+			return nil, nil, fmt.Errorf("ResourceClaimTemplate controller: %w", err)
 		}
 	}
 	srv := mgr.GetWebhookServer()

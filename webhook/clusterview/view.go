@@ -88,6 +88,9 @@ type node struct {
 	histFree  map[int]capFree // what this node contributes to hist now
 	resources []string        // non-zero nvidia.com/ resources
 	hasGPUs   bool
+	// dra marks a DRA node (dra.go): no capacity, its domain sizes from its labels.
+	dra      bool
+	draSizes map[int]int
 }
 
 type podEntry struct {
@@ -136,6 +139,7 @@ func (v *View) UpsertNode(obj *corev1.Node) {
 			nd.hasGPUs = true
 		}
 	}
+	v.markDRA(nd, obj)
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	v.removeNodeLocked(obj.Name)

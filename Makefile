@@ -97,7 +97,8 @@ fuzz:
 
 ## demo: a real single-node cluster, nvdomain installed with its Helm chart (simulated
 ## topology), the seed scenarios applied from manifests/examples, and a report. Root only.
-## KEEP=1 leaves the cluster up and prints how to reach it.
+## KEEP=1 leaves the cluster up and prints how to reach it. MODE=dra installs nvdomain as the
+## node's DRA driver and runs the DRA-mode scenarios (docs/dra.md).
 demo: host-deps k8s-assets containerd-assets helm-assets
 	$(GO) run ./test/demo
 

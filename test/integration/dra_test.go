@@ -2,6 +2,8 @@ package integration
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -11,11 +13,18 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	"github.com/nvdomain/nvdomain/pkg/agent"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/webhook"
 	"github.com/nvdomain/nvdomain/webhook/dratemplates"
@@ -159,4 +168,114 @@ func TestDRAModeThroughTheRealAPIServer(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), want) {
 		t.Errorf("TP=8: %v, want %q", err, want)
 	}
+}
+
+// writeKubeconfig writes a kubeconfig for cfg, for binaries' code paths that take one.
+func writeKubeconfig(t *testing.T, cfg *rest.Config) string {
+	t.Helper()
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["envtest"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
+	kc.AuthInfos["admin"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData, Token: cfg.BearerToken}
+	kc.Contexts["envtest"] = &clientcmdapi.Context{Cluster: "envtest", AuthInfo: "admin"}
+	kc.CurrentContext = "envtest"
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, path); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestDRAAgentPublishesSlicesThatFollowTheConfigMap runs the agent binary's code path with
+// --dra against a real apiserver: the ResourceSlice passes the apiserver's validation, the node
+// becomes a DRA node (mode label, descriptive labels, no domain resources), and an edit of the
+// simulated-topology ConfigMap reaches the slice.
+func TestDRAAgentPublishesSlicesThatFollowTheConfigMap(t *testing.T) {
+	env := &envtest.Environment{BinaryAssetsDirectory: assets(t)}
+	configureAPIServer(env.ControlPlane.GetAPIServer())
+	cfg, err := env.Start()
+	if err != nil {
+		t.Fatalf("start envtest: %v", err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	client := kubernetes.NewForConfigOrDie(cfg)
+	ctx := context.Background()
+	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "nvdomain-system"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	node, err := client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-node01", Labels: map[string]string{"team": "ml"}}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Left by a classic agent before the pool was switched.
+	res := corev1.ResourceList{"nvidia.com/nvswitch-domain-0": resource.MustParse("4"), corev1.ResourcePods: resource.MustParse("110")}
+	node.Status.Capacity, node.Status.Allocatable = res, res.DeepCopy()
+	if _, err := client.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f := &agentFixture{t: t, client: client}
+	f.setConfigMap(seedDoc)
+
+	dir, err := os.MkdirTemp("/tmp", "dra") // unix socket paths stay short
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	o := agent.ProcessOptions{Names: n, Node: "gpu-node01", Source: names.SourceSimulated, ConfigMap: "nvdomain-system/nvdomain-topology",
+		Period: 300 * time.Millisecond, Kubeconfig: writeKubeconfig(t, cfg), DRA: true, DRAKubeletDir: dir, CDISpecDir: filepath.Join(dir, "cdi")}
+	both := o
+	both.DevicePlugin = true
+	if err := agent.RunProcess(ctx, both, logr.Discard()); err == nil || !strings.Contains(err.Error(), "--dra and --device-plugin are both set") {
+		t.Errorf("--dra with --device-plugin: %v", err)
+	}
+	actx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- agent.RunProcess(actx, o, logr.Discard()) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("agent: %v", err)
+		}
+	}()
+
+	sizes := func() map[string]int64 {
+		list, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]int64{}
+		for _, s := range list.Items {
+			for _, d := range s.Spec.Devices {
+				if a := d.Attributes[resourceapi.QualifiedName(names.QualifiedAttribute(names.DRAAttrDomainSize))]; a.IntValue != nil {
+					out[d.Name] = *a.IntValue
+				}
+			}
+		}
+		return out
+	}
+	waitSizes := func(what string, want int64) {
+		t.Helper()
+		var got map[string]int64
+		if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 20*time.Second, true, func(context.Context) (bool, error) {
+			got = sizes()
+			if len(got) != 8 {
+				return false, nil
+			}
+			for _, v := range got {
+				if v != want {
+					return false, nil
+				}
+			}
+			return true, nil
+		}); err != nil {
+			t.Fatalf("%s: devices and domain sizes %v", what, got)
+		}
+	}
+	waitSizes("8 devices in two domains of 4", 4)
+	f.waitNode("a DRA node: mode label, domain labels, no domain resources", func(nd *corev1.Node) bool {
+		_, stale := nd.Status.Capacity["nvidia.com/nvswitch-domain-0"]
+		return nd.Labels[n.ModeLabel()] == names.ModeDRA && nd.Labels[n.DomainSizeLabel(1)] == "4" && !stale &&
+			nd.Labels["team"] == "ml" && capacityOf(nd, "pods") == 110
+	})
+	f.setConfigMap(`{"nodes":[{"name":"gpu-node01","gpuCount":8,"domains":[{"id":0,"gpus":[0,1,2,3,4,5,6,7]}]}]}`)
+	waitSizes("one domain of 8 after the ConfigMap changed", 8)
 }

@@ -7,8 +7,10 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 
 	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
 	resourceapi "k8s.io/api/resource/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -17,6 +19,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/topology"
@@ -85,6 +88,9 @@ type Driver struct {
 
 	mu        sync.Mutex
 	published *resourceslice.DriverResources
+	// registered is what the kubelet last said about the registration. The helper keeps the
+	// same status without a lock, so the driver records its own copy as the call passes.
+	registered atomic.Bool
 }
 
 var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
@@ -112,6 +118,7 @@ func Start(ctx context.Context, o Options) (*Driver, error) {
 		kubeletplugin.NodeName(o.Node),
 		kubeletplugin.RegistrarDirectoryPath(o.RegistryDir()),
 		kubeletplugin.PluginDataDirectoryPath(o.PluginDir()),
+		kubeletplugin.GRPCInterceptor(d.recordRegistration),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("start the DRA kubelet plugin %s: %w", names.DRADriver, err)
@@ -133,9 +140,19 @@ func (d *Driver) Stop() {
 }
 
 // Registered reports whether the kubelet accepted the driver's registration.
-func (d *Driver) Registered() bool {
-	st := d.helper.RegistrationStatus()
-	return st != nil && st.PluginRegistered
+func (d *Driver) Registered() bool { return d.registered.Load() }
+
+// recordRegistration notes the kubelet's NotifyRegistrationStatus calls on their way to the
+// helper's registration server.
+func (d *Driver) recordRegistration(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	resp, err := handler(ctx, req)
+	if st, ok := req.(*registerapi.RegistrationStatus); ok && err == nil {
+		d.registered.Store(st.PluginRegistered)
+		if !st.PluginRegistered {
+			d.o.Log.Error(errors.New(st.Error), "the kubelet refused the DRA driver's registration")
+		}
+	}
+	return resp, err
 }
 
 // SetTopology publishes the devices of a (new) topology; the ResourceSlices change only when

@@ -400,6 +400,8 @@ const (
 	DRACapacityMemory = "memory"
 	// DRATemplatePrefix starts the ResourceClaimTemplate of a TP size: nvdomain-tp-<k>.
 	DRATemplatePrefix = "nvdomain-tp-"
+	// DRARequest is the one request of every nvdomain-tp-<k> template: the GPUs.
+	DRARequest = "gpus"
 	// DRAPodClaim is the name of the pod's spec.resourceClaims entry the webhook adds, which
 	// the GPU containers' resources.claims reference.
 	DRAPodClaim = "nvdomain-gpus"

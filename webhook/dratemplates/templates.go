@@ -24,9 +24,6 @@ import (
 	"github.com/nvdomain/nvdomain/pkg/names"
 )
 
-// RequestName is the request of every template: the GPUs.
-const RequestName = "gpus"
-
 // Options configure the controller.
 type Options struct {
 	// Enabled turns the controller on (the chart sets it with dra.enabled).
@@ -61,7 +58,7 @@ func Desired(namespace string, k int) *resourceapi.ResourceClaimTemplate {
 		ObjectMeta: metav1.ObjectMeta{Name: names.DRATemplate(k), Namespace: namespace,
 			Labels: map[string]string{names.DRAManagedByLabel: names.DRAManagedByValue}},
 		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
-			Requests: []resourceapi.DeviceRequest{{Name: RequestName, Exactly: &resourceapi.ExactDeviceRequest{
+			Requests: []resourceapi.DeviceRequest{{Name: names.DRARequest, Exactly: &resourceapi.ExactDeviceRequest{
 				DeviceClassName: names.DRADeviceClass, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: int64(k),
 			}}},
 			Constraints: []resourceapi.DeviceConstraint{{

@@ -33,11 +33,14 @@ test: lint unit e2e
 k8s-assets:
 	K8S_VERSION=$(K8S_VERSION) test/tools/build-k8s.sh >/dev/null
 
-# Debian packages the real-component tiers need: runc, and a static busybox for the test images.
+# Debian packages the real-component tiers need: runc, a static busybox for the test images,
+# and iproute2 and util-linux (ip, unshare) for the private network namespace the cluster tiers
+# run in (test/netns).
 host-deps:
-	@if ! command -v runc >/dev/null || ! { ldd /bin/busybox 2>&1 || true; } | grep -q "not a dynamic executable"; then \
-		echo "installing runc and busybox-static"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends runc busybox-static; \
+	@if ! command -v runc >/dev/null || ! command -v ip >/dev/null || ! command -v unshare >/dev/null || \
+		! { ldd /bin/busybox 2>&1 || true; } | grep -q "not a dynamic executable"; then \
+		echo "installing runc, busybox-static, iproute2 and util-linux"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends runc busybox-static iproute2 util-linux; \
 	fi
 
 # The NRI tier (test/containerd) runs a real containerd v2 with NRI, built the same way into
@@ -97,7 +100,8 @@ fuzz:
 
 ## demo: a real single-node cluster, nvdomain installed with its Helm chart (simulated
 ## topology), the seed scenarios applied from manifests/examples, and a report. Root only.
-## KEEP=1 leaves the cluster up and prints how to reach it.
+## KEEP=1 leaves the cluster up and prints how to reach it. MODE=dra installs nvdomain as the
+## node's DRA driver and runs the DRA-mode scenarios (docs/dra.md).
 demo: host-deps k8s-assets containerd-assets helm-assets
 	$(GO) run ./test/demo
 

@@ -22,10 +22,10 @@ type Metrics struct {
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		Assignments: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "nvdomain_nri_assignments_total", Help: "GPU assignments at container creation, by kind (pinned, unpinned).",
+			Name: "nvdomain_nri_assignments_total", Help: "GPU assignments at container creation, by kind (pinned, unpinned, dra).",
 		}, []string{"kind"}),
 		Refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "nvdomain_nri_refusals_total", Help: "Container creations refused, by reason (domain-full, node-full, bad-annotation, annotation-mismatch, not-whole-gpus, shared-gpus).",
+			Name: "nvdomain_nri_refusals_total", Help: "Container creations refused, by reason (domain-full, node-full, bad-annotation, annotation-mismatch, not-whole-gpus, shared-gpus, domains-split).",
 		}, []string{"reason"}),
 		ShouldHaveBeenPinned: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "nvdomain_nri_unpinned_tp_containers_total", Help: "Tensor-parallel containers that arrived without a domain (admitted while the webhook was down).",

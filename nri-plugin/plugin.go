@@ -32,6 +32,7 @@ import (
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/nvdomain/nvdomain/pkg/cdispec"
+	"github.com/nvdomain/nvdomain/pkg/dra"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/nristate"
 	"github.com/nvdomain/nvdomain/pkg/placement"
@@ -56,6 +57,11 @@ type Config struct {
 	// CDISpecDirs are read to know every device node a CDI device brings (empty: only the
 	// /dev/nvidia<minor> nodes found in the container are known).
 	CDISpecDirs []string
+	// DRA says the node is a DRA node (docs/dra.md): the scheduler's allocator chose each
+	// container's GPUs, so the plugin rewrites nothing; it checks that a tensor-parallel
+	// container's GPUs share one domain, refuses it otherwise, and records what every
+	// container holds.
+	DRA bool
 }
 
 // Assignment is what one container holds; the state file shares the type with the agent.
@@ -173,6 +179,9 @@ func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 		return nil, nil, fmt.Errorf("nvdomain: pod %s/%s container %s: %w", pod.Namespace, pod.Name, ctr.Name, err)
 	}
 
+	if p.cfg.DRA {
+		return p.createDRA(pod, ctr, fail)
+	}
 	k, domain, tp, err := p.request(pod, ctr)
 	if err != nil {
 		return fail("bad-annotation", err)
@@ -479,7 +488,86 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, ctrs []*
 	return nil, nil
 }
 
+// createDRA handles a container on a DRA node.
+func (p *Plugin) createDRA(pod *api.PodSandbox, ctr *api.Container, fail func(string, error) (*api.ContainerAdjustment, []*api.ContainerUpdate, error)) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
+	tp := pod.Labels[names.TPLabel] == names.TPLabelValue
+	p.mu.Lock()
+	gpus := p.draGPUsLocked(ctr)
+	if len(gpus) == 0 {
+		p.mu.Unlock()
+		return nil, nil, nil
+	}
+	domain := p.domainOfLocked(gpus)
+	if tp && domain < 0 {
+		p.mu.Unlock()
+		return fail("domains-split", fmt.Errorf("the GPUs prepared for this tensor-parallel container (%s) do not share one NVSwitch domain; its claim must come from the ResourceClaimTemplate %s, whose matchAttribute on %s keeps them together",
+			p.describeDomainsLocked(gpus), names.DRATemplate(len(gpus)), names.QualifiedAttribute(names.DRAAttrDomain)))
+	}
+	a := Assignment{ContainerID: ctr.Id, PodSandboxID: pod.Id, PodNamespace: pod.Namespace, PodName: pod.Name, PodUID: pod.Uid,
+		ContainerName: ctr.Name, GPUs: gpus, Domain: domain}
+	p.recordLocked(a)
+	snap := p.snapshotLocked()
+	p.mu.Unlock()
+	p.metrics.Assignments.WithLabelValues("dra").Inc()
+	p.report.Assigned(a, false)
+	p.report.Changed(snap)
+	adj := &api.ContainerAdjustment{}
+	adj.AddAnnotation(p.cfg.Names.PodAssignedGPUsAnnotation(), names.FormatGPUList(gpus))
+	return adj, nil, nil
+}
+
+// draGPUsLocked reads the GPUs the DRA driver prepared for a container from its CDI device
+// names (pkg/dra's naming; NVIDIA's nvidia.com/gpu=<uuid|index> on nodes whose driver uses
+// NVIDIA's spec).
+func (p *Plugin) draGPUsLocked(ctr *api.Container) []int {
+	set := map[int]bool{}
+	for _, d := range ctr.CDIDevices {
+		_, idx, uuid, ok := dra.ParseCDIDevice(d.Name)
+		if !ok {
+			continue
+		}
+		if uuid != "" {
+			if idx, ok = p.uuidToIndex[uuid]; !ok {
+				continue
+			}
+		}
+		if _, known := p.top.GPU(idx); known {
+			set[idx] = true
+		}
+	}
+	return slices.Sorted(maps.Keys(set))
+}
+
+// domainOfLocked returns the domain all the GPUs share, or -1.
+func (p *Plugin) domainOfLocked(gpus []int) int {
+	d := -1
+	for i, g := range gpus {
+		gpu, _ := p.top.GPU(g)
+		if gpu.Domain == nil || (i > 0 && *gpu.Domain != d) {
+			return -1
+		}
+		d = *gpu.Domain
+	}
+	return d
+}
+
+func (p *Plugin) describeDomainsLocked(gpus []int) string {
+	var parts []string
+	for _, g := range gpus {
+		gpu, _ := p.top.GPU(g)
+		where := "no domain"
+		if gpu.Domain != nil {
+			where = "domain " + strconv.Itoa(*gpu.Domain)
+		}
+		parts = append(parts, fmt.Sprintf("GPU %d in %s", g, where))
+	}
+	return strings.Join(parts, ", ")
+}
+
 func (p *Plugin) heldGPUsLocked(pod *api.PodSandbox, ctr *api.Container) []int {
+	if p.cfg.DRA {
+		return p.draGPUsLocked(ctr)
+	}
 	if v, ok := ctr.Annotations[p.cfg.Names.PodAssignedGPUsAnnotation()]; ok {
 		if gpus, err := names.ParseGPUList(v); err == nil && len(gpus) > 0 {
 			return gpus

@@ -649,3 +649,87 @@ func TestContainerGPUInfoFollowsAssignments(t *testing.T) {
 		t.Fatalf("%d series left after the container stopped", n)
 	}
 }
+
+func TestDRANodesCheckAndRecordButRewriteNothing(t *testing.T) {
+	draCtr := func(id, pod string, devs ...string) *api.Container {
+		c := ctr(id, pod, "main", "NVIDIA_VISIBLE_DEVICES=void")
+		for _, d := range devs {
+			c.CDIDevices = append(c.CDIDevices, &api.CDIDevice{Name: d})
+		}
+		return c
+	}
+	tpPod := func(id string) *api.PodSandbox {
+		return &api.PodSandbox{Id: id, Name: "pod-" + id, Namespace: "default", Uid: "uid-" + id,
+			Labels: map[string]string{"tensor-parallel": "true"}}
+	}
+	plainPod := func(id string) *api.PodSandbox {
+		return &api.PodSandbox{Id: id, Name: "pod-" + id, Namespace: "default", Uid: "uid-" + id}
+	}
+	cases := []struct {
+		name       string
+		pod        *api.PodSandbox
+		devs       []string
+		wantErr    string
+		wantGPUs   string // assigned-gpus annotation; empty: no adjustment
+		wantDomain int
+	}{
+		{name: "tp claim in one domain", pod: tpPod("a"),
+			devs:     []string{"gpu.nvdomain.io/gpu=c1-gpu-4", "gpu.nvdomain.io/gpu=c1-gpu-5"},
+			wantGPUs: "4,5", wantDomain: 1},
+		{name: "tp claim across domains is refused", pod: tpPod("b"),
+			devs:    []string{"gpu.nvdomain.io/gpu=c2-gpu-3", "gpu.nvdomain.io/gpu=c2-gpu-4"},
+			wantErr: "GPU 3 in domain 0, GPU 4 in domain 1"},
+		{name: "plain pod across domains is fine", pod: plainPod("c"),
+			devs:     []string{"gpu.nvdomain.io/gpu=c3-gpu-3", "gpu.nvdomain.io/gpu=c3-gpu-4"},
+			wantGPUs: "3,4", wantDomain: -1},
+		{name: "NVIDIA's CDI names by index and uuid", pod: tpPod("d"),
+			devs:     []string{"nvidia.com/gpu=0", "nvidia.com/gpu=GPU-1"},
+			wantGPUs: "0,1", wantDomain: 0},
+		{name: "other vendors' devices are no GPUs", pod: tpPod("e"),
+			devs: []string{"example.com/nic=0"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := NewMetrics(prometheus.NewRegistry())
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec := &recorder{}
+			p, err := New(Config{Names: n, Topology: seedTopology(t), DRA: true}, logr.Discard(), m, rec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			adj, upd, err := p.CreateContainer(context.Background(), tc.pod, draCtr("c-"+tc.pod.Id, tc.pod.Id, tc.devs...))
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), "nvdomain-tp-2") {
+					t.Fatalf("err = %v, want one naming %q and the template", err, tc.wantErr)
+				}
+				if got := testutil.ToFloat64(m.Refusals.WithLabelValues("domains-split")); got != 1 {
+					t.Fatalf("domains-split refusals = %v, want 1", got)
+				}
+				if len(rec.assigned) != 0 {
+					t.Fatalf("a refused container was recorded: %+v", rec.assigned)
+				}
+				return
+			}
+			if err != nil || upd != nil {
+				t.Fatalf("CreateContainer: %v, updates %v", err, upd)
+			}
+			if tc.wantGPUs == "" {
+				if adj != nil || len(rec.assigned) != 0 {
+					t.Fatalf("container without GPUs got %+v, recorded %+v", adj, rec.assigned)
+				}
+				return
+			}
+			if len(adj.GetEnv()) != 0 || adj.GetLinux() != nil || len(adj.GetCDIDevices()) != 0 {
+				t.Fatalf("DRA container was rewritten: %+v", adj)
+			}
+			if got := adj.GetAnnotations()[n.PodAssignedGPUsAnnotation()]; got != tc.wantGPUs {
+				t.Fatalf("assigned-gpus = %q, want %q", got, tc.wantGPUs)
+			}
+			if len(rec.assigned) != 1 || rec.assigned[0].Domain != tc.wantDomain {
+				t.Fatalf("recorded %+v, want one assignment in domain %d", rec.assigned, tc.wantDomain)
+			}
+		})
+	}
+}

@@ -42,6 +42,8 @@ type RunOptions struct {
 	// CDI device's nodes (see Config).
 	HookPath    string
 	CDISpecDirs []string
+	// DRA makes the plugin check, not rewrite (Config.DRA).
+	DRA bool
 	// TopologyReload is how often the topology source is read again; a change is applied
 	// (the agent republishes the same change) unless running containers hold GPUs the new
 	// topology lacks. 0 reads it once.
@@ -121,7 +123,7 @@ func Run(ctx context.Context, o RunOptions, log logr.Logger) error {
 			return fmt.Errorf("--hook-path %s: not an executable (%v); install nvdomain-nri-hook on the node there (the chart's install-hook init container does), or pass --hook-path= to leave removed GPUs' device nodes in place, denied by the device cgroup", o.HookPath, err)
 		}
 	}
-	p, err := New(Config{Names: o.Names, Topology: top, CDIKind: kind, SharedGPUs: o.SharedGPUs, HookPath: o.HookPath, CDISpecDirs: o.CDISpecDirs}, log, m, reporters)
+	p, err := New(Config{Names: o.Names, Topology: top, CDIKind: kind, SharedGPUs: o.SharedGPUs, HookPath: o.HookPath, CDISpecDirs: o.CDISpecDirs, DRA: o.DRA}, log, m, reporters)
 	if err != nil {
 		return err
 	}
@@ -150,7 +152,7 @@ func Run(ctx context.Context, o RunOptions, log logr.Logger) error {
 		return fmt.Errorf("create NRI stub: %w", err)
 	}
 	log.Info("starting", "gpus", len(top.GPUs), "domains", len(top.Domains), "source", top.Source, "fingerprint", top.Fingerprint(),
-		"cdiKind", kind.String(), "sharedGPUs", o.SharedGPUs, "topologyReload", o.TopologyReload, "hookPath", o.HookPath, "cdiSpecDirs", o.CDISpecDirs)
+		"cdiKind", kind.String(), "sharedGPUs", o.SharedGPUs, "topologyReload", o.TopologyReload, "hookPath", o.HookPath, "cdiSpecDirs", o.CDISpecDirs, "dra", o.DRA)
 	return s.Run(ctx)
 }
 

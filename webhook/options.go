@@ -42,6 +42,8 @@ type Options struct {
 	Names          names.Names
 	AllowedTPSizes []int
 	NonTPPods      NonTPMode
+	// Mode says which TP pods go to DRA node pools (dra.go, docs/dra.md).
+	Mode Mode
 	// ExcludedNamespaces are never mutated or validated (kube-system, the webhook's own).
 	// The webhook configurations exclude them too; this is the second line.
 	ExcludedNamespaces []string
@@ -53,6 +55,7 @@ func DefaultOptions() Options {
 		Names:              names.Default(),
 		AllowedTPSizes:     rules.DefaultAllowedTPSizes,
 		NonTPPods:          NonTPAuto,
+		Mode:               ModeClassic,
 		ExcludedNamespaces: []string{"kube-system"},
 	}
 }

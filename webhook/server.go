@@ -27,6 +27,7 @@ import (
 	"github.com/nvdomain/nvdomain/pkg/certs"
 	"github.com/nvdomain/nvdomain/webhook/certrotation"
 	"github.com/nvdomain/nvdomain/webhook/clusterview"
+	"github.com/nvdomain/nvdomain/webhook/dratemplates"
 	"github.com/nvdomain/nvdomain/webhook/repin"
 )
 
@@ -64,6 +65,10 @@ type ServerOptions struct {
 	// CertRotation, when CertRotation.Secret is set, renews the self-signed serving
 	// certificate in that Secret on the elected replica (package certrotation).
 	CertRotation CertRotationOptions
+	// DRATemplates configures the controller that keeps the ResourceClaimTemplates of DRA
+	// mode in every namespace; it runs on the elected leader too. Its sizes and excluded
+	// namespaces are the handlers'.
+	DRATemplates dratemplates.Options
 }
 
 // CertRotationOptions configure the self-signed certificate rotator.
@@ -79,6 +84,11 @@ type CertRotationOptions struct {
 	Validity    time.Duration
 	RenewBefore time.Duration
 	Interval    time.Duration
+}
+
+// leaderOnly reports whether a controller that must run on one replica is on.
+func (so ServerOptions) leaderOnly() bool {
+	return so.Repin.Enabled || so.DRATemplates.Enabled || so.CertRotation.Secret != ""
 }
 
 // NewManager builds a controller-runtime manager serving the webhook, with the informers that
@@ -159,6 +169,14 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 	}
 	if so.Drain == nil {
 		so.Drain = &Drain{}
+	}
+	if so.DRATemplates.Enabled {
+		o := so.DRATemplates
+		o.Sizes, o.ExcludedNamespaces = so.Handlers.AllowedTPSizes, so.Handlers.ExcludedNamespaces
+		r := &dratemplates.Reconciler{Options: o, Client: mgr.GetClient(), Log: log.WithName("dratemplates")}
+		if err := r.Setup(mgr); err != nil {
+			return nil, nil, fmt.Errorf("ResourceClaimTemplate controller: %w", err)
+		}
 	}
 	srv := mgr.GetWebhookServer()
 	srv.Register(MutatePath, so.Drain.Handler(&crwebhook.Admission{Handler: mut}))

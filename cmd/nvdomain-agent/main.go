@@ -1,6 +1,6 @@
 // Command nvdomain-agent publishes this node's NVLink domains as labels, annotations and
-// per-domain extended resources, and optionally serves simulated GPUs to the kubelet. See
-// package agent.
+// per-domain extended resources, and optionally serves simulated GPUs to the kubelet; with
+// --dra it is the node's DRA driver instead. See packages agent and dra.
 package main
 
 import (
@@ -17,6 +17,7 @@ import (
 
 	"github.com/nvdomain/nvdomain/pkg/agent"
 	"github.com/nvdomain/nvdomain/pkg/deviceplugin"
+	"github.com/nvdomain/nvdomain/pkg/dra"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/nristate"
 )
@@ -35,7 +36,10 @@ func main() {
 	flag.BoolVar(&o.DevicePlugin, "device-plugin", false, "serve the topology's GPUs to the kubelet as nvidia.com/gpu (simulated GPUs)")
 	flag.StringVar(&o.DevicePluginDir, "device-plugin-dir", "/var/lib/kubelet/device-plugins", "the kubelet's device-plugin directory")
 	strategies := flag.String("device-list-strategy", strings.Join(deviceplugin.DefaultStrategies, ","), "how the device plugin hands GPUs to containers, as NVIDIA's does: a comma-separated list of envvar, volume-mounts, cdi-annotations, cdi-cri")
-	flag.StringVar(&o.CDISpecDir, "cdi-spec-dir", "/var/run/cdi", "where the device plugin writes its CDI spec (a directory in containerd's cdi_spec_dirs)")
+	flag.StringVar(&o.CDISpecDir, "cdi-spec-dir", "/var/run/cdi", "where the device plugin, or the DRA driver, writes its CDI specs (a directory in containerd's cdi_spec_dirs)")
+	flag.BoolVar(&o.DRA, "dra", false, "run the DRA driver "+names.DRADriver+" for this node (docs/dra.md): publish its GPUs as ResourceSlice devices, prepare claims, label the node "+names.DefaultLabelPrefix+"/nvdomain-mode=dra and publish no per-domain extended resources; excludes --device-plugin")
+	flag.StringVar(&o.DRAKubeletDir, "dra-kubelet-dir", dra.DefaultKubeletDir, "the kubelet's --root-dir, where the DRA driver registers (plugins_registry) and keeps its socket and checkpoint (plugins/"+names.DRADriver+")")
+	flag.StringVar(&o.DRACDI, "dra-cdi", "auto", "CDI devices of prepared claims: nvdomain (the driver writes per-claim specs; simulated GPUs), nvidia (nvidia.com/gpu=<uuid> from nvidia-ctk's spec), or auto (nvdomain for --source simulated, else nvidia)")
 	namesFromFlags := names.BindFlags(flag.CommandLine)
 	zo := zap.Options{}
 	zo.BindFlags(flag.CommandLine)

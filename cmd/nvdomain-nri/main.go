@@ -33,6 +33,7 @@ func main() {
 	flag.BoolVar(&o.SharedGPUs, "shared-gpus", false, "the node time-slices its GPUs: leave GPU containers without a domain as the device plugin made them, refuse tensor-parallel ones")
 	flag.StringVar(&o.HookPath, "hook-path", "", "node-side path of nvdomain-nri-hook, which removes the device nodes of GPUs a container must not have (empty: they stay, denied by the device cgroup)")
 	cdiDirs := flag.String("cdi-spec-dirs", "/etc/cdi,/var/run/cdi", "comma-separated CDI spec directories, to know every device node a GPU's CDI device brings")
+	flag.BoolVar(&o.DRA, "dra", false, "the node is a DRA node: check that a tensor-parallel container's prepared GPUs share one domain and record them, rewrite nothing")
 	flag.DurationVar(&o.TopologyReload, "topology-reload", 30*time.Second, "how often the topology source is read again (0: once)")
 	flag.StringVar(&o.StateFile, "state-file", nristate.DefaultPath, "where to write which container holds which GPUs, for the node agent")
 	flag.StringVar(&o.MetricsAddr, "metrics-bind-address", "", "Prometheus metrics address, e.g. 127.0.0.1:9101; empty disables")

@@ -35,6 +35,13 @@ type Options struct {
 	StatePoll time.Duration
 	Log       logr.Logger
 	Metrics   *Metrics
+	// DRA publishes for a DRA node (docs/dra.md): the mode label and the descriptive labels
+	// and annotations, but no per-domain extended resources; the scheduler's allocator counts
+	// the GPUs the DRA driver publishes.
+	DRA bool
+	// TopologyLoaded is called with every good topology the source yields, at start and on
+	// each reload, so the DRA driver publishes the same topology as the agent.
+	TopologyLoaded func(context.Context, *topology.Topology)
 }
 
 // Agent publishes one node's topology.
@@ -78,6 +85,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		return fmt.Errorf("%w from %s: %v", ErrNoTopology, a.o.Source.Describe(), err)
 	}
 	a.lastGood = top
+	a.loaded(ctx, top)
 	a.readNRIState()
 	if err := a.publish(ctx); err != nil {
 		a.o.Log.Error(err, "first publish failed; retrying every period")
@@ -125,10 +133,17 @@ func (a *Agent) sync(ctx context.Context) {
 			a.event(ctx, corev1.EventTypeNormal, "TopologyRecovered", fmt.Sprintf("%s is valid again", a.o.Source.Describe()))
 		}
 		a.lastGood, a.stale, a.lastErr = top, false, ""
+		a.loaded(ctx, top)
 	}
 	a.readNRIState()
 	if err := a.publish(ctx); err != nil {
 		a.o.Log.Error(err, "publish")
+	}
+}
+
+func (a *Agent) loaded(ctx context.Context, top *topology.Topology) {
+	if a.o.TopologyLoaded != nil {
+		a.o.TopologyLoaded(ctx, top)
 	}
 }
 
@@ -137,6 +152,9 @@ func (a *Agent) publish(ctx context.Context) error {
 	d, err := Desire(a.o.Names, a.lastGood, a.unpinned, Health{Stale: a.stale, Mismatch: mismatch})
 	if err != nil {
 		return err
+	}
+	if a.o.DRA {
+		d = d.ForDRA(a.o.Names)
 	}
 	res, err := a.publisher.Publish(ctx, d)
 	if err != nil {

@@ -374,3 +374,74 @@ func BindFlags(fs *flag.FlagSet) func() (Names, error) {
 	resource := fs.String("resource-prefix", DefaultResourcePrefix, "prefix of the per-domain extended resources")
 	return func() (Names, error) { return New(*label, *resource) }
 }
+
+// DRA mode: on node pools labelled ModeLabel=ModeDRA, nvdomain is the GPU driver of Dynamic
+// Resource Allocation and the kube-scheduler's allocator picks a TP pod's GPUs inside one
+// domain (docs/dra.md). These names are fixed: the driver name is the API contract between
+// the ResourceSlices, the DeviceClass, the ResourceClaimTemplates and the CDI devices.
+const (
+	// DRADriver is the DRA driver name: ResourceSlices' spec.driver, the domain of every device
+	// attribute and capacity, and the vendor of the CDI devices the driver writes.
+	DRADriver = "gpu.nvdomain.io"
+	// DRADeviceClass selects every device of DRADriver; it maps the extended resource
+	// nvidia.com/gpu onto DRA on nodes that do not advertise it, so plain GPU pods run there.
+	DRADeviceClass = "gpu.nvdomain.io"
+	// DRADevicePrefix starts a device's name in a ResourceSlice: gpu-<index>.
+	DRADevicePrefix = "gpu-"
+	// Device attributes, qualified by the driver (QualifiedAttribute). nvswitchDomain is absent
+	// on GPUs in no domain, so a claim constrained to one domain never gets them.
+	DRAAttrDomain     = "nvswitchDomain"
+	DRAAttrDomainSize = "nvswitchDomainSize"
+	DRAAttrIndex      = "index"
+	DRAAttrUUID       = "uuid"
+	DRAAttrProduct    = "productName"
+	DRAAttrClique     = "fabricClique"
+	// DRACapacityMemory is the device capacity holding the GPU's memory.
+	DRACapacityMemory = "memory"
+	// DRATemplatePrefix starts the ResourceClaimTemplate of a TP size: nvdomain-tp-<k>.
+	DRATemplatePrefix = "nvdomain-tp-"
+	// DRARequest is the one request of every nvdomain-tp-<k> template: the GPUs.
+	DRARequest = "gpus"
+	// DRAPodClaim is the name of the pod's spec.resourceClaims entry the webhook adds, which
+	// the GPU containers' resources.claims reference.
+	DRAPodClaim = "nvdomain-gpus"
+	// DRAMaxDevicesPerClaim is the most devices one ResourceClaim may hold (resource.k8s.io/v1),
+	// so the largest TP size DRA mode serves.
+	DRAMaxDevicesPerClaim = 32
+	// DRAManagedByLabel marks the ResourceClaimTemplates nvdomain keeps, so it never touches
+	// a template it did not write.
+	DRAManagedByLabel = "app.kubernetes.io/managed-by"
+	DRAManagedByValue = "nvdomain"
+)
+
+// Values of the node mode label (Names.ModeLabel).
+const (
+	// ModeClassic is the default, also when the label is absent: the webhook pins TP pods to a
+	// domain id and the NRI plugin picks the GPUs.
+	ModeClassic = "classic"
+	// ModeDRA marks a node whose GPUs nvdomain publishes as DRA devices.
+	ModeDRA = "dra"
+)
+
+// QualifiedAttribute is a device attribute or capacity name as claims and CEL spell it,
+// gpu.nvdomain.io/<name>.
+func QualifiedAttribute(name string) string { return DRADriver + "/" + name }
+
+// DRADeviceName is a GPU's device name in the ResourceSlice: gpu-<index>.
+func DRADeviceName(index int) string { return DRADevicePrefix + strconv.Itoa(index) }
+
+// ParseDRADeviceName returns the GPU index of a DRADeviceName.
+func ParseDRADeviceName(name string) (int, bool) { return parseIndexed(name, DRADevicePrefix) }
+
+// DRATemplate is the ResourceClaimTemplate for a TP size k: nvdomain-tp-<k>.
+func DRATemplate(k int) string { return DRATemplatePrefix + strconv.Itoa(k) }
+
+// ParseDRATemplate returns the TP size of a DRATemplate name.
+func ParseDRATemplate(name string) (int, bool) { return parseIndexed(name, DRATemplatePrefix) }
+
+const modeSuffix = "nvdomain-mode"
+
+// ModeLabel is the node label that says whether nvdomain serves the node's GPUs classically
+// (absent or ModeClassic) or as DRA devices (ModeDRA). The operator sets it on a node pool to
+// choose; the agent started with --dra sets it too, and never removes it.
+func (n Names) ModeLabel() string { return n.label(modeSuffix) }

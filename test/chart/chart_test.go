@@ -104,6 +104,9 @@ func TestBadValuesAreRejected(t *testing.T) {
 		{[]string{"--set", "node.agent.source=simulated"}, "node.agent.source=simulated needs topology.simulated"},
 		{[]string{"--set", "node.agent.source=topo-matrix"}, "needs node.agent.topoMatrixFile"},
 		{[]string{"--set", "webhook.replica=3"}, "at '/webhook': additional properties 'replica' not allowed"},
+		{[]string{"--set", "webhook.mode=dra"}, "webhook.mode=dra rewrites TP pods onto DRA claims: set dra.enabled=true"},
+		{[]string{"--set", "webhook.mode=both"}, "at '/webhook/mode': value must be one of 'classic', 'dra', 'mixed'"},
+		{[]string{"--set", "dra.cdi=cdi-cri"}, "at '/dra/cdi'"},
 	}
 	for _, tc := range cases {
 		_, err := render(t, tc.args...)

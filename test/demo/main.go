@@ -1,6 +1,7 @@
 // Command demo is `make demo`: a real single-node cluster on this machine, nvdomain installed
 // with its Helm chart in simulated mode, the seed scenarios applied with kubectl from
-// manifests/examples, and a readable report. KEEP=1 leaves the cluster up.
+// manifests/examples, and a readable report. KEEP=1 leaves the cluster up; MODE=dra installs
+// nvdomain as the node's DRA driver and runs the DRA-mode scenarios (docs/dra.md).
 package main
 
 import (
@@ -23,12 +24,22 @@ func main() {
 func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	c, err := localcluster.Start(ctx, localcluster.Options{Log: os.Stderr, Keep: os.Getenv("KEEP") == "1"})
+	if m := os.Getenv("MODE"); m != "" && m != "classic" && m != localcluster.ModeDRA {
+		return fmt.Errorf("MODE=%s: use classic (the default) or dra", m)
+	}
+	c, err := localcluster.Start(ctx, localcluster.Options{Log: os.Stderr, Keep: os.Getenv("KEEP") == "1", Mode: os.Getenv("MODE")})
 	if err != nil {
 		return err
 	}
 	defer c.Stop()
 	if err := c.Install(ctx, os.Stdout); err != nil {
+		return err
+	}
+	if c.Mode() == localcluster.ModeDRA {
+		rep, err := c.RunDRAScenarios(ctx, os.Stdout)
+		if rep != nil && err == nil {
+			rep.Write(os.Stdout)
+		}
 		return err
 	}
 	rep, err := c.RunScenarios(ctx, os.Stdout)

@@ -22,6 +22,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 )
@@ -104,6 +105,12 @@ func TestHandWrittenDomainAnnotationIsDenied(t *testing.T) {
 	tpOnly := gpuPod("tp-only", false, 0)
 	tpOnly.Namespace = "default"
 	tpOnly.Annotations = map[string]string{n.PodTPSizeAnnotation(): "8"}
+	// In DRA mode the webhook writes the same annotations beside a claim, and no domain.
+	dra := gpuPod("dra", true, 0)
+	dra.Namespace = "default"
+	dra.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "nvdomain-gpus", ResourceClaimTemplateName: ptr.To("nvdomain-tp-2")}}
+	dra.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "nvdomain-gpus"}}
+	dra.Annotations = map[string]string{n.PodTPSizeAnnotation(): "2", n.PodContainerGPUsAnnotation(): `{"vllm":2}`}
 	reported := gpuPod("reported", false, 0)
 	reported.Namespace = "default"
 	reported.Annotations = map[string]string{n.PodAssignedGPUsAnnotation(): "0,1,2,3"}
@@ -115,6 +122,7 @@ func TestHandWrittenDomainAnnotationIsDenied(t *testing.T) {
 		{tpOnly, "come only with nvdomain's gpu.nvidia.com/nvswitch-domain"},
 		{reported, "a new pod cannot carry it"},
 		{pinned, ""},
+		{dra, ""},
 	}
 	for _, tc := range cases {
 		_, err := c.client.CoreV1().Pods("default").Create(ctx, tc.pod, metav1.CreateOptions{})

@@ -37,7 +37,12 @@ type Options struct {
 	Log io.Writer
 	// Keep leaves the cluster running on Stop (KEEP=1 in the demo).
 	Keep bool
+	// Mode is "" (classic) or ModeDRA, which Install installs (dra.go).
+	Mode string
 }
+
+// Mode is the mode Install installs nvdomain in.
+func (c *Cluster) Mode() string { return c.o.Mode }
 
 // Cluster is a running cluster.
 type Cluster struct {

@@ -149,6 +149,9 @@ type node struct {
 	hist      map[int]*histEntry // this node's entry in hist, per domain
 	resources []string           // non-zero nvidia.com/ resources
 	hasGPUs   bool
+	// dra marks a DRA node (dra.go): no capacity, its domain sizes from its labels.
+	dra      bool
+	draSizes map[int]int
 }
 
 type podEntry struct {
@@ -197,6 +200,7 @@ func (v *View) UpsertNode(obj *corev1.Node) {
 			nd.hasGPUs = true
 		}
 	}
+	v.markDRA(nd, obj)
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	v.removeNodeLocked(obj.Name)

@@ -14,13 +14,13 @@ import (
 
 // Reasons label rejections in metrics; each Violation carries one.
 const (
-	ReasonNoGPU            = "no-gpu"
-	ReasonTPSize           = "tp-size"
-	ReasonNoDomain         = "no-domain-large-enough"
-	ReasonEngineMismatch   = "engine-flag-mismatch"
-	ReasonSharedGPU        = "mig-or-shared-gpu"
-	ReasonDomainConflict   = "domain-conflict"
-	ReasonNotPinned        = "not-pinned"
+	ReasonNoGPU          = "no-gpu"
+	ReasonTPSize         = "tp-size"
+	ReasonNoDomain       = "no-domain-large-enough"
+	ReasonEngineMismatch = "engine-flag-mismatch"
+	ReasonSharedGPU      = "mig-or-shared-gpu"
+	ReasonDomainConflict = "domain-conflict"
+	ReasonNotPinned      = "not-pinned"
 )
 
 // Violation is one reason to reject a pod.

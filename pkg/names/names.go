@@ -148,12 +148,27 @@ const (
 	// RequiredPluginsContainerInfix and the container's name.
 	RequiredPluginsAnnotation     = "required-plugins.noderesource.dev"
 	RequiredPluginsContainerInfix = "/container."
+	// RequiredPluginsPod is the pod-scoped key: it applies to every container that has no
+	// container-scoped key of its own (NRI's GetEffectiveAnnotation).
+	RequiredPluginsPod = RequiredPluginsAnnotation + "/pod"
 )
 
+// maxAnnotationNamePart is the apiserver's limit on the part of an annotation key after the
+// prefix's slash (a qualified name).
+const maxAnnotationNamePart = 63
+
 // RequiredPluginsFor is the pod annotation that makes containerd refuse the named container
-// unless nvdomain's NRI plugin handles its creation.
+// unless nvdomain's NRI plugin handles its creation. A container name longer than 53
+// characters cannot fit the container-scoped key (the apiserver would reject the pod), so
+// such a container gets the pod-scoped key, which also applies to the pod's other containers
+// that have no key of their own: they then need the plugin too, which costs nothing while it
+// runs.
 func RequiredPluginsFor(container string) string {
-	return RequiredPluginsAnnotation + RequiredPluginsContainerInfix + container
+	key := RequiredPluginsAnnotation + RequiredPluginsContainerInfix + container
+	if len(key)-len(RequiredPluginsAnnotation)-1 > maxAnnotationNamePart {
+		return RequiredPluginsPod
+	}
+	return key
 }
 
 // Default prefixes, the ones charts/nvdomain/values.yaml ships.

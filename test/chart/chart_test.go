@@ -269,7 +269,7 @@ func TestChartPoliciesMatchManifests(t *testing.T) {
 		return out
 	}
 	got, want := specs(rendered), specs(string(manifest))
-	if len(got) != 4 || !reflect.DeepEqual(got, want) {
+	if len(got) != 6 || !reflect.DeepEqual(got, want) {
 		t.Fatalf("chart policies and manifests/policies differ (regenerate the manifest):\nchart     %v\nmanifests %v", got, want)
 	}
 }

@@ -1,5 +1,5 @@
 // Package rules reads what a pod asks of the GPUs and checks it against nvdomain's admission
-// rules (DESIGN §4) that need no cluster state: the tensor-parallel size, what the engine's
+// rules that need no cluster state (README, "The webhook", shows the messages): the tensor-parallel size, what the engine's
 // command line says, MIG and time-sliced resources, and hand-written domain resources or
 // affinities that contradict each other. Every violation names the pod field and the fix.
 // The rules that need the cluster (is any domain large enough, does any node advertise this

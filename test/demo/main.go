@@ -74,7 +74,11 @@ func phase(log io.Writer, name string, fn func() error) error {
 }
 
 func run() int {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// A closed terminal or a reader that went away (make demo | head) must not kill the demo
+	// before its teardown: SIGHUP cancels like ^C, and a write to a broken pipe fails instead
+	// of raising SIGPIPE.
+	signal.Ignore(syscall.SIGPIPE)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	defer stop()
 	log, err := logFile()
 	if err != nil {

@@ -335,6 +335,9 @@ func checkTornDown(t *testing.T, c *localcluster.Cluster, before map[int]string)
 	if left := kubepodsLeft(); len(left) > 0 {
 		t.Errorf("kubepods cgroups left: %v", left)
 	}
+	if ptr, err := os.ReadFile(localcluster.StatePointer); err == nil && strings.HasPrefix(string(ptr), c.Dir+"/") {
+		t.Errorf("%s still names the stopped cluster: %s", localcluster.StatePointer, ptr)
+	}
 }
 
 // processesUnder returns the processes whose command line names dir (every component of a

@@ -131,6 +131,7 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 			return c, fmt.Errorf("%s: %w", step.name, err)
 		}
 		c.logf("%s: %s", step.name, time.Since(t).Round(10*time.Millisecond))
+		c.recordState()
 	}
 	return c, nil
 }

@@ -14,9 +14,11 @@ import (
 	"time"
 )
 
-// StatePointer names the state file of the cluster a KEEP=1 run left up. It sits at a fixed
-// path so that `make down` (Down) finds the cluster without being told its work directory,
-// and so that the next Start knows one is still running.
+// StatePointer names the state file of the cluster that runs on this machine: written while
+// Start brings it up, kept by a KEEP=1 run, removed by Stop and Down. It sits at a fixed path
+// so that `make down` (Down) finds the cluster without being told its work directory, and so
+// that the next Start sees a cluster still running after its process died (killed, or a
+// broken pipe) and released the machine-wide lock with it.
 const StatePointer = "/tmp/nvdomain-localcluster.state"
 
 // lockPath is the machine-wide lock Start takes (cluster.go).
@@ -118,13 +120,22 @@ func (c *Cluster) unlock() {
 	}
 }
 
-// keep writes the state file into the work directory and StatePointer, and releases the lock:
-// the cluster stays up, and Down (or the next Start) finds it.
-func (c *Cluster) keep() {
+// recordState writes the state file into the work directory and StatePointer.
+func (c *Cluster) recordState() error {
 	st := keptState{Dir: c.Dir, Kubeconfig: c.Kubeconfig, K8sBin: c.K8sBin, CtrdBin: c.CtrdBin, Runc: c.Runc,
 		Procs: c.procRefs(), Sysctls: c.SavedSysctls(), CreatedVarLibKubelet: c.createdVarLibKubelet}
-	if err := writeKeptState(st); err != nil {
-		c.logf("KEEP=1: %v; stop the cluster by hand: kill the process groups in %s/logs", err, c.Dir)
+	err := writeKeptState(st)
+	if err != nil {
+		c.logf("%v", err)
+	}
+	return err
+}
+
+// keep records the state and releases the lock: the cluster stays up, and Down (or the next
+// Start) finds it.
+func (c *Cluster) keep() {
+	if err := c.recordState(); err != nil {
+		c.logf("KEEP=1: stop the cluster by hand: kill the process groups of the components in %s/logs", c.Dir)
 	} else {
 		c.logf("KEEP=1: the cluster stays up; export KUBECONFIG=%s; `make down` stops it", c.Kubeconfig)
 	}
@@ -146,8 +157,8 @@ func writeKeptState(st keptState) error {
 	return nil
 }
 
-// ErrNothingKept is Down's answer when no KEEP=1 cluster is recorded.
-var ErrNothingKept = errors.New("no cluster was kept with KEEP=1 (" + StatePointer + " does not exist)")
+// ErrNothingKept is Down's answer when no cluster is recorded.
+var ErrNothingKept = errors.New("no local cluster is left running (" + StatePointer + " does not exist)")
 
 func readKeptState() (*keptState, error) {
 	ptr, err := os.ReadFile(StatePointer)
@@ -191,9 +202,10 @@ func (c *Cluster) removeKeptState() {
 	}
 }
 
-// clearKept runs in Start under the lock. A kept cluster that still runs is an error (two
-// kubelets would share /var/lib/kubelet/device-plugins); one whose processes are all gone
-// (killed, or the machine restarted) is cleaned up as Down would.
+// clearKept runs in Start under the lock. A recorded cluster that still runs (kept with
+// KEEP=1, or left by a run that died) is an error: two kubelets would share
+// /var/lib/kubelet/device-plugins. One whose processes are all gone (killed, or the machine
+// restarted) is cleaned up as Down would.
 func (c *Cluster) clearKept() error {
 	st, err := readKeptState()
 	if errors.Is(err, ErrNothingKept) {
@@ -204,7 +216,7 @@ func (c *Cluster) clearKept() error {
 	}
 	for _, p := range st.Procs {
 		if p.alive() {
-			return fmt.Errorf("a cluster kept with KEEP=1 is still running (%s pid %d, work directory %s); stop it with `make down`", p.Name, p.PID, st.Dir)
+			return fmt.Errorf("a local cluster is still running (kept with KEEP=1, or left by a run that died: %s pid %d, work directory %s); stop it with `make down`", p.Name, p.PID, st.Dir)
 		}
 	}
 	c.logf("cleaning up after the cluster kept in %s, whose processes are gone", st.Dir)
@@ -213,7 +225,7 @@ func (c *Cluster) clearKept() error {
 	return nil
 }
 
-// Down stops the cluster a KEEP=1 run left up, as Stop would have: it deletes the pods, stops
+// Down stops the cluster a KEEP=1 run (or a run that died) left up, as Stop would have: it deletes the pods, stops
 // the kubelet, containerd and the control plane, removes mounts, cgroups and the work
 // directory, and puts the kernel settings back. It waits for the machine-wide lock, so it
 // never runs beside another cluster's Start or Stop. log receives progress lines.

@@ -120,7 +120,7 @@ func demo(ctx context.Context, log io.Writer, keep bool) (err error) {
 		}
 		if keep {
 			c.Stop()
-			fmt.Printf("KEEP=1: the cluster stays up: export KUBECONFIG=%s\n         `make down` stops it and cleans up (processes, mounts, cgroups, kernel settings)\n", c.Kubeconfig)
+			fmt.Printf("\nKEEP=1: the cluster stays up: export KUBECONFIG=%s\n         `make down` stops it and cleans up (processes, mounts, cgroups, kernel settings)\n", c.Kubeconfig)
 			return
 		}
 		_ = phase(log, "cluster stopped", func() error { c.Stop(); return nil })

@@ -99,10 +99,13 @@ fuzz:
 ## topology), the seed scenarios applied from manifests/examples, and a report. Root only.
 ## The terminal gets one line per phase, then the report; apt, build and scenario output go to
 ## the log named at the end. KEEP=1 leaves the cluster up and prints how to reach it.
+# The recipe calls make through an alias: a line naming $(MAKE) itself runs even under
+# `make -n`, which would start a cluster.
+DEMO_SUBMAKE = $(MAKE) --no-print-directory
 demo:
 	@log=$$(mktemp /tmp/nvdomain-demo-XXXXXX.log); bindir=$$(mktemp -d); start=$$(date +%s); rc=0; \
 	printf '%-22s … ' 'building binaries'; \
-	if ! { $(MAKE) --no-print-directory host-deps k8s-assets containerd-assets helm-assets && \
+	if ! { $(DEMO_SUBMAKE) host-deps k8s-assets containerd-assets helm-assets && \
 		$(GO) build -o $$bindir/demo ./test/demo; } >>$$log 2>&1; then \
 		echo "failed; the end of $$log:"; tail -n 20 $$log; rm -rf $$bindir; exit 1; \
 	fi; \

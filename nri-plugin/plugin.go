@@ -6,7 +6,10 @@
 // not have the GPUs, or the pod's annotations disagree with what the device plugin allocated,
 // the container is not created and the kubelet retries. Containers whose pod has no domain
 // are packed so that NVLink domains stay whole (account mode); MIG devices and time-sliced
-// GPUs pass untouched.
+// GPUs are not rewritten. Only the forms of the device plugin's configured strategies count
+// as GPUs a container was given, since a pod's author writes the others, and an
+// NVIDIA_VISIBLE_DEVICES that names devices no strategy put there is set to void; containers
+// of trusted namespaces (system components) are left as they are.
 //
 // State (which container holds which GPUs) lives in memory, is rebuilt from Synchronize after
 // a restart, and is written to a state file the node agent reads to lower the advertised

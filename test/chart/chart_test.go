@@ -116,6 +116,18 @@ func TestBadValuesAreRejected(t *testing.T) {
 	}
 }
 
+// Values written for an older release still upgrade: removed settings the schema would
+// otherwise refuse are accepted and ignored.
+func TestOlderReleasesValuesStillRender(t *testing.T) {
+	out, err := render(t, "--set", "node.nri.naming=uuid")
+	if err != nil {
+		t.Fatalf("helm template with node.nri.naming: %v", err)
+	}
+	if strings.Contains(out, "--naming") {
+		t.Error("the ignored node.nri.naming reached the plugin's arguments")
+	}
+}
+
 func decodeAll(t *testing.T, doc string) (muts []admissionregv1.MutatingWebhookConfiguration, vals []admissionregv1.ValidatingWebhookConfiguration) {
 	t.Helper()
 	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(doc), 4096)

@@ -76,8 +76,10 @@ func exportedMetrics(t *testing.T) exported {
 			if _, err := repin.NewMetrics(r); err != nil {
 				return err
 			}
-			_, err := certrotation.NewMetrics(r)
-			return err
+			if _, err := certrotation.NewMetrics(r); err != nil {
+				return err
+			}
+			return certrotation.RegisterServedExpiry(r, filepath.Join(t.TempDir(), "tls.crt"))
 		},
 		"nri":   func(r prometheus.Registerer) error { _, err := nriplugin.NewMetrics(r); return err },
 		"agent": func(r prometheus.Registerer) error { _, err := agent.NewMetrics(r); return err },

@@ -13,6 +13,14 @@ helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
 {{- range .Values.webhook.excludeNamespaces }}{{ $ns = append $ns . }}{{ end -}}
 {{- $ns | uniq | join "," -}}
 {{- end -}}
+{{/* Namespaces whose containers the NRI plugin leaves as they are: node.nri.trustedNamespaces
+and the release's own. */}}
+{{- define "nvdomain.trustedNamespaces" -}}
+{{- $ns := list -}}
+{{- range .Values.node.nri.trustedNamespaces }}{{ $ns = append $ns . }}{{ end -}}
+{{- $ns = append $ns .Release.Namespace -}}
+{{- $ns | uniq | join "," -}}
+{{- end -}}
 {{/* Environment that points in-cluster clients at an explicit apiserver address. */}}
 {{- define "nvdomain.apiServerEnv" -}}
 {{- if .Values.apiServer.host }}

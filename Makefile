@@ -17,7 +17,7 @@ LDFLAGS     := -X github.com/nvdomain/nvdomain/pkg/cli.Version=$(VERSION)
 # marks deprecated, which only adds compiler noise.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all build test unit e2e host-deps k8s-assets containerd-assets helm-assets lint fmt vet staticcheck cover fuzz bench bench-placement bench-admission scale kwok-assets demo clean
+.PHONY: all build test unit e2e host-deps k8s-assets containerd-assets helm-assets kwok-assets lint fmt vet staticcheck cover fuzz bench bench-placement bench-admission scale demo down clean
 
 all: build
 
@@ -33,11 +33,14 @@ test: lint unit e2e
 k8s-assets:
 	K8S_VERSION=$(K8S_VERSION) test/tools/build-k8s.sh >/dev/null
 
-# Debian packages the real-component tiers need: runc, and a static busybox for the test images.
+# Debian packages the real-component tiers need: runc, a static busybox for the test images,
+# and iproute2 and util-linux (ip, unshare) for the private network namespace the cluster tiers
+# run in (test/netns).
 host-deps:
-	@if ! command -v runc >/dev/null || ! { ldd /bin/busybox 2>&1 || true; } | grep -q "not a dynamic executable"; then \
-		echo "installing runc and busybox-static"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends runc busybox-static; \
+	@if ! command -v runc >/dev/null || ! command -v ip >/dev/null || ! command -v unshare >/dev/null || \
+		! { ldd /bin/busybox 2>&1 || true; } | grep -q "not a dynamic executable"; then \
+		echo "installing runc, busybox-static, iproute2 and util-linux"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends runc busybox-static iproute2 util-linux; \
 	fi
 
 # The NRI tier (test/containerd) runs a real containerd v2 with NRI, built the same way into
@@ -117,9 +120,26 @@ fuzz:
 
 ## demo: a real single-node cluster, nvdomain installed with its Helm chart (simulated
 ## topology), the seed scenarios applied from manifests/examples, and a report. Root only.
-## KEEP=1 leaves the cluster up and prints how to reach it.
-demo: host-deps k8s-assets containerd-assets helm-assets
-	$(GO) run ./test/demo
+## The terminal gets one line per phase, then the report; apt, build and scenario output go to
+## the log named at the end. KEEP=1 leaves the cluster up and prints how to reach it. MODE=dra
+## installs nvdomain as the node's DRA driver and runs the DRA-mode scenarios (docs/dra.md).
+# The recipe calls make through an alias: a line naming $(MAKE) itself runs even under
+# `make -n`, which would start a cluster.
+DEMO_SUBMAKE = $(MAKE) --no-print-directory
+demo:
+	@log=$$(mktemp /tmp/nvdomain-demo-XXXXXX.log); bindir=$$(mktemp -d); start=$$(date +%s); rc=0; \
+	printf '%-22s … ' 'building binaries'; \
+	if ! { $(DEMO_SUBMAKE) host-deps k8s-assets containerd-assets helm-assets && \
+		$(GO) build -o $$bindir/demo ./test/demo; } >>$$log 2>&1; then \
+		echo "failed; the end of $$log:"; tail -n 20 $$log; rm -rf $$bindir; exit 1; \
+	fi; \
+	echo "$$(( $$(date +%s) - start ))s"; \
+	NVDOMAIN_DEMO_LOG=$$log $$bindir/demo || rc=$$?; rm -rf $$bindir; exit $$rc
+
+## down: stop the cluster `KEEP=1 make demo` left running and clean up after it, as the demo's
+## own teardown would (processes, mounts, cgroups, kernel settings).
+down:
+	@$(GO) run ./test/demo -down
 
 clean:
 	rm -rf $(BIN)

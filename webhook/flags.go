@@ -44,9 +44,12 @@ func (so *ServerOptions) AddFlags(fs *flag.FlagSet) (complete func() error) {
 	fs.StringVar(&so.PprofAddr, "pprof-bind-address", so.PprofAddr, "serve Go's pprof profiles (/debug/pprof/) on this address; empty disables (keep it off networks others reach)")
 	tpSizes := fs.String("tp-sizes", "2,4,8,16,32,64,128,256", "allowed tensor-parallel sizes")
 	nonTP := fs.String("non-tp-pods", string(so.Handlers.NonTPPods), "what to do with GPU pods that are not tensor-parallel: pin, account or auto")
+	mode := fs.String("mode", string(so.Handlers.Mode), "which node pools TP pods go to: classic (pin to a domain id), dra (rewrite onto the ResourceClaimTemplate nvdomain-tp-<k>; DRA pools only) or mixed (DRA for pods that select only nodes labelled nvdomain-mode=dra, classic for the rest); docs/dra.md")
+	so.DRATemplates.AddFlags(fs)
 	excluded := fs.String("exclude-namespaces", strings.Join(so.Handlers.ExcludedNamespaces, ","), "comma-separated namespaces never touched (add the webhook's own)")
 	fs.DurationVar(&so.ShutdownDelay, "shutdown-delay", so.ShutdownDelay, "after SIGTERM, how long to keep serving with readiness failing, so the Service's endpoints drop this replica before it closes (keep it under the pod's terminationGracePeriodSeconds)")
-	fs.BoolVar(&so.LeaderElection, "leader-elect", so.LeaderElection, "elect one replica to run the re-pin controller (every replica serves admissions)")
+	fs.BoolVar(&so.LeaderElection, "leader-elect", so.LeaderElection, "elect one replica to run the re-pin and template controllers (every replica serves admissions)")
+	fs.StringVar(&so.LeaderElectionID, "leader-election-id", so.LeaderElectionID, "name of the leader-election Lease; give each release in a namespace its own (the chart uses <release>-repin)")
 	fs.StringVar(&so.LeaderElectionNamespace, "leader-election-namespace", so.LeaderElectionNamespace, "namespace of the leader-election Lease (default $POD_NAMESPACE)")
 	so.Repin.AddFlags(fs)
 	cr := &so.CertRotation
@@ -65,6 +68,9 @@ func (so *ServerOptions) AddFlags(fs *flag.FlagSet) (complete func() error) {
 		}
 		if so.Handlers.NonTPPods, err = ParseNonTPMode(*nonTP); err != nil {
 			return fmt.Errorf("--non-tp-pods: %w", err)
+		}
+		if so.Handlers.Mode, err = ParseMode(*mode); err != nil {
+			return fmt.Errorf("--mode: %w", err)
 		}
 		if so.Handlers.Names, err = namesFromFlags(); err != nil {
 			return err
@@ -112,9 +118,9 @@ func (so ServerOptions) Validate() error {
 		if err := so.Repin.Validate(); err != nil {
 			return err
 		}
-		if so.LeaderElection && so.LeaderElectionNamespace == "" {
-			return fmt.Errorf("--leader-election-namespace is empty: set it (or POD_NAMESPACE) to the webhook's namespace, or pass --leader-elect=false when only one replica runs")
-		}
+	}
+	if so.leaderOnly() && so.LeaderElection && so.LeaderElectionNamespace == "" {
+		return fmt.Errorf("--leader-election-namespace is empty: set it (or POD_NAMESPACE) to the webhook's namespace, or pass --leader-elect=false when only one replica runs")
 	}
 	return nil
 }
@@ -127,5 +133,6 @@ func (so ServerOptions) Summary() map[string]any {
 		"resourcePrefix": so.Handlers.Names.ResourcePrefix(), "repin": so.Repin.Enabled, "repinAfter": so.Repin.After.String(),
 		"leaderElection": so.LeaderElection, "leaderElectionNamespace": so.LeaderElectionNamespace, "shutdownDelay": so.ShutdownDelay.String(),
 		"certSecret": so.CertRotation.Secret, "certValidity": so.CertRotation.Validity.String(), "certRenewBefore": so.CertRotation.RenewBefore.String(),
+		"mode": so.Handlers.Mode, "draTemplates": so.DRATemplates.Enabled,
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -130,7 +131,7 @@ func (m *Mutator) handle(_ context.Context, req admission.Request) admission.Res
 func (m *Mutator) Mutate(pod *corev1.Pod, seed uint64) (*corev1.Pod, PinPlan) {
 	n := m.Options.Names
 	work := pod
-	if ownsAnnotations(pod, n) {
+	if ownsAnnotations(pod, n) && !pinnedByNvdomain(pod, n) {
 		work = pod.DeepCopy()
 		StripOwned(work, n)
 	}
@@ -142,12 +143,21 @@ func (m *Mutator) Mutate(pod *corev1.Pod, seed uint64) (*corev1.Pod, PinPlan) {
 		return nil, plan
 	}
 	out := work
-	if plan.Outcome == OutcomePinned {
+	switch plan.Outcome {
+	case OutcomePinned:
 		// A pod pinned already (re-admitted, or pinned by hand) gets no hint: Pin adds
-		// nothing to a pod that has nvdomain's preferred terms.
-		out = Pin(work, plan.Pod, plan.Domain, plan.Decision.Hint, n)
+		// nothing to a pod that has nvdomain's preferred terms. In mixed mode it is also kept
+		// off DRA nodes, which publish no domain resources.
+		out = m.keepOffDRA(Pin(work, plan.Pod, plan.Domain, plan.Decision.Hint, n))
+	case OutcomeDRA:
+		// A dry run gets the same answer and creates nothing: the templates come from the
+		// dratemplates controller, not from admission.
+		out = RewriteForDRA(work, plan.Pod, n)
 	}
-	if plan.Pod.DomainGPUs() > 0 {
+	// Every GPU container the node side must see requires the NRI plugin; in DRA mode the
+	// allocator's choice for an ordinary GPU pod needs no rewriting, so those do not wait for it.
+	dependsOnPlugin := plan.Outcome != OutcomeNonTPUnpinned || m.Options.Mode != ModeDRA
+	if plan.Pod.DomainGPUs() > 0 && dependsOnPlugin {
 		if out == pod {
 			out = pod.DeepCopy()
 		}
@@ -157,6 +167,24 @@ func (m *Mutator) Mutate(pod *corev1.Pod, seed uint64) (*corev1.Pod, PinPlan) {
 		return nil, plan
 	}
 	return out, plan
+}
+
+// pinnedByNvdomain reports whether a pod's nvdomain annotations agree with what it asks for:
+// its domain annotation names the domain its resources hold, or it has no domain annotation
+// and takes its GPUs from an nvdomain-tp-<k> claim of the TP size it records. That is the
+// shape nvdomain's own admission leaves (the apiserver may call the webhook again after other
+// webhooks changed the pod), so it is kept; anything else was written by someone else. The
+// report of assigned GPUs is never kept on a new pod.
+func pinnedByNvdomain(pod *corev1.Pod, n names.Names) bool {
+	if _, ok := pod.Annotations[n.PodAssignedGPUsAnnotation()]; ok {
+		return false
+	}
+	if d, ok := pod.Annotations[n.PodDomainAnnotation()]; ok {
+		pd := rules.Inspect(pod, n).PinnedDomain()
+		return pd >= 0 && d == strconv.Itoa(pd)
+	}
+	i, k := draClaim(pod)
+	return i >= 0 && pod.Annotations[n.PodTPSizeAnnotation()] == strconv.Itoa(k)
 }
 
 func ownsAnnotations(pod *corev1.Pod, n names.Names) bool {
@@ -188,6 +216,9 @@ const (
 	// says which is largest). The validating webhook denies a tensor-parallel pod; another GPU
 	// pod runs unpinned.
 	OutcomeNoDomain
+	// OutcomeDRA: the pod goes to DRA nodes and takes its GPUs from a claim made from the
+	// ResourceClaimTemplate of its size (docs/dra.md); nothing is pinned.
+	OutcomeDRA
 )
 
 // PinPlan is the mutating webhook's decision for one pod, apart from the admission request
@@ -227,8 +258,22 @@ func (m *Mutator) Plan(pod *corev1.Pod, seed uint64) PinPlan {
 			plan.Outcome = OutcomeInvalid
 			return plan
 		}
-	case !m.pinsNonTP():
+	case m.Options.Mode == ModeDRA || !m.pinsNonTP():
+		// In DRA mode other GPU pods get nvidia.com/gpu through the DeviceClass, unpinned.
 		plan.Outcome = OutcomeNonTPUnpinned
+		return plan
+	}
+	if p.TP && p.PinnedDomain() < 0 && m.Options.Mode != ModeClassic && m.Options.toDRA(m.View, pod) {
+		switch {
+		case p.GPUs > names.DRAMaxDevicesPerClaim:
+			plan.Outcome, plan.Err = OutcomeNoDomain, fmt.Errorf("tensor-parallel size %d is above the %d devices one ResourceClaim holds", p.GPUs, names.DRAMaxDevicesPerClaim)
+		default:
+			if err := m.View.DRAFits(pod, p.GPUs); err != nil {
+				plan.Outcome, plan.Err = OutcomeNoDomain, err
+			} else {
+				plan.Outcome = OutcomeDRA
+			}
+		}
 		return plan
 	}
 	plan.Domain = p.PinnedDomain()
@@ -301,13 +346,15 @@ func (v *Validator) Review(pod *corev1.Pod) (violations []rules.Violation, warni
 
 func (v *Validator) review(pod *corev1.Pod) ([]rules.Violation, []warning) {
 	n := v.Options.Names
+	// A pod rewritten for DRA is judged as its user wrote it, so every message is the classic one.
+	pod = asRequested(pod, n)
 	p := rules.Inspect(pod, n)
 	vs := rules.ValidateDomains(pod, p, n)
 	if p.TP {
 		tp := rules.ValidateTP(p, v.Options.rulesConfig(), v.View.LargestDomain)
 		vs = append(vs, tp...)
 		if len(tp) == 0 {
-			vs = append(vs, v.domainViolations(pod, p)...)
+			vs = append(vs, v.placementViolations(pod, p)...)
 		}
 	}
 	return vs, v.warnings(pod, p)

@@ -16,7 +16,7 @@ import (
 	"github.com/nvdomain/nvdomain/webhook/rules"
 )
 
-// NonTPMode says what the webhook does with GPU pods that are not tensor-parallel (DESIGN §3).
+// NonTPMode says what the webhook does with GPU pods that are not tensor-parallel (docs/architecture.md, Non-TP GPU pods).
 type NonTPMode string
 
 const (
@@ -42,6 +42,8 @@ type Options struct {
 	Names          names.Names
 	AllowedTPSizes []int
 	NonTPPods      NonTPMode
+	// Mode says which TP pods go to DRA node pools (dra.go, docs/dra.md).
+	Mode Mode
 	// ExcludedNamespaces are never mutated or validated (kube-system, the webhook's own).
 	// The webhook configurations exclude them too; this is the second line.
 	ExcludedNamespaces []string
@@ -53,6 +55,7 @@ func DefaultOptions() Options {
 		Names:              names.Default(),
 		AllowedTPSizes:     rules.DefaultAllowedTPSizes,
 		NonTPPods:          NonTPAuto,
+		Mode:               ModeClassic,
 		ExcludedNamespaces: []string{"kube-system"},
 	}
 }

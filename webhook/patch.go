@@ -13,8 +13,11 @@ import (
 
 // podPatch builds the JSON patch that turns orig, the pod decoded from the admission request,
 // into out, the pod Mutate admits, from the few fields Mutate changes: metadata.annotations
-// (StripOwned, Pin, RequirePlugin), every container's and init container's resources.limits
-// and resources.requests, and spec.affinity.nodeAffinity (Pin). It replaces diffing the
+// (StripOwned, Pin, RequirePlugin, RewriteForDRA), every container's and init container's
+// resources.limits, resources.requests and resources.claims (Pin, RewriteForDRA),
+// spec.resourceClaims (RewriteForDRA) and spec.affinity.nodeAffinity (Pin, keepOffDRA). A
+// change to Mutate that writes another field must add it here: the tests compare the two ways
+// on pods of every mode. It replaces diffing the
 // whole pod (admission.PatchResponseFromRaw), which encoded the pod again and decoded both
 // documents into generic maps on every admission: most of the mutating handler's time
 // (docs/benchmarks.md, "The cost of admission"). TestDirectPatchMatchesTheDiff checks that
@@ -40,6 +43,7 @@ func podPatch(orig, out *corev1.Pod) []jsonpatch.Operation {
 	p.containers("/spec/initContainers", orig.Spec.InitContainers, out.Spec.InitContainers)
 	p.containers("/spec/containers", orig.Spec.Containers, out.Spec.Containers)
 	p.affinity(orig.Spec.Affinity, out.Spec.Affinity)
+	appendOnly(&p, "/spec/resourceClaims", orig.Spec.ResourceClaims, out.Spec.ResourceClaims)
 	return p.ops
 }
 
@@ -62,12 +66,17 @@ var pointerEscaper = strings.NewReplacer("~", "~0", "/", "~1")
 // member is the JSON pointer of a map key under path (RFC 6901 escaping).
 func member(path, key string) string { return path + "/" + pointerEscaper.Replace(key) }
 
-// mapPatch patches the JSON object at path from a to b, keys in sorted order.
+// mapPatch patches the JSON object at path from a to b, keys in sorted order. Every map
+// Mutate writes is omitempty, so an emptied one goes as a whole, as encoding the pod drops it.
 func mapPatch[K ~string, V any](p *patcher, path string, a, b map[K]V, equal func(x, y V) bool) {
-	if len(a) == 0 {
+	switch {
+	case len(a) == 0:
 		if len(b) > 0 {
 			p.add(path, b)
 		}
+		return
+	case len(b) == 0:
+		p.remove(path)
 		return
 	}
 	keys := make([]K, 0, len(a)+len(b))
@@ -114,6 +123,7 @@ func (p *patcher) containers(path string, a, b []corev1.Container) {
 		}
 		p.resourceList(base+"/limits", ra.Limits, rb.Limits)
 		p.resourceList(base+"/requests", ra.Requests, rb.Requests)
+		appendOnly(p, base+"/claims", ra.Claims, rb.Claims)
 	}
 }
 
@@ -125,6 +135,8 @@ func appendOnly[T any](p *patcher, path string, a, b []T) {
 		if len(b) > 0 {
 			p.add(path, b)
 		}
+	case len(b) == 0:
+		p.remove(path) // omitempty: encoding the pod drops an emptied list
 	case len(b) < len(a) || !reflect.DeepEqual(a, b[:len(a)]):
 		p.replace(path, b)
 	default:

@@ -16,6 +16,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
 )
 
 // diffedPatch is how the handler built its patch before podPatch: the whole mutated pod
@@ -84,44 +86,70 @@ func comparePatches(t *testing.T, fx *fixture, raw []byte, canonical bool) (chan
 // affinity absent, empty or with terms, requests with and without GPUs, init containers,
 // pods pinned already, metadata absent).
 func TestDirectPatchMatchesTheDiff(t *testing.T) {
-	fx := newFixture(t, NonTPPin, seedNode(), node("hgx", []int{8}, nil, nil), node("split", []int{4, 4}, map[string]string{"zone": "a"}, nil))
-	files, _ := filepath.Glob("testdata/pods/*.json")
-	for _, file := range files {
-		raw, err := os.ReadFile(file)
-		if err != nil {
-			t.Fatal(err)
-		}
-		comparePatches(t, fx, raw, false)
-		var p corev1.Pod
-		if err := json.Unmarshal(raw, &p); err != nil {
-			t.Fatal(err)
-		}
-		canon, _ := json.Marshal(&p)
-		comparePatches(t, fx, canon, true)
+	for _, fm := range patchFixtures(t) {
+		t.Run(fm.name, func(t *testing.T) {
+			fx := fm.fx
+			files, _ := filepath.Glob("testdata/pods/*.json")
+			for _, file := range files {
+				raw, err := os.ReadFile(file)
+				if err != nil {
+					t.Fatal(err)
+				}
+				comparePatches(t, fx, raw, false)
+				var p corev1.Pod
+				if err := json.Unmarshal(raw, &p); err != nil {
+					t.Fatal(err)
+				}
+				canon, _ := json.Marshal(&p)
+				comparePatches(t, fx, canon, true)
+			}
+			rng := rand.New(rand.NewPCG(1, 2))
+			changed := 0
+			for i := range 3000 {
+				p := randomPod(rng, i)
+				raw, err := json.Marshal(p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if comparePatches(t, fx, raw, true) {
+					changed++
+				}
+				if i%10 == 0 {
+					// The same pod as a person might write it: quantities as numbers, no metadata
+					// when it has none, a field the Go types do not know.
+					var doc map[string]any
+					_ = json.Unmarshal(raw, &doc)
+					loosen(doc)
+					loose, _ := json.Marshal(doc)
+					comparePatches(t, fx, loose, false)
+				}
+			}
+			// DRA mode leaves non-TP GPU pods alone, so fewer of the generated ones change.
+			if changed < 500 {
+				t.Fatalf("only %d of 3000 generated pods were mutated: the generator does not exercise the patch", changed)
+			}
+		})
 	}
-	rng := rand.New(rand.NewPCG(1, 2))
-	changed := 0
-	for i := range 3000 {
-		p := randomPod(rng, i)
-		raw, err := json.Marshal(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if comparePatches(t, fx, raw, true) {
-			changed++
-		}
-		if i%10 == 0 {
-			// The same pod as a person might write it: quantities as numbers, no metadata
-			// when it has none, a field the Go types do not know.
-			var doc map[string]any
-			_ = json.Unmarshal(raw, &doc)
-			loosen(doc)
-			loose, _ := json.Marshal(doc)
-			comparePatches(t, fx, loose, false)
-		}
+}
+
+type namedFixture struct {
+	name string
+	fx   *fixture
+}
+
+// patchFixtures are the webhook's modes over the nodes they meet: classic nodes (one with a
+// zone label), and in DRA and mixed mode DRA nodes (one labelled pool=dra).
+func patchFixtures(t *testing.T) []namedFixture {
+	classic := func() []*corev1.Node {
+		return []*corev1.Node{seedNode(), node("hgx", []int{8}, nil, nil), node("split", []int{4, 4}, map[string]string{"zone": "a"}, nil)}
 	}
-	if changed < 1000 {
-		t.Fatalf("only %d of 3000 generated pods were mutated: the generator does not exercise the patch", changed)
+	dra := func() []*corev1.Node {
+		return []*corev1.Node{draNode("dra-hgx", []int{8}, map[string]string{"pool": "dra"}), draNode("dra-split", []int{4, 4}, nil)}
+	}
+	return []namedFixture{
+		{"classic", newFixture(t, NonTPPin, classic()...)},
+		{"dra", newModeFixture(t, ModeDRA, dra()...)},
+		{"mixed", newModeFixture(t, ModeMixed, append(classic(), dra()...)...)},
 	}
 }
 
@@ -231,6 +259,15 @@ func randomPod(rng *rand.Rand, i int) *corev1.Pod {
 			PodAntiAffinity: &corev1.PodAntiAffinity{}}
 	case 5:
 		p.Spec.NodeSelector = map[string]string{"zone": "a"}
+	case 6:
+		p.Spec.NodeSelector = map[string]string{"pool": "dra"} // the DRA pool, in mixed mode
+	}
+	switch rng.IntN(6) {
+	case 0: // a claim of the pod's own beside the GPUs, used by its first container
+		p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "scratch", ResourceClaimTemplateName: ptr.To("scratch")}}
+		p.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "scratch"}}
+	case 1: // rewritten for DRA already (re-admitted), or written that way by hand
+		p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: names.DRAPodClaim, ResourceClaimTemplateName: ptr.To(names.DRATemplate(2))}}
 	}
 	return p
 }
@@ -262,7 +299,7 @@ func TestHandlerPatchIsMutate(t *testing.T) {
 }
 
 // TestDirectPatchTable: the direct patch against the whole-pod diff for the pod shapes the
-// mutation meets, each named, so that a regression says which shape broke.
+// mutation meets, each named, so that a regression says which shape broke, in every mode.
 func TestDirectPatchTable(t *testing.T) {
 	q := func(v int64) resource.Quantity { return *resource.NewQuantity(v, resource.DecimalSI) }
 	gpu := func(k int64) corev1.ResourceList { return corev1.ResourceList{"nvidia.com/gpu": q(k)} }
@@ -271,11 +308,12 @@ func TestDirectPatchTable(t *testing.T) {
 	expr := corev1.NodeSelectorRequirement{Key: "zone", Operator: corev1.NodeSelectorOpIn, Values: []string{"a"}}
 	sidecar := corev1.Container{Name: "proxy", Image: "envoy", RestartPolicy: ptr.To(corev1.ContainerRestartPolicyAlways),
 		Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m")}}}
-	for _, tc := range []struct {
+	type patchCase struct {
 		name    string
 		pod     *corev1.Pod
 		mutated bool
-	}{
+	}
+	cases := []patchCase{
 		{"tp2 plain", tp(2), true},
 		{"tp8 with requests as well as limits", with(tp(8), func(p *corev1.Pod) {
 			p.Spec.Containers[0].Resources.Requests = corev1.ResourceList{"nvidia.com/gpu": q(8), corev1.ResourceMemory: resource.MustParse("64Gi")}
@@ -320,27 +358,48 @@ func TestDirectPatchTable(t *testing.T) {
 		{"not tensor-parallel (pinned in this fixture's mode)", pod(false, 1), true},
 		{"no GPU", pod(false, 0), false},
 		{"excluded namespace", with(tp(2), func(p *corev1.Pod) { p.Namespace = "kube-system" }), false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			fx := newFixture(t, NonTPPin, seedNode(), node("hgx", []int{8}, nil, nil), node("split", []int{4, 4}, map[string]string{"zone": "a"}, nil))
-			raw, err := json.Marshal(tc.pod)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got := comparePatches(t, fx, raw, true); got != tc.mutated {
-				t.Errorf("mutated %v, want %v", got, tc.mutated)
-			}
-			// The apiserver sends the pod it has defaulted; the direct patch must not depend on
-			// the document's field order or on fields nvdomain does not read.
-			var doc map[string]any
-			if err := json.Unmarshal(raw, &doc); err != nil {
-				t.Fatal(err)
-			}
-			loosen(doc)
-			loose, _ := json.Marshal(doc)
-			comparePatches(t, fx, loose, false)
-		})
 	}
+	// Shapes that matter to DRA and mixed mode; in classic mode they are pinned like the rest.
+	draCases := []patchCase{
+		{"DRA: claim of the pod's own beside the GPUs", with(tp(4), func(p *corev1.Pod) {
+			p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "scratch", ResourceClaimTemplateName: ptr.To("scratch")}}
+			p.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "scratch"}}
+		}), true},
+		{"DRA: GPU limit only, so the limits empty out", tp(2), true},
+		{"DRA: two GPU containers share the claim", with(tp(2), func(p *corev1.Pod) {
+			p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: "draft", Image: "vllm", Resources: corev1.ResourceRequirements{Limits: gpu(2)}})
+		}), true},
+		// In classic mode no node of the pool is a classic one: left for the validator to deny.
+		{"DRA: selects the DRA pool", with(tp(8), func(p *corev1.Pod) { p.Spec.NodeSelector = map[string]string{"pool": "dra"} }), false},
+	}
+	for _, fm := range patchFixtures(t) {
+		for _, tc := range append(cases, draCases...) {
+			t.Run(fm.name+"/"+tc.name, func(t *testing.T) {
+				comparePatchCase(t, fm, tc.pod, tc.mutated)
+			})
+		}
+	}
+}
+
+// comparePatchCase compares the two patches for one pod, as the apiserver sends it (the
+// canonical encoding) and as a person might write it (loosen). Whether the pod is mutated at
+// all is checked in classic mode, the one the table's expectations are written for.
+func comparePatchCase(t *testing.T, fm namedFixture, pod *corev1.Pod, mutated bool) {
+	t.Helper()
+	raw, err := json.Marshal(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := comparePatches(t, fm.fx, raw, true); got != mutated && fm.name == "classic" {
+		t.Errorf("mutated %v, want %v", got, mutated)
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		t.Fatal(err)
+	}
+	loosen(doc)
+	loose, _ := json.Marshal(doc)
+	comparePatches(t, fm.fx, loose, false)
 }
 
 // TestDecodePod: the handlers decode the request's object as the scheme's decoder did:

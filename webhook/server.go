@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -28,6 +29,7 @@ import (
 	"github.com/nvdomain/nvdomain/pkg/certs"
 	"github.com/nvdomain/nvdomain/webhook/certrotation"
 	"github.com/nvdomain/nvdomain/webhook/clusterview"
+	"github.com/nvdomain/nvdomain/webhook/dratemplates"
 	"github.com/nvdomain/nvdomain/webhook/repin"
 )
 
@@ -65,6 +67,10 @@ type ServerOptions struct {
 	// CertRotation, when CertRotation.Secret is set, renews the self-signed serving
 	// certificate in that Secret on the elected replica (package certrotation).
 	CertRotation CertRotationOptions
+	// DRATemplates configures the controller that keeps the ResourceClaimTemplates of DRA
+	// mode in every namespace; it runs on the elected leader too. Its sizes and excluded
+	// namespaces are the handlers'.
+	DRATemplates dratemplates.Options
 	// PprofAddr serves net/http/pprof there; empty disables it.
 	PprofAddr string
 	// AdmissionOverride, when set, answers on both webhook paths instead of nvdomain's
@@ -87,6 +93,11 @@ type CertRotationOptions struct {
 	Validity    time.Duration
 	RenewBefore time.Duration
 	Interval    time.Duration
+}
+
+// leaderOnly reports whether a controller that must run on one replica is on.
+func (so ServerOptions) leaderOnly() bool {
+	return so.Repin.Enabled || so.DRATemplates.Enabled || so.CertRotation.Secret != ""
 }
 
 // NewManager builds a controller-runtime manager serving the webhook, with the informers that
@@ -116,7 +127,7 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 		Metrics:                metricsserver.Options{BindAddress: so.MetricsAddr},
 		HealthProbeBindAddress: so.ProbeAddr,
 		PprofBindAddress:       so.PprofAddr,
-		LeaderElection:         so.LeaderElection && (so.Repin.Enabled || so.CertRotation.Secret != ""),
+		LeaderElection:         so.LeaderElection && so.leaderOnly(),
 		LeaderElectionID:       so.LeaderElectionID,
 		// The Lease is handed over at once on a clean shutdown, so a rolling update does not
 		// leave re-pinning idle for a lease duration.
@@ -136,6 +147,9 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 		return nil, nil, fmt.Errorf("register metrics: %w", err)
 	}
 	mut, val := NewHandlers(view, so.Handlers, metrics, log)
+	if err := certrotation.RegisterServedExpiry(reg, filepath.Join(so.CertDir, certs.CertFile)); err != nil {
+		return nil, nil, err
+	}
 	if cr := so.CertRotation; cr.Secret != "" {
 		ns, name, _ := strings.Cut(cr.Secret, "/")
 		// Secrets and webhook configurations are read directly, not through the informer
@@ -168,6 +182,14 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 	}
 	if so.Drain == nil {
 		so.Drain = &Drain{}
+	}
+	if so.DRATemplates.Enabled {
+		o := so.DRATemplates
+		o.Sizes, o.ExcludedNamespaces = so.Handlers.AllowedTPSizes, so.Handlers.ExcludedNamespaces
+		r := &dratemplates.Reconciler{Options: o, Client: mgr.GetClient(), Log: log.WithName("dratemplates")}
+		if err := r.Setup(mgr); err != nil {
+			return nil, nil, fmt.Errorf("ResourceClaimTemplate controller: %w", err)
+		}
 	}
 	var mh, vh admission.Handler = mut, val
 	if so.AdmissionOverride != nil {

@@ -1,7 +1,7 @@
 // Command nvdomain-agent publishes this node's NVLink domains as labels, annotations and
 // per-domain extended resources, and optionally serves simulated GPUs to the kubelet; with
-// --all-nodes it publishes every node of a simulated topology from one process. See package
-// agent.
+// --dra it is the node's DRA driver instead, and with --all-nodes it publishes every node of a
+// simulated topology from one process. See packages agent and dra.
 package main
 
 import (
@@ -18,6 +18,7 @@ import (
 
 	"github.com/nvdomain/nvdomain/pkg/agent"
 	"github.com/nvdomain/nvdomain/pkg/deviceplugin"
+	"github.com/nvdomain/nvdomain/pkg/dra"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/nristate"
 )
@@ -36,7 +37,10 @@ func main() {
 	flag.BoolVar(&o.DevicePlugin, "device-plugin", false, "serve the topology's GPUs to the kubelet as nvidia.com/gpu (simulated GPUs)")
 	flag.StringVar(&o.DevicePluginDir, "device-plugin-dir", "/var/lib/kubelet/device-plugins", "the kubelet's device-plugin directory")
 	strategies := flag.String("device-list-strategy", strings.Join(deviceplugin.DefaultStrategies, ","), "how the device plugin hands GPUs to containers, as NVIDIA's does: a comma-separated list of envvar, volume-mounts, cdi-annotations, cdi-cri")
-	flag.StringVar(&o.CDISpecDir, "cdi-spec-dir", "/var/run/cdi", "where the device plugin writes its CDI spec (a directory in containerd's cdi_spec_dirs)")
+	flag.StringVar(&o.CDISpecDir, "cdi-spec-dir", "/var/run/cdi", "where the device plugin, or the DRA driver, writes its CDI specs (a directory in containerd's cdi_spec_dirs)")
+	flag.BoolVar(&o.DRA, "dra", false, "run the DRA driver "+names.DRADriver+" for this node (docs/dra.md): publish its GPUs as ResourceSlice devices, prepare claims, label the node "+names.DefaultLabelPrefix+"/nvdomain-mode=dra and publish no per-domain extended resources; excludes --device-plugin")
+	flag.StringVar(&o.DRAKubeletDir, "dra-kubelet-dir", dra.DefaultKubeletDir, "the kubelet's --root-dir, where the DRA driver registers (plugins_registry) and keeps its socket and checkpoint (plugins/"+names.DRADriver+")")
+	flag.StringVar(&o.DRACDI, "dra-cdi", "auto", "CDI devices of prepared claims: nvdomain (the driver writes per-claim specs; simulated GPUs), nvidia (nvidia.com/gpu=<uuid> from nvidia-ctk's spec), or auto (nvdomain for --source simulated, else nvidia)")
 	flag.BoolVar(&o.AllNodes, "all-nodes", false, "publish every node of the simulated topology from this one process, each with its own publisher (--source simulated; for fake nodes such as kwok's, which run no agent); --node-name is ignored")
 	qps := flag.Float64("kube-api-qps", 0, "requests per second to the apiserver (0: 5, or 100 with --all-nodes)")
 	flag.IntVar(&o.KubeAPIBurst, "kube-api-burst", 0, "request burst to the apiserver (0: 10, or 200 with --all-nodes)")

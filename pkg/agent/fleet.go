@@ -120,10 +120,13 @@ func NewFleetMetrics(reg prometheus.Registerer) (*FleetMetrics, error) {
 }
 
 // nodeMetrics are one node agent's series: the fleet's counters, and gauges of its own that
-// no registry serves (a gauge per node would be a label per node).
+// no registry serves (a gauge per node would be a label per node). The per-domain occupancy
+// and GPU info series are left out: nothing serves them, and at a thousand nodes they would
+// only hold memory.
 func (m *FleetMetrics) nodeMetrics() *Metrics {
 	own := newMetrics()
 	own.Publishes, own.Errors = m.Publishes, m.Errors
+	own.DomainGPUs, own.GPUInfo = nil, nil
 	return own
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -14,8 +15,10 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/nvdomain/nvdomain/pkg/deviceplugin"
+	"github.com/nvdomain/nvdomain/pkg/dra"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/probes"
+	"github.com/nvdomain/nvdomain/pkg/topology"
 	"github.com/nvdomain/nvdomain/pkg/topology/simulated"
 	"github.com/nvdomain/nvdomain/pkg/topology/source"
 )
@@ -50,10 +53,47 @@ type ProcessOptions struct {
 	// client-go's 5 and 10 for one node, and 100 and 200 with AllNodes.
 	KubeAPIQPS   float32
 	KubeAPIBurst int
+	// DRA runs the DRA driver (package dra) for this node, which must then have no device
+	// plugin for nvidia.com/gpu; DRAKubeletDir is the kubelet's --root-dir and DRACDI names
+	// the CDI devices prepared claims get (nvdomain, nvidia, or auto: nvidia for the nvml and
+	// topo-matrix sources, which describe real GPUs, nvdomain for simulated ones). The
+	// driver's CDI specs go to CDISpecDir.
+	DRA           bool
+	DRAKubeletDir string
+	DRACDI        string
+}
+
+// Validate checks the settings that only make sense together.
+func (o ProcessOptions) Validate() error {
+	if o.DRA && o.DevicePlugin {
+		return errors.New("--dra and --device-plugin are both set: a DRA node's GPUs are served by the DRA driver alone (a device plugin would offer the same GPUs to the scheduler twice); drop --device-plugin, or --dra for a classic node")
+	}
+	if o.DRA && o.AllNodes {
+		return errors.New("--dra and --all-nodes are both set: a DRA driver serves the kubelet of its own node, and --all-nodes publishes nodes that run no kubelet of nvdomain's; drop one")
+	}
+	if o.DRA {
+		if _, err := o.draCDI(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (o ProcessOptions) draCDI() (dra.CDIMode, error) {
+	if o.DRACDI == "" || o.DRACDI == "auto" {
+		if o.Source == names.SourceSimulated {
+			return dra.CDINvdomain, nil
+		}
+		return dra.CDINVIDIA, nil
+	}
+	return dra.ParseCDIMode(o.DRACDI)
 }
 
 // RunProcess wires the agent (and, when asked, the simulated device plugin) and runs it.
 func RunProcess(ctx context.Context, o ProcessOptions, log logr.Logger) error {
+	if err := o.Validate(); err != nil {
+		return err
+	}
 	if o.AllNodes {
 		return runFleet(ctx, o, log)
 	}
@@ -77,17 +117,52 @@ func RunProcess(ctx context.Context, o ProcessOptions, log logr.Logger) error {
 	if err != nil {
 		return err
 	}
-	a := New(Options{Names: o.Names, Node: o.Node, Source: src, Client: client, Period: o.Period, NRIStateFile: o.NRIStateFile, Log: log, Metrics: m})
+	ao := Options{Names: o.Names, Node: o.Node, Source: src, Client: client, Period: o.Period, NRIStateFile: o.NRIStateFile, Log: log, Metrics: m, DRA: o.DRA}
+	var driver atomic.Pointer[dra.Driver]
+	notReady := "no topology published yet"
+	if o.DRA {
+		notReady = "no topology published yet, or the kubelet has not registered the DRA driver " + names.DRADriver
+		ao.TopologyLoaded = func(ctx context.Context, top *topology.Topology) {
+			if d := driver.Load(); d != nil {
+				if err := d.SetTopology(ctx, top); err != nil {
+					log.Error(err, "publish the DRA devices of the reloaded topology")
+				}
+			}
+		}
+	}
+	a := New(ao)
+	ready := func() bool {
+		if o.DRA {
+			d := driver.Load()
+			return a.Ready() && d != nil && d.Registered()
+		}
+		return a.Ready()
+	}
 	if o.ProbeAddr != "" {
-		stop, err := probes.Serve(o.ProbeAddr, reg, a.Ready, "no topology published yet")
+		stop, err := probes.Serve(o.ProbeAddr, reg, ready, notReady)
 		if err != nil {
 			return err
 		}
 		defer stop()
 	}
-	// A dead device plugin must not hide behind a Ready agent: its failure ends the process.
+	// A dead device plugin or DRA server must not hide behind a Ready agent: its failure
+	// ends the process.
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	if o.DRA {
+		top, err := src.Load(ctx)
+		if err != nil {
+			return fmt.Errorf("the DRA driver needs a topology: %w", err)
+		}
+		mode, _ := o.draCDI() // validated above
+		d, err := dra.Start(ctx, dra.Options{Node: o.Node, Client: client, KubeletDir: o.DRAKubeletDir, CDI: mode, CDISpecDir: o.CDISpecDir,
+			Topology: top, Log: log.WithName("dra"), Fatal: func(err error) { cancel(err) }})
+		if err != nil {
+			return err
+		}
+		defer d.Stop()
+		driver.Store(d)
+	}
 	if o.DevicePlugin {
 		top, err := src.Load(ctx)
 		if err != nil {
@@ -104,7 +179,8 @@ func RunProcess(ctx context.Context, o ProcessOptions, log logr.Logger) error {
 			}
 		}()
 	}
-	log.Info("starting", "node", o.Node, "source", src.Describe(), "period", o.Period, "devicePlugin", o.DevicePlugin, "deviceListStrategies", o.DeviceListStrategies)
+	log.Info("starting", "node", o.Node, "source", src.Describe(), "period", o.Period, "devicePlugin", o.DevicePlugin, "deviceListStrategies", o.DeviceListStrategies,
+		"dra", o.DRA, "draKubeletDir", o.DRAKubeletDir, "draCDI", o.DRACDI)
 	if err := a.Run(ctx); err != nil {
 		return err
 	}

@@ -1,10 +1,11 @@
 // Package agent is nvdomain's node agent: it turns this node's topology into the labels,
-// annotations and per-domain extended resources that docs/architecture.md lists, and keeps
-// them true. It owns only its own keys (those the names package can parse back), removes the
-// ones that no longer apply, never touches anyone else's, re-asserts everything on a period
-// and on change, keeps the last good topology published when its source breaks, and lowers a
-// domain's capacity by the GPUs that unpinned containers hold there (reported by the NRI
-// plugin's state file). A Fleet runs one agent per node of a simulated topology in one
+// annotations and per-domain extended resources of docs/architecture.md (Names), and keeps
+// them true. On a DRA node (--dra) it runs the DRA driver of package dra instead of publishing
+// extended resources. It owns only its own keys (those the names package can parse back),
+// removes the ones that no longer apply, never touches anyone else's, re-asserts everything on
+// a period and on change, keeps the last good topology published when its source breaks, and
+// lowers a domain's capacity by the GPUs that unpinned containers hold there (reported by the
+// NRI plugin's state file). A Fleet runs one agent per node of a simulated topology in one
 // process, for fake nodes that run no agent of their own.
 package agent
 
@@ -67,7 +68,19 @@ func Desire(n names.Names, top *topology.Topology, unpinned map[int]int, h Healt
 	return d, nil
 }
 
-// ownsLabel reports whether a label key is one the agent writes.
+// ForDRA is what a DRA node says about itself: the same labels and annotations, the mode
+// label, and no per-domain capacity. The empty capacity makes the publisher remove the domain
+// resources a classic agent left on the node, so no pinned pod is scheduled there.
+func (d Desired) ForDRA(n names.Names) Desired {
+	labels := make(map[string]string, len(d.Labels)+1)
+	maps.Copy(labels, d.Labels)
+	labels[n.ModeLabel()] = names.ModeDRA
+	return Desired{Labels: labels, Annotations: d.Annotations, Capacity: map[string]int64{}}
+}
+
+// ownsLabel reports whether a label key is one the agent writes. The mode label is not among
+// them: the operator sets it on a pool to choose the mode, a DRA agent only confirms it, and
+// a classic agent must never remove it while its pod is being replaced by a DRA one.
 func ownsLabel(n names.Names, key string) bool {
 	if _, ok := n.ParseDomainSizeLabel(key); ok {
 		return true

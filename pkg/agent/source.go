@@ -16,9 +16,9 @@ import (
 	"github.com/nvdomain/nvdomain/pkg/topology/simulated"
 )
 
-// ConfigMapSource watches one ConfigMap through the API, the simulated topology that the
-// simulated device plugin emulates too, and reads this node's entry from its topology.json
-// key. Every change of the ConfigMap signals Changes.
+// ConfigMapSource watches one ConfigMap through the API (the simulated topology, which stands
+// in for NVSwitch hardware on nodes without it) and reads this node's entry from its
+// topology.json key. Every change of the ConfigMap signals Changes.
 type ConfigMapSource struct {
 	Namespace, Name, Node string
 	Parser                *simulated.Parser

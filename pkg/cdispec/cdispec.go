@@ -36,8 +36,20 @@ func (k Kind) String() string { return k.Vendor + "/" + k.Class }
 // Device names one device of a kind: vendor/class=id.
 func (k Kind) Device(id string) string { return k.String() + "=" + id }
 
-// DevicePluginGPU is the kind NVIDIA's device plugin names whole GPUs with.
+// DevicePluginGPU is the kind NVIDIA's device plugin names whole GPUs with; the simulated
+// GPUs this package describes are published under it too, so containerd resolves the names
+// the simulated device plugin hands out exactly as it would NVIDIA's.
 var DevicePluginGPU = Kind{names.DevicePluginCDIVendor, names.CDIClassGPU}
+
+// NVIDIAGPU is the kind of the spec the NVIDIA Container Toolkit generates (nvidia-ctk cdi
+// generate), which NVIDIA's DRA driver and hand-written CDI requests use.
+var NVIDIAGPU = Kind{names.NVIDIACDIVendor, names.CDIClassGPU}
+
+// IsNVIDIAVendor reports whether a CDI vendor is one of NVIDIA's: only their devices are
+// NVIDIA GPUs, whatever another vendor calls its class.
+func IsNVIDIAVendor(vendor string) bool {
+	return vendor == names.NVIDIACDIVendor || vendor == names.DevicePluginCDIVendor
+}
 
 // ParseName splits a fully qualified CDI device name vendor/class=id.
 func ParseName(s string) (Kind, string, bool) {
@@ -62,11 +74,7 @@ func GPUNode(minor int) *cdi.DeviceNode {
 // index (NVIDIA's specs name both), each with its /dev/nvidia<minor>; /dev/nvidiactl and
 // NVIDIA_VISIBLE_DEVICES=void go with any of them, as in NVIDIA's own specs.
 func ForGPUs(kind Kind, gpus []topology.GPU) *cdi.Spec {
-	mode := os.FileMode(0o666)
-	spec := &cdi.Spec{Version: Version, Kind: kind.String(), ContainerEdits: cdi.ContainerEdits{
-		Env:         []string{names.VisibleDevicesEnv + "=" + names.VisibleDevicesVoid},
-		DeviceNodes: []*cdi.DeviceNode{{Path: names.GPUDevicePrefix + "ctl", Type: "c", Major: names.GPUDeviceMajor, Minor: ControlMinor, FileMode: &mode, Permissions: "rw"}},
-	}}
+	spec := &cdi.Spec{Version: Version, Kind: kind.String(), ContainerEdits: CommonEdits()}
 	for _, g := range gpus {
 		edits := cdi.ContainerEdits{DeviceNodes: []*cdi.DeviceNode{GPUNode(g.DeviceMinor())}}
 		if g.UUID != "" {
@@ -75,6 +83,17 @@ func ForGPUs(kind Kind, gpus []topology.GPU) *cdi.Spec {
 		spec.Devices = append(spec.Devices, cdi.Device{Name: strconv.Itoa(g.Index), ContainerEdits: edits})
 	}
 	return spec
+}
+
+// CommonEdits are what every GPU container gets with any of its GPUs, as in NVIDIA's specs:
+// /dev/nvidiactl, and NVIDIA_VISIBLE_DEVICES=void so the NVIDIA toolkit adds nothing of its
+// own.
+func CommonEdits() cdi.ContainerEdits {
+	mode := os.FileMode(0o666)
+	return cdi.ContainerEdits{
+		Env:         []string{names.VisibleDevicesEnv + "=" + names.VisibleDevicesVoid},
+		DeviceNodes: []*cdi.DeviceNode{{Path: names.GPUDevicePrefix + "ctl", Type: "c", Major: names.GPUDeviceMajor, Minor: ControlMinor, FileMode: &mode, Permissions: "rw"}},
+	}
 }
 
 // FileName is the spec's file name in a spec directory, as CDI tools name them
@@ -86,6 +105,13 @@ func FileName(kind Kind) string {
 // Write puts the spec into dir atomically (temporary file, fsync, rename), so a runtime that
 // refreshes its specs never reads half a file.
 func Write(dir string, kind Kind, spec *cdi.Spec) error {
+	return WriteFile(dir, FileName(kind), spec)
+}
+
+// WriteFile is Write under a file name of the caller's choice, for writers that keep several
+// specs of one kind (the DRA driver writes one per claim). The name must end in .json.
+func WriteFile(dir, file string, spec *cdi.Spec) error {
+	kind := spec.Kind + " (" + filepath.Join(dir, file) + ")"
 	data, err := json.MarshalIndent(spec, "", "  ")
 	if err != nil {
 		return fmt.Errorf("encode CDI spec %s: %w", kind, err)
@@ -93,7 +119,7 @@ func Write(dir string, kind Kind, spec *cdi.Spec) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("CDI spec directory %s: %w", dir, err)
 	}
-	tmp, err := os.CreateTemp(dir, ".tmp-"+FileName(kind)+"-*")
+	tmp, err := os.CreateTemp(dir, ".tmp-"+file+"-*")
 	if err != nil {
 		return fmt.Errorf("write CDI spec %s: %w", kind, err)
 	}
@@ -113,8 +139,16 @@ func Write(dir string, kind Kind, spec *cdi.Spec) error {
 	if err := os.Chmod(tmp.Name(), 0o644); err != nil {
 		return fmt.Errorf("write CDI spec %s: %w", kind, err)
 	}
-	if err := os.Rename(tmp.Name(), filepath.Join(dir, FileName(kind))); err != nil {
+	if err := os.Rename(tmp.Name(), filepath.Join(dir, file)); err != nil {
 		return fmt.Errorf("install CDI spec %s: %w", kind, err)
+	}
+	return nil
+}
+
+// RemoveFile deletes a spec WriteFile wrote; a spec that is already gone is not an error.
+func RemoveFile(dir, file string) error {
+	if err := os.Remove(filepath.Join(dir, file)); err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("remove CDI spec %s: %w", file, err)
 	}
 	return nil
 }

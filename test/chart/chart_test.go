@@ -104,12 +104,27 @@ func TestBadValuesAreRejected(t *testing.T) {
 		{[]string{"--set", "node.agent.source=simulated"}, "node.agent.source=simulated needs topology.simulated"},
 		{[]string{"--set", "node.agent.source=topo-matrix"}, "needs node.agent.topoMatrixFile"},
 		{[]string{"--set", "webhook.replica=3"}, "at '/webhook': additional properties 'replica' not allowed"},
+		{[]string{"--set", "webhook.mode=dra"}, "webhook.mode=dra rewrites TP pods onto DRA claims: set dra.enabled=true"},
+		{[]string{"--set", "webhook.mode=both"}, "at '/webhook/mode': value must be one of 'classic', 'dra', 'mixed'"},
+		{[]string{"--set", "dra.cdi=cdi-cri"}, "at '/dra/cdi'"},
 	}
 	for _, tc := range cases {
 		_, err := render(t, tc.args...)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("helm template %v: %v, want an error mentioning %q", tc.args, err, tc.want)
 		}
+	}
+}
+
+// Values written for an older release still upgrade: removed settings the schema would
+// otherwise refuse are accepted and ignored.
+func TestOlderReleasesValuesStillRender(t *testing.T) {
+	out, err := render(t, "--set", "node.nri.naming=uuid")
+	if err != nil {
+		t.Fatalf("helm template with node.nri.naming: %v", err)
+	}
+	if strings.Contains(out, "--naming") {
+		t.Error("the ignored node.nri.naming reached the plugin's arguments")
 	}
 }
 
@@ -266,7 +281,7 @@ func TestChartPoliciesMatchManifests(t *testing.T) {
 		return out
 	}
 	got, want := specs(rendered), specs(string(manifest))
-	if len(got) != 4 || !reflect.DeepEqual(got, want) {
+	if len(got) != 6 || !reflect.DeepEqual(got, want) {
 		t.Fatalf("chart policies and manifests/policies differ (regenerate the manifest):\nchart     %v\nmanifests %v", got, want)
 	}
 }

@@ -52,8 +52,11 @@ type Report struct {
 }
 
 // Install installs nvdomain with its Helm chart in simulated mode and waits until the node
-// advertises its domains and its simulated GPUs.
+// advertises its domains and its simulated GPUs; in ModeDRA, see installDRA.
 func (c *Cluster) Install(ctx context.Context, w io.Writer) error {
+	if c.o.Mode == ModeDRA {
+		return c.installDRA(ctx, w)
+	}
 	helm, err := c.tool("build-helm.sh")
 	if err != nil {
 		return err

@@ -298,6 +298,9 @@ func (v *View) LargestDomain() int {
 		for _, c := range nd.capacity {
 			m = max(m, c)
 		}
+		for _, c := range nd.draSizes {
+			m = max(m, c)
+		}
 	}
 	return m
 }

@@ -1,0 +1,225 @@
+package dra
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+	resourceapi "k8s.io/api/resource/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/klog/v2"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/topology"
+)
+
+// DefaultKubeletDir is the kubelet's default --root-dir.
+const DefaultKubeletDir = "/var/lib/kubelet"
+
+// Options configure the driver.
+type Options struct {
+	// Node is this node's name: the pool's name and the ResourceSlices' owner.
+	Node   string
+	Client kubernetes.Interface
+	// KubeletDir is the kubelet's --root-dir. The driver registers through
+	// <KubeletDir>/plugins_registry and serves from <KubeletDir>/plugins/gpu.nvdomain.io,
+	// which also holds the checkpoint; both paths must be the same inside the driver's
+	// container as on the host, since the kubelet dials the path the driver reports.
+	KubeletDir string
+	// CDI says which CDI devices prepared claims get; CDISpecDir is where CDINvdomain specs
+	// go (a directory in the container runtime's cdi_spec_dirs).
+	CDI        CDIMode
+	CDISpecDir string
+	// Topology is the node's topology at start; SetTopology replaces it.
+	Topology *topology.Topology
+	Log      logr.Logger
+	// Fatal receives an error the driver cannot recover from (a gRPC server that died, slices
+	// the apiserver refuses as invalid). The agent cancels its main context with it: the
+	// process ends and the pod restarts, rather than staying Ready with no DRA service.
+	Fatal func(error)
+}
+
+// PluginDir is where the driver's DRA socket and checkpoint live.
+func (o Options) PluginDir() string {
+	return filepath.Join(o.KubeletDir, "plugins", names.DRADriver)
+}
+
+// RegistryDir is the kubelet's plugin registration directory.
+func (o Options) RegistryDir() string { return filepath.Join(o.KubeletDir, "plugins_registry") }
+
+// Validate names the option at fault.
+func (o Options) Validate() error {
+	switch {
+	case o.Node == "":
+		return errors.New("DRA driver: the node name is empty: pass --node-name or set NODE_NAME from the downward API (spec.nodeName)")
+	case o.Client == nil:
+		return errors.New("DRA driver: no Kubernetes client")
+	case o.Topology == nil:
+		return errors.New("DRA driver: no topology")
+	case o.KubeletDir == "":
+		return errors.New("--dra-kubelet-dir is empty: give the kubelet's --root-dir (default /var/lib/kubelet)")
+	case o.CDI != CDINvdomain && o.CDI != CDINVIDIA:
+		_, err := ParseCDIMode(string(o.CDI))
+		return err
+	case o.CDI == CDINvdomain && o.CDISpecDir == "":
+		return errors.New("--cdi-spec-dir is empty: --dra-cdi=nvdomain writes one CDI spec per claim there; give a directory in containerd's cdi_spec_dirs")
+	}
+	return nil
+}
+
+// Driver is nvdomain's DRA kubelet plugin for one node: it publishes the node's GPUs as
+// ResourceSlices and prepares the claims the scheduler allocated on them.
+type Driver struct {
+	o      Options
+	state  *State
+	helper *kubeletplugin.Helper
+
+	mu        sync.Mutex
+	published *resourceslice.DriverResources
+	// registered is what the kubelet last said about the registration. The helper keeps the
+	// same status without a lock, so the driver records its own copy as the call passes.
+	registered atomic.Bool
+}
+
+var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
+
+// Start registers the driver with the kubelet, starts its DRA service and publishes the
+// topology's devices. Stop (or ending ctx) stops it. The checkpoint of an earlier run is kept:
+// claims prepared before a restart are restored from it when the kubelet asks again.
+func Start(ctx context.Context, o Options) (*Driver, error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	for _, dir := range []string{o.PluginDir(), o.RegistryDir()} {
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			return nil, fmt.Errorf("DRA driver directory: %w", err)
+		}
+	}
+	d := &Driver{o: o, state: NewState(o.Node, o.Topology, o.CDI, o.CDISpecDir, o.PluginDir(), o.Log)}
+	if err := d.state.RemoveOrphanSpecs(); err != nil {
+		return nil, err
+	}
+	ctx = klog.NewContext(ctx, o.Log)
+	helper, err := kubeletplugin.Start(ctx, d,
+		kubeletplugin.DriverName(names.DRADriver),
+		kubeletplugin.KubeClient(o.Client),
+		kubeletplugin.NodeName(o.Node),
+		kubeletplugin.RegistrarDirectoryPath(o.RegistryDir()),
+		kubeletplugin.PluginDataDirectoryPath(o.PluginDir()),
+		kubeletplugin.GRPCInterceptor(d.recordRegistration),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("start the DRA kubelet plugin %s: %w", names.DRADriver, err)
+	}
+	d.helper = helper
+	if err := d.SetTopology(ctx, o.Topology); err != nil {
+		helper.Stop()
+		return nil, err
+	}
+	return d, nil
+}
+
+// Stop stops the gRPC servers and the ResourceSlice publisher. The ResourceSlices stay: a
+// restarting driver finds and updates them, and they go with the Node when it is deleted.
+func (d *Driver) Stop() {
+	if d != nil && d.helper != nil {
+		d.helper.Stop()
+	}
+}
+
+// Registered reports whether the kubelet accepted the driver's registration.
+func (d *Driver) Registered() bool { return d.registered.Load() }
+
+// recordRegistration notes the kubelet's NotifyRegistrationStatus calls on their way to the
+// helper's registration server.
+func (d *Driver) recordRegistration(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	resp, err := handler(ctx, req)
+	if st, ok := req.(*registerapi.RegistrationStatus); ok && err == nil {
+		d.registered.Store(st.PluginRegistered)
+		if !st.PluginRegistered {
+			d.o.Log.Error(errors.New(st.Error), "the kubelet refused the DRA driver's registration")
+		}
+	}
+	return resp, err
+}
+
+// SetTopology publishes the devices of a (new) topology; the ResourceSlices change only when
+// the devices do.
+func (d *Driver) SetTopology(ctx context.Context, top *topology.Topology) error {
+	res := Resources(d.o.Node, top)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.state.SetTopology(top)
+	if d.published != nil && apiequality.Semantic.DeepEqual(*d.published, res) {
+		return nil
+	}
+	if err := d.helper.PublishResources(ctx, res); err != nil {
+		return fmt.Errorf("publish ResourceSlices: %w", err)
+	}
+	d.published = &res
+	d.o.Log.Info("publishing GPUs as DRA devices", "driver", names.DRADriver, "pool", d.o.Node, "devices", len(top.GPUs), "domains", len(top.Domains))
+	return nil
+}
+
+// State is the driver's claim state.
+func (d *Driver) State() *State { return d.state }
+
+// PrepareResourceClaims implements kubeletplugin.DRAPlugin: each claim is prepared on its
+// own, and one claim's failure is reported for that claim only.
+func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
+	for _, claim := range claims {
+		devices, err := d.state.Prepare(ctx, claim)
+		if err != nil {
+			d.o.Log.Error(err, "prepare claim", "claim", claim.Namespace+"/"+claim.Name, "uid", claim.UID)
+			out[claim.UID] = kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s/%s: %w", claim.Namespace, claim.Name, err)}
+			continue
+		}
+		res := kubeletplugin.PrepareResult{Devices: []kubeletplugin.Device{}}
+		for _, dev := range devices {
+			res.Devices = append(res.Devices, kubeletplugin.Device{Requests: dev.Requests, PoolName: dev.Pool, DeviceName: dev.Device, CDIDeviceIDs: dev.CDIDeviceIDs})
+		}
+		d.o.Log.V(1).Info("prepared claim", "claim", claim.Namespace+"/"+claim.Name, "uid", claim.UID, "devices", res.Devices)
+		out[claim.UID] = res
+	}
+	return out, nil
+}
+
+// UnprepareResourceClaims implements kubeletplugin.DRAPlugin.
+func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	out := make(map[types.UID]error, len(claims))
+	for _, claim := range claims {
+		if err := d.state.Unprepare(ctx, claim.UID); err != nil {
+			out[claim.UID] = fmt.Errorf("unprepare claim %s: %w", claim.String(), err)
+			continue
+		}
+		d.o.Log.V(1).Info("unprepared claim", "claim", claim.String(), "uid", claim.UID)
+		out[claim.UID] = nil
+	}
+	return out, nil
+}
+
+// HandleError implements kubeletplugin.DRAPlugin. The helper calls it for background errors:
+// a dead gRPC server is unrecoverable, and so are slices the apiserver refuses as invalid or
+// whose fields it drops, which retrying never fixes; those end the process through
+// Options.Fatal. Everything else is logged and retried.
+func (d *Driver) HandleError(_ context.Context, err error, msg string) {
+	var dropped *resourceslice.DroppedFieldsError
+	fatal := !errors.Is(err, kubeletplugin.ErrRecoverable) || errors.As(err, &dropped) || apierrors.IsInvalid(err)
+	d.o.Log.Error(err, msg, "fatal", fatal)
+	if fatal && d.o.Fatal != nil {
+		d.o.Fatal(fmt.Errorf("DRA driver: %s: %w", msg, err))
+	}
+}

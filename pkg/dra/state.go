@@ -1,0 +1,220 @@
+package dra
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/go-logr/logr"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/nvdomain/nvdomain/pkg/cdispec"
+	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/topology"
+)
+
+// PrepareDevices computes the GPUs a claim was allocated on this node and the CDI devices
+// that hand them to a container. It is a pure function of the claim's allocation, the
+// topology and the CDI mode, so preparing a claim twice yields the same answer. It fails when
+// an allocated device is not one of this node's GPUs: the allocation was made against slices
+// that no longer describe the node.
+func PrepareDevices(node string, claim *resourceapi.ResourceClaim, top *topology.Topology, mode CDIMode) ([]PreparedDevice, error) {
+	if claim.Status.Allocation == nil {
+		return nil, fmt.Errorf("claim %s/%s is not allocated", claim.Namespace, claim.Name)
+	}
+	var out []PreparedDevice
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		if r.Driver != names.DRADriver {
+			continue
+		}
+		if r.Pool != node {
+			return nil, fmt.Errorf("claim %s/%s: device %s was allocated from pool %q, but this node's pool is %q", claim.Namespace, claim.Name, r.Device, r.Pool, node)
+		}
+		idx, ok := names.ParseDRADeviceName(r.Device)
+		if !ok {
+			return nil, fmt.Errorf("claim %s/%s: device %q is not a device this driver publishes (gpu-<index>)", claim.Namespace, claim.Name, r.Device)
+		}
+		gpu, ok := top.GPU(idx)
+		if !ok {
+			return nil, fmt.Errorf("claim %s/%s: device %s is not among this node's %d GPUs; the topology changed after the claim was allocated: delete the pod so that it is allocated again", claim.Namespace, claim.Name, r.Device, len(top.GPUs))
+		}
+		d := PreparedDevice{Requests: []string{r.Request}, Pool: r.Pool, Device: r.Device, GPU: gpu.Index, Minor: gpu.DeviceMinor(), UUID: gpu.UUID,
+			AdminAccess: r.AdminAccess != nil && *r.AdminAccess}
+		switch mode {
+		case CDINVIDIA:
+			id := gpu.UUID
+			if id == "" {
+				id = fmt.Sprint(gpu.Index)
+			}
+			d.CDIDeviceIDs = []string{NVIDIAKind.Device(id)}
+		default:
+			d.CDIDeviceIDs = []string{CDIKind.Device(CDIDeviceID(claim.UID, gpu.Index))}
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+// State prepares and unprepares claims on one node, keeping the checkpoint and the CDI specs.
+// It is safe for concurrent use.
+type State struct {
+	node           string
+	mode           CDIMode
+	cdiDir         string
+	checkpointPath string
+	log            logr.Logger
+
+	mu  sync.Mutex
+	top *topology.Topology
+}
+
+// NewState returns the state of a node whose checkpoint lives in dataDir.
+func NewState(node string, top *topology.Topology, mode CDIMode, cdiDir, dataDir string, log logr.Logger) *State {
+	return &State{node: node, mode: mode, cdiDir: cdiDir, checkpointPath: filepath.Join(dataDir, CheckpointFile), log: log, top: top}
+}
+
+// SetTopology replaces the topology that allocated device names are resolved against.
+// Prepared claims keep what they hold.
+func (s *State) SetTopology(top *topology.Topology) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.top = top
+}
+
+// Prepare returns a claim's prepared devices. A claim the checkpoint knows is restored from it
+// (its CDI spec is written again if it is gone, as after a reboot that cleared a tmpfs);
+// otherwise the devices are computed, the CDI spec is written, and only then the checkpoint,
+// so a checkpointed claim always has its spec. A GPU that another claim holds is refused:
+// the driver is the last line of defence against a device given twice.
+func (s *State) Prepare(_ context.Context, claim *resourceapi.ResourceClaim) ([]PreparedDevice, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cp, err := ReadCheckpoint(s.checkpointPath)
+	if err != nil {
+		return nil, err
+	}
+	if pc, ok := cp.Claims[claim.UID]; ok {
+		if err := s.ensureSpec(claim.UID, pc.Devices); err != nil {
+			return nil, err
+		}
+		return pc.Devices, nil
+	}
+	devices, err := PrepareDevices(s.node, claim, s.top, s.mode)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range devices {
+		if d.AdminAccess {
+			continue
+		}
+		if uid, holder, taken := cp.HolderOf(d.Pool, d.Device, claim.UID); taken {
+			return nil, fmt.Errorf("claim %s/%s: GPU %s is already prepared for claim %s/%s (uid %s); it cannot go to two pods: wait until that pod ends",
+				claim.Namespace, claim.Name, d.Device, holder.Namespace, holder.Name, uid)
+		}
+	}
+	if err := s.writeSpec(claim.UID, devices); err != nil {
+		return nil, err
+	}
+	cp.Claims[claim.UID] = PreparedClaim{Namespace: claim.Namespace, Name: claim.Name, Devices: devices}
+	if err := WriteCheckpoint(s.checkpointPath, cp); err != nil {
+		return nil, err
+	}
+	return devices, nil
+}
+
+// Unprepare forgets a claim: its CDI spec goes, then its checkpoint entry. A claim the driver
+// does not know is not an error; the kubelet may ask again after a restart.
+func (s *State) Unprepare(_ context.Context, uid types.UID) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cp, err := ReadCheckpoint(s.checkpointPath)
+	if err != nil {
+		return err
+	}
+	if err := s.removeSpec(uid); err != nil {
+		return err
+	}
+	if _, ok := cp.Claims[uid]; !ok {
+		return nil
+	}
+	delete(cp.Claims, uid)
+	return WriteCheckpoint(s.checkpointPath, cp)
+}
+
+// Prepared returns a copy of the checkpoint's claims, for tests and diagnostics.
+func (s *State) Prepared() (map[types.UID]PreparedClaim, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cp, err := ReadCheckpoint(s.checkpointPath)
+	if err != nil {
+		return nil, err
+	}
+	return cp.Claims, nil
+}
+
+// RemoveOrphanSpecs deletes the claim specs of claims the checkpoint does not hold: left by a
+// crash between writing a spec and the checkpoint, for a claim the kubelet then never
+// prepared again.
+func (s *State) RemoveOrphanSpecs() error {
+	if s.mode != CDINvdomain {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cp, err := ReadCheckpoint(s.checkpointPath)
+	if err != nil {
+		return err
+	}
+	entries, err := os.ReadDir(s.cdiDir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("list CDI specs in %s: %w", s.cdiDir, err)
+	}
+	prefix := strings.TrimSuffix(ClaimSpecFile(""), ".json")
+	for _, e := range entries {
+		uid, ok := strings.CutPrefix(e.Name(), prefix)
+		if !ok || !strings.HasSuffix(uid, ".json") {
+			continue
+		}
+		uid = strings.TrimSuffix(uid, ".json")
+		if _, known := cp.Claims[types.UID(uid)]; !known {
+			s.log.Info("removing the CDI spec of a claim that is not prepared", "file", e.Name())
+			if err := cdispec.RemoveFile(s.cdiDir, e.Name()); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (s *State) writeSpec(uid types.UID, devices []PreparedDevice) error {
+	if s.mode != CDINvdomain || len(devices) == 0 {
+		return nil
+	}
+	return cdispec.WriteFile(s.cdiDir, ClaimSpecFile(uid), ClaimSpec(uid, devices))
+}
+
+func (s *State) ensureSpec(uid types.UID, devices []PreparedDevice) error {
+	if s.mode != CDINvdomain || len(devices) == 0 {
+		return nil
+	}
+	if _, err := os.Stat(filepath.Join(s.cdiDir, ClaimSpecFile(uid))); err == nil {
+		return nil
+	}
+	return s.writeSpec(uid, devices)
+}
+
+func (s *State) removeSpec(uid types.UID) error {
+	if s.mode != CDINvdomain {
+		return nil
+	}
+	return cdispec.RemoveFile(s.cdiDir, ClaimSpecFile(uid))
+}

@@ -1,0 +1,312 @@
+package dra
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/go-logr/logr"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
+)
+
+const node = "node-a"
+
+// claim is an allocated claim of the given GPUs on node.
+func claim(uid string, gpus ...int) *resourceapi.ResourceClaim {
+	c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "llama-" + uid, UID: types.UID(uid)}}
+	alloc := &resourceapi.AllocationResult{}
+	for _, g := range gpus {
+		alloc.Devices.Results = append(alloc.Devices.Results, resourceapi.DeviceRequestAllocationResult{
+			Request: "gpus", Driver: names.DRADriver, Pool: node, Device: names.DRADeviceName(g)})
+	}
+	c.Status.Allocation = alloc
+	return c
+}
+
+func TestCheckpointRoundTrip(t *testing.T) {
+	path := filepath.Join(t.TempDir(), CheckpointFile)
+	empty, err := ReadCheckpoint(path)
+	if err != nil || len(empty.Claims) != 0 {
+		t.Fatalf("a missing checkpoint reads as %+v, %v; want empty", empty, err)
+	}
+	want := NewCheckpoint()
+	want.Claims["u1"] = PreparedClaim{Namespace: "ml", Name: "c1", Devices: []PreparedDevice{
+		{Requests: []string{"gpus"}, Pool: node, Device: "gpu-4", GPU: 4, Minor: 4, UUID: "GPU-4", CDIDeviceIDs: []string{"gpu.nvdomain.io/gpu=u1-gpu-4"}},
+	}}
+	if err := WriteCheckpoint(path, want); err != nil {
+		t.Fatal(err)
+	}
+	got, err := ReadCheckpoint(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("read back %+v, wrote %+v", got, want)
+	}
+	entries, _ := os.ReadDir(filepath.Dir(path))
+	if len(entries) != 1 {
+		t.Errorf("directory holds %d files after a write, want only the checkpoint (no temporary file left)", len(entries))
+	}
+}
+
+func TestCheckpointWithAnotherHeaderIsRefused(t *testing.T) {
+	cases := map[string]struct{ doc, want string }{
+		"future version": {`{"apiVersion":"gpu.nvdomain.io/v2","kind":"DRACheckpoint","claims":{}}`, `apiVersion "gpu.nvdomain.io/v2"`},
+		"another kind":   {`{"apiVersion":"gpu.nvdomain.io/v1","kind":"Checkpoint","claims":{}}`, `kind "Checkpoint"`},
+		"no header":      {`{"claims":{}}`, "drain the node's GPU pods, then remove the file"},
+		"not JSON":       {`{"apiVersion":`, "is not JSON"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), CheckpointFile)
+			if err := os.WriteFile(path, []byte(tc.doc), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			_, err := ReadCheckpoint(path)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("ReadCheckpoint = %v, want an error mentioning %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func newState(t *testing.T, mode CDIMode) (*State, string, string) {
+	t.Helper()
+	cdiDir, dataDir := t.TempDir(), t.TempDir()
+	return NewState(node, hgx(t), mode, cdiDir, dataDir, logr.Discard()), cdiDir, dataDir
+}
+
+func cdiIDs(devs []PreparedDevice) []string {
+	var out []string
+	for _, d := range devs {
+		out = append(out, d.CDIDeviceIDs...)
+	}
+	return out
+}
+
+func TestPrepareDevicesNamesCDIDevicesByMode(t *testing.T) {
+	noUUID := hgx(t)
+	noUUID.GPUs[5].UUID = ""
+	cases := []struct {
+		name string
+		mode CDIMode
+		gpus []int
+		want []string
+	}{
+		{"nvdomain", CDINvdomain, []int{4, 5}, []string{"gpu.nvdomain.io/gpu=u1-gpu-4", "gpu.nvdomain.io/gpu=u1-gpu-5"}},
+		{"nvidia", CDINVIDIA, []int{4, 5}, []string{"nvidia.com/gpu=GPU-4", "nvidia.com/gpu=5"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			devs, err := PrepareDevices(node, claim("u1", tc.gpus...), noUUID, tc.mode)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := cdiIDs(devs); !slices.Equal(got, tc.want) {
+				t.Errorf("CDI devices %v, want %v", got, tc.want)
+			}
+			for _, id := range cdiIDs(devs) {
+				_, gpu, uuid, ok := ParseCDIDevice(id)
+				if !ok || (uuid == "" && !slices.Contains(tc.gpus, gpu)) || (uuid != "" && uuid != "GPU-4") {
+					t.Errorf("ParseCDIDevice(%q) = gpu %d uuid %q ok %v", id, gpu, uuid, ok)
+				}
+			}
+		})
+	}
+}
+
+func TestPrepareDevicesRefusesWhatThisNodeDoesNotHave(t *testing.T) {
+	other := claim("u1", 0)
+	other.Status.Allocation.Devices.Results[0].Pool = "node-b"
+	foreign := claim("u1", 0)
+	foreign.Status.Allocation.Devices.Results = append(foreign.Status.Allocation.Devices.Results,
+		resourceapi.DeviceRequestAllocationResult{Request: "nic", Driver: "nic.example.com", Pool: node, Device: "eth0"})
+	cases := []struct {
+		name  string
+		claim *resourceapi.ResourceClaim
+		want  string // "" means success
+	}{
+		{"unallocated", &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c"}}, "is not allocated"},
+		{"another node's pool", other, `pool "node-b"`},
+		{"a GPU the node does not have", claim("u1", 42), "delete the pod so that it is allocated again"},
+		{"another driver's device is skipped", foreign, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			devs, err := PrepareDevices(node, tc.claim, hgx(t), CDINvdomain)
+			switch {
+			case tc.want == "" && (err != nil || len(devs) != 1):
+				t.Errorf("got %v, %v; want the one GPU", devs, err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Errorf("got %v; want an error mentioning %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestPrepareIsIdempotentAndSurvivesARestart(t *testing.T) {
+	s, cdiDir, dataDir := newState(t, CDINvdomain)
+	ctx := context.Background()
+	first, err := s.Prepare(ctx, claim("u1", 4, 5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	specFile := filepath.Join(cdiDir, ClaimSpecFile("u1"))
+	if _, err := os.Stat(specFile); err != nil {
+		t.Fatalf("no CDI spec after Prepare: %v", err)
+	}
+	again, err := s.Prepare(ctx, claim("u1", 4, 5))
+	if err != nil || !reflect.DeepEqual(first, again) {
+		t.Errorf("second Prepare = %v, %v; want %v", again, err, first)
+	}
+	// A new process over the same directories, after a reboot cleared the CDI directory,
+	// restores the claim from the checkpoint and writes its spec again.
+	if err := os.Remove(specFile); err != nil {
+		t.Fatal(err)
+	}
+	restarted := NewState(node, hgx(t), CDINvdomain, cdiDir, dataDir, logr.Discard())
+	restored, err := restarted.Prepare(ctx, claim("u1", 4, 5))
+	if err != nil || !reflect.DeepEqual(first, restored) {
+		t.Errorf("Prepare after restart = %v, %v; want %v", restored, err, first)
+	}
+	if _, err := os.Stat(specFile); err != nil {
+		t.Errorf("the restored claim has no CDI spec: %v", err)
+	}
+}
+
+// The spec a claim gets is a valid CDI spec that a runtime resolves to the GPUs' device nodes
+// (/dev/nvidia<minor>, not <index>) plus /dev/nvidiactl.
+func TestClaimSpecResolvesToTheGPUsDeviceNodes(t *testing.T) {
+	s, cdiDir, _ := newState(t, CDINvdomain)
+	devs, err := s.Prepare(context.Background(), claim("u1", 0, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache, err := cdi.NewCache(cdi.WithSpecDirs(cdiDir), cdi.WithAutoRefresh(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var nodes []string
+	for _, id := range cdiIDs(devs) {
+		dev := cache.GetDevice(id)
+		if dev == nil {
+			t.Fatalf("CDI device %s not found in %s (errors %v)", id, cdiDir, cache.GetErrors())
+		}
+		for _, n := range dev.ContainerEdits.DeviceNodes {
+			nodes = append(nodes, n.Path)
+		}
+	}
+	if want := []string{"/dev/nvidia8", "/dev/nvidia7"}; !slices.Equal(nodes, want) {
+		t.Errorf("device nodes %v, want %v (minors 8 and 7 of GPUs 0 and 1)", nodes, want)
+	}
+}
+
+func TestAGPUIsNeverPreparedForTwoClaims(t *testing.T) {
+	s, _, _ := newState(t, CDINvdomain)
+	ctx := context.Background()
+	if _, err := s.Prepare(ctx, claim("u1", 4, 5)); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s.Prepare(ctx, claim("u2", 5, 6))
+	if err == nil || !strings.Contains(err.Error(), "GPU gpu-5 is already prepared for claim default/llama-u1") {
+		t.Fatalf("Prepare of a held GPU = %v", err)
+	}
+	// A monitoring pod with admin access may share it.
+	admin := claim("u3", 5)
+	admin.Status.Allocation.Devices.Results[0].AdminAccess = ptr.To(true)
+	if _, err := s.Prepare(ctx, admin); err != nil {
+		t.Errorf("admin-access claim refused: %v", err)
+	}
+	if err := s.Unprepare(ctx, "u1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Prepare(ctx, claim("u2", 5, 6)); err != nil {
+		t.Errorf("Prepare after the holder was unprepared: %v", err)
+	}
+}
+
+func TestUnprepareRemovesSpecAndIsIdempotent(t *testing.T) {
+	s, cdiDir, _ := newState(t, CDINvdomain)
+	ctx := context.Background()
+	if _, err := s.Prepare(ctx, claim("u1", 0, 1)); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if err := s.Unprepare(ctx, "u1"); err != nil {
+			t.Fatalf("Unprepare #%d: %v", i+1, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(cdiDir, ClaimSpecFile("u1"))); !os.IsNotExist(err) {
+		t.Errorf("the claim's CDI spec is still there: %v", err)
+	}
+	if got, _ := s.Prepared(); len(got) != 0 {
+		t.Errorf("checkpoint still holds %v", got)
+	}
+}
+
+func TestNVIDIAModeWritesNoSpec(t *testing.T) {
+	s, cdiDir, _ := newState(t, CDINVIDIA)
+	if _, err := s.Prepare(context.Background(), claim("u1", 0, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if entries, _ := os.ReadDir(cdiDir); len(entries) != 0 {
+		t.Errorf("NVIDIA mode wrote %d files into the CDI directory; NVIDIA's own spec names the GPUs", len(entries))
+	}
+}
+
+func TestOrphanSpecsAreRemovedAtStart(t *testing.T) {
+	s, cdiDir, _ := newState(t, CDINvdomain)
+	if _, err := s.Prepare(context.Background(), claim("kept", 0)); err != nil {
+		t.Fatal(err)
+	}
+	orphan := ClaimSpecFile("crashed-before-checkpoint")
+	other := "nvidia.com-gpu.json" // not ours
+	for _, f := range []string{orphan, other} {
+		if err := os.WriteFile(filepath.Join(cdiDir, f), []byte("{}"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.RemoveOrphanSpecs(); err != nil {
+		t.Fatal(err)
+	}
+	for f, want := range map[string]bool{ClaimSpecFile("kept"): true, orphan: false, other: true} {
+		_, err := os.Stat(filepath.Join(cdiDir, f))
+		if (err == nil) != want {
+			t.Errorf("%s present = %v, want %v", f, err == nil, want)
+		}
+	}
+}
+
+func TestParseCDIDevice(t *testing.T) {
+	cases := []struct {
+		name  string
+		claim types.UID
+		gpu   int
+		uuid  string
+		ok    bool
+	}{
+		{"gpu.nvdomain.io/gpu=6f1c2b9e-1d2a-4c7e-9a51-0c3b8d2e4f10-gpu-7", "6f1c2b9e-1d2a-4c7e-9a51-0c3b8d2e4f10", 7, "", true},
+		{"nvidia.com/gpu=GPU-8a1b", "", -1, "GPU-8a1b", true},
+		{"nvidia.com/gpu=3", "", 3, "", true},
+		{"gpu.nvdomain.io/gpu=u1-gpu-x", "", 0, "", false},
+		{"gpu.nvdomain.io/gpu=gpu-1", "", 0, "", false},
+		{"k8s.device-plugin.nvidia.com/gpu=GPU-1", "", 0, "", false},
+		{"garbage", "", 0, "", false},
+	}
+	for _, tc := range cases {
+		c, g, u, ok := ParseCDIDevice(tc.name)
+		if ok != tc.ok || (ok && (c != tc.claim || g != tc.gpu || u != tc.uuid)) {
+			t.Errorf("ParseCDIDevice(%q) = %q %d %q %v, want %q %d %q %v", tc.name, c, g, u, ok, tc.claim, tc.gpu, tc.uuid, tc.ok)
+		}
+	}
+}

@@ -1,0 +1,130 @@
+package clusterview
+
+import (
+	"slices"
+	"strconv"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/placement"
+)
+
+// DRA nodes (docs/dra.md) are those labelled with the mode label = dra. Their GPUs are DRA
+// devices the scheduler's allocator counts, so the view keeps no free counts for them: only
+// their domain sizes, read from the agent's size labels, so that a TP size no domain can hold
+// is still rejected and messages still name the largest domain. They serve nvidia.com/gpu
+// through the DeviceClass's extended resource name although their status does not list it,
+// so they count as advertising it.
+
+// markDRA records whether the node is a DRA node and, if so, its domain sizes; any per-domain
+// capacity the node still lists (left from a classic agent) is ignored, so no classic pod is
+// ever pinned to a domain there.
+func (v *View) markDRA(nd *node, obj *corev1.Node) {
+	if obj.Labels[v.names.ModeLabel()] != names.ModeDRA {
+		return
+	}
+	nd.dra = true
+	nd.draSizes = map[int]int{}
+	for key, val := range obj.Labels {
+		if id, ok := v.names.ParseDomainSizeLabel(key); ok {
+			if size, err := strconv.Atoi(val); err == nil && size > 0 {
+				nd.draSizes[id] = size
+			}
+		}
+	}
+	clear(nd.capacity)
+	nd.hasGPUs = true
+	if !slices.Contains(nd.resources, names.GPUResource) {
+		nd.resources = append(nd.resources, names.GPUResource)
+	}
+}
+
+// requiresDRA reports whether the pod itself demands DRA nodes: a nodeSelector on the mode
+// label, or a required affinity every term of which asks for it.
+func (v *View) requiresDRA(pod *corev1.Pod) bool {
+	key := v.names.ModeLabel()
+	if pod.Spec.NodeSelector[key] == names.ModeDRA {
+		return true
+	}
+	a := pod.Spec.Affinity
+	if a == nil || a.NodeAffinity == nil || a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil {
+		return false
+	}
+	terms := a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
+	for _, t := range terms {
+		asks := false
+		for _, e := range t.MatchExpressions {
+			if e.Key == key && e.Operator == corev1.NodeSelectorOpIn && slices.Equal(e.Values, []string{names.ModeDRA}) {
+				asks = true
+			}
+		}
+		if !asks {
+			return false
+		}
+	}
+	return len(terms) > 0
+}
+
+// SelectsOnlyDRA reports whether a pod can only run on DRA nodes: it demands them by the mode
+// label, or the GPU nodes its node constraints select (all GPU nodes, for a pod without any)
+// are DRA nodes, and there is at least one.
+func (v *View) SelectsOnlyDRA(pod *corev1.Pod) bool {
+	if v.requiresDRA(pod) {
+		return true
+	}
+	req := nodeaffinity.GetRequiredNodeAffinity(pod)
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	selected := 0
+	for name, nd := range v.nodes {
+		if !nd.hasGPUs && len(nd.capacity) == 0 {
+			continue
+		}
+		if pod.Spec.NodeName != "" && pod.Spec.NodeName != name {
+			continue
+		}
+		if ok, _ := req.Match(nd.obj); !ok {
+			continue
+		}
+		if !nd.dra {
+			return false
+		}
+		selected++
+	}
+	return selected > 0
+}
+
+// DRANodes counts the DRA nodes.
+func (v *View) DRANodes() int {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	c := 0
+	for _, nd := range v.nodes {
+		if nd.dra {
+			c++
+		}
+	}
+	return c
+}
+
+// DRAFits returns nil when some DRA node the pod could run on (labels, name, taints) has a
+// domain of k GPUs, else the *placement.ImpossibleError a classic pod gets, naming the largest
+// such domain. Whether the GPUs are free now is the allocator's business, not the view's.
+func (v *View) DRAFits(pod *corev1.Pod, k int) error {
+	req := nodeaffinity.GetRequiredNodeAffinity(pod)
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	ch := placement.NewDomainChooser(k)
+	for name, nd := range v.nodes {
+		if !nd.dra || !eligible(pod, req, nd) {
+			continue
+		}
+		for d, size := range nd.draSizes {
+			ch.Consider(placement.Candidate{Node: name, Domain: d, Capacity: size})
+		}
+	}
+	_, err := ch.Decide()
+	return err
+}

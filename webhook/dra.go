@@ -1,0 +1,230 @@
+package webhook
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/utils/ptr"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/placement"
+	"github.com/nvdomain/nvdomain/webhook/rules"
+)
+
+// Mode says which node pools the webhook sends tensor-parallel pods to (docs/dra.md).
+type Mode string
+
+const (
+	// ModeClassic pins every TP pod to a domain id; no pod is rewritten for DRA.
+	ModeClassic Mode = "classic"
+	// ModeDRA rewrites every valid TP pod to take its GPUs from a ResourceClaimTemplate
+	// nvdomain-tp-<k>, so the scheduler's allocator picks k GPUs of one domain on any DRA node.
+	// GPU pods that are not tensor-parallel are never pinned: they ask for nvidia.com/gpu,
+	// which the DeviceClass maps onto DRA.
+	ModeDRA Mode = "dra"
+	// ModeMixed serves a cluster with both kinds of pools: a TP pod that can only run on DRA
+	// nodes (its node constraints select only nodes labelled nvdomain-mode=dra, or demand the
+	// label) is rewritten as in ModeDRA; every other GPU pod is handled classically, and a pod
+	// pinned to a domain also gets nvdomain-mode NotIn [dra], so it never lands on a DRA node.
+	ModeMixed Mode = "mixed"
+)
+
+// ParseMode reads the --mode setting.
+func ParseMode(s string) (Mode, error) {
+	switch m := Mode(s); m {
+	case ModeClassic, ModeDRA, ModeMixed:
+		return m, nil
+	}
+	return "", fmt.Errorf("mode %q: use classic, dra or mixed", s)
+}
+
+// toDRA says whether a TP pod goes to DRA nodes.
+func (o Options) toDRA(view interface{ SelectsOnlyDRA(*corev1.Pod) bool }, pod *corev1.Pod) bool {
+	switch o.Mode {
+	case ModeDRA:
+		return true
+	case ModeMixed:
+		return view.SelectsOnlyDRA(pod)
+	}
+	return false
+}
+
+// RewriteForDRA returns a copy of a TP pod of k GPUs that takes its GPUs from a claim made
+// from the ResourceClaimTemplate nvdomain-tp-<k> (k devices of driver gpu.nvdomain.io that
+// share one nvswitchDomain): a spec.resourceClaims entry named nvdomain-gpus, referenced by
+// every container that asked for nvidia.com/gpu, whose nvidia.com/gpu limit and request are
+// removed so that the device plugin path is not used. The containers share the claim, so each
+// sees all k GPUs. The annotations record the TP size and each container's ask, as for a
+// pinned pod; there is no domain annotation, since the allocator chooses the domain. The
+// rewrite is idempotent: a rewritten pod asks for no nvidia.com/gpu and is not rewritten again.
+func RewriteForDRA(pod *corev1.Pod, p rules.Pod, n names.Names) *corev1.Pod {
+	out := pod.DeepCopy()
+	perContainer := map[string]int{}
+	for _, c := range p.Containers {
+		if c.GPUs == 0 || c.Init {
+			continue
+		}
+		ct := findContainer(out, c.Name)
+		if ct == nil {
+			continue
+		}
+		delete(ct.Resources.Limits, names.GPUResource)
+		delete(ct.Resources.Requests, names.GPUResource)
+		if !slices.ContainsFunc(ct.Resources.Claims, func(r corev1.ResourceClaim) bool { return r.Name == names.DRAPodClaim }) {
+			ct.Resources.Claims = append(ct.Resources.Claims, corev1.ResourceClaim{Name: names.DRAPodClaim})
+		}
+		perContainer[c.Name] = c.GPUs
+	}
+	entry := corev1.PodResourceClaim{Name: names.DRAPodClaim, ResourceClaimTemplateName: ptr.To(names.DRATemplate(p.GPUs))}
+	out.Spec.ResourceClaims = slices.DeleteFunc(out.Spec.ResourceClaims, func(r corev1.PodResourceClaim) bool { return r.Name == names.DRAPodClaim })
+	out.Spec.ResourceClaims = append(out.Spec.ResourceClaims, entry)
+	if out.Annotations == nil {
+		out.Annotations = map[string]string{}
+	}
+	out.Annotations[n.PodTPSizeAnnotation()] = strconv.Itoa(p.GPUs)
+	perJSON, _ := json.Marshal(perContainer) // map[string]int cannot fail to marshal
+	out.Annotations[n.PodContainerGPUsAnnotation()] = string(perJSON)
+	return out
+}
+
+// keepOffDRA adds `nvdomain-mode NotIn [dra]` to every required node selector term of a pod
+// pinned classically in mixed mode: DRA nodes publish no domain resources, so the pod could
+// not run there anyway, and the expression makes the scheduler say so plainly.
+func (m *Mutator) keepOffDRA(pod *corev1.Pod) *corev1.Pod {
+	if m.Options.Mode != ModeMixed {
+		return pod
+	}
+	key := m.Options.Names.ModeLabel()
+	expr := corev1.NodeSelectorRequirement{Key: key, Operator: corev1.NodeSelectorOpNotIn, Values: []string{names.ModeDRA}}
+	if pod.Spec.Affinity == nil {
+		pod.Spec.Affinity = &corev1.Affinity{}
+	}
+	if pod.Spec.Affinity.NodeAffinity == nil {
+		pod.Spec.Affinity.NodeAffinity = &corev1.NodeAffinity{}
+	}
+	na := pod.Spec.Affinity.NodeAffinity
+	if na.RequiredDuringSchedulingIgnoredDuringExecution == nil {
+		na.RequiredDuringSchedulingIgnoredDuringExecution = &corev1.NodeSelector{}
+	}
+	terms := na.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
+	if len(terms) == 0 {
+		terms = []corev1.NodeSelectorTerm{{}}
+	}
+	for i := range terms {
+		if !hasExpression(terms[i].MatchExpressions, key) {
+			terms[i].MatchExpressions = append(terms[i].MatchExpressions, expr)
+		}
+	}
+	na.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms = terms
+	return pod
+}
+
+// draClaim finds the pod's claim from an nvdomain-tp-<k> template: its index in
+// spec.resourceClaims and k, or -1.
+func draClaim(pod *corev1.Pod) (int, int) {
+	for i, rc := range pod.Spec.ResourceClaims {
+		if rc.ResourceClaimTemplateName == nil {
+			continue
+		}
+		if k, ok := names.ParseDRATemplate(*rc.ResourceClaimTemplateName); ok {
+			return i, k
+		}
+	}
+	return -1, 0
+}
+
+// asRequested is how the Validator reads a pod rewritten for DRA: as the user wrote it, with
+// each container's nvidia.com/gpu limit back (from the container-gpus annotation, or k for
+// the one container using the claim), so every rule and message is the classic one. Pods
+// without an nvdomain-tp-<k> claim are returned as they are.
+func asRequested(pod *corev1.Pod, n names.Names) *corev1.Pod {
+	i, k := draClaim(pod)
+	if i < 0 {
+		return pod
+	}
+	claimName := pod.Spec.ResourceClaims[i].Name
+	users := func(c *corev1.Container) bool {
+		return slices.ContainsFunc(c.Resources.Claims, func(r corev1.ResourceClaim) bool { return r.Name == claimName })
+	}
+	per := map[string]int{}
+	if err := json.Unmarshal([]byte(pod.Annotations[n.PodContainerGPUsAnnotation()]), &per); err != nil || len(per) == 0 {
+		per = map[string]int{}
+		var using []string
+		for _, cs := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
+			for j := range cs {
+				if users(&cs[j]) {
+					using = append(using, cs[j].Name)
+				}
+			}
+		}
+		if len(using) != 1 {
+			return pod
+		}
+		per[using[0]] = k
+	}
+	out := pod.DeepCopy()
+	for _, cs := range [][]corev1.Container{out.Spec.InitContainers, out.Spec.Containers} {
+		for j := range cs {
+			c := &cs[j]
+			gpus := per[c.Name]
+			if gpus <= 0 || !users(c) {
+				continue
+			}
+			if _, has := c.Resources.Limits[names.GPUResource]; has {
+				continue
+			}
+			if c.Resources.Limits == nil {
+				c.Resources.Limits = corev1.ResourceList{}
+			}
+			c.Resources.Limits[names.GPUResource] = *resource.NewQuantity(int64(gpus), resource.DecimalSI)
+		}
+	}
+	return out
+}
+
+// placementViolations checks what needs the cluster, for the route the pod takes: classic
+// pods need a domain large enough and a pin (domainViolations); pods bound for DRA nodes need
+// a DRA domain large enough and their claim.
+func (v *Validator) placementViolations(pod *corev1.Pod, p rules.Pod) []rules.Violation {
+	if i, _ := draClaim(pod); i < 0 && (p.PinnedDomain() >= 0 || !v.Options.toDRA(v.View, pod)) {
+		return v.domainViolations(pod, p)
+	}
+	return v.draViolations(pod, p)
+}
+
+func (v *Validator) draViolations(pod *corev1.Pod, p rules.Pod) []rules.Violation {
+	field := p.GPUContainers()[0].ResourcePath(names.GPUResource)
+	if len(p.GPUContainers()) > 1 {
+		field = "spec.containers[*].resources.limits[" + names.GPUResource + "]"
+	}
+	if p.GPUs > names.DRAMaxDevicesPerClaim {
+		return []rules.Violation{{Field: field, Reason: rules.ReasonNoDomain,
+			Message: fmt.Sprintf("tensor-parallel size %d cannot run on DRA nodes: one ResourceClaim holds at most %d GPUs; lower the tensor-parallel size", p.GPUs, names.DRAMaxDevicesPerClaim)}}
+	}
+	var ie *placement.ImpossibleError
+	if err := v.View.DRAFits(pod, p.GPUs); errors.As(err, &ie) {
+		return []rules.Violation{{Field: field, Reason: rules.ReasonNoDomain, Message: impossibleMessage(p.GPUs, err)}}
+	}
+	i, k := draClaim(pod)
+	if i < 0 {
+		return []rules.Violation{{Field: "spec.resourceClaims", Reason: rules.ReasonNotPinned,
+			Message: fmt.Sprintf("the pod was not given a ResourceClaim from %s by nvdomain's mutating webhook; check that the nvdomain MutatingWebhookConfiguration is installed and selects tensor-parallel=true pods", names.DRATemplate(p.GPUs))}}
+	}
+	if k != p.GPUs {
+		return []rules.Violation{{Field: fmt.Sprintf("spec.resourceClaims[%d].resourceClaimTemplateName", i), Reason: rules.ReasonDomainConflict,
+			Message: fmt.Sprintf("%s holds %d GPUs but the containers ask for %d (metadata.annotations[%s]); remove the hand-written claim and request %s in the containers, nvdomain adds the claim itself",
+				names.DRATemplate(k), k, p.GPUs, v.Options.Names.PodContainerGPUsAnnotation(), names.GPUResource)}}
+	}
+	return nil
+}
+
+// impossibleMessage is the rejection of a TP size no domain can hold; the classic path in
+// domainViolations words it identically.
+func impossibleMessage(k int, err error) string {
+	return fmt.Sprintf("tensor-parallel size %d cannot run: %v; lower the tensor-parallel size, or add nodes with larger NVLink domains", k, err)
+}

@@ -1,0 +1,274 @@
+package webhook
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/utils/ptr"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/webhook/clusterview"
+)
+
+// draNode is a node as a DRA agent publishes it: size labels and the mode label, no domain
+// resources and no nvidia.com/gpu in its status.
+func draNode(name string, domains []int, extra map[string]string) *corev1.Node {
+	nd := node(name, domains, extra, nil)
+	nd.Status.Allocatable = corev1.ResourceList{}
+	nd.Labels[n.ModeLabel()] = names.ModeDRA
+	return nd
+}
+
+func newModeFixture(t testing.TB, mode Mode, nodes ...*corev1.Node) *fixture {
+	t.Helper()
+	m, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := DefaultOptions()
+	opts.Mode = mode
+	opts.ExcludedNamespaces = []string{"kube-system", "nvdomain-system"}
+	view := clusterview.New(n)
+	for _, nd := range nodes {
+		view.UpsertNode(nd)
+	}
+	mut, val := NewHandlers(view, opts, m, logr.Discard())
+	return &fixture{view, mut, val, m}
+}
+
+func claimOf(t *testing.T, p *corev1.Pod) string {
+	t.Helper()
+	for _, rc := range p.Spec.ResourceClaims {
+		if rc.Name == names.DRAPodClaim && rc.ResourceClaimTemplateName != nil {
+			return *rc.ResourceClaimTemplateName
+		}
+	}
+	return ""
+}
+
+func TestTPPodBoundForDRAIsRewrittenOntoItsTemplate(t *testing.T) {
+	f := newModeFixture(t, ModeDRA, draNode("dra-node01", []int{4, 4}, nil))
+	p := pod(true, 4, "--tensor-parallel-size", "4")
+	p.Spec.Containers[0].Resources.Requests = corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("4"), "cpu": resource.MustParse("1")}
+	out, mresp, vresp := f.admit(t, p)
+	if !mresp.Allowed || len(mresp.Patches) == 0 || !vresp.Allowed {
+		t.Fatalf("mutate %+v (%d patches) validate %+v", mresp.Result, len(mresp.Patches), vresp.Result)
+	}
+	if got := claimOf(t, out); got != "nvdomain-tp-4" {
+		t.Errorf("pod claim from template %q, want nvdomain-tp-4 (resourceClaims %+v)", got, out.Spec.ResourceClaims)
+	}
+	c := out.Spec.Containers[0]
+	if _, ok := c.Resources.Limits["nvidia.com/gpu"]; ok {
+		t.Errorf("limits still ask for nvidia.com/gpu, which the device plugin path would serve: %v", c.Resources.Limits)
+	}
+	if _, ok := c.Resources.Requests["nvidia.com/gpu"]; ok || c.Resources.Requests.Cpu().String() != "1" {
+		t.Errorf("requests = %v, want cpu only", c.Resources.Requests)
+	}
+	if len(c.Resources.Claims) != 1 || c.Resources.Claims[0].Name != names.DRAPodClaim {
+		t.Errorf("container claims = %+v", c.Resources.Claims)
+	}
+	if out.Annotations["gpu.nvidia.com/tp-size"] != "4" || out.Annotations["gpu.nvidia.com/container-gpus"] != `{"vllm":4}` {
+		t.Errorf("annotations = %v", out.Annotations)
+	}
+	if _, pinned := out.Annotations["gpu.nvidia.com/nvswitch-domain"]; pinned || out.Spec.Affinity != nil {
+		t.Errorf("a DRA pod is pinned: annotations %v affinity %+v", out.Annotations, out.Spec.Affinity)
+	}
+	again := f.mut.Handle(context.Background(), request(t, out))
+	if !again.Allowed || len(again.Patches) != 0 {
+		t.Errorf("re-admission patched: %v", again.Patches)
+	}
+}
+
+func TestMultiContainerTPPodSharesOneClaim(t *testing.T) {
+	f := newModeFixture(t, ModeDRA, draNode("dra-node01", []int{4, 4}, nil))
+	p := pod(true, 2)
+	side := p.Spec.Containers[0].DeepCopy()
+	side.Name = "draft"
+	p.Spec.Containers = append(p.Spec.Containers, *side)
+	out, mresp, vresp := f.admit(t, p)
+	if !mresp.Allowed || !vresp.Allowed {
+		t.Fatalf("mutate %+v validate %+v", mresp.Result, vresp.Result)
+	}
+	if got := claimOf(t, out); got != "nvdomain-tp-4" || len(out.Spec.ResourceClaims) != 1 {
+		t.Errorf("resourceClaims = %+v, want one from nvdomain-tp-4", out.Spec.ResourceClaims)
+	}
+	for _, c := range out.Spec.Containers {
+		if len(c.Resources.Claims) != 1 || c.Resources.Claims[0].Name != names.DRAPodClaim {
+			t.Errorf("container %s claims %+v", c.Name, c.Resources.Claims)
+		}
+	}
+	if out.Annotations["gpu.nvidia.com/container-gpus"] != `{"draft":2,"vllm":2}` {
+		t.Errorf("container-gpus = %s", out.Annotations["gpu.nvidia.com/container-gpus"])
+	}
+}
+
+// The Validator reads a DRA pod as the user wrote it, so every message is the classic one.
+func TestDRARejectionsAreTheClassicOnes(t *testing.T) {
+	cases := []struct {
+		name string
+		pod  func() *corev1.Pod
+	}{
+		{"TP=3", func() *corev1.Pod { return pod(true, 3) }},
+		{"TP=8", func() *corev1.Pod { return pod(true, 8) }},
+		{"vLLM flag", func() *corev1.Pod { return pod(true, 2, "--tensor-parallel-size", "4") }},
+		{"no GPU", func() *corev1.Pod { return pod(true, 0) }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, classic := newFixture(t, NonTPAuto, node("gpu-node01", []int{4, 4}, nil, nil)).admit(t, tc.pod())
+			_, mresp, dra := newModeFixture(t, ModeDRA, draNode("gpu-node01", []int{4, 4}, nil)).admit(t, tc.pod())
+			if len(mresp.Patches) != 0 {
+				t.Errorf("an invalid pod was rewritten: %v", mresp.Patches)
+			}
+			if classic.Allowed || dra.Allowed || classic.Result.Message != dra.Result.Message {
+				t.Errorf("classic: allowed %v %q\n    dra: allowed %v %q", classic.Allowed, classic.Result.Message, dra.Allowed, dra.Result.Message)
+			}
+		})
+	}
+}
+
+func TestMixedModeRoutesByTheNodesAPodSelects(t *testing.T) {
+	classic := node("hgx-classic", []int{4, 4}, map[string]string{"pool": "classic"}, nil)
+	dra := draNode("hgx-dra", []int{4, 4}, map[string]string{"pool": "dra"})
+	cases := []struct {
+		name     string
+		nodes    []*corev1.Node
+		selector map[string]string
+		dra      bool
+	}{
+		{"selects the DRA pool", []*corev1.Node{classic, dra}, map[string]string{"pool": "dra"}, true},
+		{"demands the mode label", []*corev1.Node{classic}, map[string]string{"gpu.nvidia.com/nvdomain-mode": "dra"}, true},
+		{"selects the classic pool", []*corev1.Node{classic, dra}, map[string]string{"pool": "classic"}, false},
+		{"no constraints, both pools", []*corev1.Node{classic, dra}, nil, false},
+		{"no constraints, only DRA nodes", []*corev1.Node{dra}, nil, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newModeFixture(t, ModeMixed, tc.nodes...)
+			p := pod(true, 2)
+			p.Spec.NodeSelector = tc.selector
+			out, mresp, vresp := f.admit(t, p)
+			if tc.name == "demands the mode label" {
+				// No DRA node exists yet: the pod is not rewritten and the Validator says why.
+				if vresp.Allowed || !strings.Contains(vresp.Result.Message, "cannot run: no node this pod can run on has an NVSwitch domain") {
+					t.Fatalf("validate = %+v", vresp.Result)
+				}
+				return
+			}
+			if !mresp.Allowed || !vresp.Allowed {
+				t.Fatalf("mutate %+v validate %+v", mresp.Result, vresp.Result)
+			}
+			if got := claimOf(t, out) != ""; got != tc.dra {
+				t.Fatalf("rewritten for DRA = %v, want %v", got, tc.dra)
+			}
+			if tc.dra {
+				return
+			}
+			if out.Annotations["gpu.nvidia.com/nvswitch-domain"] == "" {
+				t.Fatalf("classic pod not pinned: %v", out.Annotations)
+			}
+			for i, term := range out.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
+				found := false
+				for _, e := range term.MatchExpressions {
+					found = found || (e.Key == "gpu.nvidia.com/nvdomain-mode" && e.Operator == corev1.NodeSelectorOpNotIn && e.Values[0] == "dra")
+				}
+				if !found {
+					t.Errorf("term %d of a pinned pod lacks nvdomain-mode NotIn [dra]: %+v", i, term.MatchExpressions)
+				}
+			}
+		})
+	}
+}
+
+func TestClassicModeNeverRewrites(t *testing.T) {
+	f := newModeFixture(t, ModeClassic, node("gpu-node01", []int{4, 4}, nil, nil))
+	out, _, vresp := f.admit(t, pod(true, 2))
+	if claimOf(t, out) != "" || out.Annotations["gpu.nvidia.com/nvswitch-domain"] == "" || !vresp.Allowed {
+		t.Fatalf("classic mode: claims %+v annotations %v validate %+v", out.Spec.ResourceClaims, out.Annotations, vresp.Result)
+	}
+	if out.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0].MatchExpressions[0].Key == "gpu.nvidia.com/nvdomain-mode" {
+		t.Error("classic mode adds the mode expression; only mixed mode does")
+	}
+}
+
+func TestNonTPPodInDRAModeIsLeftToTheDeviceClass(t *testing.T) {
+	for _, nonTP := range []NonTPMode{NonTPPin, NonTPAuto} {
+		f := newModeFixture(t, ModeDRA, draNode("dra-node01", []int{4, 4}, nil))
+		f.mut.Options.NonTPPods, f.val.Options.NonTPPods = nonTP, nonTP
+		_, mresp, vresp := f.admit(t, pod(false, 1))
+		if len(mresp.Patches) != 0 || !vresp.Allowed {
+			t.Errorf("non-TP pods %s: patches %v validate %+v", nonTP, mresp.Patches, vresp.Result)
+		}
+		if len(vresp.Warnings) != 0 {
+			t.Errorf("non-TP pods %s: warnings %q; DRA nodes serve nvidia.com/gpu through the DeviceClass", nonTP, vresp.Warnings)
+		}
+	}
+}
+
+func TestDryRunIsRewrittenAlike(t *testing.T) {
+	f := newModeFixture(t, ModeDRA, draNode("dra-node01", []int{4, 4}, nil))
+	req := request(t, pod(true, 2))
+	wet := f.mut.Handle(context.Background(), req)
+	req.DryRun = ptr.To(true)
+	dry := f.mut.Handle(context.Background(), req)
+	a, b := applyPatches(t, req.Object.Raw, wet), applyPatches(t, req.Object.Raw, dry)
+	if string(a) != string(b) || len(wet.Patches) == 0 {
+		t.Errorf("dry run gives %s, a real request %s", b, a)
+	}
+}
+
+func TestValidatorChecksTheDRAClaim(t *testing.T) {
+	f := newModeFixture(t, ModeDRA, draNode("dra-node01", []int{4, 4}, nil))
+	rewritten := func(k string, per map[string]int, args ...string) *corev1.Pod {
+		p := pod(true, 0, args...)
+		p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: names.DRAPodClaim, ResourceClaimTemplateName: ptr.To(k)}}
+		p.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: names.DRAPodClaim}}
+		if per != nil {
+			b, _ := json.Marshal(per)
+			p.Annotations = map[string]string{"gpu.nvidia.com/container-gpus": string(b), "gpu.nvidia.com/tp-size": fmt.Sprint(per["vllm"])}
+		}
+		return p
+	}
+	cases := []struct {
+		name string
+		pod  *corev1.Pod
+		want string // "" means allowed
+	}{
+		{"as the webhook wrote it", rewritten("nvdomain-tp-2", map[string]int{"vllm": 2}), ""},
+		{"a DRA-native pod using the template directly", rewritten("nvdomain-tp-4", nil), ""},
+		{"the engine flag still checked", rewritten("nvdomain-tp-2", map[string]int{"vllm": 2}, "--tensor-parallel-size", "4"),
+			"spec.containers[0].args[0]: --tensor-parallel-size 4 disagrees with the container's 2 GPUs"},
+		{"template and containers disagree", rewritten("nvdomain-tp-4", map[string]int{"vllm": 2}),
+			"spec.resourceClaims[0].resourceClaimTemplateName: nvdomain-tp-4 holds 4 GPUs but the containers ask for 2"},
+		{"no webhook rewrite", pod(true, 2), "spec.resourceClaims: the pod was not given a ResourceClaim from nvdomain-tp-2 by nvdomain's mutating webhook"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			resp := f.val.Handle(context.Background(), request(t, tc.pod))
+			switch {
+			case tc.want == "" && !resp.Allowed:
+				t.Errorf("refused: %s", resp.Result.Message)
+			case tc.want != "" && (resp.Allowed || !strings.Contains(resp.Result.Message, tc.want)):
+				t.Errorf("allowed %v %q, want a rejection containing %q", resp.Allowed, resp.Result.Message, tc.want)
+			}
+		})
+	}
+}
+
+func TestParseMode(t *testing.T) {
+	for _, s := range []string{"classic", "dra", "mixed"} {
+		if m, err := ParseMode(s); err != nil || string(m) != s {
+			t.Errorf("ParseMode(%q) = %q, %v", s, m, err)
+		}
+	}
+	if _, err := ParseMode("both"); err == nil || !strings.Contains(err.Error(), "use classic, dra or mixed") {
+		t.Errorf("ParseMode(both) = %v", err)
+	}
+}

@@ -1,0 +1,104 @@
+package dratemplates
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
+)
+
+// FieldManager owns the templates' fields in server-side bookkeeping.
+const FieldManager = "nvdomain-dratemplates"
+
+// Reconciler applies Plan to one namespace per request. Client reads from the manager's
+// cache; a write that races with another (AlreadyExists, Conflict, NotFound) is retried by
+// requeueing, and the next pass sees the result.
+type Reconciler struct {
+	Options Options
+	Client  client.Client
+	Log     logr.Logger
+}
+
+// Setup registers the controller: every Namespace is a request, and so is the namespace of any
+// template named nvdomain-tp-*.
+func (r *Reconciler) Setup(mgr manager.Manager) error {
+	ours := predicate.NewPredicateFuncs(func(o client.Object) bool { return strings.HasPrefix(o.GetName(), names.DRATemplatePrefix) })
+	return builder.ControllerManagedBy(mgr).Named("dratemplates").
+		For(&corev1.Namespace{}).
+		Watches(&resourceapi.ResourceClaimTemplate{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+			return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: o.GetNamespace()}}}
+		}), builder.WithPredicates(ours)).
+		Complete(r)
+}
+
+// Reconcile implements reconcile.Reconciler; the request names a namespace.
+func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	ns := &corev1.Namespace{}
+	if err := r.Client.Get(ctx, types.NamespacedName{Name: req.Name}, ns); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	list := &resourceapi.ResourceClaimTemplateList{}
+	if err := r.Client.List(ctx, list, client.InNamespace(ns.Name)); err != nil {
+		return reconcile.Result{}, fmt.Errorf("list ResourceClaimTemplates in %s: %w", ns.Name, err)
+	}
+	var existing []resourceapi.ResourceClaimTemplate
+	for _, t := range list.Items {
+		if strings.HasPrefix(t.Name, names.DRATemplatePrefix) {
+			existing = append(existing, t)
+		}
+	}
+	a := Plan(ns, r.Options.Sizes, r.Options.ExcludedNamespaces, existing)
+	if a.Empty() {
+		return reconcile.Result{}, nil
+	}
+	for _, t := range append(a.Delete, a.Replace...) {
+		if err := r.Client.Delete(ctx, t, client.Preconditions{UID: &t.UID}); err != nil && !apierrors.IsNotFound(err) {
+			return reconcile.Result{}, fmt.Errorf("delete ResourceClaimTemplate %s/%s: %w", t.Namespace, t.Name, err)
+		}
+		r.Log.Info("deleted ResourceClaimTemplate", "namespace", t.Namespace, "name", t.Name, "replaced", slices.Contains(a.Replace, t))
+	}
+	for _, t := range a.Relabel {
+		patch := client.MergeFrom(t.DeepCopy())
+		if t.Labels == nil {
+			t.Labels = map[string]string{}
+		}
+		t.Labels[names.DRAManagedByLabel] = names.DRAManagedByValue
+		if err := r.Client.Patch(ctx, t, patch, client.FieldOwner(FieldManager)); err != nil {
+			return reconcile.Result{}, fmt.Errorf("label ResourceClaimTemplate %s/%s: %w", t.Namespace, t.Name, err)
+		}
+	}
+	requeue := false
+	for _, t := range a.Create {
+		if err := r.Client.Create(ctx, t, client.FieldOwner(FieldManager)); err != nil {
+			if apierrors.IsAlreadyExists(err) {
+				// The replaced template is still going; try again shortly.
+				requeue = true
+				continue
+			}
+			if apierrors.IsForbidden(err) && apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause) {
+				return reconcile.Result{}, nil
+			}
+			return reconcile.Result{}, fmt.Errorf("create ResourceClaimTemplate %s/%s: %w", t.Namespace, t.Name, err)
+		}
+		r.Log.Info("created ResourceClaimTemplate", "namespace", t.Namespace, "name", t.Name)
+	}
+	if requeue {
+		return reconcile.Result{RequeueAfter: time.Second}, nil
+	}
+	return reconcile.Result{}, nil
+}

@@ -1,0 +1,139 @@
+package dratemplates
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
+)
+
+var sizes = []int{2, 4, 8, 16, 32, 64, 128, 256}
+
+func ns(name string) *corev1.Namespace {
+	return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+}
+
+func namesOf(ts []*resourceapi.ResourceClaimTemplate) []string {
+	var out []string
+	for _, t := range ts {
+		out = append(out, t.Name)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func TestDesiredAsksForKGPUsOfOneDomain(t *testing.T) {
+	d := Desired("ml", 4)
+	req := d.Spec.Spec.Devices.Requests[0].Exactly
+	if d.Name != "nvdomain-tp-4" || d.Namespace != "ml" || req.Count != 4 || req.DeviceClassName != "gpu.nvdomain.io" || req.AllocationMode != resourceapi.DeviceAllocationModeExactCount {
+		t.Errorf("template %s/%s asks %+v", d.Namespace, d.Name, req)
+	}
+	if c := d.Spec.Spec.Devices.Constraints; len(c) != 1 || ptr.Deref(c[0].MatchAttribute, "") != "gpu.nvdomain.io/nvswitchDomain" || len(c[0].Requests) != 0 {
+		t.Errorf("constraints = %+v, want one matchAttribute on gpu.nvdomain.io/nvswitchDomain", c)
+	}
+	if d.Labels[names.DRAManagedByLabel] != "nvdomain" {
+		t.Errorf("labels = %v", d.Labels)
+	}
+}
+
+func TestPlan(t *testing.T) {
+	edited := Desired("ml", 4)
+	edited.Spec.Spec.Devices.Constraints = nil // someone dropped the one-domain constraint
+	unlabelled := Desired("ml", 2)
+	unlabelled.Labels = nil
+	stale := Desired("ml", 16) // 16 no longer allowed below
+	foreign := Desired("ml", 8)
+	foreign.Name = "team-template" // not nvdomain's name: never touched
+	terminating := ns("old")
+	terminating.Status.Phase = corev1.NamespaceTerminating
+	all := func(k ...int) []string {
+		var out []string
+		for _, x := range k {
+			out = append(out, names.DRATemplate(x))
+		}
+		slices.Sort(out)
+		return out
+	}
+	cases := []struct {
+		name                             string
+		ns                               *corev1.Namespace
+		sizes                            []int
+		existing                         []resourceapi.ResourceClaimTemplate
+		create, relabel, replace, delete []string
+	}{
+		{"new namespace: one per size up to 32", ns("ml"), sizes, nil, all(2, 4, 8, 16, 32), nil, nil, nil},
+		{"complete", ns("ml"), []int{2, 4}, []resourceapi.ResourceClaimTemplate{*Desired("ml", 2), *Desired("ml", 4)}, nil, nil, nil, nil},
+		{"edited spec is replaced, label put back, stale size removed", ns("ml"), []int{2, 4},
+			[]resourceapi.ResourceClaimTemplate{*edited, *unlabelled, *stale, *foreign}, all(4), all(2), all(4), all(16)},
+		{"excluded namespace", ns("kube-system"), sizes, nil, nil, nil, nil, nil},
+		{"terminating namespace", terminating, sizes, nil, nil, nil, nil, nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			a := Plan(tc.ns, tc.sizes, []string{"kube-system"}, tc.existing)
+			for what, pair := range map[string][2][]string{
+				"create": {namesOf(a.Create), tc.create}, "relabel": {namesOf(a.Relabel), tc.relabel},
+				"replace": {namesOf(a.Replace), tc.replace}, "delete": {namesOf(a.Delete), tc.delete},
+			} {
+				if !slices.Equal(pair[0], pair[1]) {
+					t.Errorf("%s = %v, want %v", what, pair[0], pair[1])
+				}
+			}
+		})
+	}
+}
+
+func TestReconcilerKeepsTemplatesCorrect(t *testing.T) {
+	scheme := clientgoscheme.Scheme
+	edited := Desired("ml", 4)
+	edited.Spec.Spec.Devices.Requests[0].Exactly.Count = 1
+	edited.UID = "old"
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(ns("ml"), ns("kube-system"), edited).Build()
+	r := &Reconciler{Options: Options{Enabled: true, Sizes: []int{2, 4, 3}, ExcludedNamespaces: []string{"kube-system"}}, Client: c, Log: logr.Discard()}
+	ctx := context.Background()
+	for _, name := range []string{"ml", "kube-system", "gone"} {
+		res, err := r.Reconcile(ctx, reconcile.Request{NamespacedName: types.NamespacedName{Name: name}})
+		if err != nil || res.RequeueAfter > time.Second {
+			t.Fatalf("Reconcile(%s) = %+v, %v", name, res, err)
+		}
+	}
+	list := &resourceapi.ResourceClaimTemplateList{}
+	if err := c.List(ctx, list); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int64{}
+	for _, tpl := range list.Items {
+		got[tpl.Namespace+"/"+tpl.Name] = tpl.Spec.Spec.Devices.Requests[0].Exactly.Count
+	}
+	want := map[string]int64{"ml/nvdomain-tp-2": 2, "ml/nvdomain-tp-3": 3, "ml/nvdomain-tp-4": 4}
+	if len(got) != len(want) {
+		t.Fatalf("templates = %v, want %v", got, want)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s asks for %d GPUs, want %d", k, got[k], v)
+		}
+	}
+	// A second pass changes nothing.
+	before := list.Items[0].ResourceVersion
+	if _, err := r.Reconcile(ctx, reconcile.Request{NamespacedName: types.NamespacedName{Name: "ml"}}); err != nil {
+		t.Fatal(err)
+	}
+	after := &resourceapi.ResourceClaimTemplate{}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(&list.Items[0]), after); err != nil || after.ResourceVersion != before {
+		t.Errorf("second pass rewrote %s (%v)", list.Items[0].Name, err)
+	}
+}

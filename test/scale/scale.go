@@ -885,6 +885,9 @@ func (r Report) Markdown(heading, command string) string {
 	fmt.Fprintf(&b, "\nTargets: scheduling throughput with nvdomain at least 0.9 of the run without: %.2f, %s. Webhook replica peak RSS at most\n",
 		r.ThroughputRatio(), met(r.ThroughputRatio() >= 0.9))
 	fmt.Fprintf(&b, "256 MiB at %d nodes and %d pods: %.0f MiB, %s.\n", c.Nodes(), c.Pods, float64(r.MaxReplicaRSS())/(1<<20), met(r.MaxReplicaRSS() > 0 && r.MaxReplicaRSS() <= 256<<20))
+	fmt.Fprintf(&b, "Latency from creation to binding is reported, not a target: with the webhook it includes both admission calls, and\n")
+	fmt.Fprintf(&b, "the scheduler has more to do for a pinned pod (a domain resource to fit, the pin's required and the hint's preferred\n")
+	fmt.Fprintf(&b, "node affinity to evaluate against every node), while every process here competes for the same cores.\n")
 	for _, p := range r.Phases {
 		for _, s := range append(slices.Clone(p.OverCommits), p.Violations...)[:min(5, len(p.OverCommits)+len(p.Violations))] {
 			fmt.Fprintf(&b, "\n- %s: %s", p.Name, s)

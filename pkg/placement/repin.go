@@ -1,8 +1,9 @@
 package placement
 
 // NodeRoom is one node as the re-pin plan sees it: the GPUs each domain id has and the GPUs
-// free there once the pods being deleted are gone (the scheduler will see them free soon, and
-// a replacement pinned to that domain is about to take them).
+// free there as the scheduler counts them, pods being deleted still holding theirs until
+// they are gone (a pod stuck terminating must not look like room a stranded pod could move
+// to). Capacity may be shared with the caller's own state: the plan only reads it.
 type NodeRoom struct {
 	Name     string
 	Capacity map[int]int
@@ -18,7 +19,8 @@ type Waiter struct {
 	GPUs   int
 	// Eligible lists the indexes of the nodes the pod could run on, judged without nvdomain's
 	// own domain expression: its node selector and affinity, its tolerations, and whether the
-	// node is cordoned or NotReady.
+	// node is cordoned or NotReady. Waiters with the same constraints may share one slice:
+	// it is read, never changed.
 	Eligible []int
 	// CanMove is false for waiters that may claim room but must not be re-pinned (not yet
 	// marked Unschedulable by the scheduler, say); they still hold their place in the queue.

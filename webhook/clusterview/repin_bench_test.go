@@ -17,7 +17,7 @@ import (
 // waiters pinned to domain 0 that select a pool and a zone by required node affinity and
 // tolerate the taint. templates is how many distinct pod templates the waiters come from
 // (replicas of one Deployment share a template).
-func repinScale(b *testing.B, nodes, waiters, templates int) (*View, []WaitingPod) {
+func repinScale(b testing.TB, nodes, waiters, templates int) (*View, []WaitingPod) {
 	b.Helper()
 	v := New(n)
 	taint := corev1.Taint{Key: "gpu", Value: "reserved", Effect: corev1.TaintEffectNoSchedule}

@@ -13,11 +13,11 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/duration"
 	"k8s.io/client-go/kubernetes"
 
@@ -493,11 +493,11 @@ func (o *ExplainOptions) whyPending(ctx context.Context, s *snapshot, pod *corev
 	case placement.WillSchedule:
 		line("re-pin: not needed")
 	case placement.Stranded:
-		line("re-pin: %s", o.strandedVerdict(ctx, pod, dec))
+		line("re-pin: %s", o.strandedVerdict(ctx, pod, dec, true))
 	default:
 		if !repin.Unschedulable(pod) {
 			if hyp, ok := s.planAsUnschedulable(w.ID); ok && hyp.Verdict == placement.Stranded {
-				line("re-pin: not yet: the scheduler has not reported it Unschedulable; once it does, it %s", o.strandedVerdict(ctx, pod, hyp))
+				line("re-pin: not yet: the scheduler has not reported it Unschedulable; once it does, it %s", o.strandedVerdict(ctx, pod, hyp, false))
 				return nil
 			}
 		}
@@ -533,25 +533,65 @@ func whyNotEligible(node *corev1.Node) string {
 }
 
 // strandedVerdict says what the re-pin controller does with a stranded pod, by the
-// controller's own rule for its owner (repin.OwnerSkipReason).
-func (o *ExplainOptions) strandedVerdict(ctx context.Context, pod *corev1.Pod, dec placement.RepinDecision) string {
-	owner := metav1.GetControllerOf(pod)
-	if owner == nil {
-		return fmt.Sprintf("stranded: domain %d has room on node %s, but the pod has no owner and nvdomain never deletes a pod that no controller recreates: delete and recreate it (kubectl replace --force -f <its manifest>) and the webhook pins it to a domain with room",
+// controller's own rules for the scheduler's reason (repin.DomainBlocked) and for its owners
+// (repin.OwnerSkipReason).
+// A pod the scheduler has not judged yet has no reason to read: judged false skips that rule.
+func (o *ExplainOptions) strandedVerdict(ctx context.Context, pod *corev1.Pod, dec placement.RepinDecision, judged bool) string {
+	if judged && !repin.DomainBlocked(pod, o.webhook.Names) {
+		return fmt.Sprintf("stranded: domain %d has room on node %s, but it will not be re-pinned: the scheduler's reason is not its GPUs or its domain (see the Scheduler line), and another domain would leave it just as Pending",
 			dec.To, dec.Node)
 	}
-	skip := repin.OwnerSkipReason(owner, repin.DefaultOwnerKinds, func(name string) (*batchv1.Job, error) {
-		return o.client.BatchV1().Jobs(pod.Namespace).Get(ctx, name, metav1.GetOptions{})
-	})
+	owner := metav1.GetControllerOf(pod)
+	if owner == nil {
+		return fmt.Sprintf("stranded: domain %d has room on node %s, but the pod has no owner and %s", dec.To, dec.Node, repin.BarePodAdvice)
+	}
+	skip := repin.OwnerSkipReason(ctx, pod, repin.DefaultOwnerKinds, apiOwners{o.client})
 	if skip == "" {
 		return fmt.Sprintf("will be re-pinned to domain %d (room on node %s) after the re-pin delay (--repin-after, %s by default): nvdomain evicts it, its %s %s recreates it, and the webhook pins the replacement to a domain with room",
 			dec.To, dec.Node, repin.DefaultOptions().After, owner.Kind, owner.Name)
 	}
 	fix := ""
 	if owner.Kind != "Job" {
-		fix = "; delete and recreate it, and the webhook pins it to a domain with room"
+		fix = "; if its owner takes a restart, delete the pod yourself: the owner recreates it and the webhook pins the replacement to a domain with room"
 	}
 	return fmt.Sprintf("stranded: domain %d has room on node %s, but it will not be re-pinned: %s%s", dec.To, dec.Node, skip, fix)
+}
+
+// apiOwners reads a pod's owners for repin.OwnerSkipReason straight from the API server.
+type apiOwners struct{ c kubernetes.Interface }
+
+func (a apiOwners) Meta(ctx context.Context, namespace string, gvk schema.GroupVersionKind, name string) (metav1.Object, error) {
+	get := metav1.GetOptions{}
+	var obj metav1.Object
+	var err error
+	switch gvk.Kind {
+	case "ReplicaSet":
+		obj, err = a.c.AppsV1().ReplicaSets(namespace).Get(ctx, name, get)
+	case "StatefulSet":
+		obj, err = a.c.AppsV1().StatefulSets(namespace).Get(ctx, name, get)
+	case "Deployment":
+		obj, err = a.c.AppsV1().Deployments(namespace).Get(ctx, name, get)
+	case "ReplicationController":
+		obj, err = a.c.CoreV1().ReplicationControllers(namespace).Get(ctx, name, get)
+	case "Job":
+		obj, err = a.c.BatchV1().Jobs(namespace).Get(ctx, name, get)
+	case "CronJob":
+		obj, err = a.c.BatchV1().CronJobs(namespace).Get(ctx, name, get)
+	default:
+		return nil, fmt.Errorf("cannot read a %s", gvk.Kind)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return obj, nil
+}
+
+func (a apiOwners) IgnoresDisruption(ctx context.Context, meta metav1.Object) (bool, error) {
+	job, err := a.c.BatchV1().Jobs(meta.GetNamespace()).Get(ctx, meta.GetName(), metav1.GetOptions{})
+	if err != nil {
+		return false, err
+	}
+	return repin.IgnoresDisruption(job), nil
 }
 
 // writeEvents prints nvdomain's Events on the pod.

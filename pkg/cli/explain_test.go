@@ -5,8 +5,11 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
 
 	"github.com/nvdomain/nvdomain/pkg/kubeevents"
 	"github.com/nvdomain/nvdomain/webhook/repin"
@@ -87,7 +90,7 @@ func TestExplainPendingVerdicts(t *testing.T) {
 		want  []string
 	}{
 		{"a ReplicaSet's pod is re-pinned",
-			nil, tpPod("w", 4, 0, unschedulable, ownedBy("ReplicaSet", "apps/v1", "llama-7d9")),
+			[]runtime.Object{replicaSet("llama-7d9")}, tpPod("w", 4, 0, unschedulable, ownedBy("ReplicaSet", "apps/v1", "llama-7d9")),
 			[]string{"Scheduler:", "Unschedulable: 0/2 nodes are available",
 				"Why Pending:", "pinned to domain 0 for 4 GPUs; nodes with a domain of at least 4 GPUs:",
 				"NODE", "DOMAIN", "SIZE", "FREE", "MAY RUN THERE", "gpu-a", "0", "4", "0", "yes", "gpu-a", "1", "4", "4", "yes",
@@ -95,7 +98,18 @@ func TestExplainPendingVerdicts(t *testing.T) {
 				"re-pin: will be re-pinned to domain 1 (room on node gpu-a) after the re-pin delay (--repin-after, 30s by default): nvdomain evicts it, its ReplicaSet llama-7d9 recreates it"}},
 		{"a bare pod must be recreated by hand",
 			nil, tpPod("w", 4, 0, unschedulable),
-			[]string{"re-pin: stranded: domain 1 has room on node gpu-a, but the pod has no owner and nvdomain never deletes a pod that no controller recreates: delete and recreate it (kubectl replace --force -f <its manifest>)"}},
+			[]string{"re-pin: stranded: domain 1 has room on node gpu-a, but the pod has no owner and nvdomain never deletes a pod that no controller recreates: delete it and create it again from its original manifest (not from `kubectl get -o yaml`, which carries the old pin"}},
+		{"a LeaderWorkerSet's pod is not moved",
+			[]runtime.Object{&appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Name: "lws-0", Namespace: "default", UID: "lws-0-uid",
+				OwnerReferences: []metav1.OwnerReference{{APIVersion: "leaderworkerset.x-k8s.io/v1", Kind: "LeaderWorkerSet", Name: "lws", UID: "lws-uid", Controller: ptr.To(true)}}}}},
+			tpPod("w", 4, 0, unschedulable, ownedBy("StatefulSet", "apps/v1", "lws-0")),
+			[]string{"re-pin: stranded: domain 1 has room on node gpu-a, but it will not be re-pinned: its owner StatefulSet.apps lws-0 is controlled by LeaderWorkerSet.leaderworkerset.x-k8s.io lws"}},
+		{"a pod the scheduler rejects for its CPU is not moved",
+			[]runtime.Object{replicaSet("rs")}, tpPod("w", 4, 0, ownedBy("ReplicaSet", "apps/v1", "rs"), func(p *corev1.Pod) {
+				unschedulable(p)
+				p.Status.Conditions[0].Message = "0/2 nodes are available: 2 Insufficient cpu."
+			}),
+			[]string{"re-pin: stranded: domain 1 has room on node gpu-a, but it will not be re-pinned: the scheduler's reason is not its GPUs or its domain"}},
 		{"a Job without a podFailurePolicy is not moved",
 			[]runtime.Object{job("train", false)}, tpPod("w", 4, 0, unschedulable, ownedBy("Job", "batch/v1", "train")),
 			[]string{"re-pin: stranded: domain 1 has room on node gpu-a, but it will not be re-pinned: evicting it would count as a failure of Job train", "podFailurePolicy"}},
@@ -104,9 +118,9 @@ func TestExplainPendingVerdicts(t *testing.T) {
 			[]string{"re-pin: will be re-pinned to domain 1 (room on node gpu-a)", "its Job train recreates it"}},
 		{"an owner that does not recreate pods",
 			nil, tpPod("w", 4, 0, unschedulable, ownedBy("Notebook", "kubeflow.org/v1", "nb")),
-			[]string{"it will not be re-pinned: its owner Notebook.kubeflow.org nb is not one that recreates evicted pods", "delete and recreate it, and the webhook pins it to a domain with room"}},
+			[]string{"it will not be re-pinned: its owner Notebook.kubeflow.org nb is not one that recreates evicted pods", "if its owner takes a restart, delete the pod yourself: the owner recreates it and the webhook pins the replacement to a domain with room"}},
 		{"not yet judged by the scheduler",
-			nil, tpPod("w", 4, 0, ownedBy("ReplicaSet", "apps/v1", "rs")),
+			[]runtime.Object{replicaSet("rs")}, tpPod("w", 4, 0, ownedBy("ReplicaSet", "apps/v1", "rs")),
 			[]string{"re-pin: not yet: the scheduler has not reported it Unschedulable; once it does, it will be re-pinned to domain 1 (room on node gpu-a)"}},
 		{"no room in any domain: it waits",
 			[]runtime.Object{tpPod("holder-1", 4, 1, boundTo("gpu-a", corev1.PodRunning))}, tpPod("w", 4, 0, unschedulable, ownedBy("ReplicaSet", "apps/v1", "rs")),

@@ -17,7 +17,7 @@ LDFLAGS     := -X github.com/nvdomain/nvdomain/pkg/cli.Version=$(VERSION)
 # marks deprecated, which only adds compiler noise.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all build test unit e2e host-deps k8s-assets containerd-assets helm-assets lint fmt vet staticcheck cover fuzz bench bench-placement demo clean
+.PHONY: all build test unit e2e host-deps k8s-assets containerd-assets helm-assets lint fmt vet staticcheck cover fuzz bench bench-placement demo down clean
 
 all: build
 
@@ -100,10 +100,26 @@ fuzz:
 
 ## demo: a real single-node cluster, nvdomain installed with its Helm chart (simulated
 ## topology), the seed scenarios applied from manifests/examples, and a report. Root only.
-## KEEP=1 leaves the cluster up and prints how to reach it. MODE=dra installs nvdomain as the
-## node's DRA driver and runs the DRA-mode scenarios (docs/dra.md).
-demo: host-deps k8s-assets containerd-assets helm-assets
-	$(GO) run ./test/demo
+## The terminal gets one line per phase, then the report; apt, build and scenario output go to
+## the log named at the end. KEEP=1 leaves the cluster up and prints how to reach it. MODE=dra
+## installs nvdomain as the node's DRA driver and runs the DRA-mode scenarios (docs/dra.md).
+# The recipe calls make through an alias: a line naming $(MAKE) itself runs even under
+# `make -n`, which would start a cluster.
+DEMO_SUBMAKE = $(MAKE) --no-print-directory
+demo:
+	@log=$$(mktemp /tmp/nvdomain-demo-XXXXXX.log); bindir=$$(mktemp -d); start=$$(date +%s); rc=0; \
+	printf '%-22s … ' 'building binaries'; \
+	if ! { $(DEMO_SUBMAKE) host-deps k8s-assets containerd-assets helm-assets && \
+		$(GO) build -o $$bindir/demo ./test/demo; } >>$$log 2>&1; then \
+		echo "failed; the end of $$log:"; tail -n 20 $$log; rm -rf $$bindir; exit 1; \
+	fi; \
+	echo "$$(( $$(date +%s) - start ))s"; \
+	NVDOMAIN_DEMO_LOG=$$log $$bindir/demo || rc=$$?; rm -rf $$bindir; exit $$rc
+
+## down: stop the cluster `KEEP=1 make demo` left running and clean up after it, as the demo's
+## own teardown would (processes, mounts, cgroups, kernel settings).
+down:
+	@$(GO) run ./test/demo -down
 
 clean:
 	rm -rf $(BIN)

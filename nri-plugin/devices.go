@@ -1,9 +1,10 @@
 package nriplugin
 
 import (
+	"maps"
+	"os"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 
@@ -14,11 +15,14 @@ import (
 	"github.com/nvdomain/nvdomain/pkg/names"
 )
 
-// Given is what the device plugin handed a container, read from every form NVIDIA's device
-// list strategies take (docs/node-side.md): CDI device names (cdi-cri, and the cdi.k8s.io/
-// annotations of cdi-annotations) whose device nodes containerd has already put into the
-// container, NVIDIA_VISIBLE_DEVICES listing GPUs (envvar), or one bind mount per GPU under
-// /var/run/nvidia-container-devices (volume-mounts).
+// Given is what the device plugin handed a container, read only from the forms of the device
+// list strategies the node's device plugin is configured with (Config.DeviceListStrategies,
+// docs/node-side.md): CDI device names (cdi-cri, and the cdi.k8s.io/ annotations of
+// cdi-annotations) whose device nodes containerd has already put into the container,
+// NVIDIA_VISIBLE_DEVICES listing GPUs (envvar), or one /dev/null bind mount per GPU under
+// /var/run/nvidia-container-devices (volume-mounts). A pod's author can write the variable
+// and (with a hostPath volume) the mounts, so a form the device plugin does not use never
+// counts as GPUs.
 type Given struct {
 	// GPUs are the whole GPUs, by index, sorted.
 	GPUs []int
@@ -28,9 +32,14 @@ type Given struct {
 	cdiByUUID bool
 	// Nodes are the GPUs' device nodes in the container, by GPU.
 	Nodes map[int][]*api.LinuxDevice
-	// EnvList is true when NVIDIA_VISIBLE_DEVICES lists GPUs; envByUUID says how it names them.
+	// EnvList is true when NVIDIA_VISIBLE_DEVICES lists GPUs under the envvar strategy;
+	// envByUUID says how it names them, Env is its value.
 	EnvList   bool
 	envByUUID bool
+	Env       string
+	// NeutraliseEnv holds NVIDIA_VISIBLE_DEVICES when it names devices that no configured
+	// strategy put there (see envVerdict); the plugin sets it to void.
+	NeutraliseEnv string
 	// CDINames are the CDI device names that brought each GPU.
 	CDINames map[int]string
 	// Mounts are the volume-mounts strategy's mount paths, by GPU.
@@ -38,17 +47,82 @@ type Given struct {
 	// Untouchable is set when the container holds MIG devices or ids this node's topology does
 	// not know: those keep exactly what the device plugin gave them.
 	Untouchable string
+	// named are the GPUs named as whole GPUs (by a CDI GPU name, the variable or a mount),
+	// as opposed to known only by a device node; mig says the container holds MIG devices.
+	named map[int]bool
+	mig   bool
 }
 
 // Count is the number of whole GPUs the container was given.
 func (g Given) Count() int { return len(g.GPUs) }
 
+// WholeGPUs are the whole GPUs of an untouchable container, the ones booked for it. A MIG
+// device's CDI device brings its parent GPU's /dev/nvidia<N>, so in a container holding MIG
+// devices a GPU known only by its device node is a MIG parent, not a whole GPU.
+func (g Given) WholeGPUs() []int {
+	if !g.mig {
+		return g.GPUs
+	}
+	var out []int
+	for _, idx := range g.GPUs {
+		if g.named[idx] {
+			out = append(out, idx)
+		}
+	}
+	return out
+}
+
+// uses says whether the node's device plugin is configured with a device list strategy.
+func (p *Plugin) uses(strategy string) bool {
+	return slices.Contains(p.cfg.DeviceListStrategies, strategy)
+}
+
+// nvidiaKind says whether a CDI kind is one of NVIDIA's GPU or MIG kinds (or the kind the
+// plugin is configured to add GPUs with): another vendor's "gpu" class is not an NVIDIA GPU.
+func (p *Plugin) nvidiaKind(k cdispec.Kind) bool {
+	if k.Class != names.CDIClassGPU && k.Class != names.CDIClassMIG {
+		return false
+	}
+	return cdispec.IsNVIDIAVendor(k.Vendor) || k.Vendor == p.cfg.CDIKind.Vendor
+}
+
+// envVerdict says whether NVIDIA_VISIBLE_DEVICES must be neutralised (set to void): when it
+// names devices and no configured strategy can have put it there. The legacy NVIDIA toolkit
+// (and the toolkit's runtime hook whenever it accepts the variable from unprivileged
+// containers, its default) injects the GPUs the variable names at runc create, after NRI, so
+// a pod that sets NVIDIA_VISIBLE_DEVICES=all without requesting a GPU would otherwise get
+// every GPU of the node. "all" is never the device plugin's (it lists ids) and CUDA base
+// images set it in their environment, so it is neutralised under every strategy; a list only
+// when the envvar strategy is off; the volume-mounts directory only when that strategy is
+// off.
+func (p *Plugin) envVerdict(env []string) (value string, neutralise bool) {
+	v, ok := envValue(env, names.VisibleDevicesEnv)
+	if !ok {
+		return "", false
+	}
+	switch v = strings.TrimSpace(v); v {
+	case "", names.VisibleDevicesNone, names.VisibleDevicesVoid:
+		return v, false
+	case names.VisibleDevicesAll:
+		return v, true
+	case names.VolumeMountsDir:
+		return v, !p.uses(names.StrategyVolumeMounts)
+	default:
+		return v, !p.uses(names.StrategyEnvVar)
+	}
+}
+
 // readGiven collects a container's GPUs. GPU ids map through the topology: UUIDs, indexes,
 // and the device nodes' minor numbers.
 func (p *Plugin) readGiven(pod *api.PodSandbox, ctr *api.Container) Given {
-	g := Given{Nodes: map[int][]*api.LinuxDevice{}, Mounts: map[int]string{}, CDINames: map[int]string{}}
+	g := Given{Nodes: map[int][]*api.LinuxDevice{}, Mounts: map[int]string{}, CDINames: map[int]string{}, named: map[int]bool{}}
 	set := map[int]bool{}
-	add := func(gpu int) { set[gpu] = true }
+	add := func(gpu int, named bool) {
+		set[gpu] = true
+		if named {
+			g.named[gpu] = true
+		}
+	}
 	resolve := func(id string) (int, bool) {
 		if idx, ok := p.uuidToIndex[id]; ok {
 			return idx, true
@@ -65,46 +139,56 @@ func (p *Plugin) readGiven(pod *api.PodSandbox, ctr *api.Container) Given {
 			g.Untouchable = why
 		}
 	}
-	// CDI names: from the CRI request (cdi-cri) and from the cdi.k8s.io/ annotations
-	// (cdi-annotations), which the kubelet copies onto the container's annotations.
-	var cdiNames []string
-	for _, d := range ctr.CDIDevices {
-		cdiNames = append(cdiNames, d.Name)
+	mig := func(what string) {
+		g.mig = true
+		untouchable("it holds MIG device " + what)
 	}
-	for k, v := range ctr.Annotations {
-		if strings.HasPrefix(k, names.CDIAnnotationPrefix) {
-			cdiNames = append(cdiNames, strings.Split(v, ",")...)
+	cdiStrategy := p.uses(names.StrategyCDICRI) || p.uses(names.StrategyCDIAnnotations)
+	// CDI names: from the CRI request (cdi-cri), and from the cdi.k8s.io/ annotations of the
+	// CRI container config (cdi-annotations). The kubelet fills both from the device plugin's
+	// Allocate response, never from the pod's spec, and containerd applies the devices they
+	// name; NRI shows the annotations among the container's.
+	var cdiNames []string
+	if p.uses(names.StrategyCDICRI) {
+		for _, d := range ctr.CDIDevices {
+			cdiNames = append(cdiNames, d.Name)
+		}
+	}
+	if p.uses(names.StrategyCDIAnnotations) {
+		for k, v := range ctr.Annotations {
+			if strings.HasPrefix(k, names.CDIAnnotationPrefix) {
+				cdiNames = append(cdiNames, strings.Split(v, ",")...)
+			}
 		}
 	}
 	for _, name := range cdiNames {
 		kind, id, ok := cdispec.ParseName(name)
-		if !ok {
-			continue
+		if !ok || !p.nvidiaKind(kind) {
+			continue // not an NVIDIA GPU: another vendor's device, a NIC, …
 		}
-		if kind.Class == names.CDIClassMIG || strings.HasPrefix(id, "MIG-") {
-			untouchable("it holds MIG device " + name)
+		// nvidia-ctk's spec names MIG devices <gpu>:<mig>, the device plugin by MIG- UUID.
+		if kind.Class == names.CDIClassMIG || strings.HasPrefix(id, "MIG-") || strings.Contains(id, ":") {
+			mig(name)
 			continue
-		}
-		if kind.Class != names.CDIClassGPU {
-			continue // not a GPU: another vendor's device, a NIC, …
 		}
 		idx, ok := resolve(id)
 		if !ok {
 			untouchable("it holds CDI device " + name + ", which this node's topology does not know")
 			continue
 		}
-		add(idx)
+		add(idx, true)
 		g.CDINames[idx] = name
 		k := kind
 		g.CDIKind, g.cdiByUUID = &k, id != strconv.Itoa(idx)
 	}
-	// Device nodes containerd put in already (for CDI names, or a runtime hook's).
-	if ctr.Linux != nil {
+	// Device nodes containerd put in already, for CDI devices: only the CDI strategies bring
+	// them before NRI runs (the toolkit adds the other strategies' nodes at runc create).
+	if ctr.Linux != nil && cdiStrategy {
 		for _, d := range ctr.Linux.Devices {
 			minor, ok := gpuMinor(d)
 			if !ok {
 				if strings.HasPrefix(d.Path, "/dev/nvidia-caps") {
-					untouchable("it holds MIG capability device " + d.Path)
+					mig("capability " + d.Path)
 				}
 				continue
 			}
@@ -113,53 +197,52 @@ func (p *Plugin) readGiven(pod *api.PodSandbox, ctr *api.Container) Given {
 				untouchable("it holds device " + d.Path + ", which is no GPU of this node's topology")
 				continue
 			}
-			add(idx)
+			add(idx, false)
 			g.Nodes[idx] = append(g.Nodes[idx], d)
 		}
 	}
 	// NVIDIA_VISIBLE_DEVICES: a list of GPUs (envvar), or the volume-mounts directory.
-	if v, ok := envValue(ctr.Env, names.VisibleDevicesEnv); ok {
-		switch v = strings.TrimSpace(v); v {
-		case "", "all", "none", names.VisibleDevicesVoid:
-		case names.VolumeMountsDir:
-			for _, m := range ctr.Mounts {
-				id, ok := strings.CutPrefix(m.Destination, names.VolumeMountsDir+"/")
-				if !ok {
-					continue
-				}
-				if strings.HasPrefix(id, "MIG-") {
-					untouchable("it holds MIG device " + id)
-					continue
-				}
-				if idx, ok := resolve(id); ok {
-					add(idx)
-					g.Mounts[idx] = m.Destination
-				} else {
-					untouchable("it holds device " + id + ", which this node's topology does not know")
-				}
+	v, neutralise := p.envVerdict(ctr.Env)
+	g.Env = v
+	switch {
+	case neutralise:
+		g.NeutraliseEnv = v
+	case v == names.VolumeMountsDir:
+		for _, m := range ctr.Mounts {
+			id, ok := strings.CutPrefix(m.Destination, names.VolumeMountsDir+"/")
+			// The device plugin mounts /dev/null; anything else is the pod's own volume.
+			if !ok || m.Source != os.DevNull {
+				continue
 			}
-		default:
-			g.EnvList = true
-			for _, id := range strings.Split(v, ",") {
-				id = strings.TrimSpace(id)
-				if strings.HasPrefix(id, "MIG-") {
-					untouchable("it holds MIG device " + id)
-					continue
-				}
-				idx, ok := resolve(id)
-				if !ok {
-					untouchable("NVIDIA_VISIBLE_DEVICES names " + id + ", which this node's topology does not know")
-					continue
-				}
-				add(idx)
-				g.envByUUID = id != strconv.Itoa(idx)
+			if strings.HasPrefix(id, "MIG-") {
+				mig(id)
+				continue
+			}
+			if idx, ok := resolve(id); ok {
+				add(idx, true)
+				g.Mounts[idx] = m.Destination
+			} else {
+				untouchable("it holds device " + id + ", which this node's topology does not know")
 			}
 		}
+	case v != "" && v != names.VisibleDevicesNone && v != names.VisibleDevicesVoid:
+		g.EnvList = true
+		for _, id := range strings.Split(v, ",") {
+			id = strings.TrimSpace(id)
+			if strings.HasPrefix(id, "MIG-") || strings.Contains(id, ":") {
+				mig(id)
+				continue
+			}
+			idx, ok := resolve(id)
+			if !ok {
+				untouchable("NVIDIA_VISIBLE_DEVICES names " + id + ", which this node's topology does not know")
+				continue
+			}
+			add(idx, true)
+			g.envByUUID = id != strconv.Itoa(idx)
+		}
 	}
-	for idx := range set {
-		g.GPUs = append(g.GPUs, idx)
-	}
-	sort.Ints(g.GPUs)
+	g.GPUs = slices.Sorted(maps.Keys(set))
 	return g
 }
 
@@ -195,8 +278,10 @@ func envValue(env []string, key string) (string, bool) {
 //   - volume mounts cannot be removed for the same reason, so volume-mounts containers keep
 //     the device plugin's GPUs when they are a valid choice (choose decides, see keepGiven).
 //
-// CDI hooks the device plugin's devices brought cannot be removed; NVIDIA's per-GPU hooks
-// only make symlinks, which point nowhere once the node is gone.
+// Only per-GPU nodes (devhook.Removable) are denied and removed: a GPU's CDI device may list
+// nodes all GPUs share, which the chosen GPUs need. CDI hooks the device plugin's devices
+// brought cannot be removed; NVIDIA's per-GPU hooks only make symlinks, which point nowhere
+// once the node is gone.
 func (p *Plugin) adjust(adj *api.ContainerAdjustment, g Given, chosen []int) {
 	drop, gain := diff(g.GPUs, chosen)
 	cdiForm := g.CDIKind != nil || len(g.Nodes) > 0
@@ -204,6 +289,9 @@ func (p *Plugin) adjust(adj *api.ContainerAdjustment, g Given, chosen []int) {
 		var remove []string
 		for _, idx := range drop {
 			for _, d := range p.nodesOf(g, idx) {
+				if !devhook.Removable(filepath.Clean(d.Path)) {
+					continue
+				}
 				remove = append(remove, d.Path)
 				adj.RemoveDevice(d.Path)
 				denyDevice(adj, d)

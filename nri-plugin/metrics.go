@@ -9,6 +9,8 @@ type Metrics struct {
 	ShouldHaveBeenPinned prometheus.Counter
 	Conflicts            prometheus.Counter
 	Untouched            prometheus.Counter
+	EnvNeutralised       *prometheus.CounterVec
+	Reconnects           prometheus.Counter
 	TopologyReloads      *prometheus.CounterVec
 	Handling             prometheus.Histogram
 	// ContainerGPU is 1 for each GPU a container holds. The kubelet's PodResources API, and so
@@ -22,10 +24,10 @@ type Metrics struct {
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		Assignments: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "nvdomain_nri_assignments_total", Help: "GPU assignments at container creation, by kind (pinned, unpinned, dra).",
+			Name: "nvdomain_nri_assignments_total", Help: "GPU assignments at container creation, by kind (pinned, unpinned, dra; untouched: whole GPUs booked as the device plugin gave them beside MIG or unknown devices; trusted: booked for a container of a trusted namespace).",
 		}, []string{"kind"}),
 		Refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "nvdomain_nri_refusals_total", Help: "Container creations refused, by reason (domain-full, node-full, bad-annotation, annotation-mismatch, not-whole-gpus, shared-gpus, domains-split).",
+			Name: "nvdomain_nri_refusals_total", Help: "Container creations refused, by reason (domain-full, node-full, bad-annotation, annotation-mismatch, not-whole-gpus, gpu-in-use, shared-gpus, domains-split).",
 		}, []string{"reason"}),
 		ShouldHaveBeenPinned: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "nvdomain_nri_unpinned_tp_containers_total", Help: "Tensor-parallel containers that arrived without a domain (admitted while the webhook was down).",
@@ -35,6 +37,12 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}),
 		Untouched: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "nvdomain_nri_untouched_containers_total", Help: "GPU containers passed through as the device plugin made them: MIG devices, devices the topology does not know, time-sliced GPUs.",
+		}),
+		EnvNeutralised: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "nvdomain_nri_env_neutralised_total", Help: "Containers whose NVIDIA_VISIBLE_DEVICES named devices no configured device list strategy put there (all, a GPU list, the volume-mounts directory), set to void.",
+		}, []string{"form"}),
+		Reconnects: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "nvdomain_nri_reconnects_total", Help: "Times the connection to the runtime's NRI socket was lost after the plugin had synchronized; it connects again in-process.",
 		}),
 		TopologyReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nvdomain_nri_topology_reloads_total", Help: "Topology source changes seen, by result (applied, refused, error).",
@@ -47,7 +55,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Buckets: prometheus.ExponentialBuckets(5e-6, 3, 10),
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.Assignments, m.Refusals, m.ShouldHaveBeenPinned, m.Conflicts, m.Untouched, m.TopologyReloads, m.Handling, m.ContainerGPU} {
+	for _, c := range []prometheus.Collector{m.Assignments, m.Refusals, m.ShouldHaveBeenPinned, m.Conflicts, m.Untouched, m.EnvNeutralised, m.Reconnects, m.TopologyReloads, m.Handling, m.ContainerGPU} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

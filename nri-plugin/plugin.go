@@ -6,7 +6,10 @@
 // not have the GPUs, or the pod's annotations disagree with what the device plugin allocated,
 // the container is not created and the kubelet retries. Containers whose pod has no domain
 // are packed so that NVLink domains stay whole (account mode); MIG devices and time-sliced
-// GPUs pass untouched.
+// GPUs are not rewritten. Only the forms of the device plugin's configured strategies count
+// as GPUs a container was given, since a pod's author writes the others, and an
+// NVIDIA_VISIBLE_DEVICES that names devices no strategy put there is set to void; containers
+// of trusted namespaces (system components) are left as they are.
 //
 // State (which container holds which GPUs) lives in memory, is rebuilt from Synchronize after
 // a restart, and is written to a state file the node agent reads to lower the advertised
@@ -23,6 +26,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/nri/pkg/api"
@@ -62,6 +66,21 @@ type Config struct {
 	// container's GPUs share one domain, refuses it otherwise, and records what every
 	// container holds.
 	DRA bool
+	// DeviceListStrategies are the node's device plugin's (names.Strategy*; empty means
+	// names.DefaultDeviceListStrategies). Only their forms count as GPUs a container was
+	// given, because a pod's author can write the others: NVIDIA_VISIBLE_DEVICES counts only
+	// under envvar, /dev/null mounts under /var/run/nvidia-container-devices only under
+	// volume-mounts, CDI names only under the cdi strategies. A variable that names devices
+	// no strategy put there is set to void (envVerdict).
+	DeviceListStrategies []string
+	// TrustedNamespaces hold system components whose containers are left exactly as they
+	// are (GPU Operator's dcgm-exporter and validators set NVIDIA_VISIBLE_DEVICES=all on
+	// purpose); the GPUs the device plugin gave them are still booked, never refused.
+	TrustedNamespaces []string
+	// LastGeneration is the generation of the newest snapshot already written (the state
+	// file's, nristate.LastGeneration): snapshots continue after it even when the wall clock
+	// stepped back across a restart, so the state file never refuses them as older.
+	LastGeneration int64
 }
 
 // Assignment is what one container holds; the state file shares the type with the agent.
@@ -85,8 +104,17 @@ type Plugin struct {
 	// holders lists, per GPU, the containers holding it. Normally one; after a restart
 	// Synchronize may find two (the plugin was down while the device plugin chose), and the
 	// GPU stays taken until the last of them ends.
-	holders    map[int]map[string]bool
+	holders map[int]map[string]bool
+	// infoLabels are the ContainerGPU series of each container, by container id, as they
+	// were set: deleting them by these, not by labels rebuilt from the current topology,
+	// leaves no stale series after a topology change renamed a GPU.
+	infoLabels map[string][]prometheus.Labels
 	generation int64
+
+	// ready is true from a Synchronize until the connection to the runtime is lost; syncs
+	// counts Synchronize calls.
+	ready atomic.Bool
+	syncs atomic.Int64
 }
 
 // Reporter is told about assignments and releases, off the creation path. The production
@@ -113,7 +141,14 @@ func New(cfg Config, log logr.Logger, m *Metrics, r Reporter) (*Plugin, error) {
 	if cfg.CDIKind == (cdispec.Kind{}) {
 		cfg.CDIKind = cdispec.DevicePluginGPU
 	}
-	p := &Plugin{cfg: cfg, log: log, metrics: m, report: r, assigned: map[string]*Assignment{}, holders: map[int]map[string]bool{}}
+	if len(cfg.DeviceListStrategies) == 0 {
+		cfg.DeviceListStrategies = names.DefaultDeviceListStrategies
+	}
+	if err := names.ValidateDeviceListStrategies(cfg.DeviceListStrategies); err != nil {
+		return nil, err
+	}
+	p := &Plugin{cfg: cfg, log: log, metrics: m, report: r, assigned: map[string]*Assignment{}, holders: map[int]map[string]bool{},
+		infoLabels: map[string][]prometheus.Labels{}, generation: cfg.LastGeneration}
 	p.setTopologyLocked(cfg.Topology)
 	if len(cfg.CDISpecDirs) > 0 {
 		c, err := cdi.NewCache(cdi.WithSpecDirs(cfg.CDISpecDirs...), cdi.WithAutoRefresh(true))
@@ -179,6 +214,9 @@ func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 		return nil, nil, fmt.Errorf("nvdomain: pod %s/%s container %s: %w", pod.Namespace, pod.Name, ctr.Name, err)
 	}
 
+	if slices.Contains(p.cfg.TrustedNamespaces, pod.Namespace) {
+		return p.createTrusted(pod, ctr)
+	}
 	if p.cfg.DRA {
 		return p.createDRA(pod, ctr, fail)
 	}
@@ -188,35 +226,34 @@ func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 	}
 	p.mu.Lock()
 	g := p.readGiven(pod, ctr)
-	if g.Untouchable != "" {
+	// done returns a container that gets no GPUs of nvdomain's choosing: no adjustment, or
+	// only the neutralised NVIDIA_VISIBLE_DEVICES.
+	done := func() (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
 		p.mu.Unlock()
-		if domain >= 0 && k > 0 {
-			return fail("not-whole-gpus", fmt.Errorf("the pod is pinned to NVSwitch domain %d, but %s; a tensor-parallel container needs whole GPUs (nvidia.com/gpu)", domain, g.Untouchable))
-		}
-		p.metrics.Untouched.Inc()
-		return nil, nil, nil // MIG devices and the like keep what the device plugin gave
+		return p.neutralise(nil, pod, ctr, g.NeutraliseEnv), nil, nil
+	}
+	if g.Untouchable != "" {
+		return p.createUntouchable(pod, ctr, g, k, domain, fail)
 	}
 	switch {
 	case domain >= 0 && k != g.Count():
 		// Only nvdomain writes the annotations, and it writes the count the pod requests, so
 		// a difference means they were written by hand or the pod was changed after
-		// admission; a hand-written annotation must never be worth GPUs.
+		// admission, or a container that requests no GPU lists GPUs in NVIDIA_VISIBLE_DEVICES
+		// itself (envvar strategy, where the variable counts); neither may be worth GPUs.
 		p.mu.Unlock()
-		return fail("annotation-mismatch", fmt.Errorf("annotation %s says %d GPU(s) for this container but the device plugin allocated %d; only nvdomain's webhook may write that annotation: delete and recreate the pod so the webhook pins it",
-			p.cfg.Names.PodContainerGPUsAnnotation(), k, g.Count()))
+		return fail("annotation-mismatch", p.mismatch(k, g.Count(), g))
 	case domain >= 0 && p.cfg.SharedGPUs:
 		p.mu.Unlock()
 		return fail("shared-gpus", fmt.Errorf("this node time-slices its GPUs, so a tensor-parallel container cannot have GPUs to itself; run it on a node without time-slicing"))
 	case domain < 0 && p.cfg.SharedGPUs:
-		p.mu.Unlock()
 		p.metrics.Untouched.Inc()
-		return nil, nil, nil // time-sliced replicas are shared by design
+		return done() // time-sliced replicas are shared by design
 	case domain < 0:
 		k = g.Count()
 	}
 	if k == 0 {
-		p.mu.Unlock()
-		return nil, nil, nil // not a GPU container: no adjustment at all
+		return done() // not a GPU container: no GPU adjustment at all
 	}
 	gpus, err := p.chooseFor(g, k, domain)
 	if err != nil {
@@ -246,7 +283,116 @@ func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 	}
 	p.report.Assigned(a, domain < 0 && tp)
 	p.report.Changed(all)
-	return adj, nil, nil
+	return p.neutralise(adj, pod, ctr, g.NeutraliseEnv), nil, nil
+}
+
+// mismatch explains a pinned container whose GPUs differ from its annotated count. When the
+// count comes from NVIDIA_VISIBLE_DEVICES (envvar strategy), the plugin cannot tell the
+// device plugin's list from one the container's env or image set, so both causes and their
+// fixes are named.
+func (p *Plugin) mismatch(k, given int, g Given) error {
+	ann := p.cfg.Names.PodContainerGPUsAnnotation()
+	if g.EnvList {
+		return fmt.Errorf("annotation %s says %d GPU(s) for this container but %s=%s gives it %d. Either the container sets %s itself, in its env or its image's, without requesting %s: remove the variable or set it to %s; "+
+			"or the pod's nvdomain annotations were not written by nvdomain's webhook (only it may write them): delete and recreate the pod so the webhook pins it",
+			ann, k, names.VisibleDevicesEnv, g.Env, given, names.VisibleDevicesEnv, names.GPUResource, names.VisibleDevicesVoid)
+	}
+	return fmt.Errorf("annotation %s says %d GPU(s) for this container but the device plugin allocated %d; only nvdomain's webhook may write that annotation: delete and recreate the pod so the webhook pins it",
+		ann, k, given)
+}
+
+// createUntouchable handles a container holding MIG devices or ids the topology does not know
+// (called with p.mu held; it unlocks). Nothing of it is rewritten, since nvdomain cannot move
+// such devices, but the whole GPUs among them are booked, so they are neither handed to
+// another container nor given to this one while another holds them.
+func (p *Plugin) createUntouchable(pod *api.PodSandbox, ctr *api.Container, g Given, k, domain int, fail func(string, error) (*api.ContainerAdjustment, []*api.ContainerUpdate, error)) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
+	whole := g.WholeGPUs()
+	switch {
+	case domain >= 0 && k > 0:
+		p.mu.Unlock()
+		return fail("not-whole-gpus", fmt.Errorf("the pod is pinned to NVSwitch domain %d, but %s; a tensor-parallel container needs whole GPUs (%s)", domain, g.Untouchable, names.GPUResource))
+	case domain >= 0 && len(whole) > 0:
+		p.mu.Unlock()
+		return fail("annotation-mismatch", p.mismatch(k, len(whole), g))
+	case p.cfg.SharedGPUs || len(whole) == 0:
+		p.mu.Unlock()
+		p.metrics.Untouched.Inc()
+		return p.neutralise(nil, pod, ctr, g.NeutraliseEnv), nil, nil
+	}
+	var busy []int
+	for _, idx := range whole {
+		if p.inUseLocked(idx) {
+			busy = append(busy, idx)
+		}
+	}
+	if len(busy) > 0 {
+		held := p.holdersLocked(busy)
+		p.mu.Unlock()
+		return fail("gpu-in-use", fmt.Errorf("%s, so its devices stay as the device plugin gave them, but its whole GPU(s) %s are in use (%s); nvdomain cannot move such a container to free GPUs: give MIG devices and whole GPUs to separate containers (the kubelet retries this one until the GPU is free)",
+			g.Untouchable, names.FormatGPUList(busy), held))
+	}
+	a := Assignment{ContainerID: ctr.Id, PodSandboxID: pod.Id, PodNamespace: pod.Namespace, PodName: pod.Name, PodUID: pod.Uid,
+		ContainerName: ctr.Name, GPUs: whole, Domain: -1}
+	p.recordLocked(a)
+	all := p.snapshotLocked()
+	p.mu.Unlock()
+	p.metrics.Untouched.Inc()
+	p.metrics.Assignments.WithLabelValues("untouched").Inc()
+	p.report.Assigned(a, false)
+	p.report.Changed(all)
+	// The annotation only records the booking, for Synchronize after a restart.
+	adj := &api.ContainerAdjustment{}
+	adj.AddAnnotation(p.cfg.Names.PodAssignedGPUsAnnotation(), names.FormatGPUList(whole))
+	return p.neutralise(adj, pod, ctr, g.NeutraliseEnv), nil, nil
+}
+
+// createTrusted handles a container of a trusted namespace: no adjustment and no refusal,
+// whatever it holds, because system components (GPU Operator's validators, dcgm-exporter)
+// must run as they are. The whole GPUs the device plugin gave it are booked, so nvdomain
+// hands them to no other container while it runs.
+func (p *Plugin) createTrusted(pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
+	p.mu.Lock()
+	gpus := p.heldGPUsLocked(pod, ctr)
+	if len(gpus) == 0 {
+		p.mu.Unlock()
+		return nil, nil, nil
+	}
+	a := Assignment{ContainerID: ctr.Id, PodSandboxID: pod.Id, PodNamespace: pod.Namespace, PodName: pod.Name, PodUID: pod.Uid,
+		ContainerName: ctr.Name, GPUs: gpus, Domain: -1}
+	if busy := slices.DeleteFunc(slices.Clone(gpus), func(g int) bool { return !p.inUseLocked(g) }); len(busy) > 0 {
+		p.log.Info("container of a trusted namespace holds GPUs another container holds; both keep them", "pod", pod.Namespace+"/"+pod.Name,
+			"container", ctr.Name, "gpus", names.FormatGPUList(busy), "holders", p.holdersLocked(busy))
+	}
+	p.recordLocked(a)
+	all := p.snapshotLocked()
+	p.mu.Unlock()
+	p.metrics.Assignments.WithLabelValues("trusted").Inc()
+	p.report.Changed(all)
+	return nil, nil, nil
+}
+
+// neutralise sets NVIDIA_VISIBLE_DEVICES to void when value (Given.NeutraliseEnv) is set,
+// making adj if it is nil, and counts and logs it: a pod that relied on the variable for GPUs
+// gets none, and its author needs to know why.
+func (p *Plugin) neutralise(adj *api.ContainerAdjustment, pod *api.PodSandbox, ctr *api.Container, value string) *api.ContainerAdjustment {
+	if value == "" {
+		return adj
+	}
+	if adj == nil {
+		adj = &api.ContainerAdjustment{}
+	}
+	adj.AddEnv(names.VisibleDevicesEnv, names.VisibleDevicesVoid)
+	form := "list"
+	switch value {
+	case names.VisibleDevicesAll:
+		form = "all"
+	case names.VolumeMountsDir:
+		form = "volume-mounts"
+	}
+	p.metrics.EnvNeutralised.WithLabelValues(form).Inc()
+	p.log.Info("set NVIDIA_VISIBLE_DEVICES=void: it names devices that no configured device list strategy put there, and the NVIDIA toolkit would inject them",
+		"pod", pod.Namespace+"/"+pod.Name, "container", ctr.Name, "value", value, "deviceListStrategies", p.cfg.DeviceListStrategies)
+	return adj
 }
 
 // request reads what the webhook decided for the container: its GPU count and domain from
@@ -350,15 +496,24 @@ func (p *Plugin) holdersLocked(gpus []int) string {
 
 func (p *Plugin) recordLocked(a Assignment) {
 	p.releaseLocked(a.ContainerID)
+	p.addHolderLocked(a)
+}
+
+// addHolderLocked books a's GPUs for its container, beside any other holders.
+func (p *Plugin) addHolderLocked(a Assignment) {
 	cp := a
 	p.assigned[a.ContainerID] = &cp
+	labels := make([]prometheus.Labels, 0, len(a.GPUs))
 	for _, g := range a.GPUs {
 		if p.holders[g] == nil {
 			p.holders[g] = map[string]bool{}
 		}
 		p.holders[g][a.ContainerID] = true
-		p.metrics.ContainerGPU.With(p.gpuLabels(a, g)).Set(1)
+		l := p.gpuLabels(a, g)
+		p.metrics.ContainerGPU.With(l).Set(1)
+		labels = append(labels, l)
 	}
+	p.infoLabels[a.ContainerID] = labels
 }
 
 func (p *Plugin) releaseLocked(containerID string) bool {
@@ -371,8 +526,11 @@ func (p *Plugin) releaseLocked(containerID string) bool {
 		if len(p.holders[g]) == 0 {
 			delete(p.holders, g)
 		}
-		p.metrics.ContainerGPU.Delete(p.gpuLabels(*a, g))
 	}
+	for _, l := range p.infoLabels[containerID] {
+		p.metrics.ContainerGPU.Delete(l)
+	}
+	delete(p.infoLabels, containerID)
 	delete(p.assigned, containerID)
 	return true
 }
@@ -453,7 +611,7 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, ctrs []*
 		byID[pod.Id] = pod
 	}
 	p.mu.Lock()
-	p.assigned, p.holders = map[string]*Assignment{}, map[int]map[string]bool{}
+	p.assigned, p.holders, p.infoLabels = map[string]*Assignment{}, map[int]map[string]bool{}, map[string][]prometheus.Labels{}
 	p.metrics.ContainerGPU.Reset()
 	for _, ctr := range ctrs {
 		if ctr.State == api.ContainerState_CONTAINER_STOPPED {
@@ -485,17 +643,32 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, ctrs []*
 	p.mu.Unlock()
 	p.log.Info("synchronized", "containers", len(ctrs), "holdingGPUs", len(all.Assignments))
 	p.report.Changed(all)
+	p.syncs.Add(1)
+	p.ready.Store(true)
 	return nil, nil
 }
+
+// Ready says whether the plugin is connected to the runtime and has synchronized with it;
+// while it is not, containerd refuses every container that requires it.
+func (p *Plugin) Ready() bool { return p.ready.Load() }
+
+// disconnected records that the connection to the runtime is gone.
+func (p *Plugin) disconnected() { p.ready.Store(false) }
 
 // createDRA handles a container on a DRA node.
 func (p *Plugin) createDRA(pod *api.PodSandbox, ctr *api.Container, fail func(string, error) (*api.ContainerAdjustment, []*api.ContainerUpdate, error)) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
 	tp := pod.Labels[names.TPLabel] == names.TPLabelValue
+	// DRA nodes run no device plugin, so no strategy puts GPUs in NVIDIA_VISIBLE_DEVICES
+	// there either (unless configured so).
+	env, neutralise := p.envVerdict(ctr.Env)
+	if !neutralise {
+		env = ""
+	}
 	p.mu.Lock()
 	gpus := p.draGPUsLocked(ctr)
 	if len(gpus) == 0 {
 		p.mu.Unlock()
-		return nil, nil, nil
+		return p.neutralise(nil, pod, ctr, env), nil, nil
 	}
 	domain := p.domainOfLocked(gpus)
 	if tp && domain < 0 {
@@ -513,7 +686,7 @@ func (p *Plugin) createDRA(pod *api.PodSandbox, ctr *api.Container, fail func(st
 	p.report.Changed(snap)
 	adj := &api.ContainerAdjustment{}
 	adj.AddAnnotation(p.cfg.Names.PodAssignedGPUsAnnotation(), names.FormatGPUList(gpus))
-	return adj, nil, nil
+	return p.neutralise(adj, pod, ctr, env), nil, nil
 }
 
 // draGPUsLocked reads the GPUs the DRA driver prepared for a container from its CDI device
@@ -573,9 +746,12 @@ func (p *Plugin) heldGPUsLocked(pod *api.PodSandbox, ctr *api.Container) []int {
 			return gpus
 		}
 	}
-	g := p.readGiven(pod, ctr)
-	if g.Untouchable != "" || p.cfg.SharedGPUs {
+	if p.cfg.SharedGPUs {
 		return nil
+	}
+	g := p.readGiven(pod, ctr)
+	if g.Untouchable != "" {
+		return g.WholeGPUs()
 	}
 	return g.GPUs
 }

@@ -3,6 +3,7 @@ package nriplugin
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -14,7 +15,9 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	cdispecs "tags.cncf.io/container-device-interface/specs-go"
 
+	"github.com/nvdomain/nvdomain/pkg/cdispec"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/nristate"
 	"github.com/nvdomain/nvdomain/pkg/topology"
@@ -37,10 +40,11 @@ func seedTopology(t testing.TB) *topology.Topology {
 }
 
 type recorder struct {
-	mu       sync.Mutex
-	assigned []Assignment
-	unpinned int
-	latest   []Assignment
+	mu         sync.Mutex
+	assigned   []Assignment
+	unpinned   int
+	latest     []Assignment
+	generation int64
 }
 
 func (r *recorder) Assigned(a Assignment, should bool) {
@@ -56,16 +60,25 @@ func (r *recorder) Changed(snap Snapshot) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.latest = snap.Assignments
+	r.generation = snap.Generation
 }
 
-func newPlugin(t testing.TB) (*Plugin, *recorder, *Metrics) {
+// allStrategies is a device plugin that may answer in any form, so each test can give its
+// containers GPUs the way it needs; tests of what a strategy trusts configure their own.
+var allStrategies = []string{names.StrategyEnvVar, names.StrategyVolumeMounts, names.StrategyCDIAnnotations, names.StrategyCDICRI}
+
+func newPlugin(t testing.TB, mods ...func(*Config)) (*Plugin, *recorder, *Metrics) {
 	t.Helper()
 	m, err := NewMetrics(prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
 	rec := &recorder{}
-	p, err := New(Config{Names: n, Topology: seedTopology(t)}, logr.Discard(), m, rec)
+	cfg := Config{Names: n, Topology: seedTopology(t), DeviceListStrategies: allStrategies}
+	for _, mod := range mods {
+		mod(&cfg)
+	}
+	p, err := New(cfg, logr.Discard(), m, rec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -352,11 +365,7 @@ func TestHandWrittenAnnotationsGiveNoGPUs(t *testing.T) {
 }
 
 func TestSharedGPUNodes(t *testing.T) {
-	m, _ := NewMetrics(prometheus.NewRegistry())
-	p, err := New(Config{Names: n, Topology: seedTopology(t), SharedGPUs: true}, logr.Discard(), m, &recorder{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, _, _ := newPlugin(t, func(c *Config) { c.SharedGPUs = true })
 	// Two time-sliced replicas of GPU 0 in two containers: both untouched.
 	for _, id := range []string{"s1", "s2"} {
 		adj, _, err := p.CreateContainer(context.Background(), &api.PodSandbox{Id: id, Name: id, Namespace: "default"}, envGiven(id, id, "c", 0))
@@ -378,7 +387,6 @@ func TestContainersWithoutGPUsGetNoAdjustment(t *testing.T) {
 	}{
 		{&api.PodSandbox{Id: "x", Name: "web", Namespace: "default"}, ctr("x1", "x", "nginx", "PATH=/bin")},
 		{pinnedPod("y", 0, `{"vllm":2}`), ctr("y1", "y", "sidecar")}, // a pinned pod's non-GPU container
-		{&api.PodSandbox{Id: "z", Name: "tool", Namespace: "default"}, ctr("z1", "z", "smi", "NVIDIA_VISIBLE_DEVICES=all")},
 		{&api.PodSandbox{Id: "v", Name: "cpu", Namespace: "default"}, ctr("v1", "v", "c", "NVIDIA_VISIBLE_DEVICES=void")},
 	} {
 		adj, upd, err := p.CreateContainer(ctx, c.pod, c.ctr)
@@ -731,5 +739,339 @@ func TestDRANodesCheckAndRecordButRewriteNothing(t *testing.T) {
 				t.Fatalf("recorded %+v, want one assignment in domain %d", rec.assigned, tc.wantDomain)
 			}
 		})
+	}
+}
+
+// noNodes drops the device nodes containerd would have added for a container's CDI devices,
+// so a test sees what the CDI names alone are worth.
+func noNodes(c *api.Container) *api.Container {
+	c.Linux = nil
+	return c
+}
+
+// A pod's author writes NVIDIA_VISIBLE_DEVICES, and with a hostPath volume the mounts: only the
+// forms of the strategies the device plugin is configured with count as GPUs it was given, and
+// a variable naming devices no configured strategy put there becomes void, so the NVIDIA
+// toolkit injects nothing from it.
+func TestOnlyTheConfiguredStrategiesFormsCount(t *testing.T) {
+	cdiDefault := names.DefaultDeviceListStrategies
+	envvar := []string{names.StrategyEnvVar}
+	volume := []string{names.StrategyVolumeMounts}
+	hostPath := func(c *api.Container) *api.Container {
+		for _, m := range c.Mounts {
+			m.Source = "/srv/not-the-device-plugin"
+		}
+		return c
+	}
+	c := func() *api.Container { return ctr("c1", "p", "main") }
+	cases := []struct {
+		name       string
+		strategies []string
+		ctr        *api.Container
+		wantGPUs   string // assigned-gpus; empty: none booked
+		wantEnv    string // NVIDIA_VISIBLE_DEVICES as adjusted; empty: not adjusted
+		wantForm   string // counted as env-neutralised
+	}{
+		{"a GPU list without the envvar strategy", cdiDefault, given(c(), names.StrategyEnvVar, 0, 1, 2, 3, 4, 5, 6, 7), "", "void", "list"},
+		{"all", cdiDefault, ctr("c1", "p", "main", "NVIDIA_VISIBLE_DEVICES=all"), "", "void", "all"},
+		{"all under envvar", envvar, ctr("c1", "p", "main", "NVIDIA_VISIBLE_DEVICES=all"), "", "void", "all"},
+		{"volume-mounts form without that strategy", cdiDefault, given(c(), names.StrategyVolumeMounts, 0, 1), "", "void", "volume-mounts"},
+		{"volume-mounts", volume, given(c(), names.StrategyVolumeMounts, 0, 1), "0,1", "", ""},
+		{"mounts that are not /dev/null", volume, hostPath(given(c(), names.StrategyVolumeMounts, 0, 1)), "", "", ""},
+		{"a GPU list under envvar", envvar, given(c(), names.StrategyEnvVar, 4, 5), "0,1", "GPU-0,GPU-1", ""},
+		{"CDI devices under envvar", envvar, given(c(), names.StrategyCDICRI, 0, 1), "", "", ""},
+		{"cdi-cri names under cdi-annotations", []string{names.StrategyCDIAnnotations}, noNodes(given(c(), names.StrategyCDICRI, 0, 1)), "", "", ""},
+		{"cdi-annotations names under cdi-cri", []string{names.StrategyCDICRI}, noNodes(given(c(), names.StrategyCDIAnnotations, 0, 1)), "", "", ""},
+		{"cdi-cri", cdiDefault, given(c(), names.StrategyCDICRI, 0, 1), "0,1", "", ""},
+		{"void", cdiDefault, ctr("c1", "p", "main", "NVIDIA_VISIBLE_DEVICES=void"), "", "", ""},
+		{"none", cdiDefault, ctr("c1", "p", "main", "NVIDIA_VISIBLE_DEVICES=none"), "", "", ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p, rec, m := newPlugin(t, func(c *Config) { c.DeviceListStrategies = tc.strategies })
+			adj, _, err := p.CreateContainer(context.Background(), &api.PodSandbox{Id: "p", Name: "pod-p", Namespace: "default"}, tc.ctr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := adj.GetAnnotations()[n.PodAssignedGPUsAnnotation()]; got != tc.wantGPUs {
+				t.Errorf("assigned %q, want %q", got, tc.wantGPUs)
+			}
+			if (tc.wantGPUs == "") != (len(rec.assigned) == 0) {
+				t.Errorf("recorded %+v", rec.assigned)
+			}
+			if got := envOf(adj)["NVIDIA_VISIBLE_DEVICES"]; got != tc.wantEnv {
+				t.Errorf("NVIDIA_VISIBLE_DEVICES adjusted to %q, want %q", got, tc.wantEnv)
+			}
+			for _, form := range []string{"all", "list", "volume-mounts"} {
+				want := 0.0
+				if form == tc.wantForm {
+					want = 1
+				}
+				if got := testutil.ToFloat64(m.EnvNeutralised.WithLabelValues(form)); got != want {
+					t.Errorf("env-neutralised{form=%s} = %v, want %v", form, got, want)
+				}
+			}
+		})
+	}
+}
+
+// The reviewer's case: under the GPU Operator's default strategies a pod with no GPU request
+// and NVIDIA_VISIBLE_DEVICES=0,…,7 used to book all 8 GPUs, locking out pinned pods.
+func TestAGPUListInTheEnvLocksOutNothing(t *testing.T) {
+	p, rec, _ := newPlugin(t, func(c *Config) { c.DeviceListStrategies = names.DefaultDeviceListStrategies })
+	ctx := context.Background()
+	greedy := ctr("g1", "g", "main", "NVIDIA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7")
+	adj, _, err := p.CreateContainer(ctx, &api.PodSandbox{Id: "g", Name: "greedy", Namespace: "default"}, greedy)
+	if err != nil || envOf(adj)["NVIDIA_VISIBLE_DEVICES"] != "void" || len(rec.assigned) != 0 {
+		t.Fatalf("greedy container: %v %v, booked %+v", envOf(adj), err, rec.assigned)
+	}
+	for _, d := range []int{0, 1} {
+		id := fmt.Sprint("tp", d)
+		if _, _, err := p.CreateContainer(ctx, pinnedPod(id, d, `{"vllm":4}`), given(ctr(id+"-c", id, "vllm"), names.StrategyCDICRI, 0, 1, 2, 3)); err != nil {
+			t.Fatalf("TP=4 in domain %d: %v", d, err)
+		}
+	}
+}
+
+// Under envvar the variable counts, so entitlement is what a pinned pod's annotation says: a
+// container given more is refused with both possible causes named; "all", which the device
+// plugin never writes but CUDA images set, becomes void.
+func TestEnvVarStrategyEntitlement(t *testing.T) {
+	p, rec, m := newPlugin(t, func(c *Config) { c.DeviceListStrategies = []string{names.StrategyEnvVar} })
+	ctx := context.Background()
+	pod := pinnedPod("a", 1, `{"vllm":2}`)
+	adj, _, err := p.CreateContainer(ctx, pod, envGiven("a1", "a", "vllm", 0, 1))
+	if err != nil || envOf(adj)["NVIDIA_VISIBLE_DEVICES"] != "GPU-4,GPU-5" {
+		t.Fatalf("GPU container: %v %v", envOf(adj), err)
+	}
+	adj, _, err = p.CreateContainer(ctx, pod, ctr("a2", "a", "sidecar", "NVIDIA_VISIBLE_DEVICES=all"))
+	if err != nil || envOf(adj)["NVIDIA_VISIBLE_DEVICES"] != "void" {
+		t.Fatalf("sidecar from a CUDA image: %v %v", envOf(adj), err)
+	}
+	_, _, err = p.CreateContainer(ctx, pod, ctr("a3", "a", "sidecar", "NVIDIA_VISIBLE_DEVICES=0,1"))
+	for _, want := range []string{
+		"annotation gpu.nvidia.com/container-gpus says 0 GPU(s) for this container but NVIDIA_VISIBLE_DEVICES=0,1 gives it 2",
+		"sets NVIDIA_VISIBLE_DEVICES itself, in its env or its image's, without requesting nvidia.com/gpu: remove the variable or set it to void",
+		"delete and recreate the pod so the webhook pins it",
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("sidecar listing GPUs: %v\nwant %q", err, want)
+		}
+	}
+	if len(rec.assigned) != 1 || testutil.ToFloat64(m.Refusals.WithLabelValues("annotation-mismatch")) != 1 || testutil.ToFloat64(m.EnvNeutralised.WithLabelValues("all")) != 1 {
+		t.Fatalf("assigned %+v", rec.assigned)
+	}
+}
+
+// System components in trusted namespaces run exactly as they are: dcgm-exporter's
+// NVIDIA_VISIBLE_DEVICES=all stays, a validator's GPU is not moved but is booked.
+func TestTrustedNamespacesAreLeftAsTheyAre(t *testing.T) {
+	p, _, _ := newPlugin(t, func(c *Config) {
+		c.DeviceListStrategies = names.DefaultDeviceListStrategies
+		c.TrustedNamespaces = names.DefaultTrustedNamespaces
+	})
+	ctx := context.Background()
+	cases := []struct {
+		pod     *api.PodSandbox
+		ctr     *api.Container
+		wantEnv string
+	}{
+		{&api.PodSandbox{Id: "d", Name: "dcgm-exporter", Namespace: "gpu-operator"}, ctr("d1", "d", "exporter", "NVIDIA_VISIBLE_DEVICES=all"), ""},
+		{&api.PodSandbox{Id: "v", Name: "cuda-validator", Namespace: "nvidia-gpu-operator"}, given(ctr("v1", "v", "cuda"), names.StrategyCDICRI, 0), ""},
+		{&api.PodSandbox{Id: "k", Name: "tool", Namespace: "kube-system"}, ctr("k1", "k", "smi", "NVIDIA_VISIBLE_DEVICES=0,1"), ""},
+		{&api.PodSandbox{Id: "x", Name: "tool", Namespace: "default"}, ctr("x1", "x", "smi", "NVIDIA_VISIBLE_DEVICES=all"), "void"},
+	}
+	for _, tc := range cases {
+		adj, upd, err := p.CreateContainer(ctx, tc.pod, tc.ctr)
+		if err != nil || upd != nil || envOf(adj)["NVIDIA_VISIBLE_DEVICES"] != tc.wantEnv || (tc.wantEnv == "" && adj != nil) {
+			t.Errorf("%s/%s: adjustment %v, %v; want NVIDIA_VISIBLE_DEVICES %q", tc.pod.Namespace, tc.pod.Name, adj, err, tc.wantEnv)
+		}
+	}
+	// The validator's GPU 0 is held while it runs.
+	_, _, err := p.CreateContainer(ctx, pinnedPod("t", 0, `{"vllm":4}`), given(ctr("t1", "t", "vllm"), names.StrategyCDICRI, 4, 5, 6, 7))
+	if err == nil || !strings.Contains(err.Error(), "0 by nvidia-gpu-operator/cuda-validator/cuda") {
+		t.Fatalf("TP=4 beside the validator: %v", err)
+	}
+}
+
+// migAndWhole is a container holding a MIG slice of GPU 0 (its CDI device brings /dev/nvidia0
+// and a capability node) and whole GPU whole, both by CDI.
+func migAndWhole(id, pod string, whole int) *api.Container {
+	c := given(ctr(id, pod, "cuda"), names.StrategyCDICRI, whole)
+	c.CDIDevices = append(c.CDIDevices, &api.CDIDevice{Name: "k8s.device-plugin.nvidia.com/mig=MIG-1c2a-4e"})
+	c.Linux.Devices = append(c.Linux.Devices, &api.LinuxDevice{Path: "/dev/nvidia0", Type: "c", Major: 195},
+		&api.LinuxDevice{Path: "/dev/nvidia-caps/nvidia-cap21", Type: "c", Major: 511, Minor: 21})
+	return c
+}
+
+// A container nvdomain cannot rewrite (a MIG slice beside a whole GPU, or an id the topology
+// does not know) keeps its devices, but its whole GPUs are booked, and it is refused while
+// another container holds them.
+func TestUntouchableContainersBookTheirWholeGPUs(t *testing.T) {
+	p, _, m := newPlugin(t)
+	ctx := context.Background()
+	if _, _, err := p.CreateContainer(ctx, pinnedPod("a", 1, `{"vllm":2}`), given(ctr("a1", "a", "vllm"), names.StrategyCDICRI, 0, 1)); err != nil {
+		t.Fatal(err)
+	}
+	plain := func(id string) *api.PodSandbox {
+		return &api.PodSandbox{Id: id, Name: "pod-" + id, Namespace: "default"}
+	}
+	unknown := envGiven("u1", "u", "cuda", 5)
+	unknown.Env[len(unknown.Env)-1] += ",GPU-not-on-this-node"
+	cases := []struct {
+		name    string
+		ctr     *api.Container
+		wantErr string
+		want    string // assigned-gpus of an admitted container
+	}{
+		{"MIG beside a held GPU", migAndWhole("m1", "m", 4), "it holds MIG device k8s.device-plugin.nvidia.com/mig=MIG-1c2a-4e, so its devices stay as the device plugin gave them, but its whole GPU(s) 4 are in use (4 by default/pod-a/vllm)", ""},
+		{"unknown id beside a held GPU", unknown, "but its whole GPU(s) 5 are in use (5 by default/pod-a/vllm)", ""},
+		{"MIG beside a free GPU", migAndWhole("m2", "m", 6), "", "6"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			adj, _, err := p.CreateContainer(ctx, plain(tc.ctr.PodSandboxId), tc.ctr)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v\nwant %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := adj.GetAnnotations()[n.PodAssignedGPUsAnnotation()]; got != tc.want || len(adj.Env) != 0 || adj.Linux != nil || len(adj.CDIDevices) != 0 || adj.Hooks != nil {
+				t.Fatalf("adjustment %+v, want only assigned-gpus %s", adj, tc.want)
+			}
+		})
+	}
+	if got := testutil.ToFloat64(m.Refusals.WithLabelValues("gpu-in-use")); got != 2 {
+		t.Errorf("gpu-in-use refusals = %v", got)
+	}
+	// GPU 6 is booked, GPU 0 (the MIG slice's parent) is not: domain 1 has only 7 left, and a
+	// TP=4 in domain 0 gets 0-3.
+	if _, _, err := p.CreateContainer(ctx, pinnedPod("b", 1, `{"vllm":2}`), given(ctr("b1", "b", "vllm"), names.StrategyCDICRI, 0, 1)); err == nil || !strings.Contains(err.Error(), "6 by default/pod-m/cuda") {
+		t.Errorf("TP=2 in domain 1: %v", err)
+	}
+	if _, _, err := p.CreateContainer(ctx, pinnedPod("c", 0, `{"vllm":4}`), given(ctr("c1", "c", "vllm"), names.StrategyCDICRI, 4, 5, 6, 7)); err != nil {
+		t.Errorf("TP=4 in domain 0: %v", err)
+	}
+	// After a restart, Synchronize books the same whole GPU from the devices alone.
+	running := migAndWhole("m3", "m", 6)
+	running.State = api.ContainerState_CONTAINER_RUNNING
+	if _, err := p.Synchronize(ctx, []*api.PodSandbox{plain("m")}, []*api.Container{running}); err != nil {
+		t.Fatal(err)
+	}
+	if got := p.Assignments(); len(got) != 1 || !slices.Equal(got[0].GPUs, []int{6}) {
+		t.Errorf("after Synchronize: %+v", got)
+	}
+}
+
+// A GPU's CDI device may list nodes every GPU shares; only per-GPU nodes are denied and handed
+// to the hook, which fails on anything else.
+func TestOnlyPerGPUNodesAreDeniedAndRemoved(t *testing.T) {
+	dir := t.TempDir()
+	mode := os.FileMode(0o666)
+	node := func(path string, major, minor int64) *cdispecs.DeviceNode {
+		return &cdispecs.DeviceNode{Path: path, Type: "c", Major: major, Minor: minor, FileMode: &mode}
+	}
+	spec := &cdispecs.Spec{Version: cdispec.Version, Kind: cdispec.DevicePluginGPU.String()}
+	for i := range 8 {
+		spec.Devices = append(spec.Devices, cdispecs.Device{Name: fmt.Sprintf("GPU-%d", i), ContainerEdits: cdispecs.ContainerEdits{DeviceNodes: []*cdispecs.DeviceNode{
+			node(fmt.Sprintf("/dev/nvidia%d", i), 195, int64(i)), node(fmt.Sprintf("/dev/dri/card%d", i+1), 226, int64(i+1)),
+			node("/dev/nvidiactl", 195, 255), node("/dev/nvidia-caps/nvidia-cap1", 511, 1),
+		}}})
+	}
+	if err := cdispec.Write(dir, cdispec.DevicePluginGPU, spec); err != nil {
+		t.Fatal(err)
+	}
+	p, _, _ := newPlugin(t, func(c *Config) { c.CDISpecDirs = []string{dir}; c.HookPath = "/opt/nvdomain/bin/nvdomain-nri-hook" })
+	adj, _, err := p.CreateContainer(context.Background(), pinnedPod("a", 1, `{"vllm":1}`), given(ctr("a1", "a", "vllm"), names.StrategyCDICRI, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var denied []string
+	for _, r := range adj.Linux.Resources.Devices {
+		denied = append(denied, fmt.Sprintf("%d:%d", r.Major.GetValue(), r.Minor.GetValue()))
+	}
+	if want := []string{"195:0", "226:1"}; !slices.Equal(denied, want) {
+		t.Errorf("denied %v, want %v", denied, want)
+	}
+	if len(adj.Hooks.CreateContainer) != 1 || !slices.Equal(adj.Hooks.CreateContainer[0].Args[1:], []string{"remove-devices", "/dev/nvidia0", "/dev/dri/card1"}) {
+		t.Errorf("hook %+v", adj.Hooks.CreateContainer)
+	}
+}
+
+// Only NVIDIA's CDI kinds (and the configured one) are NVIDIA GPUs.
+func TestOnlyNVIDIACDIKindsAreGPUs(t *testing.T) {
+	cases := []struct {
+		name string
+		want string // assigned-gpus; "untouched": passed as MIG; "": not a GPU container
+	}{
+		{"k8s.device-plugin.nvidia.com/gpu=GPU-1", "0"},
+		{"nvidia.com/gpu=GPU-1", "0"},
+		{"nvidia.com/gpu=2", "0"},
+		{"example.com/gpu=0", "0"}, // the configured kind below
+		{"amd.com/gpu=GPU-1", ""},
+		{"k8s.device-plugin.nvidia.com/nic=GPU-1", ""},
+		{"nvidia.com/gpu=0:1", "untouched"},
+		{"nvidia.com/mig=MIG-1c2a-4e", "untouched"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p, rec, m := newPlugin(t, func(c *Config) { c.CDIKind = cdispec.Kind{Vendor: "example.com", Class: "gpu"} })
+			c := ctr("c1", "p", "main")
+			c.CDIDevices = []*api.CDIDevice{{Name: tc.name}}
+			adj, _, err := p.CreateContainer(context.Background(), &api.PodSandbox{Id: "p", Name: "p", Namespace: "default"}, c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := adj.GetAnnotations()[n.PodAssignedGPUsAnnotation()]
+			if testutil.ToFloat64(m.Untouched) == 1 {
+				got = "untouched"
+			}
+			if got != tc.want {
+				t.Fatalf("got %q, want %q (recorded %+v)", got, tc.want, rec.assigned)
+			}
+		})
+	}
+}
+
+// Snapshot generations continue after the state file's, even when the wall clock stepped back
+// across the restart; otherwise the state file would refuse them until the clock caught up.
+func TestGenerationsContinueAfterTheLastWrittenOne(t *testing.T) {
+	last := time.Now().Add(time.Hour).UnixNano() // written before the clock stepped back an hour
+	p, rec, _ := newPlugin(t, func(c *Config) { c.LastGeneration = last })
+	if _, _, err := p.CreateContainer(context.Background(), pinnedPod("a", 1, `{"c":1}`), envGiven("a1", "a", "c", 0)); err != nil {
+		t.Fatal(err)
+	}
+	if rec.generation <= last {
+		t.Fatalf("generation %d does not follow the state file's %d", rec.generation, last)
+	}
+}
+
+// The GPU-info series go with exactly the labels they were set with, even after a topology
+// reload renamed the GPUs.
+func TestContainerGPUInfoLeavesNoSeriesAfterAGPURename(t *testing.T) {
+	p, _, m := newPlugin(t)
+	if _, _, err := p.CreateContainer(context.Background(), pinnedPod("a", 1, `{"vllm":2}`), envGiven("a1", "a", "vllm", 0, 1)); err != nil {
+		t.Fatal(err)
+	}
+	var renamed []topology.GPU
+	for i := range 8 {
+		renamed = append(renamed, topology.GPU{Index: i, UUID: fmt.Sprintf("GPU-replaced-%d", i)})
+	}
+	top, err := topology.FromDomains("simulated", renamed, [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.SetTopology(top); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.StopContainer(context.Background(), nil, ctr("a1", "a", "vllm")); err != nil {
+		t.Fatal(err)
+	}
+	if n := testutil.CollectAndCount(m.ContainerGPU); n != 0 {
+		t.Fatalf("%d series left after the container stopped", n)
 	}
 }

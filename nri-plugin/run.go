@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/containerd/nri/pkg/api"
 	"github.com/containerd/nri/pkg/stub"
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/nvdomain/nvdomain/pkg/cdispec"
 	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/nristate"
 	"github.com/nvdomain/nvdomain/pkg/probes"
 	"github.com/nvdomain/nvdomain/pkg/topology"
 	"github.com/nvdomain/nvdomain/pkg/topology/simulated"
@@ -44,6 +46,10 @@ type RunOptions struct {
 	CDISpecDirs []string
 	// DRA makes the plugin check, not rewrite (Config.DRA).
 	DRA bool
+	// DeviceListStrategies are the device plugin's, TrustedNamespaces those left alone
+	// (Config).
+	DeviceListStrategies []string
+	TrustedNamespaces    []string
 	// TopologyReload is how often the topology source is read again; a change is applied
 	// (the agent republishes the same change) unless running containers hold GPUs the new
 	// topology lacks. 0 reads it once.
@@ -89,7 +95,8 @@ func LoadTopology(ctx context.Context, o RunOptions) (*topology.Topology, error)
 	return top, nil
 }
 
-// Run connects to containerd's NRI socket and serves until ctx ends or the runtime goes away.
+// Run connects to containerd's NRI socket and serves until ctx ends, connecting again
+// whenever the runtime goes away (serve).
 func Run(ctx context.Context, o RunOptions, log logr.Logger) error {
 	top, err := LoadTopology(ctx, o)
 	if err != nil {
@@ -101,7 +108,12 @@ func Run(ctx context.Context, o RunOptions, log logr.Logger) error {
 		return err
 	}
 	reporters := Reporters{}
+	var lastGen int64
 	if o.StateFile != "" {
+		// A broken file is replaced by the first snapshot; it must not keep the plugin down.
+		if lastGen, err = nristate.LastGeneration(o.StateFile); err != nil {
+			log.Error(err, "read the state file's generation; starting from the clock")
+		}
 		reporters = append(reporters, NewStateFile(ctx, o.StateFile, log.WithName("state")))
 	}
 	if o.Report {
@@ -123,7 +135,8 @@ func Run(ctx context.Context, o RunOptions, log logr.Logger) error {
 			return fmt.Errorf("--hook-path %s: not an executable (%v); install nvdomain-nri-hook on the node there (the chart's install-hook init container does), or pass --hook-path= to leave removed GPUs' device nodes in place, denied by the device cgroup", o.HookPath, err)
 		}
 	}
-	p, err := New(Config{Names: o.Names, Topology: top, CDIKind: kind, SharedGPUs: o.SharedGPUs, HookPath: o.HookPath, CDISpecDirs: o.CDISpecDirs, DRA: o.DRA}, log, m, reporters)
+	p, err := New(Config{Names: o.Names, Topology: top, CDIKind: kind, SharedGPUs: o.SharedGPUs, HookPath: o.HookPath, CDISpecDirs: o.CDISpecDirs, DRA: o.DRA,
+		DeviceListStrategies: o.DeviceListStrategies, TrustedNamespaces: o.TrustedNamespaces, LastGeneration: lastGen}, log, m, reporters)
 	if err != nil {
 		return err
 	}
@@ -131,7 +144,9 @@ func Run(ctx context.Context, o RunOptions, log logr.Logger) error {
 		go reloadTopology(ctx, o, p, m, log.WithName("topology"))
 	}
 	if o.MetricsAddr != "" {
-		stop, err := probes.Serve(o.MetricsAddr, reg, nil, "")
+		// /readyz fails while the plugin is not connected and synchronized: containerd then
+		// refuses every GPU container that requires it, which the pod's readiness shows.
+		stop, err := probes.Serve(o.MetricsAddr, reg, p.Ready, "not connected to the runtime's NRI socket, or not synchronized with it yet")
 		if err != nil {
 			return err
 		}
@@ -147,13 +162,69 @@ func Run(ctx context.Context, o RunOptions, log logr.Logger) error {
 	if o.PluginIdx != "" {
 		opts = append(opts, stub.WithPluginIdx(o.PluginIdx))
 	}
-	s, err := stub.New(p, opts...)
-	if err != nil {
-		return fmt.Errorf("create NRI stub: %w", err)
-	}
 	log.Info("starting", "gpus", len(top.GPUs), "domains", len(top.Domains), "source", top.Source, "fingerprint", top.Fingerprint(),
-		"cdiKind", kind.String(), "sharedGPUs", o.SharedGPUs, "topologyReload", o.TopologyReload, "hookPath", o.HookPath, "cdiSpecDirs", o.CDISpecDirs, "dra", o.DRA)
-	return s.Run(ctx)
+		"cdiKind", kind.String(), "sharedGPUs", o.SharedGPUs, "topologyReload", o.TopologyReload, "hookPath", o.HookPath, "cdiSpecDirs", o.CDISpecDirs, "dra", o.DRA,
+		"deviceListStrategies", p.cfg.DeviceListStrategies, "trustedNamespaces", o.TrustedNamespaces, "lastGeneration", lastGen)
+	return serve(ctx, p, opts, defaultBackoff, log)
+}
+
+// Backoff spaces the attempts to connect to the runtime: Initial after a loss, doubling up to
+// Max while attempts fail.
+type Backoff struct{ Initial, Max time.Duration }
+
+// defaultBackoff reconnects fast: while the plugin is away, containerd refuses every GPU
+// container that requires it.
+var defaultBackoff = Backoff{Initial: 200 * time.Millisecond, Max: 5 * time.Second}
+
+// serve connects to the runtime and serves until ctx ends. The stub's Run returns when the
+// connection goes away (containerd restarted, or was not up yet); exiting then would put the
+// DaemonSet's pod into CrashLoopBackOff, whose growing delays keep GPU containers refused long
+// after containerd is back, so serve connects again in-process, with a fresh stub each time.
+// The books stay in memory meanwhile, and the runtime's Synchronize on the new connection
+// replaces them with what runs.
+//
+// A plugin containerd launched itself (pre-installed, NRI_PLUGIN_SOCKET set) got one end of a
+// socket pair it cannot dial again; containerd starts a new process when it restarts, so that
+// one exits.
+func serve(ctx context.Context, p *Plugin, opts []stub.Option, b Backoff, log logr.Logger) error {
+	if os.Getenv(api.PluginSocketEnvVar) != "" {
+		s, err := stub.New(p, opts...)
+		if err != nil {
+			return fmt.Errorf("create NRI stub: %w", err)
+		}
+		err = s.Run(ctx)
+		p.disconnected()
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("NRI connection from containerd closed: %w", err)
+	}
+	delay := b.Initial
+	for {
+		s, err := stub.New(p, append(opts, stub.WithOnClose(p.disconnected))...)
+		if err != nil {
+			return fmt.Errorf("create NRI stub: %w", err)
+		}
+		syncs := p.syncs.Load()
+		err = s.Run(ctx)
+		p.disconnected()
+		if ctx.Err() != nil {
+			return nil
+		}
+		if p.syncs.Load() != syncs {
+			// It was connected and synchronized: the runtime went away, so try at once-ish
+			// and back off only while it stays away.
+			delay = b.Initial
+			p.metrics.Reconnects.Inc()
+		}
+		log.Error(err, "not connected to the runtime's NRI socket; connecting again", "in", delay)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, b.Max)
+	}
 }
 
 // reloadTopology reads the topology source every o.TopologyReload and applies a change, so the

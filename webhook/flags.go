@@ -48,6 +48,7 @@ func (so *ServerOptions) AddFlags(fs *flag.FlagSet) (complete func() error) {
 	excluded := fs.String("exclude-namespaces", strings.Join(so.Handlers.ExcludedNamespaces, ","), "comma-separated namespaces never touched (add the webhook's own)")
 	fs.DurationVar(&so.ShutdownDelay, "shutdown-delay", so.ShutdownDelay, "after SIGTERM, how long to keep serving with readiness failing, so the Service's endpoints drop this replica before it closes (keep it under the pod's terminationGracePeriodSeconds)")
 	fs.BoolVar(&so.LeaderElection, "leader-elect", so.LeaderElection, "elect one replica to run the re-pin and template controllers (every replica serves admissions)")
+	fs.StringVar(&so.LeaderElectionID, "leader-election-id", so.LeaderElectionID, "name of the leader-election Lease; give each release in a namespace its own (the chart uses <release>-repin)")
 	fs.StringVar(&so.LeaderElectionNamespace, "leader-election-namespace", so.LeaderElectionNamespace, "namespace of the leader-election Lease (default $POD_NAMESPACE)")
 	so.Repin.AddFlags(fs)
 	cr := &so.CertRotation

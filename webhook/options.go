@@ -16,7 +16,7 @@ import (
 	"github.com/nvdomain/nvdomain/webhook/rules"
 )
 
-// NonTPMode says what the webhook does with GPU pods that are not tensor-parallel (DESIGN §3).
+// NonTPMode says what the webhook does with GPU pods that are not tensor-parallel (docs/architecture.md, Non-TP GPU pods).
 type NonTPMode string
 
 const (

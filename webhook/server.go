@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -124,7 +125,7 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 		}),
 		Metrics:                metricsserver.Options{BindAddress: so.MetricsAddr},
 		HealthProbeBindAddress: so.ProbeAddr,
-		LeaderElection:         so.LeaderElection && (so.Repin.Enabled || so.CertRotation.Secret != ""),
+		LeaderElection:         so.LeaderElection && so.leaderOnly(),
 		LeaderElectionID:       so.LeaderElectionID,
 		// The Lease is handed over at once on a clean shutdown, so a rolling update does not
 		// leave re-pinning idle for a lease duration.
@@ -144,6 +145,9 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 		return nil, nil, fmt.Errorf("register metrics: %w", err)
 	}
 	mut, val := NewHandlers(view, so.Handlers, metrics, log, scheme)
+	if err := certrotation.RegisterServedExpiry(reg, filepath.Join(so.CertDir, certs.CertFile)); err != nil {
+		return nil, nil, err
+	}
 	if cr := so.CertRotation; cr.Secret != "" {
 		ns, name, _ := strings.Cut(cr.Secret, "/")
 		// Secrets and webhook configurations are read directly, not through the informer

@@ -12,7 +12,7 @@ import (
 )
 
 func main() {
-	if err := devhook.Run(os.Args[1:]); err != nil {
+	if err := devhook.Run(os.Args[1:], os.Stderr); err != nil {
 		fmt.Fprintf(os.Stderr, "nvdomain-nri-hook: %v\n", err)
 		os.Exit(1)
 	}

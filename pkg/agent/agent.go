@@ -54,6 +54,8 @@ type Agent struct {
 	lastErr    string
 	stale      bool
 	unpinned   map[int]int
+	pinned     map[int]int // GPUs containers pinned to a domain hold, by the GPUs' domain
+	occupancy  occupancySeries
 	stateMTime time.Time
 	published  string // the last domain layout announced by an Event
 	// pluginTopology is the NRI plugin's topology fingerprint from its state file; mismatch
@@ -67,7 +69,7 @@ func New(o Options) *Agent {
 	if o.StatePoll == 0 {
 		o.StatePoll = time.Second
 	}
-	return &Agent{o: o, publisher: Publisher{Client: o.Client, Names: o.Names, Node: o.Node}, unpinned: map[int]int{}}
+	return &Agent{o: o, publisher: Publisher{Client: o.Client, Names: o.Names, Node: o.Node}, unpinned: map[int]int{}, pinned: map[int]int{}}
 }
 
 // Ready reports whether the agent has published a good topology at least once.
@@ -183,6 +185,7 @@ func (a *Agent) publish(ctx context.Context) error {
 		}
 	}
 	a.o.Metrics.Domains.Set(float64(len(a.lastGood.Domains)))
+	a.recordOccupancy()
 	a.ready.Store(true)
 	if layout := layoutOf(a.lastGood); layout != a.published {
 		a.published = layout
@@ -213,9 +216,11 @@ func (a *Agent) readNRIState() bool {
 	}
 	fi, err := os.Stat(a.o.NRIStateFile)
 	if err != nil {
-		if len(a.unpinned) > 0 {
-			a.unpinned, a.stateMTime = map[int]int{}, time.Time{}
-			return true
+		if len(a.unpinned) > 0 || len(a.pinned) > 0 {
+			changed := len(a.unpinned) > 0
+			a.unpinned, a.pinned, a.stateMTime = map[int]int{}, map[int]int{}, time.Time{}
+			a.recordOccupancy()
+			return changed
 		}
 		return false
 	}
@@ -244,6 +249,10 @@ func (a *Agent) readNRIState() bool {
 		changed = changed || a.unpinned[d] != v
 	}
 	a.unpinned = usage
+	// Pinned usage changes no published key, so the series are set here rather than on the
+	// next publish.
+	a.pinned = pinnedByDomain(doc, top)
+	a.recordOccupancy()
 	return changed
 }
 
@@ -260,6 +269,13 @@ type Metrics struct {
 	Stale     prometheus.Gauge
 	Mismatch  prometheus.Gauge
 	Domains   prometheus.Gauge
+	// DomainGPUs is each published domain's size and the GPUs containers hold there, from the
+	// NRI plugin's state file: what the dashboard's occupancy panels plot
+	// (charts/nvdomain/dashboards).
+	DomainGPUs *prometheus.GaugeVec
+	// GPUInfo maps each GPU's UUID to its domain, so that DCGM exporter's per-GPU series
+	// (labelled UUID) can be summed per domain with a join on UUID.
+	GPUInfo *prometheus.GaugeVec
 }
 
 // NewMetrics creates the series and registers them with reg.
@@ -270,8 +286,14 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		Stale:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "nvdomain_agent_topology_stale", Help: "1 while the source is invalid and the last good topology stays published."}),
 		Mismatch:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "nvdomain_agent_topology_mismatch", Help: "1 while the NRI plugin serves another topology than the agent publishes."}),
 		Domains:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "nvdomain_agent_domains", Help: "NVLink domains published for this node."}),
+		DomainGPUs: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "nvdomain_agent_domain_gpus",
+			Help: "GPUs of a published domain, by state: capacity (the domain's size), pinned (held by containers pinned to it), unpinned (held by containers without a domain)."},
+			[]string{"node", "domain", "state"}),
+		GPUInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "nvdomain_agent_gpu_info",
+			Help: "1 for each GPU of the published topology, with its UUID and domain (\"none\" outside every domain); join DCGM exporter's series on UUID to sum them per domain."},
+			[]string{"node", "gpu", "UUID", "domain"}),
 	}
-	for _, c := range []prometheus.Collector{m.Publishes, m.Errors, m.Stale, m.Mismatch, m.Domains} {
+	for _, c := range []prometheus.Collector{m.Publishes, m.Errors, m.Stale, m.Mismatch, m.Domains, m.DomainGPUs, m.GPUInfo} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

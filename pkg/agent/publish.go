@@ -1,5 +1,6 @@
 // Package agent is nvdomain's node agent: it turns this node's topology into the labels,
-// annotations and per-domain extended resources of DESIGN §2, and keeps them true. On a DRA
+// annotations and per-domain extended resources of docs/architecture.md (Names), and keeps
+// them true. On a DRA
 // node (--dra) it runs the DRA driver of package dra instead of publishing extended resources. It owns
 // only its own keys (those the names package can parse back), removes the ones that no longer
 // apply, never touches anyone else's, re-asserts everything on a period and on change, keeps

@@ -17,8 +17,8 @@ import (
 	"github.com/nvdomain/nvdomain/pkg/topology/source"
 )
 
-// ConfigMapSource watches one ConfigMap through the API (seed 000: "the device plugin reads
-// this ConfigMap to emulate the NVSwitch structure") and reads this node's entry from its
+// ConfigMapSource watches one ConfigMap through the API (the simulated topology, which stands
+// in for NVSwitch hardware on nodes without it) and reads this node's entry from its
 // topology.json key. Every change of the ConfigMap signals Changes.
 type ConfigMapSource struct {
 	Namespace, Name, Node string

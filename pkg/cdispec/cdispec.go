@@ -36,8 +36,20 @@ func (k Kind) String() string { return k.Vendor + "/" + k.Class }
 // Device names one device of a kind: vendor/class=id.
 func (k Kind) Device(id string) string { return k.String() + "=" + id }
 
-// DevicePluginGPU is the kind NVIDIA's device plugin names whole GPUs with.
+// DevicePluginGPU is the kind NVIDIA's device plugin names whole GPUs with; the simulated
+// GPUs this package describes are published under it too, so containerd resolves the names
+// the simulated device plugin hands out exactly as it would NVIDIA's.
 var DevicePluginGPU = Kind{names.DevicePluginCDIVendor, names.CDIClassGPU}
+
+// NVIDIAGPU is the kind of the spec the NVIDIA Container Toolkit generates (nvidia-ctk cdi
+// generate), which NVIDIA's DRA driver and hand-written CDI requests use.
+var NVIDIAGPU = Kind{names.NVIDIACDIVendor, names.CDIClassGPU}
+
+// IsNVIDIAVendor reports whether a CDI vendor is one of NVIDIA's: only their devices are
+// NVIDIA GPUs, whatever another vendor calls its class.
+func IsNVIDIAVendor(vendor string) bool {
+	return vendor == names.NVIDIACDIVendor || vendor == names.DevicePluginCDIVendor
+}
 
 // ParseName splits a fully qualified CDI device name vendor/class=id.
 func ParseName(s string) (Kind, string, bool) {

@@ -93,23 +93,11 @@ func New(o Options) (*Plugin, error) {
 	return p, nil
 }
 
-// DefaultStrategies are the GPU Operator's (v25.10 and later).
-var DefaultStrategies = []string{names.StrategyCDIAnnotations, names.StrategyCDICRI}
+// DefaultStrategies are the GPU Operator's (v25.10 and later), shared with the NRI plugin.
+var DefaultStrategies = names.DefaultDeviceListStrategies
 
 // ValidateStrategies checks a --device-list-strategy list.
-func ValidateStrategies(ss []string) error {
-	if len(ss) == 0 {
-		return errors.New("--device-list-strategy: give at least one of envvar, volume-mounts, cdi-annotations, cdi-cri")
-	}
-	for _, s := range ss {
-		switch s {
-		case names.StrategyEnvVar, names.StrategyVolumeMounts, names.StrategyCDIAnnotations, names.StrategyCDICRI:
-		default:
-			return fmt.Errorf("--device-list-strategy: %q is not one of envvar, volume-mounts, cdi-annotations, cdi-cri", s)
-		}
-	}
-	return nil
-}
+func ValidateStrategies(ss []string) error { return names.ValidateDeviceListStrategies(ss) }
 
 func (p *Plugin) usesCDI() bool {
 	return slices.Contains(p.o.Strategies, names.StrategyCDIAnnotations) || slices.Contains(p.o.Strategies, names.StrategyCDICRI)

@@ -38,7 +38,7 @@ func ParseCDIMode(s string) (CDIMode, error) {
 var CDIKind = cdispec.Kind{Vendor: names.DRADriver, Class: names.CDIClassGPU}
 
 // NVIDIAKind is the kind of NVIDIA's own CDI spec (nvidia-ctk cdi generate).
-var NVIDIAKind = cdispec.Kind{Vendor: "nvidia.com", Class: names.CDIClassGPU}
+var NVIDIAKind = cdispec.NVIDIAGPU
 
 // cdiIDSeparator joins a claim UID and a device name in a CDI device id. A claim UID is
 // hexadecimal with dashes, so it never holds the separator.

@@ -109,8 +109,13 @@ func MIGResource(profile string) string {
 const (
 	// VisibleDevicesEnv is the variable the NVIDIA container toolkit reads (envvar strategy);
 	// CDI specs set it to VisibleDevicesVoid so the toolkit adds nothing of its own.
+	// VisibleDevicesNone gives no GPU (but the driver's libraries); VisibleDevicesAll every
+	// GPU of the node, which NVIDIA's device plugin never writes (it lists ids), and which
+	// CUDA base images set in their own environment.
 	VisibleDevicesEnv  = "NVIDIA_VISIBLE_DEVICES"
 	VisibleDevicesVoid = "void"
+	VisibleDevicesNone = "none"
+	VisibleDevicesAll  = "all"
 	// VolumeMountsDir is where the volume-mounts strategy bind-mounts one /dev/null per GPU,
 	// named by the GPU's id; NVIDIA_VISIBLE_DEVICES then names this directory.
 	VolumeMountsDir = "/var/run/nvidia-container-devices"
@@ -120,9 +125,15 @@ const (
 	DevicePluginCDIVendor = "k8s.device-plugin.nvidia.com"
 	CDIClassGPU           = "gpu"
 	CDIClassMIG           = "mig"
-	// CDIAnnotationPrefix starts the pod annotations that carry CDI device names
+	// NVIDIACDIVendor is the vendor of the CDI spec the NVIDIA Container Toolkit generates
+	// (nvidia-ctk cdi generate) and NVIDIA's DRA driver uses: nvidia.com/gpu=<uuid|index>, and
+	// MIG devices as nvidia.com/gpu=<gpu>:<mig> or by their MIG- UUID.
+	NVIDIACDIVendor = "nvidia.com"
+	// CDIAnnotationPrefix starts the annotations that carry CDI device names
 	// (cdi-annotations strategy); the device plugin's key is
-	// cdi.k8s.io/nvidia-device-plugin_<id>.
+	// cdi.k8s.io/nvidia-device-plugin_<id>. The kubelet puts a device plugin's annotations on
+	// the CRI container config (not on the pod), containerd applies the CDI devices they name,
+	// and NRI plugins see them among the container's annotations.
 	CDIAnnotationPrefix = "cdi.k8s.io/"
 	// DevicePluginCDIAnnotationKey is the device plugin's annotation key before its id.
 	DevicePluginCDIAnnotationKey = CDIAnnotationPrefix + "nvidia-device-plugin_"
@@ -140,6 +151,43 @@ const (
 	StrategyCDICRI         = "cdi-cri"
 )
 
+// DefaultDeviceListStrategies are the GPU Operator's (v25.10 and later). The simulated device
+// plugin and the NRI plugin share this default, so both read the same strategies unless told
+// otherwise.
+var DefaultDeviceListStrategies = []string{StrategyCDIAnnotations, StrategyCDICRI}
+
+// ParseDeviceListStrategies reads a --device-list-strategy value: a comma-separated list of
+// the Strategy* names.
+func ParseDeviceListStrategies(s string) ([]string, error) {
+	var out []string
+	for _, part := range strings.Split(s, ",") {
+		if part = strings.TrimSpace(part); part != "" {
+			out = append(out, part)
+		}
+	}
+	return out, ValidateDeviceListStrategies(out)
+}
+
+// ValidateDeviceListStrategies checks a list of device list strategies.
+func ValidateDeviceListStrategies(ss []string) error {
+	if len(ss) == 0 {
+		return fmt.Errorf("--device-list-strategy: give at least one of %s, %s, %s, %s", StrategyEnvVar, StrategyVolumeMounts, StrategyCDIAnnotations, StrategyCDICRI)
+	}
+	for _, s := range ss {
+		switch s {
+		case StrategyEnvVar, StrategyVolumeMounts, StrategyCDIAnnotations, StrategyCDICRI:
+		default:
+			return fmt.Errorf("--device-list-strategy: %q is not one of %s, %s, %s, %s", s, StrategyEnvVar, StrategyVolumeMounts, StrategyCDIAnnotations, StrategyCDICRI)
+		}
+	}
+	return nil
+}
+
+// DefaultTrustedNamespaces are where the NRI plugin leaves containers exactly as they are:
+// kube-system, and the namespaces the NVIDIA GPU Operator installs into (its dcgm-exporter and
+// validators set NVIDIA_VISIBLE_DEVICES=all on purpose). The chart adds its own namespace.
+var DefaultTrustedNamespaces = []string{"kube-system", "gpu-operator", "nvidia-gpu-operator"}
+
 // NRI's default validator refuses a container that a plugin its pod requires did not see.
 const (
 	// NRIPluginName is the name nvdomain's NRI plugin registers under (without its index).
@@ -148,12 +196,27 @@ const (
 	// RequiredPluginsContainerInfix and the container's name.
 	RequiredPluginsAnnotation     = "required-plugins.noderesource.dev"
 	RequiredPluginsContainerInfix = "/container."
+	// RequiredPluginsPod is the pod-scoped key: it applies to every container that has no
+	// container-scoped key of its own (NRI's GetEffectiveAnnotation).
+	RequiredPluginsPod = RequiredPluginsAnnotation + "/pod"
 )
 
+// maxAnnotationNamePart is the apiserver's limit on the part of an annotation key after the
+// prefix's slash (a qualified name).
+const maxAnnotationNamePart = 63
+
 // RequiredPluginsFor is the pod annotation that makes containerd refuse the named container
-// unless nvdomain's NRI plugin handles its creation.
+// unless nvdomain's NRI plugin handles its creation. A container name longer than 53
+// characters cannot fit the container-scoped key (the apiserver would reject the pod), so
+// such a container gets the pod-scoped key, which also applies to the pod's other containers
+// that have no key of their own: they then need the plugin too, which costs nothing while it
+// runs.
 func RequiredPluginsFor(container string) string {
-	return RequiredPluginsAnnotation + RequiredPluginsContainerInfix + container
+	key := RequiredPluginsAnnotation + RequiredPluginsContainerInfix + container
+	if len(key)-len(RequiredPluginsAnnotation)-1 > maxAnnotationNamePart {
+		return RequiredPluginsPod
+	}
+	return key
 }
 
 // Default prefixes, the ones charts/nvdomain/values.yaml ships.

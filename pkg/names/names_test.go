@@ -4,6 +4,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 func TestDefaultNames(t *testing.T) {
@@ -111,5 +113,26 @@ func TestMIGResource(t *testing.T) {
 	}
 	if SharedGPUResource != "nvidia.com/gpu.shared" {
 		t.Errorf("SharedGPUResource = %q", SharedGPUResource)
+	}
+}
+
+func TestRequiredPluginsKeyIsAlwaysAValidAnnotation(t *testing.T) {
+	cases := []struct {
+		container string
+		want      string
+	}{
+		{"vllm", "required-plugins.noderesource.dev/container.vllm"},
+		{strings.Repeat("a", 53), "required-plugins.noderesource.dev/container." + strings.Repeat("a", 53)},
+		{strings.Repeat("a", 54), "required-plugins.noderesource.dev/pod"},
+		{strings.Repeat("a", 63), "required-plugins.noderesource.dev/pod"},
+	}
+	for _, tc := range cases {
+		got := RequiredPluginsFor(tc.container)
+		if got != tc.want {
+			t.Errorf("RequiredPluginsFor(%d chars) = %q, want %q", len(tc.container), got, tc.want)
+		}
+		if errs := validation.IsQualifiedName(got); len(errs) > 0 {
+			t.Errorf("RequiredPluginsFor(%d chars) = %q: not a valid annotation key: %v", len(tc.container), got, errs)
+		}
 	}
 }

@@ -7,7 +7,9 @@ package nristate
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -109,6 +111,21 @@ func Read(path string) (*Doc, error) {
 		return nil, fmt.Errorf("NRI state file %s: %w", path, err)
 	}
 	return &doc, nil
+}
+
+// LastGeneration is the generation of the snapshot in the file, 0 when there is no file yet. A
+// plugin that starts continues after it: stamping with the wall clock alone, its snapshots
+// would be refused as older (Write) after the clock stepped back across its restart, until
+// the clock caught up.
+func LastGeneration(path string) (int64, error) {
+	doc, err := Read(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	return doc.Generation, nil
 }
 
 // UnpinnedByDomain sums, per domain id, the GPUs that containers without a domain hold.

@@ -74,3 +74,30 @@ func TestReadErrors(t *testing.T) {
 		t.Errorf("error = %v, want it to name the file", err)
 	}
 }
+
+func TestLastGeneration(t *testing.T) {
+	dir := t.TempDir()
+	written := filepath.Join(dir, "nri-state.json")
+	if ok, err := Write(written, Doc{Generation: 42}); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	broken := filepath.Join(dir, "broken.json")
+	if err := os.WriteFile(broken, []byte("{"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		path    string
+		want    int64
+		wantErr bool
+	}{
+		{written, 42, false},
+		{filepath.Join(dir, "none.json"), 0, false}, // first start on the node
+		{broken, 0, true},
+	}
+	for _, tc := range cases {
+		got, err := LastGeneration(tc.path)
+		if got != tc.want || (err != nil) != tc.wantErr {
+			t.Errorf("%s: %d, %v; want %d, error %v", filepath.Base(tc.path), got, err, tc.want, tc.wantErr)
+		}
+	}
+}

@@ -100,7 +100,7 @@ func parentScore(off, s, n, ownFree int, countFree func(lo, hi int) int) []int {
 // should spend the GPUs that serve tensor-parallel pods least:
 //  1. every free GPU in no domain first;
 //  2. the rest from the domain where it fits tightest (fewest free GPUs left, then the more
-//     used domain, then the lower id), as aligned as ChooseGPUs can make it. DESIGN §3 says
+//     used domain, then the lower id), as aligned as ChooseGPUs can make it. The design asks for
 //     "the most-used domain that fits"; tightest fit is that rule made precise for domains of
 //     different sizes: 2 GPUs into a 4-GPU domain with 2 free beats 2 GPUs into an 8-GPU
 //     domain with 4 used, because the latter breaks the last 4-GPU block;

@@ -1,7 +1,8 @@
 // Package topology is nvdomain's model of one node's GPUs and NVLink domains, and the one
 // place where domains are computed from link information. The three discovery sources
 // (topomatrix, nvmltopo, simulated) only gather GPUs and links; they all end in New or
-// FromDomains here, so the same hardware always yields the same domains and ids (DESIGN §1).
+// FromDomains here, so the same hardware always yields the same domains and ids: the webhook pins pods to an
+// id, so every component and every restart must number domains alike.
 package topology
 
 import (
@@ -188,7 +189,7 @@ func sortGPUs(gpus []GPU) ([]GPU, error) {
 	return sorted, nil
 }
 
-// assemble numbers the groups by their lowest GPU (DESIGN §1: deterministic ids) and fills the
+// assemble numbers the groups by their lowest GPU (deterministic ids: see the package comment) and fills the
 // back-references. groups must be disjoint, sorted inside, over known GPUs.
 func assemble(source string, gpus []GPU, groups [][]int, warnings []string) *Topology {
 	slices.SortFunc(groups, func(a, b []int) int { return a[0] - b[0] })

@@ -116,6 +116,18 @@ func TestBadValuesAreRejected(t *testing.T) {
 	}
 }
 
+// Values written for an older release still upgrade: removed settings the schema would
+// otherwise refuse are accepted and ignored.
+func TestOlderReleasesValuesStillRender(t *testing.T) {
+	out, err := render(t, "--set", "node.nri.naming=uuid")
+	if err != nil {
+		t.Fatalf("helm template with node.nri.naming: %v", err)
+	}
+	if strings.Contains(out, "--naming") {
+		t.Error("the ignored node.nri.naming reached the plugin's arguments")
+	}
+}
+
 func decodeAll(t *testing.T, doc string) (muts []admissionregv1.MutatingWebhookConfiguration, vals []admissionregv1.ValidatingWebhookConfiguration) {
 	t.Helper()
 	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(doc), 4096)
@@ -269,7 +281,7 @@ func TestChartPoliciesMatchManifests(t *testing.T) {
 		return out
 	}
 	got, want := specs(rendered), specs(string(manifest))
-	if len(got) != 4 || !reflect.DeepEqual(got, want) {
+	if len(got) != 6 || !reflect.DeepEqual(got, want) {
 		t.Fatalf("chart policies and manifests/policies differ (regenerate the manifest):\nchart     %v\nmanifests %v", got, want)
 	}
 }

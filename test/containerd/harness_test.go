@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/nvdomain/nvdomain/pkg/cdispec"
+	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/topology"
 	"github.com/nvdomain/nvdomain/test/hostclean"
 	"github.com/nvdomain/nvdomain/test/localcluster"
@@ -44,7 +45,9 @@ type node struct {
 	plugin     *exec.Cmd
 	pluginBin  string
 	topology   string
-	started    int
+	// registrations counts the plugin's registrations seen in containerd's log, to tell a
+	// new one from an old log line.
+	registrations int
 }
 
 func run(t testing.TB, name string, args ...string) string {
@@ -122,7 +125,8 @@ func (n *node) writeConfig() {
 }
 
 func (n *node) startContainerd() {
-	logf, err := os.Create(n.path("containerd.log"))
+	// Appended to: a restarted containerd's log follows its predecessor's.
+	logf, err := os.OpenFile(n.path("containerd.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		n.t.Fatal(err)
 	}
@@ -197,24 +201,37 @@ func (n *node) writeSeedTopology() string {
 	return p
 }
 
-// startPlugin runs the plugin as an external NRI plugin and waits until containerd lists it.
-func (n *node) startPlugin() {
+// allStrategies is what the plugin is told the device plugin uses unless a test says
+// otherwise: the tests hand containers GPUs in every form a device plugin can.
+var allStrategies = names.StrategyEnvVar + "," + names.StrategyVolumeMounts + "," + names.StrategyCDIAnnotations + "," + names.StrategyCDICRI
+
+// startPlugin runs the plugin as an external NRI plugin and waits until containerd lists it;
+// args are added to (and override) its flags.
+func (n *node) startPlugin(args ...string) {
 	logf, err := os.OpenFile(n.path("plugin.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		n.t.Fatal(err)
 	}
-	cmd := exec.Command(n.pluginBin, "--topology-file", n.topology, "--socket-path", n.path("nri.sock"),
+	cmd := exec.Command(n.pluginBin, append([]string{"--topology-file", n.topology, "--socket-path", n.path("nri.sock"),
 		"--plugin-name", "nvdomain", "--plugin-idx", "10", "--report=false", "--state-file", n.path("nri-state.json"),
-		"--hook-path", n.path("nvdomain-nri-hook"), "--cdi-spec-dirs", localcluster.CDISpecDir(n.dir))
+		"--hook-path", n.path("nvdomain-nri-hook"), "--cdi-spec-dirs", localcluster.CDISpecDir(n.dir),
+		"--device-list-strategy", allStrategies}, args...)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		n.t.Fatal(err)
 	}
 	n.plugin = cmd
+	n.waitForRegistration()
+}
+
+// waitForRegistration waits until containerd's log shows one more registration of the plugin
+// than it has seen so far.
+func (n *node) waitForRegistration() {
+	n.t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		log, _ := os.ReadFile(n.path("containerd.log"))
-		if strings.Count(string(log), `plugin \"10-nvdomain\" connected and synchronized`) > n.pluginStarts() {
+		if strings.Count(string(log), `plugin \"10-nvdomain\" connected and synchronized`) > n.registrations {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -223,12 +240,8 @@ func (n *node) startPlugin() {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	n.started++
+	n.registrations++
 }
-
-// pluginStarts counts how many times this test started the plugin, to tell a new registration
-// from an old log line.
-func (n *node) pluginStarts() int { return n.started }
 
 // killPlugin is kill -9: the plugin gets no chance to say goodbye.
 func (n *node) killPlugin() {
@@ -253,6 +266,7 @@ func (n *node) crictl(args ...string) (string, error) {
 
 type podSpec struct {
 	name        string
+	namespace   string // default when empty
 	annotations map[string]string
 	labels      map[string]string
 }
@@ -260,8 +274,12 @@ type podSpec struct {
 // runPod starts a hostNetwork pod sandbox (no CNI needed) and returns its id and config file.
 func (n *node) runPod(p podSpec) (string, string) {
 	n.t.Helper()
+	ns := p.namespace
+	if ns == "" {
+		ns = "default"
+	}
 	cfg := map[string]any{
-		"metadata":      map[string]any{"name": p.name, "namespace": "default", "uid": "uid-" + p.name, "attempt": 0},
+		"metadata":      map[string]any{"name": p.name, "namespace": ns, "uid": "uid-" + p.name, "attempt": 0},
 		"labels":        p.labels,
 		"annotations":   p.annotations,
 		"log_directory": n.path("logs"),
@@ -351,6 +369,24 @@ func (n *node) envOf(ctrID, key string) string {
 		}
 	}
 	return ""
+}
+
+// stopContainerd stops containerd the way a service manager restarting it does (SIGTERM);
+// the shims, and so the containers, keep running.
+func (n *node) stopContainerd() {
+	n.t.Helper()
+	if n.containerd == nil || n.containerd.Process == nil {
+		return
+	}
+	_ = n.containerd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _ = n.containerd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		n.t.Fatal("containerd did not stop on SIGTERM")
+	}
+	n.containerd = nil
 }
 
 // teardown stops everything this node started and leaves no process, mount or cgroup behind.

@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	cdi "tags.cncf.io/container-device-interface/specs-go"
@@ -199,5 +200,85 @@ func TestContainerRefusedWhileNRIPluginDownThenRuns(t *testing.T) {
 	_, err = n.createContainerWith(sneaky, scfg, "main", ctrDevices{})
 	if err == nil || !strings.Contains(err.Error(), "says 4 GPU(s) for this container but the device plugin allocated 0") {
 		t.Fatalf("hand-annotated pod: %v", err)
+	}
+}
+
+// TestEnvNamingGPUsIsNeutralisedUnderTheCDIStrategies: under the GPU Operator's default
+// strategies, NVIDIA_VISIBLE_DEVICES that a pod sets itself is worth nothing: the container
+// runs with void (the toolkit, which would have injected the GPUs it names, adds none) and
+// books no GPU, so pinned pods are not locked out; in a trusted namespace it stays as it is.
+func TestEnvNamingGPUsIsNeutralisedUnderTheCDIStrategies(t *testing.T) {
+	n := startNode(t)
+	n.startPlugin("--device-list-strategy", strings.Join(names.DefaultDeviceListStrategies, ","))
+	var all []string
+	for g := range 8 {
+		all = append(all, fmt.Sprintf("GPU-seed-%d", g))
+	}
+	cases := []struct {
+		pod     podSpec
+		env     string
+		wantEnv string
+	}{
+		{podSpec{name: "greedy"}, strings.Join(all, ","), "void"},
+		{podSpec{name: "cuda-image"}, "all", "void"},
+		{podSpec{name: "dcgm-exporter", namespace: "gpu-operator"}, "all", "all"},
+	}
+	for _, tc := range cases {
+		pod, cfg := n.runPod(tc.pod)
+		id, err := n.createContainer(pod, cfg, "main", tc.env)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.pod.name, err)
+		}
+		if _, err := n.crictl("start", id); err != nil {
+			t.Fatal(err)
+		}
+		if got := n.envOf(id, names.VisibleDevicesEnv); got != tc.wantEnv {
+			t.Errorf("%s: NVIDIA_VISIBLE_DEVICES=%q inside, want %q", tc.pod.name, got, tc.wantEnv)
+		}
+		if got := n.gpuNodes(id); len(got) != 0 {
+			t.Errorf("%s: GPU device nodes %v", tc.pod.name, got)
+		}
+	}
+	for d := range 2 {
+		pod, cfg := n.runPod(requirePlugin(tpPod(fmt.Sprint("tp4-", d), d, 4), "vllm"))
+		if _, err := n.createContainerWith(pod, cfg, "vllm", devicePluginAnswer(names.StrategyCDICRI, 0, 1, 2, 3)); err != nil {
+			t.Fatalf("TP=4 in domain %d beside the greedy pod: %v", d, err)
+		}
+	}
+}
+
+// TestPluginReconnectsAfterContainerdRestarts: containerd restarting closes the plugin's
+// connection; the plugin process connects to the new containerd, which synchronizes it with
+// the containers that kept running, and serves the next creation.
+func TestPluginReconnectsAfterContainerdRestarts(t *testing.T) {
+	n := startNode(t)
+	n.startPlugin()
+	pod, cfg := n.runPod(requirePlugin(tpPod("tp2-a", 1, 2), "vllm"))
+	id, err := n.createContainerWith(pod, cfg, "vllm", devicePluginAnswer(names.StrategyCDICRI, 0, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.crictl("start", id); err != nil {
+		t.Fatal(err)
+	}
+	n.stopContainerd()
+	for _, sock := range []string{"nri.sock", "c.sock"} {
+		_ = os.Remove(n.path(sock))
+	}
+	n.startContainerd()
+	n.waitForRegistration()
+	if err := n.plugin.Process.Signal(syscall.Signal(0)); err != nil {
+		t.Fatalf("the plugin process is gone: %v", err)
+	}
+	pod2, cfg2 := n.runPod(requirePlugin(tpPod("tp2-b", 1, 2), "vllm"))
+	id2, err := n.createContainerWith(pod2, cfg2, "vllm", devicePluginAnswer(names.StrategyCDICRI, 0, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.crictl("start", id2); err != nil {
+		t.Fatal(err)
+	}
+	if got := n.gpuNodes(id2); !slices.Equal(got, []string{"/dev/nvidia6", "/dev/nvidia7"}) {
+		t.Fatalf("after containerd restarted: %v; 4,5 are tp2-a's", got)
 	}
 }

@@ -8,10 +8,15 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"os"
-	"slices"
+	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -111,6 +116,14 @@ func TestSeedScenariosEndToEnd(t *testing.T) {
 		}
 	}
 
+	// status and explain on the cluster: after the seed scenarios, and for a stranded pod.
+	cliRep, err := c.RunCLI(ctx, os.Stderr, rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cliRep.Write(os.Stderr)
+	checkCLI(t, cliRep, rep)
+
 	// Day 2: a rolling update and stranded waiters.
 	d2, err := c.RunDay2(ctx, os.Stderr, rep)
 	if err != nil {
@@ -169,14 +182,148 @@ func TestSeedScenariosEndToEnd(t *testing.T) {
 		t.Errorf("TP pod with a GPU init container: %+v (%v)", ns.InitTP, err)
 	}
 
+	running := processesUnder(c.Dir)
 	c.Stop()
 	// Teardown leaves nothing behind.
-	out, _ := os.ReadFile("/proc/self/mountinfo")
-	if strings.Contains(string(out), c.Dir) {
-		t.Errorf("mounts left under %s", c.Dir)
+	checkTornDown(t, c, running)
+}
+
+// checkCLI checks what nvdomain status and explain said about the cluster.
+func checkCLI(t *testing.T, r *localcluster.CLIReport, rep *localcluster.Report) {
+	t.Helper()
+	status := r.Step("nvdomain status")
+	for _, d := range []string{"0", "1"} {
+		if !regexp.MustCompile(`(?m)^localhost\s+` + d + `\s+4\s`).MatchString(status) {
+			t.Errorf("nvdomain status has no row for domain %s of size 4:\n%s", d, status)
+		}
+	}
+	running := r.Step("nvdomain explain " + r.Running)
+	var domain string
+	for _, p := range rep.Final {
+		if p.Name == r.Running {
+			domain = p.Domain
+		}
+	}
+	for _, want := range []string{`(?m)^Phase:\s+Running`, `(?m)^Node:\s+localhost$`, `(?m)^Domain:\s+` + domain + `, pinned by nvdomain's webhook`} {
+		if !regexp.MustCompile(want).MatchString(running) {
+			t.Errorf("nvdomain explain %s does not match %s:\n%s", r.Running, want, running)
+		}
+	}
+	var stranded string
+	for _, s := range r.Steps {
+		if strings.HasPrefix(s.Command, "nvdomain status") {
+			stranded = s.Output // the last status, taken while tp4 is stranded
+		}
+	}
+	// NODE DOMAIN SIZE USED FREE PODS WAITING STRANDED: tp4 waits, stranded, in its domain's row.
+	if !regexp.MustCompile(`(?m)^localhost\s+` + r.StrandedDomain + `\s+4\s+\d+\s+\d+\s+\d+\s+1\s+1\s`).MatchString(stranded) {
+		t.Errorf("nvdomain status does not show tp4 waiting and stranded in domain %s:\n%s", r.StrandedDomain, stranded)
+	}
+	explain := r.Step("nvdomain explain " + r.Stranded)
+	for _, want := range []string{"Pending", "re-pin: stranded: domain " + r.Freed + " has room on node localhost", "Stranded"} {
+		if !strings.Contains(explain, want) {
+			t.Errorf("nvdomain explain %s lacks %q:\n%s", r.Stranded, want, explain)
+		}
+	}
+	if !strings.Contains(r.StrandedEvent, "kubectl replace --force") {
+		t.Errorf("Stranded Event on tp4: %q", r.StrandedEvent)
+	}
+}
+
+// TestKeptClusterStopsWithMakeDown: a cluster started with Keep (KEEP=1 make demo) survives
+// Stop, and Down (`make down`, from the state file alone) then leaves no process, mount,
+// cgroup, file or kernel setting of it behind.
+func TestKeptClusterStopsWithMakeDown(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	c, err := localcluster.Start(ctx, localcluster.Options{Log: os.Stderr, Keep: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := false
+	defer func() {
+		if !down {
+			_, _ = localcluster.Down(os.Stderr)
+		}
+	}()
+	// A running pod gives the teardown something to clean: a shim, overlay and tmpfs mounts,
+	// pod cgroups.
+	manifest := filepath.Join(t.TempDir(), "sleeper.yaml")
+	pod := fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata: {name: sleeper, namespace: default}
+spec:
+  hostNetwork: true
+  terminationGracePeriodSeconds: 1
+  containers:
+    - {name: sleep, image: %s, command: [/bin/sh, -c, "trap 'exit 0' TERM; while true; do sleep 1; done"]}
+`, localcluster.BusyboxImage)
+	if err := os.WriteFile(manifest, []byte(pod), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, errOut, err := c.Kubectl("apply", "-f", manifest); err != nil {
+		t.Fatalf("apply the pod: %v: %s", err, errOut)
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		phase, _, _ := c.Kubectl("get", "pod", "sleeper", "-o", "jsonpath={.status.phase}")
+		if phase == "Running" {
+			break
+		}
+		if time.Now().After(deadline) {
+			desc, _, _ := c.Kubectl("describe", "pod", "sleeper")
+			t.Fatalf("the pod never ran:\n%s", desc)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+
+	c.Stop() // Keep: the cluster stays up
+	running := processesUnder(c.Dir)
+	if len(running) < 6 {
+		t.Fatalf("after Stop with Keep, %d processes of the cluster run (%v), want the control plane, containerd, the kubelet and a shim", len(running), running)
+	}
+	if out, _, err := c.Kubectl("get", "pod", "sleeper", "-o", "jsonpath={.status.phase}"); err != nil || out != "Running" {
+		t.Fatalf("the kept cluster does not answer: %q, %v", out, err)
+	}
+	if len(mountsUnder(c.Dir)) == 0 || len(kubepodsLeft()) == 0 {
+		t.Fatalf("the kept cluster has no mount under %s (%d) or no pod cgroup (%d); the checks after Down would prove nothing", c.Dir, len(mountsUnder(c.Dir)), len(kubepodsLeft()))
+	}
+	if _, err := os.Stat(localcluster.StatePointer); err != nil {
+		t.Fatalf("Keep left no state for make down: %v", err)
+	}
+
+	dir, err := localcluster.Down(os.Stderr)
+	down = true
+	if err != nil || dir != c.Dir {
+		t.Fatalf("Down: stopped %q, %v; want %s", dir, err, c.Dir)
+	}
+	checkTornDown(t, c, running)
+	if _, err := os.Stat(localcluster.StatePointer); !os.IsNotExist(err) {
+		t.Errorf("%s is left after make down: %v", localcluster.StatePointer, err)
+	}
+	if _, err := localcluster.Down(io.Discard); !errors.Is(err, localcluster.ErrNothingKept) {
+		t.Errorf("a second make down: %v, want ErrNothingKept", err)
+	}
+}
+
+// checkTornDown asserts that a stopped cluster left nothing behind: no mount under its work
+// directory, nor the directory, no process that ran before or names the directory, no pod
+// cgroup, and the kernel settings Start found.
+func checkTornDown(t *testing.T, c *localcluster.Cluster, before map[int]string) {
+	t.Helper()
+	if m := mountsUnder(c.Dir); len(m) > 0 {
+		t.Errorf("mounts left under %s: %v", c.Dir, m)
 	}
 	if _, err := os.Stat(c.Dir); err == nil {
 		t.Errorf("work dir %s left", c.Dir)
+	}
+	for pid, cmd := range before {
+		if after, ok := processCmdline(pid); ok && after == cmd {
+			t.Errorf("process %d (%s) still runs", pid, cmd)
+		}
+	}
+	if left := processesUnder(c.Dir); len(left) > 0 {
+		t.Errorf("processes naming %s left: %v", c.Dir, left)
 	}
 	// The kubelet rewrites kernel settings; teardown must put back what Start found (read
 	// once the machine-wide cluster lock was held, so another cluster's kubelet cannot skew it).
@@ -185,7 +332,77 @@ func TestSeedScenariosEndToEnd(t *testing.T) {
 			t.Errorf("sysctl %s is %q after teardown, was %q", k, b, was)
 		}
 	}
-	if entries, _ := os.ReadDir("/sys/fs/cgroup/cpu/kubepods"); len(entries) > 0 && slices.ContainsFunc(entries, func(e os.DirEntry) bool { return e.IsDir() }) {
-		t.Errorf("kubepods cgroups left")
+	if left := kubepodsLeft(); len(left) > 0 {
+		t.Errorf("kubepods cgroups left: %v", left)
 	}
+	if ptr, err := os.ReadFile(localcluster.StatePointer); err == nil && strings.HasPrefix(string(ptr), c.Dir+"/") {
+		t.Errorf("%s still names the stopped cluster: %s", localcluster.StatePointer, ptr)
+	}
+}
+
+// processesUnder returns the processes whose command line names dir (every component of a
+// cluster takes paths in its work directory, and so do containerd's shims), by PID.
+func processesUnder(dir string) map[int]string {
+	out := map[int]string{}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		if cmd, ok := processCmdline(pid); ok && strings.Contains(cmd, dir) {
+			out[pid] = cmd
+		}
+	}
+	return out
+}
+
+// processCmdline is a live (not zombie) process's command line.
+func processCmdline(pid int) (string, bool) {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return "", false
+	}
+	if f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:])); len(f) == 0 || f[0] == "Z" {
+		return "", false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return "", false
+	}
+	return strings.TrimSpace(strings.ReplaceAll(string(b), "\x00", " ")), true
+}
+
+func mountsUnder(dir string) []string {
+	data, _ := os.ReadFile("/proc/self/mountinfo")
+	var out []string
+	for _, line := range strings.Split(string(data), "\n") {
+		if strings.Contains(line, dir) {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
+// kubepodsLeft lists the pod cgroups (children of kubepods in any hierarchy) and the
+// processes still in a kubepods cgroup.
+func kubepodsLeft() []string {
+	roots, _ := filepath.Glob("/sys/fs/cgroup/*/kubepods")
+	roots = append(roots, "/sys/fs/cgroup/kubepods")
+	var out []string
+	for _, root := range roots {
+		_ = filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+			if err != nil || !d.IsDir() {
+				return nil
+			}
+			if p != root {
+				out = append(out, p)
+			}
+			if procs, _ := os.ReadFile(filepath.Join(p, "cgroup.procs")); len(bytes.TrimSpace(procs)) > 0 {
+				out = append(out, p+": processes "+strings.Join(strings.Fields(string(procs)), ","))
+			}
+			return nil
+		})
+	}
+	return out
 }

@@ -166,6 +166,9 @@ func (c *cluster) nodeClient(node string) *kubernetes.Clientset {
 		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "patch"}},
 		{APIGroups: []string{""}, Resources: []string{"nodes/status"}, Verbs: []string{"patch"}},
 		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "patch"}},
+		// Not in the chart's role: granted here so that the policy, not RBAC, is what refuses
+		// (defence in depth when someone widens the role).
+		{APIGroups: []string{""}, Resources: []string{"pods/status"}, Verbs: []string{"patch"}},
 	}}
 	if _, err := c.client.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		c.t.Fatal(err)
@@ -240,6 +243,41 @@ func TestNodeServiceAccountWritesOnlyItsOwnNode(t *testing.T) {
 			_, err := agentOnA.CoreV1().Pods("default").Patch(ctx, "on-b", types.MergePatchType, assigned, metav1.PatchOptions{})
 			return err
 		}, "denied request"},
+		{"publish domain capacity and annotations on its own node", func() error {
+			if _, err := agentOnA.CoreV1().Nodes().Patch(ctx, "gpu-a", types.MergePatchType, []byte(`{"metadata":{"annotations":{"nvidia.com/gpu-topo-nvswitch-domain-0":"0,1,2,3","gpu.nvidia.com/topology":"{}"}}}`), metav1.PatchOptions{}); err != nil {
+				return err
+			}
+			_, err := agentOnA.CoreV1().Nodes().Patch(ctx, "gpu-a", types.MergePatchType, []byte(`{"status":{"capacity":{"nvidia.com/nvswitch-domain-0":"4"},"allocatable":{"nvidia.com/nvswitch-domain-0":"4"}}}`), metav1.PatchOptions{}, "status")
+			return err
+		}, ""},
+		{"label its own node outside nvdomain's prefix", func() error {
+			_, err := agentOnA.CoreV1().Nodes().Patch(ctx, "gpu-a", types.MergePatchType, []byte(`{"metadata":{"labels":{"node-restriction.kubernetes.io/gpu":"true"}}}`), metav1.PatchOptions{})
+			return err
+		}, "may change only nvdomain labels (gpu.nvidia.com/) and domain annotations on its Node, not node-restriction.kubernetes.io/gpu"},
+		{"annotate its own node outside nvdomain's keys", func() error {
+			_, err := agentOnA.CoreV1().Nodes().Patch(ctx, "gpu-a", types.MergePatchType, []byte(`{"metadata":{"annotations":{"nvidia.com/gpu.workload.config":"vm-passthrough"}}}`), metav1.PatchOptions{})
+			return err
+		}, "not nvidia.com/gpu.workload.config"},
+		{"taint its own node", func() error {
+			_, err := agentOnA.CoreV1().Nodes().Patch(ctx, "gpu-a", types.MergePatchType, []byte(`{"spec":{"unschedulable":true}}`), metav1.PatchOptions{})
+			return err
+		}, "may not change its Node's spec"},
+		{"raise its own node's nvidia.com/gpu capacity", func() error {
+			_, err := agentOnA.CoreV1().Nodes().Patch(ctx, "gpu-a", types.MergePatchType, []byte(`{"status":{"capacity":{"nvidia.com/gpu":"64"}}}`), metav1.PatchOptions{}, "status")
+			return err
+		}, "may change only the capacity and allocatable of nvidia.com/nvswitch-domain-*"},
+		{"relabel a pod of its node", func() error {
+			_, err := agentOnA.CoreV1().Pods("default").Patch(ctx, "on-a", types.MergePatchType, []byte(`{"metadata":{"labels":{"app":"other"}}}`), metav1.PatchOptions{})
+			return err
+		}, "may change only the gpu.nvidia.com/assigned-gpus annotation"},
+		{"change a pod's image", func() error {
+			_, err := agentOnA.CoreV1().Pods("default").Patch(ctx, "on-a", types.StrategicMergePatchType, []byte(`{"spec":{"containers":[{"name":"vllm","image":"evil"}]}}`), metav1.PatchOptions{})
+			return err
+		}, "may change only the gpu.nvidia.com/assigned-gpus annotation"},
+		{"change a pod's status", func() error {
+			_, err := agentOnA.CoreV1().Pods("default").Patch(ctx, "on-a", types.MergePatchType, []byte(`{"metadata":{"annotations":{"x":"y"}}}`), metav1.PatchOptions{}, "status")
+			return err
+		}, "and never their status"},
 	}
 	for _, st := range steps {
 		err := st.do()
@@ -251,5 +289,85 @@ func TestNodeServiceAccountWritesOnlyItsOwnNode(t *testing.T) {
 		case err != nil:
 			t.Logf("%s: denied: %v", st.what, err)
 		}
+	}
+}
+
+// A pod takes GPUs only by requesting them: NVIDIA_VISIBLE_DEVICES and device mounts in any
+// kind of container are refused, outside the trusted namespaces.
+func TestGPUsOnlyComeFromARequest(t *testing.T) {
+	c := startPolicyCluster(t)
+	ctx := context.Background()
+	if _, err := c.client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "gpu-operator"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	withEnv := func(name, ns, value string) *corev1.Pod {
+		p := gpuPod(name, false, 0)
+		p.Namespace = ns
+		p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "NVIDIA_VISIBLE_DEVICES", Value: value}}
+		return p
+	}
+	initEnv := gpuPod("init-env", false, 0)
+	initEnv.Namespace = "default"
+	initEnv.Spec.InitContainers = []corev1.Container{{Name: "warmup", Image: "busybox", Env: []corev1.EnvVar{{Name: "NVIDIA_VISIBLE_DEVICES", Value: "0,1,2,3"}}}}
+	mount := gpuPod("mount", false, 0)
+	mount.Namespace = "default"
+	mount.Spec.Volumes = []corev1.Volume{{Name: "null", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/dev/null"}}}}
+	mount.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "null", MountPath: "/var/run/nvidia-container-devices/GPU-0"}}
+	cases := []struct {
+		pod  *corev1.Pod
+		want string // "" admitted
+	}{
+		{withEnv("all", "default", "all"), "container(s) vllm set NVIDIA_VISIBLE_DEVICES"},
+		{withEnv("list", "default", "GPU-0,GPU-1"), "request nvidia.com/gpu (limits) instead"},
+		{initEnv, "container(s) warmup set NVIDIA_VISIBLE_DEVICES"},
+		{mount, "container(s) vllm mount under /var/run/nvidia-container-devices"},
+		{withEnv("void", "default", "void"), ""},
+		{withEnv("none", "default", "none"), ""},
+		{withEnv("dcgm", "gpu-operator", "all"), ""},
+	}
+	for _, tc := range cases {
+		_, err := c.client.CoreV1().Pods(tc.pod.Namespace).Create(ctx, tc.pod, metav1.CreateOptions{})
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: %v", tc.pod.Name, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s: %v, want %q", tc.pod.Name, err, tc.want)
+		case err != nil:
+			t.Logf("kubectl would say: %v", err)
+		}
+	}
+	// kubectl debug adds an ephemeral container through its own subresource.
+	p, err := c.client.CoreV1().Pods("default").Get(ctx, "void", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Spec.EphemeralContainers = []corev1.EphemeralContainer{{EphemeralContainerCommon: corev1.EphemeralContainerCommon{
+		Name: "debugger", Image: "busybox", Env: []corev1.EnvVar{{Name: "NVIDIA_VISIBLE_DEVICES", Value: "all"}}}}}
+	if _, err := c.client.CoreV1().Pods("default").UpdateEphemeralContainers(ctx, "void", p, metav1.UpdateOptions{}); err == nil || !strings.Contains(err.Error(), "container(s) debugger set NVIDIA_VISIBLE_DEVICES") {
+		t.Errorf("ephemeral container with NVIDIA_VISIBLE_DEVICES=all: %v", err)
+	}
+}
+
+// required-plugins.noderesource.dev makes containerd refuse a GPU container without the NRI
+// plugin; removing it later would open that window at the pod's next sandbox.
+func TestRequiredPluginsAnnotationIsFixed(t *testing.T) {
+	c := startPolicyCluster(t)
+	ctx := context.Background()
+	p := gpuPod("required", false, 1)
+	p.Namespace = "default"
+	p.Annotations = map[string]string{"required-plugins.noderesource.dev/container.vllm": `["nvdomain"]`}
+	if _, err := c.client.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, patch := range []string{
+		`{"metadata":{"annotations":{"required-plugins.noderesource.dev/container.vllm":null}}}`,
+		`{"metadata":{"annotations":{"required-plugins.noderesource.dev/container.vllm":"[]"}}}`,
+	} {
+		if _, err := c.client.CoreV1().Pods("default").Patch(ctx, "required", types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err == nil || !strings.Contains(err.Error(), "fixed at creation") {
+			t.Errorf("%s: %v, want a denial", patch, err)
+		}
+	}
+	if _, err := c.client.CoreV1().Pods("default").Patch(ctx, "required", types.MergePatchType, []byte(`{"metadata":{"labels":{"team":"llm"}}}`), metav1.PatchOptions{}); err != nil {
+		t.Errorf("an unrelated change was denied: %v", err)
 	}
 }

@@ -98,6 +98,9 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	if err = syscall.Flock(int(c.lock.Fd()), syscall.LOCK_EX); err != nil {
 		return c, fmt.Errorf("lock: %w", err)
 	}
+	if err = c.clearKept(); err != nil {
+		return c, err
+	}
 	if c.Runc, err = exec.LookPath("runc"); err != nil {
 		return c, errors.New("runc not found: apt-get install runc")
 	}
@@ -133,6 +136,7 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 			return c, fmt.Errorf("%s: %w", step.name, err)
 		}
 		c.logf("%s: %s", step.name, time.Since(t).Round(10*time.Millisecond))
+		c.recordState()
 	}
 	return c, nil
 }
@@ -236,10 +240,22 @@ func (c *Cluster) saveSysctls() error {
 }
 
 // Stop tears everything down, unless Keep was set: pods, kubelet, containerd, control plane,
-// then leftover mounts, cgroups and files, and the kernel settings.
+// then leftover mounts, cgroups and files, and the kernel settings. With Keep it writes what
+// Down needs to do the same later (`make down`) and leaves the cluster running.
 func (c *Cluster) Stop() {
 	if c.o.Keep && c.Kubeconfig != "" {
-		c.logf("KEEP=1: the cluster stays up; export KUBECONFIG=%s (stop it by killing the processes in %s/logs)", c.Kubeconfig, c.Dir)
+		c.keep()
+		return
+	}
+	c.teardown(c.procRefs())
+	c.unlock()
+}
+
+// teardown stops procs and cleans the machine, for Stop and for Down. It does nothing unless
+// this Cluster holds the machine-wide lock and created a work directory: a Start that failed
+// before (e.g. because a kept cluster still runs) must not touch another cluster's pods.
+func (c *Cluster) teardown(procs []procRef) {
+	if c.lock == nil || c.Dir == "" {
 		return
 	}
 	if c.Kubeconfig != "" && c.K8sBin != "" {
@@ -250,20 +266,8 @@ func (c *Cluster) Stop() {
 		})
 	}
 	// Reverse start order: kubelet, containerd, scheduler, controller-manager, apiserver, etcd.
-	for i := len(c.procs) - 1; i >= 0; i-- {
-		p := c.procs[i]
-		if p.cmd.Process == nil {
-			continue
-		}
-		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = p.cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-			<-done
-		}
+	for i := len(procs) - 1; i >= 0; i-- {
+		procs[i].stop(10 * time.Second)
 	}
 	if c.Dir != "" {
 		hostclean.RuncDeleteAll(c.Runc, c.path("runc"))
@@ -282,8 +286,5 @@ func (c *Cluster) Stop() {
 	for k, v := range c.sysctls {
 		_ = os.WriteFile("/proc/sys/"+k, []byte(v), 0o644)
 	}
-	if c.lock != nil {
-		_ = syscall.Flock(int(c.lock.Fd()), syscall.LOCK_UN)
-		c.lock.Close()
-	}
+	c.removeKeptState()
 }

@@ -105,7 +105,9 @@ func (rs *runtimeSim) plugin(topologyFile string) *exec.Cmd {
 	rs.t.Helper()
 	cmd := exec.Command(pluginBin, "--topology-file", topologyFile, "--socket-path", filepath.Join(rs.dir, "nri.sock"),
 		"--plugin-name", "nvdomain", "--plugin-idx", "10", "--report=false",
-		"--state-file", filepath.Join(rs.dir, "state.json"))
+		"--state-file", filepath.Join(rs.dir, "state.json"),
+		// The containers here come as the envvar strategy makes them.
+		"--device-list-strategy", "envvar")
 	logf, _ := os.Create(filepath.Join(rs.dir, fmt.Sprintf("plugin-%d.log", time.Now().UnixNano())))
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {

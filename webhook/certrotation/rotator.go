@@ -7,8 +7,10 @@
 //
 // Renewing the serving certificate keeps the CA, so the apiserver trusts the new one at once.
 // Replacing the CA takes two passes: the new CA is first added to the bundle (the apiserver
-// then trusts both), and only a later pass serves a certificate signed by it; the old CA
-// leaves the bundle when it expires. cert-manager mode does not use this package
+// then trusts both), and only a later pass, once both webhook configurations' caBundle carry
+// it, serves a certificate signed by it; the old CA leaves the bundle when it expires. The
+// pass after a CA replacement comes SoonAfterCA later, not a whole Interval, so that a
+// serving certificate close to expiry is not left waiting. cert-manager mode does not use this package
 // (docs/operations.md has the cert-manager settings).
 package certrotation
 
@@ -17,6 +19,7 @@ import (
 	"context"
 	"crypto/x509"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -24,7 +27,6 @@ import (
 	admissionregv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -94,42 +96,72 @@ type Rotator struct {
 	Now         func() time.Time
 }
 
+// SoonAfterCA is how long after adding a new CA to the bundle the next pass comes: long
+// enough for the apiserver to see the new caBundle, short enough that a serving certificate
+// due for renewal does not wait a whole Interval.
+const SoonAfterCA = time.Minute
+
 // Metrics are the rotator's series.
 type Metrics struct {
-	Expiry    prometheus.Gauge
 	Rotations *prometheus.CounterVec
 }
 
 // NewMetrics registers the series with reg.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
-		Expiry: prometheus.NewGauge(prometheus.GaugeOpts{Name: "nvdomain_webhook_certificate_expiry_timestamp_seconds",
-			Help: "When the webhook's serving certificate in its Secret expires (leader only)."}),
 		Rotations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nvdomain_webhook_certificate_rotations_total",
-			Help: "Certificate changes, by kind (ca, serving, ca-bundle, error)."}, []string{"kind"}),
+			Help: "Certificate changes, by kind (ca, serving, ca-bundle, error), on the elected replica."}, []string{"kind"}),
 	}
-	for _, c := range []prometheus.Collector{m.Expiry, m.Rotations} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("register certificate metrics: %w", err)
-		}
+	if err := reg.Register(m.Rotations); err != nil {
+		return nil, fmt.Errorf("register certificate metrics: %w", err)
 	}
 	return m, nil
+}
+
+// RegisterServedExpiry exports, on every replica, when the certificate this replica serves
+// (certFile, the mounted Secret's tls.crt, whoever manages it: this package or cert-manager)
+// expires. It is read at each scrape, so it follows the kubelet's updates of the file; an
+// unreadable file reads 0, which any expiry alert treats as "expired". Every replica reports
+// its own file, so `min(...) - time()` alerts on the one a stale mount left behind.
+func RegisterServedExpiry(reg prometheus.Registerer, certFile string) error {
+	g := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "nvdomain_webhook_certificate_expiry_timestamp_seconds",
+		Help: "When the serving certificate this replica serves expires (0: unreadable)."}, func() float64 {
+		b, err := os.ReadFile(certFile)
+		if err != nil {
+			return 0
+		}
+		leaf, err := certs.ParseCerts(b)
+		if err != nil {
+			return 0
+		}
+		return float64(leaf[0].NotAfter.Unix())
+	})
+	if err := reg.Register(g); err != nil {
+		return fmt.Errorf("register the certificate expiry metric: %w", err)
+	}
+	return nil
 }
 
 // NeedLeaderElection makes only the leader rotate.
 func (r *Rotator) NeedLeaderElection() bool { return true }
 
-// Start reconciles at once and then every Interval until ctx ends.
+// Start reconciles at once and then every Interval (SoonAfterCA after a CA was added, or
+// after an error) until ctx ends.
 func (r *Rotator) Start(ctx context.Context) error {
-	t := time.NewTicker(r.Interval)
-	defer t.Stop()
 	for {
-		if err := r.Reconcile(ctx); err != nil {
+		wait := r.Interval
+		soon, err := r.Reconcile(ctx)
+		if err != nil {
 			r.Metrics.Rotations.WithLabelValues("error").Inc()
-			r.Log.Error(err, "certificate rotation; retrying", "secret", r.Secret)
+			r.Log.Error(err, "certificate rotation; retrying", "secret", r.Secret, "in", SoonAfterCA)
 		}
+		if (soon || err != nil) && SoonAfterCA < wait {
+			wait = SoonAfterCA
+		}
+		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return nil
 		case <-t.C:
 		}
@@ -143,16 +175,17 @@ func (r *Rotator) now() time.Time {
 	return time.Now()
 }
 
-// Reconcile makes one pass.
-func (r *Rotator) Reconcile(ctx context.Context) error {
+// Reconcile makes one pass. soon asks for the next pass SoonAfterCA from now: a serving
+// certificate is due but its signer is not trusted by the webhook configurations yet.
+func (r *Rotator) Reconcile(ctx context.Context) (soon bool, err error) {
 	var sec corev1.Secret
-	err := r.Client.Get(ctx, r.Secret, &sec)
-	create := apierrors.IsNotFound(err)
-	if err != nil && !create {
-		return fmt.Errorf("read Secret %s: %w", r.Secret, err)
-	}
-	if create {
-		sec = corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: r.Secret.Name, Namespace: r.Secret.Namespace}, Type: corev1.SecretTypeTLS}
+	if err := r.Client.Get(ctx, r.Secret, &sec); err != nil {
+		if apierrors.IsNotFound(err) {
+			// The chart creates the Secret; the rotator may only update it (its Role names the
+			// Secret, and RBAC cannot limit create to one name).
+			return false, fmt.Errorf("Secret %s not found: it holds the webhook's certificate and CA; `helm upgrade` the release to recreate it: %w", r.Secret, err)
+		}
+		return false, fmt.Errorf("read Secret %s: %w", r.Secret, err)
 	}
 	if sec.Data == nil {
 		sec.Data = map[string][]byte{}
@@ -177,21 +210,36 @@ func (r *Rotator) Reconcile(ctx context.Context) error {
 	case step.NewCA:
 		ca, err := certs.NewCA(10*r.Cert.Validity, now)
 		if err != nil {
-			return err
+			return false, err
 		}
 		key, err := certs.EncodeKey(ca.Key)
 		if err != nil {
-			return err
+			return false, err
 		}
 		st.Trusted = append(st.Trusted, ca.Cert)
 		sec.Data[certs.CAFile], sec.Data[certs.CAKeyFile] = certs.EncodeCerts(st.Trusted...), key
 		changed = true
 		r.Metrics.Rotations.WithLabelValues("ca").Inc()
-		r.Log.Info("new CA added to the trusted bundle; the serving certificate moves to it on the next pass", "why", step.Why, "expires", ca.Cert.NotAfter)
+		r.Log.Info("new CA added to the trusted bundle; the serving certificate moves to it once the webhook configurations trust it", "why", step.Why, "expires", ca.Cert.NotAfter)
 		if st.Leaf == nil {
 			// Nothing is served yet, so nothing to keep trusting: sign at once.
 			st.Signer = ca
 			step.NewLeaf = true
+		} else {
+			soon = true
+		}
+	}
+	if step.NewLeaf && st.Signer != nil && !step.NewCA {
+		// A certificate the apiserver cannot verify would fail every admission: serve one
+		// only from a CA both configurations already trust (a failed bundle sync in the pass
+		// that added the CA must not be followed by a leaf from it).
+		trusted, err := r.bundleTrusts(ctx, st.Signer.Cert)
+		if err != nil {
+			return false, err
+		}
+		if !trusted {
+			step.NewLeaf, soon = false, true
+			r.Log.Info("serving certificate due, but the webhook configurations do not trust its CA yet; syncing the caBundle first", "why", step.Why)
 		}
 	}
 	if step.NewLeaf && st.Signer != nil {
@@ -199,7 +247,7 @@ func (r *Rotator) Reconcile(ctx context.Context) error {
 		opts.Now = r.now
 		cert, key, err := st.Signer.Issue(opts)
 		if err != nil {
-			return err
+			return false, err
 		}
 		sec.Data[certs.CertFile], sec.Data[certs.KeyFile] = cert, key
 		changed = true
@@ -207,19 +255,42 @@ func (r *Rotator) Reconcile(ctx context.Context) error {
 		r.Log.Info("renewed the serving certificate", "why", step.Why)
 	}
 	if changed {
-		if create {
-			err = r.Client.Create(ctx, &sec)
-		} else {
-			err = r.Client.Update(ctx, &sec)
-		}
-		if err != nil {
-			return fmt.Errorf("write Secret %s: %w", r.Secret, err)
+		if err := r.Client.Update(ctx, &sec); err != nil {
+			return false, fmt.Errorf("write Secret %s: %w", r.Secret, err)
 		}
 	}
-	if leaf := parse(sec.Data).Leaf; leaf != nil {
-		r.Metrics.Expiry.Set(float64(leaf.NotAfter.Unix()))
+	return soon, r.syncBundle(ctx, sec.Data[certs.CAFile])
+}
+
+// bundleTrusts reports whether every entry of both webhook configurations trusts ca. Without
+// configurations to manage (WebhookConfiguration empty) the caller manages trust.
+func (r *Rotator) bundleTrusts(ctx context.Context, ca *x509.Certificate) (bool, error) {
+	if r.WebhookConfiguration == "" {
+		return true, nil
 	}
-	return r.syncBundle(ctx, sec.Data[certs.CAFile])
+	key := types.NamespacedName{Name: r.WebhookConfiguration}
+	var bundles [][]byte
+	var mut admissionregv1.MutatingWebhookConfiguration
+	if err := r.Client.Get(ctx, key, &mut); err != nil {
+		return false, fmt.Errorf("read MutatingWebhookConfiguration %s: %w", key.Name, err)
+	}
+	for _, w := range mut.Webhooks {
+		bundles = append(bundles, w.ClientConfig.CABundle)
+	}
+	var val admissionregv1.ValidatingWebhookConfiguration
+	if err := r.Client.Get(ctx, key, &val); err != nil {
+		return false, fmt.Errorf("read ValidatingWebhookConfiguration %s: %w", key.Name, err)
+	}
+	for _, w := range val.Webhooks {
+		bundles = append(bundles, w.ClientConfig.CABundle)
+	}
+	for _, b := range bundles {
+		cas, err := certs.ParseCerts(b)
+		if err != nil || !contains(cas, ca) {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // syncBundle makes every entry of both webhook configurations trust exactly the bundle.

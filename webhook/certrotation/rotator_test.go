@@ -3,6 +3,9 @@ package certrotation
 import (
 	"context"
 	"crypto/x509"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -98,7 +101,7 @@ func newRig(t *testing.T, objs ...client.Object) *rig {
 func (rg *rig) pass(t *testing.T, at time.Time) (State, []byte, []byte) {
 	t.Helper()
 	rg.clock = at
-	if err := rg.r.Reconcile(context.Background()); err != nil {
+	if _, err := rg.r.Reconcile(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	var sec corev1.Secret
@@ -131,7 +134,7 @@ func configs() []client.Object {
 // made, the serving certificate renewed before expiry (the CA stays, so the bundle does not
 // change), and the webhook configurations always trust what is served.
 func TestRotationOverTheCertificatesLife(t *testing.T) {
-	rg := newRig(t, configs()...)
+	rg := newRig(t, append(configs(), emptySecret())...)
 	st, mb, vb := rg.pass(t, t0)
 	if st.Signer == nil || st.Leaf == nil || len(st.Trusted) != 1 {
 		t.Fatalf("first pass: %+v", st)
@@ -181,5 +184,129 @@ func TestCAReplacementTrustsTheNewCABeforeServingFromIt(t *testing.T) {
 	st3, bundle3, _ := rg.pass(t, t0.Add(401*day))
 	if trusted, _ := certs.ParseCerts(bundle3); len(st3.Trusted) != 1 || len(trusted) != 1 || !trusted[0].Equal(st2.Signer.Cert) {
 		t.Fatalf("after expiry: trusted %d", len(st3.Trusted))
+	}
+}
+
+func emptySecret() *corev1.Secret {
+	return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "nvdomain-system", Name: "nvdomain-webhook-tls"}, Type: corev1.SecretTypeTLS}
+}
+
+// setBundle makes both configurations trust exactly bundle, as a failed or reverted sync
+// would leave them.
+func (rg *rig) setBundle(t *testing.T, bundle []byte) {
+	t.Helper()
+	ctx := context.Background()
+	var mut admissionregv1.MutatingWebhookConfiguration
+	var val admissionregv1.ValidatingWebhookConfiguration
+	if err := rg.c.Get(ctx, types.NamespacedName{Name: "nvdomain"}, &mut); err != nil {
+		t.Fatal(err)
+	}
+	for i := range mut.Webhooks {
+		mut.Webhooks[i].ClientConfig.CABundle = bundle
+	}
+	if err := rg.c.Update(ctx, &mut); err != nil {
+		t.Fatal(err)
+	}
+	if err := rg.c.Get(ctx, types.NamespacedName{Name: "nvdomain"}, &val); err != nil {
+		t.Fatal(err)
+	}
+	for i := range val.Webhooks {
+		val.Webhooks[i].ClientConfig.CABundle = bundle
+	}
+	if err := rg.c.Update(ctx, &val); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A serving certificate is never issued from a CA the webhook configurations do not trust,
+// however the bundle came to lack it; the pass that finds so syncs the bundle and asks to
+// come back soon, and the next pass issues.
+func TestNoCertificateFromAnUntrustedCA(t *testing.T) {
+	ca := mustCA(t, 400*day, t0)
+	leafPEM, leafKey, _ := ca.Issue(certs.Options{Service: "nvdomain-webhook", Namespace: "nvdomain-system", Validity: 365 * day, Now: func() time.Time { return t0 }})
+	caKey, _ := certs.EncodeKey(ca.Key)
+	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "nvdomain-system", Name: "nvdomain-webhook-tls"}, Data: map[string][]byte{
+		certs.CAFile: certs.EncodeCerts(ca.Cert), certs.CAKeyFile: caKey, certs.CertFile: leafPEM, certs.KeyFile: leafKey}}
+	rg := newRig(t, append(configs(), sec)...)
+	rg.clock = t0.Add(10 * day)
+	soon, err := rg.r.Reconcile(context.Background())
+	if err != nil || !soon {
+		t.Fatalf("pass adding a CA: soon=%v err=%v, want soon", soon, err)
+	}
+	// The bundle sync is lost (say, an old leader wrote the old bundle back).
+	rg.setBundle(t, certs.EncodeCerts(ca.Cert))
+	rg.clock = rg.clock.Add(SoonAfterCA)
+	soon, err = rg.r.Reconcile(context.Background())
+	if err != nil || !soon {
+		t.Fatalf("pass with the new CA untrusted: soon=%v err=%v, want soon", soon, err)
+	}
+	var cur corev1.Secret
+	if err := rg.c.Get(context.Background(), rg.r.Secret, &cur); err != nil {
+		t.Fatal(err)
+	}
+	if parse(cur.Data).Leaf.CheckSignatureFrom(ca.Cert) != nil {
+		t.Fatal("the certificate moved to the new CA although the configurations did not trust it")
+	}
+	// The sync of that pass restored trust; the next pass moves the certificate.
+	st2, bundle2, _ := rg.pass(t, rg.clock.Add(SoonAfterCA))
+	if st2.Leaf.CheckSignatureFrom(st2.Signer.Cert) != nil || st2.Signer.Cert.Equal(ca.Cert) {
+		t.Fatal("the certificate did not move to the new CA once it was trusted")
+	}
+	if trusted, _ := certs.ParseCerts(bundle2); !contains(trusted, st2.Signer.Cert) {
+		t.Fatal("served from a CA the bundle lacks")
+	}
+}
+
+// A Secret from an older chart has no ca.key; with its certificate about to expire, the new CA
+// and the renewed certificate come a minute apart, not an Interval.
+func TestSecretWithoutCAKeyIsRenewedWithinMinutes(t *testing.T) {
+	ca := mustCA(t, 3650*day, t0)
+	leafPEM, leafKey, _ := ca.Issue(certs.Options{Service: "nvdomain-webhook", Namespace: "nvdomain-system", Validity: 365 * day, Now: func() time.Time { return t0 }})
+	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "nvdomain-system", Name: "nvdomain-webhook-tls"}, Data: map[string][]byte{
+		certs.CAFile: certs.EncodeCerts(ca.Cert), certs.CertFile: leafPEM, certs.KeyFile: leafKey}}
+	rg := newRig(t, append(configs(), sec)...)
+	rg.clock = t0.Add(360 * day) // five days left
+	soon, err := rg.r.Reconcile(context.Background())
+	if err != nil || !soon {
+		t.Fatalf("first pass: soon=%v err=%v, want soon", soon, err)
+	}
+	st, _, _ := rg.pass(t, rg.clock.Add(SoonAfterCA))
+	if st.Leaf.NotAfter.Before(t0.Add(700*day)) || st.Leaf.CheckSignatureFrom(st.Signer.Cert) != nil {
+		t.Fatalf("certificate not renewed from the new CA a minute later: expires %s", st.Leaf.NotAfter)
+	}
+}
+
+func TestMissingSecretIsAnErrorThatSaysWhatToDo(t *testing.T) {
+	rg := newRig(t, configs()...)
+	_, err := rg.r.Reconcile(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "helm upgrade") {
+		t.Fatalf("err = %v, want one that says how to recreate the Secret", err)
+	}
+}
+
+func TestServedExpiryFollowsTheFile(t *testing.T) {
+	ca := mustCA(t, 400*day, t0)
+	leafPEM, _, _ := ca.Issue(certs.Options{Service: "nvdomain-webhook", Namespace: "nvdomain-system", Validity: 365 * day, Now: func() time.Time { return t0 }})
+	file := filepath.Join(t.TempDir(), "tls.crt")
+	reg := prometheus.NewRegistry()
+	if err := RegisterServedExpiry(reg, file); err != nil {
+		t.Fatal(err)
+	}
+	read := func() float64 {
+		mfs, err := reg.Gather()
+		if err != nil || len(mfs) != 1 {
+			t.Fatalf("gather: %v, %d families", err, len(mfs))
+		}
+		return mfs[0].GetMetric()[0].GetGauge().GetValue()
+	}
+	if got := read(); got != 0 {
+		t.Fatalf("no file: %v, want 0", got)
+	}
+	if err := os.WriteFile(file, leafPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	leaf, _ := certs.ParseCerts(leafPEM)
+	if got := read(); got != float64(leaf[0].NotAfter.Unix()) {
+		t.Fatalf("expiry %v, want %v", got, leaf[0].NotAfter.Unix())
 	}
 }

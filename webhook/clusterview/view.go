@@ -344,14 +344,20 @@ func (v *View) UpsertPod(pod *corev1.Pod) {
 	v.refreshHistLocked(e.node)
 }
 
-// domainHeld is the GPUs of its domain a pod holds as the scheduler counts it: the larger of
-// its biggest init container and the sum of the containers that run together.
+// domainHeld is the GPUs of its domain a pod holds as the scheduler counts the domain
+// resource (the rule of rules.Pod.DomainGPUs): sidecars and containers add up, and each init
+// container runs beside the sidecars started before it.
 func domainHeld(p rules.Pod) int {
-	sum, initMax := 0, 0
+	sum, initMax, sidecars := 0, 0, 0
 	for _, c := range p.Containers {
-		if c.Init {
-			initMax = max(initMax, c.DomainGPUs)
-		} else {
+		switch {
+		case c.Sidecar:
+			sidecars += c.DomainGPUs
+			sum += c.DomainGPUs
+			initMax = max(initMax, sidecars)
+		case c.Init:
+			initMax = max(initMax, c.DomainGPUs+sidecars)
+		default:
 			sum += c.DomainGPUs
 		}
 	}

@@ -1,5 +1,5 @@
 // Package rules reads what a pod asks of the GPUs and checks it against nvdomain's admission
-// rules (DESIGN §4) that need no cluster state: the tensor-parallel size, what the engine's
+// rules that need no cluster state (README, "The webhook", shows the messages): the tensor-parallel size, what the engine's
 // command line says, MIG and time-sliced resources, and hand-written domain resources or
 // affinities that contradict each other. Every violation names the pod field and the fix.
 // The rules that need the cluster (is any domain large enough, does any node advertise this
@@ -23,6 +23,9 @@ type Container struct {
 	// Init is true for init containers that run to completion before the pod's containers
 	// (not restartable sidecars).
 	Init bool
+	// Sidecar is true for restartable init containers: they start in order with the init
+	// containers and then run beside the pod's containers.
+	Sidecar bool
 	// GPUs is its nvidia.com/gpu limit (or request when no limit is set).
 	GPUs int
 	// Domain is the id of the nvidia.com/nvswitch-domain-<id> resource it holds, -1 for none;
@@ -68,16 +71,16 @@ func Inspect(pod *corev1.Pod, n names.Names) Pod {
 	for i := range pod.Spec.InitContainers {
 		c := &pod.Spec.InitContainers[i]
 		sidecar := c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways
-		p.add(c, fmt.Sprintf("spec.initContainers[%d]", i), !sidecar, n)
+		p.add(c, fmt.Sprintf("spec.initContainers[%d]", i), !sidecar, sidecar, n)
 	}
 	for i := range pod.Spec.Containers {
-		p.add(&pod.Spec.Containers[i], fmt.Sprintf("spec.containers[%d]", i), false, n)
+		p.add(&pod.Spec.Containers[i], fmt.Sprintf("spec.containers[%d]", i), false, false, n)
 	}
 	return p
 }
 
-func (p *Pod) add(c *corev1.Container, path string, init bool, n names.Names) {
-	ct := Container{Name: c.Name, Path: path, Init: init, Domain: -1, Resources: map[corev1.ResourceName]int64{}, spec: c}
+func (p *Pod) add(c *corev1.Container, path string, init, sidecar bool, n names.Names) {
+	ct := Container{Name: c.Name, Path: path, Init: init, Sidecar: sidecar, Domain: -1, Resources: map[corev1.ResourceName]int64{}, spec: c}
 	// Negative quantities never pass the apiserver's validation, but mutating webhooks run
 	// before it, so they are read as zero here rather than trusted.
 	for name, q := range c.Resources.Requests {
@@ -101,14 +104,20 @@ func (p *Pod) add(c *corev1.Container, path string, init bool, n names.Names) {
 	p.Containers = append(p.Containers, ct)
 }
 
-// DomainGPUs is how many GPUs of its domain the pod holds while it exists, as the scheduler
-// counts it: the larger of its biggest init container (init containers run one at a time,
-// before the others) and the sum of the containers that run together.
+// DomainGPUs is how many GPUs of its domain the pod holds while it exists, exactly as the
+// scheduler counts it (k8s.io/component-helpers/resource.PodRequests): init containers run
+// one at a time, each beside the sidecars started before it, and the sidecars then run
+// beside the pod's containers. So it is the larger of the sum of the sidecars and containers
+// (p.GPUs) and, over the init containers in order, each one plus the sidecars before it.
 func (p Pod) DomainGPUs() int {
-	m := p.GPUs
+	m, sidecars := p.GPUs, 0
 	for _, c := range p.Containers {
-		if c.Init {
-			m = max(m, c.GPUs)
+		switch {
+		case c.Sidecar:
+			sidecars += c.GPUs
+			m = max(m, sidecars)
+		case c.Init:
+			m = max(m, c.GPUs+sidecars)
 		}
 	}
 	return m

@@ -171,3 +171,34 @@ func TestShellWords(t *testing.T) {
 		t.Errorf("got %q", got)
 	}
 }
+
+// The scheduler's count (k8s.io/component-helpers/resource.PodRequests), which the domain
+// resource must equal, or the pod holds more or fewer GPUs of its domain than it is pinned to.
+func TestDomainGPUsCountsAsTheScheduler(t *testing.T) {
+	always := corev1.ContainerRestartPolicyAlways
+	sidecar := func(name string, k int64) corev1.Container {
+		c := container(name, gpus(k))
+		c.RestartPolicy = &always
+		return c
+	}
+	cases := []struct {
+		name       string
+		init, main []corev1.Container
+		want       int
+	}{
+		{"containers add up", nil, []corev1.Container{container("a", gpus(2)), container("b", gpus(2))}, 4},
+		{"a bigger init container", []corev1.Container{container("warm", gpus(8))}, []corev1.Container{container("a", gpus(4))}, 8},
+		{"a sidecar runs beside the containers", []corev1.Container{sidecar("proxy", 2)}, []corev1.Container{container("a", gpus(4))}, 6},
+		{"an init container after a sidecar runs beside it", []corev1.Container{sidecar("proxy", 2), container("warm", gpus(4))}, []corev1.Container{container("a", gpus(1))}, 6},
+		{"an init container before the sidecar does not", []corev1.Container{container("warm", gpus(4)), sidecar("proxy", 2)}, []corev1.Container{container("a", gpus(1))}, 4},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			pod := tpPod(tc.main...)
+			pod.Spec.InitContainers = tc.init
+			if got := Inspect(pod, n).DomainGPUs(); got != tc.want {
+				t.Fatalf("DomainGPUs = %d, want %d", got, tc.want)
+			}
+		})
+	}
+}

@@ -39,7 +39,7 @@ type Config struct {
 	AllowedTPSizes []int
 }
 
-// DefaultAllowedTPSizes are the powers of two from 2 (DESIGN §4): TP engines shard attention
+// DefaultAllowedTPSizes are the powers of two from 2: TP engines shard attention
 // heads evenly, and aligned domain blocks come in powers of two.
 var DefaultAllowedTPSizes = []int{2, 4, 8, 16, 32, 64, 128, 256}
 

@@ -13,6 +13,14 @@ helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
 {{- range .Values.webhook.excludeNamespaces }}{{ $ns = append $ns . }}{{ end -}}
 {{- $ns | uniq | join "," -}}
 {{- end -}}
+{{/* Namespaces whose containers the NRI plugin leaves as they are: node.nri.trustedNamespaces
+and the release's own. */}}
+{{- define "nvdomain.trustedNamespaces" -}}
+{{- $ns := list -}}
+{{- range .Values.node.nri.trustedNamespaces }}{{ $ns = append $ns . }}{{ end -}}
+{{- $ns = append $ns .Release.Namespace -}}
+{{- $ns | uniq | join "," -}}
+{{- end -}}
 {{/* Environment that points in-cluster clients at an explicit apiserver address. */}}
 {{- define "nvdomain.apiServerEnv" -}}
 {{- if .Values.apiServer.host }}
@@ -30,4 +38,17 @@ runAsUser: 65532
 runAsGroup: 65532
 capabilities: {drop: [ALL]}
 seccompProfile: {type: RuntimeDefault}
+{{- end -}}
+{{- /* Whole seconds, rounded up, of a Go duration made of ms, s, m and h parts (values.schema.json
+allows only those), e.g. "1m30s" -> 90, "500ms" -> 1, "8760h" -> 31536000. */ -}}
+{{- define "nvdomain.durationSeconds" -}}
+{{- $ms := 0 -}}
+{{- range regexFindAll "[0-9]+(ms|s|m|h)" . -1 -}}
+{{- if hasSuffix "ms" . -}}{{- $ms = add $ms (trimSuffix "ms" . | int) -}}
+{{- else if hasSuffix "s" . -}}{{- $ms = add $ms (mul (trimSuffix "s" . | int) 1000) -}}
+{{- else if hasSuffix "h" . -}}{{- $ms = add $ms (mul (trimSuffix "h" . | int) 3600000) -}}
+{{- else -}}{{- $ms = add $ms (mul (trimSuffix "m" . | int) 60000) -}}
+{{- end -}}
+{{- end -}}
+{{- div (add $ms 999) 1000 -}}
 {{- end -}}

@@ -1,7 +1,6 @@
 // Package simulated reads the simulated-topology document: the JSON payload of the ConfigMap
 // that describes, for nodes without NVSwitch hardware, which GPUs they have and which NVLink
-// domains those GPUs form (seed 000: "write a ConfigMap with JSON describing the NVSwitch
-// domains"). The JSON Schema for the document ships beside this file and is enforced on every
+// domains those GPUs form. The JSON Schema for the document ships beside this file and is enforced on every
 // parse, so the schema users validate against is the one the agent applies.
 //
 // Every error carries the JSON path of what is wrong, e.g.

@@ -1,0 +1,72 @@
+package nriplugin
+
+import (
+	"flag"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/nvdomain/nvdomain/pkg/cdispec"
+	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/nristate"
+)
+
+// BindFlags registers nvdomain-nri's flags on fs. The function it returns, called after
+// fs.Parse, finishes the options (lists split and checked, deprecated flags reported); the
+// caller fills in Names.
+func BindFlags(fs *flag.FlagSet) func(logr.Logger) (RunOptions, error) {
+	var o RunOptions
+	fs.StringVar(&o.TopologyFile, "topology-file", "", "node topology JSON (as `nvdomain topology parse|discover -o json` prints it)")
+	fs.StringVar(&o.TopoMatrixFile, "topo-matrix-file", "", "saved `nvidia-smi topo -m` output (parsed strictly)")
+	fs.StringVar(&o.SimulatedFile, "simulated-file", "", "simulated-topology document; needs --node-name")
+	fs.StringVar(&o.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (simulated topology, events)")
+	fs.BoolVar(&o.NVML, "nvml", false, "discover the topology through NVML")
+	fs.StringVar(&o.CDIKind, "cdi-kind", cdispec.DevicePluginGPU.String(), "CDI kind (vendor/class) to add GPUs with when a container came with GPU device nodes but no CDI names")
+	fs.BoolVar(&o.SharedGPUs, "shared-gpus", false, "the node time-slices its GPUs: leave GPU containers without a domain as the device plugin made them, refuse tensor-parallel ones")
+	fs.StringVar(&o.HookPath, "hook-path", "", "node-side path of nvdomain-nri-hook, which removes the device nodes of GPUs a container must not have (empty: they stay, denied by the device cgroup)")
+	cdiDirs := fs.String("cdi-spec-dirs", "/etc/cdi,/var/run/cdi", "comma-separated CDI spec directories, to know every device node a GPU's CDI device brings")
+	strategies := fs.String("device-list-strategy", strings.Join(names.DefaultDeviceListStrategies, ","),
+		"the node's device plugin's DEVICE_LIST_STRATEGY, a comma-separated list of envvar, volume-mounts, cdi-annotations, cdi-cri: only these forms count as GPUs a container was given, and NVIDIA_VISIBLE_DEVICES naming devices without envvar is set to void")
+	trusted := fs.String("trusted-namespaces", strings.Join(names.DefaultTrustedNamespaces, ","),
+		"comma-separated namespaces whose containers are left exactly as they are (system components such as GPU Operator's, which set NVIDIA_VISIBLE_DEVICES=all on purpose)")
+	naming := fs.String("naming", "", "deprecated and ignored (GPUs are named as the device plugin named them)")
+	fs.BoolVar(&o.DRA, "dra", false, "the node is a DRA node: check that a tensor-parallel container's prepared GPUs share one domain and record them, rewrite nothing")
+	fs.DurationVar(&o.TopologyReload, "topology-reload", 30*time.Second, "how often the topology source is read again (0: once)")
+	fs.StringVar(&o.StateFile, "state-file", nristate.DefaultPath, "where to write which container holds which GPUs, for the node agent")
+	fs.StringVar(&o.MetricsAddr, "metrics-bind-address", "", "Prometheus /metrics and the /healthz and /readyz probes, e.g. 127.0.0.1:9101; empty disables")
+	fs.StringVar(&o.SocketPath, "socket-path", "", "NRI socket (external plugin); empty when containerd launches the plugin")
+	fs.StringVar(&o.PluginName, "plugin-name", "", "plugin name (external plugin)")
+	fs.StringVar(&o.PluginIdx, "plugin-idx", "", "plugin index, two digits (external plugin)")
+	fs.BoolVar(&o.Report, "report", true, "annotate pods with their GPUs and record Events through the API")
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig for reports; empty means in-cluster")
+	return func(log logr.Logger) (RunOptions, error) {
+		out := o
+		out.CDISpecDirs = splitList(*cdiDirs)
+		out.TrustedNamespaces = splitList(*trusted)
+		var err error
+		if out.DeviceListStrategies, err = names.ParseDeviceListStrategies(*strategies); err != nil {
+			return RunOptions{}, err
+		}
+		// --naming went away when the plugin learnt to name GPUs the way the device plugin
+		// did; manifests of older releases still pass it, and failing on it would crash-loop
+		// the plugin, refusing every GPU container on the node.
+		fs.Visit(func(f *flag.Flag) {
+			if f.Name == "naming" {
+				log.Info("DEPRECATED: --naming is ignored and will be removed; GPUs are named as the device plugin named them", "naming", *naming)
+			}
+		})
+		return out, nil
+	}
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, part := range strings.Split(s, ",") {
+		if part = strings.TrimSpace(part); part != "" {
+			out = append(out, part)
+		}
+	}
+	return out
+}

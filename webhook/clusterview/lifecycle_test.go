@@ -1,6 +1,7 @@
 package clusterview
 
 import (
+	"reflect"
 	"testing"
 	"time"
 
@@ -171,5 +172,44 @@ func TestLeavingRoomOnACordonedNodeIsNotWaitedFor(t *testing.T) {
 	v.UpsertPod(deleting(pinnedPod("a", 0, 4), time.Now(), 30))
 	if got, _ := v.ChooseDomain(newTP(), 4, 0); got.Domain != 1 || got.Fits {
 		t.Fatalf("TP=4 waits for room freeing on a cordoned node: %+v", got)
+	}
+}
+
+// The re-pin plan sees room about to free exactly as ChooseDomain waits for it: GPUs of bound
+// pods being deleted, until their deadline (deletionTimestamp + LeavingMargin), and only what
+// their going adds to the room counted now.
+func TestRepinInputsReportRoomAboutToFree(t *testing.T) {
+	start := time.Unix(1_000_000, 0)
+	cases := []struct {
+		name  string
+		after time.Duration
+		// over: another pod of 2 GPUs bound to domain 0 beyond its capacity (a shrunk topology)
+		over        bool
+		wantLeaving map[int]int
+	}{
+		{"within the grace period", 10 * time.Second, false, map[int]int{0: 4}},
+		{"at the deadline", 30*time.Second + LeavingMargin, false, map[int]int{0: 4}},
+		{"stuck past the deadline", 30*time.Second + LeavingMargin + time.Second, false, nil},
+		{"an over-committed domain gains what its going adds", 0, true, map[int]int{0: 2}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := start
+			v := New(n)
+			v.now = func() time.Time { return clock }
+			v.UpsertNode(gpuNode("a", []int{4, 4}, nil))
+			if tc.over {
+				v.UpsertPod(pinnedPod("a", 0, 2))
+			}
+			v.UpsertPod(deleting(pinnedPod("a", 0, 4), start, 30))
+			clock = clock.Add(tc.after)
+			rooms, _ := v.RepinInputs(nil)
+			if len(rooms) != 1 || !reflect.DeepEqual(rooms[0].Leaving, tc.wantLeaving) {
+				t.Fatalf("rooms = %+v, want leaving %v", rooms, tc.wantLeaving)
+			}
+			if want := start.Add(30*time.Second + LeavingMargin); tc.wantLeaving != nil && !rooms[0].LeavingUntil.Equal(want) {
+				t.Fatalf("LeavingUntil = %v, want %v", rooms[0].LeavingUntil, want)
+			}
+		})
 	}
 }

@@ -3,6 +3,7 @@ package clusterview
 import (
 	"encoding/json"
 	"sort"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
@@ -77,10 +78,30 @@ func (v *View) RepinInputs(waiting []WaitingPod) ([]placement.NodeRoom, []placem
 	return rooms, waiters
 }
 
-// repinSnapshot copies, under the read lock, the nodes with domains (sorted by name) and their
-// free GPUs per domain.
+// repinSnapshot copies, under the read lock, the nodes with domains (sorted by name), their
+// free GPUs per domain, and the GPUs that bound pods being deleted will free there while they
+// are within their grace period plus LeavingMargin (the room ChooseDomain lets a pod wait
+// for, which the plan then lets it keep waiting for).
 func (v *View) repinSnapshot() ([]repinNode, []placement.NodeRoom) {
 	v.mu.RLock()
+	now := v.now()
+	leaving := map[string]map[int]int{}
+	var until map[string]time.Time
+	for _, l := range v.leaving {
+		if now.After(l.deadline) {
+			continue // stuck past its grace period: held, and no longer room about to free
+		}
+		if leaving[l.node] == nil {
+			leaving[l.node] = map[int]int{}
+		}
+		leaving[l.node][l.domain] += l.gpus
+		if until == nil {
+			until = map[string]time.Time{}
+		}
+		if u, ok := until[l.node]; !ok || l.deadline.Before(u) {
+			until[l.node] = l.deadline
+		}
+	}
 	nodes := make([]repinNode, 0, len(v.nodes))
 	rooms := make([]placement.NodeRoom, 0, len(v.nodes))
 	for name, nd := range v.nodes {
@@ -95,7 +116,23 @@ func (v *View) repinSnapshot() ([]repinNode, []placement.NodeRoom) {
 		}
 		nodes = append(nodes, repinNode{obj: nd.obj, taints: nd.taints, taintKey: nd.taintKey, largest: largest})
 		// Capacity is shared: PlanRepins only reads it, and the view replaces it whole.
-		rooms = append(rooms, placement.NodeRoom{Name: name, Capacity: nd.capacity, Free: free})
+		room := placement.NodeRoom{Name: name, Capacity: nd.capacity, Free: free}
+		for d, gpus := range leaving[name] {
+			if _, ok := nd.capacity[d]; !ok {
+				continue
+			}
+			// What the pods' going adds to the room counted now (an over-committed domain,
+			// whose free count is clamped at 0, gains less than they hold).
+			raw := v.free(name, nd, d)
+			if more := max(0, raw+gpus) - max(0, raw); more > 0 {
+				if room.Leaving == nil {
+					room.Leaving = map[int]int{}
+				}
+				room.Leaving[d] = more
+				room.LeavingUntil = until[name]
+			}
+		}
+		rooms = append(rooms, room)
 	}
 	v.mu.RUnlock()
 	sort.Sort(byRoomName{nodes, rooms})

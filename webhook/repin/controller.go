@@ -104,7 +104,11 @@ type Reconciler struct {
 	planGen  uint64
 	plan     []placement.RepinDecision
 	planPods map[string]*corev1.Pod
-	plans    int // plans made, for tests
+	planGPUs map[string]int // GPUs of each waiter, by pod UID
+	// planUntil is when room the plan counted as about to free (pods being deleted) stops
+	// counting: the plan is made again then, even over an unchanged view. Zero without.
+	planUntil time.Time
+	plans     int // plans made, for tests
 }
 
 // Job verdicts are remembered this long, for at most this many Jobs.
@@ -158,7 +162,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 
 	// The generation is read before the pods are listed: a change that lands in between is
 	// planned again at the next pass, never missed.
-	if gen := r.View.Generation(); !r.planned || gen != r.planGen {
+	if gen := r.View.Generation(); !r.planned || gen != r.planGen || (!r.planUntil.IsZero() && now.After(r.planUntil)) {
 		var list corev1.PodList
 		if err := r.Client.List(ctx, &list, client.MatchingFields{NodeNameIndex: ""}, client.UnsafeDisableDeepCopy); err != nil {
 			return reconcile.Result{}, fmt.Errorf("list unbound pods: %w", err)
@@ -172,10 +176,23 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 		}
 		rooms, waiters := r.View.RepinInputs(in)
 		r.plan, r.planPods, r.planGen, r.planned = placement.PlanRepins(rooms, waiters), byUID, gen, true
+		r.planGPUs = make(map[string]int, len(waiters))
+		for _, w := range waiters {
+			r.planGPUs[w.ID] = w.GPUs
+		}
+		r.planUntil = time.Time{}
+		for _, room := range rooms {
+			if u := room.LeavingUntil; !u.IsZero() && (r.planUntil.IsZero() || u.Before(r.planUntil)) {
+				r.planUntil = u
+			}
+		}
 		r.plans++
 	}
 
 	next := 10 * time.Second // a pass now and then, whatever happens
+	if !r.planUntil.IsZero() {
+		next = min(next, max(r.planUntil.Sub(now), 0)+time.Second)
+	}
 	stranded := map[types.UID]bool{}
 	for _, dec := range r.plan {
 		if dec.Verdict != placement.Stranded {
@@ -192,7 +209,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 			next = min(next, left)
 			continue
 		}
-		if retry := r.act(ctx, pod, dec, now.Sub(since)); retry > 0 {
+		if retry := r.act(ctx, pod, dec, r.planGPUs[dec.ID], now.Sub(since)); retry > 0 {
 			next = min(next, retry)
 		}
 	}
@@ -255,32 +272,24 @@ func Unschedulable(p *corev1.Pod) bool {
 	return false
 }
 
-// BarePodAdvice is what a Stranded Event (and `nvdomain explain`) tells the owner of a bare
-// pod. Re-creating the pod from its live object (kubectl get -o yaml | kubectl replace
-// --force) would carry the old pin, domain resources and affinity included, so the advice
-// names the original manifest.
-const BarePodAdvice = "nvdomain never deletes a pod that no controller recreates: delete it and create it again from its original manifest (not from `kubectl get -o yaml`, which carries the old pin: its nvswitch-domain resources, affinity and annotations), and the webhook pins it to a domain with room; or run it under a Deployment, StatefulSet or a Job whose podFailurePolicy ignores DisruptionTarget, so nvdomain can move it"
-
 // act moves one stranded pod, or says why it does not. It returns when to look again if the
 // pod is left waiting for a reason that passes (the rate limit).
-func (r *Reconciler) act(ctx context.Context, pod *corev1.Pod, dec placement.RepinDecision, stranded time.Duration) time.Duration {
-	why := fmt.Sprintf("NVSwitch domain %d has had no room for this pod on any node it may run on for %s, while domain %d has room on node %s",
-		dec.From, stranded.Round(time.Second), dec.To, dec.Node)
+func (r *Reconciler) act(ctx context.Context, pod *corev1.Pod, dec placement.RepinDecision, gpus int, stranded time.Duration) time.Duration {
+	cause := StrandedCause(dec, gpus, stranded)
 	if !DomainBlocked(pod, r.Names) {
 		r.Metrics.Repins.WithLabelValues(ResultSkipped).Inc()
-		r.eventOnce(pod, corev1.EventTypeWarning, ReasonRepinSkipped, "Repin",
-			"%s, but it is not moved: the scheduler's reason is not its GPUs or its domain (%q), and another domain would leave it just as Pending", why, SchedulerMessage(pod))
+		r.eventOnce(pod, corev1.EventTypeWarning, ReasonRepinSkipped, "Repin", "Stranded: %s; it is not moved: %s (%q)", cause, NotDomainNote, SchedulerMessage(pod))
 		return 0
 	}
-	owner := metav1.GetControllerOfNoCopy(pod)
-	if owner == nil {
+	if metav1.GetControllerOfNoCopy(pod) == nil {
 		r.Metrics.Repins.WithLabelValues(ResultBarePod).Inc()
-		r.eventOnce(pod, corev1.EventTypeWarning, ReasonStranded, "Wait", "%s. %s", why, BarePodAdvice)
+		r.eventOnce(pod, corev1.EventTypeWarning, ReasonStranded, "Wait", "Stranded: %s; %s. %s", cause, BarePodNote, StrandedFix(dec, true))
 		return 0
 	}
-	if skip := OwnerSkipReason(ctx, pod, r.Options.OwnerKinds, r.owners); skip != "" {
+	owners := WalkOwners(ctx, pod, r.Options.OwnerKinds, r.owners)
+	if owners.Skip != "" {
 		r.Metrics.Repins.WithLabelValues(ResultSkipped).Inc()
-		r.eventOnce(pod, corev1.EventTypeWarning, ReasonRepinSkipped, "Repin", "%s, but it is not moved: %s", why, skip)
+		r.eventOnce(pod, corev1.EventTypeWarning, ReasonRepinSkipped, "Repin", "Stranded: %s; it is not moved: %s. %s", cause, owners.Skip, SkipFix(owners, dec))
 		return 0
 	}
 	if !r.limiter.Allow() {
@@ -313,20 +322,19 @@ func (r *Reconciler) act(ctx context.Context, pod *corev1.Pod, dec placement.Rep
 	switch {
 	case err == nil:
 		r.Metrics.Repins.WithLabelValues(ResultEvicted).Inc()
-		msg := fmt.Sprintf("%s: evicted so that %s %s recreates it and nvdomain pins the replacement to a domain with room", why, owner.Kind, owner.Name)
-		r.Log.Info("re-pinned a stranded pod", "namespace", pod.Namespace, "name", pod.Name, "from", dec.From, "to", dec.To, "node", dec.Node, "owner", owner.Kind+"/"+owner.Name)
+		msg := fmt.Sprintf("%s: evicted so that its %s recreates it and nvdomain pins the replacement to a domain with room", cause, owners.Describe())
+		top := owners.Top()
+		r.Log.Info("re-pinned a stranded pod", "namespace", pod.Namespace, "name", pod.Name, "from", dec.From, "to", dec.To, "node", dec.Node, "owners", owners.Describe())
 		r.Recorder.Eventf(pod, nil, corev1.EventTypeNormal, ReasonRepinned, "Repin", "domain %d → %d: %s", dec.From, dec.To, msg)
-		r.Recorder.Eventf(ownerObject(pod.Namespace, owner), nil, corev1.EventTypeNormal, ReasonRepinned, "Repin", "pod %s, domain %d → %d: %s", pod.Name, dec.From, dec.To, msg)
+		// The top-level owner is the object its user manages (a Deployment rather than its
+		// ReplicaSet): the Event goes where they look.
+		r.Recorder.Eventf(ownerObject(pod.Namespace, top), nil, corev1.EventTypeNormal, ReasonRepinned, "Repin", "pod %s, domain %d → %d: %s", pod.Name, dec.From, dec.To, msg)
 		delete(r.since, pod.UID)
 	case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
 		// Gone, replaced, bound or changed meanwhile: the next pass sees the new state.
 	case apierrors.IsTooManyRequests(err):
-		// A Pending pod's eviction ignores PodDisruptionBudgets, so a 429 means the API
-		// server's priority and fairness limits throttled nvdomain, or the pod started
-		// running meanwhile and a budget now protects it.
 		r.Metrics.Repins.WithLabelValues(ResultSkipped).Inc()
-		r.eventOnce(pod, corev1.EventTypeWarning, ReasonRepinSkipped, "Repin",
-			"%s, but its eviction was refused for now (the API server throttled nvdomain, or the pod started meanwhile and a PodDisruptionBudget protects it); it is retried at the next pass: %v", why, err)
+		r.eventOnce(pod, corev1.EventTypeWarning, ReasonRepinSkipped, "Repin", "Stranded: %s; its eviction was refused: %s", cause, EvictionRefusal(err, r.Options.QPS))
 	default:
 		r.Metrics.Repins.WithLabelValues(ResultError).Inc()
 		r.Log.Error(err, "evict a stranded pod", "namespace", pod.Namespace, "name", pod.Name)

@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/placement"
 	"github.com/nvdomain/nvdomain/webhook/clusterview"
 )
 
@@ -165,9 +166,23 @@ func newHarnessWith(t *testing.T, opts Options, funcs interceptor.Funcs, objs ..
 		}
 		return c.Get(ctx, key, obj, opts...)
 	}})
-	h.r = &Reconciler{Options: opts, Names: n, View: view, Client: c, Reader: reader, Recorder: h.rec, Metrics: m, Log: logr.Discard()}
+	h.r = &Reconciler{Options: opts, Names: n, View: view, Client: c, Reader: reader, Recorder: kindRecorder{h.rec}, Metrics: m, Log: logr.Discard()}
 	h.r.now = func() time.Time { return h.clock }
 	return h
+}
+
+// kindRecorder is a FakeRecorder that appends the kind and name of the object an Event is on,
+// as " [on Kind name]", so tests can tell an Event on the pod from one on its owner.
+type kindRecorder struct{ *events.FakeRecorder }
+
+func (k kindRecorder) Eventf(regarding runtime.Object, related runtime.Object, eventtype, reason, action, note string, args ...any) {
+	kind, name := regarding.GetObjectKind().GroupVersionKind().Kind, ""
+	if p, ok := regarding.(*corev1.Pod); ok {
+		kind, name = "Pod", p.Name
+	} else if m, ok := regarding.(metav1.Object); ok {
+		name = m.GetName()
+	}
+	k.FakeRecorder.Eventf(regarding, related, eventtype, reason, action, note+" [on "+kind+" "+name+"]", args...)
 }
 
 func (h *harness) pass(t *testing.T, advance time.Duration) {
@@ -227,8 +242,11 @@ func TestStrandedDeploymentPodIsEvictedAfterTheDelayOnly(t *testing.T) {
 	if h.exists("waiter") {
 		t.Fatalf("not evicted after --repin-after; events %q", h.events)
 	}
+	// One Event on the pod, one on its top-level owner, where the Deployment's user looks;
+	// both name the whole chain of owners.
 	rep := h.eventsWith(ReasonRepinned)
-	if len(rep) != 2 || !strings.Contains(rep[0], "domain 0 → 1") || !strings.Contains(rep[0], "ReplicaSet tp4-7d9 recreates it") {
+	if len(rep) != 2 || !strings.Contains(rep[0], "domain 0 → 1") || !strings.Contains(rep[0], "its ReplicaSet tp4-7d9 (of Deployment tp4) recreates it") ||
+		!strings.HasSuffix(rep[0], "[on Pod waiter]") || !strings.HasSuffix(rep[1], "[on Deployment tp4]") {
 		t.Fatalf("Repinned events = %q", rep)
 	}
 	if got := testutil.ToFloat64(h.r.Metrics.Repins.WithLabelValues(ResultEvicted)); got != 1 {
@@ -266,9 +284,18 @@ func TestBarePodGetsAStrandedEventAndIsNeverDeleted(t *testing.T) {
 	if !h.exists("bare") {
 		t.Fatal("a bare pod was deleted")
 	}
+	// The cause (the pinned domain full for its 4 GPUs, and where room is) and the fixes, in
+	// the words `nvdomain explain` uses.
 	got := h.eventsWith(ReasonStranded)
-	if len(got) != 1 || !strings.Contains(got[0], "domain 1 has room on node gpu-node01") {
+	dec := placement.RepinDecision{From: 0, To: 1, Node: "gpu-node01"}
+	if len(got) != 1 || !strings.Contains(got[0], StrandedCause(dec, 4, 11*time.Second)) || !strings.Contains(got[0], StrandedFix(dec, true)) {
 		t.Fatalf("Stranded events = %q", got)
+	}
+	for _, want := range []string{"domain 0 is full", "has 4 GPUs of domain 0 free", "domain 1 has room for it on node gpu-node01",
+		"Fix: delete the pod and create it again", "free domain 0", "lower the pod's tensor-parallel size"} {
+		if !strings.Contains(got[0], want) {
+			t.Fatalf("the Stranded Event lacks %q: %q", want, got[0])
+		}
 	}
 	// Re-creating the pod from its live object would keep the old pin (and the assigned-gpus
 	// report, which the admission policy rejects on a new pod): the advice must say so.
@@ -292,7 +319,8 @@ func TestOnlyPodsTheSchedulerRejectsForTheirDomainMove(t *testing.T) {
 	}{
 		{"its domain resource", "0/1 nodes are available: 1 Insufficient nvidia.com/nvswitch-domain-0. preemption: 0/1 nodes are available: 1 No preemption victims found for incoming pod.", true},
 		{"its GPUs", "0/3 nodes are available: 1 Insufficient nvidia.com/gpu, 2 node(s) had untolerated taint {node-role.kubernetes.io/control-plane: }. preemption: not helpful.", true},
-		{"the domain size affinity", "0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector.", true},
+		{"node affinity alone (a node that does not exist, or the pod's own terms)", "0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector.", false},
+		{"untolerated taints", "0/2 nodes are available: 2 node(s) had untolerated taint {dedicated: inference}. preemption: 0/2 nodes are available: 2 Preemption is not helpful for scheduling.", false},
 		{"its domain among other reasons", "0/2 nodes are available: 1 Insufficient cpu, 1 Insufficient memory, 1 Insufficient nvidia.com/nvswitch-domain-0.", true},
 		{"CPU only", "0/1 nodes are available: 1 Insufficient cpu. preemption: 0/1 nodes are available: 1 No preemption victims found for incoming pod.", false},
 		{"another extended resource", "0/1 nodes are available: 1 Insufficient rdma/ib.", false},
@@ -481,18 +509,48 @@ func TestJobVerdictsAreBounded(t *testing.T) {
 	}
 }
 
-// A 429 for a Pending pod does not come from a PodDisruptionBudget (the eviction API ignores
-// budgets for Pending pods): the Event must name what does cause it.
-func TestThrottledEvictionNamesTheLikelyCauses(t *testing.T) {
-	funcs := interceptor.Funcs{SubResourceCreate: func(context.Context, client.Client, string, client.Object, client.Object, ...client.SubResourceCreateOption) error {
-		return apierrors.NewTooManyRequests("too many requests, please try again later", 1)
-	}}
-	h := newHarnessWith(t, testOptions(), funcs, strandedCluster(pinned("waiter", "", 0, ownedBy("ReplicaSet", "apps/v1", "rs"), unschedulable), replicaSet("rs"))...)
-	h.pass(t, 0)
-	h.pass(t, 11*time.Second)
-	got := h.eventsWith(ReasonRepinSkipped)
-	if len(got) != 1 || strings.Contains(got[0], "(a PodDisruptionBudget?)") || !strings.Contains(got[0], "throttled") || !strings.Contains(got[0], "started meanwhile") {
-		t.Fatalf("RepinSkipped events = %q", got)
+// An eviction refused with 429 gets an Event naming its cause and exactly what to change: a
+// PodDisruptionBudget (which the API server names) refuses only a pod that was running at
+// that moment; anything else is the API server's priority and fairness throttling.
+func TestRefusedEvictionSaysWhatToChange(t *testing.T) {
+	budget := apierrors.NewTooManyRequests("Cannot evict pod as it would violate the pod's disruption budget.", 0)
+	budget.ErrStatus.Details.Causes = append(budget.ErrStatus.Details.Causes, metav1.StatusCause{Type: policyv1.DisruptionBudgetCause, Message: "The disruption budget llama-pdb needs 2 healthy pods and has 2 currently"})
+	cases := []struct {
+		name string
+		err  error
+		want []string
+		not  []string
+	}{
+		{"a PodDisruptionBudget", budget,
+			[]string{"PodDisruptionBudget allows no disruption now (The disruption budget llama-pdb needs 2 healthy pods and has 2 currently)", "raise that PodDisruptionBudget's spec.maxUnavailable by one", "lower its spec.minAvailable by one", "spec.unhealthyPodEvictionPolicy: AlwaysAllow"},
+			[]string{"throttled", "(a PodDisruptionBudget?)"}},
+		{"API priority and fairness", apierrors.NewTooManyRequests("too many requests, please try again later", 1),
+			[]string{"the API server throttled nvdomain's evictions", "retried at the next pass", "lower --repin-qps (now 2)", "FlowSchema"},
+			[]string{"PodDisruptionBudget"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			funcs := interceptor.Funcs{SubResourceCreate: func(context.Context, client.Client, string, client.Object, client.Object, ...client.SubResourceCreateOption) error {
+				return tc.err
+			}}
+			h := newHarnessWith(t, testOptions(), funcs, strandedCluster(pinned("waiter", "", 0, ownedBy("ReplicaSet", "apps/v1", "rs"), unschedulable), replicaSet("rs"))...)
+			h.pass(t, 0)
+			h.pass(t, 11*time.Second)
+			got := h.eventsWith(ReasonRepinSkipped)
+			if len(got) != 1 {
+				t.Fatalf("RepinSkipped events = %q", got)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(got[0], w) {
+					t.Errorf("the Event lacks %q: %q", w, got[0])
+				}
+			}
+			for _, w := range tc.not {
+				if strings.Contains(got[0], w) {
+					t.Errorf("the Event says %q: %q", w, got[0])
+				}
+			}
+		})
 	}
 }
 
@@ -585,5 +643,67 @@ func TestOptionsValidate(t *testing.T) {
 		if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
 			t.Errorf("Validate() = %v, want %q", err, tc.want)
 		}
+	}
+}
+
+// leavingSince marks a bound pod as being deleted since start with a grace period of grace.
+func leavingSince(start time.Time, grace int64) podOpt {
+	return func(p *corev1.Pod) {
+		ts := metav1.NewTime(start.Add(time.Duration(grace) * time.Second))
+		p.DeletionTimestamp, p.DeletionGracePeriodSeconds = &ts, &grace
+		p.Finalizers = []string{"example.com/hold"} // the fake API server keeps only deleting objects with one
+		p.Status.Phase = corev1.PodRunning
+	}
+}
+
+// A waiter whose own domain is held by a pod being deleted (its predecessor in a rolling
+// update) waits for that room instead of being evicted to a domain with room now; a pod stuck
+// past its grace period (plus clusterview.LeavingMargin) is no longer room about to free,
+// and the waiter is moved as before. The view reads the wall clock, so the deletions are
+// placed well inside or well outside that window.
+func TestWaiterForItsPredecessorsDomainIsNotMoved(t *testing.T) {
+	cases := []struct {
+		name    string
+		since   time.Duration // how long ago the deletion started
+		evicted bool
+	}{
+		{"its predecessor is within its grace period", 0, false},
+		{"its predecessor is stuck terminating", 30*time.Second + clusterview.LeavingMargin + 5*time.Minute, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			leaving := pinned("predecessor", "gpu-node01", 0, leavingSince(time.Now().Add(-tc.since), 30))
+			h := newHarness(t, testOptions(), node("gpu-node01"), leaving,
+				pinned("waiter", "", 0, ownedBy("ReplicaSet", "apps/v1", "rs"), unschedulable), replicaSet("rs"))
+			h.pass(t, 0)
+			h.pass(t, 11*time.Second)
+			if evicted := !h.exists("waiter"); evicted != tc.evicted {
+				t.Fatalf("evicted = %v, want %v; events %q", evicted, tc.evicted, h.events)
+			}
+			if !tc.evicted && (len(h.events) != 0 || testutil.ToFloat64(h.r.Metrics.Stranded) != 0) {
+				t.Fatalf("a pod waiting for its predecessor's room was called stranded: events %q", h.events)
+			}
+		})
+	}
+}
+
+// A plan that counted room about to free is made again once that room stops counting (the
+// deadline of the pod being deleted), even when the view has not changed.
+func TestPlanIsRemadeWhenRoomAboutToFreeExpires(t *testing.T) {
+	start := time.Now()
+	h := newHarness(t, testOptions(), node("gpu-node01"), pinned("predecessor", "gpu-node01", 0, leavingSince(start, 30)),
+		pinned("waiter", "", 0, ownedBy("ReplicaSet", "apps/v1", "rs"), unschedulable), replicaSet("rs"))
+	h.clock = start
+	h.pass(t, 0)
+	if want := start.Add(30*time.Second + clusterview.LeavingMargin).Truncate(time.Second); !h.r.planUntil.Truncate(time.Second).Equal(want) {
+		t.Fatalf("planUntil = %v, want %v", h.r.planUntil, want)
+	}
+	h.pass(t, 30*time.Second)
+	if h.r.plans != 1 {
+		t.Fatalf("%d plans before the deadline over an unchanged view, want 1", h.r.plans)
+	}
+	h.pass(t, 31*time.Second+clusterview.LeavingMargin)
+	if h.r.plans != 2 {
+		t.Fatalf("%d plans after the deadline, want 2", h.r.plans)
 	}
 }

@@ -56,8 +56,44 @@ func kindOf(ref *metav1.OwnerReference) string {
 	return ref.Kind + "." + gv.Group
 }
 
-// OwnerSkipReason says why a pod must not be evicted to re-pin it, or "" when every owner up
-// to its top-level one lets it be recreated at no cost. The pod's controller must be a kind in
+// OwnerVerdict is what the walk up a pod's owners found.
+type OwnerVerdict struct {
+	// Chain lists the pod's controllers from its own up to the top-level one, as far as the
+	// walk went.
+	Chain []metav1.OwnerReference
+	// Skip says why the pod must not be evicted to re-pin it; "" when it may be.
+	Skip string
+}
+
+// Describe names the chain for a message: "ReplicaSet llama-7d9 (of Deployment llama)".
+func (v OwnerVerdict) Describe() string {
+	if len(v.Chain) == 0 {
+		return "no owner"
+	}
+	s := v.Chain[0].Kind + " " + v.Chain[0].Name
+	for _, ref := range v.Chain[1:] {
+		s += " (of " + ref.Kind + " " + ref.Name
+	}
+	return s + strings.Repeat(")", len(v.Chain)-1)
+}
+
+// Top is the top-level owner the walk reached, nil for a bare pod: the object a user manages,
+// where an Event about its pods is looked for.
+func (v OwnerVerdict) Top() *metav1.OwnerReference {
+	if len(v.Chain) == 0 {
+		return nil
+	}
+	return &v.Chain[len(v.Chain)-1]
+}
+
+// OwnerSkipReason is WalkOwners(…).Skip.
+func OwnerSkipReason(ctx context.Context, pod *corev1.Pod, ownerKinds []string, owners Owners) string {
+	return WalkOwners(ctx, pod, ownerKinds, owners).Skip
+}
+
+// WalkOwners walks a pod's controllers up to the top-level one and says why the pod must not be
+// evicted to re-pin it, or "" when every owner up to its top-level one lets it be recreated at
+// no cost. The pod's controller must be a kind in
 // ownerKinds (Kind.group, Kind alone for the core group), or a Job whose podFailurePolicy
 // ignores the eviction (IgnoresDisruption); every controller above it must be in ownerKinds
 // too, or be a Deployment or CronJob, which leave their pods to the kinds below. An owner
@@ -66,7 +102,7 @@ func kindOf(ref *metav1.OwnerReference) string {
 // lists that is not built in is trusted as it is, without reading its own owners. The
 // caller handles a pod without a controller (a bare pod). The re-pin controller and `nvdomain
 // explain` both decide through it, so the CLI predicts exactly what the controller does.
-func OwnerSkipReason(ctx context.Context, pod *corev1.Pod, ownerKinds []string, owners Owners) string {
+func WalkOwners(ctx context.Context, pod *corev1.Pod, ownerKinds []string, owners Owners) (v OwnerVerdict) {
 	allowed := func(kind string) bool {
 		for _, k := range ownerKinds {
 			if strings.EqualFold(k, kind) {
@@ -77,10 +113,14 @@ func OwnerSkipReason(ctx context.Context, pod *corev1.Pod, ownerKinds []string, 
 	}
 	ref := metav1.GetControllerOfNoCopy(pod)
 	if ref == nil {
-		return "it has no owner"
+		v.Skip = "it has no owner"
+		return v
 	}
+	// Each reason below names the owner that stops the move and, where there is one, the
+	// setting that would let nvdomain move the pod.
 	var below string // the owner under ref, for messages
 	for range maxOwnerDepth {
+		v.Chain = append(v.Chain, *ref)
 		kind := kindOf(ref)
 		gvk, known := walkable[kind]
 		if known && gvk.GroupVersion().String() != ref.APIVersion {
@@ -89,44 +129,53 @@ func OwnerSkipReason(ctx context.Context, pod *corev1.Pod, ownerKinds []string, 
 		isJob := kind == "Job.batch"
 		switch {
 		case isJob && below != "":
-			return fmt.Sprintf("%s is controlled by Job %s, which is not known to recreate it at no cost (--repin-owner-kinds: %s)", below, ref.Name, strings.Join(ownerKinds, ","))
+			v.Skip = fmt.Sprintf("%s is controlled by Job %s, which is not known to recreate it at no cost (--repin-owner-kinds: %s)", below, ref.Name, strings.Join(ownerKinds, ","))
+			return v
 		case isJob:
 		case allowed(kind), below != "" && implicitOwnerKinds[kind] && known:
 		case below == "":
-			return fmt.Sprintf("its owner %s %s is not one that recreates evicted pods (--repin-owner-kinds: %s)", kind, ref.Name, strings.Join(ownerKinds, ","))
+			v.Skip = fmt.Sprintf("its owner %s %s is not one that recreates evicted pods (--repin-owner-kinds: %s)", kind, ref.Name, strings.Join(ownerKinds, ","))
+			return v
 		default:
-			return fmt.Sprintf("%s is controlled by %s %s, which is not known to recreate an evicted pod without disrupting the others it runs (evicting one pod may restart its whole group); add it to --repin-owner-kinds if it does (now %s)",
+			v.Skip = fmt.Sprintf("%s is controlled by %s %s, which is not known to recreate an evicted pod without disrupting the others it runs (evicting one pod may restart its whole group); add it to --repin-owner-kinds if it does (now %s)",
 				below, kind, ref.Name, strings.Join(ownerKinds, ","))
+			return v
 		}
 		if !known {
-			return "" // a kind the operator vouches for, and nvdomain cannot read further
+			return v // a kind the operator vouches for, and nvdomain cannot read further
 		}
 		obj, err := owners.Meta(ctx, pod.Namespace, gvk, ref.Name)
 		switch {
 		case apierrors.IsNotFound(err):
-			return fmt.Sprintf("its owner %s %s is gone (the pod is about to be garbage-collected)", kind, ref.Name)
+			v.Skip = fmt.Sprintf("its owner %s %s is gone (the pod is about to be garbage-collected)", kind, ref.Name)
+			return v
 		case err != nil:
-			return fmt.Sprintf("its owner %s %s could not be read (%v)", kind, ref.Name, err)
+			v.Skip = fmt.Sprintf("its owner %s %s could not be read (%v)", kind, ref.Name, err)
+			return v
 		case obj.GetUID() != ref.UID:
-			return fmt.Sprintf("its owner %s %s was replaced by another object of the same name", kind, ref.Name)
+			v.Skip = fmt.Sprintf("its owner %s %s was replaced by another object of the same name", kind, ref.Name)
+			return v
 		}
 		if isJob {
 			ignores, err := owners.IgnoresDisruption(ctx, obj)
 			if err != nil {
-				return fmt.Sprintf("its Job %s could not be read (%v)", ref.Name, err)
+				v.Skip = fmt.Sprintf("its Job %s could not be read (%v)", ref.Name, err)
+				return v
 			}
 			if !ignores {
-				return fmt.Sprintf("evicting it would count as a failure of Job %s (a retry of its backoffLimit); add spec.podFailurePolicy.rules: [{action: Ignore, onPodConditions: [{type: DisruptionTarget}]}] to let nvdomain move its pods", ref.Name)
+				v.Skip = fmt.Sprintf("evicting it would count as a failure of Job %s (a retry of its backoffLimit); add spec.podFailurePolicy.rules: [{action: Ignore, onPodConditions: [{type: DisruptionTarget}]}] to let nvdomain move its pods", ref.Name)
+				return v
 			}
 		}
 		next := metav1.GetControllerOfNoCopy(obj)
 		if next == nil {
-			return ""
+			return v // the top-level owner, and every owner up to it recreates the pod
 		}
 		below = fmt.Sprintf("its owner %s %s", kind, ref.Name)
 		ref = next
 	}
-	return fmt.Sprintf("its chain of owners is deeper than %d", maxOwnerDepth)
+	v.Skip = fmt.Sprintf("its chain of owners is deeper than %d", maxOwnerDepth)
+	return v
 }
 
 // IgnoresDisruption reports whether the Job's podFailurePolicy makes an evicted pod not count

@@ -8,38 +8,37 @@ import (
 	"github.com/nvdomain/nvdomain/pkg/names"
 )
 
-// nodeAffinityReason is kube-scheduler's NodeAffinity filter reason. On the nodes the re-pin
-// plan found eligible (the pod's own selector and affinity match there) it can only come from
-// nvdomain's domain size expression: the pinned domain is smaller there than the pod.
-const nodeAffinityReason = "node(s) didn't match Pod's node affinity/selector"
-
-// SchedulerMessage is the message of the pod's PodScheduled condition ("" without one).
+// SchedulerMessage is the message of the pod's PodScheduled=False condition: the scheduler's
+// reasons for not binding it ("" when it has not judged the pod, or bound it).
 func SchedulerMessage(p *corev1.Pod) string {
 	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodScheduled {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse {
 			return c.Message
 		}
 	}
 	return ""
 }
 
-// DomainBlocked reports whether the scheduler's verdict on the pod names a reason that a move
-// to another domain id can remove: a domain resource or nvidia.com/gpu it found insufficient,
-// or the node affinity, which on the nodes the plan counts can only be nvdomain's domain size
-// expression. The plan sees GPUs alone; a pod the scheduler rejects only for its CPU, memory,
-// other extended resources, volumes' node affinity, pod (anti-)affinity or topology spread
-// would wait after a move just as before, so it is not moved.
+// DomainBlocked reports whether the scheduler's verdict on the pod cites what a move to
+// another domain id can change: "Insufficient <resource>" for one of nvdomain's domain
+// resources (names.Names.IsDomainResource) or for nvidia.com/gpu. Nothing else moves a pod.
+// The plan sees GPUs alone; a pod the scheduler rejects for its CPU, memory, other extended
+// resources, untolerated taints, a node selector or affinity that no node matches (a node
+// that does not exist, say), volumes' node affinity, pod (anti-)affinity or topology spread
+// would wait after a move just as before, and the replacement of a pod whose owner takes a
+// restart badly is not free. Node affinity is not taken as the domain either, although
+// nvdomain's pin adds a domain size term to it: on the nodes where the pinned domain is large
+// enough but full the scheduler says Insufficient, and the message cannot tell nvdomain's
+// term from the pod's own.
 //
 // The message counts reasons over all nodes ("0/5 nodes are available: 1 Insufficient cpu,
 // 4 Insufficient nvidia.com/nvswitch-domain-0. preemption: …"), so a reason cannot be tied to
 // the node the plan would move the pod to. When both kinds appear the pod is moved: its
 // domain is full somewhere it may run, and if the new one is not enough there either, the
-// replacement waits pinned to a domain that has room, which the plan then leaves alone.
+// replacement waits pinned to a domain that has room, which the plan then leaves alone. What
+// preemption found (after the first ". ") is not a reason the pod failed.
 func DomainBlocked(p *corev1.Pod, n names.Names) bool {
 	for _, r := range filterReasons(SchedulerMessage(p)) {
-		if r == nodeAffinityReason {
-			return true
-		}
 		if res, ok := strings.CutPrefix(r, "Insufficient "); ok && (res == names.GPUResource || n.IsDomainResource(res)) {
 			return true
 		}

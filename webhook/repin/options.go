@@ -27,7 +27,7 @@ type Options struct {
 	// are folded into the next pass. A pass over a view that has not changed since the last
 	// one only acts on the clock (After), without planning again. Re-pinning waits After
 	// (30s) anyway, so a pass every 10s costs a stranded pod at most that much more, and a
-	// large cluster with many waiters plans a sixth as often as it would every second.
+	// large cluster with many waiters plans at most a tenth as often as it would every second.
 	Interval time.Duration
 	// QPS and Burst bound evictions cluster-wide, so that a surprise (a node pool vanishing)
 	// never turns into an eviction storm.

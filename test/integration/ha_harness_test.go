@@ -430,7 +430,7 @@ func (h *haCluster) startControllerManager() {
 		h.t.Fatal(err)
 	}
 	cmd := exec.Command(filepath.Join(filepath.Dir(h.env.ControlPlane.APIServer.Path), "kube-controller-manager"),
-		"--kubeconfig="+h.kubeconfig, "--controllers=replicaset,garbagecollector", "--leader-elect=false",
+		"--kubeconfig="+h.kubeconfig, "--controllers=deployment,replicaset,garbagecollector", "--leader-elect=false",
 		"--secure-port=0", "--concurrent-replicaset-syncs=10")
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {

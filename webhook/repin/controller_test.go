@@ -308,8 +308,8 @@ func TestBarePodGetsAStrandedEventAndIsNeverDeleted(t *testing.T) {
 	}
 }
 
-// A pod moves only when the scheduler rejects it for its GPUs or its domain: the plan counts
-// GPUs alone, and a pod that waits for CPU, memory, a volume's zone or its (anti-)affinity
+// A pod moves only when the scheduler rejects it for its GPUs or its domain (its resource, or
+// nvdomain's affinity term on a node that passes the pod's own): the plan counts GPUs alone, and a pod that waits for CPU, memory, a volume's zone or its (anti-)affinity
 // would wait just as long in another domain.
 func TestOnlyPodsTheSchedulerRejectsForTheirDomainMove(t *testing.T) {
 	cases := []struct {
@@ -319,7 +319,10 @@ func TestOnlyPodsTheSchedulerRejectsForTheirDomainMove(t *testing.T) {
 	}{
 		{"its domain resource", "0/1 nodes are available: 1 Insufficient nvidia.com/nvswitch-domain-0. preemption: 0/1 nodes are available: 1 No preemption victims found for incoming pod.", true},
 		{"its GPUs", "0/3 nodes are available: 1 Insufficient nvidia.com/gpu, 2 node(s) had untolerated taint {node-role.kubernetes.io/control-plane: }. preemption: not helpful.", true},
-		{"node affinity alone (a node that does not exist, or the pod's own terms)", "0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector.", false},
+		// The plan found a node that passes the pod's own terms with room in another id, so the
+		// term it fails there is nvdomain's: its pinned id is gone. Left alone, it would wait forever.
+		{"node affinity alone (the pinned id exists on no eligible node)", "0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector.", true},
+		{"node affinity and CPU", "0/2 nodes are available: 1 Insufficient cpu, 1 node(s) didn't match Pod's node affinity/selector.", false},
 		{"untolerated taints", "0/2 nodes are available: 2 node(s) had untolerated taint {dedicated: inference}. preemption: 0/2 nodes are available: 2 Preemption is not helpful for scheduling.", false},
 		{"its domain among other reasons", "0/2 nodes are available: 1 Insufficient cpu, 1 Insufficient memory, 1 Insufficient nvidia.com/nvswitch-domain-0.", true},
 		{"CPU only", "0/1 nodes are available: 1 Insufficient cpu. preemption: 0/1 nodes are available: 1 No preemption victims found for incoming pod.", false},

@@ -30,7 +30,12 @@ func TestDomainBlocked(t *testing.T) {
 		{"a resource prefix from --resource-prefix", custom, cond(corev1.ConditionFalse, "0/1 nodes are available: 1 Insufficient "+custom.DomainResource(0)+"."), true},
 		{"the default prefix under another one is not nvdomain's", custom, cond(corev1.ConditionFalse, "0/1 nodes are available: 1 Insufficient "+names.Default().DomainResource(0)+"."), false},
 		{"untolerated taints", names.Default(), cond(corev1.ConditionFalse, "0/1 nodes are available: 1 node(s) had untolerated taint {dedicated: llm}."), false},
-		{"affinity to a node that does not exist", names.Default(), cond(corev1.ConditionFalse, "0/4 nodes are available: 4 node(s) didn't match Pod's node affinity/selector."), false},
+		// The plan judged it Stranded, so a node passing its own constraints has room: the
+		// term it fails there is nvdomain's (its pinned id is gone from every such node).
+		{"only node affinity: the pinned id exists nowhere with room", names.Default(), cond(corev1.ConditionFalse, "0/4 nodes are available: 4 node(s) didn't match Pod's node affinity/selector."), true},
+		{"node affinity and the domain resource", names.Default(), cond(corev1.ConditionFalse, "0/4 nodes are available: 2 Insufficient "+names.Default().DomainResource(1)+", 2 node(s) didn't match Pod's node affinity/selector. preemption: 0/4 nodes are available: 4 No preemption victims found for incoming pod."), true},
+		{"node affinity and taints", names.Default(), cond(corev1.ConditionFalse, "0/4 nodes are available: 1 node(s) had untolerated taint {dedicated: llm}, 3 node(s) didn't match Pod's node affinity/selector."), false},
+		{"node affinity and CPU", names.Default(), cond(corev1.ConditionFalse, "0/4 nodes are available: 1 Insufficient cpu, 3 node(s) didn't match Pod's node affinity/selector."), false},
 		{"CPU only", names.Default(), cond(corev1.ConditionFalse, "0/1 nodes are available: 1 Insufficient cpu."), false},
 		{"time-sliced GPUs", names.Default(), cond(corev1.ConditionFalse, "0/1 nodes are available: 1 Insufficient "+names.SharedGPUResource+"."), false},
 		{"only preemption names the domain", names.Default(), cond(corev1.ConditionFalse, "0/1 nodes are available: 1 Insufficient cpu. preemption: 1 Insufficient "+names.Default().DomainResource(0)+"."), false},

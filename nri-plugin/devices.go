@@ -40,6 +40,18 @@ type Given struct {
 	// NeutraliseEnv holds NVIDIA_VISIBLE_DEVICES when it names devices that no configured
 	// strategy put there (see envVerdict); the plugin sets it to void.
 	NeutraliseEnv string
+	// EnvCopies is how many times NVIDIA_VISIBLE_DEVICES appears with differing values.
+	// containerd keeps every copy (the image's ENV, then the device plugin's, then the pod's
+	// env and envFrom, in that order), the NVIDIA toolkit reads the last, and NRI's env
+	// adjustment cannot change a repeated variable (each later copy writes its own value back
+	// over the adjusted one), so a container that needs it changed is refused instead.
+	EnvCopies int
+	// StrategyMismatch is set when NVIDIA_VISIBLE_DEVICES lists only GPUs of this node, the
+	// envvar strategy's form, while that strategy is off and nothing else gave the container
+	// GPUs: most likely the device plugin runs envvar and --device-list-strategy says
+	// otherwise (an upgrade that kept the default), which would silently take every pod's
+	// GPUs away, so the container is refused with the fix instead of neutralised.
+	StrategyMismatch bool
 	// CDINames are the CDI device names that brought each GPU.
 	CDINames map[int]string
 	// Mounts are the volume-mounts strategy's mount paths, by GPU.
@@ -96,7 +108,7 @@ func (p *Plugin) nvidiaKind(k cdispec.Kind) bool {
 // when the envvar strategy is off; the volume-mounts directory only when that strategy is
 // off.
 func (p *Plugin) envVerdict(env []string) (value string, neutralise bool) {
-	v, ok := envValue(env, names.VisibleDevicesEnv)
+	v, _, ok := envValue(env, names.VisibleDevicesEnv)
 	if !ok {
 		return "", false
 	}
@@ -161,11 +173,13 @@ func (p *Plugin) readGiven(pod *api.PodSandbox, ctr *api.Container) Given {
 			}
 		}
 	}
+	nvidiaCDI := false
 	for _, name := range cdiNames {
 		kind, id, ok := cdispec.ParseName(name)
 		if !ok || !p.nvidiaKind(kind) {
 			continue // not an NVIDIA GPU: another vendor's device, a NIC, …
 		}
+		nvidiaCDI = true
 		// nvidia-ctk's spec names MIG devices <gpu>:<mig>, the device plugin by MIG- UUID.
 		if kind.Class == names.CDIClassMIG || strings.HasPrefix(id, "MIG-") || strings.Contains(id, ":") {
 			mig(name)
@@ -182,8 +196,13 @@ func (p *Plugin) readGiven(pod *api.PodSandbox, ctr *api.Container) Given {
 		g.CDIKind, g.cdiByUUID = &k, id != strconv.Itoa(idx)
 	}
 	// Device nodes containerd put in already, for CDI devices: only the CDI strategies bring
-	// them before NRI runs (the toolkit adds the other strategies' nodes at runc create).
-	if ctr.Linux != nil && cdiStrategy {
+	// them before NRI runs (the toolkit adds the other strategies' nodes at runc create). They
+	// count only beside an NVIDIA CDI name: a privileged container gets every device of the
+	// host without asking for one (the GPU Operator's device plugin, dcgm-exporter and driver
+	// pods, a CSI or CNI agent), and booking all of them for it would lock every GPU pod out
+	// of the node. Beside a name, an unnamed node is a MIG device's parent or a GPU the same
+	// CDI devices brought.
+	if ctr.Linux != nil && cdiStrategy && nvidiaCDI {
 		for _, d := range ctr.Linux.Devices {
 			minor, ok := gpuMinor(d)
 			if !ok {
@@ -204,9 +223,13 @@ func (p *Plugin) readGiven(pod *api.PodSandbox, ctr *api.Container) Given {
 	// NVIDIA_VISIBLE_DEVICES: a list of GPUs (envvar), or the volume-mounts directory.
 	v, neutralise := p.envVerdict(ctr.Env)
 	g.Env = v
+	if _, n, _ := envValue(ctr.Env, names.VisibleDevicesEnv); n > 1 {
+		g.EnvCopies = n
+	}
 	switch {
 	case neutralise:
 		g.NeutraliseEnv = v
+		g.StrategyMismatch = !nvidiaCDI && len(set) == 0 && p.listsOnlyNodeGPUs(v, resolve)
 	case v == names.VolumeMountsDir:
 		for _, m := range ctr.Mounts {
 			id, ok := strings.CutPrefix(m.Destination, names.VolumeMountsDir+"/")
@@ -246,6 +269,21 @@ func (p *Plugin) readGiven(pod *api.PodSandbox, ctr *api.Container) Given {
 	return g
 }
 
+// listsOnlyNodeGPUs says whether v is a list of ids that all name GPUs of this node: the
+// envvar strategy's form, as opposed to "all", the volume-mounts directory or ids from
+// elsewhere.
+func (p *Plugin) listsOnlyNodeGPUs(v string, resolve func(string) (int, bool)) bool {
+	if v == names.VisibleDevicesAll || v == names.VolumeMountsDir {
+		return false
+	}
+	for _, id := range strings.Split(v, ",") {
+		if _, ok := resolve(strings.TrimSpace(id)); !ok {
+			return false
+		}
+	}
+	return true
+}
+
 // gpuMinor reads /dev/nvidia<minor>; nvidiactl, nvidia-uvm and the rest are not GPUs.
 func gpuMinor(d *api.LinuxDevice) (int, bool) {
 	rest, ok := strings.CutPrefix(d.Path, names.GPUDevicePrefix)
@@ -256,13 +294,17 @@ func gpuMinor(d *api.LinuxDevice) (int, bool) {
 	return m, err == nil && m >= 0
 }
 
-func envValue(env []string, key string) (string, bool) {
+// envValue reads a variable as the NVIDIA toolkit does: the last copy wins (it builds a map).
+// distinct counts the differing values among the copies (1 when there is one, or all agree).
+func envValue(env []string, key string) (value string, distinct int, ok bool) {
+	seen := map[string]bool{}
 	for _, e := range env {
-		if v, ok := strings.CutPrefix(e, key+"="); ok {
-			return v, true
+		if v, found := strings.CutPrefix(e, key+"="); found {
+			value, ok = v, true
+			seen[v] = true
 		}
 	}
-	return "", false
+	return value, len(seen), ok
 }
 
 // adjust turns the device plugin's choice into the chosen GPUs, in every form the container

@@ -232,6 +232,16 @@ func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 		p.mu.Unlock()
 		return p.neutralise(nil, pod, ctr, g.NeutraliseEnv), nil, nil
 	}
+	switch {
+	case g.StrategyMismatch:
+		p.mu.Unlock()
+		return fail("strategy-mismatch", fmt.Errorf("%s=%s lists GPUs of this node, the form of the device plugin's envvar strategy, but this node's nvdomain-nri trusts only %s (--device-list-strategy): "+
+			"if the device plugin runs DEVICE_LIST_STRATEGY=envvar, set the chart's node.agent.deviceListStrategy to the device plugin's value; if the pod or its image sets the variable itself, remove it (GPUs come only from a %s request)",
+			names.VisibleDevicesEnv, g.Env, strings.Join(p.cfg.DeviceListStrategies, ","), names.GPUResource))
+	case g.EnvCopies > 1 && g.NeutraliseEnv != "":
+		p.mu.Unlock()
+		return fail("env-duplicated", p.duplicated(g, "set it to "+names.VisibleDevicesVoid))
+	}
 	if g.Untouchable != "" {
 		return p.createUntouchable(pod, ctr, g, k, domain, fail)
 	}
@@ -263,6 +273,10 @@ func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 			reason = "node-full"
 		}
 		return fail(reason, err)
+	}
+	if g.EnvCopies > 1 && g.EnvList && !slices.Equal(gpus, g.GPUs) {
+		p.mu.Unlock()
+		return fail("env-duplicated", p.duplicated(g, "give it GPU(s) "+names.FormatGPUList(gpus)))
 	}
 	a := Assignment{ContainerID: ctr.Id, PodSandboxID: pod.Id, PodNamespace: pod.Namespace, PodName: pod.Name, PodUID: pod.Uid,
 		ContainerName: ctr.Name, GPUs: gpus, Domain: domain}
@@ -299,6 +313,15 @@ func (p *Plugin) mismatch(k, given int, g Given) error {
 	}
 	return fmt.Errorf("annotation %s says %d GPU(s) for this container but the device plugin allocated %d; only nvdomain's webhook may write that annotation: delete and recreate the pod so the webhook pins it",
 		ann, k, given)
+}
+
+// duplicated explains a container whose NVIDIA_VISIBLE_DEVICES must change (to do what)
+// but appears more than once: NRI cannot change a repeated variable (Given.EnvCopies).
+func (p *Plugin) duplicated(g Given, what string) error {
+	return fmt.Errorf("%s appears %d times with different values in the container's environment (the image's ENV, the device plugin's and the pod's env or envFrom); containerd keeps every copy and the NVIDIA toolkit reads the last (%q), "+
+		"and an NRI plugin cannot change a repeated variable, so nvdomain cannot %s. Fix: remove %s from the pod's env and envFrom (GPUs come only from a %s request); "+
+		"with the device plugin's envvar strategy an image that sets it (CUDA base images set %s) repeats it too: run the device plugin with cdi-cri (the GPU Operator's default) or volume-mounts",
+		names.VisibleDevicesEnv, g.EnvCopies, g.Env, what, names.VisibleDevicesEnv, names.GPUResource, names.VisibleDevicesAll)
 }
 
 // createUntouchable handles a container holding MIG devices or ids the topology does not know

@@ -771,25 +771,36 @@ func TestOnlyTheConfiguredStrategiesFormsCount(t *testing.T) {
 		wantGPUs   string // assigned-gpus; empty: none booked
 		wantEnv    string // NVIDIA_VISIBLE_DEVICES as adjusted; empty: not adjusted
 		wantForm   string // counted as env-neutralised
+		wantErr    string // the refusal names this
 	}{
-		{"a GPU list without the envvar strategy", cdiDefault, given(c(), names.StrategyEnvVar, 0, 1, 2, 3, 4, 5, 6, 7), "", "void", "list"},
-		{"all", cdiDefault, ctr("c1", "p", "main", "NVIDIA_VISIBLE_DEVICES=all"), "", "void", "all"},
-		{"all under envvar", envvar, ctr("c1", "p", "main", "NVIDIA_VISIBLE_DEVICES=all"), "", "void", "all"},
-		{"volume-mounts form without that strategy", cdiDefault, given(c(), names.StrategyVolumeMounts, 0, 1), "", "void", "volume-mounts"},
-		{"volume-mounts", volume, given(c(), names.StrategyVolumeMounts, 0, 1), "0,1", "", ""},
-		{"mounts that are not /dev/null", volume, hostPath(given(c(), names.StrategyVolumeMounts, 0, 1)), "", "", ""},
-		{"a GPU list under envvar", envvar, given(c(), names.StrategyEnvVar, 4, 5), "0,1", "GPU-0,GPU-1", ""},
-		{"CDI devices under envvar", envvar, given(c(), names.StrategyCDICRI, 0, 1), "", "", ""},
-		{"cdi-cri names under cdi-annotations", []string{names.StrategyCDIAnnotations}, noNodes(given(c(), names.StrategyCDICRI, 0, 1)), "", "", ""},
-		{"cdi-annotations names under cdi-cri", []string{names.StrategyCDICRI}, noNodes(given(c(), names.StrategyCDIAnnotations, 0, 1)), "", "", ""},
-		{"cdi-cri", cdiDefault, given(c(), names.StrategyCDICRI, 0, 1), "0,1", "", ""},
-		{"void", cdiDefault, ctr("c1", "p", "main", "NVIDIA_VISIBLE_DEVICES=void"), "", "", ""},
-		{"none", cdiDefault, ctr("c1", "p", "main", "NVIDIA_VISIBLE_DEVICES=none"), "", "", ""},
+		// This node's GPU ids in the envvar form while that strategy is off: most likely the
+		// device plugin runs envvar and the flag says otherwise, so refused with the fix
+		// rather than silently voided.
+		{"a GPU list without the envvar strategy", cdiDefault, given(c(), names.StrategyEnvVar, 0, 1, 2, 3, 4, 5, 6, 7), "", "", "", "node.agent.deviceListStrategy"},
+		{"ids this node does not have without the envvar strategy", cdiDefault, ctr("c1", "p", "main", "NVIDIA_VISIBLE_DEVICES=GPU-0,GPU-elsewhere"), "", "void", "list", ""},
+		{"all", cdiDefault, ctr("c1", "p", "main", "NVIDIA_VISIBLE_DEVICES=all"), "", "void", "all", ""},
+		{"all under envvar", envvar, ctr("c1", "p", "main", "NVIDIA_VISIBLE_DEVICES=all"), "", "void", "all", ""},
+		{"volume-mounts form without that strategy", cdiDefault, given(c(), names.StrategyVolumeMounts, 0, 1), "", "void", "volume-mounts", ""},
+		{"volume-mounts", volume, given(c(), names.StrategyVolumeMounts, 0, 1), "0,1", "", "", ""},
+		{"mounts that are not /dev/null", volume, hostPath(given(c(), names.StrategyVolumeMounts, 0, 1)), "", "", "", ""},
+		{"a GPU list under envvar", envvar, given(c(), names.StrategyEnvVar, 4, 5), "0,1", "GPU-0,GPU-1", "", ""},
+		{"CDI devices under envvar", envvar, given(c(), names.StrategyCDICRI, 0, 1), "", "", "", ""},
+		{"cdi-cri names under cdi-annotations", []string{names.StrategyCDIAnnotations}, noNodes(given(c(), names.StrategyCDICRI, 0, 1)), "", "", "", ""},
+		{"cdi-annotations names under cdi-cri", []string{names.StrategyCDICRI}, noNodes(given(c(), names.StrategyCDIAnnotations, 0, 1)), "", "", "", ""},
+		{"cdi-cri", cdiDefault, given(c(), names.StrategyCDICRI, 0, 1), "0,1", "", "", ""},
+		{"void", cdiDefault, ctr("c1", "p", "main", "NVIDIA_VISIBLE_DEVICES=void"), "", "", "", ""},
+		{"none", cdiDefault, ctr("c1", "p", "main", "NVIDIA_VISIBLE_DEVICES=none"), "", "", "", ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			p, rec, m := newPlugin(t, func(c *Config) { c.DeviceListStrategies = tc.strategies })
 			adj, _, err := p.CreateContainer(context.Background(), &api.PodSandbox{Id: "p", Name: "pod-p", Namespace: "default"}, tc.ctr)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || len(rec.assigned) != 0 {
+					t.Fatalf("got %v (booked %+v), want a refusal naming %q and nothing booked", err, rec.assigned, tc.wantErr)
+				}
+				return
+			}
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -821,9 +832,9 @@ func TestAGPUListInTheEnvLocksOutNothing(t *testing.T) {
 	p, rec, _ := newPlugin(t, func(c *Config) { c.DeviceListStrategies = names.DefaultDeviceListStrategies })
 	ctx := context.Background()
 	greedy := ctr("g1", "g", "main", "NVIDIA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7")
-	adj, _, err := p.CreateContainer(ctx, &api.PodSandbox{Id: "g", Name: "greedy", Namespace: "default"}, greedy)
-	if err != nil || envOf(adj)["NVIDIA_VISIBLE_DEVICES"] != "void" || len(rec.assigned) != 0 {
-		t.Fatalf("greedy container: %v %v, booked %+v", envOf(adj), err, rec.assigned)
+	_, _, err := p.CreateContainer(ctx, &api.PodSandbox{Id: "g", Name: "greedy", Namespace: "default"}, greedy)
+	if err == nil || len(rec.assigned) != 0 {
+		t.Fatalf("greedy container: %v, booked %+v", err, rec.assigned)
 	}
 	for _, d := range []int{0, 1} {
 		id := fmt.Sprint("tp", d)
@@ -1073,5 +1084,89 @@ func TestContainerGPUInfoLeavesNoSeriesAfterAGPURename(t *testing.T) {
 	}
 	if n := testutil.CollectAndCount(m.ContainerGPU); n != 0 {
 		t.Fatalf("%d series left after the container stopped", n)
+	}
+}
+
+// containerd keeps every copy of a repeated variable (the image's ENV, the device plugin's,
+// the pod's env and envFrom), the NVIDIA toolkit reads the last, and NRI's env adjustment
+// cannot change a repeated one: the plugin reads the last copy, and refuses a container
+// whose variable it would have to change when there are several.
+func TestRepeatedVisibleDevices(t *testing.T) {
+	envvar := []string{names.StrategyEnvVar}
+	cases := []struct {
+		name       string
+		strategies []string
+		pod        *api.PodSandbox
+		ctr        *api.Container
+		wantErr    string // the refusal names this; empty: created
+		wantGPUs   string
+	}{
+		// A CUDA image's ENV first, then the device plugin's void (cdi-cri): the toolkit reads
+		// void, nothing to change.
+		{"image all, then the device plugin's void", names.DefaultDeviceListStrategies, &api.PodSandbox{Id: "p", Name: "pod-p", Namespace: "default"},
+			given(ctr("c1", "p", "main", "NVIDIA_VISIBLE_DEVICES=all"), names.StrategyCDICRI, 0, 1), "", "0,1"},
+		// The pod's own env (or envFrom) comes last: its all would reach the toolkit.
+		{"the pod's all after the device plugin's void", names.DefaultDeviceListStrategies, &api.PodSandbox{Id: "p", Name: "pod-p", Namespace: "default"},
+			withEnv(given(ctr("c1", "p", "main"), names.StrategyCDICRI, 0, 1), "NVIDIA_VISIBLE_DEVICES=all"), "appears 2 times", ""},
+		// envvar with a CUDA image: the device plugin's list is last and is the domain's.
+		{"envvar, image all, the domain's GPUs", envvar, pinnedPod("p", 0, `{"main":2}`),
+			given(ctr("c1", "p", "main", "NVIDIA_VISIBLE_DEVICES=all"), names.StrategyEnvVar, 0, 1), "", "0,1"},
+		// ... but GPUs of the other domain cannot be rewritten: refused with the fix.
+		{"envvar, image all, the other domain's GPUs", envvar, pinnedPod("p", 0, `{"main":2}`),
+			given(ctr("c1", "p", "main", "NVIDIA_VISIBLE_DEVICES=all"), names.StrategyEnvVar, 4, 5), "cdi-cri", ""},
+		{"copies that agree are one", envvar, pinnedPod("p", 1, `{"main":2}`),
+			withEnv(given(ctr("c1", "p", "main"), names.StrategyEnvVar, 4, 5), "NVIDIA_VISIBLE_DEVICES=GPU-4,GPU-5"), "", "4,5"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p, rec, _ := newPlugin(t, func(c *Config) { c.DeviceListStrategies = tc.strategies })
+			adj, _, err := p.CreateContainer(context.Background(), tc.pod, tc.ctr)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || len(rec.assigned) != 0 {
+					t.Fatalf("got %v (booked %+v), want a refusal naming %q", err, rec.assigned, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := adj.GetAnnotations()[n.PodAssignedGPUsAnnotation()]; got != tc.wantGPUs {
+				t.Fatalf("assigned %q, want %q", got, tc.wantGPUs)
+			}
+		})
+	}
+}
+
+func withEnv(c *api.Container, env ...string) *api.Container {
+	c.Env = append(c.Env, env...)
+	return c
+}
+
+// A privileged container gets every device node of the host without asking for a GPU (the
+// GPU Operator's device plugin and dcgm-exporter, CSI and CNI agents): it books nothing, in
+// a trusted namespace or not, and the GPU pods that follow get their GPUs.
+func TestPrivilegedContainersBookNoGPUs(t *testing.T) {
+	for _, ns := range []string{"gpu-operator", "default"} {
+		t.Run(ns, func(t *testing.T) {
+			p, rec, _ := newPlugin(t, func(c *Config) {
+				c.DeviceListStrategies = names.DefaultDeviceListStrategies
+				c.TrustedNamespaces = []string{"gpu-operator"}
+			})
+			priv := ctr("priv", "s", "agent")
+			priv.Linux = &api.LinuxContainer{}
+			for g := 0; g < 8; g++ {
+				priv.Linux.Devices = append(priv.Linux.Devices, &api.LinuxDevice{Path: fmt.Sprintf("/dev/nvidia%d", g), Type: "c", Major: 195, Minor: int64(g)})
+			}
+			priv.Linux.Devices = append(priv.Linux.Devices, &api.LinuxDevice{Path: "/dev/nvidia-caps/nvidia-cap1", Type: "c", Major: 235, Minor: 1})
+			if _, _, err := p.CreateContainer(context.Background(), &api.PodSandbox{Id: "s", Name: "sys", Namespace: ns}, priv); err != nil || len(rec.assigned) != 0 {
+				t.Fatalf("privileged container: %v, booked %+v", err, rec.assigned)
+			}
+			for _, d := range []int{0, 1} {
+				id := fmt.Sprint("tp", d)
+				if _, _, err := p.CreateContainer(context.Background(), pinnedPod(id, d, `{"vllm":4}`), given(ctr(id+"-c", id, "vllm"), names.StrategyCDICRI, 4*d, 4*d+1, 4*d+2, 4*d+3)); err != nil {
+					t.Fatalf("TP=4 in domain %d after a privileged container: %v", d, err)
+				}
+			}
+		})
 	}
 }

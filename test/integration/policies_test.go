@@ -75,14 +75,20 @@ func startPolicyCluster(t *testing.T) *cluster {
 			}
 		}
 	}
-	// A policy takes effect once the apiserver has compiled it: wait for it to deny.
-	probe := handAnnotated("policy-probe")
-	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		_, err := c.client.CoreV1().Pods("default").Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		return apierrors.IsInvalid(err) || apierrors.IsForbidden(err), nil
-	})
-	if err != nil {
-		t.Fatalf("the policies never took effect: %v", err)
+	// A policy takes effect once the apiserver has compiled it, each on its own: wait for
+	// every policy a test relies on to deny its probe (a loaded machine compiles them seconds
+	// apart).
+	envProbe := gpuPod("env-probe", false, 0)
+	envProbe.Namespace = "default"
+	envProbe.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "NVIDIA_VISIBLE_DEVICES", Value: "all"}}
+	for _, probe := range []*corev1.Pod{handAnnotated("policy-probe"), envProbe} {
+		err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			_, err := c.client.CoreV1().Pods("default").Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+			return apierrors.IsInvalid(err) || apierrors.IsForbidden(err), nil
+		})
+		if err != nil {
+			t.Fatalf("the policies never took effect (probe %s): %v", probe.Name, err)
+		}
 	}
 	return c
 }

@@ -217,15 +217,23 @@ func TestEnvNamingGPUsIsNeutralisedUnderTheCDIStrategies(t *testing.T) {
 	cases := []struct {
 		pod     podSpec
 		env     string
-		wantEnv string
+		wantEnv string // "": refused
 	}{
-		{podSpec{name: "greedy"}, strings.Join(all, ","), "void"},
+		// This node's GPU ids in the envvar form while envvar is off: refused with the flag to
+		// set (a device plugin running envvar would otherwise start pods without GPUs, silently).
+		{podSpec{name: "greedy"}, strings.Join(all, ","), ""},
 		{podSpec{name: "cuda-image"}, "all", "void"},
 		{podSpec{name: "dcgm-exporter", namespace: "gpu-operator"}, "all", "all"},
 	}
 	for _, tc := range cases {
 		pod, cfg := n.runPod(tc.pod)
 		id, err := n.createContainer(pod, cfg, "main", tc.env)
+		if tc.wantEnv == "" {
+			if err == nil || !strings.Contains(err.Error(), "node.agent.deviceListStrategy") {
+				t.Fatalf("%s: %v, want a refusal naming node.agent.deviceListStrategy", tc.pod.name, err)
+			}
+			continue
+		}
 		if err != nil {
 			t.Fatalf("%s: %v", tc.pod.name, err)
 		}

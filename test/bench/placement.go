@@ -546,10 +546,10 @@ with a matchAttribute constraint on the domain, and nothing is pinned at admissi
   NodeResourcesFit's default LeastAllocated score prefers the node with the most free GPUs.
 - The classic rows are the ones above: **` + policyNvdomain + `** (the webhook pins the tightest fit) and **` + policyRepin + `**
   (production's default, with the re-pin controller); **` + policyAny + `** is the ideal tightest fit with no pin.
-- **TP jobs stranded by fragmentation**: the share of TP jobs (after the first tenth of the horizon) that were left
-  waiting after some scheduling pass while the cluster had at least k free GPUs but no domain had k: kept waiting by
-  how free GPUs are scattered, not by a lack of them. A classic job waiting for its pinned id while another id has
-  room is not counted (re-pinning handles that); its wait is in the TP mean wait.
+- **TP jobs stranded by fragmentation**: the share of TP jobs (after the first tenth of the horizon) that could not
+  start on arrival although the cluster had at least k free GPUs, because no domain had k: kept waiting by how free
+  GPUs are scattered, not by a lack of them. Every policy tries a job on arrival (a classic job is pinned to a domain
+  with room when there is one), so the share compares like with like.
 - Both DRA rows use the simulation's queue (priority, then arrival, retried whenever GPUs free); the scheduler's
   backoff for unschedulable pods is not modelled, which favours DRA and classic alike.
 

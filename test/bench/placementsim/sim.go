@@ -213,11 +213,11 @@ type Result struct {
 	MeanWaitBySize [9]float64
 	// TPMeanWait is MeanWait over jobs of size ≥ 2 only.
 	TPMeanWait float64
-	// StrandedPct is the share of TP jobs arriving after warmup that, after some scheduling
-	// pass, were left waiting while the cluster had at least their size in free GPUs but no
-	// domain had that many: jobs kept waiting by fragmentation alone (across domains or nodes),
-	// not by a lack of GPUs. Waiting for a pinned id while another id has room is not counted
-	// here; that is what re-pinning is for.
+	// StrandedPct is the share of TP jobs arriving after warmup that could not start on
+	// arrival although the cluster had at least their size in free GPUs, because no domain had
+	// that many: jobs kept waiting by how free GPUs are scattered (across domains or nodes),
+	// not by a lack of GPUs. It is judged on arrival, when every policy tries the job at once,
+	// so a long wait does not count more than a short one.
 	StrandedPct float64
 	NeverPlaced int // rejected at admission or still waiting at the end
 	Rejected    int
@@ -273,7 +273,7 @@ type sim struct {
 	bySize          [9]struct{ sum, n float64 }
 	tpWait          struct{ sum, n float64 }
 	tpMeasured      int          // TP jobs arriving after warmup
-	stranded        map[int]bool // IDs of TP jobs after warmup found stranded by fragmentation
+	stranded        map[int]bool // IDs of TP jobs after warmup stranded by fragmentation on arrival
 	busy            float64
 	cross, tpPlaced int
 	log             map[int]placed // nil unless a test follows jobs
@@ -402,12 +402,12 @@ func (s *sim) tryQueue(now float64) {
 	}
 	clear(s.queue[len(kept):])
 	s.queue = kept
-	s.markStranded()
+	s.markStranded(now)
 }
 
-// markStranded records the TP waiters that fragmentation alone keeps waiting: the cluster has
-// as many free GPUs as they need, but no domain has.
-func (s *sim) markStranded() {
+// markStranded records the TP jobs that arrived now and wait although the cluster has as many
+// free GPUs as they need: no domain has that many.
+func (s *sim) markStranded(now float64) {
 	total, roomiest := 0, 0
 	for _, n := range s.nodes {
 		total += n.free()
@@ -416,7 +416,7 @@ func (s *sim) markStranded() {
 		}
 	}
 	for _, j := range s.queue {
-		if j.Size >= 2 && j.Arrival >= s.warmup && j.Size <= total && j.Size > roomiest {
+		if j.Arrival == now && j.Size >= 2 && j.Arrival >= s.warmup && j.Size <= total && j.Size > roomiest {
 			s.stranded[j.ID] = true
 		}
 	}

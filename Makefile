@@ -17,7 +17,7 @@ LDFLAGS     := -X github.com/nvdomain/nvdomain/pkg/cli.Version=$(VERSION)
 # marks deprecated, which only adds compiler noise.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all build test unit e2e host-deps k8s-assets containerd-assets helm-assets lint fmt vet staticcheck cover fuzz bench bench-placement demo down clean
+.PHONY: all build test unit e2e host-deps k8s-assets containerd-assets helm-assets kwok-assets lint fmt vet staticcheck cover fuzz bench bench-placement bench-admission scale demo down clean
 
 all: build
 
@@ -51,7 +51,12 @@ containerd-assets:
 helm-assets:
 	test/tools/build-helm.sh >/dev/null
 
-unit: host-deps k8s-assets containerd-assets helm-assets
+# The scale run (test/scale) keeps its fake nodes with kwok, built the same way into
+# bin/kwok/<version> (about a minute cold).
+kwok-assets:
+	test/tools/build-kwok.sh >/dev/null
+
+unit: host-deps k8s-assets containerd-assets helm-assets kwok-assets
 	KUBEBUILDER_ASSETS=$(K8S_ASSETS) $(GO) test -race -count=1 -timeout 20m ./...
 
 ## e2e: the seed scenarios on a real single-node cluster (kubelet + containerd with NRI) with
@@ -80,10 +85,12 @@ staticcheck: $(STATICCHECK)
 cover:
 	$(GO) test -count=1 -cover ./pkg/...
 
-## bench: every benchmark in one run (about 5 minutes): placement quality by simulation,
-## admission latency at fixed rates against a no-op webhook, the domain decision at scale, and
-## the NRI plugin's cost; prints one table and writes docs/benchmarks.md with a plot. Root
-## (the containerd part). Not part of `make test`, which runs smoke versions.
+## bench: every benchmark in one run (about 8 minutes): placement quality by simulation,
+## admission latency at fixed rates against a no-op webhook, pod creation through a real
+## kube-apiserver against a no-op webhook pair, the domain decision at scale, and the NRI
+## plugin's cost; prints one table and writes docs/benchmarks.md with a plot. Root (the
+## containerd and apiserver parts). It keeps the report's scale section, which `make scale`
+## writes. Not part of `make test`, which runs smoke versions.
 bench: host-deps k8s-assets containerd-assets
 	$(GO) run ./test/bench
 
@@ -91,6 +98,19 @@ bench: host-deps k8s-assets containerd-assets
 ## section and summary rows of docs/benchmarks.md and the plot, and leaves the rest as it is.
 bench-placement:
 	$(GO) run ./test/bench -only placement
+
+## bench-admission: only pod creation through a real kube-apiserver, nvdomain's webhook pair
+## against a no-op pair registered the same way (a few minutes), then a CPU profile of one
+## nvdomain replica under load, printed; rewrites only that part of docs/benchmarks.md. Root.
+bench-admission: host-deps k8s-assets
+	$(GO) run ./test/bench -only admission
+
+## scale: 1,000 kwok nodes published by the agent, 5,000 TP pods created at 25/s without the
+## webhook and then with two replicas (about 12 minutes); prints the table and rewrites the
+## scale section and rows of docs/benchmarks.md. Root. `make test` runs a 50-node smoke version
+## (TestScaleSmoke).
+scale: k8s-assets kwok-assets
+	$(GO) run ./test/bench -only scale
 
 ## fuzz: run every fuzz target for FUZZTIME each (not part of `make test`).
 fuzz:

@@ -4,14 +4,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"slices"
 	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/placement"
@@ -54,39 +52,6 @@ func (o Options) toDRA(view interface{ SelectsOnlyDRA(*corev1.Pod) bool }, pod *
 		return view.SelectsOnlyDRA(pod)
 	}
 	return false
-}
-
-// admitDRA is the Mutator's DRA step, run once the pod's own checks passed. It answers (ok)
-// for the pods DRA mode owns: a TP pod bound for DRA nodes is rewritten onto the claim
-// template of its size, or left unchanged for the Validator to reject when no DRA node it may
-// use has a domain that large; a non-TP GPU pod in DRA mode is left alone. Every other pod
-// (ok false) goes on to classic pinning. A dry run gets the same answer and, as ever, creates
-// nothing: the templates come from the dratemplates controller, not from admission.
-func (m *Mutator) admitDRA(req admission.Request, pod *corev1.Pod, p rules.Pod) (admission.Response, bool) {
-	if m.Options.Mode == ModeClassic {
-		return admission.Response{}, false
-	}
-	if !p.TP {
-		if m.Options.Mode == ModeDRA {
-			return admission.Allowed("DRA mode: GPU pods that are not tensor-parallel get nvidia.com/gpu through the DeviceClass " + names.DRADeviceClass), true
-		}
-		return admission.Response{}, false
-	}
-	if p.PinnedDomain() >= 0 || !m.Options.toDRA(m.View, pod) {
-		return admission.Response{}, false
-	}
-	if p.GPUs > names.DRAMaxDevicesPerClaim {
-		return admission.Allowed(fmt.Sprintf("tensor-parallel size %d is above what one ResourceClaim holds; left for the validating webhook", p.GPUs)), true
-	}
-	if err := m.View.DRAFits(pod, p.GPUs); err != nil {
-		return admission.Allowed(err.Error()), true
-	}
-	rewritten, err := json.Marshal(RewriteForDRA(pod, p, m.Options.Names))
-	if err != nil {
-		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("encode rewritten pod: %w", err)), true
-	}
-	m.Log.V(1).Info("rewritten for DRA", "namespace", pod.Namespace, "name", podName(pod), "gpus", p.GPUs, "template", names.DRATemplate(p.GPUs), "dryRun", isDryRun(req))
-	return admission.PatchResponseFromRaw(req.Object.Raw, rewritten), true
 }
 
 // RewriteForDRA returns a copy of a TP pod of k GPUs that takes its GPUs from a claim made

@@ -11,8 +11,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
-	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/utils/ptr"
 
 	"github.com/nvdomain/nvdomain/pkg/names"
@@ -30,10 +28,6 @@ func draNode(name string, domains []int, extra map[string]string) *corev1.Node {
 
 func newModeFixture(t testing.TB, mode Mode, nodes ...*corev1.Node) *fixture {
 	t.Helper()
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
 	m, err := NewMetrics(prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
@@ -45,7 +39,7 @@ func newModeFixture(t testing.TB, mode Mode, nodes ...*corev1.Node) *fixture {
 	for _, nd := range nodes {
 		view.UpsertNode(nd)
 	}
-	mut, val := NewHandlers(view, opts, m, logr.Discard(), scheme)
+	mut, val := NewHandlers(view, opts, m, logr.Discard())
 	return &fixture{view, mut, val, m}
 }
 

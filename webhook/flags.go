@@ -41,6 +41,7 @@ func (so *ServerOptions) AddFlags(fs *flag.FlagSet) (complete func() error) {
 	fs.IntVar(&so.Port, "port", so.Port, "webhook port")
 	fs.StringVar(&so.MetricsAddr, "metrics-bind-address", so.MetricsAddr, "Prometheus metrics address; 0 disables")
 	fs.StringVar(&so.ProbeAddr, "health-probe-bind-address", so.ProbeAddr, "healthz/readyz address")
+	fs.StringVar(&so.PprofAddr, "pprof-bind-address", so.PprofAddr, "serve Go's pprof profiles (/debug/pprof/) on this address; empty disables (keep it off networks others reach)")
 	tpSizes := fs.String("tp-sizes", "2,4,8,16,32,64,128,256", "allowed tensor-parallel sizes")
 	nonTP := fs.String("non-tp-pods", string(so.Handlers.NonTPPods), "what to do with GPU pods that are not tensor-parallel: pin, account or auto")
 	mode := fs.String("mode", string(so.Handlers.Mode), "which node pools TP pods go to: classic (pin to a domain id), dra (rewrite onto the ResourceClaimTemplate nvdomain-tp-<k>; DRA pools only) or mixed (DRA for pods that select only nodes labelled nvdomain-mode=dra, classic for the rest); docs/dra.md")

@@ -2,7 +2,6 @@ package webhook
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -17,9 +16,9 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+	sigsjson "sigs.k8s.io/json"
 
 	"github.com/nvdomain/nvdomain/pkg/checkconfig"
 	"github.com/nvdomain/nvdomain/pkg/names"
@@ -36,7 +35,6 @@ type Mutator struct {
 	Options Options
 	Metrics *Metrics
 	Log     logr.Logger
-	decoder admission.Decoder
 }
 
 // Validator rejects wrong or impossible pods and warns about unsatisfiable ones.
@@ -45,25 +43,28 @@ type Validator struct {
 	Options Options
 	Metrics *Metrics
 	Log     logr.Logger
-	decoder admission.Decoder
 }
 
 // NewHandlers builds both handlers over one view.
-func NewHandlers(view *clusterview.View, opts Options, m *Metrics, log logr.Logger, scheme *runtime.Scheme) (*Mutator, *Validator) {
-	dec := admission.NewDecoder(scheme)
-	return &Mutator{View: view, Options: opts, Metrics: m, Log: log.WithName("mutate"), decoder: dec},
-		&Validator{View: view, Options: opts, Metrics: m, Log: log.WithName("validate"), decoder: dec}
+func NewHandlers(view *clusterview.View, opts Options, m *Metrics, log logr.Logger) (*Mutator, *Validator) {
+	return &Mutator{View: view, Options: opts, Metrics: m, Log: log.WithName("mutate")},
+		&Validator{View: view, Options: opts, Metrics: m, Log: log.WithName("validate")}
 }
 
-func decodePod(dec admission.Decoder, req admission.Request) (*corev1.Pod, error) {
-	// The apiserver always sends JSON. The decoder would also take YAML, but a patch can only
-	// be computed against the JSON document the apiserver will apply it to.
-	if !json.Valid(req.Object.Raw) {
-		return nil, fmt.Errorf("decode pod: the admission request's object is not a JSON document")
-	}
+// decodePod decodes the admission request's pod as the scheme's JSON decoder did (the
+// apiserver's case-sensitive decoding, a document of another kind refused), in one pass over
+// the document: the decoder also scanned it to find its kind first, and the handler had checked
+// that it was JSON at all before that; on a pod the apiserver has defaulted, those passes were
+// a good part of each admission (docs/benchmarks.md, "The cost of admission").
+func decodePod(req admission.Request) (*corev1.Pod, error) {
+	// The apiserver always sends JSON; a patch can only be computed against the JSON document
+	// the apiserver will apply it to.
 	pod := &corev1.Pod{}
-	if err := dec.Decode(req, pod); err != nil {
-		return nil, fmt.Errorf("decode pod: %w", err)
+	if err := sigsjson.UnmarshalCaseSensitivePreserveInts(req.Object.Raw, pod); err != nil {
+		return nil, fmt.Errorf("decode pod: the admission request's object is not a JSON pod: %w", err)
+	}
+	if (pod.APIVersion != "" && pod.APIVersion != "v1") || (pod.Kind != "" && pod.Kind != "Pod") {
+		return nil, fmt.Errorf("decode pod: the admission request's object is a %s %s, not a v1 Pod", pod.APIVersion, pod.Kind)
 	}
 	if pod.Namespace == "" {
 		pod.Namespace = req.Namespace
@@ -82,7 +83,7 @@ func (m *Mutator) handle(_ context.Context, req admission.Request) admission.Res
 	if req.Operation != admissionv1.Create || req.Kind.Kind != "Pod" || m.Options.excluded(req.Namespace) {
 		return admission.Allowed("")
 	}
-	pod, err := decodePod(m.decoder, req)
+	pod, err := decodePod(req)
 	if err != nil {
 		return admission.Errored(http.StatusBadRequest, err)
 	}
@@ -110,11 +111,13 @@ func (m *Mutator) handle(_ context.Context, req admission.Request) admission.Res
 	if out == nil {
 		return admission.Allowed(msg)
 	}
-	raw, err := json.Marshal(out)
-	if err != nil {
-		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("encode mutated pod: %w", err))
+	// The response admission.PatchResponseFromRaw would give, built from the fields Mutate
+	// changes instead of by encoding the pod again and diffing the two documents (podPatch).
+	resp := admission.Response{Patches: podPatch(pod, out), AdmissionResponse: admissionv1.AdmissionResponse{Allowed: true}}
+	if len(resp.Patches) > 0 {
+		pt := admissionv1.PatchTypeJSONPatch
+		resp.PatchType = &pt
 	}
-	resp := admission.PatchResponseFromRaw(req.Object.Raw, raw)
 	if msg != "" {
 		resp.Result = &metav1.Status{Message: msg}
 	}
@@ -309,7 +312,7 @@ func (v *Validator) handle(_ context.Context, req admission.Request) admission.R
 	if req.Operation != admissionv1.Create || req.Kind.Kind != "Pod" || v.Options.excluded(req.Namespace) {
 		return admission.Allowed("")
 	}
-	pod, err := decodePod(v.decoder, req)
+	pod, err := decodePod(req)
 	if err != nil {
 		return admission.Errored(http.StatusBadRequest, err)
 	}

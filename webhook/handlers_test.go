@@ -21,7 +21,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/nvdomain/nvdomain/pkg/names"
@@ -43,10 +42,6 @@ type fixture struct {
 
 func newFixture(t testing.TB, mode NonTPMode, nodes ...*corev1.Node) *fixture {
 	t.Helper()
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
 	m, err := NewMetrics(prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
@@ -58,7 +53,7 @@ func newFixture(t testing.TB, mode NonTPMode, nodes ...*corev1.Node) *fixture {
 	for _, nd := range nodes {
 		view.UpsertNode(nd)
 	}
-	mut, val := NewHandlers(view, opts, m, logr.Discard(), scheme)
+	mut, val := NewHandlers(view, opts, m, logr.Discard())
 	return &fixture{view, mut, val, m}
 }
 

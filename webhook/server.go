@@ -24,6 +24,7 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/nvdomain/nvdomain/pkg/certs"
 	"github.com/nvdomain/nvdomain/webhook/certrotation"
@@ -70,6 +71,13 @@ type ServerOptions struct {
 	// mode in every namespace; it runs on the elected leader too. Its sizes and excluded
 	// namespaces are the handlers'.
 	DRATemplates dratemplates.Options
+	// PprofAddr serves net/http/pprof there; empty disables it.
+	PprofAddr string
+	// AdmissionOverride, when set, answers on both webhook paths instead of nvdomain's
+	// handlers, and everything else about the process stays as it is: test/noopwebhook sets
+	// it to a handler that allows everything, the baseline against which
+	// docs/benchmarks.md measures what nvdomain's admission costs.
+	AdmissionOverride admission.Handler
 }
 
 // CertRotationOptions configure the self-signed certificate rotator.
@@ -118,6 +126,7 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 		}),
 		Metrics:                metricsserver.Options{BindAddress: so.MetricsAddr},
 		HealthProbeBindAddress: so.ProbeAddr,
+		PprofBindAddress:       so.PprofAddr,
 		LeaderElection:         so.LeaderElection && so.leaderOnly(),
 		LeaderElectionID:       so.LeaderElectionID,
 		// The Lease is handed over at once on a clean shutdown, so a rolling update does not
@@ -137,7 +146,7 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 	if err != nil {
 		return nil, nil, fmt.Errorf("register metrics: %w", err)
 	}
-	mut, val := NewHandlers(view, so.Handlers, metrics, log, scheme)
+	mut, val := NewHandlers(view, so.Handlers, metrics, log)
 	if err := certrotation.RegisterServedExpiry(reg, filepath.Join(so.CertDir, certs.CertFile)); err != nil {
 		return nil, nil, err
 	}
@@ -182,9 +191,13 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 			return nil, nil, fmt.Errorf("ResourceClaimTemplate controller: %w", err)
 		}
 	}
+	var mh, vh admission.Handler = mut, val
+	if so.AdmissionOverride != nil {
+		mh, vh = so.AdmissionOverride, so.AdmissionOverride
+	}
 	srv := mgr.GetWebhookServer()
-	srv.Register(MutatePath, so.Drain.Handler(&crwebhook.Admission{Handler: mut}))
-	srv.Register(ValidatePath, so.Drain.Handler(&crwebhook.Admission{Handler: val}))
+	srv.Register(MutatePath, so.Drain.Handler(&crwebhook.Admission{Handler: mh}))
+	srv.Register(ValidatePath, so.Drain.Handler(&crwebhook.Admission{Handler: vh}))
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return nil, nil, err
 	}

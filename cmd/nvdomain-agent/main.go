@@ -1,6 +1,7 @@
 // Command nvdomain-agent publishes this node's NVLink domains as labels, annotations and
 // per-domain extended resources, and optionally serves simulated GPUs to the kubelet; with
-// --dra it is the node's DRA driver instead. See packages agent and dra.
+// --dra it is the node's DRA driver instead, and with --all-nodes it publishes every node of a
+// simulated topology from one process. See packages agent and dra.
 package main
 
 import (
@@ -40,6 +41,9 @@ func main() {
 	flag.BoolVar(&o.DRA, "dra", false, "run the DRA driver "+names.DRADriver+" for this node (docs/dra.md): publish its GPUs as ResourceSlice devices, prepare claims, label the node "+names.DefaultLabelPrefix+"/nvdomain-mode=dra and publish no per-domain extended resources; excludes --device-plugin")
 	flag.StringVar(&o.DRAKubeletDir, "dra-kubelet-dir", dra.DefaultKubeletDir, "the kubelet's --root-dir, where the DRA driver registers (plugins_registry) and keeps its socket and checkpoint (plugins/"+names.DRADriver+")")
 	flag.StringVar(&o.DRACDI, "dra-cdi", "auto", "CDI devices of prepared claims: nvdomain (the driver writes per-claim specs; simulated GPUs), nvidia (nvidia.com/gpu=<uuid> from nvidia-ctk's spec), or auto (nvdomain for --source simulated, else nvidia)")
+	flag.BoolVar(&o.AllNodes, "all-nodes", false, "publish every node of the simulated topology from this one process, each with its own publisher (--source simulated; for fake nodes such as kwok's, which run no agent); --node-name is ignored")
+	qps := flag.Float64("kube-api-qps", 0, "requests per second to the apiserver (0: 5, or 100 with --all-nodes)")
+	flag.IntVar(&o.KubeAPIBurst, "kube-api-burst", 0, "request burst to the apiserver (0: 10, or 200 with --all-nodes)")
 	namesFromFlags := names.BindFlags(flag.CommandLine)
 	zo := zap.Options{}
 	zo.BindFlags(flag.CommandLine)
@@ -47,6 +51,7 @@ func main() {
 
 	log := zap.New(zap.UseFlagOptions(&zo)).WithName("nvdomain-agent")
 	o.DeviceListStrategies = strings.Split(*strategies, ",")
+	o.KubeAPIQPS = float32(*qps)
 	var err error
 	if o.Names, err = namesFromFlags(); err == nil {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -94,8 +94,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	tick := time.NewTicker(a.o.Period)
 	defer tick.Stop()
-	poll := time.NewTicker(a.o.StatePoll)
-	defer poll.Stop()
+	// Without a state file there is nothing to poll; a fleet of a thousand node agents
+	// (Fleet) would otherwise wake a thousand times a second for nothing.
+	var polls <-chan time.Time
+	if a.o.NRIStateFile != "" {
+		poll := time.NewTicker(a.o.StatePoll)
+		defer poll.Stop()
+		polls = poll.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -104,7 +110,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.sync(ctx)
 		case <-a.o.Source.Changes():
 			a.sync(ctx)
-		case <-poll.C:
+		case <-polls:
 			if a.readNRIState() {
 				if err := a.publish(ctx); err != nil {
 					a.o.Log.Error(err, "publish after an NRI state change")
@@ -280,7 +286,17 @@ type Metrics struct {
 
 // NewMetrics creates the series and registers them with reg.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
-	m := &Metrics{
+	m := newMetrics()
+	for _, c := range []prometheus.Collector{m.Publishes, m.Errors, m.Stale, m.Mismatch, m.Domains, m.DomainGPUs, m.GPUInfo} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+func newMetrics() *Metrics {
+	return &Metrics{
 		Publishes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nvdomain_agent_publishes_total", Help: "Publish rounds, by result (changed, unchanged)."}, []string{"result"}),
 		Errors:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nvdomain_agent_errors_total", Help: "Errors, by stage (source, publish, nri-state)."}, []string{"stage"}),
 		Stale:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "nvdomain_agent_topology_stale", Help: "1 while the source is invalid and the last good topology stays published."}),
@@ -293,10 +309,4 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "1 for each GPU of the published topology, with its UUID and domain (\"none\" outside every domain); join DCGM exporter's series on UUID to sum them per domain."},
 			[]string{"node", "gpu", "UUID", "domain"}),
 	}
-	for _, c := range []prometheus.Collector{m.Publishes, m.Errors, m.Stale, m.Mismatch, m.Domains, m.DomainGPUs, m.GPUInfo} {
-		if err := reg.Register(c); err != nil {
-			return nil, err
-		}
-	}
-	return m, nil
 }

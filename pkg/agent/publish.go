@@ -1,11 +1,12 @@
 // Package agent is nvdomain's node agent: it turns this node's topology into the labels,
 // annotations and per-domain extended resources of docs/architecture.md (Names), and keeps
-// them true. On a DRA
-// node (--dra) it runs the DRA driver of package dra instead of publishing extended resources. It owns
-// only its own keys (those the names package can parse back), removes the ones that no longer
-// apply, never touches anyone else's, re-asserts everything on a period and on change, keeps
-// the last good topology published when its source breaks, and lowers a domain's capacity by
-// the GPUs that unpinned containers hold there (reported by the NRI plugin's state file).
+// them true. On a DRA node (--dra) it runs the DRA driver of package dra instead of publishing
+// extended resources. It owns only its own keys (those the names package can parse back),
+// removes the ones that no longer apply, never touches anyone else's, re-asserts everything on
+// a period and on change, keeps the last good topology published when its source breaks, and
+// lowers a domain's capacity by the GPUs that unpinned containers hold there (reported by the
+// NRI plugin's state file). A Fleet runs one agent per node of a simulated topology in one
+// process, for fake nodes that run no agent of their own.
 package agent
 
 import (

@@ -14,7 +14,6 @@ import (
 
 	"github.com/nvdomain/nvdomain/pkg/topology"
 	"github.com/nvdomain/nvdomain/pkg/topology/simulated"
-	"github.com/nvdomain/nvdomain/pkg/topology/source"
 )
 
 // ConfigMapSource watches one ConfigMap through the API (the simulated topology, which stands
@@ -28,6 +27,11 @@ type ConfigMapSource struct {
 	data    *string
 	present bool
 	changes chan struct{}
+	// parsedFrom is the data the cached parse (parsed, parseErr) was made from: Document
+	// parses each version of the ConfigMap once, however many nodes read it.
+	parsedFrom *string
+	parsed     *simulated.Document
+	parseErr   error
 }
 
 // NewConfigMapSource starts an informer on the one ConfigMap and waits for its first sync.
@@ -86,21 +90,36 @@ func (s *ConfigMapSource) Describe() string {
 	return fmt.Sprintf("ConfigMap %s/%s", s.Namespace, s.Name)
 }
 
-func (s *ConfigMapSource) Load(context.Context) (*topology.Topology, error) {
-	s.mu.Lock()
-	present, data := s.present, s.data
-	s.mu.Unlock()
-	switch {
-	case !present:
-		return nil, fmt.Errorf("ConfigMap %s/%s does not exist; create it with the simulated topology under the key %s", s.Namespace, s.Name, simulated.ConfigMapKey)
-	case data == nil:
-		return nil, fmt.Errorf("ConfigMap %s/%s has no key %s; put the simulated-topology JSON there", s.Namespace, s.Name, simulated.ConfigMapKey)
+func (s *ConfigMapSource) Load(ctx context.Context) (*topology.Topology, error) {
+	doc, err := s.Document(ctx)
+	if err != nil {
+		return nil, err
 	}
-	top, err := source.ForNode(s.Parser, []byte(*data), s.Node)
+	top, err := doc.ForNode(s.Node)
 	if err != nil {
 		return nil, fmt.Errorf("ConfigMap %s/%s key %s: %w", s.Namespace, s.Name, simulated.ConfigMapKey, err)
 	}
 	return top, nil
+}
+
+// Document parses the whole document (a DocumentSource for a Fleet).
+func (s *ConfigMapSource) Document(context.Context) (*simulated.Document, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case !s.present:
+		return nil, fmt.Errorf("ConfigMap %s/%s does not exist; create it with the simulated topology under the key %s", s.Namespace, s.Name, simulated.ConfigMapKey)
+	case s.data == nil:
+		return nil, fmt.Errorf("ConfigMap %s/%s has no key %s; put the simulated-topology JSON there", s.Namespace, s.Name, simulated.ConfigMapKey)
+	}
+	if s.parsedFrom != s.data {
+		s.parsedFrom = s.data
+		s.parsed, s.parseErr = s.Parser.Parse([]byte(*s.data))
+		if s.parseErr != nil {
+			s.parseErr = fmt.Errorf("ConfigMap %s/%s key %s: %w", s.Namespace, s.Name, simulated.ConfigMapKey, s.parseErr)
+		}
+	}
+	return s.parsed, s.parseErr
 }
 
 func (s *ConfigMapSource) Changes() <-chan struct{} { return s.changes }

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/nvdomain/nvdomain/test/hacluster"
 )
 
 // load creates TP=2 pods at a steady rate through the apiserver (and so through the webhook
@@ -87,12 +89,12 @@ func TestRollingRestartOfTheWebhookFailsNoAdmission(t *testing.T) {
 	l := startLoad(h, 20)
 	time.Sleep(2 * time.Second)
 	start := time.Now()
-	for _, r := range h.replicas {
-		if err := h.restartReplica(r, 30*time.Second); err != nil {
+	for _, r := range h.Replicas {
+		if err := h.RestartReplica(r, 30*time.Second); err != nil {
 			l.finish()
 			t.Fatal(err)
 		}
-		h.waitEndpoints(2)
+		h.WaitEndpoints(2)
 		time.Sleep(time.Second)
 	}
 	took := time.Since(start)
@@ -105,8 +107,8 @@ func TestRollingRestartOfTheWebhookFailsNoAdmission(t *testing.T) {
 	if l.ok.Load() < int64(took.Seconds()*15) {
 		t.Fatalf("only %d creations went through in %s; the load did not run", l.ok.Load(), took)
 	}
-	for _, r := range h.replicas {
-		if !h.logContains("shutting down: not ready any more") {
+	for _, r := range h.Replicas {
+		if !h.LogContains("shutting down: not ready any more") {
 			t.Fatalf("%s did not drain before closing", r.Name)
 		}
 	}
@@ -123,10 +125,10 @@ func TestKillOfOneWebhookReplicaCostsAndRecovers(t *testing.T) {
 	h.waitAdmits(2)
 	l := startLoad(h, 20)
 	time.Sleep(2 * time.Second)
-	victim := h.replicas[0]
+	victim := h.Replicas[0]
 	killed := time.Now()
-	_ = victim.cmd.Process.Signal(syscall.SIGKILL)
-	<-victim.done
+	_ = victim.Signal(syscall.SIGKILL)
+	<-victim.Done()
 	time.Sleep(5 * time.Second)
 	l.finish()
 	l.mu.Lock()
@@ -154,8 +156,8 @@ func TestKillOfOneWebhookReplicaCostsAndRecovers(t *testing.T) {
 }
 
 // servedSerial asks a replica, over TLS, which serving certificate it presents.
-func servedSerial(r *replica) string {
-	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: time.Second}, "tcp", net.JoinHostPort(r.IP, fmt.Sprint(haPort)),
+func servedSerial(r *hacluster.Replica) string {
+	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: time.Second}, "tcp", net.JoinHostPort(r.IP, fmt.Sprint(hacluster.Port)),
 		&tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}) // reads the certificate; trust is the apiserver's job
 	if err != nil {
 		return ""
@@ -168,8 +170,8 @@ func servedSerial(r *replica) string {
 // 60-second certificate renewed 45 seconds early), the replicas reload it from the Secret's
 // files, and admissions under load never fail across the renewals.
 func TestCertificateRenewalUnderLoadFailsNoAdmission(t *testing.T) {
-	h := startHACluster(t, 2, "--repin=false", "--cert-secret="+haNamespace+"/"+haService+"-tls", "--webhook-configuration=nvdomain",
-		"--cert-service="+haService, "--cert-validity=60s", "--cert-renew-before=45s", "--cert-check-interval=2s")
+	h := startHACluster(t, 2, "--repin=false", "--cert-secret="+hacluster.Namespace+"/"+hacluster.Service+"-tls", "--webhook-configuration=nvdomain",
+		"--cert-service="+hacluster.Service, "--cert-validity=60s", "--cert-renew-before=45s", "--cert-check-interval=2s")
 	for i := range 4 {
 		h.addGPUNode(fmt.Sprintf("gpu-%02d", i), [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}}, 0, nil)
 	}
@@ -178,7 +180,7 @@ func TestCertificateRenewalUnderLoadFailsNoAdmission(t *testing.T) {
 	l := startLoad(h, 20)
 	deadline := time.Now().Add(45 * time.Second)
 	for time.Now().Before(deadline) {
-		for _, r := range h.replicas {
+		for _, r := range h.Replicas {
 			if s := servedSerial(r); s != "" {
 				seen[s] = true
 			}

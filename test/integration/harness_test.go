@@ -4,19 +4,14 @@
 package integration
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -28,38 +23,28 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
-	"sigs.k8s.io/yaml"
 
 	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/test/hacluster"
 	"github.com/nvdomain/nvdomain/webhook"
 )
 
 var n = names.Default()
 
-func repoRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
-}
+func repoRoot() string { return hacluster.RepoRoot() }
 
 // assets builds (once per version, cached under bin/k8s) and returns the binary directory.
 func assets(t testing.TB) string {
 	t.Helper()
-	if dir := os.Getenv("KUBEBUILDER_ASSETS"); dir != "" {
-		return dir
+	dir, err := hacluster.Assets()
+	if err != nil {
+		t.Fatalf("build Kubernetes binaries: %v", err)
 	}
-	cmd := exec.Command(filepath.Join(repoRoot(), "test", "tools", "build-k8s.sh"))
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("build Kubernetes binaries: %v\n%s", err, errb.String())
-	}
-	return strings.TrimSpace(out.String())
+	return dir
 }
 
 // cluster is a running control plane with nvdomain's webhook configurations registered.
@@ -107,54 +92,9 @@ func loadWebhookConfigs(t testing.TB, host string, port int) ([]*admissionregv1.
 // readWebhookConfigs reads manifests/webhook, letting point adjust each entry's client config.
 func readWebhookConfigs(t testing.TB, point func(*admissionregv1.WebhookClientConfig)) ([]*admissionregv1.MutatingWebhookConfiguration, []*admissionregv1.ValidatingWebhookConfiguration) {
 	t.Helper()
-	f, err := os.Open(filepath.Join(repoRoot(), "manifests", "webhook", "webhook-configurations.yaml"))
+	muts, vals, err := hacluster.WebhookConfigurations(point)
 	if err != nil {
 		t.Fatal(err)
-	}
-	defer f.Close()
-	dec := utilyaml.NewYAMLOrJSONDecoder(f, 4096)
-	var muts []*admissionregv1.MutatingWebhookConfiguration
-	var vals []*admissionregv1.ValidatingWebhookConfiguration
-	for {
-		var probe struct {
-			Kind string `json:"kind"`
-		}
-		var raw k8sruntime.RawExtension
-		if err := dec.Decode(&raw); err != nil {
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			t.Fatal(err)
-		}
-		if len(raw.Raw) == 0 {
-			continue
-		}
-		if err := yaml.Unmarshal(raw.Raw, &probe); err != nil {
-			t.Fatal(err)
-		}
-		switch probe.Kind {
-		case "MutatingWebhookConfiguration":
-			m := &admissionregv1.MutatingWebhookConfiguration{}
-			if err := yaml.Unmarshal(raw.Raw, m); err != nil {
-				t.Fatal(err)
-			}
-			for i := range m.Webhooks {
-				point(&m.Webhooks[i].ClientConfig)
-			}
-			muts = append(muts, m)
-		case "ValidatingWebhookConfiguration":
-			v := &admissionregv1.ValidatingWebhookConfiguration{}
-			if err := yaml.Unmarshal(raw.Raw, v); err != nil {
-				t.Fatal(err)
-			}
-			for i := range v.Webhooks {
-				point(&v.Webhooks[i].ClientConfig)
-			}
-			vals = append(vals, v)
-		}
-	}
-	if len(muts) != 1 || len(vals) != 1 {
-		t.Fatalf("expected one mutating and one validating configuration, got %d and %d", len(muts), len(vals))
 	}
 	return muts, vals
 }
@@ -190,16 +130,8 @@ func startCluster(t testing.TB, opts webhook.Options) *cluster {
 	return c
 }
 
-// configureAPIServer sets what every envtest apiserver here needs. No ServiceAccount
-// controller runs, and without the node lifecycle controller every new Node would keep the
-// not-ready taint. The tests may run in a private network namespace without a default route
-// (test/netns), where the apiserver cannot guess an address to advertise; and the kubernetes
-// Service's endpoints are not reconciled, since a loopback address is not a valid endpoint.
-func configureAPIServer(api *envtest.APIServer) {
-	api.Configure().Set("disable-admission-plugins", "ServiceAccount,TaintNodesByCondition")
-	api.Configure().Set("advertise-address", "127.0.0.1")
-	api.Configure().Set("endpoint-reconciler-type", "none")
-}
+// configureAPIServer sets what every envtest apiserver here needs (hacluster.ConfigureAPIServer).
+func configureAPIServer(api *envtest.APIServer) { hacluster.ConfigureAPIServer(api) }
 
 func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")

@@ -183,7 +183,7 @@ func (r *Rotator) Reconcile(ctx context.Context) (soon bool, err error) {
 		if apierrors.IsNotFound(err) {
 			// The chart creates the Secret; the rotator may only update it (its Role names the
 			// Secret, and RBAC cannot limit create to one name).
-			return false, fmt.Errorf("Secret %s not found: it holds the webhook's certificate and CA; `helm upgrade` the release to recreate it: %w", r.Secret, err)
+			return false, fmt.Errorf("the Secret %s is not found: it holds the webhook's certificate and CA; `helm upgrade` the release to recreate it: %w", r.Secret, err)
 		}
 		return false, fmt.Errorf("read Secret %s: %w", r.Secret, err)
 	}

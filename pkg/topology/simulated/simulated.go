@@ -54,11 +54,17 @@ func (d *Document) ForNode(name string) (*topology.Topology, error) {
 			return n.Topology, nil
 		}
 	}
-	listed := make([]string, len(d.Nodes))
-	for i, n := range d.Nodes {
-		listed[i] = n.Name
+	// A document for a fleet of fake nodes lists thousands; a few names say enough.
+	const most = 10
+	listed := make([]string, 0, most)
+	for _, n := range d.Nodes[:min(len(d.Nodes), most)] {
+		listed = append(listed, n.Name)
 	}
-	return nil, fmt.Errorf("node %q is not in the simulated topology (it lists %s); add an entry under nodes[] with this name", name, strings.Join(listed, ", "))
+	more := ""
+	if len(d.Nodes) > most {
+		more = fmt.Sprintf(" and %d more", len(d.Nodes)-most)
+	}
+	return nil, fmt.Errorf("node %q is not in the simulated topology (it lists %s%s); add an entry under nodes[] with this name", name, strings.Join(listed, ", "), more)
 }
 
 // PathError is a problem at one place in the document.

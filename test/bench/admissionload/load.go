@@ -25,7 +25,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
@@ -77,15 +76,11 @@ func View(nodes, pods int) *clusterview.View {
 
 // Targets starts nvdomain's mutating handler over view and a no-op handler.
 func Targets(view *clusterview.View) ([]*Target, error) {
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		return nil, err
-	}
 	m, err := webhook.NewMetrics(prometheus.NewRegistry())
 	if err != nil {
 		return nil, err
 	}
-	mut, _ := webhook.NewHandlers(view, webhook.DefaultOptions(), m, logr.Discard(), scheme)
+	mut, _ := webhook.NewHandlers(view, webhook.DefaultOptions(), m, logr.Discard())
 	noop := admission.HandlerFunc(func(context.Context, admission.Request) admission.Response { return admission.Allowed("") })
 	return []*Target{serve("nvdomain", mut), serve("no-op", noop)}, nil
 }

@@ -1,0 +1,886 @@
+// Package scale runs nvdomain at cluster scale on one machine and measures it: real etcd,
+// kube-apiserver, kube-scheduler and kube-controller-manager (test/hacluster); kwok keeping
+// fake GPU nodes and moving bound pods through their lives; nvdomain's own agent publishing
+// every node's NVLink domains (`nvdomain-agent --source simulated --all-nodes`); two webhook
+// replicas behind their Service with the shipped webhook configurations; and a steady stream
+// of tensor-parallel pods of mixed sizes, each ending (Succeeded) a fixed time after it starts
+// so that later pods find room.
+//
+// Run measures the same stream twice on the same nodes: first with no webhook (configurations
+// absent, replicas stopped, pods asking for plain nvidia.com/gpu), then with nvdomain. For each
+// it reports pods scheduled per second and the time from create to scheduled, and for the
+// webhook run the replicas' peak memory and CPU time (from /proc). Throughout both it checks,
+// event by event in the apiserver's order, that the pods bound to a node never ask for more of
+// any NVIDIA resource (nvidia.com/gpu, each nvidia.com/nvswitch-domain-<id>) than the node
+// has, and after the webhook run that every pod was pinned to one domain of its size.
+// `make scale` runs Full and writes docs/benchmarks.md; a 50-node Smoke runs in `make test`.
+package scale
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	_ "embed"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/test/hacluster"
+)
+
+//go:embed stages.yaml
+var stages string
+
+// TPSizes are the pod sizes of Config.Mix, in order.
+var TPSizes = [4]int{1, 2, 4, 8}
+
+// GPUsPerNode is every node's nvidia.com/gpu.
+const GPUsPerNode = 8
+
+// Config is one scale run.
+type Config struct {
+	// HGX nodes have one 8-GPU NVSwitch domain, Split nodes two 4-GPU domains, PCIe nodes 8
+	// GPUs and no domain.
+	HGX, Split, PCIe int
+	// Pods are created at Rate per second; each runs for Lifetime once Running.
+	Pods     int
+	Rate     float64
+	Lifetime time.Duration
+	// Mix is the percentage of pods of each size of TPSizes.
+	Mix [4]int
+	// Settle bounds how long a run waits, after its last creation, for every pod to be
+	// scheduled.
+	Settle time.Duration
+}
+
+// Full is `make scale`: 1,000 nodes and 5,000 pods. 25 pods a second is what this 2-core
+// machine sustains with everything on it (docs/benchmarks.md); a 40 s lifetime keeps about a
+// third of the domains' GPUs busy.
+func Full() Config {
+	return Config{HGX: 600, Split: 300, PCIe: 100, Pods: 5000, Rate: 25, Lifetime: 40 * time.Second,
+		Mix: [4]int{40, 30, 20, 10}, Settle: 3 * time.Minute}
+}
+
+// Smoke is the version `make test` runs: 50 nodes in the same proportions, 300 pods.
+func Smoke() Config {
+	return Config{HGX: 30, Split: 15, PCIe: 5, Pods: 300, Rate: 30, Lifetime: 2 * time.Second,
+		Mix: [4]int{40, 30, 20, 10}, Settle: 2 * time.Minute}
+}
+
+// Nodes is the number of nodes.
+func (c Config) Nodes() int { return c.HGX + c.Split + c.PCIe }
+
+// node is one fake node: its name and its NVLink domains.
+type node struct {
+	name    string
+	domains [][]int
+}
+
+func (c Config) nodes() []node {
+	var out []node
+	all := []int{0, 1, 2, 3, 4, 5, 6, 7}
+	for i := range c.HGX {
+		out = append(out, node{fmt.Sprintf("hgx-%04d", i), [][]int{all}})
+	}
+	for i := range c.Split {
+		out = append(out, node{fmt.Sprintf("split-%04d", i), [][]int{all[:4], all[4:]}})
+	}
+	for i := range c.PCIe {
+		out = append(out, node{fmt.Sprintf("pcie-%04d", i), nil})
+	}
+	return out
+}
+
+// Document is the simulated-topology document the agent publishes the nodes from.
+func (c Config) Document() ([]byte, error) {
+	type domain struct {
+		GPUs []int `json:"gpus"`
+	}
+	type docNode struct {
+		Name     string   `json:"name"`
+		GPUCount int      `json:"gpuCount"`
+		Product  string   `json:"product"`
+		Domains  []domain `json:"domains,omitempty"`
+	}
+	var doc struct {
+		Nodes []docNode `json:"nodes"`
+	}
+	for _, n := range c.nodes() {
+		dn := docNode{Name: n.name, GPUCount: GPUsPerNode, Product: "NVIDIA H100 80GB HBM3"}
+		if len(n.domains) == 0 {
+			dn.Product = "NVIDIA L40S"
+		}
+		for _, d := range n.domains {
+			dn.Domains = append(dn.Domains, domain{d})
+		}
+		doc.Nodes = append(doc.Nodes, dn)
+	}
+	out, err := json.Marshal(doc)
+	if err != nil {
+		return nil, fmt.Errorf("encode the simulated topology: %w", err)
+	}
+	return out, nil
+}
+
+// sizes draws each pod's tensor-parallel size from Mix, the same sequence for every run.
+func (c Config) sizes() []int {
+	rng := rand.New(rand.NewPCG(13, 4))
+	total := 0
+	for _, p := range c.Mix {
+		total += p
+	}
+	out := make([]int, c.Pods)
+	for i := range out {
+		x := rng.IntN(total)
+		for j, p := range c.Mix {
+			if x < p {
+				out[i] = TPSizes[j]
+				break
+			}
+			x -= p
+		}
+	}
+	return out
+}
+
+// Usage is what one process spent.
+type Usage struct {
+	Name string
+	// PeakRSS is the process's high-water resident set (VmHWM), in bytes.
+	PeakRSS int64
+	// CPU is the user and system CPU time the process spent during the run.
+	CPU time.Duration
+}
+
+// Phase is one run of the pod stream.
+type Phase struct {
+	Name    string
+	Webhook bool
+	// Created pods were admitted; Failed creations were refused or errored (FailSample says
+	// why); Scheduled pods were bound within Settle.
+	Created, Failed, Scheduled int
+	FailSample                 string
+	// Span runs from the first creation to the last binding.
+	Span time.Duration
+	// Throughput is Scheduled over Span, in pods per second.
+	Throughput float64
+	// P50, P99 and Max are of the time from a pod's create request to its binding, as a
+	// watch sees it.
+	P50, P99, Max time.Duration
+	// PeakGPUs is the most nvidia.com/gpu bound at once.
+	PeakGPUs int64
+	// OverCommits lists every moment a node's bound pods asked for more of a resource than
+	// the node has; Violations every pod of a webhook run not pinned to one domain of its
+	// size (and, without the webhook, every pod that was pinned).
+	OverCommits, Violations []string
+	// Usage of the webhook replicas (webhook runs), kube-scheduler and kwok.
+	Usage []Usage
+}
+
+// Report is a whole scale run.
+type Report struct {
+	Config Config
+	// Published is how long the agent took to publish every node, from its start.
+	Published time.Duration
+	// Setup is the time from start to the first pod.
+	Setup  time.Duration
+	Phases []Phase
+}
+
+// Run starts the cluster, publishes the nodes through the agent, and runs the pod stream
+// without the webhook and then with it. It fails t only when the harness cannot run; what the
+// pods met is in the report, for the caller to judge.
+func Run(t testing.TB, cfg Config) Report {
+	t.Helper()
+	start := time.Now()
+	rep := Report{Config: cfg}
+	kwokDir, err := hacluster.KwokDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const agentPackage = "./cmd/nvdomain-agent"
+	c := hacluster.Start(t, hacluster.Options{
+		Replicas: 2, WebhookArgs: []string{"--tp-sizes=1,2,4,8"}, AlsoBuild: []string{agentPackage},
+		// The run without the webhook comes first: no configurations, no replicas yet.
+		Unregistered: true, ReplicasLater: true, KwokFinishesDeletions: true,
+		// The stock scheduler's client allows 50 requests a second: a binding and an Event
+		// per pod. Raised, as a large cluster would, so that the measure is the scheduler's
+		// and not its client's.
+		SchedulerArgs: []string{"--kube-api-qps=500", "--kube-api-burst=1000"},
+	})
+	agentBin, err := hacluster.Build(agentPackage)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("binaries built and control plane up at %s", time.Since(start).Round(100*time.Millisecond))
+	ctx := context.Background()
+	nodes := cfg.nodes()
+	if err := registerNodes(ctx, c.Client, nodes); err != nil {
+		t.Fatal(err)
+	}
+	kwokConfig := filepath.Join(c.LogDir, "kwok.yaml")
+	if err := os.WriteFile(kwokConfig, []byte(strings.ReplaceAll(stages, "LIFETIME_MS", strconv.FormatInt(cfg.Lifetime.Milliseconds(), 10))), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	kwok := c.StartProcess("kwok", filepath.Join(kwokDir, "kwok"), "--kubeconfig="+c.Kubeconfig, "--manage-all-nodes",
+		"--config="+kwokConfig, "--node-ip=192.0.2.200")
+	doc, err := cfg.Document()
+	if err != nil {
+		t.Fatal(err)
+	}
+	docPath := filepath.Join(c.LogDir, "topology.json")
+	if err := os.WriteFile(docPath, doc, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	probe, err := freeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	agentStart := time.Now()
+	c.StartProcess("nvdomain-agent", agentBin, "--source=simulated", "--all-nodes", "--simulated-file="+docPath,
+		"--kubeconfig="+c.Kubeconfig, "--probe-bind-address="+probe, "--period=5m", "--kube-api-qps=200", "--kube-api-burst=400")
+	if err := waitPublished(ctx, c.Client, probe, nodes); err != nil {
+		t.Fatalf("%v\nagent log:\n%s\nkwok log:\n%s", err, c.Log("nvdomain-agent", 3000), c.Log("kwok", 3000))
+	}
+	rep.Published = time.Since(agentStart)
+	t.Logf("%d nodes registered, Ready and published at %s", len(nodes), time.Since(start).Round(100*time.Millisecond))
+	caps, err := capacities(ctx, c.Client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	others := map[string]int{"kube-scheduler": c.Process("kube-scheduler").Process.Pid, "kwok": kwok.Process.Pid}
+
+	rep.Setup = time.Since(start)
+	sizes := cfg.sizes()
+	rep.Phases = append(rep.Phases, runPhase(t, c, cfg, "no webhook", "scale-plain", false, sizes, caps, others))
+	if err := deleteAll(ctx, c.Client, "scale-plain"); err != nil {
+		t.Fatal(err)
+	}
+
+	// With nvdomain, as production runs it.
+	for _, r := range c.Replicas {
+		c.StartReplica(r)
+	}
+	c.WaitEndpoints(len(c.Replicas))
+	c.RegisterWebhooks()
+	if err := waitAdmits(ctx, c.Client, 8); err != nil {
+		t.Fatalf("%v\n%s", err, c.ReplicaLogs())
+	}
+	for _, r := range c.Replicas {
+		others[r.Name] = r.Pid()
+	}
+	rep.Phases = append(rep.Phases, runPhase(t, c, cfg, "nvdomain", "scale-nvdomain", true, sizes, caps, others))
+	return rep
+}
+
+// registerNodes creates the nodes as their kubelets would register them: hostname label,
+// capacity with the device plugin's nvidia.com/gpu, and the annotation kwok's documentation
+// gives fake nodes. They are not Ready until kwok takes them over, and carry no nvdomain
+// label or resource until the agent publishes them.
+func registerNodes(ctx context.Context, client kubernetes.Interface, nodes []node) error {
+	res := corev1.ResourceList{
+		corev1.ResourceCPU: resource.MustParse("128"), corev1.ResourceMemory: resource.MustParse("1Ti"),
+		corev1.ResourcePods: resource.MustParse("110"), names.GPUResource: *resource.NewQuantity(GPUsPerNode, resource.DecimalSI),
+	}
+	work := make(chan node)
+	errs := make(chan error, len(nodes))
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			for n := range work {
+				obj := &corev1.Node{
+					ObjectMeta: metav1.ObjectMeta{Name: n.name, Labels: map[string]string{corev1.LabelHostname: n.name, "type": "kwok"},
+						Annotations: map[string]string{"kwok.x-k8s.io/node": "fake"}},
+					Status: corev1.NodeStatus{Capacity: res.DeepCopy(), Allocatable: res.DeepCopy()},
+				}
+				if _, err := client.CoreV1().Nodes().Create(ctx, obj, metav1.CreateOptions{}); err != nil {
+					errs <- fmt.Errorf("register node %s: %w", n.name, err)
+				}
+			}
+		})
+	}
+	for _, n := range nodes {
+		work <- n
+	}
+	close(work)
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+// waitPublished waits for kwok to make every node Ready and for the agent to publish every
+// node: its readiness, and on every node the capacity of each domain.
+func waitPublished(ctx context.Context, client kubernetes.Interface, probe string, nodes []node) error {
+	n := names.Default()
+	want := map[string][][]int{}
+	for _, nd := range nodes {
+		want[nd.name] = nd.domains
+	}
+	var why string
+	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
+		resp, err := http.Get("http://" + probe + "/readyz")
+		if err != nil {
+			why = "agent not serving: " + err.Error()
+			return false, nil
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			why = "agent not ready"
+			return false, nil
+		}
+		list, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			why = err.Error()
+			return false, nil
+		}
+		if len(list.Items) != len(nodes) {
+			why = fmt.Sprintf("%d nodes of %d", len(list.Items), len(nodes))
+			return false, nil
+		}
+		for _, nd := range list.Items {
+			ready := false
+			for _, cond := range nd.Status.Conditions {
+				ready = ready || (cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue)
+			}
+			if !ready {
+				why = nd.Name + " is not Ready (kwok)"
+				return false, nil
+			}
+			if nd.Labels[n.TopologySourceLabel()] != names.SourceSimulated {
+				why = nd.Name + " is not published"
+				return false, nil
+			}
+			for id, gpus := range want[nd.Name] {
+				q, ok := nd.Status.Allocatable[corev1.ResourceName(n.DomainResource(id))]
+				if !ok || q.Value() != int64(len(gpus)) {
+					why = fmt.Sprintf("%s: domain %d capacity not published", nd.Name, id)
+					return false, nil
+				}
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		return fmt.Errorf("nodes not published: %s: %w", why, err)
+	}
+	return nil
+}
+
+// capacities reads every node's NVIDIA resources as the scheduler sees them.
+func capacities(ctx context.Context, client kubernetes.Interface) (map[string]corev1.ResourceList, error) {
+	list, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("list nodes: %w", err)
+	}
+	out := map[string]corev1.ResourceList{}
+	for _, nd := range list.Items {
+		rl := corev1.ResourceList{}
+		for r, q := range nd.Status.Allocatable {
+			if strings.HasPrefix(string(r), names.NVIDIAPrefix) {
+				rl[r] = q
+			}
+		}
+		out[nd.Name] = rl
+	}
+	return out, nil
+}
+
+// waitAdmits waits until the webhook replicas' views hold a domain of k GPUs: until then the
+// validating webhook rejects a TP=k pod as impossible.
+func waitAdmits(ctx context.Context, client kubernetes.Interface, k int) error {
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		p := tpPod("probe", k)
+		p.Namespace = "default"
+		got, err := client.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err == nil && got.Annotations[names.Default().PodDomainAnnotation()] != "", nil
+	})
+	if err != nil {
+		return fmt.Errorf("the webhook never pinned a TP=%d pod: %w", k, err)
+	}
+	return nil
+}
+
+// tpPod is a vLLM pod of k GPUs, labelled tensor-parallel.
+func tpPod(name string, k int) *corev1.Pod {
+	q := *resource.NewQuantity(int64(k), resource.DecimalSI)
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{names.TPLabel: names.TPLabelValue, "app": "scale"}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{
+			Name: "vllm", Image: "vllm/vllm-openai:latest",
+			Args: []string{"--model", "meta-llama/Llama-3.1-70B", "--tensor-parallel-size", strconv.Itoa(k)},
+			Resources: corev1.ResourceRequirements{
+				Limits:   corev1.ResourceList{names.GPUResource: q},
+				Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1"), corev1.ResourceMemory: resource.MustParse("4Gi")},
+			},
+		}}},
+	}
+}
+
+// deleteAll removes every pod of a namespace at once and waits until they are gone.
+func deleteAll(ctx context.Context, client kubernetes.Interface, ns string) error {
+	zero := int64(0)
+	if err := client.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{}); err != nil {
+		return fmt.Errorf("delete the pods of %s: %w", ns, err)
+	}
+	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
+		list, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{Limit: 1})
+		return err == nil && len(list.Items) == 0, nil
+	})
+	if err != nil {
+		return fmt.Errorf("the pods of %s were not deleted: %w", ns, err)
+	}
+	return nil
+}
+
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("find a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+// cpuTime reads a process's user and system CPU time from /proc/<pid>/stat. The kernel counts
+// it in clock ticks, which are 100 a second on Linux (USER_HZ).
+func cpuTime(pid int) (time.Duration, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, fmt.Errorf("read CPU time: %w", err)
+	}
+	// The command name (field 2) may hold spaces; the fields after it are counted from its
+	// closing parenthesis.
+	rest := string(data[bytes.LastIndexByte(data, ')')+2:])
+	f := strings.Fields(rest)
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: too few fields", pid)
+	}
+	utime, err1 := strconv.ParseInt(f[11], 10, 64)
+	stime, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("/proc/%d/stat: utime %q, stime %q", pid, f[11], f[12])
+	}
+	return time.Duration(utime+stime) * 10 * time.Millisecond, nil
+}
+
+// peakRSS reads a process's high-water resident set from /proc/<pid>/status (VmHWM).
+func peakRSS(pid int) (int64, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, fmt.Errorf("read peak RSS: %w", err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "VmHWM:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("/proc/%d/status VmHWM %q: %w", pid, v, err)
+			}
+			return kb * 1024, nil
+		}
+	}
+	return 0, fmt.Errorf("/proc/%d/status has no VmHWM", pid)
+}
+
+// watcher follows a run's pods through a watch, in the apiserver's order: when each was bound,
+// and what the pods bound to each node hold at every moment.
+type watcher struct {
+	capacity map[string]corev1.ResourceList
+
+	mu        sync.Mutex
+	createdAt map[string]time.Time
+	boundAt   map[string]time.Time
+	holding   map[string]held
+	used      map[string]map[corev1.ResourceName]int64
+	gpus      int64
+	peakGPUs  int64
+	over      []string
+}
+
+type held struct {
+	node string
+	req  map[corev1.ResourceName]int64
+}
+
+func newWatcher(caps map[string]corev1.ResourceList) *watcher {
+	return &watcher{capacity: caps, createdAt: map[string]time.Time{}, boundAt: map[string]time.Time{},
+		holding: map[string]held{}, used: map[string]map[corev1.ResourceName]int64{}}
+}
+
+func (w *watcher) creating(name string, at time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.createdAt[name] = at
+}
+
+// nvidiaRequests is what the scheduler counts a pod as holding of each NVIDIA resource: the
+// larger of its biggest init container and the sum of its containers.
+func nvidiaRequests(p *corev1.Pod) map[corev1.ResourceName]int64 {
+	out := map[corev1.ResourceName]int64{}
+	add := func(c corev1.Container, into map[corev1.ResourceName]int64, init bool) {
+		for r, q := range c.Resources.Limits {
+			if !strings.HasPrefix(string(r), names.NVIDIAPrefix) {
+				continue
+			}
+			if req, ok := c.Resources.Requests[r]; ok {
+				q = req
+			}
+			if init {
+				into[r] = max(into[r], q.Value())
+			} else {
+				into[r] += q.Value()
+			}
+		}
+	}
+	for _, c := range p.Spec.Containers {
+		add(c, out, false)
+	}
+	inits := map[corev1.ResourceName]int64{}
+	for _, c := range p.Spec.InitContainers {
+		add(c, inits, true)
+	}
+	for r, v := range inits {
+		out[r] = max(out[r], v)
+	}
+	return out
+}
+
+func (w *watcher) observe(p *corev1.Pod, deleted bool) {
+	now := time.Now()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if p.Spec.NodeName != "" {
+		if _, ok := w.boundAt[p.Name]; !ok {
+			w.boundAt[p.Name] = now
+		}
+	}
+	// A bound pod holds its resources until it ends or is gone, as the scheduler counts.
+	holds := !deleted && p.Spec.NodeName != "" && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed
+	h, counted := w.holding[p.Name]
+	switch {
+	case holds && !counted:
+		h = held{node: p.Spec.NodeName, req: nvidiaRequests(p)}
+		w.holding[p.Name] = h
+		if w.used[h.node] == nil {
+			w.used[h.node] = map[corev1.ResourceName]int64{}
+		}
+		for r, v := range h.req {
+			w.used[h.node][r] += v
+			capq := w.capacity[h.node][r]
+			if w.used[h.node][r] > capq.Value() {
+				w.over = append(w.over, fmt.Sprintf("%s: %s %d bound of %d when %s was bound", h.node, r, w.used[h.node][r], capq.Value(), p.Name))
+			}
+		}
+		w.gpus += h.req[names.GPUResource]
+		w.peakGPUs = max(w.peakGPUs, w.gpus)
+	case !holds && counted:
+		for r, v := range h.req {
+			w.used[h.node][r] -= v
+		}
+		w.gpus -= h.req[names.GPUResource]
+		delete(w.holding, p.Name)
+	}
+}
+
+func (w *watcher) bound() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.boundAt)
+}
+
+// runPhase creates the stream of pods in ns and follows them until all are bound or Settle
+// has passed since the last creation.
+func runPhase(t testing.TB, c *hacluster.Cluster, cfg Config, name, ns string, webhook bool, sizes []int, caps map[string]corev1.ResourceList, procs map[string]int) Phase {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	client := c.Client
+	ph := Phase{Name: name, Webhook: webhook}
+	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w := newWatcher(caps)
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(ns))
+	inf := factory.Core().V1().Pods().Informer()
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { w.observe(obj.(*corev1.Pod), false) },
+		UpdateFunc: func(_, obj any) { w.observe(obj.(*corev1.Pod), false) },
+		DeleteFunc: func(obj any) {
+			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = d.Obj
+			}
+			if p, ok := obj.(*corev1.Pod); ok {
+				w.observe(p, true)
+			}
+		},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	factory.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+		t.Fatal("pod informer did not sync")
+	}
+	cpuBefore := map[string]time.Duration{}
+	for who, pid := range procs {
+		if cpuBefore[who], _ = cpuTime(pid); pid == 0 {
+			delete(cpuBefore, who)
+		}
+	}
+
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 256)
+	first := time.Now()
+	for i, k := range sizes {
+		at := first.Add(time.Duration(float64(i) / cfg.Rate * float64(time.Second)))
+		time.Sleep(time.Until(at))
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			p := tpPod(fmt.Sprintf("tp%d-%05d", k, i), k)
+			w.creating(p.Name, time.Now())
+			_, err := client.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{})
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				ph.Failed++
+				ph.FailSample = err.Error()
+				return
+			}
+			ph.Created++
+		})
+	}
+	wg.Wait()
+	_ = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, cfg.Settle, true, func(context.Context) (bool, error) {
+		return w.bound() >= ph.Created, nil
+	})
+	for who, pid := range procs {
+		before, ok := cpuBefore[who]
+		if !ok {
+			continue
+		}
+		after, err := cpuTime(pid)
+		if err != nil {
+			continue
+		}
+		u := Usage{Name: who, CPU: after - before}
+		u.PeakRSS, _ = peakRSS(pid)
+		ph.Usage = append(ph.Usage, u)
+	}
+	sort.Slice(ph.Usage, func(i, j int) bool { return ph.Usage[i].Name < ph.Usage[j].Name })
+	cancel()
+
+	w.mu.Lock()
+	var lat []time.Duration
+	last := first
+	for pod, b := range w.boundAt {
+		if c, ok := w.createdAt[pod]; ok {
+			lat = append(lat, b.Sub(c))
+		}
+		if b.After(last) {
+			last = b
+		}
+	}
+	ph.Scheduled = len(w.boundAt)
+	ph.OverCommits = slices.Clone(w.over)
+	ph.PeakGPUs = w.peakGPUs
+	w.mu.Unlock()
+	slices.Sort(lat)
+	if n := len(lat); n > 0 {
+		ph.P50, ph.P99, ph.Max = lat[n/2], lat[min(n-1, n*99/100)], lat[n-1]
+	}
+	ph.Span = last.Sub(first)
+	if ph.Span > 0 {
+		ph.Throughput = float64(ph.Scheduled) / ph.Span.Seconds()
+	}
+	v, err := pinViolations(context.Background(), client, ns, caps, webhook)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ph.Violations = v
+	return ph
+}
+
+// pinViolations checks every pod of a run. With the webhook: each carries the domain
+// annotation, asks for its GPUs from exactly that domain, and is bound (if it is) to a node
+// where that domain holds it. Without: none is pinned.
+func pinViolations(ctx context.Context, client kubernetes.Interface, ns string, caps map[string]corev1.ResourceList, webhook bool) ([]string, error) {
+	n := names.Default()
+	list, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("list the pods of %s: %w", ns, err)
+	}
+	var out []string
+	for _, p := range list.Items {
+		ann, pinned := p.Annotations[n.PodDomainAnnotation()]
+		if !webhook {
+			if pinned {
+				out = append(out, p.Name+" was pinned with no webhook registered")
+			}
+			continue
+		}
+		d, err := strconv.Atoi(ann)
+		if !pinned || err != nil {
+			out = append(out, fmt.Sprintf("%s is not pinned (annotation %q)", p.Name, ann))
+			continue
+		}
+		req := nvidiaRequests(&p)
+		k := req[names.GPUResource]
+		var domains []string
+		for r := range req {
+			if _, ok := n.ParseDomainResource(string(r)); ok {
+				domains = append(domains, string(r))
+			}
+		}
+		res := corev1.ResourceName(n.DomainResource(d))
+		if len(domains) != 1 || req[res] != k {
+			out = append(out, fmt.Sprintf("%s (%d GPUs) asks for %v, not %d of %s", p.Name, k, req, k, res))
+			continue
+		}
+		if p.Spec.NodeName != "" {
+			if q, ok := caps[p.Spec.NodeName][res]; !ok || q.Value() < k {
+				out = append(out, fmt.Sprintf("%s (%d GPUs, domain %d) is bound to %s, whose domain %d is %v", p.Name, k, d, p.Spec.NodeName, d, caps[p.Spec.NodeName][res]))
+			}
+		}
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// Baseline and Webhook are the run without the webhook and the run with it (zero Phases
+// when the report has fewer).
+func (r Report) Baseline() Phase { return r.phase(false) }
+
+// Webhook is the run with nvdomain.
+func (r Report) Webhook() Phase { return r.phase(true) }
+
+func (r Report) phase(webhook bool) Phase {
+	for _, p := range r.Phases {
+		if p.Webhook == webhook {
+			return p
+		}
+	}
+	return Phase{}
+}
+
+// ThroughputRatio is the webhook run's pods scheduled per second over the baseline's.
+func (r Report) ThroughputRatio() float64 {
+	if b := r.Baseline().Throughput; b > 0 {
+		return r.Webhook().Throughput / b
+	}
+	return 0
+}
+
+// MaxReplicaRSS is the largest peak RSS of a webhook replica.
+func (r Report) MaxReplicaRSS() int64 {
+	var most int64
+	for _, u := range r.Webhook().Usage {
+		if strings.HasPrefix(u.Name, "webhook-") {
+			most = max(most, u.PeakRSS)
+		}
+	}
+	return most
+}
+
+// Rows are the report as a table: what, without the webhook, with it, and their ratio.
+func (r Report) Rows() [][4]string {
+	b, w := r.Baseline(), r.Webhook()
+	ms := func(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) + " ms" }
+	ratio := func(x, y float64) string {
+		if y == 0 {
+			return ""
+		}
+		return fmt.Sprintf("%.2f", x/y)
+	}
+	rows := [][4]string{
+		{"pods created (failed)", fmt.Sprintf("%d (%d)", b.Created, b.Failed), fmt.Sprintf("%d (%d)", w.Created, w.Failed), ""},
+		{"pods scheduled", strconv.Itoa(b.Scheduled), strconv.Itoa(w.Scheduled), ""},
+		{"scheduled per second (first create to last bind)", fmt.Sprintf("%.1f", b.Throughput), fmt.Sprintf("%.1f", w.Throughput), ratio(w.Throughput, b.Throughput)},
+		{"create to scheduled, p50", ms(b.P50), ms(w.P50), ratio(float64(w.P50), float64(b.P50))},
+		{"create to scheduled, p99", ms(b.P99), ms(w.P99), ratio(float64(w.P99), float64(b.P99))},
+		{"create to scheduled, max", ms(b.Max), ms(w.Max), ""},
+		{"most GPUs bound at once", strconv.FormatInt(b.PeakGPUs, 10), strconv.FormatInt(w.PeakGPUs, 10), ""},
+		{"over-commits (a node's bound pods asking for more than it has)", strconv.Itoa(len(b.OverCommits)), strconv.Itoa(len(w.OverCommits)), ""},
+		{"pods not pinned to one domain of their size (pinned, without the webhook)", strconv.Itoa(len(b.Violations)), strconv.Itoa(len(w.Violations)), ""},
+	}
+	use := func(p Phase, name string) (Usage, bool) {
+		for _, u := range p.Usage {
+			if u.Name == name {
+				return u, true
+			}
+		}
+		return Usage{}, false
+	}
+	for _, who := range []string{"kube-scheduler", "kwok"} {
+		bu, _ := use(b, who)
+		wu, _ := use(w, who)
+		rows = append(rows, [4]string{who + " CPU time", fmt.Sprintf("%.1f s", bu.CPU.Seconds()), fmt.Sprintf("%.1f s", wu.CPU.Seconds()), ratio(wu.CPU.Seconds(), bu.CPU.Seconds())})
+	}
+	for _, u := range w.Usage {
+		if strings.HasPrefix(u.Name, "webhook-") {
+			rows = append(rows, [4]string{u.Name + " CPU time / peak RSS", "-", fmt.Sprintf("%.1f s / %.0f MiB", u.CPU.Seconds(), float64(u.PeakRSS)/(1<<20)), ""})
+		}
+	}
+	return rows
+}
+
+// Markdown is the report as a section of docs/benchmarks.md, under heading.
+func (r Report) Markdown(heading, command string) string {
+	c := r.Config
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s\n\n", heading)
+	fmt.Fprintf(&b, "`%s` (test/scale), on this machine, everything on its 2 cores: etcd, kube-apiserver, kube-scheduler,\n", command)
+	fmt.Fprintf(&b, "kube-controller-manager (replicaset and garbage-collector controllers only), kwok %s, nvdomain's agent publishing every\n", "v0.8.0")
+	fmt.Fprintf(&b, "node from one process (`nvdomain-agent --source simulated --all-nodes`), two webhook replicas behind their Service with\n")
+	fmt.Fprintf(&b, "the shipped configurations (`--tp-sizes=1,2,4,8`), and the load generator. %d nodes: %d with one 8-GPU NVSwitch domain,\n", c.Nodes(), c.HGX)
+	fmt.Fprintf(&b, "%d with two 4-GPU domains, %d PCIe nodes with 8 GPUs and no domain. %d tensor-parallel pods (TP 1/2/4/8 = %d/%d/%d/%d %%)\n",
+		c.Split, c.PCIe, c.Pods, c.Mix[0], c.Mix[1], c.Mix[2], c.Mix[3])
+	fmt.Fprintf(&b, "created at %.0f a second; kwok runs each for %s, then it Succeeds. The same stream runs twice: first with no webhook\n", c.Rate, c.Lifetime)
+	fmt.Fprintf(&b, "(configurations absent, replicas stopped: plain `nvidia.com/gpu`), then with nvdomain. Scheduled = a watch sees the pod\n")
+	fmt.Fprintf(&b, "bound; over-commits are checked at every binding, in the apiserver's order, for `nvidia.com/gpu` and every domain\n")
+	fmt.Fprintf(&b, "resource. The agent published all %d nodes in %s; setup took %s.\n\n", c.Nodes(), r.Published.Round(100*time.Millisecond), r.Setup.Round(time.Second))
+	fmt.Fprintf(&b, "| | no webhook | nvdomain | ratio |\n|---|---|---|---|\n")
+	for _, row := range r.Rows() {
+		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", row[0], row[1], row[2], row[3])
+	}
+	met := func(ok bool) string {
+		if ok {
+			return "met"
+		}
+		return "NOT met"
+	}
+	fmt.Fprintf(&b, "\nTargets: scheduling throughput with nvdomain at least 0.9 of the run without: %.2f, %s. Webhook replica peak RSS at most\n",
+		r.ThroughputRatio(), met(r.ThroughputRatio() >= 0.9))
+	fmt.Fprintf(&b, "256 MiB at %d nodes and %d pods: %.0f MiB, %s.\n", c.Nodes(), c.Pods, float64(r.MaxReplicaRSS())/(1<<20), met(r.MaxReplicaRSS() > 0 && r.MaxReplicaRSS() <= 256<<20))
+	for _, p := range r.Phases {
+		for _, s := range append(slices.Clone(p.OverCommits), p.Violations...)[:min(5, len(p.OverCommits)+len(p.Violations))] {
+			fmt.Fprintf(&b, "\n- %s: %s", p.Name, s)
+		}
+		if p.Failed > 0 {
+			fmt.Fprintf(&b, "\n- %s: %d creations failed, e.g. %s", p.Name, p.Failed, p.FailSample)
+		}
+	}
+	b.WriteString("\n")
+	return b.String()
+}

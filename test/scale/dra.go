@@ -43,17 +43,19 @@ import (
 
 // DRAFull is `make bench-dra`: 500 nodes (300 with one 8-GPU domain, 200 with two 4-GPU
 // domains) and 2,000 TP pods created at 50 a second, above the 25 a second the scale run
-// holds to, so that the scheduler rather than the stream sets the pace where it can; a 10 s
-// lifetime keeps about a third of the GPUs busy.
+// holds to, so that the scheduler rather than the stream sets the pace where it can. A 5 s
+// lifetime keeps about a sixth of the GPUs busy when kwok ends pods on time; with its default
+// 4 workers it did not (the classic run filled all 4,000 GPUs and measured waiting for room
+// rather than scheduling), so it gets 16.
 func DRAFull() Config {
-	return Config{HGX: 300, Split: 200, Pods: 2000, Rate: 50, Lifetime: 10 * time.Second,
-		Mix: [4]int{40, 30, 20, 10}, Settle: 3 * time.Minute}
+	return Config{HGX: 300, Split: 200, Pods: 2000, Rate: 50, Lifetime: 5 * time.Second,
+		Mix: [4]int{40, 30, 20, 10}, Settle: 3 * time.Minute, KwokPodWorkers: 16}
 }
 
 // DRASmoke is a 50-node version for a quick check of the harness.
 func DRASmoke() Config {
 	return Config{HGX: 30, Split: 20, Pods: 300, Rate: 30, Lifetime: 2 * time.Second,
-		Mix: [4]int{40, 30, 20, 10}, Settle: 2 * time.Minute}
+		Mix: [4]int{40, 30, 20, 10}, Settle: 2 * time.Minute, KwokPodWorkers: 16}
 }
 
 // DRAReport is a run of both modes on one cluster.

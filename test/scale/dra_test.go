@@ -5,6 +5,12 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/webhook/dratemplates"
 )
 
 // The 50-node smoke version of `make bench-dra`: in both modes every pod is created and
@@ -62,5 +68,57 @@ func BenchmarkDRA(b *testing.B) {
 		b.ReportMetric(float64(rep.Classic.P50.Milliseconds()), "p50-ms-classic")
 		b.ReportMetric(float64(rep.Classic.P99.Milliseconds()), "p99-ms-classic")
 		b.ReportMetric(float64(len(rep.DRA.OverCommits)+len(rep.Classic.OverCommits)), "over-commits")
+	}
+}
+
+// The claim watcher flags a device allocated to two claims at once, an allocation that is not
+// k devices of one domain on one node, and forgets a claim once it is deallocated or deleted.
+func TestClaimWatcher(t *testing.T) {
+	domains := map[deviceKey]int64{
+		{"n1", "gpu-0"}: 0, {"n1", "gpu-1"}: 0, {"n1", "gpu-4"}: 1,
+		{"n2", "gpu-0"}: 0,
+	}
+	claim := func(name string, k int64, devices ...deviceKey) *resourceapi.ResourceClaim {
+		c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: dratemplates.Desired("ns", int(k)).Spec.Spec}
+		if len(devices) > 0 {
+			c.Status.Allocation = &resourceapi.AllocationResult{}
+			for _, d := range devices {
+				c.Status.Allocation.Devices.Results = append(c.Status.Allocation.Devices.Results,
+					resourceapi.DeviceRequestAllocationResult{Request: names.DRARequest, Driver: names.DRADriver, Pool: d.pool, Device: d.device})
+			}
+		}
+		return c
+	}
+	type event struct {
+		c       *resourceapi.ResourceClaim
+		deleted bool
+	}
+	cases := []struct {
+		name                string
+		events              []event
+		wantOver, wantWrong int
+		wantPeak            int64
+	}{
+		{"two claims on distinct devices", []event{{c: claim("a", 2, deviceKey{"n1", "gpu-0"}, deviceKey{"n1", "gpu-1"})}, {c: claim("b", 1, deviceKey{"n2", "gpu-0"})}}, 0, 0, 3},
+		{"a device in two claims at once", []event{{c: claim("a", 1, deviceKey{"n1", "gpu-0"})}, {c: claim("b", 1, deviceKey{"n1", "gpu-0"})}}, 1, 0, 2},
+		{"the device freed by deletion first", []event{{c: claim("a", 1, deviceKey{"n1", "gpu-0"})}, {c: claim("a", 1), deleted: true}, {c: claim("b", 1, deviceKey{"n1", "gpu-0"})}}, 0, 0, 1},
+		{"the device freed by deallocation first", []event{{c: claim("a", 1, deviceKey{"n1", "gpu-0"})}, {c: claim("a", 1)}, {c: claim("b", 1, deviceKey{"n1", "gpu-0"})}}, 0, 0, 1},
+		{"across domains", []event{{c: claim("a", 2, deviceKey{"n1", "gpu-0"}, deviceKey{"n1", "gpu-4"})}}, 0, 1, 2},
+		{"across nodes", []event{{c: claim("a", 2, deviceKey{"n1", "gpu-0"}, deviceKey{"n2", "gpu-0"})}}, 0, 1, 2},
+		{"fewer devices than asked", []event{{c: claim("a", 2, deviceKey{"n1", "gpu-0"})}}, 0, 1, 1},
+		{"an unallocated claim holds nothing", []event{{c: claim("a", 2)}}, 0, 0, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			w := newClaimWatcher(domains)
+			for _, e := range c.events {
+				w.observe(e.c, e.deleted)
+			}
+			over, wrong, peak := w.results()
+			if len(over) != c.wantOver || len(wrong) != c.wantWrong || peak != c.wantPeak {
+				t.Errorf("over-commits %v, wrong allocations %v, peak %d; want %d, %d, %d", over, wrong, peak, c.wantOver, c.wantWrong, c.wantPeak)
+			}
+		})
 	}
 }

@@ -71,6 +71,10 @@ type Config struct {
 	// Settle bounds how long a run waits, after its last creation, for every pod to be
 	// scheduled.
 	Settle time.Duration
+	// KwokPodWorkers is how many pod stages kwok plays at once (0: its default, 4). With 4, on
+	// 2 busy cores, kwok starts and ends pods later than their lifetime, so bound pods pile up
+	// and a fast stream waits for room rather than for the scheduler.
+	KwokPodWorkers uint
 }
 
 // Full is `make scale`: 1,000 nodes and 5,000 pods. 25 pods a second is what this 2-core
@@ -286,7 +290,28 @@ func startFleet(t testing.TB, c *hacluster.Cluster, cfg Config, start time.Time)
 		t.Fatal(err)
 	}
 	kwokConfig := filepath.Join(c.LogDir, "kwok.yaml")
-	if err := os.WriteFile(kwokConfig, []byte(strings.ReplaceAll(stages, "LIFETIME_MS", strconv.FormatInt(cfg.Lifetime.Milliseconds(), 10))), 0o644); err != nil {
+	kwokDoc := strings.ReplaceAll(stages, "LIFETIME_MS", strconv.FormatInt(cfg.Lifetime.Milliseconds(), 10))
+	if cfg.KwokPodWorkers > 0 {
+		// kwok does not default a KwokConfiguration read from a file: every option its
+		// defaulting sets (kwok v0.8.0, SetObjectDefaults_KwokConfiguration) is spelled out,
+		// at its default but for the pod workers.
+		kwokDoc += fmt.Sprintf(`---
+apiVersion: config.kwok.x-k8s.io/v1alpha1
+kind: KwokConfiguration
+options:
+  cidr: 10.0.0.0/24
+  enableDebuggingHandlers: true
+  enableContentionProfiling: false
+  enableProfilingHandler: true
+  podPlayStageParallelism: %d
+  nodePlayStageParallelism: 4
+  nodeLeaseParallelism: 4
+  podsOnNodeSyncParallelism: 1
+  enablePodsOnNodeSyncListPager: true
+  enablePodsOnNodeSyncStreamWatch: false
+`, cfg.KwokPodWorkers)
+	}
+	if err := os.WriteFile(kwokConfig, []byte(kwokDoc), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	kwok := c.StartProcess("kwok", filepath.Join(kwokDir, "kwok"), "--kubeconfig="+c.Kubeconfig, "--manage-all-nodes",

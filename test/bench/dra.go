@@ -72,8 +72,7 @@ func runDRAOnly(outPath string) error {
 
 // draSectionTail points from the throughput figures to the fragmentation figures, which the
 // placement simulation writes into section 4, and says how to reproduce both.
-const draSectionTail = `
-For reference, the scheduler's own scheduler_perf DRA configurations expect about 50-80 pods/s at 500 nodes on
+const draSectionTail = `For reference, the scheduler's own scheduler_perf DRA configurations expect about 50-80 pods/s at 500 nodes on
 a dedicated machine; here the control plane, kwok, the webhook and the load generator share 2 cores, so the
 absolute rates are this machine's and the ratio is what carries over.
 

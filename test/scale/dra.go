@@ -557,7 +557,7 @@ func (r DRAReport) reading() string {
 	return fmt.Sprintf(`Reading: DRA mode placed pods at %.2fx the rate of classic mode. The kube-scheduler spent %.0f ms of CPU per pod
 in DRA mode against %.0f ms in classic mode (%.1fx): in DRA mode its DynamicResources filter runs the structured
 allocator over the ResourceSlices of every node it considers, where classic mode compares a few extended-resource
-counts. At most %.0f%% of the GPUs were held at once in the DRA run, so its pods waited for the scheduler, not for
-room; the classic run reached %.0f%%, where part of its latency is waiting for room, since kwok, on the same loaded
-cores, ends pods later than their lifetime. %s`, tput, d, c, ratio, 100*float64(r.DRA.PeakGPUs)/gpus, 100*float64(r.Classic.PeakGPUs)/gpus, checks)
+counts. At most %.0f%% of the GPUs were held at once in the DRA run, so its pods waited mostly for the scheduler
+rather than for room; the classic run reached %.0f%%, where part of its latency is waiting for room, since kwok, on
+the same loaded cores, ends pods later than their lifetime: its rate is a lower bound. %s`, tput, d, c, ratio, 100*float64(r.DRA.PeakGPUs)/gpus, 100*float64(r.Classic.PeakGPUs)/gpus, checks)
 }

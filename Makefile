@@ -85,7 +85,7 @@ staticcheck: $(STATICCHECK)
 cover:
 	$(GO) test -count=1 -cover ./pkg/...
 
-## bench: every benchmark in one run (about 8 minutes): placement quality by simulation,
+## bench: every benchmark in one run (about 6 minutes): placement quality by simulation,
 ## admission latency at fixed rates against a no-op webhook, pod creation through a real
 ## kube-apiserver against a no-op webhook pair, the domain decision at scale, and the NRI
 ## plugin's cost; prints one table and writes docs/benchmarks.md with a plot. Root (the
@@ -106,7 +106,7 @@ bench-admission: host-deps k8s-assets
 	$(GO) run ./test/bench -only admission
 
 ## scale: 1,000 kwok nodes published by the agent, 5,000 TP pods created at 25/s without the
-## webhook and then with two replicas (about 12 minutes); prints the table and rewrites the
+## webhook and then with two replicas (about 10 minutes); prints the table and rewrites the
 ## scale section and rows of docs/benchmarks.md. Root. `make test` runs a 50-node smoke version
 ## (TestScaleSmoke).
 scale: k8s-assets kwok-assets

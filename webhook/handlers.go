@@ -53,9 +53,10 @@ func NewHandlers(view *clusterview.View, opts Options, m *Metrics, log logr.Logg
 
 // decodePod decodes the admission request's pod as the scheme's JSON decoder did (the
 // apiserver's case-sensitive decoding, a document of another kind refused), in one pass over
-// the document: the decoder also scanned it to find its kind first, and the handler had checked
-// that it was JSON at all before that; on a pod the apiserver has defaulted, those passes were
-// a good part of each admission (docs/benchmarks.md, "The cost of admission").
+// the document: the decoder also scanned it to find its kind first, and the handler had
+// checked that it was JSON at all before that; on a pod the apiserver has defaulted, those
+// passes were a good part of each admission (docs/benchmarks.md, "Through a real
+// kube-apiserver, against a no-op webhook pair").
 func decodePod(req admission.Request) (*corev1.Pod, error) {
 	// The apiserver always sends JSON; a patch can only be computed against the JSON document
 	// the apiserver will apply it to.

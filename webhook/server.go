@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -111,13 +112,19 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 	if reg == nil {
 		reg = ctrlmetrics.Registry
 	}
+	byObject := map[client.Object]cache.ByObject{
+		&corev1.Pod{}:  {Transform: clusterview.StripPod(so.Handlers.Names)},
+		&corev1.Node{}: {Transform: clusterview.StripNode},
+	}
+	if so.Repin.Enabled {
+		// The re-pin controller walks a stranded pod's owners up to the top-level one through
+		// metadata-only informers, started on its first read and stripped to what it reads.
+		maps.Copy(byObject, repin.OwnerCache())
+	}
 	mgr, err := manager.New(cfg, manager.Options{
 		Scheme: scheme,
 		Logger: log,
-		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
-			&corev1.Pod{}:  {Transform: clusterview.StripPod(so.Handlers.Names)},
-			&corev1.Node{}: {Transform: clusterview.StripNode},
-		}},
+		Cache:  cache.Options{ByObject: byObject},
 		WebhookServer: crwebhook.NewServer(crwebhook.Options{
 			Host:    so.Host,
 			Port:    so.Port,

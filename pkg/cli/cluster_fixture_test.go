@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -173,7 +174,7 @@ func podEvent(p *corev1.Pod, reason, from, msg string, ago time.Duration) *corev
 }
 
 func job(name string, ignoreDisruption bool) *batchv1.Job {
-	j := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"}}
+	j := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID(name + "-uid")}}
 	if ignoreDisruption {
 		j.Spec.PodFailurePolicy = &batchv1.PodFailurePolicy{Rules: []batchv1.PodFailurePolicyRule{{
 			Action:          batchv1.PodFailurePolicyActionIgnore,
@@ -181,6 +182,11 @@ func job(name string, ignoreDisruption bool) *batchv1.Job {
 		}}}
 	}
 	return j
+}
+
+// replicaSet is the ReplicaSet ownedBy names, controlled by owner when one is given.
+func replicaSet(name string, owner ...metav1.OwnerReference) *appsv1.ReplicaSet {
+	return &appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID(name + "-uid"), OwnerReferences: owner}}
 }
 
 func resourceQty(v int64) *resource.Quantity { return resource.NewQuantity(v, resource.DecimalSI) }

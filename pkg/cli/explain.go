@@ -13,11 +13,11 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/duration"
 	"k8s.io/client-go/kubernetes"
 
@@ -489,15 +489,18 @@ func (o *ExplainOptions) whyPending(ctx context.Context, s *snapshot, pod *corev
 	default:
 		line("domain %d has %d free GPUs on %s, but the %d %s ahead of it in the queue (higher priority, then older) claim them", d, k, strings.Join(ownRoom, ", "), pos, plural(pos, "pod", "pods"))
 	}
-	switch dec.Verdict {
-	case placement.WillSchedule:
+	switch {
+	case dec.Verdict == placement.WillSchedule:
 		line("re-pin: not needed")
-	case placement.Stranded:
-		line("re-pin: %s", o.strandedVerdict(ctx, pod, dec))
+	case dec.Soon:
+		line("re-pin: none; it waits for domain %d on node %s, where pods being deleted free room for it within their grace period, rather than move to another domain", d, dec.Node)
+		return nil
+	case dec.Verdict == placement.Stranded:
+		line("re-pin: %s", o.strandedVerdict(ctx, pod, dec, k, true))
 	default:
 		if !repin.Unschedulable(pod) {
 			if hyp, ok := s.planAsUnschedulable(w.ID); ok && hyp.Verdict == placement.Stranded {
-				line("re-pin: not yet: the scheduler has not reported it Unschedulable; once it does, it %s", o.strandedVerdict(ctx, pod, hyp))
+				line("re-pin: not yet: the scheduler has not reported it Unschedulable; once it does, it %s", o.strandedVerdict(ctx, pod, hyp, k, false))
 				return nil
 			}
 		}
@@ -511,7 +514,7 @@ func (o *ExplainOptions) whyPending(ctx context.Context, s *snapshot, pod *corev
 			line("re-pin: none; it waits: the free room (%s) goes to the %d %s ahead of it in the queue (higher priority, then older), and it runs when %d GPUs of domain %d free up", strings.Join(claimed, ", "), pos, plural(pos, "pod", "pods"), k, d)
 			return nil
 		}
-		line("re-pin: none; it waits: no domain of %d GPUs has room on a node it may run on, and it runs when %d GPUs of domain %d free up on one", k, k, d)
+		line("re-pin: none; it waits: %s", repin.NoRoomAdvice(d, k))
 	}
 	return nil
 }
@@ -533,25 +536,60 @@ func whyNotEligible(node *corev1.Node) string {
 }
 
 // strandedVerdict says what the re-pin controller does with a stranded pod, by the
-// controller's own rule for its owner (repin.OwnerSkipReason).
-func (o *ExplainOptions) strandedVerdict(ctx context.Context, pod *corev1.Pod, dec placement.RepinDecision) string {
-	owner := metav1.GetControllerOf(pod)
-	if owner == nil {
-		return fmt.Sprintf("stranded: domain %d has room on node %s, but the pod has no owner and nvdomain never deletes a pod that no controller recreates: delete and recreate it (kubectl replace --force -f <its manifest>) and the webhook pins it to a domain with room",
-			dec.To, dec.Node)
+// controller's own rules for the scheduler's reason (repin.DomainBlocked) and for its owners
+// (repin.WalkOwners), in the words of its Events (repin.StrandedCause and the fixes).
+// A pod the scheduler has not judged yet has no reason to read: judged false skips that rule.
+func (o *ExplainOptions) strandedVerdict(ctx context.Context, pod *corev1.Pod, dec placement.RepinDecision, gpus int, judged bool) string {
+	cause := repin.StrandedCause(dec, gpus, 0)
+	if judged && !repin.DomainBlocked(pod, o.webhook.Names) {
+		return fmt.Sprintf("stranded: %s; it will not be re-pinned: %s (see the Scheduler line)", cause, repin.NotDomainNote)
 	}
-	skip := repin.OwnerSkipReason(owner, repin.DefaultOwnerKinds, func(name string) (*batchv1.Job, error) {
-		return o.client.BatchV1().Jobs(pod.Namespace).Get(ctx, name, metav1.GetOptions{})
-	})
-	if skip == "" {
-		return fmt.Sprintf("will be re-pinned to domain %d (room on node %s) after the re-pin delay (--repin-after, %s by default): nvdomain evicts it, its %s %s recreates it, and the webhook pins the replacement to a domain with room",
-			dec.To, dec.Node, repin.DefaultOptions().After, owner.Kind, owner.Name)
+	if metav1.GetControllerOfNoCopy(pod) == nil {
+		return fmt.Sprintf("stranded: %s; %s. %s", cause, repin.BarePodNote, repin.StrandedFix(dec, true))
 	}
-	fix := ""
-	if owner.Kind != "Job" {
-		fix = "; delete and recreate it, and the webhook pins it to a domain with room"
+	owners := repin.WalkOwners(ctx, pod, repin.DefaultOwnerKinds, apiOwners{o.client})
+	if owners.Skip == "" {
+		return fmt.Sprintf("will be re-pinned to domain %d (room on node %s) after the re-pin delay (--repin-after, %s by default): nvdomain evicts it, its %s recreates it, and the webhook pins the replacement to a domain with room",
+			dec.To, dec.Node, repin.DefaultOptions().After, owners.Describe())
 	}
-	return fmt.Sprintf("stranded: domain %d has room on node %s, but it will not be re-pinned: %s%s", dec.To, dec.Node, skip, fix)
+	return fmt.Sprintf("stranded: %s; it will not be re-pinned: %s. %s", cause, owners.Skip, repin.SkipFix(owners, dec))
+}
+
+// apiOwners reads a pod's owners for repin.OwnerSkipReason straight from the API server.
+type apiOwners struct{ c kubernetes.Interface }
+
+func (a apiOwners) Meta(ctx context.Context, namespace string, gvk schema.GroupVersionKind, name string) (metav1.Object, error) {
+	get := metav1.GetOptions{}
+	var obj metav1.Object
+	var err error
+	switch gvk.Kind {
+	case "ReplicaSet":
+		obj, err = a.c.AppsV1().ReplicaSets(namespace).Get(ctx, name, get)
+	case "StatefulSet":
+		obj, err = a.c.AppsV1().StatefulSets(namespace).Get(ctx, name, get)
+	case "Deployment":
+		obj, err = a.c.AppsV1().Deployments(namespace).Get(ctx, name, get)
+	case "ReplicationController":
+		obj, err = a.c.CoreV1().ReplicationControllers(namespace).Get(ctx, name, get)
+	case "Job":
+		obj, err = a.c.BatchV1().Jobs(namespace).Get(ctx, name, get)
+	case "CronJob":
+		obj, err = a.c.BatchV1().CronJobs(namespace).Get(ctx, name, get)
+	default:
+		return nil, fmt.Errorf("cannot read a %s", gvk.Kind)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return obj, nil
+}
+
+func (a apiOwners) IgnoresDisruption(ctx context.Context, meta metav1.Object) (bool, error) {
+	job, err := a.c.BatchV1().Jobs(meta.GetNamespace()).Get(ctx, meta.GetName(), metav1.GetOptions{})
+	if err != nil {
+		return false, err
+	}
+	return repin.IgnoresDisruption(job), nil
 }
 
 // writeEvents prints nvdomain's Events on the pod.

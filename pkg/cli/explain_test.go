@@ -5,10 +5,14 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
 
 	"github.com/nvdomain/nvdomain/pkg/kubeevents"
+	"github.com/nvdomain/nvdomain/pkg/placement"
 	"github.com/nvdomain/nvdomain/webhook/repin"
 )
 
@@ -72,8 +76,11 @@ func TestExplainAssignedPerContainer(t *testing.T) {
 		"Events from nvdomain: <none>")
 }
 
-// Every re-pin verdict, from the controller's own plan and owner rules.
+// Every re-pin verdict, from the controller's own plan and owner rules, in the words of the
+// controller's Events.
 func TestExplainPendingVerdicts(t *testing.T) {
+	dec := placement.RepinDecision{From: 0, To: 1, Node: "gpu-a"}
+	cause := repin.StrandedCause(dec, 4, 0)
 	full := func() []runtime.Object {
 		return []runtime.Object{
 			gpuNode("gpu-a", [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}}),
@@ -87,7 +94,7 @@ func TestExplainPendingVerdicts(t *testing.T) {
 		want  []string
 	}{
 		{"a ReplicaSet's pod is re-pinned",
-			nil, tpPod("w", 4, 0, unschedulable, ownedBy("ReplicaSet", "apps/v1", "llama-7d9")),
+			[]runtime.Object{replicaSet("llama-7d9")}, tpPod("w", 4, 0, unschedulable, ownedBy("ReplicaSet", "apps/v1", "llama-7d9")),
 			[]string{"Scheduler:", "Unschedulable: 0/2 nodes are available",
 				"Why Pending:", "pinned to domain 0 for 4 GPUs; nodes with a domain of at least 4 GPUs:",
 				"NODE", "DOMAIN", "SIZE", "FREE", "MAY RUN THERE", "gpu-a", "0", "4", "0", "yes", "gpu-a", "1", "4", "4", "yes",
@@ -95,22 +102,46 @@ func TestExplainPendingVerdicts(t *testing.T) {
 				"re-pin: will be re-pinned to domain 1 (room on node gpu-a) after the re-pin delay (--repin-after, 30s by default): nvdomain evicts it, its ReplicaSet llama-7d9 recreates it"}},
 		{"a bare pod must be recreated by hand",
 			nil, tpPod("w", 4, 0, unschedulable),
-			[]string{"re-pin: stranded: domain 1 has room on node gpu-a, but the pod has no owner and nvdomain never deletes a pod that no controller recreates: delete and recreate it (kubectl replace --force -f <its manifest>)"}},
+			[]string{"re-pin: stranded: " + cause + "; " + repin.BarePodNote + ". " + repin.StrandedFix(dec, true)}},
+		{"a LeaderWorkerSet's pod is not moved",
+			[]runtime.Object{&appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Name: "lws-0", Namespace: "default", UID: "lws-0-uid",
+				OwnerReferences: []metav1.OwnerReference{{APIVersion: "leaderworkerset.x-k8s.io/v1", Kind: "LeaderWorkerSet", Name: "lws", UID: "lws-uid", Controller: ptr.To(true)}}}}},
+			tpPod("w", 4, 0, unschedulable, ownedBy("StatefulSet", "apps/v1", "lws-0")),
+			[]string{"re-pin: stranded: " + cause + "; it will not be re-pinned: its owner StatefulSet.apps lws-0 is controlled by LeaderWorkerSet.leaderworkerset.x-k8s.io lws",
+				"Fix: if its StatefulSet lws-0 (of LeaderWorkerSet lws) takes a restart of this pod, delete the pod"}},
+		{"a Deployment's pod names its owners up to the Deployment",
+			[]runtime.Object{replicaSet("llama-7d9", metav1.OwnerReference{APIVersion: "apps/v1", Kind: "Deployment", Name: "llama", UID: "llama-uid", Controller: ptr.To(true)}),
+				&appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "llama", Namespace: "default", UID: "llama-uid"}}},
+			tpPod("w", 4, 0, unschedulable, ownedBy("ReplicaSet", "apps/v1", "llama-7d9")),
+			[]string{"re-pin: will be re-pinned to domain 1 (room on node gpu-a)", "its ReplicaSet llama-7d9 (of Deployment llama) recreates it"}},
+		{"a pod the scheduler rejects for its CPU is not moved",
+			[]runtime.Object{replicaSet("rs")}, tpPod("w", 4, 0, ownedBy("ReplicaSet", "apps/v1", "rs"), func(p *corev1.Pod) {
+				unschedulable(p)
+				p.Status.Conditions[0].Message = "0/2 nodes are available: 2 Insufficient cpu."
+			}),
+			[]string{"re-pin: stranded: " + cause + "; it will not be re-pinned: " + repin.NotDomainNote}},
+		{"a pod the scheduler rejects for a taint is not moved",
+			[]runtime.Object{replicaSet("rs")}, tpPod("w", 4, 0, ownedBy("ReplicaSet", "apps/v1", "rs"), func(p *corev1.Pod) {
+				unschedulable(p)
+				p.Status.Conditions[0].Message = "0/2 nodes are available: 2 node(s) had untolerated taint {dedicated: llm}."
+			}),
+			[]string{"re-pin: stranded: " + cause + "; it will not be re-pinned: " + repin.NotDomainNote}},
 		{"a Job without a podFailurePolicy is not moved",
 			[]runtime.Object{job("train", false)}, tpPod("w", 4, 0, unschedulable, ownedBy("Job", "batch/v1", "train")),
-			[]string{"re-pin: stranded: domain 1 has room on node gpu-a, but it will not be re-pinned: evicting it would count as a failure of Job train", "podFailurePolicy"}},
+			[]string{"re-pin: stranded: " + cause + "; it will not be re-pinned: evicting it would count as a failure of Job train", "podFailurePolicy",
+				"Fix: free domain 0 (scale down or delete the pods that hold it on a node this pod may run on); or lower the pod's tensor-parallel size"}},
 		{"a Job that ignores disruptions is moved",
 			[]runtime.Object{job("train", true)}, tpPod("w", 4, 0, unschedulable, ownedBy("Job", "batch/v1", "train")),
 			[]string{"re-pin: will be re-pinned to domain 1 (room on node gpu-a)", "its Job train recreates it"}},
 		{"an owner that does not recreate pods",
 			nil, tpPod("w", 4, 0, unschedulable, ownedBy("Notebook", "kubeflow.org/v1", "nb")),
-			[]string{"it will not be re-pinned: its owner Notebook.kubeflow.org nb is not one that recreates evicted pods", "delete and recreate it, and the webhook pins it to a domain with room"}},
+			[]string{"it will not be re-pinned: its owner Notebook.kubeflow.org nb is not one that recreates evicted pods", "Fix: if its Notebook nb takes a restart of this pod, delete the pod: it is recreated and the webhook pins the replacement to a domain with room; or free domain 0"}},
 		{"not yet judged by the scheduler",
-			nil, tpPod("w", 4, 0, ownedBy("ReplicaSet", "apps/v1", "rs")),
+			[]runtime.Object{replicaSet("rs")}, tpPod("w", 4, 0, ownedBy("ReplicaSet", "apps/v1", "rs")),
 			[]string{"re-pin: not yet: the scheduler has not reported it Unschedulable; once it does, it will be re-pinned to domain 1 (room on node gpu-a)"}},
 		{"no room in any domain: it waits",
 			[]runtime.Object{tpPod("holder-1", 4, 1, boundTo("gpu-a", corev1.PodRunning))}, tpPod("w", 4, 0, unschedulable, ownedBy("ReplicaSet", "apps/v1", "rs")),
-			[]string{"domain 0 has no room for 4 GPUs", "re-pin: none; it waits: no domain of 4 GPUs has room on a node it may run on, and it runs when 4 GPUs of domain 0 free up on one"}},
+			[]string{"domain 0 has no room for 4 GPUs", "re-pin: none; it waits: " + repin.NoRoomAdvice(0, 4)}},
 		{"room in its own domain: the scheduler binds it",
 			nil, tpPod("w", 4, 1, unschedulable),
 			[]string{"domain 1 has room for it on gpu-a: the scheduler binds it there", "re-pin: not needed"}},
@@ -223,4 +254,21 @@ func TestExplainOtherPods(t *testing.T) {
 			assertInOrder(t, out, tc.want...)
 		})
 	}
+}
+
+// A waiter whose pinned domain is held by a pod being deleted waits for that room: the
+// controller does not move it, and explain says so.
+func TestExplainWaiterForRoomAboutToFree(t *testing.T) {
+	objs := []runtime.Object{
+		gpuNode("gpu-a", [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}}),
+		tpPod("predecessor", 4, 0, boundTo("gpu-a", corev1.PodRunning), deleting),
+		replicaSet("rs"),
+		tpPod("w", 4, 0, unschedulable, ownedBy("ReplicaSet", "apps/v1", "rs")),
+	}
+	code, out, errOut := runFake(t, "", objs, "explain", "w")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	assertInOrder(t, out, "domain 0 has no room for 4 GPUs on any node this pod may run on",
+		"re-pin: none; it waits for domain 0 on node gpu-a, where pods being deleted free room for it within their grace period, rather than move to another domain")
 }

@@ -12,8 +12,8 @@ import (
 
 // statusCluster: gpu-a has two 4-GPU domains, one held by a running TP=4 pod; gpu-b two
 // 2-GPU domains with a stale topology; a CPU node has none. A TP=4 pod pinned to domain 0
-// waits while gpu-a's domain 1 is free: stranded. A finished pod and a pod being deleted
-// hold nothing.
+// waits while gpu-a's domain 1 is free: stranded. A finished pod, and a pod being deleted
+// whose containers have stopped (a finalizer keeps the object), hold nothing.
 func statusCluster() []runtime.Object {
 	return []runtime.Object{
 		gpuNode("gpu-a", [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}}, withLabel("pool", "a")),
@@ -21,7 +21,7 @@ func statusCluster() []runtime.Object {
 		gpuNode("cpu-1", nil),
 		tpPod("llama-0", 4, 0, inNamespace("ml"), boundTo("gpu-a", corev1.PodRunning)),
 		tpPod("done", 4, 1, boundTo("gpu-a", corev1.PodSucceeded)),
-		tpPod("leaving", 4, 1, boundTo("gpu-a", corev1.PodRunning), deleting),
+		tpPod("leaving", 4, 1, boundTo("gpu-a", corev1.PodFailed), deleting),
 		tpPod("waiter", 4, 0, inNamespace("ml"), unschedulable),
 		tpPod("small", 2, 0, inNamespace("other"), boundTo("gpu-b", corev1.PodRunning)),
 	}

@@ -118,7 +118,8 @@ type DomainChooser struct {
 	// capacity of each domain id over candidates whose domain is large enough, and the first
 	// such node by name, for the Pending fallback.
 	bigEnough map[int]*fallback
-	// waiting is the GPUs of pods already waiting for each domain id (Queue).
+	// waiting is the GPUs of pods already waiting for each domain id (Queue), less the GPUs
+	// about to free there (Leaving); it may be negative.
 	waiting map[int]int
 
 	largest   int
@@ -162,6 +163,21 @@ func (c *DomainChooser) Queue(domain, gpus int) {
 		c.waiting = map[int]int{}
 	}
 	c.waiting[domain] += gpus
+}
+
+// Leaving tells the chooser that pods holding gpus GPUs of domain id domain, on nodes the pod
+// could use, are being deleted: room about to free. Like Queue it only matters when the pod has
+// no room now, and it shortens that id's line by as much, so a pod that has to wait waits for
+// room that frees in seconds (a predecessor terminating during a rolling update) rather than
+// for room that frees only when some other pod ends. Calls add up, with Queue's too.
+func (c *DomainChooser) Leaving(domain, gpus int) {
+	if gpus <= 0 {
+		return
+	}
+	if c.waiting == nil {
+		c.waiting = map[int]int{}
+	}
+	c.waiting[domain] -= gpus
 }
 
 // Consider feeds one candidate.
@@ -270,7 +286,8 @@ func (c *DomainChooser) pickTie() int {
 }
 
 // waitIn picks the domain id a pod waits for when none has room now: the id with the shortest
-// line, the fewest GPUs already waiting for it (Queue) per GPU of capacity it offers the pod
+// line, the fewest GPUs already waiting for it (Queue, less those about to free: Leaving) per
+// GPU of capacity it offers the pod
 // (summed over the nodes where its domain is large enough), counting the pod itself:
 // (waiting + k) / capacity. Room that frees on any id then finds about as much waiting for it
 // as on every other, instead of waiters piling onto one id while room frees on another; with

@@ -43,6 +43,11 @@ func TestWaitInShortestLine(t *testing.T) {
 		{name: "an id too small for the pod is no line", k: 4, ids: []idle{{0, 4, 2, 100}, {1, 2, 50, 0}}, want: 0},
 		{name: "a queue for an id no node offers is ignored", k: 2, ids: []idle{{0, 4, 2, 6}, {1, 4, 2, 4}},
 			extra: func(c *DomainChooser) { c.Queue(7, 1) }, want: 1},
+		// id 1 is larger, but the 4 GPUs leaving id 0 make its line the shorter one.
+		{name: "room about to free shortens the line", k: 4, ids: []idle{{0, 4, 1, 0}, {1, 4, 2, 0}},
+			extra: func(c *DomainChooser) { c.Leaving(0, 4) }, want: 0},
+		{name: "room about to free outweighs a shorter line only by what frees", k: 4, ids: []idle{{0, 4, 2, 8}, {1, 4, 2, 0}},
+			extra: func(c *DomainChooser) { c.Leaving(0, 4) }, want: 1},
 		{name: "room now: the queue does not matter", k: 2, ids: []idle{{0, 4, 2, 100}, {1, 4, 2, 0}},
 			extra: func(c *DomainChooser) { c.Consider(Candidate{Node: "free", Domain: 0, Capacity: 4, Free: 2}) }, want: 0, fits: true},
 	}

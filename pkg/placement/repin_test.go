@@ -102,11 +102,92 @@ func TestPlanRepins(t *testing.T) {
 	}
 }
 
+// withLeaving sets the GPUs about to free (pods being deleted) on node i.
+func withLeaving(nodes []NodeRoom, i int, leaving map[int]int) []NodeRoom {
+	nodes[i].Leaving = leaving
+	return nodes
+}
+
+// Room about to free in a waiter's own domain (its predecessor being deleted during a rolling
+// update, say) makes it wait for that room rather than be moved to another domain.
+func TestPlanRepinsWaitsForItsOwnRoomAboutToFree(t *testing.T) {
+	twoByFour := map[int]int{0: 4, 1: 4}
+	cases := []struct {
+		name    string
+		nodes   []NodeRoom
+		waiters []Waiter
+		want    []RepinDecision
+	}{
+		{
+			name:    "its predecessor is leaving its domain while another domain is free: it waits",
+			nodes:   withLeaving(rooms([2]map[int]int{twoByFour, {0: 0, 1: 4}}), 0, map[int]int{0: 4}),
+			waiters: []Waiter{{ID: "w", Domain: 0, GPUs: 4, Eligible: []int{0}, CanMove: true}},
+			want:    []RepinDecision{{ID: "w", Verdict: Waiting, From: 0, To: -1, Node: "a", Soon: true}},
+		},
+		{
+			name:    "room about to free adds to room free now",
+			nodes:   withLeaving(rooms([2]map[int]int{twoByFour, {0: 2, 1: 4}}), 0, map[int]int{0: 2}),
+			waiters: []Waiter{{ID: "w", Domain: 0, GPUs: 4, Eligible: []int{0}, CanMove: true}},
+			want:    []RepinDecision{{ID: "w", Verdict: Waiting, From: 0, To: -1, Node: "a", Soon: true}},
+		},
+		{
+			name:    "too little about to free: stranded as before",
+			nodes:   withLeaving(rooms([2]map[int]int{twoByFour, {0: 0, 1: 4}}), 0, map[int]int{0: 2}),
+			waiters: []Waiter{{ID: "w", Domain: 0, GPUs: 4, Eligible: []int{0}, CanMove: true}},
+			want:    []RepinDecision{{ID: "w", Verdict: Stranded, From: 0, To: 1, Node: "a"}},
+		},
+		{
+			name:    "room freeing in another domain is not its own",
+			nodes:   withLeaving(rooms([2]map[int]int{{0: 4, 1: 4, 2: 4}, {0: 0, 1: 4, 2: 0}}), 0, map[int]int{2: 4}),
+			waiters: []Waiter{{ID: "w", Domain: 0, GPUs: 4, Eligible: []int{0}, CanMove: true}},
+			want:    []RepinDecision{{ID: "w", Verdict: Stranded, From: 0, To: 1, Node: "a"}},
+		},
+		{
+			name:    "room freeing on a node it may not use does not count",
+			nodes:   withLeaving(rooms([2]map[int]int{twoByFour, {0: 0, 1: 4}}, [2]map[int]int{twoByFour, {0: 0, 1: 0}}), 1, map[int]int{0: 4}),
+			waiters: []Waiter{{ID: "w", Domain: 0, GPUs: 4, Eligible: []int{0}, CanMove: true}},
+			want:    []RepinDecision{{ID: "w", Verdict: Stranded, From: 0, To: 1, Node: "a"}},
+		},
+		{
+			name:  "two replacements, one predecessor leaving: the first waits for it, the second moves",
+			nodes: withLeaving(rooms([2]map[int]int{twoByFour, {0: 0, 1: 4}}), 0, map[int]int{0: 4}),
+			waiters: []Waiter{
+				{ID: "first", Domain: 0, GPUs: 4, Eligible: []int{0}, CanMove: true},
+				{ID: "second", Domain: 0, GPUs: 4, Eligible: []int{0}, CanMove: true},
+			},
+			want: []RepinDecision{
+				{ID: "first", Verdict: Waiting, From: 0, To: -1, Node: "a", Soon: true},
+				{ID: "second", Verdict: Stranded, From: 0, To: 1, Node: "a"},
+			},
+		},
+		{
+			name:  "a waiter that claims room about to free leaves the free room to the next",
+			nodes: withLeaving(rooms([2]map[int]int{twoByFour, {0: 2, 1: 0}}), 0, map[int]int{0: 2}),
+			waiters: []Waiter{
+				{ID: "first", Domain: 0, GPUs: 4, Eligible: []int{0}, CanMove: true},
+				{ID: "second", Domain: 0, GPUs: 2, Eligible: []int{0}, CanMove: true},
+			},
+			want: []RepinDecision{
+				{ID: "first", Verdict: Waiting, From: 0, To: -1, Node: "a", Soon: true},
+				{ID: "second", Verdict: Waiting, From: 0, To: -1},
+			},
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got := PlanRepins(tc.nodes, tc.waiters)
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Fatalf("got  %+v\nwant %+v", got, tc.want)
+			}
+		})
+	}
+}
+
 func TestPlanRepinsLeavesItsInputAlone(t *testing.T) {
-	nodes := rooms([2]map[int]int{{0: 4, 1: 4}, {0: 4, 1: 4}})
-	PlanRepins(nodes, []Waiter{{ID: "w", Domain: 0, GPUs: 4, Eligible: []int{0}}})
-	if nodes[0].Free[0] != 4 {
-		t.Fatalf("the plan changed the caller's free counts: %v", nodes[0].Free)
+	nodes := withLeaving(rooms([2]map[int]int{{0: 4, 1: 4}, {0: 4, 1: 0}}), 0, map[int]int{1: 4})
+	PlanRepins(nodes, []Waiter{{ID: "w", Domain: 0, GPUs: 4, Eligible: []int{0}}, {ID: "v", Domain: 1, GPUs: 4, Eligible: []int{0}}})
+	if nodes[0].Free[0] != 4 || nodes[0].Leaving[1] != 4 {
+		t.Fatalf("the plan changed the caller's counts: free %v, leaving %v", nodes[0].Free, nodes[0].Leaving)
 	}
 }
 

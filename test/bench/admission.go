@@ -40,13 +40,40 @@ TP=2 pods created one after another; then the same with no webhook registered at
 | p99 | %s µs | %s µs | %s | %s µs |
 
 %s
+
 `, admissionHeading, admissionCommand, pc["p50-nvdomain-µs"], pc["p50-noop-µs"], pc["p50-ratio"], pc["p50-none-µs"],
 		pc["p99-nvdomain-µs"], pc["p99-noop-µs"], pc["p99-ratio"], pc["p99-none-µs"], admissionHistory)
 }
 
 // admissionHistory is what profiling found and what changed, with the figures measured before
 // and after on this machine.
-const admissionHistory = `TODO`
+const admissionHistory = `**Where the time went.** A CPU profile of one nvdomain replica while four clients created TP=2 pods (what
+` + "`make bench-admission`" + ` prints after the rounds) put 17.5 % of the replica's samples in the mutating handler and 6 % in
+the validating one, and little of it in the domain decision (about a microsecond, section 2). It was JSON: the handlers
+checked that the pod was JSON, the scheme's decoder scanned it for its kind and then decoded it (9.8 % together), and
+` + "`admission.PatchResponseFromRaw`" + ` encoded the mutated pod again and decoded both documents into generic maps to diff
+them with gomodules.xyz/jsonpatch (8.2 %). Most of the rest of the replica's time is what the no-op pair pays as well:
+TLS, controller-runtime decoding the AdmissionReview, the informers.
+
+**What changed.** The mutating handler builds its JSON patch from the few fields the mutation writes (webhook/patch.go;
+the tests apply it and the old diff to testdata's pods, a table of named shapes and 3,000 generated pods in classic, DRA
+and mixed mode, and compare the results), and both handlers decode the pod in one pass with the apiserver's
+case-sensitive JSON decoder instead of the scheme's.
+
+**Before and after**, on this 2-core machine shared with other work, each BenchmarkPodCreate run under the benchmark
+lock, one after the other (before: commit bbf8193; after: the change alone):
+
+| | before | after |
+|---|---|---|
+| pod create p50, nvdomain / no-op pair (ratio) | 40136 / 30436 µs (1.32) | 35336 / 30164 µs (1.17) |
+| pod create p99, nvdomain / no-op pair (ratio) | 288229 / 206272 µs (1.40) | 152693 / 89168 µs (1.71) |
+| replica CPU samples in the mutating / validating handler | 17.5 % / 6.2 % | 3.6 % / 4.4 % |
+| ` + "`go test -bench BenchmarkAdmission ./webhook/`" + `, mutate: time, memory, allocations per review | 204-296 µs, 77 KB, 1,124 (no-op 42-63 µs) | 132-159 µs, 35 KB, 297 (no-op 62-79 µs) |
+
+The p50 target (at most 1.3 against the no-op pair) was missed before by a little and is met after; the p99 ratio of
+single runs swings either way with whatever else the machine runs. Absolute creation times here are several times
+those of an idle machine: etcd, kube-apiserver, the scheduler, both replicas and the client share two busy cores. The
+table at the top of this subsection is the latest run, of the code as it is now.`
 
 // runAdmissionOnly runs BenchmarkPodCreate with a CPU profile of one nvdomain replica under
 // load, prints the profile's top functions, and rewrites the admission subsection and row.

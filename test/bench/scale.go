@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -58,7 +59,8 @@ func runScaleOnly(outPath string) error {
 	if err != nil {
 		return fmt.Errorf("read the report to update: %w", err)
 	}
-	section := rep.Markdown(scaleHeading, scaleCommand) + fmt.Sprintf("\nWritten on %s in %s.\n\n", time.Now().UTC().Format("2006-01-02"), time.Since(start).Round(time.Second))
+	section := strings.TrimRight(rep.Markdown(scaleHeading, scaleCommand), "\n") +
+		fmt.Sprintf("\n\nWritten on %s in %s.\n\n", time.Now().UTC().Format("2006-01-02"), time.Since(start).Round(time.Second))
 	md, err := spliceSection(string(old), scaleRowPrefix, formatRows(scaleRows(rep)), scaleHeading, section)
 	if err != nil {
 		return fmt.Errorf("%s: %w", outPath, err)

@@ -147,7 +147,7 @@ func TestSeedScenariosEndToEnd(t *testing.T) {
 	for _, w := range d2.Waiters {
 		switch w.Kind {
 		case "Pod":
-			if !w.StillThere || !strings.Contains(w.Event, "has room on node") || !strings.Contains(w.Event, "kubectl replace --force") {
+			if !w.StillThere || !strings.Contains(w.Event, "has room for it on node") || !strings.Contains(w.Event, "original manifest") {
 				t.Errorf("bare pod: kept %v, Event %q", w.StillThere, w.Event)
 			}
 		default:
@@ -220,12 +220,12 @@ func checkCLI(t *testing.T, r *localcluster.CLIReport, rep *localcluster.Report)
 		t.Errorf("nvdomain status does not show tp4 waiting and stranded in domain %s:\n%s", r.StrandedDomain, stranded)
 	}
 	explain := r.Step("nvdomain explain " + r.Stranded)
-	for _, want := range []string{"Pending", "re-pin: stranded: domain " + r.Freed + " has room on node localhost", "Stranded"} {
+	for _, want := range []string{"Pending", "re-pin: stranded: its pinned NVSwitch domain", "while domain " + r.Freed + " has room for it on node localhost", "Stranded"} {
 		if !strings.Contains(explain, want) {
 			t.Errorf("nvdomain explain %s lacks %q:\n%s", r.Stranded, want, explain)
 		}
 	}
-	if !strings.Contains(r.StrandedEvent, "kubectl replace --force") {
+	if !strings.Contains(r.StrandedEvent, "original manifest") || !strings.Contains(r.StrandedEvent, "tensor-parallel size") {
 		t.Errorf("Stranded Event on tp4: %q", r.StrandedEvent)
 	}
 }

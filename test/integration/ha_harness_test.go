@@ -18,7 +18,9 @@ type haCluster struct {
 // and n webhook replicas behind the Service, with the shipped webhook configurations.
 func startHACluster(t *testing.T, n int, webhookArgs ...string) *haCluster {
 	t.Helper()
-	hc := hacluster.Start(t, hacluster.Options{Replicas: n, WebhookArgs: webhookArgs})
+	// The rollout tests roll Deployments, so the deployment controller runs too.
+	hc := hacluster.Start(t, hacluster.Options{Replicas: n, WebhookArgs: webhookArgs,
+		Controllers: []string{"deployment", "replicaset", "garbagecollector"}})
 	c := &cluster{t: t, env: hc.Env, cfg: hc.Config, client: hc.Client, warnings: &warningRecorder{}}
 	return &haCluster{cluster: c, Cluster: hc}
 }

@@ -18,6 +18,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/webhook/repin"
 )
 
 // tpReplicaSet is a ReplicaSet of TP pods of k GPUs each.
@@ -334,4 +335,123 @@ func (c *cluster) events(reason, kind string) []corev1.Event {
 		}
 	}
 	return out
+}
+
+// TestRepinWalksOwnersAndEvictsThroughTheAPI runs the re-pin controller against a real API
+// server: a stranded pod whose owners, up to the top-level one, recreate it at no cost (a
+// ReplicaSet under a Deployment) is evicted through the eviction API with UID and
+// ResourceVersion preconditions and its replacement runs in the domain that freed; one whose
+// ReplicaSet is controlled by something nvdomain does not know (a stand-in for a
+// LeaderWorkerSet) stays, with a RepinSkipped Event naming that owner.
+func TestRepinWalksOwnersAndEvictsThroughTheAPI(t *testing.T) {
+	h := startHACluster(t, 1, "--repin-after=1s", "--repin-interval=500ms")
+	h.addGPUNode("gpu-00", [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}}, 0, nil)
+	h.waitAdmits(4)
+	ctx := context.Background()
+	blockers := map[string]*corev1.Pod{} // domain → bare TP=4 pod holding it
+	for _, name := range []string{"blocker-a", "blocker-b"} {
+		p, err := h.createPod(gpuPod(name, true, 4, "--tensor-parallel-size", "4"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p = h.waitBound(p)
+		blockers[p.Annotations[n.PodDomainAnnotation()]] = p
+	}
+	if len(blockers) != 2 {
+		t.Fatalf("the blockers share a domain: %v", blockers)
+	}
+	// strand creates a ReplicaSet of one TP=4 pod controlled by owner, waits until the
+	// scheduler calls its pod Unschedulable, then frees the other domain.
+	strand := func(name string, owner metav1.Object, apiVersion, kind string) *corev1.Pod {
+		rs := tpReplicaSet(name, 1, 4)
+		rs.OwnerReferences = []metav1.OwnerReference{{APIVersion: apiVersion, Kind: kind, Name: owner.GetName(), UID: owner.GetUID(), Controller: ptr.To(true)}}
+		if _, err := h.client.AppsV1().ReplicaSets("default").Create(ctx, rs, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		var pod *corev1.Pod
+		if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			pods, err := h.podsOf(ctx, name)
+			if err != nil || len(pods) != 1 {
+				return false, nil
+			}
+			pod = &pods[0]
+			return repin.Unschedulable(pod), nil
+		}); err != nil {
+			t.Fatalf("%s: no Unschedulable pod: %v", name, err)
+		}
+		for d, b := range blockers {
+			if d != pod.Annotations[n.PodDomainAnnotation()] {
+				h.forceDelete(b)
+				delete(blockers, d)
+			}
+		}
+		return pod
+	}
+
+	// Skipped: the ReplicaSet's controller is of a kind nvdomain does not know.
+	group := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "group", Namespace: "default"}}
+	group, err := h.client.CoreV1().ConfigMaps("default").Create(ctx, group, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept := strand("grouped", group, "v1", "ConfigMap")
+	var skipped []corev1.Event
+	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		skipped = h.events("RepinSkipped", "Pod")
+		return len(skipped) > 0, nil
+	}); err != nil {
+		t.Fatalf("no RepinSkipped Event; webhook log:\n%s", h.ReplicaLogs())
+	}
+	if msg := skipped[0].Message; !strings.Contains(msg, "is controlled by ConfigMap group, which is not known to recreate an evicted pod") {
+		t.Fatalf("RepinSkipped: %s", msg)
+	}
+	if pods, _ := h.podsOf(ctx, "grouped"); len(pods) != 1 || pods[0].UID != kept.UID {
+		t.Fatalf("the grouped pod was evicted: %s", describePods(pods))
+	}
+	// Its ReplicaSet goes, and a blocker takes the domain it freed again.
+	if err := h.client.AppsV1().ReplicaSets("default").Delete(ctx, "grouped", metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationForeground)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		pods, err := h.podsOf(ctx, "grouped")
+		return err == nil && len(pods) == 0, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := h.createPod(gpuPod("blocker-c", true, 4, "--tensor-parallel-size", "4"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p = h.waitBound(p)
+	blockers[p.Annotations[n.PodDomainAnnotation()]] = p
+
+	// Moved: a Deployment's ReplicaSet recreates the pod.
+	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "default"}, Spec: appsv1.DeploymentSpec{
+		Replicas: ptr.To(int32(0)), Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web-unused"}},
+		Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "web-unused"}},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}},
+	}}
+	if dep, err = h.client.AppsV1().Deployments("default").Create(ctx, dep, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waiter := strand("web", dep, "apps/v1", "Deployment")
+	freed := ""
+	for _, d := range []string{"0", "1"} {
+		if d != waiter.Annotations[n.PodDomainAnnotation()] {
+			freed = d
+		}
+	}
+	var pods []corev1.Pod
+	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		pods, err = h.podsOf(ctx, "web")
+		return err == nil && len(pods) == 1 && pods[0].UID != waiter.UID && pods[0].Spec.NodeName != "", nil
+	}); err != nil {
+		t.Fatalf("the stranded pod was not moved: %s\nwebhook log:\n%s", describePods(pods), h.ReplicaLogs())
+	}
+	if got := pods[0].Annotations[n.PodDomainAnnotation()]; got != freed {
+		t.Fatalf("the replacement runs in domain %s, want %s", got, freed)
+	}
+	if len(h.events("Repinned", "Pod")) == 0 {
+		t.Fatal("no Repinned Event")
+	}
 }

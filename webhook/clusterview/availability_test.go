@@ -72,9 +72,11 @@ func TestTP8NotRejectedWhileItsOnlyNodeIsNotReady(t *testing.T) {
 	}
 }
 
-func TestDeletingPodFreesItsDomainForTheReplacement(t *testing.T) {
+func TestDeletingPodsDomainGoesToTheReplacement(t *testing.T) {
 	// Two TP=4 pods fill both domains. A rolling update deletes the one in domain 1: its
-	// replacement must be pinned to domain 1, not to domain 0 which its sibling still fills.
+	// replacement must be pinned to domain 1, which frees when the old pod is gone, not to
+	// domain 0 which its sibling still fills. Until then domain 1 is held, as the scheduler
+	// holds it.
 	v := New(n)
 	v.UpsertNode(gpuNode("gpu-node01", []int{4, 4}, nil))
 	v.UpsertPod(pinnedPod("gpu-node01", 0, 4))
@@ -88,11 +90,15 @@ func TestDeletingPodFreesItsDomainForTheReplacement(t *testing.T) {
 	terminating.DeletionTimestamp = &now
 	v.UpsertPod(terminating)
 	got, err := v.ChooseDomain(newTP(), 4, 0)
-	if err != nil || got.Domain != 1 || !got.Fits {
-		t.Fatalf("replacement: %+v %v, want domain 1 with room", got, err)
+	if err != nil || got.Domain != 1 || got.Fits {
+		t.Fatalf("replacement: %+v %v, want domain 1, waiting for the old pod to go", got, err)
 	}
-	if free := v.Free("gpu-node01"); free[1] != 4 || free[0] != 0 {
+	if free := v.Free("gpu-node01"); free[1] != 0 || free[0] != 0 {
 		t.Fatalf("free = %v", free)
+	}
+	v.DeletePod(old.UID)
+	if got, _ := v.ChooseDomain(newTP(), 4, 0); got.Domain != 1 || !got.Fits {
+		t.Fatalf("once the old pod is gone: %+v", got)
 	}
 }
 

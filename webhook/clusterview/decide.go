@@ -96,6 +96,12 @@ func (v *View) ChooseDomain(pod *corev1.Pod, k int, seed uint64) (placement.Deci
 	for d, gpus := range waiting {
 		ch.Queue(d, gpus)
 	}
+	if class < 0 {
+		// No room now: the pod waits, preferably for room that is about to free.
+		for d, gpus := range v.leavingLocked(pod, k) {
+			ch.Leaving(d, gpus)
+		}
+	}
 	dec, err := ch.Decide()
 	if _, impossible := err.(*placement.ImpossibleError); impossible {
 		// Rare, so spend a scan to name the nodes in the message.
@@ -272,6 +278,28 @@ func applyPending(buckets []bucket, pending map[demand]int) ([]bucket, map[int]i
 		}
 	}
 	return buckets, waiting
+}
+
+// leavingLocked sums, per domain id, the GPUs that bound pods being deleted hold on nodes the
+// pod could use now, in domains large enough for k, while those pods are within their grace
+// period plus LeavingMargin: room about to free, which the pod waits for ahead of room that
+// may never free. It walks the pods being deleted, which are few: each is gone seconds after
+// its grace period, and the decision reads them only when no domain has room now.
+func (v *View) leavingLocked(pod *corev1.Pod, k int) map[int]int {
+	if len(v.leaving) == 0 {
+		return nil
+	}
+	now := v.now()
+	req := nodeaffinity.GetRequiredNodeAffinity(pod)
+	out := map[int]int{}
+	for _, l := range v.leaving {
+		nd, ok := v.nodes[l.node]
+		if !ok || now.After(l.deadline) || nd.capacity[l.domain] < k || !eligible(pod, req, nd) || !available(pod, nd) {
+			continue
+		}
+		out[l.domain] += l.gpus
+	}
+	return out
 }
 
 func (v *View) impossibleLocked(pod *corev1.Pod, k int) error {

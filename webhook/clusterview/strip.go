@@ -14,7 +14,9 @@ import (
 // identity, owner, labels, nvdomain's own annotations, the node, the containers' NVIDIA
 // resources, the phase and whether it is being deleted. A pod not bound yet also keeps what
 // decides where it may run (selector, required node affinity, tolerations, priority) and
-// the scheduler's verdict, which the re-pin controller needs while it waits.
+// the scheduler's verdict, which the re-pin controller needs while it waits, and its
+// scheduling gates: a gated pod (held back by a queueing system such as Kueue) is not tried
+// by the scheduler yet, so it is neither demand on its domain nor a pod to re-pin.
 func StripPod(n names.Names) func(any) (any, error) {
 	return func(obj any) (any, error) {
 		pod, ok := obj.(*corev1.Pod)
@@ -40,6 +42,7 @@ func StripPod(n names.Names) func(any) (any, error) {
 			out.Spec.NodeSelector = pod.Spec.NodeSelector
 			out.Spec.Tolerations = pod.Spec.Tolerations
 			out.Spec.Priority = pod.Spec.Priority
+			out.Spec.SchedulingGates = pod.Spec.SchedulingGates
 			if a := pod.Spec.Affinity; a != nil && a.NodeAffinity != nil && a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil {
 				out.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
 					RequiredDuringSchedulingIgnoredDuringExecution: a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution,

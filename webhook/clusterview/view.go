@@ -15,6 +15,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -33,17 +34,33 @@ import (
 // whose pod was rejected later by another admission plugin simply expires.
 const ReservationTTL = 30 * time.Second
 
+// LeavingMargin is how long past its deletionTimestamp (the moment its grace period ends) a pod
+// being deleted still counts as room about to free. The kubelet needs a little longer than the
+// grace period to kill the containers, report the pod terminal and have the object removed; a
+// pod still there well after that is stuck (a process hung in the driver, a node that stopped
+// answering) and its GPUs are no closer to free than any other pod's.
+const LeavingMargin = 30 * time.Second
+
 // View is safe for concurrent use.
 type View struct {
 	names names.Names
 	now   func() time.Time
 
+	// gen counts the changes the informers made to the view (generation), so that the re-pin
+	// controller can skip a pass over a view it has already planned.
+	gen atomic.Uint64
+
 	mu    sync.RWMutex
 	nodes map[string]*node
-	// used[node][domain] is the GPUs of domain held by bound, non-terminal pods. It is kept
-	// apart from nodes so that pod and node events may arrive in any order.
+	// used[node][domain] is the GPUs of domain held by bound, non-terminal pods, pods being
+	// deleted included (see UpsertPod). It is kept apart from nodes so that pod and node
+	// events may arrive in any order.
 	used map[string]map[int]int
 	pods map[types.UID]podEntry
+	// leaving lists the bound pods being deleted: their GPUs are held, as the scheduler holds
+	// them, but they are room about to free for a pod that has to wait anyway (leavingLocked).
+	// Pods are deleted for a few seconds each, so the list stays short.
+	leaving map[types.UID]leavingPod
 	// pending counts pods pinned to a domain but not bound to a node yet, by (domain, GPUs):
 	// the scheduler will take their GPUs from some node's free GPUs of that domain. Counts,
 	// not lists, keep a decision's cost independent of how many pods wait.
@@ -56,6 +73,9 @@ type View struct {
 	advertised map[string]int
 	// gpuNodesWithoutDomains counts nodes with GPUs but no NVLink domain (auto mode).
 	gpuNodes, gpuNodesWithoutDomains int
+
+	// matchHook, when set (tests), runs each time RepinInputs matches waiters to nodes.
+	matchHook func()
 
 	resMu        sync.Mutex
 	reservations []reservation  // in expiry order (the TTL is constant)
@@ -159,6 +179,18 @@ type podEntry struct {
 	namespace string
 	domain    int
 	gpus      int
+	// gated: not bound and held back by scheduling gates (a queueing system such as Kueue
+	// admits it later); the scheduler does not try it yet, so it is no demand.
+	gated bool
+}
+
+// leavingPod is a bound pod being deleted: where its GPUs are and until when they count as
+// about to free (deletionTimestamp + LeavingMargin).
+type leavingPod struct {
+	node     string
+	domain   int
+	gpus     int
+	deadline time.Time
 }
 
 type reservation struct {
@@ -174,6 +206,7 @@ func New(n names.Names) *View {
 		nodes:       map[string]*node{},
 		used:        map[string]map[int]int{},
 		pods:        map[types.UID]podEntry{},
+		leaving:     map[types.UID]leavingPod{},
 		pending:     map[demand]int{},
 		resLive:     map[resKey]int{},
 		resConsumed: map[resKey]int{},
@@ -203,6 +236,7 @@ func (v *View) UpsertNode(obj *corev1.Node) {
 	v.markDRA(nd, obj)
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	v.gen.Add(1)
 	v.removeNodeLocked(obj.Name)
 	v.nodes[obj.Name] = nd
 	v.taintSets[nd.taintKey] = ts
@@ -222,7 +256,14 @@ func (v *View) UpsertNode(obj *corev1.Node) {
 func (v *View) DeleteNode(name string) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	v.gen.Add(1)
 	v.removeNodeLocked(name)
+}
+
+// Generation changes whenever a node or a pod the view counts changes; equal generations
+// mean the view holds the same nodes, pods and counters.
+func (v *View) Generation() uint64 {
+	return v.gen.Load()
 }
 
 func (v *View) removeNodeLocked(name string) {
@@ -246,32 +287,60 @@ func (v *View) removeNodeLocked(name string) {
 }
 
 // UpsertPod records the GPUs of a domain a pod holds (bound) or waits for (pinned, unbound).
-// Pods without domain resources and terminal pods hold nothing, and neither do pods being
-// deleted: their GPUs are about to be free, and counting them as free lets a replacement
-// created during a rolling update take its predecessor's domain instead of being pinned to a
-// domain that a sibling already fills.
+// Pods without domain resources and terminal pods hold nothing: kube-scheduler drops a pod
+// from its accounting when it turns Succeeded or Failed (its informer filters them out), and
+// the kubelet reports a deleted pod terminal as soon as its containers have stopped, even
+// when a finalizer keeps the object. A pod not bound yet waits for nothing while scheduling
+// gates hold it back or once it is being deleted: the scheduler does not try such pods.
+//
+// A bound pod being deleted still holds its GPUs, as it does in the scheduler's counters
+// until it turns terminal or its object is gone: counting it free would pin pods to a
+// domain the scheduler will not give them while the pod is stuck terminating (a long grace
+// period, a process hung in the driver) and make the re-pin plan count room that is not
+// there. Such a pod is also listed as leaving, room about to free, which a pod that finds
+// no room anywhere prefers to wait for (ChooseDomain): during a rolling update with
+// maxSurge 0 the replacement then takes its predecessor's domain, as it did when deleted
+// pods counted free, and binds as soon as the predecessor is gone.
 func (v *View) UpsertPod(pod *corev1.Pod) {
 	p := rules.Inspect(pod, v.names)
 	d := p.PinnedDomain()
-	gone := pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed || pod.DeletionTimestamp != nil
+	terminal := pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
+	deleting := pod.DeletionTimestamp != nil
+	bound := pod.Spec.NodeName != ""
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	_, known := v.pods[pod.UID]
+	if known || d >= 0 {
+		v.gen.Add(1)
+	}
 	v.removePodLocked(pod.UID)
-	if d < 0 || gone {
+	if d < 0 || terminal || (!bound && deleting) {
 		return
 	}
 	held := domainHeld(p)
 	e := podEntry{node: pod.Spec.NodeName, namespace: pod.Namespace, domain: d, gpus: held}
-	v.pods[pod.UID] = e
-	if e.node == "" {
-		v.pending[demand{d, held}]++
-		v.consumeReservation(pod.Namespace, d, held)
+	if !bound {
+		// The webhook's reservation covers the pod until the informer delivers it, once:
+		// later updates of the pod (the scheduler's status, say) must not retire the
+		// reservation of another pod of the same demand.
+		if !known {
+			v.consumeReservation(pod.Namespace, d, held)
+		}
+		e.gated = len(pod.Spec.SchedulingGates) > 0
+		v.pods[pod.UID] = e
+		if !e.gated {
+			v.pending[demand{d, held}]++
+		}
 		return
 	}
+	v.pods[pod.UID] = e
 	if v.used[e.node] == nil {
 		v.used[e.node] = map[int]int{}
 	}
 	v.used[e.node][d] += held
+	if deleting {
+		v.leaving[pod.UID] = leavingPod{node: e.node, domain: d, gpus: held, deadline: pod.DeletionTimestamp.Add(LeavingMargin)}
+	}
 	v.refreshHistLocked(e.node)
 }
 
@@ -299,6 +368,9 @@ func domainHeld(p rules.Pod) int {
 func (v *View) DeletePod(uid types.UID) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	if _, known := v.pods[uid]; known {
+		v.gen.Add(1)
+	}
 	v.removePodLocked(uid)
 }
 
@@ -308,6 +380,10 @@ func (v *View) removePodLocked(uid types.UID) {
 		return
 	}
 	delete(v.pods, uid)
+	delete(v.leaving, uid)
+	if e.gated {
+		return
+	}
 	if e.node == "" {
 		k := demand{e.domain, e.gpus}
 		if v.pending[k]--; v.pending[k] <= 0 {

@@ -4,20 +4,17 @@ import (
 	"context"
 	"fmt"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
-	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -77,14 +74,16 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	return m, nil
 }
 
-// Reconciler applies the re-pin plan. It keeps one piece of state of its own, when each pod
-// was first seen stranded; a new leader starts that clock again, which only delays a re-pin
-// by Options.After.
+// Reconciler applies the re-pin plan. It keeps little state of its own: when each pod was
+// first seen stranded (a new leader starts that clock again, which only delays a re-pin by
+// Options.After), the last plan with the view generation it was made for, and what it learnt
+// of Jobs.
 type Reconciler struct {
 	Options Options
 	Names   names.Names
 	View    *clusterview.View
-	// Client reads pods from the cache and evicts; Reader reads Jobs from the API.
+	// Client reads pods and the metadata of their owners from the cache, and evicts; Reader
+	// reads Jobs from the API (their podFailurePolicy; the cache keeps Jobs' metadata only).
 	Client   client.Client
 	Reader   client.Reader
 	Recorder events.EventRecorder
@@ -97,7 +96,26 @@ type Reconciler struct {
 	lastPass  time.Time
 	since     map[types.UID]time.Time
 	lastEvent map[types.UID]time.Time
+	owners    Owners
+
+	// The last plan, the view generation it was made for and the pods it was made over: a
+	// pass over an unchanged view reuses it and only acts on the clock (Options.After).
+	planned  bool
+	planGen  uint64
+	plan     []placement.RepinDecision
+	planPods map[string]*corev1.Pod
+	planGPUs map[string]int // GPUs of each waiter, by pod UID
+	// planUntil is when room the plan counted as about to free (pods being deleted) stops
+	// counting: the plan is made again then, even over an unchanged view. Zero without.
+	planUntil time.Time
+	plans     int // plans made, for tests
 }
+
+// Job verdicts are remembered this long, for at most this many Jobs.
+const (
+	jobVerdictTTL = 10 * time.Minute
+	jobVerdictMax = 4096
+)
 
 // Setup registers the controller with the manager: it runs on the elected leader only, woken
 // by any change of a pod or node (folded into one pass per Options.Interval).
@@ -118,13 +136,16 @@ func (r *Reconciler) Setup(mgr manager.Manager) error {
 }
 
 func (r *Reconciler) init() {
+	if r.now == nil {
+		r.now = time.Now
+	}
 	if r.limiter == nil {
 		r.limiter = rate.NewLimiter(rate.Limit(r.Options.QPS), r.Options.Burst)
 		r.since = map[types.UID]time.Time{}
 		r.lastEvent = map[types.UID]time.Time{}
 	}
-	if r.now == nil {
-		r.now = time.Now
+	if r.owners == nil {
+		r.owners = cachedOwners{cache: r.Client, api: r.Reader, jobs: newJobVerdicts(jobVerdictTTL, jobVerdictMax, r.now)}
 	}
 }
 
@@ -139,27 +160,45 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 	}
 	r.lastPass = now
 
-	var list corev1.PodList
-	if err := r.Client.List(ctx, &list, client.MatchingFields{NodeNameIndex: ""}, client.UnsafeDisableDeepCopy); err != nil {
-		return reconcile.Result{}, fmt.Errorf("list unbound pods: %w", err)
+	// The generation is read before the pods are listed: a change that lands in between is
+	// planned again at the next pass, never missed.
+	if gen := r.View.Generation(); !r.planned || gen != r.planGen || (!r.planUntil.IsZero() && now.After(r.planUntil)) {
+		var list corev1.PodList
+		if err := r.Client.List(ctx, &list, client.MatchingFields{NodeNameIndex: ""}, client.UnsafeDisableDeepCopy); err != nil {
+			return reconcile.Result{}, fmt.Errorf("list unbound pods: %w", err)
+		}
+		waiting := Waiting(list.Items, r.Names)
+		byUID := make(map[string]*corev1.Pod, len(waiting))
+		in := make([]clusterview.WaitingPod, len(waiting))
+		for i, p := range waiting {
+			byUID[string(p.UID)] = p
+			in[i] = clusterview.WaitingPod{Pod: p, CanMove: Unschedulable(p)}
+		}
+		rooms, waiters := r.View.RepinInputs(in)
+		r.plan, r.planPods, r.planGen, r.planned = placement.PlanRepins(rooms, waiters), byUID, gen, true
+		r.planGPUs = make(map[string]int, len(waiters))
+		for _, w := range waiters {
+			r.planGPUs[w.ID] = w.GPUs
+		}
+		r.planUntil = time.Time{}
+		for _, room := range rooms {
+			if u := room.LeavingUntil; !u.IsZero() && (r.planUntil.IsZero() || u.Before(r.planUntil)) {
+				r.planUntil = u
+			}
+		}
+		r.plans++
 	}
-	waiting := Waiting(list.Items, r.Names)
-	byUID := make(map[string]*corev1.Pod, len(waiting))
-	in := make([]clusterview.WaitingPod, len(waiting))
-	for i, p := range waiting {
-		byUID[string(p.UID)] = p
-		in[i] = clusterview.WaitingPod{Pod: p, CanMove: Unschedulable(p)}
-	}
-	rooms, waiters := r.View.RepinInputs(in)
-	plan := placement.PlanRepins(rooms, waiters)
 
 	next := 10 * time.Second // a pass now and then, whatever happens
+	if !r.planUntil.IsZero() {
+		next = min(next, max(r.planUntil.Sub(now), 0)+time.Second)
+	}
 	stranded := map[types.UID]bool{}
-	for _, dec := range plan {
+	for _, dec := range r.plan {
 		if dec.Verdict != placement.Stranded {
 			continue
 		}
-		pod := byUID[dec.ID]
+		pod := r.planPods[dec.ID]
 		stranded[pod.UID] = true
 		since, ok := r.since[pod.UID]
 		if !ok {
@@ -170,7 +209,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 			next = min(next, left)
 			continue
 		}
-		if retry := r.act(ctx, pod, dec, now.Sub(since)); retry > 0 {
+		if retry := r.act(ctx, pod, dec, r.planGPUs[dec.ID], now.Sub(since)); retry > 0 {
 			next = min(next, retry)
 		}
 	}
@@ -188,13 +227,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 	return reconcile.Result{RequeueAfter: max(next, r.Options.Interval)}, nil
 }
 
-// Waiting returns the pods pinned to a domain by nvdomain, not bound and not being deleted, in
-// queue order: higher priority first, then older first, then by name.
+// Waiting returns the pods pinned to a domain by nvdomain, not bound, not being deleted and
+// not held back by scheduling gates (the scheduler does not try those yet), in queue order:
+// higher priority first, then older first, then by name.
 func Waiting(pods []corev1.Pod, n names.Names) []*corev1.Pod {
 	var out []*corev1.Pod
 	for i := range pods {
 		p := &pods[i]
-		if p.Spec.NodeName != "" || p.DeletionTimestamp != nil || (p.Status.Phase != "" && p.Status.Phase != corev1.PodPending) {
+		if p.Spec.NodeName != "" || p.DeletionTimestamp != nil || (p.Status.Phase != "" && p.Status.Phase != corev1.PodPending) || len(p.Spec.SchedulingGates) > 0 {
 			continue
 		}
 		if _, pinned := p.Annotations[n.PodDomainAnnotation()]; !pinned {
@@ -234,120 +274,73 @@ func Unschedulable(p *corev1.Pod) bool {
 
 // act moves one stranded pod, or says why it does not. It returns when to look again if the
 // pod is left waiting for a reason that passes (the rate limit).
-func (r *Reconciler) act(ctx context.Context, pod *corev1.Pod, dec placement.RepinDecision, stranded time.Duration) time.Duration {
-	why := fmt.Sprintf("NVSwitch domain %d has had no room for this pod on any node it may run on for %s, while domain %d has room on node %s",
-		dec.From, stranded.Round(time.Second), dec.To, dec.Node)
-	owner := metav1.GetControllerOfNoCopy(pod)
-	if owner == nil {
-		r.Metrics.Repins.WithLabelValues(ResultBarePod).Inc()
-		r.eventOnce(pod, corev1.EventTypeWarning, ReasonStranded, "Wait",
-			"%s. nvdomain never deletes a pod that no controller recreates: delete and recreate it (kubectl replace --force -f <its manifest>) and the webhook will pin it to a domain with room, or run it under a Deployment, StatefulSet or Job with a podFailurePolicy that ignores DisruptionTarget so nvdomain can move it", why)
+func (r *Reconciler) act(ctx context.Context, pod *corev1.Pod, dec placement.RepinDecision, gpus int, stranded time.Duration) time.Duration {
+	cause := StrandedCause(dec, gpus, stranded)
+	if !DomainBlocked(pod, r.Names) {
+		r.Metrics.Repins.WithLabelValues(ResultSkipped).Inc()
+		r.eventOnce(pod, corev1.EventTypeWarning, ReasonRepinSkipped, "Repin", "Stranded: %s; it is not moved: %s (%q)", cause, NotDomainNote, SchedulerMessage(pod))
 		return 0
 	}
-	if skip := r.skipOwner(ctx, pod.Namespace, owner); skip != "" {
+	if metav1.GetControllerOfNoCopy(pod) == nil {
+		r.Metrics.Repins.WithLabelValues(ResultBarePod).Inc()
+		r.eventOnce(pod, corev1.EventTypeWarning, ReasonStranded, "Wait", "Stranded: %s; %s. %s", cause, BarePodNote, StrandedFix(dec, true))
+		return 0
+	}
+	owners := WalkOwners(ctx, pod, r.Options.OwnerKinds, r.owners)
+	if owners.Skip != "" {
 		r.Metrics.Repins.WithLabelValues(ResultSkipped).Inc()
-		r.eventOnce(pod, corev1.EventTypeWarning, ReasonRepinSkipped, "Repin", "%s, but it is not moved: %s", why, skip)
+		r.eventOnce(pod, corev1.EventTypeWarning, ReasonRepinSkipped, "Repin", "Stranded: %s; it is not moved: %s. %s", cause, owners.Skip, SkipFix(owners, dec))
 		return 0
 	}
 	if !r.limiter.Allow() {
 		r.Metrics.Repins.WithLabelValues(ResultRateLimited).Inc()
 		return time.Duration(float64(time.Second) / r.Options.QPS)
 	}
+	// The plan may be a few passes old: evict only the very pod it judged, still unbound.
+	// The eviction API lets a Pending pod go without asking its PodDisruptionBudget, so the
+	// ResourceVersion precondition is what keeps a pod the scheduler bound meanwhile (or
+	// that changed in any other way) from being killed: the API server refuses with a
+	// conflict, and the next pass sees the pod as it is.
+	var current corev1.Pod
+	if err := r.Client.Get(ctx, client.ObjectKeyFromObject(pod), &current); err != nil {
+		if !apierrors.IsNotFound(err) {
+			r.Metrics.Repins.WithLabelValues(ResultError).Inc()
+			r.Log.Error(err, "read a stranded pod before evicting it", "namespace", pod.Namespace, "name", pod.Name)
+			return time.Second
+		}
+		return 0
+	}
+	if current.UID != pod.UID || current.ResourceVersion != pod.ResourceVersion || current.Spec.NodeName != "" {
+		return 0
+	}
+	uid, rv := pod.UID, pod.ResourceVersion
 	ev := &policyv1.Eviction{
 		ObjectMeta:    metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace},
-		DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &pod.UID}},
+		DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}},
 	}
-	err := r.Client.SubResource("eviction").Create(ctx, pod, ev)
+	err := r.Client.SubResource("eviction").Create(ctx, &current, ev)
 	switch {
 	case err == nil:
 		r.Metrics.Repins.WithLabelValues(ResultEvicted).Inc()
-		msg := fmt.Sprintf("%s: evicted so that %s %s recreates it and nvdomain pins the replacement to a domain with room", why, owner.Kind, owner.Name)
-		r.Log.Info("re-pinned a stranded pod", "namespace", pod.Namespace, "name", pod.Name, "from", dec.From, "to", dec.To, "node", dec.Node, "owner", owner.Kind+"/"+owner.Name)
+		msg := fmt.Sprintf("%s: evicted so that its %s recreates it and nvdomain pins the replacement to a domain with room", cause, owners.Describe())
+		top := owners.Top()
+		r.Log.Info("re-pinned a stranded pod", "namespace", pod.Namespace, "name", pod.Name, "from", dec.From, "to", dec.To, "node", dec.Node, "owners", owners.Describe())
 		r.Recorder.Eventf(pod, nil, corev1.EventTypeNormal, ReasonRepinned, "Repin", "domain %d → %d: %s", dec.From, dec.To, msg)
-		r.Recorder.Eventf(ownerObject(pod.Namespace, owner), nil, corev1.EventTypeNormal, ReasonRepinned, "Repin", "pod %s, domain %d → %d: %s", pod.Name, dec.From, dec.To, msg)
+		// The top-level owner is the object its user manages (a Deployment rather than its
+		// ReplicaSet): the Event goes where they look.
+		r.Recorder.Eventf(ownerObject(pod.Namespace, top), nil, corev1.EventTypeNormal, ReasonRepinned, "Repin", "pod %s, domain %d → %d: %s", pod.Name, dec.From, dec.To, msg)
 		delete(r.since, pod.UID)
 	case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
-		// Gone or replaced meanwhile: the next pass sees the new state.
+		// Gone, replaced, bound or changed meanwhile: the next pass sees the new state.
 	case apierrors.IsTooManyRequests(err):
 		r.Metrics.Repins.WithLabelValues(ResultSkipped).Inc()
-		r.eventOnce(pod, corev1.EventTypeWarning, ReasonRepinSkipped, "Repin", "%s, but its eviction was refused (a PodDisruptionBudget?): %v", why, err)
+		r.eventOnce(pod, corev1.EventTypeWarning, ReasonRepinSkipped, "Repin", "Stranded: %s; its eviction was refused: %s", cause, EvictionRefusal(err, r.Options.QPS))
 	default:
 		r.Metrics.Repins.WithLabelValues(ResultError).Inc()
 		r.Log.Error(err, "evict a stranded pod", "namespace", pod.Namespace, "name", pod.Name)
 		return time.Second
 	}
 	return 0
-}
-
-// skipOwner says why a pod of this owner must not be evicted, or "" when its owner recreates
-// it at no cost.
-func (r *Reconciler) skipOwner(ctx context.Context, namespace string, owner *metav1.OwnerReference) string {
-	return OwnerSkipReason(owner, r.Options.OwnerKinds, func(name string) (*batchv1.Job, error) {
-		var job batchv1.Job
-		if err := r.Reader.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, &job); err != nil {
-			return nil, err
-		}
-		return &job, nil
-	})
-}
-
-// OwnerSkipReason says why a pod whose controller is owner must not be evicted to re-pin it,
-// or "" when the owner recreates it at no cost: a kind in ownerKinds (Kind.group, Kind alone
-// for the core group), or a Job whose podFailurePolicy ignores the eviction (see
-// IgnoresDisruption). getJob reads the owning Job by name; it is called for Job owners only.
-// The re-pin controller and `nvdomain explain` both decide through it, so the CLI predicts
-// exactly what the controller does.
-func OwnerSkipReason(owner *metav1.OwnerReference, ownerKinds []string, getJob func(name string) (*batchv1.Job, error)) string {
-	gv, _ := schema.ParseGroupVersion(owner.APIVersion)
-	kind := owner.Kind
-	if gv.Group != "" {
-		kind += "." + gv.Group
-	}
-	if kind == "Job.batch" {
-		return jobTolerates(owner.Name, getJob)
-	}
-	for _, k := range ownerKinds {
-		if strings.EqualFold(k, kind) {
-			return ""
-		}
-	}
-	return fmt.Sprintf("its owner %s %s is not one that recreates evicted pods (--repin-owner-kinds: %s)", kind, owner.Name, strings.Join(ownerKinds, ","))
-}
-
-// jobTolerates decides for a Job's pod. The Job controller counts a pod deleted before it
-// finished as failed, which costs a retry of backoffLimit, unless the Job's podFailurePolicy
-// ignores the DisruptionTarget condition that the Eviction API sets. So a Job's pod is moved
-// only when that rule exists; otherwise it waits, with a RepinSkipped Event naming the fix.
-func jobTolerates(name string, getJob func(name string) (*batchv1.Job, error)) string {
-	job, err := getJob(name)
-	if err != nil {
-		return fmt.Sprintf("its Job %s could not be read (%v)", name, err)
-	}
-	if IgnoresDisruption(job) {
-		return ""
-	}
-	return fmt.Sprintf("evicting it would count as a failure of Job %s (a retry of its backoffLimit); add spec.podFailurePolicy.rules: [{action: Ignore, onPodConditions: [{type: DisruptionTarget}]}] to let nvdomain move its pods", name)
-}
-
-// IgnoresDisruption reports whether the Job's podFailurePolicy makes an evicted pod not count
-// as a failure: the first rule that matches a pod with only the DisruptionTarget condition
-// (no container has exited) must be Ignore.
-func IgnoresDisruption(job *batchv1.Job) bool {
-	pfp := job.Spec.PodFailurePolicy
-	if pfp == nil {
-		return false
-	}
-	for _, rule := range pfp.Rules {
-		if rule.OnExitCodes != nil {
-			continue // needs an exited container, which a pod that never ran does not have
-		}
-		for _, c := range rule.OnPodConditions {
-			if c.Type == corev1.DisruptionTarget && (c.Status == "" || c.Status == corev1.ConditionTrue) {
-				return rule.Action == batchv1.PodFailurePolicyActionIgnore
-			}
-		}
-	}
-	return false
 }
 
 // eventOnce records an Event on the pod at most once per Options.EventEvery.

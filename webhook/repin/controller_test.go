@@ -10,20 +10,25 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/placement"
 	"github.com/nvdomain/nvdomain/webhook/clusterview"
 )
 
@@ -47,8 +52,37 @@ func ownedBy(kind, apiVersion, name string) podOpt {
 	}
 }
 
+// unschedulable is the scheduler's verdict on a pod whose pinned domain is full.
 func unschedulable(p *corev1.Pod) {
-	p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: corev1.PodReasonUnschedulable}}
+	schedulerSays("0/1 nodes are available: 1 Insufficient nvidia.com/nvswitch-domain-0. preemption: 0/1 nodes are available: 1 No preemption victims found for incoming pod.")(p)
+}
+
+func schedulerSays(msg string) podOpt {
+	return func(p *corev1.Pod) {
+		p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: corev1.PodReasonUnschedulable, Message: msg}}
+	}
+}
+
+// owner is a controller object a pod (or another owner) names, with the UID ownedBy gives it.
+func owner(obj client.Object, name string, opts ...func(client.Object)) client.Object {
+	obj.SetName(name)
+	obj.SetNamespace("default")
+	obj.SetUID(types.UID(name + "-uid"))
+	for _, o := range opts {
+		o(obj)
+	}
+	return obj
+}
+
+func controlledBy(kind, apiVersion, name string) func(client.Object) {
+	return func(o client.Object) {
+		yes := true
+		o.SetOwnerReferences([]metav1.OwnerReference{{Kind: kind, APIVersion: apiVersion, Name: name, UID: types.UID(name + "-uid"), Controller: &yes}})
+	}
+}
+
+func replicaSet(name string, opts ...func(client.Object)) client.Object {
+	return owner(&appsv1.ReplicaSet{}, name, opts...)
 }
 
 func pinned(name, nodeName string, d int, opts ...podOpt) *corev1.Pod {
@@ -71,16 +105,46 @@ type harness struct {
 	rec    *events.FakeRecorder
 	clock  time.Time
 	events []string
+	// evictions are the evictions the API server was asked for; jobReads the Jobs read from it.
+	evictions []*policyv1.Eviction
+	jobReads  int
 }
 
 func newHarness(t *testing.T, opts Options, objs ...client.Object) *harness {
+	return newHarnessWith(t, opts, interceptor.Funcs{}, objs...)
+}
+
+// newHarnessWith builds the controller over a fake API server whose evictions honour their
+// preconditions, as the real one does; funcs may intercept more (a lagging cache, say).
+func newHarnessWith(t *testing.T, opts Options, funcs interceptor.Funcs, objs ...client.Object) *harness {
 	t.Helper()
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
 	}
+	h := &harness{rec: events.NewFakeRecorder(100), clock: time.Unix(1_000_000, 0)}
+	if funcs.SubResourceCreate == nil {
+		funcs.SubResourceCreate = func(ctx context.Context, c client.Client, sub string, obj client.Object, subObj client.Object, opts ...client.SubResourceCreateOption) error {
+			ev, ok := subObj.(*policyv1.Eviction)
+			if sub != "eviction" || !ok {
+				return c.SubResource(sub).Create(ctx, obj, subObj, opts...)
+			}
+			h.evictions = append(h.evictions, ev)
+			var stored corev1.Pod
+			if err := c.Get(ctx, client.ObjectKeyFromObject(obj), &stored); err != nil {
+				return err
+			}
+			if pre := ev.DeleteOptions.Preconditions; pre != nil {
+				if (pre.UID != nil && *pre.UID != stored.UID) || (pre.ResourceVersion != nil && *pre.ResourceVersion != stored.ResourceVersion) {
+					return apierrors.NewConflict(schema.GroupResource{Resource: "pods"}, stored.Name, fmt.Errorf("precondition failed"))
+				}
+			}
+			return c.Delete(ctx, &stored)
+		}
+	}
 	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).
 		WithIndex(&corev1.Pod{}, NodeNameIndex, func(o client.Object) []string { return []string{o.(*corev1.Pod).Spec.NodeName} }).
+		WithInterceptorFuncs(funcs).
 		Build()
 	view := clusterview.New(n)
 	for _, o := range objs {
@@ -95,10 +159,30 @@ func newHarness(t *testing.T, opts Options, objs ...client.Object) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &harness{c: c, rec: events.NewFakeRecorder(100), clock: time.Unix(1_000_000, 0)}
-	h.r = &Reconciler{Options: opts, Names: n, View: view, Client: c, Reader: c, Recorder: h.rec, Metrics: m, Log: logr.Discard()}
+	h.c = c
+	reader := interceptor.NewClient(c, interceptor.Funcs{Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+		if _, ok := obj.(*batchv1.Job); ok {
+			h.jobReads++
+		}
+		return c.Get(ctx, key, obj, opts...)
+	}})
+	h.r = &Reconciler{Options: opts, Names: n, View: view, Client: c, Reader: reader, Recorder: kindRecorder{h.rec}, Metrics: m, Log: logr.Discard()}
 	h.r.now = func() time.Time { return h.clock }
 	return h
+}
+
+// kindRecorder is a FakeRecorder that appends the kind and name of the object an Event is on,
+// as " [on Kind name]", so tests can tell an Event on the pod from one on its owner.
+type kindRecorder struct{ *events.FakeRecorder }
+
+func (k kindRecorder) Eventf(regarding runtime.Object, related runtime.Object, eventtype, reason, action, note string, args ...any) {
+	kind, name := regarding.GetObjectKind().GroupVersionKind().Kind, ""
+	if p, ok := regarding.(*corev1.Pod); ok {
+		kind, name = "Pod", p.Name
+	} else if m, ok := regarding.(metav1.Object); ok {
+		name = m.GetName()
+	}
+	k.FakeRecorder.Eventf(regarding, related, eventtype, reason, action, note+" [on "+kind+" "+name+"]", args...)
 }
 
 func (h *harness) pass(t *testing.T, advance time.Duration) {
@@ -139,12 +223,14 @@ func testOptions() Options {
 }
 
 // gpu-node01 has domain 0 full (a running pod) and domain 1 free; the waiter is pinned to 0.
+// gpu-node01 has domain 0 full (a running pod) and domain 1 free; the waiter is pinned to 0.
 func strandedCluster(waiter *corev1.Pod, extra ...client.Object) []client.Object {
 	return append([]client.Object{node("gpu-node01"), pinned("running", "gpu-node01", 0), waiter}, extra...)
 }
 
 func TestStrandedDeploymentPodIsEvictedAfterTheDelayOnly(t *testing.T) {
-	h := newHarness(t, testOptions(), strandedCluster(pinned("waiter", "", 0, ownedBy("ReplicaSet", "apps/v1", "tp4-7d9"), unschedulable))...)
+	h := newHarness(t, testOptions(), strandedCluster(pinned("waiter", "", 0, ownedBy("ReplicaSet", "apps/v1", "tp4-7d9"), unschedulable),
+		replicaSet("tp4-7d9", controlledBy("Deployment", "apps/v1", "tp4")), owner(&appsv1.Deployment{}, "tp4"))...)
 	h.pass(t, 0)
 	if !h.exists("waiter") {
 		t.Fatal("evicted before --repin-after")
@@ -154,10 +240,13 @@ func TestStrandedDeploymentPodIsEvictedAfterTheDelayOnly(t *testing.T) {
 	}
 	h.pass(t, 11*time.Second)
 	if h.exists("waiter") {
-		t.Fatal("not evicted after --repin-after")
+		t.Fatalf("not evicted after --repin-after; events %q", h.events)
 	}
+	// One Event on the pod, one on its top-level owner, where the Deployment's user looks;
+	// both name the whole chain of owners.
 	rep := h.eventsWith(ReasonRepinned)
-	if len(rep) != 2 || !strings.Contains(rep[0], "domain 0 → 1") || !strings.Contains(rep[0], "ReplicaSet tp4-7d9 recreates it") {
+	if len(rep) != 2 || !strings.Contains(rep[0], "domain 0 → 1") || !strings.Contains(rep[0], "its ReplicaSet tp4-7d9 (of Deployment tp4) recreates it") ||
+		!strings.HasSuffix(rep[0], "[on Pod waiter]") || !strings.HasSuffix(rep[1], "[on Deployment tp4]") {
 		t.Fatalf("Repinned events = %q", rep)
 	}
 	if got := testutil.ToFloat64(h.r.Metrics.Repins.WithLabelValues(ResultEvicted)); got != 1 {
@@ -168,7 +257,7 @@ func TestStrandedDeploymentPodIsEvictedAfterTheDelayOnly(t *testing.T) {
 func TestWaiterWithoutOtherRoomIsLeftAlone(t *testing.T) {
 	// Both domains full: waiting is correct, nothing is stranded.
 	h := newHarness(t, testOptions(), node("gpu-node01"), pinned("a", "gpu-node01", 0), pinned("b", "gpu-node01", 1),
-		pinned("waiter", "", 0, ownedBy("ReplicaSet", "apps/v1", "rs"), unschedulable))
+		pinned("waiter", "", 0, ownedBy("ReplicaSet", "apps/v1", "rs"), unschedulable), replicaSet("rs"))
 	h.pass(t, 0)
 	h.pass(t, time.Minute)
 	if !h.exists("waiter") || len(h.events) != 0 || testutil.ToFloat64(h.r.Metrics.Stranded) != 0 {
@@ -177,7 +266,7 @@ func TestWaiterWithoutOtherRoomIsLeftAlone(t *testing.T) {
 }
 
 func TestPodNotYetJudgedByTheSchedulerIsNotMoved(t *testing.T) {
-	h := newHarness(t, testOptions(), strandedCluster(pinned("waiter", "", 0, ownedBy("ReplicaSet", "apps/v1", "rs")))...)
+	h := newHarness(t, testOptions(), strandedCluster(pinned("waiter", "", 0, ownedBy("ReplicaSet", "apps/v1", "rs")), replicaSet("rs"))...)
 	h.pass(t, 0)
 	h.pass(t, time.Minute)
 	if !h.exists("waiter") {
@@ -195,9 +284,23 @@ func TestBarePodGetsAStrandedEventAndIsNeverDeleted(t *testing.T) {
 	if !h.exists("bare") {
 		t.Fatal("a bare pod was deleted")
 	}
+	// The cause (the pinned domain full for its 4 GPUs, and where room is) and the fixes, in
+	// the words `nvdomain explain` uses.
 	got := h.eventsWith(ReasonStranded)
-	if len(got) != 1 || !strings.Contains(got[0], "domain 1 has room on node gpu-node01") || !strings.Contains(got[0], "kubectl replace --force") {
+	dec := placement.RepinDecision{From: 0, To: 1, Node: "gpu-node01"}
+	if len(got) != 1 || !strings.Contains(got[0], StrandedCause(dec, 4, 11*time.Second)) || !strings.Contains(got[0], StrandedFix(dec, true)) {
 		t.Fatalf("Stranded events = %q", got)
+	}
+	for _, want := range []string{"domain 0 is full", "has 4 GPUs of domain 0 free", "domain 1 has room for it on node gpu-node01",
+		"Fix: delete the pod and create it again", "free domain 0", "lower the pod's tensor-parallel size"} {
+		if !strings.Contains(got[0], want) {
+			t.Fatalf("the Stranded Event lacks %q: %q", want, got[0])
+		}
+	}
+	// Re-creating the pod from its live object would keep the old pin (and the assigned-gpus
+	// report, which the admission policy rejects on a new pod): the advice must say so.
+	if strings.Contains(got[0], "kubectl replace --force") || !strings.Contains(got[0], "original manifest") || !strings.Contains(got[0], "kubectl get -o yaml") {
+		t.Fatalf("the advice would re-create the pod with its old pin: %q", got[0])
 	}
 	h.pass(t, 5*time.Minute)
 	if got := h.eventsWith(ReasonStranded); len(got) != 2 {
@@ -205,46 +308,274 @@ func TestBarePodGetsAStrandedEventAndIsNeverDeleted(t *testing.T) {
 	}
 }
 
-func TestJobPodsMoveOnlyWhenEvictionCostsNoRetry(t *testing.T) {
-	ignore := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "ignores", Namespace: "default"}, Spec: batchv1.JobSpec{
-		PodFailurePolicy: &batchv1.PodFailurePolicy{Rules: []batchv1.PodFailurePolicyRule{
-			{Action: batchv1.PodFailurePolicyActionFailJob, OnExitCodes: &batchv1.PodFailurePolicyOnExitCodesRequirement{Operator: batchv1.PodFailurePolicyOnExitCodesOpIn, Values: []int32{42}}},
-			{Action: batchv1.PodFailurePolicyActionIgnore, OnPodConditions: []batchv1.PodFailurePolicyOnPodConditionsPattern{{Type: corev1.DisruptionTarget}}},
-		}}}}
-	plain := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "plain", Namespace: "default"}}
+// A pod moves only when the scheduler rejects it for its GPUs or its domain (its resource, or
+// nvdomain's affinity term on a node that passes the pod's own): the plan counts GPUs alone, and a pod that waits for CPU, memory, a volume's zone or its (anti-)affinity
+// would wait just as long in another domain.
+func TestOnlyPodsTheSchedulerRejectsForTheirDomainMove(t *testing.T) {
 	cases := []struct {
-		job     *batchv1.Job
+		name    string
+		msg     string
 		evicted bool
-		event   string
 	}{
-		{ignore, true, ReasonRepinned},
-		{plain, false, ReasonRepinSkipped},
+		{"its domain resource", "0/1 nodes are available: 1 Insufficient nvidia.com/nvswitch-domain-0. preemption: 0/1 nodes are available: 1 No preemption victims found for incoming pod.", true},
+		{"its GPUs", "0/3 nodes are available: 1 Insufficient nvidia.com/gpu, 2 node(s) had untolerated taint {node-role.kubernetes.io/control-plane: }. preemption: not helpful.", true},
+		// The plan found a node that passes the pod's own terms with room in another id, so the
+		// term it fails there is nvdomain's: its pinned id is gone. Left alone, it would wait forever.
+		{"node affinity alone (the pinned id exists on no eligible node)", "0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector.", true},
+		{"node affinity and CPU", "0/2 nodes are available: 1 Insufficient cpu, 1 node(s) didn't match Pod's node affinity/selector.", false},
+		{"untolerated taints", "0/2 nodes are available: 2 node(s) had untolerated taint {dedicated: inference}. preemption: 0/2 nodes are available: 2 Preemption is not helpful for scheduling.", false},
+		{"its domain among other reasons", "0/2 nodes are available: 1 Insufficient cpu, 1 Insufficient memory, 1 Insufficient nvidia.com/nvswitch-domain-0.", true},
+		{"CPU only", "0/1 nodes are available: 1 Insufficient cpu. preemption: 0/1 nodes are available: 1 No preemption victims found for incoming pod.", false},
+		{"another extended resource", "0/1 nodes are available: 1 Insufficient rdma/ib.", false},
+		{"a volume's node affinity", "0/1 nodes are available: 1 node(s) had volume node affinity conflict.", false},
+		{"pod anti-affinity", "0/1 nodes are available: 1 node(s) didn't match pod anti-affinity rules.", false},
+		{"topology spread", "0/1 nodes are available: 1 node(s) didn't match pod topology spread constraints.", false},
+		{"a preemption message naming the domain does not count", "0/1 nodes are available: 1 Insufficient cpu. preemption: 1 Insufficient nvidia.com/nvswitch-domain-0.", false},
+		{"no message", "", false},
 	}
 	for _, tc := range cases {
-		t.Run(tc.job.Name, func(t *testing.T) {
-			h := newHarness(t, testOptions(), strandedCluster(pinned("waiter", "", 0, ownedBy("Job", "batch/v1", tc.job.Name), unschedulable), tc.job)...)
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, testOptions(), strandedCluster(pinned("waiter", "", 0, ownedBy("ReplicaSet", "apps/v1", "rs"), schedulerSays(tc.msg)), replicaSet("rs"))...)
 			h.pass(t, 0)
 			h.pass(t, 11*time.Second)
-			if h.exists("waiter") == tc.evicted {
-				t.Fatalf("evicted = %v, want %v", !h.exists("waiter"), tc.evicted)
+			if evicted := !h.exists("waiter"); evicted != tc.evicted {
+				t.Fatalf("evicted = %v, want %v; events %q", evicted, tc.evicted, h.events)
 			}
-			got := h.eventsWith(tc.event)
-			if len(got) == 0 {
-				t.Fatalf("no %s event in %q", tc.event, h.events)
-			}
-			if !tc.evicted && !strings.Contains(got[0], "podFailurePolicy") {
-				t.Fatalf("the skip must name the fix: %q", got[0])
+			if !tc.evicted {
+				got := h.eventsWith(ReasonRepinSkipped)
+				if len(got) != 1 || !strings.Contains(got[0], "the scheduler's reason is not its GPUs or its domain") {
+					t.Fatalf("RepinSkipped events = %q", got)
+				}
 			}
 		})
 	}
 }
 
-func TestUnknownOwnerIsSkipped(t *testing.T) {
-	h := newHarness(t, testOptions(), strandedCluster(pinned("waiter", "", 0, ownedBy("PyTorchJob", "kubeflow.org/v1", "train"), unschedulable))...)
+// The plan may be older than the pod: a pod that the scheduler bound, or that changed in any
+// way, after the pods were listed is not evicted (the eviction API skips PodDisruptionBudgets
+// for Pending pods, so nothing else would stop it).
+func TestPodChangedSinceThePlanIsNotEvicted(t *testing.T) {
+	cases := []struct {
+		name string
+		// change is what happens to the waiter in the API between the plan and the eviction.
+		change func(*corev1.Pod)
+		// staleCache: the cache has not seen the change yet when the controller re-reads it.
+		staleCache bool
+	}{
+		{"bound, and the cache knows", func(p *corev1.Pod) { p.Spec.NodeName = "gpu-node01" }, false},
+		{"bound, and the cache lags", func(p *corev1.Pod) { p.Spec.NodeName = "gpu-node01" }, true},
+		{"updated, and the cache lags", func(p *corev1.Pod) { p.Labels["touched"] = "yes" }, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var stale *corev1.Pod
+			funcs := interceptor.Funcs{Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+				if p, ok := obj.(*corev1.Pod); ok && stale != nil && key.Name == stale.Name {
+					stale.DeepCopyInto(p)
+					return nil
+				}
+				return c.Get(ctx, key, obj, opts...)
+			}}
+			h := newHarnessWith(t, testOptions(), funcs, strandedCluster(pinned("waiter", "", 0, ownedBy("ReplicaSet", "apps/v1", "rs"), unschedulable), replicaSet("rs"))...)
+			h.pass(t, 0)
+			var p corev1.Pod
+			if err := h.c.Get(context.Background(), types.NamespacedName{Namespace: "default", Name: "waiter"}, &p); err != nil {
+				t.Fatal(err)
+			}
+			if tc.staleCache {
+				stale = p.DeepCopy()
+			}
+			tc.change(&p)
+			if err := h.c.Update(context.Background(), &p); err != nil {
+				t.Fatal(err)
+			}
+			h.pass(t, 11*time.Second)
+			if !h.exists("waiter") {
+				t.Fatal("evicted a pod that changed after the plan")
+			}
+			for _, ev := range h.evictions {
+				if pre := ev.DeleteOptions.Preconditions; pre == nil || pre.ResourceVersion == nil || pre.UID == nil {
+					t.Fatalf("eviction without UID and ResourceVersion preconditions: %+v", ev.DeleteOptions)
+				}
+			}
+		})
+	}
+}
+
+func job(name string, ignores bool, opts ...func(client.Object)) client.Object {
+	j := owner(&batchv1.Job{}, name, opts...).(*batchv1.Job)
+	if ignores {
+		j.Spec.PodFailurePolicy = &batchv1.PodFailurePolicy{Rules: []batchv1.PodFailurePolicyRule{
+			{Action: batchv1.PodFailurePolicyActionFailJob, OnExitCodes: &batchv1.PodFailurePolicyOnExitCodesRequirement{Operator: batchv1.PodFailurePolicyOnExitCodesOpIn, Values: []int32{42}}},
+			{Action: batchv1.PodFailurePolicyActionIgnore, OnPodConditions: []batchv1.PodFailurePolicyOnPodConditionsPattern{{Type: corev1.DisruptionTarget}}},
+		}}
+	}
+	return j
+}
+
+// The whole chain of owners decides, up to the top-level one: a pod moves only when every
+// controller above it recreates it without disrupting anything else.
+func TestOwnerChainDecidesTheMove(t *testing.T) {
+	cases := []struct {
+		name    string
+		podOpt  podOpt
+		owners  []client.Object
+		evicted bool
+		skip    string // in the RepinSkipped event
+	}{
+		{"a Deployment's ReplicaSet", ownedBy("ReplicaSet", "apps/v1", "rs"),
+			[]client.Object{replicaSet("rs", controlledBy("Deployment", "apps/v1", "web")), owner(&appsv1.Deployment{}, "web")}, true, ""},
+		{"a bare ReplicaSet", ownedBy("ReplicaSet", "apps/v1", "rs"), []client.Object{replicaSet("rs")}, true, ""},
+		{"a StatefulSet", ownedBy("StatefulSet", "apps/v1", "db"), []client.Object{owner(&appsv1.StatefulSet{}, "db")}, true, ""},
+		{"a LeaderWorkerSet's StatefulSet: one eviction restarts the group", ownedBy("StatefulSet", "apps/v1", "lws-0"),
+			[]client.Object{owner(&appsv1.StatefulSet{}, "lws-0", controlledBy("LeaderWorkerSet", "leaderworkerset.x-k8s.io/v1", "lws"))}, false,
+			"its owner StatefulSet.apps lws-0 is controlled by LeaderWorkerSet.leaderworkerset.x-k8s.io lws, which is not known to recreate an evicted pod without disrupting the others"},
+		{"an operator's Deployment", ownedBy("ReplicaSet", "apps/v1", "rs"),
+			[]client.Object{replicaSet("rs", controlledBy("Deployment", "apps/v1", "isvc")), owner(&appsv1.Deployment{}, "isvc", controlledBy("InferenceService", "serving.kserve.io/v1beta1", "llama"))}, false,
+			"its owner Deployment.apps isvc is controlled by InferenceService.serving.kserve.io llama"},
+		{"a Job that ignores disruptions", ownedBy("Job", "batch/v1", "train"), []client.Object{job("train", true)}, true, ""},
+		{"a CronJob's Job that ignores disruptions", ownedBy("Job", "batch/v1", "train"),
+			[]client.Object{job("train", true, controlledBy("CronJob", "batch/v1", "nightly")), owner(&batchv1.CronJob{}, "nightly")}, true, ""},
+		{"a JobSet's Job", ownedBy("Job", "batch/v1", "train"),
+			[]client.Object{job("train", true, controlledBy("JobSet", "jobset.x-k8s.io/v1alpha2", "js"))}, false, "controlled by JobSet.jobset.x-k8s.io js"},
+		{"a Job that counts evictions as failures", ownedBy("Job", "batch/v1", "plain"), []client.Object{job("plain", false)}, false, "podFailurePolicy"},
+		{"an unknown owner", ownedBy("PyTorchJob", "kubeflow.org/v1", "train"), nil, false,
+			"its owner PyTorchJob.kubeflow.org train is not one that recreates evicted pods"},
+		{"an owner that is gone", ownedBy("ReplicaSet", "apps/v1", "gone"), nil, false, "its owner ReplicaSet.apps gone is gone"},
+		{"an owner replaced under the same name", ownedBy("ReplicaSet", "apps/v1", "rs"),
+			[]client.Object{func() client.Object { o := replicaSet("rs"); o.SetUID("other"); return o }()}, false, "was replaced"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, testOptions(), strandedCluster(pinned("waiter", "", 0, tc.podOpt, unschedulable), tc.owners...)...)
+			h.pass(t, 0)
+			h.pass(t, 11*time.Second)
+			if evicted := !h.exists("waiter"); evicted != tc.evicted {
+				t.Fatalf("evicted = %v, want %v; events %q", evicted, tc.evicted, h.events)
+			}
+			if tc.evicted {
+				return
+			}
+			got := h.eventsWith(ReasonRepinSkipped)
+			if len(got) != 1 || !strings.Contains(got[0], tc.skip) {
+				t.Fatalf("RepinSkipped events = %q, want one with %q", got, tc.skip)
+			}
+		})
+	}
+}
+
+// A Job pod that stays stranded costs one read of its Job, not one per pass; a new generation
+// of the Job, or the verdict's age, makes it read again.
+func TestJobVerdictIsRemembered(t *testing.T) {
+	h := newHarness(t, testOptions(), strandedCluster(pinned("waiter", "", 0, ownedBy("Job", "batch/v1", "plain"), unschedulable), job("plain", false))...)
 	h.pass(t, 0)
+	for range 5 {
+		h.pass(t, 11*time.Second)
+	}
+	if h.jobReads != 1 {
+		t.Fatalf("the Job was read %d times over 5 passes", h.jobReads)
+	}
+	var j batchv1.Job
+	if err := h.c.Get(context.Background(), types.NamespacedName{Namespace: "default", Name: "plain"}, &j); err != nil {
+		t.Fatal(err)
+	}
+	j.Generation++
+	if err := h.c.Update(context.Background(), &j); err != nil {
+		t.Fatal(err)
+	}
 	h.pass(t, 11*time.Second)
-	if !h.exists("waiter") || len(h.eventsWith(ReasonRepinSkipped)) != 1 {
-		t.Fatalf("events %q", h.events)
+	if h.jobReads != 2 {
+		t.Fatalf("a new generation of the Job was not read: %d reads", h.jobReads)
+	}
+	h.pass(t, jobVerdictTTL)
+	if h.jobReads != 3 {
+		t.Fatalf("an expired verdict was not read again: %d reads", h.jobReads)
+	}
+}
+
+func TestJobVerdictsAreBounded(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	v := newJobVerdicts(time.Minute, 3, func() time.Time { return now })
+	for i := range 10 {
+		j := job(fmt.Sprintf("j%d", i), false).(*batchv1.Job)
+		v.put(j, i%2 == 0)
+		now = now.Add(time.Second)
+		if got, ok := v.get(j); !ok || got != (i%2 == 0) {
+			t.Fatalf("j%d: the verdict just stored is not there", i)
+		}
+	}
+	if len(v.entries) != 3 {
+		t.Fatalf("%d verdicts kept, bound is 3", len(v.entries))
+	}
+	if _, ok := v.get(job("j0", false)); ok {
+		t.Fatal("the oldest verdict was not the one dropped")
+	}
+}
+
+// An eviction refused with 429 gets an Event naming its cause and exactly what to change: a
+// PodDisruptionBudget (which the API server names) refuses only a pod that was running at
+// that moment; anything else is the API server's priority and fairness throttling.
+func TestRefusedEvictionSaysWhatToChange(t *testing.T) {
+	budget := apierrors.NewTooManyRequests("Cannot evict pod as it would violate the pod's disruption budget.", 0)
+	budget.ErrStatus.Details.Causes = append(budget.ErrStatus.Details.Causes, metav1.StatusCause{Type: policyv1.DisruptionBudgetCause, Message: "The disruption budget llama-pdb needs 2 healthy pods and has 2 currently"})
+	cases := []struct {
+		name string
+		err  error
+		want []string
+		not  []string
+	}{
+		{"a PodDisruptionBudget", budget,
+			[]string{"PodDisruptionBudget allows no disruption now (The disruption budget llama-pdb needs 2 healthy pods and has 2 currently)", "raise that PodDisruptionBudget's spec.maxUnavailable by one", "lower its spec.minAvailable by one", "spec.unhealthyPodEvictionPolicy: AlwaysAllow"},
+			[]string{"throttled", "(a PodDisruptionBudget?)"}},
+		{"API priority and fairness", apierrors.NewTooManyRequests("too many requests, please try again later", 1),
+			[]string{"the API server throttled nvdomain's evictions", "retried at the next pass", "lower --repin-qps (now 2)", "FlowSchema"},
+			[]string{"PodDisruptionBudget"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			funcs := interceptor.Funcs{SubResourceCreate: func(context.Context, client.Client, string, client.Object, client.Object, ...client.SubResourceCreateOption) error {
+				return tc.err
+			}}
+			h := newHarnessWith(t, testOptions(), funcs, strandedCluster(pinned("waiter", "", 0, ownedBy("ReplicaSet", "apps/v1", "rs"), unschedulable), replicaSet("rs"))...)
+			h.pass(t, 0)
+			h.pass(t, 11*time.Second)
+			got := h.eventsWith(ReasonRepinSkipped)
+			if len(got) != 1 {
+				t.Fatalf("RepinSkipped events = %q", got)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(got[0], w) {
+					t.Errorf("the Event lacks %q: %q", w, got[0])
+				}
+			}
+			for _, w := range tc.not {
+				if strings.Contains(got[0], w) {
+					t.Errorf("the Event says %q: %q", w, got[0])
+				}
+			}
+		})
+	}
+}
+
+// A pass over a view that has not changed since the last plan reuses that plan; the clock
+// still counts, so a pod stranded long enough is moved without a new plan.
+func TestUnchangedViewIsNotPlannedAgain(t *testing.T) {
+	o := testOptions()
+	o.Interval = time.Second
+	h := newHarness(t, o, strandedCluster(pinned("waiter", "", 0, ownedBy("ReplicaSet", "apps/v1", "rs"), unschedulable), replicaSet("rs"))...)
+	h.pass(t, 0)
+	h.pass(t, 5*time.Second)
+	if h.r.plans != 1 {
+		t.Fatalf("%d plans over an unchanged view", h.r.plans)
+	}
+	h.pass(t, 6*time.Second)
+	if h.exists("waiter") {
+		t.Fatal("the reused plan did not move the pod once --repin-after passed")
+	}
+	h.r.View.DeletePod("waiter") // what the informer does next
+	h.pass(t, time.Second)
+	if h.r.plans != 2 {
+		t.Fatalf("%d plans after the view changed, want 2", h.r.plans)
 	}
 }
 
@@ -254,7 +585,7 @@ func TestEvictionsAreRateLimited(t *testing.T) {
 	// Two nodes, each with domain 0 full and domain 1 free; two stranded pods.
 	objs := []client.Object{node("n1"), node("n2"), pinned("r1", "n1", 0), pinned("r2", "n2", 0),
 		pinned("w1", "", 0, ownedBy("ReplicaSet", "apps/v1", "rs"), unschedulable),
-		pinned("w2", "", 0, ownedBy("ReplicaSet", "apps/v1", "rs"), unschedulable)}
+		pinned("w2", "", 0, ownedBy("ReplicaSet", "apps/v1", "rs"), unschedulable), replicaSet("rs")}
 	h := newHarness(t, o, objs...)
 	h.pass(t, 0)
 	h.pass(t, 11*time.Second)
@@ -286,7 +617,9 @@ func TestWaitingOrder(t *testing.T) {
 	bound.Spec.NodeName = "x"
 	unpinned := mk("unpinned", nil, old)
 	delete(unpinned.Annotations, n.PodDomainAnnotation())
-	pods := []corev1.Pod{mk("young", nil, young), mk("old", nil, old), mk("urgent", &hi, young), bound, unpinned}
+	gated := mk("gated", nil, old)
+	gated.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: "kueue.x-k8s.io/admission"}}
+	pods := []corev1.Pod{mk("young", nil, young), mk("old", nil, old), mk("urgent", &hi, young), bound, unpinned, gated}
 	var got []string
 	for _, p := range Waiting(pods, n) {
 		got = append(got, p.Name)
@@ -316,38 +649,64 @@ func TestOptionsValidate(t *testing.T) {
 	}
 }
 
-// OwnerSkipReason is the rule `nvdomain explain` predicts re-pins with; the controller
-// decides through it too.
-func TestOwnerSkipReason(t *testing.T) {
-	jobs := map[string]*batchv1.Job{
-		"ignores": {Spec: batchv1.JobSpec{PodFailurePolicy: &batchv1.PodFailurePolicy{Rules: []batchv1.PodFailurePolicyRule{{
-			Action: batchv1.PodFailurePolicyActionIgnore, OnPodConditions: []batchv1.PodFailurePolicyOnPodConditionsPattern{{Type: corev1.DisruptionTarget}},
-		}}}}},
-		"counts": {},
+// leavingSince marks a bound pod as being deleted since start with a grace period of grace.
+func leavingSince(start time.Time, grace int64) podOpt {
+	return func(p *corev1.Pod) {
+		ts := metav1.NewTime(start.Add(time.Duration(grace) * time.Second))
+		p.DeletionTimestamp, p.DeletionGracePeriodSeconds = &ts, &grace
+		p.Finalizers = []string{"example.com/hold"} // the fake API server keeps only deleting objects with one
+		p.Status.Phase = corev1.PodRunning
 	}
-	getJob := func(name string) (*batchv1.Job, error) {
-		if j, ok := jobs[name]; ok {
-			return j, nil
-		}
-		return nil, fmt.Errorf("jobs.batch %q not found", name)
-	}
+}
+
+// A waiter whose own domain is held by a pod being deleted (its predecessor in a rolling
+// update) waits for that room instead of being evicted to a domain with room now; a pod stuck
+// past its grace period (plus clusterview.LeavingMargin) is no longer room about to free,
+// and the waiter is moved as before. The view reads the wall clock, so the deletions are
+// placed well inside or well outside that window.
+func TestWaiterForItsPredecessorsDomainIsNotMoved(t *testing.T) {
 	cases := []struct {
-		kind, apiVersion, name string
-		want                   string // "" moves the pod
+		name    string
+		since   time.Duration // how long ago the deletion started
+		evicted bool
 	}{
-		{"ReplicaSet", "apps/v1", "rs", ""},
-		{"StatefulSet", "apps/v1", "sts", ""},
-		{"ReplicationController", "v1", "rc", ""},
-		{"Job", "batch/v1", "ignores", ""},
-		{"Job", "batch/v1", "counts", "evicting it would count as a failure of Job counts"},
-		{"Job", "batch/v1", "gone", `its Job gone could not be read (jobs.batch "gone" not found)`},
-		{"Notebook", "kubeflow.org/v1", "nb", "its owner Notebook.kubeflow.org nb is not one that recreates evicted pods (--repin-owner-kinds: ReplicaSet.apps,StatefulSet.apps,ReplicationController)"},
-		{"ReplicaSet", "example.com/v1", "lookalike", "its owner ReplicaSet.example.com lookalike is not one"},
+		{"its predecessor is within its grace period", 0, false},
+		{"its predecessor is stuck terminating", 30*time.Second + clusterview.LeavingMargin + 5*time.Minute, true},
 	}
 	for _, tc := range cases {
-		got := OwnerSkipReason(&metav1.OwnerReference{Kind: tc.kind, APIVersion: tc.apiVersion, Name: tc.name}, DefaultOwnerKinds, getJob)
-		if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
-			t.Errorf("%s %s: got %q, want %q", tc.kind, tc.name, got, tc.want)
-		}
+		t.Run(tc.name, func(t *testing.T) {
+			leaving := pinned("predecessor", "gpu-node01", 0, leavingSince(time.Now().Add(-tc.since), 30))
+			h := newHarness(t, testOptions(), node("gpu-node01"), leaving,
+				pinned("waiter", "", 0, ownedBy("ReplicaSet", "apps/v1", "rs"), unschedulable), replicaSet("rs"))
+			h.pass(t, 0)
+			h.pass(t, 11*time.Second)
+			if evicted := !h.exists("waiter"); evicted != tc.evicted {
+				t.Fatalf("evicted = %v, want %v; events %q", evicted, tc.evicted, h.events)
+			}
+			if !tc.evicted && (len(h.events) != 0 || testutil.ToFloat64(h.r.Metrics.Stranded) != 0) {
+				t.Fatalf("a pod waiting for its predecessor's room was called stranded: events %q", h.events)
+			}
+		})
+	}
+}
+
+// A plan that counted room about to free is made again once that room stops counting (the
+// deadline of the pod being deleted), even when the view has not changed.
+func TestPlanIsRemadeWhenRoomAboutToFreeExpires(t *testing.T) {
+	start := time.Now()
+	h := newHarness(t, testOptions(), node("gpu-node01"), pinned("predecessor", "gpu-node01", 0, leavingSince(start, 30)),
+		pinned("waiter", "", 0, ownedBy("ReplicaSet", "apps/v1", "rs"), unschedulable), replicaSet("rs"))
+	h.clock = start
+	h.pass(t, 0)
+	if want := start.Add(30*time.Second + clusterview.LeavingMargin).Truncate(time.Second); !h.r.planUntil.Truncate(time.Second).Equal(want) {
+		t.Fatalf("planUntil = %v, want %v", h.r.planUntil, want)
+	}
+	h.pass(t, 30*time.Second)
+	if h.r.plans != 1 {
+		t.Fatalf("%d plans before the deadline over an unchanged view, want 1", h.r.plans)
+	}
+	h.pass(t, 31*time.Second+clusterview.LeavingMargin)
+	if h.r.plans != 2 {
+		t.Fatalf("%d plans after the deadline, want 2", h.r.plans)
 	}
 }

@@ -24,14 +24,19 @@ type Options struct {
 	// does not notice.
 	After time.Duration
 	// Interval is the least time between two passes over the waiting pods; events in between
-	// are folded into the next pass.
+	// are folded into the next pass. A pass over a view that has not changed since the last
+	// one only acts on the clock (After), without planning again. Re-pinning waits After
+	// (30s) anyway, so a pass every 10s costs a stranded pod at most that much more, and a
+	// large cluster with many waiters plans at most a tenth as often as it would every second.
 	Interval time.Duration
 	// QPS and Burst bound evictions cluster-wide, so that a surprise (a node pool vanishing)
 	// never turns into an eviction storm.
 	QPS   float64
 	Burst int
 	// OwnerKinds are the controllers, as Kind.group (Kind alone for the core group), that
-	// recreate a pod that is evicted. Job is handled apart: see jobTolerates in controller.go.
+	// recreate a pod that is evicted at no cost to anything else. Every controller from the
+	// pod's up to its top-level owner must be one (Deployments and CronJobs always are); Job is
+	// handled apart (OwnerSkipReason in owners.go).
 	OwnerKinds []string
 	// EventEvery is how often a Stranded or RepinSkipped Event is repeated for one pod.
 	EventEvery time.Duration
@@ -45,7 +50,7 @@ func DefaultOptions() Options {
 	return Options{
 		Enabled:    true,
 		After:      30 * time.Second,
-		Interval:   time.Second,
+		Interval:   10 * time.Second,
 		QPS:        2,
 		Burst:      20,
 		OwnerKinds: slices.Clone(DefaultOwnerKinds),
@@ -57,10 +62,10 @@ func DefaultOptions() Options {
 func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.Enabled, "repin", o.Enabled, "re-pin stranded tensor-parallel pods (evict pods whose owner recreates them; Events for bare pods)")
 	fs.DurationVar(&o.After, "repin-after", o.After, "how long a pod's pinned domain must have had no room, while another domain had, before it is re-pinned")
-	fs.DurationVar(&o.Interval, "repin-interval", o.Interval, "least time between two passes of the re-pin controller")
+	fs.DurationVar(&o.Interval, "repin-interval", o.Interval, "least time between two passes of the re-pin controller (a pass over an unchanged cluster does not plan again)")
 	fs.Float64Var(&o.QPS, "repin-qps", o.QPS, "evictions per second, cluster-wide")
 	fs.IntVar(&o.Burst, "repin-burst", o.Burst, "evictions allowed at once")
-	fs.Func("repin-owner-kinds", "comma-separated owner kinds (Kind.group) that recreate evicted pods (default "+strings.Join(DefaultOwnerKinds, ",")+")", func(s string) error {
+	fs.Func("repin-owner-kinds", "comma-separated owner kinds (Kind.group) that recreate evicted pods; every owner up to the pod's top-level one must be listed, Deployments and CronJobs excepted (default "+strings.Join(DefaultOwnerKinds, ",")+")", func(s string) error {
 		o.OwnerKinds = nil
 		for _, k := range strings.Split(s, ",") {
 			if k = strings.TrimSpace(k); k != "" {
@@ -78,7 +83,7 @@ func (o Options) Validate() error {
 	case o.After < 0:
 		return fmt.Errorf("--repin-after=%s: must not be negative", o.After)
 	case o.Interval <= 0:
-		return fmt.Errorf("--repin-interval=%s: must be positive, e.g. 1s", o.Interval)
+		return fmt.Errorf("--repin-interval=%s: must be positive, e.g. 10s", o.Interval)
 	case o.QPS <= 0:
 		return fmt.Errorf("--repin-qps=%g: must be positive; use --repin=false to turn re-pinning off", o.QPS)
 	case o.Burst < 1:

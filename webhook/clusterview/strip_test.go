@@ -1,0 +1,49 @@
+package clusterview
+
+import (
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// The cache keeps what the view and the re-pin controller decide on: for a pod not bound yet,
+// its scheduling gates and the scheduler's verdict with its message.
+func TestStripPodKeepsWhatTheRepinNeeds(t *testing.T) {
+	cases := []struct {
+		name      string
+		node      string
+		wantGates int
+		wantMsg   string
+	}{
+		{"pending", "", 1, "0/2 nodes are available: 2 Insufficient nvidia.com/nvswitch-domain-0."},
+		{"bound", "gpu-node01", 0, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := gated(pinnedPod(tc.node, 0, 4))
+			p.Spec.Containers[0].Image = "vllm"
+			p.Status.Conditions = []corev1.PodCondition{
+				{Type: corev1.PodReady, Status: corev1.ConditionFalse},
+				{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: corev1.PodReasonUnschedulable, Message: "0/2 nodes are available: 2 Insufficient nvidia.com/nvswitch-domain-0."},
+			}
+			obj, err := StripPod(n)(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := obj.(*corev1.Pod)
+			if len(got.Spec.SchedulingGates) != tc.wantGates {
+				t.Errorf("scheduling gates = %v, want %d", got.Spec.SchedulingGates, tc.wantGates)
+			}
+			msg := ""
+			if len(got.Status.Conditions) == 1 {
+				msg = got.Status.Conditions[0].Message
+			}
+			if msg != tc.wantMsg {
+				t.Errorf("PodScheduled message = %q, want %q", msg, tc.wantMsg)
+			}
+			if got.Spec.Containers[0].Image != "" {
+				t.Error("the image was kept")
+			}
+		})
+	}
+}

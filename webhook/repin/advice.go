@@ -1,0 +1,98 @@
+package repin
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
+	"github.com/nvdomain/nvdomain/pkg/placement"
+)
+
+// The texts below are what a user reads in a Stranded or RepinSkipped Event and in `kubectl
+// nvdomain explain`: both build them here, so the two always say the same thing. Each names
+// the cause first and then what the user can change.
+
+// StrandedCause names why a stranded pod waits: its pinned domain is full for its GPUs on
+// every node it may run on, while another domain has room. stranded, when not zero, is how
+// long that has lasted.
+func StrandedCause(dec placement.RepinDecision, gpus int, stranded time.Duration) string {
+	s := fmt.Sprintf("its pinned NVSwitch domain %d is full: no node it may run on has %d GPUs of domain %d free", dec.From, gpus, dec.From)
+	if stranded > 0 {
+		s += " (for " + stranded.Round(time.Second).String() + ")"
+	}
+	return s + fmt.Sprintf(", while domain %d has room for it on node %s", dec.To, dec.Node)
+}
+
+// BarePodNote says why nvdomain leaves a stranded bare pod where it is.
+const BarePodNote = "it has no owner, and nvdomain never deletes a pod that no controller recreates"
+
+// StrandedFix is what the user can do for a stranded bare pod. It must be created again from
+// its manifest: re-creating it from its live object (kubectl get -o yaml | kubectl replace
+// --force) would carry the old pin, its domain resources and affinity included.
+func StrandedFix(dec placement.RepinDecision, bare bool) string {
+	if !bare {
+		return fixes("delete the pod; its owner recreates it and the webhook pins the replacement to a domain with room", dec)
+	}
+	return fixes("delete the pod and create it again from its original manifest (not from `kubectl get -o yaml`, which carries the old pin: its nvswitch-domain resources, affinity and annotations), and the webhook pins it to a domain with room", dec) +
+		"; or run it under a Deployment, StatefulSet or a Job whose podFailurePolicy ignores DisruptionTarget, so nvdomain moves it itself"
+}
+
+// SkipFix is what the user can do for a stranded pod whose owners keep nvdomain from moving
+// it (v.Skip): delete it by hand if its owner takes that, except for a Job's pod, whose
+// deletion costs the Job a retry (the skip names the podFailurePolicy rule that avoids it).
+func SkipFix(v OwnerVerdict, dec placement.RepinDecision) string {
+	if len(v.Chain) > 0 && v.Chain[0].Kind == "Job" {
+		return fixes("", dec)
+	}
+	return fixes(fmt.Sprintf("if its %s takes a restart of this pod, delete the pod: it is recreated and the webhook pins the replacement to a domain with room", v.Describe()), dec)
+}
+
+// fixes lists first (when given), then the fixes that always apply: room in the pinned domain
+// or a smaller pod.
+func fixes(first string, dec placement.RepinDecision) string {
+	s := "Fix: "
+	if first != "" {
+		s += first + "; or "
+	}
+	return s + fmt.Sprintf("free domain %d (scale down or delete the pods that hold it on a node this pod may run on); or lower the pod's tensor-parallel size to fit the room there is", dec.From)
+}
+
+// NotDomainNote says why nvdomain leaves a stranded pod the scheduler rejects for something
+// other than its GPUs or its domain (DomainBlocked): a new domain would not make it run.
+const NotDomainNote = "the scheduler's reason is not its GPUs or its domain, and another domain would leave it just as Pending; fix the reason the scheduler gives"
+
+// EvictionRefusal explains an eviction answered 429 Too Many Requests and says what to change.
+// A Pending pod's eviction does not consult PodDisruptionBudgets, so a budget refuses only a
+// pod that was running at that moment; otherwise the API server's priority and fairness
+// limits throttled nvdomain.
+func EvictionRefusal(err error, qps float64) string {
+	budget := ""
+	var status apierrors.APIStatus
+	if errors.As(err, &status) {
+		if d := status.Status().Details; d != nil {
+			for _, c := range d.Causes {
+				if c.Type == policyv1.DisruptionBudgetCause {
+					budget = c.Message
+				}
+			}
+		}
+	}
+	if budget == "" && strings.Contains(err.Error(), "disruption budget") {
+		budget = err.Error()
+	}
+	if budget != "" {
+		return fmt.Sprintf("a PodDisruptionBudget allows no disruption now (%s). The pod was running at that moment, so nvdomain left it; if it is stranded again and refused again, raise that PodDisruptionBudget's spec.maxUnavailable by one (or lower its spec.minAvailable by one) so that one pod of the workload may move, or set its spec.unhealthyPodEvictionPolicy: AlwaysAllow so that pods that are not Ready may always be evicted", budget)
+	}
+	return fmt.Sprintf("the API server throttled nvdomain's evictions (API Priority and Fairness: %v); it is retried at the next pass. If this repeats, lower --repin-qps (now %g) or give nvdomain's service account a FlowSchema with a larger share", err, qps)
+}
+
+// NoRoomAdvice is the cause and fix for a pod that waits because no domain has room for its
+// GPUs on a node it may run on: there is nothing to re-pin it to, so it runs when room frees.
+func NoRoomAdvice(domain, gpus int) string {
+	return fmt.Sprintf("no NVSwitch domain has room for %d GPUs on a node it may run on, and it runs when %d GPUs of domain %d free up on one. Fix, to run sooner: free %d GPUs of domain %d, or of any domain of at least %d GPUs, on a node it may run on (scale down or delete the pods there); or lower the pod's tensor-parallel size",
+		gpus, gpus, domain, gpus, domain, gpus)
+}

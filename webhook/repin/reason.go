@@ -1,0 +1,89 @@
+package repin
+
+import (
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
+)
+
+// SchedulerMessage is the message of the pod's PodScheduled=False condition: the scheduler's
+// reasons for not binding it ("" when it has not judged the pod, or bound it).
+func SchedulerMessage(p *corev1.Pod) string {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse {
+			return c.Message
+		}
+	}
+	return ""
+}
+
+// affinityMismatch is the scheduler's NodeAffinity filter reason: the node fails the pod's
+// nodeSelector or required node affinity, nvdomain's domain size term included.
+const affinityMismatch = "node(s) didn't match Pod's node affinity/selector"
+
+// DomainBlocked reports whether the scheduler's verdict on a pod the plan judged Stranded
+// cites what a move to another domain id can change. It is meant only for that verdict,
+// which the plan gives when a node that passes the pod's own constraints (its nodeSelector,
+// its required affinity without nvdomain's domain term, its tolerations) has room in another
+// id. Two verdicts count:
+//
+//   - "Insufficient <resource>" for one of nvdomain's domain resources
+//     (names.Names.IsDomainResource) or nvidia.com/gpu, among any other reasons. The message
+//     counts reasons over all nodes ("0/5 nodes are available: 1 Insufficient cpu,
+//     4 Insufficient nvidia.com/nvswitch-domain-0. preemption: …"), so a reason cannot be tied
+//     to the node the plan would move the pod to; when the domain is full somewhere the pod
+//     may run it is moved, and if the new id is not enough there either, the replacement
+//     waits pinned to a domain that has room, which the plan then leaves alone.
+//   - Only node affinity mismatches (with or without the Insufficient reasons above). On the
+//     plan's node the pod's own constraints hold, so the only term it can fail there is
+//     nvdomain's domain size term: the pinned id does not exist, or is too small, on every
+//     node that has room (the split nodes that had domain 1 were drained, say). Without this
+//     such a pod would wait forever.
+//
+// Nothing else moves a pod. A pod the scheduler also rejects for its CPU, memory, other
+// extended resources, untolerated taints, volumes' node affinity, pod (anti-)affinity or
+// topology spread would wait after a move just as before, and the replacement of a pod
+// whose owner takes a restart badly is not free. What preemption found (after the first
+// ". ") is not a reason the pod failed.
+func DomainBlocked(p *corev1.Pod, n names.Names) bool {
+	reasons := filterReasons(SchedulerMessage(p))
+	affinity, other := false, false
+	for _, r := range reasons {
+		if res, ok := strings.CutPrefix(r, "Insufficient "); ok && (res == names.GPUResource || n.IsDomainResource(res)) {
+			return true
+		}
+		if r == affinityMismatch {
+			affinity = true
+		} else {
+			other = true
+		}
+	}
+	return affinity && !other
+}
+
+// filterReasons splits the filter part of a scheduling failure message, "0/N nodes are
+// available: <count> <reason>, <count> <reason>. <what preemption found>", into its reasons
+// without their counts. Anything else gives none.
+func filterReasons(msg string) []string {
+	_, rest, ok := strings.Cut(msg, " nodes are available: ")
+	if !ok {
+		return nil
+	}
+	if i := strings.Index(rest, ". "); i >= 0 {
+		rest = rest[:i]
+	}
+	rest = strings.TrimSuffix(rest, ".")
+	var out []string
+	for _, part := range strings.Split(rest, ", ") {
+		part = strings.TrimSpace(part)
+		if count, reason, ok := strings.Cut(part, " "); ok && strings.Trim(count, "0123456789") == "" {
+			part = reason
+		}
+		if part != "" {
+			out = append(out, part)
+		}
+	}
+	return out
+}

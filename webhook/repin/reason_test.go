@@ -1,0 +1,55 @@
+package repin
+
+import (
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
+)
+
+// DomainBlocked is the rule both the controller and `nvdomain explain` apply: only the
+// scheduler citing a domain resource or nvidia.com/gpu as insufficient lets a pod move.
+func TestDomainBlocked(t *testing.T) {
+	custom, err := names.New("gpu.example.com", "example.com")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cond := func(status corev1.ConditionStatus, msg string) []corev1.PodCondition {
+		return []corev1.PodCondition{{Type: corev1.PodScheduled, Status: status, Reason: corev1.PodReasonUnschedulable, Message: msg}}
+	}
+	cases := []struct {
+		name  string
+		names names.Names
+		conds []corev1.PodCondition
+		want  bool
+	}{
+		{"its domain resource", names.Default(), cond(corev1.ConditionFalse, "0/1 nodes are available: 1 Insufficient "+names.Default().DomainResource(3)+"."), true},
+		{"nvidia.com/gpu", names.Default(), cond(corev1.ConditionFalse, "0/2 nodes are available: 2 Insufficient "+names.GPUResource+"."), true},
+		{"the domain among other reasons", names.Default(), cond(corev1.ConditionFalse, "0/3 nodes are available: 1 Insufficient cpu, 1 Insufficient memory, 1 Insufficient "+names.Default().DomainResource(0)+". preemption: not helpful."), true},
+		{"a resource prefix from --resource-prefix", custom, cond(corev1.ConditionFalse, "0/1 nodes are available: 1 Insufficient "+custom.DomainResource(0)+"."), true},
+		{"the default prefix under another one is not nvdomain's", custom, cond(corev1.ConditionFalse, "0/1 nodes are available: 1 Insufficient "+names.Default().DomainResource(0)+"."), false},
+		{"untolerated taints", names.Default(), cond(corev1.ConditionFalse, "0/1 nodes are available: 1 node(s) had untolerated taint {dedicated: llm}."), false},
+		// The plan judged it Stranded, so a node passing its own constraints has room: the
+		// term it fails there is nvdomain's (its pinned id is gone from every such node).
+		{"only node affinity: the pinned id exists nowhere with room", names.Default(), cond(corev1.ConditionFalse, "0/4 nodes are available: 4 node(s) didn't match Pod's node affinity/selector."), true},
+		{"node affinity and the domain resource", names.Default(), cond(corev1.ConditionFalse, "0/4 nodes are available: 2 Insufficient "+names.Default().DomainResource(1)+", 2 node(s) didn't match Pod's node affinity/selector. preemption: 0/4 nodes are available: 4 No preemption victims found for incoming pod."), true},
+		{"node affinity and taints", names.Default(), cond(corev1.ConditionFalse, "0/4 nodes are available: 1 node(s) had untolerated taint {dedicated: llm}, 3 node(s) didn't match Pod's node affinity/selector."), false},
+		{"node affinity and CPU", names.Default(), cond(corev1.ConditionFalse, "0/4 nodes are available: 1 Insufficient cpu, 3 node(s) didn't match Pod's node affinity/selector."), false},
+		{"CPU only", names.Default(), cond(corev1.ConditionFalse, "0/1 nodes are available: 1 Insufficient cpu."), false},
+		{"time-sliced GPUs", names.Default(), cond(corev1.ConditionFalse, "0/1 nodes are available: 1 Insufficient "+names.SharedGPUResource+"."), false},
+		{"only preemption names the domain", names.Default(), cond(corev1.ConditionFalse, "0/1 nodes are available: 1 Insufficient cpu. preemption: 1 Insufficient "+names.Default().DomainResource(0)+"."), false},
+		{"a resource name that only starts like one", names.Default(), cond(corev1.ConditionFalse, "0/1 nodes are available: 1 Insufficient "+names.GPUResource+"-x."), false},
+		{"a message that is not the scheduler's", names.Default(), cond(corev1.ConditionFalse, "Insufficient "+names.GPUResource), false},
+		{"scheduled: the old message does not count", names.Default(), cond(corev1.ConditionTrue, "0/1 nodes are available: 1 Insufficient "+names.GPUResource+"."), false},
+		{"no condition", names.Default(), nil, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &corev1.Pod{Status: corev1.PodStatus{Conditions: tc.conds}}
+			if got := DomainBlocked(p, tc.names); got != tc.want {
+				t.Fatalf("DomainBlocked(%q) = %v, want %v", SchedulerMessage(p), got, tc.want)
+			}
+		})
+	}
+}

@@ -17,7 +17,7 @@ LDFLAGS     := -X github.com/nvdomain/nvdomain/pkg/cli.Version=$(VERSION)
 # marks deprecated, which only adds compiler noise.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all build test unit e2e host-deps k8s-assets containerd-assets helm-assets kwok-assets lint fmt vet staticcheck cover fuzz bench bench-placement bench-admission scale demo down clean
+.PHONY: all build test unit e2e host-deps k8s-assets containerd-assets helm-assets kwok-assets lint fmt vet staticcheck cover fuzz bench bench-placement bench-admission bench-dra scale demo down clean
 
 all: build
 
@@ -111,6 +111,13 @@ bench-admission: host-deps k8s-assets
 ## (TestScaleSmoke).
 scale: k8s-assets kwok-assets
 	$(GO) run ./test/bench -only scale
+
+## bench-dra: DRA mode against classic mode on the same 500 kwok nodes: 2,000 TP pods at 50/s
+## through the webhook in each mode (a few minutes); prints the table and rewrites the "DRA
+## against classic" section and rows of docs/benchmarks.md. Root. The fragmentation side is the
+## placement simulation's (bench-placement).
+bench-dra: k8s-assets kwok-assets
+	$(GO) run ./test/bench -only dra
 
 ## fuzz: run every fuzz target for FUZZTIME each (not part of `make test`).
 fuzz:

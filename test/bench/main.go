@@ -6,7 +6,8 @@
 // its parts of the report; `-only admission` runs only pod creation through the apiserver
 // against the no-op webhook pair, with a CPU profile of a replica; `-only scale` (`make scale`)
 // runs test/scale's 1,000-node run, which the full run leaves out because it takes about a
-// quarter of an hour.
+// quarter of an hour; `-only dra` (`make bench-dra`) runs test/scale's DRA run, classic mode
+// against DRA mode on the same 500 kwok nodes, which the full run leaves out too.
 package main
 
 import (
@@ -36,7 +37,7 @@ func main() {
 	ctrllog.SetLogger(logr.Discard())
 	quick := flag.Bool("quick", false, "short runs (seconds), for a smoke check")
 	out := flag.String("out", "docs/benchmarks.md", "report file; empty skips writing it")
-	only := flag.String("only", "", `run one part alone and rewrite only its parts of the report: "placement", "admission" or "scale"`)
+	only := flag.String("only", "", `run one part alone and rewrite only its parts of the report: "placement", "admission", "scale" or "dra"`)
 	flag.Parse()
 	var err error
 	switch *only {
@@ -48,8 +49,10 @@ func main() {
 		err = runAdmissionOnly(*out)
 	case "scale":
 		err = runScaleOnly(*out)
+	case "dra":
+		err = runDRAOnly(*out)
 	default:
-		err = fmt.Errorf("-only %q: the parts that run alone are \"placement\", \"admission\" and \"scale\"", *only)
+		err = fmt.Errorf("-only %q: the parts that run alone are \"placement\", \"admission\", \"scale\" and \"dra\"", *only)
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
@@ -153,18 +156,26 @@ func run(quick bool, outPath string) error {
 	if err := plotPlacement(sims, png); err != nil {
 		return err
 	}
-	// The full run does not run the scale section (`make scale`): it keeps the last one.
-	var scaleSection string
-	var scaleRows []string
+	// The full run does not run the scale and DRA sections (`make scale`, `make bench-dra`): it
+	// keeps the last ones.
+	kept := []struct {
+		prefix, heading, section string
+		rows                     []string
+	}{{prefix: scaleRowPrefix, heading: scaleHeading}, {prefix: draRowPrefix, heading: draSectionHeading}}
 	if old, err := os.ReadFile(outPath); err == nil {
-		scaleSection, scaleRows = extractSection(string(old), scaleRowPrefix, scaleHeading)
+		for i := range kept {
+			kept[i].section, kept[i].rows = extractSection(string(old), kept[i].prefix, kept[i].heading)
+		}
 	} else if !os.IsNotExist(err) {
-		return fmt.Errorf("read the report's scale section: %w", err)
+		return fmt.Errorf("read the report's scale and DRA sections: %w", err)
 	}
 	writeReport(&md, rows, sims.markdown(filepath.Base(png)), loadStats, rates, dur, time.Since(start), pc)
 	report := md.String()
-	if scaleSection != "" {
-		if report, err = spliceSection(report, scaleRowPrefix, scaleRows, scaleHeading, scaleSection); err != nil {
+	for _, k := range kept {
+		if k.section == "" {
+			continue
+		}
+		if report, err = spliceSection(report, k.prefix, k.rows, k.heading, k.section); err != nil {
 			return err
 		}
 	}

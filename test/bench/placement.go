@@ -22,6 +22,11 @@ const (
 	policyNvdomain = "nvdomain"
 	policyRepin    = "nvdomain + re-pin"
 	policyAny      = "any domain with room"
+	// DRA mode: the stock scheduler's allocator, first-found devices, no tightest fit.
+	policyDRA       = "DRA first-found"
+	policyDRASpread = "DRA first-found (spread nodes)"
+	// draHeading names the comparison of DRA mode against classic mode in the report.
+	draHeading = "DRA first-found vs classic tightest fit"
 
 	// The bar nvdomain + re-pin is held to: at targetLoad, its mean wait and jobs never placed
 	// each within targetRatio of "any domain with room", with no cross-domain placement.
@@ -39,8 +44,15 @@ func placementPolicies() []placementsim.Policy {
 		placementsim.NodeCountOnly{},
 		placementsim.Random{},
 		placementsim.FirstFit{},
+		placementsim.DRAFirstFound{},
+		placementsim.DRAFirstFound{NodeScore: placementsim.SpreadNode},
 	}
 }
+
+// draPolicies are the rows of the DRA comparison: classic mode (the webhook's tightest-fit pin,
+// alone and with the re-pin controller, production's default), the ideal domain-aware
+// tightest fit, and DRA mode under both models of node scoring.
+var draPolicies = []string{policyNvdomain, policyRepin, policyAny, policyDRA, policyDRASpread}
 
 // whatIf is a change production does not make by default, run for nvdomain + re-pin at
 // targetLoad to show what would close the rest of its gap to "any domain with room".
@@ -198,6 +210,13 @@ func (b *placementBench) printTables(w io.Writer) {
 		fmt.Fprintln(tw, strings.Join(r, "\t"))
 	}
 	_ = tw.Flush()
+	fmt.Fprintf(w, "\nplacement: %s\n", draHeading)
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, strings.ToUpper(strings.Join(draHeader, "\t")))
+	for _, r := range b.draRows() {
+		fmt.Fprintln(tw, strings.Join(r, "\t"))
+	}
+	_ = tw.Flush()
 	fmt.Fprintf(w, "\nplacement target at %.0f%% load: %s within %.2fx of %s (mean wait, never placed), 0%% cross-domain\n",
 		targetLoad*100, policyRepin, targetRatio, policyAny)
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -276,8 +295,34 @@ func (b *placementBench) summaryRows() []row {
 			fmt.Sprintf("%.2f / %d", t.repin.MeanWait, t.repin.NeverPlaced), fmt.Sprintf("%.2f / %d", t.any.MeanWait, t.any.NeverPlaced),
 			t.waitRatio + " / " + t.neverRatio})
 	}
+	for _, sc := range b.scenarios {
+		d, c := b.result(sc.Name, policyDRA, targetLoad), b.result(sc.Name, policyRepin, targetLoad)
+		ratio, _ := within(d.TPMeanWait, c.TPMeanWait)
+		rows = append(rows, row{"placement", fmt.Sprintf("%s, %.0f%% load: %s: TP mean wait / TP jobs stranded by fragmentation / utilisation (baseline: classic, %s)",
+			sc.Name, targetLoad*100, draHeading, policyRepin),
+			fmt.Sprintf("%.2f / %.1f%% / %.3f", d.TPMeanWait, d.StrandedPct, d.Utilisation),
+			fmt.Sprintf("%.2f / %.1f%% / %.3f", c.TPMeanWait, c.StrandedPct, c.Utilisation), ratio + " (TP wait)"})
+	}
 	return rows
 }
+
+// draRows are the DRA comparison per scenario and load: utilisation, TP jobs' mean wait, TP
+// jobs stranded by fragmentation and jobs never placed.
+func (b *placementBench) draRows() [][]string {
+	var rows [][]string
+	for _, sc := range b.scenarios {
+		for _, load := range placementLoads {
+			for _, policy := range draPolicies {
+				r := b.result(sc.Name, policy, load)
+				rows = append(rows, []string{sc.Name, fmt.Sprintf("%.0f%%", load*100), policy, fmt.Sprintf("%.3f", r.Utilisation),
+					fmt.Sprintf("%.2f", r.TPMeanWait), fmt.Sprintf("%.1f%%", r.StrandedPct), fmt.Sprintf("%d of %d", r.NeverPlaced, r.Jobs)})
+			}
+		}
+	}
+	return rows
+}
+
+var draHeader = []string{"scenario", "load", "policy", "utilisation", "TP mean wait", "TP jobs stranded by fragmentation", "never placed"}
 
 func mdRow(cells []string) string { return "| " + strings.Join(cells, " | ") + " |\n" }
 
@@ -372,6 +417,13 @@ func (b *placementBench) markdown(png string) string {
 	for _, r := range b.whatIfRows() {
 		w.WriteString(mdRow(r))
 	}
+	fmt.Fprintf(&w, "\n### %s\n\n", draHeading)
+	w.WriteString(draModel)
+	w.WriteString(mdRow(draHeader) + strings.Repeat("|---", len(draHeader)) + "|\n")
+	for _, r := range b.draRows() {
+		w.WriteString(mdRow(r))
+	}
+	fmt.Fprintf(&w, "\n%s\n", b.draReading())
 	fmt.Fprintf(&w, "\n![utilisation, mean wait and cross-domain placements by scenario, policy and load](%s)\n", png)
 	fmt.Fprintf(&w, "\n### Reading\n\n%s\n\n", b.reading())
 	return w.String()
@@ -389,11 +441,11 @@ func (b *placementBench) reading() string {
 	var out []string
 	maxCross := 0.0
 	for _, r := range b.results {
-		if !slices.Contains([]string{policyNvdomain, policyRepin, policyAny}, r.Policy) {
+		if !slices.Contains([]string{policyNvdomain, policyRepin, policyAny, policyDRA, policyDRASpread}, r.Policy) {
 			maxCross = max(maxCross, r.CrossDomainPct)
 		}
 	}
-	out = append(out, fmt.Sprintf(`- The three domain-aware policies never give a tensor-parallel job GPUs from two domains; the count-based ones do
+	out = append(out, fmt.Sprintf(`- The five domain-aware policies never give a tensor-parallel job GPUs from two domains; the count-based ones do
   for up to %.0f%% of TP jobs, at PCIe speed.`, maxCross))
 	low := b.scenarios[0].Name
 	r50 := b.result(low, policyNvdomain, 0.5)
@@ -475,4 +527,45 @@ func spliceReport(old string, rows []row, section string) (string, error) {
 		return "", fmt.Errorf("the report has no placement summary rows or no %q section; run the whole of `make bench` once", placementHeading)
 	}
 	return out.String(), nil
+}
+
+// draModel says what the DRA rows model; placementsim.DRAFirstFound has the details.
+const draModel = `DRA mode as the stock kube-scheduler v1.36 runs it, on the same traces: each TP pod's claim asks for k devices
+with a matchAttribute constraint on the domain, and nothing is pinned at admission.
+
+- **` + policyDRA + `**: every node where one domain has k free GPUs is feasible. The allocator does not score (it
+  returns the first solution it finds), DynamicResources scores only prioritized lists, which the nvdomain
+  templates do not use, and the cpu and memory scores are taken as equal on every node (pods whose cpu and memory
+  requests are small against a GPU node), so the scheduler picks any feasible node at random. On that node the
+  allocator walks the devices in ResourceSlice order (pkg/dra publishes one slice, GPUs by index) and backtracks
+  over first devices, which gives the lowest-index domain with k free GPUs and its k lowest free GPUs. The
+  simulation replays that walk; a unit test checks it against the real allocator
+  (k8s.io/dynamic-resource-allocation/structured) on the slices pkg/dra builds, with and without v1.36's default
+  features. Plain 1-GPU pods go through the DeviceClass's extended-resource mapping: the first free GPU.
+- **` + policyDRASpread + `**: the same, for pods whose cpu and memory requests scale with their GPUs, so
+  NodeResourcesFit's default LeastAllocated score prefers the node with the most free GPUs.
+- The classic rows are the ones above: **` + policyNvdomain + `** (the webhook pins the tightest fit) and **` + policyRepin + `**
+  (production's default, with the re-pin controller); **` + policyAny + `** is the ideal tightest fit with no pin.
+- **TP jobs stranded by fragmentation**: the share of TP jobs (after the first tenth of the horizon) that could not
+  start on arrival although the cluster had at least k free GPUs, because no domain had k: kept waiting by how free
+  GPUs are scattered, not by a lack of them. Every policy tries a job on arrival (a classic job is pinned to a domain
+  with room when there is one), so the share compares like with like.
+- Both DRA rows use the simulation's queue (priority, then arrival, retried whenever GPUs free); the scheduler's
+  backoff for unschedulable pods is not modelled, which favours DRA and classic alike.
+
+`
+
+// draReading sums the DRA comparison up at targetLoad and at the highest load.
+func (b *placementBench) draReading() string {
+	var out []string
+	for _, sc := range b.scenarios {
+		d, s, c, a := b.result(sc.Name, policyDRA, targetLoad), b.result(sc.Name, policyDRASpread, targetLoad),
+			b.result(sc.Name, policyRepin, targetLoad), b.result(sc.Name, policyAny, targetLoad)
+		out = append(out, fmt.Sprintf("- %s at %.0f%% load: TP jobs wait %.2f on average under DRA first-found (%.2f with spread nodes), %.2f under\n"+
+			"  classic mode (%s) and %.2f under the ideal tightest fit; %.1f%% of TP jobs are stranded by fragmentation\n"+
+			"  (%.1f%% spread) against %.1f%% and %.1f%%; utilisation %.3f (%.3f) against %.3f and %.3f.",
+			sc.Name, targetLoad*100, d.TPMeanWait, s.TPMeanWait, c.TPMeanWait, policyRepin, a.TPMeanWait,
+			d.StrandedPct, s.StrandedPct, c.StrandedPct, a.StrandedPct, d.Utilisation, s.Utilisation, c.Utilisation, a.Utilisation))
+	}
+	return strings.Join(out, "\n")
 }

@@ -20,6 +20,8 @@ var policyColors = map[string]color.RGBA{
 	"node-count only": {R: 0xd9, G: 0x5f, B: 0x02, A: 255},
 	"random":          {R: 0x75, G: 0x70, B: 0xb3, A: 255},
 	"first-fit":       {R: 0xe7, G: 0x29, B: 0x8a, A: 255},
+	policyDRA:         {R: 0xa6, G: 0x76, B: 0x1d, A: 255},
+	policyDRASpread:   {R: 0xe6, G: 0xab, B: 0x02, A: 255},
 	"bound":           {R: 0x66, G: 0x66, B: 0x66, A: 255},
 }
 

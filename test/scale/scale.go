@@ -73,6 +73,10 @@ type Config struct {
 	// Settle bounds how long a run waits, after its last creation, for every pod to be
 	// scheduled.
 	Settle time.Duration
+	// KwokPodWorkers is how many pod stages kwok plays at once (0: its default, 4). With 4, on
+	// 2 busy cores, kwok starts and ends pods later than their lifetime, so bound pods pile up
+	// and a fast stream waits for room rather than for the scheduler.
+	KwokPodWorkers uint
 }
 
 // Full is `make scale`: 1,000 nodes and 5,000 pods. 25 pods a second is what this 2-core
@@ -216,20 +220,67 @@ func Run(t testing.TB, cfg Config) Report {
 	t.Helper()
 	start := time.Now()
 	rep := Report{Config: cfg}
-	kwokDir, err := hacluster.KwokDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	const agentPackage = "./cmd/nvdomain-agent"
 	c := hacluster.Start(t, hacluster.Options{
 		Replicas: 2, WebhookArgs: []string{"--tp-sizes=1,2,4,8"}, AlsoBuild: []string{agentPackage},
 		// The run without the webhook comes first: no configurations, no replicas yet.
 		Unregistered: true, ReplicasLater: true, KwokFinishesDeletions: true,
-		// The stock scheduler's client allows 50 requests a second: a binding and an Event
-		// per pod. Raised, as a large cluster would, so that the measure is the scheduler's
-		// and not its client's.
-		SchedulerArgs: []string{"--kube-api-qps=500", "--kube-api-burst=1000"},
+		SchedulerArgs: schedulerArgs,
 	})
+	ctx := context.Background()
+	f := startFleet(t, c, cfg, start)
+	rep.Published = f.published
+	caps, others := f.caps, f.procs
+
+	rep.Setup = time.Since(start)
+	sizes := cfg.sizes()
+	rep.Phases = append(rep.Phases, runPhase(t, c, cfg, "no webhook", "scale-plain", false, sizes, caps, others, nil))
+	if err := deleteAll(ctx, c.Client, "scale-plain"); err != nil {
+		t.Fatal(err)
+	}
+
+	// With nvdomain, as production runs it.
+	for _, r := range c.Replicas {
+		c.StartReplica(r)
+	}
+	c.WaitEndpoints(len(c.Replicas))
+	c.RegisterWebhooks()
+	if err := waitAdmits(ctx, c.Client, 8); err != nil {
+		t.Fatalf("%v\n%s", err, c.ReplicaLogs())
+	}
+	for _, r := range c.Replicas {
+		others[r.Name] = r.Pid()
+	}
+	rep.Phases = append(rep.Phases, runPhase(t, c, cfg, "nvdomain", "scale-nvdomain", true, sizes, caps, others, nil))
+	return rep
+}
+
+// agentPackage is the node agent, built with the webhook.
+const agentPackage = "./cmd/nvdomain-agent"
+
+// schedulerArgs raise the stock scheduler's client limits: it allows 50 requests a second,
+// and each pod costs a binding and an Event. Raised, as a large cluster would, so that the
+// measure is the scheduler's and not its client's.
+var schedulerArgs = []string{"--kube-api-qps=500", "--kube-api-burst=1000"}
+
+// fleet is the cluster's fake nodes, kept by kwok and published by the agent.
+type fleet struct {
+	// doc is the simulated topology document the agent publishes the nodes from.
+	doc       []byte
+	published time.Duration
+	// caps are the nodes' NVIDIA resources as the scheduler sees them.
+	caps map[string]corev1.ResourceList
+	// procs are the processes whose usage the runs read: kube-scheduler and kwok.
+	procs map[string]int
+}
+
+// startFleet registers cfg's nodes, starts kwok and the agent (--all-nodes) and waits until
+// every node is Ready and published.
+func startFleet(t testing.TB, c *hacluster.Cluster, cfg Config, start time.Time) fleet {
+	t.Helper()
+	kwokDir, err := hacluster.KwokDir()
+	if err != nil {
+		t.Fatal(err)
+	}
 	agentBin, err := hacluster.Build(agentPackage)
 	if err != nil {
 		t.Fatal(err)
@@ -241,7 +292,28 @@ func Run(t testing.TB, cfg Config) Report {
 		t.Fatal(err)
 	}
 	kwokConfig := filepath.Join(c.LogDir, "kwok.yaml")
-	if err := os.WriteFile(kwokConfig, []byte(strings.ReplaceAll(stages, "LIFETIME_MS", strconv.FormatInt(cfg.Lifetime.Milliseconds(), 10))), 0o644); err != nil {
+	kwokDoc := strings.ReplaceAll(stages, "LIFETIME_MS", strconv.FormatInt(cfg.Lifetime.Milliseconds(), 10))
+	if cfg.KwokPodWorkers > 0 {
+		// kwok does not default a KwokConfiguration read from a file: every option its
+		// defaulting sets (kwok v0.8.0, SetObjectDefaults_KwokConfiguration) is spelled out,
+		// at its default but for the pod workers.
+		kwokDoc += fmt.Sprintf(`---
+apiVersion: config.kwok.x-k8s.io/v1alpha1
+kind: KwokConfiguration
+options:
+  cidr: 10.0.0.0/24
+  enableDebuggingHandlers: true
+  enableContentionProfiling: false
+  enableProfilingHandler: true
+  podPlayStageParallelism: %d
+  nodePlayStageParallelism: 4
+  nodeLeaseParallelism: 4
+  podsOnNodeSyncParallelism: 1
+  enablePodsOnNodeSyncListPager: true
+  enablePodsOnNodeSyncStreamWatch: false
+`, cfg.KwokPodWorkers)
+	}
+	if err := os.WriteFile(kwokConfig, []byte(kwokDoc), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	kwok := c.StartProcess("kwok", filepath.Join(kwokDir, "kwok"), "--kubeconfig="+c.Kubeconfig, "--manage-all-nodes",
@@ -264,35 +336,13 @@ func Run(t testing.TB, cfg Config) Report {
 	if err := waitPublished(ctx, c.Client, probe, nodes); err != nil {
 		t.Fatalf("%v\nagent log:\n%s\nkwok log:\n%s", err, c.Log("nvdomain-agent", 3000), c.Log("kwok", 3000))
 	}
-	rep.Published = time.Since(agentStart)
+	f := fleet{doc: doc, published: time.Since(agentStart)}
 	t.Logf("%d nodes registered, Ready and published at %s", len(nodes), time.Since(start).Round(100*time.Millisecond))
-	caps, err := capacities(ctx, c.Client)
-	if err != nil {
+	if f.caps, err = capacities(ctx, c.Client); err != nil {
 		t.Fatal(err)
 	}
-	others := map[string]int{"kube-scheduler": c.Process("kube-scheduler").Process.Pid, "kwok": kwok.Process.Pid}
-
-	rep.Setup = time.Since(start)
-	sizes := cfg.sizes()
-	rep.Phases = append(rep.Phases, runPhase(t, c, cfg, "no webhook", "scale-plain", false, sizes, caps, others))
-	if err := deleteAll(ctx, c.Client, "scale-plain"); err != nil {
-		t.Fatal(err)
-	}
-
-	// With nvdomain, as production runs it.
-	for _, r := range c.Replicas {
-		c.StartReplica(r)
-	}
-	c.WaitEndpoints(len(c.Replicas))
-	c.RegisterWebhooks()
-	if err := waitAdmits(ctx, c.Client, 8); err != nil {
-		t.Fatalf("%v\n%s", err, c.ReplicaLogs())
-	}
-	for _, r := range c.Replicas {
-		others[r.Name] = r.Pid()
-	}
-	rep.Phases = append(rep.Phases, runPhase(t, c, cfg, "nvdomain", "scale-nvdomain", true, sizes, caps, others))
-	return rep
+	f.procs = map[string]int{"kube-scheduler": c.Process("kube-scheduler").Process.Pid, "kwok": kwok.Process.Pid}
+	return f
 }
 
 // registerNodes creates the nodes as their kubelets would register them: hostname label,
@@ -622,15 +672,21 @@ func (w *watcher) bound() int {
 }
 
 // runPhase creates the stream of pods in ns and follows them until all are bound or Settle
-// has passed since the last creation.
-func runPhase(t testing.TB, c *hacluster.Cluster, cfg Config, name, ns string, webhook bool, sizes []int, caps map[string]corev1.ResourceList, procs map[string]int) Phase {
+// has passed since the last creation. With claims (DRA mode, dra.go) the pods select DRA nodes,
+// ns may exist already (with its claim templates), and the checks are the claims' instead of
+// the node resources'.
+func runPhase(t testing.TB, c *hacluster.Cluster, cfg Config, name, ns string, webhook bool, sizes []int, caps map[string]corev1.ResourceList, procs map[string]int, claims *claimWatcher) Phase {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	client := c.Client
 	ph := Phase{Name: name, Webhook: webhook}
-	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); ignoreExists(err) != nil {
 		t.Fatal(err)
+	}
+	mkPod := tpPod
+	if claims != nil {
+		mkPod = draPod
 	}
 	w := newWatcher(caps)
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(ns))
@@ -670,7 +726,7 @@ func runPhase(t testing.TB, c *hacluster.Cluster, cfg Config, name, ns string, w
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			p := tpPod(fmt.Sprintf("tp%d-%05d", k, i), k)
+			p := mkPod(fmt.Sprintf("tp%d-%05d", k, i), k)
 			w.creating(p.Name, time.Now())
 			_, err := client.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{})
 			mu.Lock()
@@ -725,6 +781,16 @@ func runPhase(t testing.TB, c *hacluster.Cluster, cfg Config, name, ns string, w
 	ph.Span = last.Sub(first)
 	if ph.Span > 0 {
 		ph.Throughput = float64(ph.Scheduled) / ph.Span.Seconds()
+	}
+	if claims != nil {
+		over, _, peak := claims.results()
+		ph.OverCommits, ph.PeakGPUs = append(ph.OverCommits, over...), peak
+		v, err := claims.draViolations(context.Background(), client, ns)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ph.Violations = v
+		return ph
 	}
 	v, err := pinViolations(context.Background(), client, ns, caps, webhook)
 	if err != nil {

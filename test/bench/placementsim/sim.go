@@ -211,9 +211,17 @@ type Result struct {
 	P95Wait        float64
 	// MeanWaitBySize is MeanWait by GPU count (index), 0 where no such job was measured.
 	MeanWaitBySize [9]float64
-	NeverPlaced    int // rejected at admission or still waiting at the end
-	Rejected       int
-	Repins         int // waiters a Controller moved
+	// TPMeanWait is MeanWait over jobs of size ≥ 2 only.
+	TPMeanWait float64
+	// StrandedPct is the share of TP jobs arriving after warmup that could not start on
+	// arrival although the cluster had at least their size in free GPUs, because no domain had
+	// that many: jobs kept waiting by how free GPUs are scattered (across domains or nodes),
+	// not by a lack of GPUs. It is judged on arrival, when every policy tries the job at once,
+	// so a long wait does not count more than a short one.
+	StrandedPct float64
+	NeverPlaced int // rejected at admission or still waiting at the end
+	Rejected    int
+	Repins      int // waiters a Controller moved
 	// Lapses counts waiters the re-pin controller found stranded that lost the room to
 	// another job before their grace period ran out.
 	Lapses int
@@ -263,6 +271,9 @@ type sim struct {
 	res             Result
 	waits           []float64
 	bySize          [9]struct{ sum, n float64 }
+	tpWait          struct{ sum, n float64 }
+	tpMeasured      int          // TP jobs arriving after warmup
+	stranded        map[int]bool // IDs of TP jobs after warmup stranded by fragmentation on arrival
 	busy            float64
 	cross, tpPlaced int
 	log             map[int]placed // nil unless a test follows jobs
@@ -270,7 +281,7 @@ type sim struct {
 
 func run(p Policy, nodes []*Node, jobs []Job, horizon, warmup float64, seed uint64, log map[int]placed) Result {
 	s := &sim{p: p, nodes: nodes, rng: rand.New(rand.NewPCG(seed, 7)), horizon: horizon, warmup: warmup,
-		wake: math.Inf(1), res: Result{Policy: p.Name()}, log: log}
+		wake: math.Inf(1), res: Result{Policy: p.Name()}, log: log, stranded: map[int]bool{}}
 	s.ctl, _ = p.(Controller)
 	for _, j := range jobs {
 		s.nextID = max(s.nextID, j.ID+1)
@@ -315,6 +326,9 @@ func (s *sim) arrive(j *Job) {
 	s.res.Jobs++
 	if j.Size >= 2 {
 		s.res.TPJobs++
+		if j.Arrival >= s.warmup {
+			s.tpMeasured++
+		}
 	}
 	if !s.p.Admit(j, s.nodes) {
 		s.res.Rejected++
@@ -388,6 +402,24 @@ func (s *sim) tryQueue(now float64) {
 	}
 	clear(s.queue[len(kept):])
 	s.queue = kept
+	s.markStranded(now)
+}
+
+// markStranded records the TP jobs that arrived now and wait although the cluster has as many
+// free GPUs as they need: no domain has that many.
+func (s *sim) markStranded(now float64) {
+	total, roomiest := 0, 0
+	for _, n := range s.nodes {
+		total += n.free()
+		for d := range n.Domains {
+			roomiest = max(roomiest, n.domainFree(d))
+		}
+	}
+	for _, j := range s.queue {
+		if j.Arrival == now && j.Size >= 2 && j.Arrival >= s.warmup && j.Size <= total && j.Size > roomiest {
+			s.stranded[j.ID] = true
+		}
+	}
 }
 
 func (s *sim) start(j *Job, now float64, ni int, gs []int) {
@@ -413,6 +445,10 @@ func (s *sim) start(j *Job, now float64, ni int, gs []int) {
 		if j.Size < len(s.bySize) {
 			s.bySize[j.Size].sum += now - j.Arrival
 			s.bySize[j.Size].n++
+		}
+		if j.Size >= 2 {
+			s.tpWait.sum += now - j.Arrival
+			s.tpWait.n++
 		}
 	}
 	if s.log != nil {
@@ -448,6 +484,12 @@ func (s *sim) finish() Result {
 		}
 		res.MeanWait = sum / float64(len(s.waits))
 		res.P95Wait = s.waits[len(s.waits)*95/100]
+	}
+	if s.tpWait.n > 0 {
+		res.TPMeanWait = s.tpWait.sum / s.tpWait.n
+	}
+	if s.tpMeasured > 0 {
+		res.StrandedPct = 100 * float64(len(s.stranded)) / float64(s.tpMeasured)
 	}
 	for k, w := range s.bySize {
 		if w.n > 0 {

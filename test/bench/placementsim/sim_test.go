@@ -12,7 +12,7 @@ import (
 
 func allPolicies() []Policy {
 	return []Policy{&Nvdomain{}, NewNvdomainRepin(DefaultRepinAfter, DefaultRepinsPerUnit), AnyDomain{}, NodeCountOnly{}, Random{}, FirstFit{},
-		whatIf(WhatIf{Pack: true})}
+		whatIf(WhatIf{Pack: true}), DRAFirstFound{}, DRAFirstFound{NodeScore: SpreadNode}}
 }
 
 func whatIf(w WhatIf) *NvdomainRepin {
@@ -23,7 +23,7 @@ func whatIf(w WhatIf) *NvdomainRepin {
 
 // domainAware says whether a policy must never give a TP job GPUs from two domains.
 func domainAware(name string) bool {
-	return strings.HasPrefix(name, "nvdomain") || name == "any domain with room"
+	return strings.HasPrefix(name, "nvdomain") || strings.HasPrefix(name, "DRA") || name == "any domain with room"
 }
 
 // The smoke version of the placement benchmark: a short seeded trace per scenario at 80% and

@@ -39,6 +39,14 @@ func Run(args []string, stderr io.Writer) error {
 	if len(args) < 1 || args[0] != RemoveDevices {
 		return fmt.Errorf("usage: %s /dev/nvidia<N> …", RemoveDevices)
 	}
+	// runc runs createContainer hooks with the container's root filesystem as the working
+	// directory, which is what makes the relative removals below land inside the container.
+	// A runtime that did not would leave the hook in the host's / and make it delete the
+	// host's device nodes, losing that GPU for every later container: refuse instead (the
+	// container fails to start, naming this).
+	if wd, err := os.Getwd(); err != nil || wd == "/" {
+		return fmt.Errorf("the working directory is %q (%v), not a container's root filesystem: this hook must run as an OCI createContainer hook under runc; no device node removed", wd, err)
+	}
 	var errs []error
 	for _, p := range args[1:] {
 		clean := filepath.Clean(p)

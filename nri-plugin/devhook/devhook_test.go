@@ -116,3 +116,14 @@ func TestHookRemovesABindMountedNode(t *testing.T) {
 		t.Fatalf("%s still there: %v", node, err)
 	}
 }
+
+// Run in the host's / (a runtime that does not chdir into the container's root filesystem),
+// the relative removals would delete the host's device nodes: the hook refuses and removes
+// nothing.
+func TestHookRefusesToRunInTheHostRoot(t *testing.T) {
+	t.Chdir("/")
+	err := Run([]string{RemoveDevices, "/dev/nvidia0"}, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "not a container's root filesystem") {
+		t.Fatalf("Run in / = %v, want a refusal", err)
+	}
+}

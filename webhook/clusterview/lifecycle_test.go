@@ -116,9 +116,13 @@ func TestPodsBeingDeletedHoldTheirGPUsUntilGone(t *testing.T) {
 			{2 * time.Second, "", 0, 1, false},
 			{time.Hour, "", 0, 1, false},
 		}},
-		{"a long grace period holds the domain all along", 3600, []step{
+		// The GPUs stay held all along, but they count as room about to free only for
+		// MaxLeavingWait (plus the margin) after the deletion, not for the whole hour.
+		{"a long grace period holds the GPUs; the room about to free is capped", 3600, []step{
 			{0, "", 0, 0, false},
-			{30 * time.Minute, "", 0, 0, false},
+			{MaxLeavingWait, "", 0, 0, false},
+			{LeavingMargin + time.Second, "", 0, 1, false},
+			{30 * time.Minute, "", 0, 1, false},
 		}},
 	}
 	for _, tc := range cases {

@@ -41,6 +41,25 @@ const ReservationTTL = 30 * time.Second
 // answering) and its GPUs are no closer to free than any other pod's.
 const LeavingMargin = 30 * time.Second
 
+// MaxLeavingWait caps how long after its deletion a pod counts as room about to free,
+// whatever its grace period: a replacement whose predecessor has an hour-long
+// terminationGracePeriodSeconds and hangs would otherwise wait that hour pinned to the
+// predecessor's domain while another domain has room. A server that drains in-flight
+// requests for longer than this simply frees its room later; its replacement is then moved to
+// a domain with room, if there is one.
+const MaxLeavingWait = 2 * time.Minute
+
+// leavingDeadline is until when a pod being deleted counts as room about to free.
+func leavingDeadline(pod *corev1.Pod) time.Time {
+	end := pod.DeletionTimestamp.Time
+	if g := pod.DeletionGracePeriodSeconds; g != nil {
+		if capped := end.Add(-time.Duration(*g) * time.Second).Add(MaxLeavingWait); capped.Before(end) {
+			end = capped
+		}
+	}
+	return end.Add(LeavingMargin)
+}
+
 // View is safe for concurrent use.
 type View struct {
 	names names.Names
@@ -339,7 +358,7 @@ func (v *View) UpsertPod(pod *corev1.Pod) {
 	}
 	v.used[e.node][d] += held
 	if deleting {
-		v.leaving[pod.UID] = leavingPod{node: e.node, domain: d, gpus: held, deadline: pod.DeletionTimestamp.Add(LeavingMargin)}
+		v.leaving[pod.UID] = leavingPod{node: e.node, domain: d, gpus: held, deadline: leavingDeadline(pod)}
 	}
 	v.refreshHistLocked(e.node)
 }

@@ -369,3 +369,32 @@ func BenchmarkChooseDomainWaiting(b *testing.B) {
 		})
 	}
 }
+
+// A pod being deleted counts as room about to free until its grace period ends (plus a
+// margin), but never longer than MaxLeavingWait after its deletion.
+func TestLeavingDeadline(t *testing.T) {
+	deleted := time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)
+	cases := []struct {
+		name  string
+		grace *int64
+		want  time.Time
+	}{
+		{"30s grace", ptrInt64(30), deleted.Add(30 * time.Second).Add(LeavingMargin)},
+		{"an hour's grace is capped", ptrInt64(3600), deleted.Add(MaxLeavingWait).Add(LeavingMargin)},
+		{"no grace period recorded", nil, deleted.Add(30 * time.Second).Add(LeavingMargin)},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			end := deleted.Add(30 * time.Second)
+			if tc.grace != nil {
+				end = deleted.Add(time.Duration(*tc.grace) * time.Second)
+			}
+			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{DeletionTimestamp: &metav1.Time{Time: end}, DeletionGracePeriodSeconds: tc.grace}}
+			if got := leavingDeadline(pod); !got.Equal(tc.want) {
+				t.Fatalf("leavingDeadline = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func ptrInt64(v int64) *int64 { return &v }

@@ -103,6 +103,12 @@ func OwnerSkipReason(ctx context.Context, pod *corev1.Pod, ownerKinds []string, 
 // caller handles a pod without a controller (a bare pod). The re-pin controller and `nvdomain
 // explain` both decide through it, so the CLI predicts exactly what the controller does.
 func WalkOwners(ctx context.Context, pod *corev1.Pod, ownerKinds []string, owners Owners) (v OwnerVerdict) {
+	// The controller's owner reads go through a cache that starts an informer for a kind on
+	// its first read and waits for it to sync; without RBAC for that kind (a trimmed role,
+	// an install manifest out of step with the chart) it would wait forever and stop every
+	// re-pin after it. A read that takes this long is a skip naming the error.
+	ctx, cancel := context.WithTimeout(ctx, OwnerReadTimeout)
+	defer cancel()
 	allowed := func(kind string) bool {
 		for _, k := range ownerKinds {
 			if strings.EqualFold(k, kind) {
@@ -232,6 +238,9 @@ func (o cachedOwners) IgnoresDisruption(ctx context.Context, meta metav1.Object)
 	}
 	return v, nil
 }
+
+// OwnerReadTimeout bounds the owner reads of one walk.
+const OwnerReadTimeout = 10 * time.Second
 
 // jobVerdicts remembers, per Job UID and generation, whether the Job ignores evictions, so a
 // Job pod that stays stranded costs one read of its Job, not one per pass. Entries expire

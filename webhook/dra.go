@@ -99,28 +99,7 @@ func (m *Mutator) keepOffDRA(pod *corev1.Pod) *corev1.Pod {
 	if m.Options.Mode != ModeMixed {
 		return pod
 	}
-	key := m.Options.Names.ModeLabel()
-	expr := corev1.NodeSelectorRequirement{Key: key, Operator: corev1.NodeSelectorOpNotIn, Values: []string{names.ModeDRA}}
-	if pod.Spec.Affinity == nil {
-		pod.Spec.Affinity = &corev1.Affinity{}
-	}
-	if pod.Spec.Affinity.NodeAffinity == nil {
-		pod.Spec.Affinity.NodeAffinity = &corev1.NodeAffinity{}
-	}
-	na := pod.Spec.Affinity.NodeAffinity
-	if na.RequiredDuringSchedulingIgnoredDuringExecution == nil {
-		na.RequiredDuringSchedulingIgnoredDuringExecution = &corev1.NodeSelector{}
-	}
-	terms := na.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
-	if len(terms) == 0 {
-		terms = []corev1.NodeSelectorTerm{{}}
-	}
-	for i := range terms {
-		if !hasExpression(terms[i].MatchExpressions, key) {
-			terms[i].MatchExpressions = append(terms[i].MatchExpressions, expr)
-		}
-	}
-	na.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms = terms
+	requireOnEveryTerm(pod, corev1.NodeSelectorRequirement{Key: m.Options.Names.ModeLabel(), Operator: corev1.NodeSelectorOpNotIn, Values: []string{names.ModeDRA}})
 	return pod
 }
 

@@ -52,26 +52,7 @@ func Pin(pod *corev1.Pod, p rules.Pod, d int, hint []string, n names.Names) *cor
 	k := p.DomainGPUs()
 	key := n.DomainSizeLabel(d)
 	expr := corev1.NodeSelectorRequirement{Key: key, Operator: corev1.NodeSelectorOpGt, Values: []string{strconv.Itoa(k - 1)}}
-	if out.Spec.Affinity == nil {
-		out.Spec.Affinity = &corev1.Affinity{}
-	}
-	if out.Spec.Affinity.NodeAffinity == nil {
-		out.Spec.Affinity.NodeAffinity = &corev1.NodeAffinity{}
-	}
-	na := out.Spec.Affinity.NodeAffinity
-	if na.RequiredDuringSchedulingIgnoredDuringExecution == nil {
-		na.RequiredDuringSchedulingIgnoredDuringExecution = &corev1.NodeSelector{}
-	}
-	terms := na.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
-	if len(terms) == 0 {
-		terms = []corev1.NodeSelectorTerm{{}}
-	}
-	for i := range terms {
-		if !hasExpression(terms[i].MatchExpressions, key) {
-			terms[i].MatchExpressions = append(terms[i].MatchExpressions, expr)
-		}
-	}
-	na.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms = terms
+	na := requireOnEveryTerm(out, expr)
 	if !hasPreference(na.PreferredDuringSchedulingIgnoredDuringExecution, key) {
 		na.PreferredDuringSchedulingIgnoredDuringExecution = append(na.PreferredDuringSchedulingIgnoredDuringExecution, smallestDomainFirst(key, k)...)
 		if t, ok := tightestNodes(key, k, hint); ok {
@@ -225,4 +206,32 @@ func hasExpression(exprs []corev1.NodeSelectorRequirement, key string) bool {
 		}
 	}
 	return false
+}
+
+// requireOnEveryTerm adds expr to every required node selector term of the pod (making one
+// when there is none) unless the term already has an expression on its key: the terms are
+// ORed, so an expression on only some of them would let the pod escape it through the others.
+// It returns the pod's node affinity, for the caller's preferences.
+func requireOnEveryTerm(pod *corev1.Pod, expr corev1.NodeSelectorRequirement) *corev1.NodeAffinity {
+	if pod.Spec.Affinity == nil {
+		pod.Spec.Affinity = &corev1.Affinity{}
+	}
+	if pod.Spec.Affinity.NodeAffinity == nil {
+		pod.Spec.Affinity.NodeAffinity = &corev1.NodeAffinity{}
+	}
+	na := pod.Spec.Affinity.NodeAffinity
+	if na.RequiredDuringSchedulingIgnoredDuringExecution == nil {
+		na.RequiredDuringSchedulingIgnoredDuringExecution = &corev1.NodeSelector{}
+	}
+	terms := na.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
+	if len(terms) == 0 {
+		terms = []corev1.NodeSelectorTerm{{}}
+	}
+	for i := range terms {
+		if !hasExpression(terms[i].MatchExpressions, expr.Key) {
+			terms[i].MatchExpressions = append(terms[i].MatchExpressions, expr)
+		}
+	}
+	na.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms = terms
+	return na
 }

@@ -40,11 +40,11 @@ type Given struct {
 	// NeutraliseEnv holds NVIDIA_VISIBLE_DEVICES when it names devices that no configured
 	// strategy put there (see envVerdict); the plugin sets it to void.
 	NeutraliseEnv string
-	// EnvCopies is how many times NVIDIA_VISIBLE_DEVICES appears with differing values.
-	// containerd keeps every copy (the image's ENV, then the device plugin's, then the pod's
-	// env and envFrom, in that order), the NVIDIA toolkit reads the last, and NRI's env
-	// adjustment cannot change a repeated variable (each later copy writes its own value back
-	// over the adjusted one), so a container that needs it changed is refused instead.
+	// EnvCopies is how many times NVIDIA_VISIBLE_DEVICES appears. containerd keeps every
+	// copy (the image's ENV, then the device plugin's, then the pod's env and envFrom, in that
+	// order), the NVIDIA toolkit reads the last, and NRI's env adjustment cannot change a
+	// repeated variable, even one whose copies agree (each later copy writes its own value
+	// back over the adjusted one), so a container that needs it changed is refused instead.
 	EnvCopies int
 	// StrategyMismatch is set when NVIDIA_VISIBLE_DEVICES lists only GPUs of this node, the
 	// envvar strategy's form, while that strategy is off and nothing else gave the container
@@ -216,6 +216,12 @@ func (p *Plugin) readGiven(pod *api.PodSandbox, ctr *api.Container) Given {
 				untouchable("it holds device " + d.Path + ", which is no GPU of this node's topology")
 				continue
 			}
+			// A node of a GPU no name brought is a MIG device's parent, or one of the host's
+			// nodes a privileged container gets besides the GPUs it asked for, which are not
+			// its GPUs.
+			if !set[idx] && !g.mig {
+				continue
+			}
 			add(idx, false)
 			g.Nodes[idx] = append(g.Nodes[idx], d)
 		}
@@ -295,16 +301,15 @@ func gpuMinor(d *api.LinuxDevice) (int, bool) {
 }
 
 // envValue reads a variable as the NVIDIA toolkit does: the last copy wins (it builds a map).
-// distinct counts the differing values among the copies (1 when there is one, or all agree).
-func envValue(env []string, key string) (value string, distinct int, ok bool) {
-	seen := map[string]bool{}
+// copies counts its entries.
+func envValue(env []string, key string) (value string, copies int, ok bool) {
 	for _, e := range env {
 		if v, found := strings.CutPrefix(e, key+"="); found {
 			value, ok = v, true
-			seen[v] = true
+			copies++
 		}
 	}
-	return value, len(seen), ok
+	return value, copies, ok
 }
 
 // adjust turns the device plugin's choice into the chosen GPUs, in every form the container

@@ -318,7 +318,7 @@ func (p *Plugin) mismatch(k, given int, g Given) error {
 // duplicated explains a container whose NVIDIA_VISIBLE_DEVICES must change (to do what)
 // but appears more than once: NRI cannot change a repeated variable (Given.EnvCopies).
 func (p *Plugin) duplicated(g Given, what string) error {
-	return fmt.Errorf("%s appears %d times with different values in the container's environment (the image's ENV, the device plugin's and the pod's env or envFrom); containerd keeps every copy and the NVIDIA toolkit reads the last (%q), "+
+	return fmt.Errorf("%s appears %d times in the container's environment (the image's ENV, the device plugin's and the pod's env or envFrom); containerd keeps every copy and the NVIDIA toolkit reads the last (%q), "+
 		"and an NRI plugin cannot change a repeated variable, so nvdomain cannot %s. Fix: remove %s from the pod's env and envFrom (GPUs come only from a %s request); "+
 		"with the device plugin's envvar strategy an image that sets it (CUDA base images set %s) repeats it too: run the device plugin with cdi-cri (the GPU Operator's default) or volume-mounts",
 		names.VisibleDevicesEnv, g.EnvCopies, g.Env, what, names.VisibleDevicesEnv, names.GPUResource, names.VisibleDevicesAll)
@@ -686,6 +686,8 @@ func (p *Plugin) createDRA(pod *api.PodSandbox, ctr *api.Container, fail func(st
 	env, neutralise := p.envVerdict(ctr.Env)
 	if !neutralise {
 		env = ""
+	} else if _, copies, _ := envValue(ctr.Env, names.VisibleDevicesEnv); copies > 1 {
+		return fail("env-duplicated", p.duplicated(Given{Env: env, EnvCopies: copies}, "set it to "+names.VisibleDevicesVoid))
 	}
 	p.mu.Lock()
 	gpus := p.draGPUsLocked(ctr)

@@ -1114,8 +1114,13 @@ func TestRepeatedVisibleDevices(t *testing.T) {
 		// ... but GPUs of the other domain cannot be rewritten: refused with the fix.
 		{"envvar, image all, the other domain's GPUs", envvar, pinnedPod("p", 0, `{"main":2}`),
 			given(ctr("c1", "p", "main", "NVIDIA_VISIBLE_DEVICES=all"), names.StrategyEnvVar, 4, 5), "cdi-cri", ""},
-		{"copies that agree are one", envvar, pinnedPod("p", 1, `{"main":2}`),
+		{"agreeing copies that need no change", envvar, pinnedPod("p", 1, `{"main":2}`),
 			withEnv(given(ctr("c1", "p", "main"), names.StrategyEnvVar, 4, 5), "NVIDIA_VISIBLE_DEVICES=GPU-4,GPU-5"), "", "4,5"},
+		// Copies that agree are still copies: NRI cannot change them either.
+		{"agreeing copies that need a rewrite", envvar, pinnedPod("p", 0, `{"main":2}`),
+			withEnv(given(ctr("c1", "p", "main"), names.StrategyEnvVar, 4, 5), "NVIDIA_VISIBLE_DEVICES=GPU-4,GPU-5"), "appears 2 times", ""},
+		{"the image's all and the pod's all, no GPU request", names.DefaultDeviceListStrategies, &api.PodSandbox{Id: "p", Name: "pod-p", Namespace: "default"},
+			ctr("c1", "p", "main", "NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=all"), "appears 2 times", ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -1168,5 +1173,32 @@ func TestPrivilegedContainersBookNoGPUs(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// DRA nodes neutralise the variable too, so a repeated one is refused there as well.
+func TestRepeatedVisibleDevicesOnADRANode(t *testing.T) {
+	p, rec, _ := newPlugin(t, func(c *Config) { c.DRA = true; c.DeviceListStrategies = names.DefaultDeviceListStrategies })
+	_, _, err := p.CreateContainer(context.Background(), &api.PodSandbox{Id: "p", Name: "pod-p", Namespace: "default"},
+		ctr("c1", "p", "main", "NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=0"))
+	if err == nil || !strings.Contains(err.Error(), "appears 2 times") || len(rec.assigned) != 0 {
+		t.Fatalf("got %v (booked %+v), want an env-duplicated refusal", err, rec.assigned)
+	}
+}
+
+// A privileged container that asks for GPUs holds every host GPU node besides the ones its
+// CDI devices brought: only the named ones are its GPUs.
+func TestPrivilegedContainerWithGPUsHoldsOnlyItsOwn(t *testing.T) {
+	p, rec, _ := newPlugin(t, func(c *Config) { c.DeviceListStrategies = names.DefaultDeviceListStrategies })
+	c := given(ctr("c1", "tp", "vllm"), names.StrategyCDICRI, 4, 5, 6, 7)
+	for g := 0; g < 4; g++ {
+		c.Linux.Devices = append(c.Linux.Devices, &api.LinuxDevice{Path: fmt.Sprintf("/dev/nvidia%d", g), Type: "c", Major: 195, Minor: int64(g)})
+	}
+	adj, _, err := p.CreateContainer(context.Background(), pinnedPod("tp", 1, `{"vllm":4}`), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := adj.GetAnnotations()[n.PodAssignedGPUsAnnotation()]; got != "4,5,6,7" || len(rec.assigned) != 1 {
+		t.Fatalf("assigned %q (recorded %+v), want 4,5,6,7", got, rec.assigned)
 	}
 }

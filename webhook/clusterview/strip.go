@@ -26,7 +26,7 @@ func StripPod(n names.Names) func(any) (any, error) {
 		out := &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{
 				Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID, ResourceVersion: pod.ResourceVersion,
-				Labels: pod.Labels, CreationTimestamp: pod.CreationTimestamp, DeletionTimestamp: pod.DeletionTimestamp,
+				Labels: pod.Labels, CreationTimestamp: pod.CreationTimestamp, DeletionTimestamp: pod.DeletionTimestamp, DeletionGracePeriodSeconds: pod.DeletionGracePeriodSeconds,
 			},
 			Spec: corev1.PodSpec{
 				NodeName:       pod.Spec.NodeName,

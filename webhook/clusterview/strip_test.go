@@ -22,6 +22,8 @@ func TestStripPodKeepsWhatTheRepinNeeds(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			p := gated(pinnedPod(tc.node, 0, 4))
 			p.Spec.Containers[0].Image = "vllm"
+			grace := int64(3600)
+			p.DeletionGracePeriodSeconds = &grace // leavingDeadline caps the wait from it
 			p.Status.Conditions = []corev1.PodCondition{
 				{Type: corev1.PodReady, Status: corev1.ConditionFalse},
 				{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: corev1.PodReasonUnschedulable, Message: "0/2 nodes are available: 2 Insufficient nvidia.com/nvswitch-domain-0."},
@@ -31,6 +33,9 @@ func TestStripPodKeepsWhatTheRepinNeeds(t *testing.T) {
 				t.Fatal(err)
 			}
 			got := obj.(*corev1.Pod)
+			if g := got.DeletionGracePeriodSeconds; g == nil || *g != grace {
+				t.Errorf("deletion grace period = %v, want %d", g, grace)
+			}
 			if len(got.Spec.SchedulingGates) != tc.wantGates {
 				t.Errorf("scheduling gates = %v, want %d", got.Spec.SchedulingGates, tc.wantGates)
 			}

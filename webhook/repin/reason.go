@@ -40,7 +40,11 @@ const affinityMismatch = "node(s) didn't match Pod's node affinity/selector"
 //     plan's node the pod's own constraints hold, so the only term it can fail there is
 //     nvdomain's domain size term: the pinned id does not exist, or is too small, on every
 //     node that has room (the split nodes that had domain 1 were drained, say). Without this
-//     such a pod would wait forever.
+//     such a pod would wait forever. The scheduler stops at a node's first failing filter and
+//     NodeAffinity runs before the resource, volume and pod-affinity filters, so the message
+//     cannot show whether those would pass on that node: at worst the replacement waits
+//     pinned to the new id for them, which the plan then leaves alone (one recreation, no
+//     loop).
 //
 // Nothing else moves a pod. A pod the scheduler also rejects for its CPU, memory, other
 // extended resources, untolerated taints, volumes' node affinity, pod (anti-)affinity or

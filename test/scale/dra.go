@@ -492,24 +492,8 @@ func yes(ok bool) string {
 // phaseRows compares two runs of the stream: counts, throughput, latencies, checks, and the
 // CPU time of the processes named in procs and of the webhook replicas.
 func phaseRows(a, b Phase, procs []string) [][4]string {
-	ms := func(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) + " ms" }
-	ratio := func(x, y float64) string {
-		if y == 0 {
-			return ""
-		}
-		return fmt.Sprintf("%.2f", x/y)
-	}
-	rows := [][4]string{
-		{"pods created (failed)", fmt.Sprintf("%d (%d)", a.Created, a.Failed), fmt.Sprintf("%d (%d)", b.Created, b.Failed), ""},
-		{"pods scheduled", strconv.Itoa(a.Scheduled), strconv.Itoa(b.Scheduled), ""},
-		{"scheduled per second (first create to last bind)", fmt.Sprintf("%.1f", a.Throughput), fmt.Sprintf("%.1f", b.Throughput), ratio(b.Throughput, a.Throughput)},
-		{"create to scheduled, p50", ms(a.P50), ms(b.P50), ratio(float64(b.P50), float64(a.P50))},
-		{"create to scheduled, p99", ms(a.P99), ms(b.P99), ratio(float64(b.P99), float64(a.P99))},
-		{"create to scheduled, max", ms(a.Max), ms(b.Max), ""},
-		{"most GPUs held at once (classic: by bound pods; DRA: by allocated claims)", strconv.FormatInt(a.PeakGPUs, 10), strconv.FormatInt(b.PeakGPUs, 10), ""},
-		{"over-commits", strconv.Itoa(len(a.OverCommits)), strconv.Itoa(len(b.OverCommits)), ""},
-		{"pods not placed in one domain of their size", strconv.Itoa(len(a.Violations)), strconv.Itoa(len(b.Violations)), ""},
-	}
+	rows := streamRows(a, b, "most GPUs held at once (classic: by bound pods; DRA: by allocated claims)", "over-commits",
+		"pods not placed in one domain of their size")
 	use := func(p Phase, name string) float64 {
 		var s float64
 		for _, u := range p.Usage {
@@ -524,7 +508,7 @@ func phaseRows(a, b Phase, procs []string) [][4]string {
 		if who == "webhook" {
 			label = "webhook replicas' CPU time (both)"
 		}
-		rows = append(rows, [4]string{label, fmt.Sprintf("%.1f s", use(a, who)), fmt.Sprintf("%.1f s", use(b, who)), ratio(use(b, who), use(a, who))})
+		rows = append(rows, [4]string{label, fmt.Sprintf("%.1f s", use(a, who)), fmt.Sprintf("%.1f s", use(b, who)), ratioCell(use(b, who), use(a, who))})
 	}
 	return rows
 }

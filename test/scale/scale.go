@@ -884,24 +884,8 @@ func (r Report) MaxReplicaRSS() int64 {
 // Rows are the report as a table: what, without the webhook, with it, and their ratio.
 func (r Report) Rows() [][4]string {
 	b, w := r.Baseline(), r.Webhook()
-	ms := func(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) + " ms" }
-	ratio := func(x, y float64) string {
-		if y == 0 {
-			return ""
-		}
-		return fmt.Sprintf("%.2f", x/y)
-	}
-	rows := [][4]string{
-		{"pods created (failed)", fmt.Sprintf("%d (%d)", b.Created, b.Failed), fmt.Sprintf("%d (%d)", w.Created, w.Failed), ""},
-		{"pods scheduled", strconv.Itoa(b.Scheduled), strconv.Itoa(w.Scheduled), ""},
-		{"scheduled per second (first create to last bind)", fmt.Sprintf("%.1f", b.Throughput), fmt.Sprintf("%.1f", w.Throughput), ratio(w.Throughput, b.Throughput)},
-		{"create to scheduled, p50", ms(b.P50), ms(w.P50), ratio(float64(w.P50), float64(b.P50))},
-		{"create to scheduled, p99", ms(b.P99), ms(w.P99), ratio(float64(w.P99), float64(b.P99))},
-		{"create to scheduled, max", ms(b.Max), ms(w.Max), ""},
-		{"most GPUs bound at once", strconv.FormatInt(b.PeakGPUs, 10), strconv.FormatInt(w.PeakGPUs, 10), ""},
-		{"over-commits (a node's bound pods asking for more than it has)", strconv.Itoa(len(b.OverCommits)), strconv.Itoa(len(w.OverCommits)), ""},
-		{"pods not pinned to one domain of their size (pinned, without the webhook)", strconv.Itoa(len(b.Violations)), strconv.Itoa(len(w.Violations)), ""},
-	}
+	rows := streamRows(b, w, "most GPUs bound at once", "over-commits (a node's bound pods asking for more than it has)",
+		"pods not pinned to one domain of their size (pinned, without the webhook)")
 	use := func(p Phase, name string) (Usage, bool) {
 		for _, u := range p.Usage {
 			if u.Name == name {
@@ -913,7 +897,7 @@ func (r Report) Rows() [][4]string {
 	for _, who := range []string{"kube-scheduler", "kwok"} {
 		bu, _ := use(b, who)
 		wu, _ := use(w, who)
-		rows = append(rows, [4]string{who + " CPU time", fmt.Sprintf("%.1f s", bu.CPU.Seconds()), fmt.Sprintf("%.1f s", wu.CPU.Seconds()), ratio(wu.CPU.Seconds(), bu.CPU.Seconds())})
+		rows = append(rows, [4]string{who + " CPU time", fmt.Sprintf("%.1f s", bu.CPU.Seconds()), fmt.Sprintf("%.1f s", wu.CPU.Seconds()), ratioCell(wu.CPU.Seconds(), bu.CPU.Seconds())})
 	}
 	for _, u := range w.Usage {
 		if strings.HasPrefix(u.Name, "webhook-") {
@@ -964,4 +948,30 @@ func (r Report) Markdown(heading, command string) string {
 	}
 	b.WriteString("\n")
 	return b.String()
+}
+
+// streamRows are the rows both reports share, comparing two runs of the stream (a, then b):
+// counts, throughput, latencies and the checks, under the reports' own labels for the last
+// three.
+func streamRows(a, b Phase, peakLabel, overLabel, violLabel string) [][4]string {
+	ms := func(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) + " ms" }
+	return [][4]string{
+		{"pods created (failed)", fmt.Sprintf("%d (%d)", a.Created, a.Failed), fmt.Sprintf("%d (%d)", b.Created, b.Failed), ""},
+		{"pods scheduled", strconv.Itoa(a.Scheduled), strconv.Itoa(b.Scheduled), ""},
+		{"scheduled per second (first create to last bind)", fmt.Sprintf("%.1f", a.Throughput), fmt.Sprintf("%.1f", b.Throughput), ratioCell(b.Throughput, a.Throughput)},
+		{"create to scheduled, p50", ms(a.P50), ms(b.P50), ratioCell(float64(b.P50), float64(a.P50))},
+		{"create to scheduled, p99", ms(a.P99), ms(b.P99), ratioCell(float64(b.P99), float64(a.P99))},
+		{"create to scheduled, max", ms(a.Max), ms(b.Max), ""},
+		{peakLabel, strconv.FormatInt(a.PeakGPUs, 10), strconv.FormatInt(b.PeakGPUs, 10), ""},
+		{overLabel, strconv.Itoa(len(a.OverCommits)), strconv.Itoa(len(b.OverCommits)), ""},
+		{violLabel, strconv.Itoa(len(a.Violations)), strconv.Itoa(len(b.Violations)), ""},
+	}
+}
+
+// ratioCell is x/y for a table cell, empty when y is 0.
+func ratioCell(x, y float64) string {
+	if y == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%.2f", x/y)
 }

@@ -13,8 +13,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/utils/ptr"
 
+	decision "github.com/nvdomain/nvdomain/pkg/admission"
+	"github.com/nvdomain/nvdomain/pkg/clusterview"
 	"github.com/nvdomain/nvdomain/pkg/names"
-	"github.com/nvdomain/nvdomain/webhook/clusterview"
 )
 
 // draNode is a node as a DRA agent publishes it: size labels and the mode label, no domain
@@ -26,13 +27,13 @@ func draNode(name string, domains []int, extra map[string]string) *corev1.Node {
 	return nd
 }
 
-func newModeFixture(t testing.TB, mode Mode, nodes ...*corev1.Node) *fixture {
+func newModeFixture(t testing.TB, mode decision.Mode, nodes ...*corev1.Node) *fixture {
 	t.Helper()
 	m, err := NewMetrics(prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := DefaultOptions()
+	opts := decision.DefaultOptions()
 	opts.Mode = mode
 	opts.ExcludedNamespaces = []string{"kube-system", "nvdomain-system"}
 	view := clusterview.New(n)
@@ -54,7 +55,7 @@ func claimOf(t *testing.T, p *corev1.Pod) string {
 }
 
 func TestTPPodBoundForDRAIsRewrittenOntoItsTemplate(t *testing.T) {
-	f := newModeFixture(t, ModeDRA, draNode("dra-node01", []int{4, 4}, nil))
+	f := newModeFixture(t, decision.ModeDRA, draNode("dra-node01", []int{4, 4}, nil))
 	p := pod(true, 4, "--tensor-parallel-size", "4")
 	p.Spec.Containers[0].Resources.Requests = corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("4"), "cpu": resource.MustParse("1")}
 	out, mresp, vresp := f.admit(t, p)
@@ -87,7 +88,7 @@ func TestTPPodBoundForDRAIsRewrittenOntoItsTemplate(t *testing.T) {
 }
 
 func TestMultiContainerTPPodSharesOneClaim(t *testing.T) {
-	f := newModeFixture(t, ModeDRA, draNode("dra-node01", []int{4, 4}, nil))
+	f := newModeFixture(t, decision.ModeDRA, draNode("dra-node01", []int{4, 4}, nil))
 	p := pod(true, 2)
 	side := p.Spec.Containers[0].DeepCopy()
 	side.Name = "draft"
@@ -122,8 +123,8 @@ func TestDRARejectionsAreTheClassicOnes(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			_, _, classic := newFixture(t, NonTPAuto, node("gpu-node01", []int{4, 4}, nil, nil)).admit(t, tc.pod())
-			_, mresp, dra := newModeFixture(t, ModeDRA, draNode("gpu-node01", []int{4, 4}, nil)).admit(t, tc.pod())
+			_, _, classic := newFixture(t, decision.NonTPAuto, node("gpu-node01", []int{4, 4}, nil, nil)).admit(t, tc.pod())
+			_, mresp, dra := newModeFixture(t, decision.ModeDRA, draNode("gpu-node01", []int{4, 4}, nil)).admit(t, tc.pod())
 			if len(mresp.Patches) != 0 {
 				t.Errorf("an invalid pod was rewritten: %v", mresp.Patches)
 			}
@@ -151,7 +152,7 @@ func TestMixedModeRoutesByTheNodesAPodSelects(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			f := newModeFixture(t, ModeMixed, tc.nodes...)
+			f := newModeFixture(t, decision.ModeMixed, tc.nodes...)
 			p := pod(true, 2)
 			p.Spec.NodeSelector = tc.selector
 			out, mresp, vresp := f.admit(t, p)
@@ -188,7 +189,7 @@ func TestMixedModeRoutesByTheNodesAPodSelects(t *testing.T) {
 }
 
 func TestClassicModeNeverRewrites(t *testing.T) {
-	f := newModeFixture(t, ModeClassic, node("gpu-node01", []int{4, 4}, nil, nil))
+	f := newModeFixture(t, decision.ModeClassic, node("gpu-node01", []int{4, 4}, nil, nil))
 	out, _, vresp := f.admit(t, pod(true, 2))
 	if claimOf(t, out) != "" || out.Annotations["gpu.nvidia.com/nvswitch-domain"] == "" || !vresp.Allowed {
 		t.Fatalf("classic mode: claims %+v annotations %v validate %+v", out.Spec.ResourceClaims, out.Annotations, vresp.Result)
@@ -199,8 +200,8 @@ func TestClassicModeNeverRewrites(t *testing.T) {
 }
 
 func TestNonTPPodInDRAModeIsLeftToTheDeviceClass(t *testing.T) {
-	for _, nonTP := range []NonTPMode{NonTPPin, NonTPAuto} {
-		f := newModeFixture(t, ModeDRA, draNode("dra-node01", []int{4, 4}, nil))
+	for _, nonTP := range []decision.NonTPMode{decision.NonTPPin, decision.NonTPAuto} {
+		f := newModeFixture(t, decision.ModeDRA, draNode("dra-node01", []int{4, 4}, nil))
 		f.mut.Options.NonTPPods, f.val.Options.NonTPPods = nonTP, nonTP
 		_, mresp, vresp := f.admit(t, pod(false, 1))
 		if len(mresp.Patches) != 0 || !vresp.Allowed {
@@ -213,7 +214,7 @@ func TestNonTPPodInDRAModeIsLeftToTheDeviceClass(t *testing.T) {
 }
 
 func TestDryRunIsRewrittenAlike(t *testing.T) {
-	f := newModeFixture(t, ModeDRA, draNode("dra-node01", []int{4, 4}, nil))
+	f := newModeFixture(t, decision.ModeDRA, draNode("dra-node01", []int{4, 4}, nil))
 	req := request(t, pod(true, 2))
 	wet := f.mut.Handle(context.Background(), req)
 	req.DryRun = ptr.To(true)
@@ -225,7 +226,7 @@ func TestDryRunIsRewrittenAlike(t *testing.T) {
 }
 
 func TestValidatorChecksTheDRAClaim(t *testing.T) {
-	f := newModeFixture(t, ModeDRA, draNode("dra-node01", []int{4, 4}, nil))
+	f := newModeFixture(t, decision.ModeDRA, draNode("dra-node01", []int{4, 4}, nil))
 	rewritten := func(k string, per map[string]int, args ...string) *corev1.Pod {
 		p := pod(true, 0, args...)
 		p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: names.DRAPodClaim, ResourceClaimTemplateName: ptr.To(k)}}
@@ -264,11 +265,11 @@ func TestValidatorChecksTheDRAClaim(t *testing.T) {
 
 func TestParseMode(t *testing.T) {
 	for _, s := range []string{"classic", "dra", "mixed"} {
-		if m, err := ParseMode(s); err != nil || string(m) != s {
-			t.Errorf("ParseMode(%q) = %q, %v", s, m, err)
+		if m, err := decision.ParseMode(s); err != nil || string(m) != s {
+			t.Errorf("decision.ParseMode(%q) = %q, %v", s, m, err)
 		}
 	}
-	if _, err := ParseMode("both"); err == nil || !strings.Contains(err.Error(), "use classic, dra or mixed") {
-		t.Errorf("ParseMode(both) = %v", err)
+	if _, err := decision.ParseMode("both"); err == nil || !strings.Contains(err.Error(), "use classic, dra or mixed") {
+		t.Errorf("decision.ParseMode(both) = %v", err)
 	}
 }

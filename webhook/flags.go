@@ -7,19 +7,20 @@ import (
 	"strings"
 	"time"
 
+	decision "github.com/nvdomain/nvdomain/pkg/admission"
 	"github.com/nvdomain/nvdomain/pkg/names"
-	"github.com/nvdomain/nvdomain/webhook/repin"
+	prepin "github.com/nvdomain/nvdomain/pkg/repin"
 )
 
 // DefaultServerOptions are the documented defaults of the webhook process.
 func DefaultServerOptions() ServerOptions {
 	return ServerOptions{
-		Handlers:                DefaultOptions(),
+		Handlers:                decision.DefaultOptions(),
 		CertDir:                 "/etc/nvdomain/tls",
 		Port:                    9443,
 		MetricsAddr:             ":8080",
 		ProbeAddr:               ":8081",
-		Repin:                   repin.DefaultOptions(),
+		Repin:                   prepin.DefaultOptions(),
 		LeaderElection:          true,
 		LeaderElectionID:        "nvdomain-repin",
 		LeaderElectionNamespace: os.Getenv("POD_NAMESPACE"),
@@ -63,13 +64,13 @@ func (so *ServerOptions) AddFlags(fs *flag.FlagSet) (complete func() error) {
 	namesFromFlags := names.BindFlags(fs)
 	return func() error {
 		var err error
-		if so.Handlers.AllowedTPSizes, err = ParseTPSizes(*tpSizes); err != nil {
+		if so.Handlers.AllowedTPSizes, err = decision.ParseTPSizes(*tpSizes); err != nil {
 			return fmt.Errorf("--tp-sizes: %w", err)
 		}
-		if so.Handlers.NonTPPods, err = ParseNonTPMode(*nonTP); err != nil {
+		if so.Handlers.NonTPPods, err = decision.ParseNonTPMode(*nonTP); err != nil {
 			return fmt.Errorf("--non-tp-pods: %w", err)
 		}
-		if so.Handlers.Mode, err = ParseMode(*mode); err != nil {
+		if so.Handlers.Mode, err = decision.ParseMode(*mode); err != nil {
 			return fmt.Errorf("--mode: %w", err)
 		}
 		if so.Handlers.Names, err = namesFromFlags(); err != nil {

@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"testing"
 
+	decision "github.com/nvdomain/nvdomain/pkg/admission"
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -65,7 +66,7 @@ func scaleFixture(b *testing.B) *fixture {
 	for i := range 100 {
 		nodes = append(nodes, node(fmt.Sprintf("pcie-%04d", i), nil, nil, map[string]int64{"nvidia.com/gpu": 8}))
 	}
-	f := newFixture(b, NonTPAuto, nodes...)
+	f := newFixture(b, decision.NonTPAuto, nodes...)
 	for i := range 5000 {
 		nd := nodes[i%900]
 		f.view.UpsertPod(bound(nd.Name, 0, 1, fmt.Sprint(i)))

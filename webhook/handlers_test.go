@@ -23,10 +23,11 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	decision "github.com/nvdomain/nvdomain/pkg/admission"
+	"github.com/nvdomain/nvdomain/pkg/clusterview"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/placement"
-	"github.com/nvdomain/nvdomain/webhook/clusterview"
-	"github.com/nvdomain/nvdomain/webhook/rules"
+	"github.com/nvdomain/nvdomain/pkg/rules"
 )
 
 func rulesInspect(p *corev1.Pod) rules.Pod { return rules.Inspect(p, n) }
@@ -40,13 +41,13 @@ type fixture struct {
 	m    *Metrics
 }
 
-func newFixture(t testing.TB, mode NonTPMode, nodes ...*corev1.Node) *fixture {
+func newFixture(t testing.TB, mode decision.NonTPMode, nodes ...*corev1.Node) *fixture {
 	t.Helper()
 	m, err := NewMetrics(prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := DefaultOptions()
+	opts := decision.DefaultOptions()
 	opts.NonTPPods = mode
 	opts.ExcludedNamespaces = []string{"kube-system", "nvdomain-system"}
 	view := clusterview.New(n)
@@ -147,7 +148,7 @@ func applyPatches(t testing.TB, raw []byte, resp admission.Response) []byte {
 }
 
 func TestTPPodIsPinned(t *testing.T) {
-	f := newFixture(t, NonTPAuto, node("gpu-node01", []int{4, 4}, map[string]string{"zone": "b"}, nil))
+	f := newFixture(t, decision.NonTPAuto, node("gpu-node01", []int{4, 4}, map[string]string{"zone": "b"}, nil))
 	p := pod(true, 2, "--tensor-parallel-size", "2")
 	p.Spec.Containers[0].Resources.Requests = corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("2")}
 	p.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
@@ -202,7 +203,7 @@ func TestRejectionsCarryTheExactMessage(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			f := newFixture(t, NonTPAuto, seedNode())
+			f := newFixture(t, decision.NonTPAuto, seedNode())
 			_, mresp, vresp := f.admit(t, tc.pod)
 			if !mresp.Allowed || len(mresp.Patches) != 0 {
 				t.Errorf("mutator should pass invalid pods through untouched: %+v", mresp)
@@ -218,14 +219,14 @@ func TestNonTPModes(t *testing.T) {
 	pcie := node("pcie", nil, nil, map[string]int64{"nvidia.com/gpu": 4})
 	cases := []struct {
 		name   string
-		mode   NonTPMode
+		mode   decision.NonTPMode
 		nodes  []*corev1.Node
 		pinned bool
 	}{
-		{"pin", NonTPPin, []*corev1.Node{seedNode(), pcie}, true},
-		{"account", NonTPAccount, []*corev1.Node{seedNode()}, false},
-		{"auto pins when every GPU node has domains", NonTPAuto, []*corev1.Node{seedNode()}, true},
-		{"auto accounts beside a PCIe node", NonTPAuto, []*corev1.Node{seedNode(), pcie}, false},
+		{"pin", decision.NonTPPin, []*corev1.Node{seedNode(), pcie}, true},
+		{"account", decision.NonTPAccount, []*corev1.Node{seedNode()}, false},
+		{"auto pins when every GPU node has domains", decision.NonTPAuto, []*corev1.Node{seedNode()}, true},
+		{"auto accounts beside a PCIe node", decision.NonTPAuto, []*corev1.Node{seedNode(), pcie}, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -246,7 +247,7 @@ func TestNonTPModes(t *testing.T) {
 }
 
 func TestExcludedNamespaceIsUntouched(t *testing.T) {
-	f := newFixture(t, NonTPPin, seedNode())
+	f := newFixture(t, decision.NonTPPin, seedNode())
 	p := pod(true, 3)
 	p.Namespace = "kube-system"
 	_, mresp, vresp := f.admit(t, p)
@@ -258,7 +259,7 @@ func TestExcludedNamespaceIsUntouched(t *testing.T) {
 func TestWarnings(t *testing.T) {
 	a100 := node("a100-mig", nil, map[string]string{"nvidia.com/gpu.workload.config": "container"}, map[string]int64{"nvidia.com/mig-1g.5gb": 7, "nvidia.com/mig-2g.10gb": 3})
 	pass := node("a10-pass", nil, map[string]string{"gpu": "a10", "nvidia.com/gpu.workload.config": "vm-passthrough"}, map[string]int64{"nvidia.com/GA102GL_A10": 2})
-	f := newFixture(t, NonTPAccount, a100, pass, seedNode())
+	f := newFixture(t, decision.NonTPAccount, a100, pass, seedNode())
 
 	mig := pod(false, 0)
 	mig.Spec.Containers[0].Resources.Limits["nvidia.com/mig-1g.6gb"] = resource.MustParse("1")
@@ -285,7 +286,7 @@ func TestWarnings(t *testing.T) {
 }
 
 func TestBurstSpreadsAcrossDomains(t *testing.T) {
-	f := newFixture(t, NonTPAuto, seedNode())
+	f := newFixture(t, decision.NonTPAuto, seedNode())
 	var domains []string
 	for i := range 4 {
 		p := pod(true, 2)
@@ -309,7 +310,7 @@ func FuzzHandlers(f *testing.F) {
 	}
 	f.Add([]byte(`{"metadata":{"labels":{"tensor-parallel":"true"}},"spec":{"containers":[{"name":"a","resources":{"limits":{"nvidia.com/gpu":"-3"}}}]}}`))
 	f.Add([]byte(`{"spec":{"containers":null}}`))
-	fx := newFixture(f, NonTPPin, seedNode(), node("hgx", []int{8}, nil, nil))
+	fx := newFixture(f, decision.NonTPPin, seedNode(), node("hgx", []int{8}, nil, nil))
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		for _, h := range []admission.Handler{fx.mut, fx.val} {
 			resp := h.Handle(context.Background(), rawRequest(raw, "default"))
@@ -324,7 +325,7 @@ func FuzzHandlers(f *testing.F) {
 }
 
 func TestPinnedPodPrefersTheSmallestDomainThatHoldsIt(t *testing.T) {
-	f := newFixture(t, NonTPAuto, seedNode())
+	f := newFixture(t, decision.NonTPAuto, seedNode())
 	out, _, _ := f.admit(t, pod(true, 2))
 	pref := out.Spec.Affinity.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution
 	got := describeTerms(pref)
@@ -356,7 +357,7 @@ func describeTerms(terms []corev1.PreferredSchedulingTerm) []string {
 func TestDryRunReservesNothing(t *testing.T) {
 	// One 4-GPU domain: a dry run of a TP=4 must not make the real TP=4 after it look like
 	// it has to wait.
-	f := newFixture(t, NonTPAuto, node("gpu-node01", []int{4}, nil, nil))
+	f := newFixture(t, decision.NonTPAuto, node("gpu-node01", []int{4}, nil, nil))
 	req := request(t, pod(true, 4))
 	yes := true
 	req.DryRun = &yes
@@ -376,20 +377,20 @@ func TestDryRunReservesNothing(t *testing.T) {
 // Review and Plan are what `nvdomain explain -f` reports: they must say exactly what the
 // handlers answer, message for message.
 func TestReviewAndPlanMatchTheHandlers(t *testing.T) {
-	f := newFixture(t, NonTPAuto, seedNode())
+	f := newFixture(t, decision.NonTPAuto, seedNode())
 	bad := pod(true, 3, "--tensor-parallel-size", "4")
 	bad.Spec.Containers[0].Resources.Limits["nvidia.com/mig-1g.5gb"] = resource.MustParse("1")
 	cases := []struct {
 		name    string
 		pod     *corev1.Pod
-		outcome PinOutcome
+		outcome decision.PinOutcome
 		domain  int
 		denials int
 	}{
-		{"several violations", bad, OutcomeInvalid, -1, 3},
-		{"a TP=2 pod is pinned", pod(true, 2), OutcomePinned, 0, 0},
-		{"no domain of 8", pod(true, 8), OutcomeNoDomain, -1, 1},
-		{"no GPUs", pod(true, 0), OutcomeNoGPU, -1, 1},
+		{"several violations", bad, decision.OutcomeInvalid, -1, 3},
+		{"a TP=2 pod is pinned", pod(true, 2), decision.OutcomePinned, 0, 0},
+		{"no domain of 8", pod(true, 8), decision.OutcomeNoDomain, -1, 1},
+		{"no GPUs", pod(true, 0), decision.OutcomeNoGPU, -1, 1},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -398,8 +399,8 @@ func TestReviewAndPlanMatchTheHandlers(t *testing.T) {
 				t.Fatalf("Plan = outcome %d domain %d, want %d and %d", plan.Outcome, plan.Domain, tc.outcome, tc.domain)
 			}
 			judged := tc.pod
-			if plan.Outcome == OutcomePinned {
-				judged = Pin(tc.pod, plan.Pod, plan.Domain, plan.Decision.Hint, n)
+			if plan.Outcome == decision.OutcomePinned {
+				judged = decision.Pin(tc.pod, plan.Pod, plan.Domain, plan.Decision.Hint, n)
 			}
 			vs, ws := f.val.Review(judged)
 			if len(vs) != tc.denials {
@@ -419,7 +420,7 @@ func TestReviewAndPlanMatchTheHandlers(t *testing.T) {
 			if resp.Allowed || resp.Result.Message != strings.Join(msgs, "; ") {
 				t.Errorf("handler said %q, Review %q", resp.Result.Message, strings.Join(msgs, "; "))
 			}
-			if strings.Join(resp.Warnings, "|") != strings.Join(ws, "|") {
+			if strings.Join(resp.Warnings, "|") != strings.Join(decision.Texts(ws), "|") {
 				t.Errorf("handler warned %q, Review %q", resp.Warnings, ws)
 			}
 		})
@@ -427,7 +428,7 @@ func TestReviewAndPlanMatchTheHandlers(t *testing.T) {
 	// An excluded namespace gets neither a pin nor a verdict.
 	sys := pod(true, 3)
 	sys.Namespace = "kube-system"
-	if plan := f.mut.Plan(sys, 0); plan.Outcome != OutcomeExcluded {
+	if plan := f.mut.Plan(sys, 0); plan.Outcome != decision.OutcomeExcluded {
 		t.Errorf("Plan in kube-system = %d", plan.Outcome)
 	}
 	if vs, ws := f.val.Review(sys); vs != nil || ws != nil {
@@ -453,7 +454,7 @@ func hintOf(t *testing.T, p *corev1.Pod) []string {
 	seen := 0
 	for _, term := range p.Spec.Affinity.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution {
 		for _, e := range term.Preference.MatchExpressions {
-			if e.Key == corev1.LabelHostname && term.Weight == hintWeight {
+			if e.Key == corev1.LabelHostname && term.Weight == decision.HintWeight {
 				out = e.Values
 				seen++
 			}
@@ -506,7 +507,7 @@ func TestHintNamesTheTightestNodes(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			f := newFixture(t, NonTPAuto, c.nodes...)
+			f := newFixture(t, decision.NonTPAuto, c.nodes...)
 			for _, p := range c.bound {
 				f.view.UpsertPod(p)
 			}
@@ -530,7 +531,7 @@ func TestHintNamesTheTightestNodes(t *testing.T) {
 	}
 }
 
-// Pin adds the preferred terms once: pinning a pinned pod again, with another hint or none,
+// decision.Pin adds the preferred terms once: pinning a pinned pod again, with another hint or none,
 // changes nothing; the user's own preferred terms stay, first; an empty hint adds no term.
 func TestPinIsIdempotentWithTheHint(t *testing.T) {
 	userTerm := corev1.PreferredSchedulingTerm{Weight: 20, Preference: corev1.NodeSelectorTerm{MatchExpressions: []corev1.NodeSelectorRequirement{
@@ -545,7 +546,7 @@ func TestPinIsIdempotentWithTheHint(t *testing.T) {
 	cases := []struct {
 		name  string
 		pod   func() *corev1.Pod
-		hints [][]string // one Pin per hint, each on the last one's result
+		hints [][]string // one decision.Pin per hint, each on the last one's result
 		want  string
 	}{
 		{"hint once", func() *corev1.Pod { return pod(true, 2) }, [][]string{{"b", "a", "b", ""}}, sizeTerms + "," + hintTerm},
@@ -557,10 +558,10 @@ func TestPinIsIdempotentWithTheHint(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			p := c.pod()
-			once := Pin(p, rulesInspect(p), 1, c.hints[0], n)
+			once := decision.Pin(p, rulesInspect(p), 1, c.hints[0], n)
 			out := once
 			for _, h := range c.hints[1:] {
-				out = Pin(out, rulesInspect(out), 1, h, n)
+				out = decision.Pin(out, rulesInspect(out), 1, h, n)
 			}
 			got := strings.Join(describeTerms(out.Spec.Affinity.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution), ",")
 			if got != c.want {
@@ -576,7 +577,7 @@ func TestPinIsIdempotentWithTheHint(t *testing.T) {
 	for i := range 12 {
 		many = append(many, fmt.Sprintf("h%02d", 11-i))
 	}
-	out := Pin(pod(true, 2), rulesInspect(pod(true, 2)), 0, many, n)
+	out := decision.Pin(pod(true, 2), rulesInspect(pod(true, 2)), 0, many, n)
 	if got := hintOf(t, out); len(got) != placement.MaxHintNodes || got[0] != "h00" || got[7] != "h07" {
 		t.Errorf("hint of 12 names: %q", got)
 	}
@@ -591,7 +592,7 @@ func TestDryRunPinsLikeARealRun(t *testing.T) {
 	// The patched pods are compared, not the patches, whose order is not fixed.
 	pinned := map[bool]*corev1.Pod{}
 	for _, dry := range []bool{true, false} {
-		f := newFixture(t, NonTPAuto, nodes()...)
+		f := newFixture(t, decision.NonTPAuto, nodes()...)
 		f.view.UpsertPod(bound("b", 1, 2, "x"))
 		req := request(t, pod(true, 2))
 		req.DryRun = &dry
@@ -608,7 +609,7 @@ func TestDryRunPinsLikeARealRun(t *testing.T) {
 }
 
 func TestHandWrittenAnnotationsAreStripped(t *testing.T) {
-	f := newFixture(t, NonTPAccount, seedNode())
+	f := newFixture(t, decision.NonTPAccount, seedNode())
 	cases := []struct {
 		name string
 		pod  *corev1.Pod
@@ -647,7 +648,7 @@ func TestHandWrittenAnnotationsAreStripped(t *testing.T) {
 }
 
 func TestGPUContainersRequireTheNRIPlugin(t *testing.T) {
-	f := newFixture(t, NonTPAuto, seedNode())
+	f := newFixture(t, decision.NonTPAuto, seedNode())
 	p := pod(true, 2)
 	p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: "proxy", Image: "envoy"})
 	p.Annotations = map[string]string{"required-plugins.noderesource.dev/container.vllm": `["topology-aware"]`}
@@ -679,7 +680,7 @@ func TestGPUInitContainers(t *testing.T) {
 	}
 	cases := []struct {
 		name     string
-		mode     NonTPMode
+		mode     decision.NonTPMode
 		pod      *corev1.Pod
 		pinned   bool
 		initDom  int64  // the init container's domain resource
@@ -687,9 +688,9 @@ func TestGPUInitContainers(t *testing.T) {
 		perCtr   string
 		required []string
 	}{
-		{"a plain pod with a GPU init container runs unchanged (account mode)", NonTPAccount, withInit(false, 1, 1), false, 0, "", "", []string{"check", "vllm"}},
-		{"in pin mode the init container takes its GPU from the pod's domain", NonTPPin, withInit(false, 1, 1), true, 1, "0", `{"check":1,"vllm":1}`, []string{"check", "vllm"}},
-		{"a TP pod's init container too; the domain fits the larger phase", NonTPAuto, withInit(true, 4, 2), true, 4, "3", `{"check":4,"vllm":2}`, []string{"check", "vllm"}},
+		{"a plain pod with a GPU init container runs unchanged (account mode)", decision.NonTPAccount, withInit(false, 1, 1), false, 0, "", "", []string{"check", "vllm"}},
+		{"in pin mode the init container takes its GPU from the pod's domain", decision.NonTPPin, withInit(false, 1, 1), true, 1, "0", `{"check":1,"vllm":1}`, []string{"check", "vllm"}},
+		{"a TP pod's init container too; the domain fits the larger phase", decision.NonTPAuto, withInit(true, 4, 2), true, 4, "3", `{"check":4,"vllm":2}`, []string{"check", "vllm"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -17,6 +17,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	decision "github.com/nvdomain/nvdomain/pkg/admission"
 	"github.com/nvdomain/nvdomain/pkg/names"
 )
 
@@ -46,7 +47,7 @@ func comparePatches(t *testing.T, fx *fixture, raw []byte, canonical bool) (chan
 	if out == nil {
 		return false
 	}
-	direct := admission.Response{Patches: podPatch(pod, out)}
+	direct := admission.Response{Patches: decision.Patch(pod, out)}
 	diffed := diffedPatch(t, raw, out)
 	a, b := applyPatches(t, raw, direct), applyPatches(t, raw, diffed)
 	if canonical {
@@ -147,9 +148,9 @@ func patchFixtures(t *testing.T) []namedFixture {
 		return []*corev1.Node{draNode("dra-hgx", []int{8}, map[string]string{"pool": "dra"}), draNode("dra-split", []int{4, 4}, nil)}
 	}
 	return []namedFixture{
-		{"classic", newFixture(t, NonTPPin, classic()...)},
-		{"dra", newModeFixture(t, ModeDRA, dra()...)},
-		{"mixed", newModeFixture(t, ModeMixed, append(classic(), dra()...)...)},
+		{"classic", newFixture(t, decision.NonTPPin, classic()...)},
+		{"dra", newModeFixture(t, decision.ModeDRA, dra()...)},
+		{"mixed", newModeFixture(t, decision.ModeMixed, append(classic(), dra()...)...)},
 	}
 }
 
@@ -276,7 +277,7 @@ func randomPod(rng *rand.Rand, i int) *corev1.Pod {
 // admits.
 func TestHandlerPatchIsMutate(t *testing.T) {
 	// Two views alike: the handler reserves the domain it chooses in its own.
-	handled, planned := newFixture(t, NonTPPin, seedNode()), newFixture(t, NonTPPin, seedNode())
+	handled, planned := newFixture(t, decision.NonTPPin, seedNode()), newFixture(t, decision.NonTPPin, seedNode())
 	p := pod(true, 2)
 	p.Annotations = map[string]string{"team": "llm", n.PodDomainAnnotation(): "1"}
 	req := request(t, p)
@@ -292,7 +293,7 @@ func TestHandlerPatchIsMutate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, _ := planned.mut.Mutate(orig, spreadSeed(req.UID))
+	want, _ := planned.mut.Mutate(orig, decision.SpreadSeed(req.UID))
 	if want == nil || !apiequality.Semantic.DeepEqual(got, want) {
 		t.Fatalf("patched pod\n%+v\nMutate\n%+v", got, want)
 	}

@@ -27,9 +27,11 @@ import (
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	decision "github.com/nvdomain/nvdomain/pkg/admission"
 	"github.com/nvdomain/nvdomain/pkg/certs"
+	"github.com/nvdomain/nvdomain/pkg/clusterview"
+	prepin "github.com/nvdomain/nvdomain/pkg/repin"
 	"github.com/nvdomain/nvdomain/webhook/certrotation"
-	"github.com/nvdomain/nvdomain/webhook/clusterview"
 	"github.com/nvdomain/nvdomain/webhook/dratemplates"
 	"github.com/nvdomain/nvdomain/webhook/repin"
 )
@@ -42,7 +44,7 @@ const (
 
 // ServerOptions configure the process around the handlers.
 type ServerOptions struct {
-	Handlers Options
+	Handlers decision.Options
 	// CertDir holds tls.crt and tls.key; it is watched, so rotated certificates are picked
 	// up without a restart.
 	CertDir     string
@@ -55,7 +57,7 @@ type ServerOptions struct {
 	Registry ctrlmetrics.RegistererGatherer
 	// Repin configures the re-pin controller, which runs on the elected leader only while
 	// every replica serves admissions.
-	Repin repin.Options
+	Repin prepin.Options
 	// LeaderElection elects the replica that runs the re-pin controller, through a Lease
 	// named LeaderElectionID in LeaderElectionNamespace.
 	LeaderElection          bool
@@ -119,7 +121,7 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 	if so.Repin.Enabled {
 		// The re-pin controller walks a stranded pod's owners up to the top-level one through
 		// metadata-only informers, started on its first read and stripped to what it reads.
-		maps.Copy(byObject, repin.OwnerCache())
+		maps.Copy(byObject, prepin.OwnerCache())
 	}
 	mgr, err := manager.New(cfg, manager.Options{
 		Scheme: scheme,

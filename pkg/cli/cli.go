@@ -5,7 +5,7 @@
 // every node's domains in use (status) and to say what nvdomain did with a pod or would do
 // with a manifest (explain). The cluster verbs follow kubectl's shape, an Options struct
 // with Complete, Validate and Run writing to IOStreams, and decide through the webhook's own
-// code (webhook, webhook/clusterview, webhook/repin), so they say what nvdomain does.
+// code (pkg/admission, pkg/clusterview, pkg/repin), so they say what nvdomain does.
 // cmd/nvdomain calls Main, cmd/kubectl-nvdomain KubectlPluginMain.
 package cli
 

@@ -24,9 +24,9 @@ import (
 	"github.com/nvdomain/nvdomain/pkg/kubeevents"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/placement"
-	"github.com/nvdomain/nvdomain/webhook"
-	"github.com/nvdomain/nvdomain/webhook/repin"
-	"github.com/nvdomain/nvdomain/webhook/rules"
+	"github.com/nvdomain/nvdomain/pkg/rules"
+	"github.com/nvdomain/nvdomain/pkg/admission"
+	"github.com/nvdomain/nvdomain/pkg/repin"
 )
 
 // nvdomainReasons are the Event reasons nvdomain records on pods: the NRI plugin's
@@ -54,11 +54,11 @@ type ExplainOptions struct {
 	pod       string
 	client    kubernetes.Interface
 	namespace string
-	webhook   webhook.Options
+	admission admission.Options
 }
 
 func newExplain(f ClusterFactory, streams IOStreams) *cobra.Command {
-	def := webhook.DefaultOptions()
+	def := admission.DefaultOptions()
 	o := &ExplainOptions{Factory: f, IOStreams: streams, now: time.Now,
 		TPSizes: joinInts(def.AllowedTPSizes), NonTPPods: string(def.NonTPPods)}
 	cmd := &cobra.Command{
@@ -106,15 +106,15 @@ func (o *ExplainOptions) Complete(args []string) error {
 			o.pod = strings.TrimPrefix(o.pod, prefix)
 		}
 	}
-	o.webhook = webhook.DefaultOptions()
+	o.admission = admission.DefaultOptions()
 	var err error
-	if o.webhook.Names, err = o.namesFromFlags(); err != nil {
+	if o.admission.Names, err = o.namesFromFlags(); err != nil {
 		return fmt.Errorf("--label-prefix/--resource-prefix: %w", err)
 	}
-	if o.webhook.AllowedTPSizes, err = webhook.ParseTPSizes(o.TPSizes); err != nil {
+	if o.admission.AllowedTPSizes, err = admission.ParseTPSizes(o.TPSizes); err != nil {
 		return fmt.Errorf("--tp-sizes: %w", err)
 	}
-	if o.webhook.NonTPPods, err = webhook.ParseNonTPMode(o.NonTPPods); err != nil {
+	if o.admission.NonTPPods, err = admission.ParseNonTPMode(o.NonTPPods); err != nil {
 		return fmt.Errorf("--non-tp-pods: %w", err)
 	}
 	return nil
@@ -162,7 +162,7 @@ func (o *ExplainOptions) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s, err := loadSnapshot(ctx, o.client, o.webhook.Names)
+	s, err := loadSnapshot(ctx, o.client, o.admission.Names)
 	if err != nil {
 		return err
 	}
@@ -211,7 +211,7 @@ func eventTime(ev corev1.Event) time.Time {
 
 // explainPod writes what nvdomain did with an existing pod.
 func (o *ExplainOptions) explainPod(ctx context.Context, pod *corev1.Pod, events []corev1.Event) error {
-	n := o.webhook.Names
+	n := o.admission.Names
 	p := rules.Inspect(pod, n)
 	d := p.PinnedDomain()
 	_, annotated := pod.Annotations[n.PodDomainAnnotation()]
@@ -541,7 +541,7 @@ func whyNotEligible(node *corev1.Node) string {
 // A pod the scheduler has not judged yet has no reason to read: judged false skips that rule.
 func (o *ExplainOptions) strandedVerdict(ctx context.Context, pod *corev1.Pod, dec placement.RepinDecision, gpus int, judged bool) string {
 	cause := repin.StrandedCause(dec, gpus, 0)
-	if judged && !repin.DomainBlocked(pod, o.webhook.Names) {
+	if judged && !repin.DomainBlocked(pod, o.admission.Names) {
 		return fmt.Sprintf("stranded: %s; it will not be re-pinned: %s (see the Scheduler line)", cause, repin.NotDomainNote)
 	}
 	if metav1.GetControllerOfNoCopy(pod) == nil {

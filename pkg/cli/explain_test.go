@@ -13,7 +13,7 @@ import (
 
 	"github.com/nvdomain/nvdomain/pkg/kubeevents"
 	"github.com/nvdomain/nvdomain/pkg/placement"
-	"github.com/nvdomain/nvdomain/webhook/repin"
+	"github.com/nvdomain/nvdomain/pkg/repin"
 )
 
 // assertInOrder fails unless every want appears in out, in order.

@@ -17,9 +17,9 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes/scheme"
 
+	"github.com/nvdomain/nvdomain/pkg/clusterview"
 	"github.com/nvdomain/nvdomain/pkg/names"
-	"github.com/nvdomain/nvdomain/webhook"
-	"github.com/nvdomain/nvdomain/webhook/clusterview"
+	"github.com/nvdomain/nvdomain/pkg/admission"
 )
 
 // manifestPod is one pod a manifest would create: a Pod, or a workload's pod template. skip
@@ -151,13 +151,12 @@ func (o *ExplainOptions) explainManifestPod(s *snapshot, mp manifestPod) bool {
 		fmt.Fprintf(o.Out, "  skipped: %s\n", mp.skip)
 		return false
 	}
-	mut := &webhook.Mutator{View: s.view, Options: o.webhook}
-	val := &webhook.Validator{View: s.view, Options: o.webhook}
-	judged, plan := mut.Mutate(mp.pod, 0)
+	decider := &admission.Decider{View: s.view, Options: o.admission}
+	judged, plan := decider.Mutate(mp.pod, 0)
 	if judged == nil {
 		judged = mp.pod
 	}
-	violations, warnings := val.Review(judged)
+	violations, warnings := decider.Review(judged)
 
 	tw := tabwriter.NewWriter(o.Out, 0, 4, 2, ' ', 0)
 	kv := keyValues(tw)
@@ -182,28 +181,28 @@ func (o *ExplainOptions) explainManifestPod(s *snapshot, mp manifestPod) bool {
 	if len(warnings) > 0 {
 		fmt.Fprintf(o.Out, "  Warnings (%d):\n", len(warnings))
 		for _, w := range warnings {
-			fmt.Fprintf(o.Out, "    - %s\n", w)
+			fmt.Fprintf(o.Out, "    - %s\n", w.Text)
 		}
 	}
 	return len(violations) > 0
 }
 
 // describePlan puts the mutating webhook's decision in words.
-func (o *ExplainOptions) describePlan(s *snapshot, pod, pinned *corev1.Pod, plan webhook.PinPlan) string {
+func (o *ExplainOptions) describePlan(s *snapshot, pod, pinned *corev1.Pod, plan admission.PinPlan) string {
 	k := plan.Pod.GPUs
 	switch plan.Outcome {
-	case webhook.OutcomeExcluded:
+	case admission.OutcomeExcluded:
 		return fmt.Sprintf("leaves it alone: namespace %s is excluded (the webhook's --exclude-namespaces)", pod.Namespace)
-	case webhook.OutcomeNoGPU:
+	case admission.OutcomeNoGPU:
 		return fmt.Sprintf("leaves it unchanged: it asks for no %s", names.GPUResource)
-	case webhook.OutcomeNonTPUnpinned:
-		if o.webhook.NonTPPods == webhook.NonTPAuto {
+	case admission.OutcomeNonTPUnpinned:
+		if o.admission.NonTPPods == admission.NonTPAuto {
 			return "leaves it unpinned: it is not tensor-parallel, and --non-tp-pods=auto pins such pods only while every GPU node has NVLink domains, which is not so now"
 		}
-		return fmt.Sprintf("leaves it unpinned: it is not tensor-parallel and --non-tp-pods=%s", o.webhook.NonTPPods)
-	case webhook.OutcomeInvalid:
+		return fmt.Sprintf("leaves it unpinned: it is not tensor-parallel and --non-tp-pods=%s", o.admission.NonTPPods)
+	case admission.OutcomeInvalid:
 		return "leaves it unchanged, for the validating webhook to deny"
-	case webhook.OutcomeNoDomain:
+	case admission.OutcomeNoDomain:
 		if plan.Pod.TP {
 			return fmt.Sprintf("cannot pin it: %v", plan.Err)
 		}
@@ -213,16 +212,16 @@ func (o *ExplainOptions) describePlan(s *snapshot, pod, pinned *corev1.Pod, plan
 	node, free := roomFor(s, pinned, d, k)
 	switch {
 	case !plan.Chosen && node != "":
-		return fmt.Sprintf("keeps domain %d, which its own %s resources name; node %s has room now (%d GPUs free there)", d, o.webhook.Names.DomainResource(d), node, free)
+		return fmt.Sprintf("keeps domain %d, which its own %s resources name; node %s has room now (%d GPUs free there)", d, o.admission.Names.DomainResource(d), node, free)
 	case !plan.Chosen:
-		return fmt.Sprintf("keeps domain %d, which its own %s resources name; no node it may run on has %d free GPUs there now, so it would wait Pending", d, o.webhook.Names.DomainResource(d), k)
+		return fmt.Sprintf("keeps domain %d, which its own %s resources name; no node it may run on has %d free GPUs there now, so it would wait Pending", d, o.admission.Names.DomainResource(d), k)
 	case plan.Decision.Fits && node != "":
-		return fmt.Sprintf("pins it to domain %d (%s: %d); node %s has room now (%d GPUs free there)", d, o.webhook.Names.DomainResource(d), k, node, free)
+		return fmt.Sprintf("pins it to domain %d (%s: %d); node %s has room now (%d GPUs free there)", d, o.admission.Names.DomainResource(d), k, node, free)
 	case plan.Decision.Fits:
-		return fmt.Sprintf("pins it to domain %d (%s: %d), which has room now", d, o.webhook.Names.DomainResource(d), k)
+		return fmt.Sprintf("pins it to domain %d (%s: %d), which has room now", d, o.admission.Names.DomainResource(d), k)
 	}
 	return fmt.Sprintf("pins it to domain %d (%s: %d), the id with the most GPUs on the nodes it may run on; none has %d free GPUs there now, so it would wait Pending until they free up",
-		d, o.webhook.Names.DomainResource(d), k, k)
+		d, o.admission.Names.DomainResource(d), k, k)
 }
 
 // roomFor finds the node the pod may run on whose domain d has room for k GPUs and leaves the

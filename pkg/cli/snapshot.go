@@ -10,12 +10,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/nvdomain/nvdomain/pkg/clusterview"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/placement"
+	"github.com/nvdomain/nvdomain/pkg/rules"
 	"github.com/nvdomain/nvdomain/pkg/topology"
-	"github.com/nvdomain/nvdomain/webhook/clusterview"
-	"github.com/nvdomain/nvdomain/webhook/repin"
-	"github.com/nvdomain/nvdomain/webhook/rules"
+	"github.com/nvdomain/nvdomain/pkg/repin"
 )
 
 // listPageSize bounds each list call, so a large cluster is read in pages as kubectl does.

@@ -18,7 +18,7 @@ import (
 
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/placement"
-	"github.com/nvdomain/nvdomain/webhook/rules"
+	"github.com/nvdomain/nvdomain/pkg/rules"
 )
 
 // StatusAPIVersion and StatusKind identify the document `nvdomain status -o json` prints.

@@ -109,7 +109,7 @@ func run(quick bool, outPath string) error {
 
 	// 3. Go benchmarks: the domain decision at scale, the NRI plugin's handling and round trip,
 	// and container creation on real containerd with and without the plugin.
-	dec, err := goBench("./webhook/clusterview/", "BenchmarkChooseDomain", "-benchmem")
+	dec, err := goBench("./pkg/clusterview/", "BenchmarkChooseDomain", "-benchmem")
 	if err != nil {
 		return err
 	}
@@ -293,7 +293,7 @@ func writeReport(w io.Writer, rows []row, placementSection string,
 			us(no.P50), us(no.P99), us(no.Max), ratio(nv.P50, no.P50), ratio(nv.P99, no.P99), nv.Achieved, no.Achieved, nv.Errors+nv.Dropped, no.Errors+no.Dropped)
 	}
 	fmt.Fprintf(w, "\n%s", admissionSection(podCreate))
-	fmt.Fprintf(w, "## 2. Domain decision at scale\n\n`go test -run '^$' -bench BenchmarkChooseDomain -benchmem ./webhook/clusterview/`: 5,000 nodes × 2 domains\n")
+	fmt.Fprintf(w, "## 2. Domain decision at scale\n\n`go test -run '^$' -bench BenchmarkChooseDomain -benchmem ./pkg/clusterview/`: 5,000 nodes × 2 domains\n")
 	fmt.Fprintf(w, "holding 20,000 GPU pods. The fast path (a pod without node constraints) reads per-domain histograms of (capacity, free),\n")
 	fmt.Fprintf(w, "and up to 8 hostnames from each bucket with room for the scheduling hint; a pod with a nodeSelector makes one pass over\n")
 	fmt.Fprintf(w, "the nodes. Neither walks pods, and `BenchmarkChooseDomainWaiting` shows a pod with no room costing the same with 1,000\n")

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	decision "github.com/nvdomain/nvdomain/pkg/admission"
 	"os"
 	"path/filepath"
 	"strings"
@@ -22,7 +23,6 @@ import (
 	"github.com/nvdomain/nvdomain/pkg/kubeevents"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/topology"
-	"github.com/nvdomain/nvdomain/webhook"
 )
 
 // TestCLIStatusAndExplain runs `nvdomain status` and `nvdomain explain` through their cobra
@@ -34,7 +34,7 @@ import (
 // runs on gpu-a; small (TP=2, domain 0) on gpu-b; llama-rs-x1 (TP=4, pinned to domain 0,
 // owned by a ReplicaSet) waits Unschedulable while gpu-a's domain 1 is free: stranded.
 func TestCLIStatusAndExplain(t *testing.T) {
-	c := startCluster(t, webhook.DefaultOptions())
+	c := startCluster(t, decision.DefaultOptions())
 	domainsA := [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}}
 	c.addGPUNode("gpu-a", domainsA, 0, map[string]string{"pool": "hgx"})
 	c.addGPUNode("gpu-b", [][]int{{0, 1}, {2, 3}}, 0, map[string]string{"pool": "split", n.TopologyStaleLabel(): "true"})

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	decision "github.com/nvdomain/nvdomain/pkg/admission"
 	"os"
 	"path/filepath"
 	"strings"
@@ -92,8 +93,8 @@ func keys[V any](m map[string]V) []string {
 // rewritten pods name exist in every namespace and pass the apiserver's validation, edits are
 // undone, a dry run creates nothing, and the rejections are the classic ones.
 func TestDRAModeThroughTheRealAPIServer(t *testing.T) {
-	opts := webhook.DefaultOptions()
-	opts.Mode = webhook.ModeDRA
+	opts := decision.DefaultOptions()
+	opts.Mode = decision.ModeDRA
 	opts.ExcludedNamespaces = []string{"kube-system", "nvdomain-system"}
 	opts.AllowedTPSizes = []int{2, 4, 8, 64}
 	c := startCluster(t, opts)

@@ -18,7 +18,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/nvdomain/nvdomain/pkg/names"
-	"github.com/nvdomain/nvdomain/webhook/repin"
+	"github.com/nvdomain/nvdomain/pkg/repin"
 )
 
 // tpReplicaSet is a ReplicaSet of TP pods of k GPUs each.

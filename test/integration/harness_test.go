@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	decision "github.com/nvdomain/nvdomain/pkg/admission"
 	"net"
 	"os"
 	"os/exec"
@@ -56,7 +57,7 @@ type cluster struct {
 	warnings *warningRecorder
 	webhook  context.CancelFunc
 	whDone   chan error
-	opts     webhook.Options
+	opts     decision.Options
 	sched    *exec.Cmd
 }
 
@@ -99,7 +100,7 @@ func readWebhookConfigs(t testing.TB, point func(*admissionregv1.WebhookClientCo
 	return muts, vals
 }
 
-func startCluster(t testing.TB, opts webhook.Options) *cluster {
+func startCluster(t testing.TB, opts decision.Options) *cluster {
 	t.Helper()
 	dir := assets(t)
 	port, err := freePort()

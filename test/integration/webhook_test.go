@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	decision "github.com/nvdomain/nvdomain/pkg/admission"
 	"strings"
 	"testing"
 	"time"
@@ -12,8 +13,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
-
-	"github.com/nvdomain/nvdomain/webhook"
 )
 
 func TestMain(m *testing.M) { runMain(m) }
@@ -21,7 +20,7 @@ func TestMain(m *testing.M) { runMain(m) }
 // The seed scenario: one node, 8 GPUs, domains {0-3} and {4-7}, with the real webhook
 // configurations and the real kube-scheduler.
 func TestSeedScenario(t *testing.T) {
-	c := startCluster(t, webhook.DefaultOptions())
+	c := startCluster(t, decision.DefaultOptions())
 	c.addGPUNode("gpu-node01", [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}}, 0, nil)
 
 	t.Run("TP=2 pods fill the domains, tightest first", func(t *testing.T) {
@@ -192,7 +191,7 @@ func TestSeedScenario(t *testing.T) {
 
 // Mixed nodes: a 2×4 node, a 1×8 node and a PCIe-only node.
 func TestMixedNodes(t *testing.T) {
-	c := startCluster(t, webhook.DefaultOptions())
+	c := startCluster(t, decision.DefaultOptions())
 	c.addGPUNode("split-2x4", [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}}, 0, nil)
 	c.addGPUNode("hgx-1x8", [][]int{{0, 1, 2, 3, 4, 5, 6, 7}}, 0, nil)
 	c.addGPUNode("pcie-l40s", nil, 4, nil)
@@ -249,7 +248,7 @@ func TestMixedNodes(t *testing.T) {
 // While the webhook is down the two entries fail differently: ordinary GPU pods are admitted
 // (failurePolicy Ignore), TP pods are refused by the apiserver (failurePolicy Fail).
 func TestWebhookDown(t *testing.T) {
-	c := startCluster(t, webhook.DefaultOptions())
+	c := startCluster(t, decision.DefaultOptions())
 	c.addGPUNode("gpu-node01", [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}}, 0, nil)
 	c.stopWebhook()
 

@@ -1,9 +1,15 @@
+// Package repin is the re-pin controller of the webhook Deployment: it finds pods whose
+// pinned domain id has had no room on any node they may run on for a while, although another
+// id has room, and moves them there. A pod's resources are immutable, so a pod moves by being
+// evicted and recreated by its owner; the webhook pins the replacement where there is room.
+// Bare pods are never deleted, they get a Stranded Event naming where room is. The decision
+// is placement.PlanRepins over a snapshot of the webhook's cluster view; the Reconciler here
+// only applies it, on the elected leader (docs/architecture.md, "Re-pinning stranded pods").
 package repin
 
 import (
 	"context"
 	"fmt"
-	"sort"
 	"sync"
 	"time"
 
@@ -24,16 +30,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
+	"github.com/nvdomain/nvdomain/pkg/clusterview"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/placement"
-	"github.com/nvdomain/nvdomain/webhook/clusterview"
-)
-
-// Event reasons on pods (and on the owners of evicted pods).
-const (
-	ReasonRepinned     = "Repinned"
-	ReasonRepinSkipped = "RepinSkipped"
-	ReasonStranded     = "Stranded"
+	prepin "github.com/nvdomain/nvdomain/pkg/repin"
 )
 
 // Results of nvdomain_repins_total.
@@ -79,7 +79,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 // Options.After), the last plan with the view generation it was made for, and what it learnt
 // of Jobs.
 type Reconciler struct {
-	Options Options
+	Options prepin.Options
 	Names   names.Names
 	View    *clusterview.View
 	// Client reads pods and the metadata of their owners from the cache, and evicts; Reader
@@ -96,7 +96,7 @@ type Reconciler struct {
 	lastPass  time.Time
 	since     map[types.UID]time.Time
 	lastEvent map[types.UID]time.Time
-	owners    Owners
+	owners    prepin.Owners
 
 	// The last plan, the view generation it was made for and the pods it was made over: a
 	// pass over an unchanged view reuses it and only acts on the clock (Options.After).
@@ -110,12 +110,6 @@ type Reconciler struct {
 	planUntil time.Time
 	plans     int // plans made, for tests
 }
-
-// Job verdicts are remembered this long, for at most this many Jobs.
-const (
-	jobVerdictTTL = 10 * time.Minute
-	jobVerdictMax = 4096
-)
 
 // Setup registers the controller with the manager: it runs on the elected leader only, woken
 // by any change of a pod or node (folded into one pass per Options.Interval).
@@ -145,7 +139,7 @@ func (r *Reconciler) init() {
 		r.lastEvent = map[types.UID]time.Time{}
 	}
 	if r.owners == nil {
-		r.owners = cachedOwners{cache: r.Client, api: r.Reader, jobs: newJobVerdicts(jobVerdictTTL, jobVerdictMax, r.now)}
+		r.owners = prepin.NewCachedOwners(r.Client, r.Reader, r.now)
 	}
 }
 
@@ -167,12 +161,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 		if err := r.Client.List(ctx, &list, client.MatchingFields{NodeNameIndex: ""}, client.UnsafeDisableDeepCopy); err != nil {
 			return reconcile.Result{}, fmt.Errorf("list unbound pods: %w", err)
 		}
-		waiting := Waiting(list.Items, r.Names)
+		waiting := prepin.Waiting(list.Items, r.Names)
 		byUID := make(map[string]*corev1.Pod, len(waiting))
 		in := make([]clusterview.WaitingPod, len(waiting))
 		for i, p := range waiting {
 			byUID[string(p.UID)] = p
-			in[i] = clusterview.WaitingPod{Pod: p, CanMove: Unschedulable(p)}
+			in[i] = clusterview.WaitingPod{Pod: p, CanMove: prepin.Unschedulable(p)}
 		}
 		rooms, waiters := r.View.RepinInputs(in)
 		r.plan, r.planPods, r.planGen, r.planned = placement.PlanRepins(rooms, waiters), byUID, gen, true
@@ -227,69 +221,24 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 	return reconcile.Result{RequeueAfter: max(next, r.Options.Interval)}, nil
 }
 
-// Waiting returns the pods pinned to a domain by nvdomain, not bound, not being deleted and
-// not held back by scheduling gates (the scheduler does not try those yet), in queue order:
-// higher priority first, then older first, then by name.
-func Waiting(pods []corev1.Pod, n names.Names) []*corev1.Pod {
-	var out []*corev1.Pod
-	for i := range pods {
-		p := &pods[i]
-		if p.Spec.NodeName != "" || p.DeletionTimestamp != nil || (p.Status.Phase != "" && p.Status.Phase != corev1.PodPending) || len(p.Spec.SchedulingGates) > 0 {
-			continue
-		}
-		if _, pinned := p.Annotations[n.PodDomainAnnotation()]; !pinned {
-			continue
-		}
-		out = append(out, p)
-	}
-	sort.SliceStable(out, func(i, j int) bool {
-		pi, pj := priority(out[i]), priority(out[j])
-		if pi != pj {
-			return pi > pj
-		}
-		if ti, tj := out[i].CreationTimestamp, out[j].CreationTimestamp; !ti.Equal(&tj) {
-			return ti.Before(&tj)
-		}
-		return out[i].Namespace+"/"+out[i].Name < out[j].Namespace+"/"+out[j].Name
-	})
-	return out
-}
-
-func priority(p *corev1.Pod) int32 {
-	if p.Spec.Priority != nil {
-		return *p.Spec.Priority
-	}
-	return 0
-}
-
-// Unschedulable reports whether the scheduler has tried the pod and found no node.
-func Unschedulable(p *corev1.Pod) bool {
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
-			return true
-		}
-	}
-	return false
-}
-
 // act moves one stranded pod, or says why it does not. It returns when to look again if the
 // pod is left waiting for a reason that passes (the rate limit).
 func (r *Reconciler) act(ctx context.Context, pod *corev1.Pod, dec placement.RepinDecision, gpus int, stranded time.Duration) time.Duration {
-	cause := StrandedCause(dec, gpus, stranded)
-	if !DomainBlocked(pod, r.Names) {
+	cause := prepin.StrandedCause(dec, gpus, stranded)
+	if !prepin.DomainBlocked(pod, r.Names) {
 		r.Metrics.Repins.WithLabelValues(ResultSkipped).Inc()
-		r.eventOnce(pod, corev1.EventTypeWarning, ReasonRepinSkipped, "Repin", "Stranded: %s; it is not moved: %s (%q)", cause, NotDomainNote, SchedulerMessage(pod))
+		r.eventOnce(pod, corev1.EventTypeWarning, prepin.ReasonRepinSkipped, "Repin", "Stranded: %s; it is not moved: %s (%q)", cause, prepin.NotDomainNote, prepin.SchedulerMessage(pod))
 		return 0
 	}
 	if metav1.GetControllerOfNoCopy(pod) == nil {
 		r.Metrics.Repins.WithLabelValues(ResultBarePod).Inc()
-		r.eventOnce(pod, corev1.EventTypeWarning, ReasonStranded, "Wait", "Stranded: %s; %s. %s", cause, BarePodNote, StrandedFix(dec, true))
+		r.eventOnce(pod, corev1.EventTypeWarning, prepin.ReasonStranded, "Wait", "Stranded: %s; %s. %s", cause, prepin.BarePodNote, prepin.StrandedFix(dec, true))
 		return 0
 	}
-	owners := WalkOwners(ctx, pod, r.Options.OwnerKinds, r.owners)
+	owners := prepin.WalkOwners(ctx, pod, r.Options.OwnerKinds, r.owners)
 	if owners.Skip != "" {
 		r.Metrics.Repins.WithLabelValues(ResultSkipped).Inc()
-		r.eventOnce(pod, corev1.EventTypeWarning, ReasonRepinSkipped, "Repin", "Stranded: %s; it is not moved: %s. %s", cause, owners.Skip, SkipFix(owners, dec))
+		r.eventOnce(pod, corev1.EventTypeWarning, prepin.ReasonRepinSkipped, "Repin", "Stranded: %s; it is not moved: %s. %s", cause, owners.Skip, prepin.SkipFix(owners, dec))
 		return 0
 	}
 	if !r.limiter.Allow() {
@@ -325,16 +274,16 @@ func (r *Reconciler) act(ctx context.Context, pod *corev1.Pod, dec placement.Rep
 		msg := fmt.Sprintf("%s: evicted so that its %s recreates it and nvdomain pins the replacement to a domain with room", cause, owners.Describe())
 		top := owners.Top()
 		r.Log.Info("re-pinned a stranded pod", "namespace", pod.Namespace, "name", pod.Name, "from", dec.From, "to", dec.To, "node", dec.Node, "owners", owners.Describe())
-		r.Recorder.Eventf(pod, nil, corev1.EventTypeNormal, ReasonRepinned, "Repin", "domain %d → %d: %s", dec.From, dec.To, msg)
+		r.Recorder.Eventf(pod, nil, corev1.EventTypeNormal, prepin.ReasonRepinned, "Repin", "domain %d → %d: %s", dec.From, dec.To, msg)
 		// The top-level owner is the object its user manages (a Deployment rather than its
 		// ReplicaSet): the Event goes where they look.
-		r.Recorder.Eventf(ownerObject(pod.Namespace, top), nil, corev1.EventTypeNormal, ReasonRepinned, "Repin", "pod %s, domain %d → %d: %s", pod.Name, dec.From, dec.To, msg)
+		r.Recorder.Eventf(ownerObject(pod.Namespace, top), nil, corev1.EventTypeNormal, prepin.ReasonRepinned, "Repin", "pod %s, domain %d → %d: %s", pod.Name, dec.From, dec.To, msg)
 		delete(r.since, pod.UID)
 	case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
 		// Gone, replaced, bound or changed meanwhile: the next pass sees the new state.
 	case apierrors.IsTooManyRequests(err):
 		r.Metrics.Repins.WithLabelValues(ResultSkipped).Inc()
-		r.eventOnce(pod, corev1.EventTypeWarning, ReasonRepinSkipped, "Repin", "Stranded: %s; its eviction was refused: %s", cause, EvictionRefusal(err, r.Options.QPS))
+		r.eventOnce(pod, corev1.EventTypeWarning, prepin.ReasonRepinSkipped, "Repin", "Stranded: %s; its eviction was refused: %s", cause, prepin.EvictionRefusal(err, r.Options.QPS))
 	default:
 		r.Metrics.Repins.WithLabelValues(ResultError).Inc()
 		r.Log.Error(err, "evict a stranded pod", "namespace", pod.Namespace, "name", pod.Name)

@@ -27,9 +27,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	"github.com/nvdomain/nvdomain/pkg/clusterview"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/placement"
-	"github.com/nvdomain/nvdomain/webhook/clusterview"
+	prepin "github.com/nvdomain/nvdomain/pkg/repin"
 )
 
 var n = names.Default()
@@ -110,13 +111,13 @@ type harness struct {
 	jobReads  int
 }
 
-func newHarness(t *testing.T, opts Options, objs ...client.Object) *harness {
+func newHarness(t *testing.T, opts prepin.Options, objs ...client.Object) *harness {
 	return newHarnessWith(t, opts, interceptor.Funcs{}, objs...)
 }
 
 // newHarnessWith builds the controller over a fake API server whose evictions honour their
 // preconditions, as the real one does; funcs may intercept more (a lagging cache, say).
-func newHarnessWith(t *testing.T, opts Options, funcs interceptor.Funcs, objs ...client.Object) *harness {
+func newHarnessWith(t *testing.T, opts prepin.Options, funcs interceptor.Funcs, objs ...client.Object) *harness {
 	t.Helper()
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
@@ -216,8 +217,8 @@ func (h *harness) eventsWith(reason string) []string {
 	return out
 }
 
-func testOptions() Options {
-	o := DefaultOptions()
+func testOptions() prepin.Options {
+	o := prepin.DefaultOptions()
 	o.After = 10 * time.Second
 	return o
 }
@@ -244,7 +245,7 @@ func TestStrandedDeploymentPodIsEvictedAfterTheDelayOnly(t *testing.T) {
 	}
 	// One Event on the pod, one on its top-level owner, where the Deployment's user looks;
 	// both name the whole chain of owners.
-	rep := h.eventsWith(ReasonRepinned)
+	rep := h.eventsWith(prepin.ReasonRepinned)
 	if len(rep) != 2 || !strings.Contains(rep[0], "domain 0 → 1") || !strings.Contains(rep[0], "its ReplicaSet tp4-7d9 (of Deployment tp4) recreates it") ||
 		!strings.HasSuffix(rep[0], "[on Pod waiter]") || !strings.HasSuffix(rep[1], "[on Deployment tp4]") {
 		t.Fatalf("Repinned events = %q", rep)
@@ -270,7 +271,7 @@ func TestPodNotYetJudgedByTheSchedulerIsNotMoved(t *testing.T) {
 	h.pass(t, 0)
 	h.pass(t, time.Minute)
 	if !h.exists("waiter") {
-		t.Fatal("evicted a pod the scheduler had not marked Unschedulable")
+		t.Fatal("evicted a pod the scheduler had not marked prepin.Unschedulable")
 	}
 }
 
@@ -286,9 +287,9 @@ func TestBarePodGetsAStrandedEventAndIsNeverDeleted(t *testing.T) {
 	}
 	// The cause (the pinned domain full for its 4 GPUs, and where room is) and the fixes, in
 	// the words `nvdomain explain` uses.
-	got := h.eventsWith(ReasonStranded)
+	got := h.eventsWith(prepin.ReasonStranded)
 	dec := placement.RepinDecision{From: 0, To: 1, Node: "gpu-node01"}
-	if len(got) != 1 || !strings.Contains(got[0], StrandedCause(dec, 4, 11*time.Second)) || !strings.Contains(got[0], StrandedFix(dec, true)) {
+	if len(got) != 1 || !strings.Contains(got[0], prepin.StrandedCause(dec, 4, 11*time.Second)) || !strings.Contains(got[0], prepin.StrandedFix(dec, true)) {
 		t.Fatalf("Stranded events = %q", got)
 	}
 	for _, want := range []string{"domain 0 is full", "has 4 GPUs of domain 0 free", "domain 1 has room for it on node gpu-node01",
@@ -303,7 +304,7 @@ func TestBarePodGetsAStrandedEventAndIsNeverDeleted(t *testing.T) {
 		t.Fatalf("the advice would re-create the pod with its old pin: %q", got[0])
 	}
 	h.pass(t, 5*time.Minute)
-	if got := h.eventsWith(ReasonStranded); len(got) != 2 {
+	if got := h.eventsWith(prepin.ReasonStranded); len(got) != 2 {
 		t.Fatalf("the Event is repeated every --repin-event-every: %q", got)
 	}
 }
@@ -342,7 +343,7 @@ func TestOnlyPodsTheSchedulerRejectsForTheirDomainMove(t *testing.T) {
 				t.Fatalf("evicted = %v, want %v; events %q", evicted, tc.evicted, h.events)
 			}
 			if !tc.evicted {
-				got := h.eventsWith(ReasonRepinSkipped)
+				got := h.eventsWith(prepin.ReasonRepinSkipped)
 				if len(got) != 1 || !strings.Contains(got[0], "the scheduler's reason is not its GPUs or its domain") {
 					t.Fatalf("RepinSkipped events = %q", got)
 				}
@@ -456,7 +457,7 @@ func TestOwnerChainDecidesTheMove(t *testing.T) {
 			if tc.evicted {
 				return
 			}
-			got := h.eventsWith(ReasonRepinSkipped)
+			got := h.eventsWith(prepin.ReasonRepinSkipped)
 			if len(got) != 1 || !strings.Contains(got[0], tc.skip) {
 				t.Fatalf("RepinSkipped events = %q, want one with %q", got, tc.skip)
 			}
@@ -487,28 +488,9 @@ func TestJobVerdictIsRemembered(t *testing.T) {
 	if h.jobReads != 2 {
 		t.Fatalf("a new generation of the Job was not read: %d reads", h.jobReads)
 	}
-	h.pass(t, jobVerdictTTL)
+	h.pass(t, prepin.JobVerdictTTL)
 	if h.jobReads != 3 {
 		t.Fatalf("an expired verdict was not read again: %d reads", h.jobReads)
-	}
-}
-
-func TestJobVerdictsAreBounded(t *testing.T) {
-	now := time.Unix(1_000_000, 0)
-	v := newJobVerdicts(time.Minute, 3, func() time.Time { return now })
-	for i := range 10 {
-		j := job(fmt.Sprintf("j%d", i), false).(*batchv1.Job)
-		v.put(j, i%2 == 0)
-		now = now.Add(time.Second)
-		if got, ok := v.get(j); !ok || got != (i%2 == 0) {
-			t.Fatalf("j%d: the verdict just stored is not there", i)
-		}
-	}
-	if len(v.entries) != 3 {
-		t.Fatalf("%d verdicts kept, bound is 3", len(v.entries))
-	}
-	if _, ok := v.get(job("j0", false)); ok {
-		t.Fatal("the oldest verdict was not the one dropped")
 	}
 }
 
@@ -539,7 +521,7 @@ func TestRefusedEvictionSaysWhatToChange(t *testing.T) {
 			h := newHarnessWith(t, testOptions(), funcs, strandedCluster(pinned("waiter", "", 0, ownedBy("ReplicaSet", "apps/v1", "rs"), unschedulable), replicaSet("rs"))...)
 			h.pass(t, 0)
 			h.pass(t, 11*time.Second)
-			got := h.eventsWith(ReasonRepinSkipped)
+			got := h.eventsWith(prepin.ReasonRepinSkipped)
 			if len(got) != 1 {
 				t.Fatalf("RepinSkipped events = %q", got)
 			}
@@ -621,7 +603,7 @@ func TestWaitingOrder(t *testing.T) {
 	gated.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: "kueue.x-k8s.io/admission"}}
 	pods := []corev1.Pod{mk("young", nil, young), mk("old", nil, old), mk("urgent", &hi, young), bound, unpinned, gated}
 	var got []string
-	for _, p := range Waiting(pods, n) {
+	for _, p := range prepin.Waiting(pods, n) {
 		got = append(got, p.Name)
 	}
 	if strings.Join(got, ",") != "urgent,old,young" {
@@ -631,16 +613,16 @@ func TestWaitingOrder(t *testing.T) {
 
 func TestOptionsValidate(t *testing.T) {
 	cases := []struct {
-		mutate func(*Options)
+		mutate func(*prepin.Options)
 		want   string
 	}{
-		{func(*Options) {}, ""},
-		{func(o *Options) { o.QPS = 0 }, "--repin-qps"},
-		{func(o *Options) { o.After = -time.Second }, "--repin-after"},
-		{func(o *Options) { o.OwnerKinds = []string{"apps/v1 StatefulSet"} }, "--repin-owner-kinds"},
+		{func(*prepin.Options) {}, ""},
+		{func(o *prepin.Options) { o.QPS = 0 }, "--repin-qps"},
+		{func(o *prepin.Options) { o.After = -time.Second }, "--repin-after"},
+		{func(o *prepin.Options) { o.OwnerKinds = []string{"apps/v1 StatefulSet"} }, "--repin-owner-kinds"},
 	}
 	for _, tc := range cases {
-		o := DefaultOptions()
+		o := prepin.DefaultOptions()
 		tc.mutate(&o)
 		err := o.Validate()
 		if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {

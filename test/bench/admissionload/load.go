@@ -11,6 +11,7 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	decision "github.com/nvdomain/nvdomain/pkg/admission"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -28,9 +29,9 @@ import (
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	"github.com/nvdomain/nvdomain/pkg/clusterview"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/webhook"
-	"github.com/nvdomain/nvdomain/webhook/clusterview"
 )
 
 // Target is a webhook under test.
@@ -80,7 +81,7 @@ func Targets(view *clusterview.View) ([]*Target, error) {
 	if err != nil {
 		return nil, err
 	}
-	mut, _ := webhook.NewHandlers(view, webhook.DefaultOptions(), m, logr.Discard())
+	mut, _ := webhook.NewHandlers(view, decision.DefaultOptions(), m, logr.Discard())
 	noop := admission.HandlerFunc(func(context.Context, admission.Request) admission.Response { return admission.Allowed("") })
 	return []*Target{serve("nvdomain", mut), serve("no-op", noop)}, nil
 }

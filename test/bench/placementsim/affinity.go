@@ -2,6 +2,7 @@ package placementsim
 
 import (
 	"fmt"
+	decision "github.com/nvdomain/nvdomain/pkg/admission"
 	"strconv"
 	"sync"
 
@@ -11,8 +12,7 @@ import (
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 
 	"github.com/nvdomain/nvdomain/pkg/names"
-	"github.com/nvdomain/nvdomain/webhook"
-	"github.com/nvdomain/nvdomain/webhook/rules"
+	"github.com/nvdomain/nvdomain/pkg/rules"
 )
 
 // pinAffinity is what the stock scheduler makes of a pinned pod's node affinity on one node:
@@ -70,7 +70,7 @@ func judgeAffinity(key affinityKey) (pinAffinity, error) {
 	if key.hinted {
 		hint = []string{"node"}
 	}
-	pinned := webhook.Pin(pod, rules.Inspect(pod, n), key.domain, hint, n)
+	pinned := decision.Pin(pod, rules.Inspect(pod, n), key.domain, hint, n)
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node", Labels: map[string]string{
 		n.DomainSizeLabel(key.domain): strconv.Itoa(key.size),
 		corev1.LabelHostname:          "node",

@@ -239,6 +239,19 @@ func (o cachedOwners) IgnoresDisruption(ctx context.Context, meta metav1.Object)
 	return v, nil
 }
 
+// Job verdicts are remembered this long, for at most this many Jobs.
+const (
+	JobVerdictTTL = 10 * time.Minute
+	jobVerdictMax = 4096
+)
+
+// NewCachedOwners is the re-pin controller's Owners: controllers' metadata from cache (the
+// manager's cached client, configured by OwnerCache), Jobs from api with the verdict
+// remembered per Job UID and generation.
+func NewCachedOwners(cache, api client.Reader, now func() time.Time) Owners {
+	return cachedOwners{cache: cache, api: api, jobs: newJobVerdicts(JobVerdictTTL, jobVerdictMax, now)}
+}
+
 // OwnerReadTimeout bounds the owner reads of one walk.
 const OwnerReadTimeout = 10 * time.Second
 

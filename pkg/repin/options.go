@@ -1,10 +1,8 @@
-// Package repin is the re-pin controller of the webhook Deployment: it finds pods whose
-// pinned domain id has had no room on any node they may run on for a while, although another
-// id has room, and moves them there. A pod's resources are immutable, so a pod moves by being
-// evicted and recreated by its owner; the webhook pins the replacement where there is room.
-// Bare pods are never deleted, they get a Stranded Event naming where room is. The decision
-// is placement.PlanRepins over a snapshot of the webhook's cluster view; the Reconciler here
-// only applies it, on the elected leader (docs/architecture.md, "Re-pinning stranded pods").
+// Package repin holds the re-pin rules that need no server: which pinned pods wait (Waiting),
+// whether the scheduler's reason is their domain (DomainBlocked), whether their owners
+// recreate an evicted pod (WalkOwners), the controller's options, and the Event texts that
+// `nvdomain explain` shares with the controller. The controller itself, which applies
+// placement.PlanRepins over the webhook's cluster view, is webhook/repin.
 package repin
 
 import (

@@ -1,4 +1,4 @@
-package webhook
+package admission
 
 import (
 	"encoding/json"
@@ -13,7 +13,7 @@ import (
 
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/placement"
-	"github.com/nvdomain/nvdomain/webhook/rules"
+	"github.com/nvdomain/nvdomain/pkg/rules"
 )
 
 // Mode says which node pools the webhook sends tensor-parallel pods to (docs/dra.md).
@@ -95,7 +95,7 @@ func RewriteForDRA(pod *corev1.Pod, p rules.Pod, n names.Names) *corev1.Pod {
 // keepOffDRA adds `nvdomain-mode NotIn [dra]` to every required node selector term of a pod
 // pinned classically in mixed mode: DRA nodes publish no domain resources, so the pod could
 // not run there anyway, and the expression makes the scheduler say so plainly.
-func (m *Mutator) keepOffDRA(pod *corev1.Pod) *corev1.Pod {
+func (m *Decider) keepOffDRA(pod *corev1.Pod) *corev1.Pod {
 	if m.Options.Mode != ModeMixed {
 		return pod
 	}
@@ -169,14 +169,14 @@ func asRequested(pod *corev1.Pod, n names.Names) *corev1.Pod {
 // placementViolations checks what needs the cluster, for the route the pod takes: classic
 // pods need a domain large enough and a pin (domainViolations); pods bound for DRA nodes need
 // a DRA domain large enough and their claim.
-func (v *Validator) placementViolations(pod *corev1.Pod, p rules.Pod) []rules.Violation {
+func (v *Decider) placementViolations(pod *corev1.Pod, p rules.Pod) []rules.Violation {
 	if i, _ := draClaim(pod); i < 0 && (p.PinnedDomain() >= 0 || !v.Options.toDRA(v.View, pod)) {
 		return v.domainViolations(pod, p)
 	}
 	return v.draViolations(pod, p)
 }
 
-func (v *Validator) draViolations(pod *corev1.Pod, p rules.Pod) []rules.Violation {
+func (v *Decider) draViolations(pod *corev1.Pod, p rules.Pod) []rules.Violation {
 	field := p.GPUContainers()[0].ResourcePath(names.GPUResource)
 	if len(p.GPUContainers()) > 1 {
 		field = "spec.containers[*].resources.limits[" + names.GPUResource + "]"

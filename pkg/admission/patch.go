@@ -1,4 +1,4 @@
-package webhook
+package admission
 
 import (
 	"fmt"
@@ -11,7 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 )
 
-// podPatch builds the JSON patch that turns orig, the pod decoded from the admission request,
+// Patch builds the JSON patch that turns orig, the pod decoded from the admission request,
 // into out, the pod Mutate admits, from the few fields Mutate changes: metadata.annotations
 // (StripOwned, Pin, RequirePlugin, RewriteForDRA), every container's and init container's
 // resources.limits, resources.requests and resources.claims (Pin, RewriteForDRA),
@@ -28,7 +28,7 @@ import (
 // or pointer, or a struct with nothing set, may be absent from the document, null, or empty,
 // and "add" of the whole value is right in each case (add replaces an existing member); an
 // existing map or list gets one operation per key or appended element.
-func podPatch(orig, out *corev1.Pod) []jsonpatch.Operation {
+func Patch(orig, out *corev1.Pod) []jsonpatch.Operation {
 	var p patcher
 	// The handler fills in an empty namespace from the request, so a pod whose metadata
 	// holds nothing else may have none in the document.

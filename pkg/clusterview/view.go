@@ -26,7 +26,7 @@ import (
 
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/placement"
-	"github.com/nvdomain/nvdomain/webhook/rules"
+	"github.com/nvdomain/nvdomain/pkg/rules"
 )
 
 // ReservationTTL bounds how long a domain choice the webhook just made is counted before the

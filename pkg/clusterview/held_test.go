@@ -3,7 +3,7 @@ package clusterview
 import (
 	"testing"
 
-	"github.com/nvdomain/nvdomain/webhook/rules"
+	"github.com/nvdomain/nvdomain/pkg/rules"
 )
 
 // The domain resource a pod holds, counted as the scheduler counts requests.

@@ -9,7 +9,7 @@ import (
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 
 	"github.com/nvdomain/nvdomain/pkg/placement"
-	"github.com/nvdomain/nvdomain/webhook/rules"
+	"github.com/nvdomain/nvdomain/pkg/rules"
 )
 
 // WaitingPod is a pod pinned to a domain and not bound yet, as the re-pin controller hands it

@@ -1,10 +1,14 @@
 package repin
 
 import (
+	"fmt"
 	"reflect"
 	"testing"
+	"time"
 
+	batchv1 "k8s.io/api/batch/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 )
 
@@ -57,5 +61,24 @@ func TestOwnerCacheCoversTheWalk(t *testing.T) {
 		if !got[gvk.String()] {
 			t.Errorf("%s is walked but not cached", kind)
 		}
+	}
+}
+
+func TestJobVerdictsAreBounded(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	v := newJobVerdicts(time.Minute, 3, func() time.Time { return now })
+	for i := range 10 {
+		j := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("j%d", i), UID: types.UID(fmt.Sprintf("j%d", i)), Generation: 1}}
+		v.put(j, i%2 == 0)
+		now = now.Add(time.Second)
+		if got, ok := v.get(j); !ok || got != (i%2 == 0) {
+			t.Fatalf("j%d: the verdict just stored is not there", i)
+		}
+	}
+	if len(v.entries) != 3 {
+		t.Fatalf("%d verdicts kept, bound is 3", len(v.entries))
+	}
+	if _, ok := v.get(&batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "j0", UID: "j0", Generation: 1}}); ok {
+		t.Fatal("the oldest verdict was not the one dropped")
 	}
 }

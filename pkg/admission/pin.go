@@ -1,4 +1,4 @@
-package webhook
+package admission
 
 import (
 	"encoding/json"
@@ -10,7 +10,7 @@ import (
 
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/placement"
-	"github.com/nvdomain/nvdomain/webhook/rules"
+	"github.com/nvdomain/nvdomain/pkg/rules"
 )
 
 // Pin returns a copy of pod pinned to domain d: every container that asks for nvidia.com/gpu
@@ -131,7 +131,7 @@ func smallestDomainFirst(key string, k int) []corev1.PreferredSchedulingTerm {
 	return out
 }
 
-// hintWeight is the weight of tightestNodes' term. With smallestDomainFirst's weights a node
+// HintWeight is the weight of tightestNodes' term. With smallestDomainFirst's weights a node
 // scores 100, 40, 10 or 0 by the size of its domain for the pod ([k, 2k), [2k, 4k), [4k, 8k),
 // 8k and more); a hinted node scores 20 more. That is below the gaps the larger size terms
 // open (60 and 30), so the hint never takes a pod to a domain of a larger class than the
@@ -143,7 +143,7 @@ func smallestDomainFirst(key string, k int) []corev1.PreferredSchedulingTerm {
 // scheduler's normalisation: NodeAffinity scales its scores so the best node gets 100, so a
 // hinted node of the best class leads its class by 100 - 100·100/120 = 17 points, 33 at
 // NodeAffinity's default plugin weight of 2.
-const hintWeight = 20
+const HintWeight = 20
 
 // tightestNodes is the scheduling hint: a preferred term for the nodes (by their
 // kubernetes.io/hostname label) where, when the webhook decided, the pinned domain was the
@@ -168,7 +168,7 @@ func tightestNodes(key string, k int, hint []string) (corev1.PreferredScheduling
 		return corev1.PreferredSchedulingTerm{}, false
 	}
 	hosts = hosts[:min(len(hosts), placement.MaxHintNodes)]
-	return corev1.PreferredSchedulingTerm{Weight: hintWeight, Preference: corev1.NodeSelectorTerm{
+	return corev1.PreferredSchedulingTerm{Weight: HintWeight, Preference: corev1.NodeSelectorTerm{
 		MatchExpressions: []corev1.NodeSelectorRequirement{
 			{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: hosts},
 			{Key: key, Operator: corev1.NodeSelectorOpGt, Values: []string{strconv.Itoa(k - 1)}},

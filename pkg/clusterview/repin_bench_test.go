@@ -57,7 +57,7 @@ func repinScale(b testing.TB, nodes, waiters, templates int) (*View, []WaitingPo
 // the stalls admission sees; with the lock held only for a copy of the counters they stay near
 // the cost of the write itself.
 //
-//	go test -run '^$' -bench BenchmarkRepinPass -benchtime 5x ./webhook/clusterview/
+//	go test -run '^$' -bench BenchmarkRepinPass -benchtime 5x ./pkg/clusterview/
 func BenchmarkRepinPass(b *testing.B) {
 	for _, templates := range []int{50, 1000} {
 		b.Run(fmt.Sprintf("nodes-2000/waiters-1000/templates-%d", templates), func(b *testing.B) {

@@ -1,10 +1,10 @@
-// Package webhook is nvdomain's admission webhook. The mutating handler pins pods to an
-// NVSwitch domain id so the stock kube-scheduler can only place them where that domain has
-// room; the validating handler rejects requests that are wrong or can never run, and warns
-// about requests no current node can satisfy. The decisions themselves live in
-// webhook/rules (what a pod asks), webhook/clusterview (what the cluster has) and
-// pkg/placement (which domain); this package decodes, decides through them and answers.
-package webhook
+// Package admission is nvdomain's admission decision, below any server: what a pod asks
+// (pkg/rules), which domain it gets (pkg/clusterview over pkg/placement), the pod the mutating
+// webhook admits and the JSON patch that makes it (Pin, RewriteForDRA, Patch), and the
+// validating webhook's violations and warnings (Decider.Review). The webhook's handlers decode
+// a request, call a Decider and answer; `nvdomain explain -f` calls the same Decider over a
+// snapshot, so it says exactly what the webhook would do.
+package admission
 
 import (
 	"fmt"
@@ -13,7 +13,7 @@ import (
 	"strings"
 
 	"github.com/nvdomain/nvdomain/pkg/names"
-	"github.com/nvdomain/nvdomain/webhook/rules"
+	"github.com/nvdomain/nvdomain/pkg/rules"
 )
 
 // NonTPMode says what the webhook does with GPU pods that are not tensor-parallel (docs/architecture.md, Non-TP GPU pods).
@@ -74,7 +74,8 @@ func ParseTPSizes(s string) ([]int, error) {
 	return slices.Compact(out), nil
 }
 
-func (o Options) excluded(ns string) bool { return slices.Contains(o.ExcludedNamespaces, ns) }
+// Excluded reports whether the webhook leaves pods of namespace ns alone.
+func (o Options) Excluded(ns string) bool { return slices.Contains(o.ExcludedNamespaces, ns) }
 
 func (o Options) rulesConfig() rules.Config {
 	return rules.Config{Names: o.Names, AllowedTPSizes: o.AllowedTPSizes}

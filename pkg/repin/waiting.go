@@ -1,0 +1,61 @@
+package repin
+
+import (
+	"sort"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
+)
+
+// Event reasons on pods (and on the owners of evicted pods).
+const (
+	ReasonRepinned     = "Repinned"
+	ReasonRepinSkipped = "RepinSkipped"
+	ReasonStranded     = "Stranded"
+)
+
+// Waiting returns the pods pinned to a domain by nvdomain, not bound, not being deleted and
+// not held back by scheduling gates (the scheduler does not try those yet), in queue order:
+// higher priority first, then older first, then by name.
+func Waiting(pods []corev1.Pod, n names.Names) []*corev1.Pod {
+	var out []*corev1.Pod
+	for i := range pods {
+		p := &pods[i]
+		if p.Spec.NodeName != "" || p.DeletionTimestamp != nil || (p.Status.Phase != "" && p.Status.Phase != corev1.PodPending) || len(p.Spec.SchedulingGates) > 0 {
+			continue
+		}
+		if _, pinned := p.Annotations[n.PodDomainAnnotation()]; !pinned {
+			continue
+		}
+		out = append(out, p)
+	}
+	sort.SliceStable(out, func(i, j int) bool {
+		pi, pj := priority(out[i]), priority(out[j])
+		if pi != pj {
+			return pi > pj
+		}
+		if ti, tj := out[i].CreationTimestamp, out[j].CreationTimestamp; !ti.Equal(&tj) {
+			return ti.Before(&tj)
+		}
+		return out[i].Namespace+"/"+out[i].Name < out[j].Namespace+"/"+out[j].Name
+	})
+	return out
+}
+
+func priority(p *corev1.Pod) int32 {
+	if p.Spec.Priority != nil {
+		return *p.Spec.Priority
+	}
+	return 0
+}
+
+// Unschedulable reports whether the scheduler has tried the pod and found no node.
+func Unschedulable(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+			return true
+		}
+	}
+	return false
+}

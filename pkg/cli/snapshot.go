@@ -13,9 +13,9 @@ import (
 	"github.com/nvdomain/nvdomain/pkg/clusterview"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/placement"
+	"github.com/nvdomain/nvdomain/pkg/repin"
 	"github.com/nvdomain/nvdomain/pkg/rules"
 	"github.com/nvdomain/nvdomain/pkg/topology"
-	"github.com/nvdomain/nvdomain/pkg/repin"
 )
 
 // listPageSize bounds each list call, so a large cluster is read in pages as kubectl does.

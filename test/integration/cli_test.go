@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	decision "github.com/nvdomain/nvdomain/pkg/admission"
 	"os"
 	"path/filepath"
 	"strings"
@@ -19,6 +18,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	decision "github.com/nvdomain/nvdomain/pkg/admission"
 	"github.com/nvdomain/nvdomain/pkg/cli"
 	"github.com/nvdomain/nvdomain/pkg/kubeevents"
 	"github.com/nvdomain/nvdomain/pkg/names"

@@ -2,7 +2,6 @@ package integration
 
 import (
 	"context"
-	decision "github.com/nvdomain/nvdomain/pkg/admission"
 	"os"
 	"path/filepath"
 	"strings"
@@ -25,6 +24,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	decision "github.com/nvdomain/nvdomain/pkg/admission"
 	"github.com/nvdomain/nvdomain/pkg/agent"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/webhook"

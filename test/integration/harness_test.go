@@ -7,7 +7,6 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
-	decision "github.com/nvdomain/nvdomain/pkg/admission"
 	"net"
 	"os"
 	"os/exec"
@@ -29,6 +28,7 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	decision "github.com/nvdomain/nvdomain/pkg/admission"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/test/hacluster"
 	"github.com/nvdomain/nvdomain/webhook"

@@ -3,7 +3,6 @@ package integration
 import (
 	"context"
 	"fmt"
-	decision "github.com/nvdomain/nvdomain/pkg/admission"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +12,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+
+	decision "github.com/nvdomain/nvdomain/pkg/admission"
 )
 
 func TestMain(m *testing.M) { runMain(m) }

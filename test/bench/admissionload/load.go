@@ -11,7 +11,6 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
-	decision "github.com/nvdomain/nvdomain/pkg/admission"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -29,6 +28,7 @@ import (
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	decision "github.com/nvdomain/nvdomain/pkg/admission"
 	"github.com/nvdomain/nvdomain/pkg/clusterview"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/webhook"

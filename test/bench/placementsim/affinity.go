@@ -2,7 +2,6 @@ package placementsim
 
 import (
 	"fmt"
-	decision "github.com/nvdomain/nvdomain/pkg/admission"
 	"strconv"
 	"sync"
 
@@ -11,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 
+	decision "github.com/nvdomain/nvdomain/pkg/admission"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/rules"
 )

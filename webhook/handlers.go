@@ -85,16 +85,17 @@ func (m *Mutator) handle(_ context.Context, req admission.Request) admission.Res
 	if err != nil {
 		return admission.Errored(http.StatusBadRequest, err)
 	}
-	out, plan := m.Mutate(pod, decision.SpreadSeed(req.UID))
+	// A dry run creates no pod, so it must not hold GPUs back from real ones; it is pinned,
+	// hint included, exactly as the real request would be.
+	mutate := m.Admit
+	if isDryRun(req) {
+		mutate = m.Mutate
+	}
+	out, plan := mutate(pod, decision.SpreadSeed(req.UID))
 	if plan.Chosen || plan.Outcome == decision.OutcomeNoDomain {
 		m.Metrics.Decision.Observe(plan.DecisionTime.Seconds())
 	}
 	if plan.Chosen {
-		// A dry run creates no pod, so it must not hold GPUs back from real ones; it is
-		// pinned, hint included, exactly as the real request would be.
-		if !isDryRun(req) {
-			m.View.Reserve(pod.Namespace, plan.Domain, plan.Pod.DomainGPUs())
-		}
 		m.Log.V(1).Info("pinned", "namespace", pod.Namespace, "name", podName(pod), "tp", plan.Pod.TP, "gpus", plan.Pod.GPUs, "domain", plan.Domain, "fitsNow", plan.Decision.Fits, "exampleNode", plan.Decision.Node, "hint", plan.Decision.Hint)
 	}
 	msg := ""

@@ -34,13 +34,25 @@ type Decider struct {
 // each GPU container is made to require the nvdomain NRI plugin on the node. It returns the
 // pod to admit, or nil when nothing changes, and the plan behind it. It reserves nothing.
 func (m *Decider) Mutate(pod *corev1.Pod, seed uint64) (*corev1.Pod, PinPlan) {
+	return m.mutate(pod, seed, false)
+}
+
+// Admit is Mutate for a pod really being created: the domain chosen for it is reserved in the
+// view in the same step as the choice (clusterview.View.ChooseAndReserve), so concurrent
+// admissions never take the same room and the reservation names the pod it was made for.
+// A dry run must use Mutate: it creates no pod, so it must hold no GPUs back.
+func (m *Decider) Admit(pod *corev1.Pod, seed uint64) (*corev1.Pod, PinPlan) {
+	return m.mutate(pod, seed, true)
+}
+
+func (m *Decider) mutate(pod *corev1.Pod, seed uint64, reserve bool) (*corev1.Pod, PinPlan) {
 	n := m.Options.Names
 	work := pod
 	if ownsAnnotations(pod, n) && !pinnedByNvdomain(pod, n) {
 		work = pod.DeepCopy()
 		StripOwned(work, n)
 	}
-	plan := m.Plan(work, seed)
+	plan := m.plan(work, seed, reserve)
 	// A tensor-parallel pod the validating webhook will deny passes untouched, so that the
 	// denial names the pod's own fields, hand-written annotations included.
 	denied := plan.Outcome == OutcomeInvalid || (plan.Outcome == OutcomeNoDomain && plan.Pod.TP)
@@ -149,6 +161,10 @@ type PinPlan struct {
 // between equally tight domain ids (0: lowest id). It reserves nothing: the caller reserves
 // the chosen domain when the pod is really being created.
 func (m *Decider) Plan(pod *corev1.Pod, seed uint64) PinPlan {
+	return m.plan(pod, seed, false)
+}
+
+func (m *Decider) plan(pod *corev1.Pod, seed uint64, reserve bool) PinPlan {
 	p := rules.Inspect(pod, m.Options.Names)
 	plan := PinPlan{Pod: p, Domain: -1}
 	switch {
@@ -186,7 +202,11 @@ func (m *Decider) Plan(pod *corev1.Pod, seed uint64) PinPlan {
 		return plan
 	}
 	start := time.Now()
-	dec, err := m.View.ChooseDomain(pod, p.DomainGPUs(), seed)
+	choose := m.View.ChooseDomain
+	if reserve {
+		choose = m.View.ChooseAndReserve
+	}
+	dec, err := choose(pod, p.DomainGPUs(), seed)
 	plan.DecisionTime = time.Since(start)
 	if err != nil {
 		plan.Outcome, plan.Err = OutcomeNoDomain, err

@@ -171,7 +171,7 @@ func TestShortestLineWithPendingPods(t *testing.T) {
 	}{
 		{"empty lines: the lowest id", func(v *View) { full(v, "a", "b") }, 0},
 		{"a pending pod on id 0: id 1", func(v *View) { full(v, "a", "b"); v.UpsertPod(pinnedPod("", 0, 4)) }, 1},
-		{"a reservation on id 0 counts too", func(v *View) { full(v, "a", "b"); v.Reserve("default", 0, 2) }, 1},
+		{"a reservation on id 0 counts too", func(v *View) { full(v, "a", "b"); v.Reserve(newTP(), 0, 2) }, 1},
 		{"lines equal per GPU: the lowest id", func(v *View) {
 			full(v, "a", "b")
 			v.UpsertPod(pinnedPod("", 0, 2))
@@ -219,7 +219,7 @@ func TestBurstOfWaitersAlternates(t *testing.T) {
 			t.Fatal(err)
 		}
 		got = append(got, dec.Domain)
-		v.Reserve("default", dec.Domain, 4)
+		v.Reserve(newTP(), dec.Domain, 4)
 	}
 	if want := []int{0, 1, 0, 1, 0, 1}; !slices.Equal(got, want) {
 		t.Errorf("waiters pinned to %v, want %v", got, want)

@@ -42,8 +42,8 @@ func TestReservationConsumedOnceByItsPod(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			v := New(n)
 			v.UpsertNode(gpuNode("gpu-node01", []int{4, 4}, nil))
-			v.Reserve("default", 0, 2)
-			v.Reserve("default", 0, 2)
+			v.Reserve(newTP(), 0, 2)
+			v.Reserve(newTP(), 0, 2)
 			tc.events(v)
 			if got := v.liveReservations()[demand{0, 2}]; got != tc.live {
 				t.Fatalf("live reservations = %d, want %d", got, tc.live)

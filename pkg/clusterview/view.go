@@ -29,11 +29,6 @@ import (
 	"github.com/nvdomain/nvdomain/pkg/rules"
 )
 
-// ReservationTTL bounds how long a domain choice the webhook just made is counted before the
-// pod shows up in the informer. A pod normally appears within milliseconds; a reservation
-// whose pod was rejected later by another admission plugin simply expires.
-const ReservationTTL = 30 * time.Second
-
 // LeavingMargin is how long past its deletionTimestamp (the moment its grace period ends) a pod
 // being deleted still counts as room about to free. The kubelet needs a little longer than the
 // grace period to kill the containers, report the pod terminal and have the object removed; a
@@ -96,19 +91,14 @@ type View struct {
 	// matchHook, when set (tests), runs each time RepinInputs matches waiters to nodes.
 	matchHook func()
 
-	resMu        sync.Mutex
-	reservations []reservation  // in expiry order (the TTL is constant)
-	resLive      map[resKey]int // reservations not yet consumed or expired
-	resConsumed  map[resKey]int // consumed by an arriving pod, still in the queue
+	// decideMu makes a domain choice and its reservation one step (ChooseAndReserve), so
+	// concurrent admissions on this replica never take the same room.
+	decideMu sync.Mutex
+	res      reservations
 }
 
 // demand is a pending pod's domain and GPU count.
 type demand struct{ domain, gpus int }
-
-type resKey struct {
-	namespace string
-	demand
-}
 
 type capFree struct{ capacity, free int }
 
@@ -212,11 +202,6 @@ type leavingPod struct {
 	deadline time.Time
 }
 
-type reservation struct {
-	key     resKey
-	expires time.Time
-}
-
 // New returns an empty view.
 func New(n names.Names) *View {
 	return &View{
@@ -227,8 +212,7 @@ func New(n names.Names) *View {
 		pods:        map[types.UID]podEntry{},
 		leaving:     map[types.UID]leavingPod{},
 		pending:     map[demand]int{},
-		resLive:     map[resKey]int{},
-		resConsumed: map[resKey]int{},
+		res:         newReservations(),
 		hist:        map[string]map[int]map[capFree]*histBucket{},
 		taintSets:   map[string]taintSet{},
 		advertised:  map[string]int{},
@@ -338,13 +322,14 @@ func (v *View) UpsertPod(pod *corev1.Pod) {
 	}
 	held := domainHeld(p)
 	e := podEntry{node: pod.Spec.NodeName, namespace: pod.Namespace, domain: d, gpus: held}
-	if !bound {
+	if !known {
 		// The webhook's reservation covers the pod until the informer delivers it, once:
 		// later updates of the pod (the scheduler's status, say) must not retire the
-		// reservation of another pod of the same demand.
-		if !known {
-			v.consumeReservation(pod.Namespace, d, held)
-		}
+		// reservation of another pod. A pod the scheduler bound before the informer saw it
+		// unbound retires its reservation too.
+		v.res.consume(pod, demand{d, held}, v.now())
+	}
+	if !bound {
 		e.gated = len(pod.Spec.SchedulingGates) > 0
 		v.pods[pod.UID] = e
 		if !e.gated {
@@ -558,54 +543,6 @@ func tolerates(taints []corev1.Taint, tolerations []corev1.Toleration) bool {
 	}
 	_, untolerated := schedcorev1.FindMatchingUntoleratedTaint(klog.Background(), taints, tolerations, nil, false)
 	return !untolerated
-}
-
-// Reserve counts a domain choice the webhook has just made for a pod that the informer has
-// not delivered yet, so that a burst of admissions does not pile onto one domain.
-func (v *View) Reserve(namespace string, domain, gpus int) {
-	v.resMu.Lock()
-	defer v.resMu.Unlock()
-	k := resKey{namespace, demand{domain, gpus}}
-	v.reservations = append(v.reservations, reservation{k, v.now().Add(ReservationTTL)})
-	v.resLive[k]++
-}
-
-// consumeReservation retires one reservation the arriving pod accounts for.
-func (v *View) consumeReservation(namespace string, domain, gpus int) {
-	v.resMu.Lock()
-	defer v.resMu.Unlock()
-	k := resKey{namespace, demand{domain, gpus}}
-	if v.resLive[k] > 0 {
-		v.resLive[k]--
-		v.resConsumed[k]++
-	}
-}
-
-// liveReservations expires old reservations (amortised O(1): they expire in order) and
-// returns the live ones counted by demand.
-func (v *View) liveReservations() map[demand]int {
-	v.resMu.Lock()
-	defer v.resMu.Unlock()
-	now := v.now()
-	i := 0
-	for ; i < len(v.reservations) && now.After(v.reservations[i].expires); i++ {
-		k := v.reservations[i].key
-		if v.resConsumed[k] > 0 {
-			v.resConsumed[k]--
-		} else if v.resLive[k] > 0 {
-			v.resLive[k]--
-		}
-	}
-	v.reservations = v.reservations[i:]
-	out := map[demand]int{}
-	for k, c := range v.resLive {
-		if c > 0 {
-			out[k.demand] += c
-		} else {
-			delete(v.resLive, k)
-		}
-	}
-	return out
 }
 
 // hasNodeConstraints reports whether the pod restricts nodes by labels; nvdomain's own domain

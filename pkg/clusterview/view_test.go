@@ -114,7 +114,7 @@ func TestPendingAndReservationsSpreadABurst(t *testing.T) {
 	v.UpsertNode(gpuNode("gpu-node01", []int{4, 4}, nil))
 	// Two TP=2 pods already pinned to domain 0 but not bound yet: domain 0 is full.
 	v.UpsertPod(pinnedPod("", 0, 2))
-	v.Reserve("default", 0, 2)
+	v.Reserve(newTP(), 0, 2)
 	got, _ := v.ChooseDomain(newTP(), 2, 0)
 	if got.Domain != 1 || !got.Fits {
 		t.Fatalf("burst piled onto domain 0: %+v", got)
@@ -130,7 +130,7 @@ func TestPendingAndReservationsSpreadABurst(t *testing.T) {
 	clock := time.Now()
 	v2.now = func() time.Time { return clock }
 	v2.UpsertNode(gpuNode("gpu-node01", []int{4, 4}, nil))
-	v2.Reserve("default", 0, 4)
+	v2.Reserve(newTP(), 0, 4)
 	if got, _ := v2.ChooseDomain(newTP(), 4, 0); got.Domain != 1 {
 		t.Fatalf("reservation ignored: %+v", got)
 	}
@@ -308,7 +308,7 @@ func TestImpossibleMessageListsNodes(t *testing.T) {
 func BenchmarkChooseDomainWithManyReservations(b *testing.B) {
 	v := buildScale(b, 500, 2000)
 	for i := range 40000 {
-		v.Reserve("default", i%2, 2)
+		v.Reserve(newTP(), i%2, 2)
 	}
 	b.ReportAllocs()
 	for b.Loop() {

@@ -1,0 +1,213 @@
+package clusterview
+
+import (
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/nvdomain/nvdomain/pkg/placement"
+)
+
+// ReservationTTL bounds how long a domain choice the webhook just made is counted before the
+// pod shows up in the informer. A pod normally appears within milliseconds; the TTL only
+// covers a slow watch. It is also the longest a create that fails after the mutating webhook
+// (ResourceQuota, a later validating webhook or policy, AlreadyExists) affects other pods'
+// choices.
+const ReservationTTL = 10 * time.Second
+
+// MaxReservationsPerNamespace bounds the live reservations of one namespace: a burst beyond it
+// (informer lag during a large scale-up) retires the namespace's oldest, so no namespace can
+// make more than this many pods' worth of room look taken, however fast it creates.
+const MaxReservationsPerNamespace = 32
+
+// FailingCreatesHold is how long a namespace whose reservation expired without its pod ever
+// appearing (its creates fail after admission) has its reservations left out of every
+// choice. Each further unconsumed expiry renews it, and the first pod of the namespace that
+// arrives ends it. While it lasts, the namespace's creates are still pinned as usual; only
+// the room they would take before the informer delivers them is not held for them, which
+// costs a burst from that namespace some spread, never correctness.
+const FailingCreatesHold = time.Minute
+
+// reservations are the webhook replica's domain choices for pods the informer has not
+// delivered yet. Each names the pod it was made for (namespace, and name or generateName),
+// so that only that pod retires it: pods of another namespace or another workload, or pods
+// another replica admitted, never retire this one's reservations. Reservations whose pod
+// never came (the create failed after admission) expire after ReservationTTL, and mark their
+// namespace as failing, whose reservations then count for nothing (FailingCreatesHold); so
+// does a second reservation under a name that already has one. A tenant that loops failing
+// creates therefore holds phantom room for at most one TTL, and never more than
+// MaxReservationsPerNamespace pods' worth. A namespace's first pod to arrive ends the mark, so
+// a tenant mixing successful and failing creates can renew that bound once per TTL.
+type reservations struct {
+	mu sync.Mutex
+	// queue is every reservation not yet expired, in expiry order (the TTL is constant).
+	queue []*reservation
+	// byNamespace lists each namespace's live reservations, oldest first.
+	byNamespace map[string][]*reservation
+	// counted sums the live reservations of namespaces not marked failing, by demand.
+	counted map[demand]int
+	// failing[namespace] is until when that namespace's reservations count for nothing.
+	failing map[string]time.Time
+}
+
+type reservation struct {
+	namespace, name, generateName string
+	demand
+	expires time.Time
+	// live: neither consumed, replaced, pushed out by the namespace cap nor expired.
+	// counts: it is in counted. consumed: its pod arrived.
+	live, counts, consumed bool
+}
+
+func newReservations() reservations {
+	return reservations{byNamespace: map[string][]*reservation{}, counted: map[demand]int{}, failing: map[string]time.Time{}}
+}
+
+// ChooseAndReserve chooses a domain for a pod being created (ChooseDomain) and reserves the
+// choice for that pod in one step: concurrent admissions on this replica never take the same
+// room. Nothing is reserved when the choice fails.
+func (v *View) ChooseAndReserve(pod *corev1.Pod, k int, seed uint64) (placement.Decision, error) {
+	v.decideMu.Lock()
+	defer v.decideMu.Unlock()
+	dec, err := v.ChooseDomain(pod, k, seed)
+	if err == nil {
+		v.Reserve(pod, dec.Domain, k)
+	}
+	return dec, err
+}
+
+// Reserve counts a domain choice the webhook has just made for pod, which the informer has
+// not delivered yet, so that a burst of admissions does not pile onto one domain. A pod
+// created again under the same name (a retry after AlreadyExists) replaces its earlier
+// reservation.
+func (v *View) Reserve(pod *corev1.Pod, domain, gpus int) {
+	v.res.add(pod, demand{domain, gpus}, v.now())
+}
+
+// liveReservations returns the reservations that count, by demand.
+func (v *View) liveReservations() map[demand]int {
+	return v.res.live(v.now())
+}
+
+func (rs *reservations) add(pod *corev1.Pod, d demand, now time.Time) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	rs.expireLocked(now)
+	ns := pod.Namespace
+	if pod.Name != "" {
+		for _, r := range rs.byNamespace[ns] {
+			if r.name == pod.Name {
+				// The same name again while its reservation waits: the earlier create failed
+				// (or this one will, with AlreadyExists).
+				rs.retireLocked(r)
+				rs.markFailingLocked(ns, now)
+				break
+			}
+		}
+	}
+	if list := rs.byNamespace[ns]; len(list) >= MaxReservationsPerNamespace {
+		rs.retireLocked(list[0])
+	}
+	r := &reservation{namespace: ns, name: pod.Name, generateName: pod.GenerateName, demand: d, expires: now.Add(ReservationTTL), live: true}
+	if until, ok := rs.failing[ns]; !ok || now.After(until) {
+		delete(rs.failing, ns)
+		r.counts = true
+		rs.counted[d]++
+	}
+	rs.queue = append(rs.queue, r)
+	rs.byNamespace[ns] = append(rs.byNamespace[ns], r)
+}
+
+// consume retires the reservation made for pod, which has just arrived: one of its namespace
+// and demand made under its name, or under its generateName, or (a reservation made for a
+// pod without either, as tests make) for any pod. The namespace's creates evidently succeed,
+// so it is no longer failing.
+func (rs *reservations) consume(pod *corev1.Pod, d demand, now time.Time) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	delete(rs.failing, pod.Namespace)
+	for _, r := range rs.byNamespace[pod.Namespace] {
+		if r.demand != d {
+			continue
+		}
+		if (r.name != "" && r.name == pod.Name) || (r.name == "" && r.generateName == pod.GenerateName) {
+			r.consumed = true
+			rs.retireLocked(r)
+			return
+		}
+	}
+}
+
+func (rs *reservations) live(now time.Time) map[demand]int {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	rs.expireLocked(now)
+	out := make(map[demand]int, len(rs.counted))
+	for d, c := range rs.counted {
+		out[d] = c
+	}
+	return out
+}
+
+// expireLocked drops the reservations past their TTL (amortised O(1): they expire in order).
+// One whose pod never arrived says that its namespace's creates are failing.
+func (rs *reservations) expireLocked(now time.Time) {
+	i := 0
+	for ; i < len(rs.queue) && now.After(rs.queue[i].expires); i++ {
+		r := rs.queue[i]
+		rs.retireLocked(r)
+		if !r.consumed {
+			rs.markFailingLocked(r.namespace, now)
+		}
+		rs.queue[i] = nil
+	}
+	rs.queue = rs.queue[i:]
+	for ns, until := range rs.failing {
+		if now.After(until) {
+			delete(rs.failing, ns)
+		}
+	}
+}
+
+// markFailingLocked marks namespace ns as failing its creates: none of its reservations
+// counts, those it holds now included, until FailingCreatesHold has passed without another
+// failure or one of its pods arrives.
+func (rs *reservations) markFailingLocked(ns string, now time.Time) {
+	rs.failing[ns] = now.Add(FailingCreatesHold)
+	for _, r := range rs.byNamespace[ns] {
+		rs.uncountLocked(r)
+	}
+}
+
+func (rs *reservations) uncountLocked(r *reservation) {
+	if !r.counts {
+		return
+	}
+	r.counts = false
+	if rs.counted[r.demand]--; rs.counted[r.demand] <= 0 {
+		delete(rs.counted, r.demand)
+	}
+}
+
+// retireLocked takes a live reservation out of the counts and its namespace's list; it stays
+// in the queue until it expires.
+func (rs *reservations) retireLocked(r *reservation) {
+	if !r.live {
+		return
+	}
+	r.live = false
+	rs.uncountLocked(r)
+	list := rs.byNamespace[r.namespace]
+	for i, x := range list {
+		if x == r {
+			list = append(list[:i], list[i+1:]...)
+			break
+		}
+	}
+	if len(list) == 0 {
+		delete(rs.byNamespace, r.namespace)
+	} else {
+		rs.byNamespace[r.namespace] = list
+	}
+}

@@ -205,17 +205,17 @@ type leavingPod struct {
 // New returns an empty view.
 func New(n names.Names) *View {
 	return &View{
-		names:       n,
-		now:         time.Now,
-		nodes:       map[string]*node{},
-		used:        map[string]map[int]int{},
-		pods:        map[types.UID]podEntry{},
-		leaving:     map[types.UID]leavingPod{},
-		pending:     map[demand]int{},
-		res:         newReservations(),
-		hist:        map[string]map[int]map[capFree]*histBucket{},
-		taintSets:   map[string]taintSet{},
-		advertised:  map[string]int{},
+		names:      n,
+		now:        time.Now,
+		nodes:      map[string]*node{},
+		used:       map[string]map[int]int{},
+		pods:       map[types.UID]podEntry{},
+		leaving:    map[types.UID]leavingPod{},
+		pending:    map[demand]int{},
+		res:        newReservations(),
+		hist:       map[string]map[int]map[capFree]*histBucket{},
+		taintSets:  map[string]taintSet{},
+		advertised: map[string]int{},
 	}
 }
 

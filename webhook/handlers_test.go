@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -17,10 +18,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	decision "github.com/nvdomain/nvdomain/pkg/admission"
@@ -731,5 +734,79 @@ func TestGPUInitContainers(t *testing.T) {
 				t.Errorf("free in domain %s = %d", d, free)
 			}
 		})
+	}
+}
+
+// A Deployment whose pod template carries a pin copied from `kubectl get pod -o yaml` (the
+// annotations, the domain resource, the domain affinity and preferences) must not give every
+// replacement that domain: the pod is pinned afresh, to the domain with room. A bare pod keeps
+// a pin written by hand, as an operator may.
+func TestPinCopiedIntoATemplateIsChosenAfresh(t *testing.T) {
+	f := newFixture(t, decision.NonTPAccount, seedNode())
+	f.view.UpsertPod(bound("gpu-node01", 0, 4, "holder")) // domain 0 is full
+	// The pin a pod admitted to domain 0 carries, as `kubectl get pod -o yaml` shows it.
+	admitted, _, _ := newFixture(t, decision.NonTPAccount, seedNode()).admit(t, pod(true, 4))
+	if d := admitted.Annotations[n.PodDomainAnnotation()]; d != "0" {
+		t.Fatalf("the source pod was pinned to %q, want 0", d)
+	}
+	cases := []struct {
+		name  string
+		owned bool
+		want  string
+	}{
+		{"a ReplicaSet's pod is pinned where there is room", true, "1"},
+		{"a bare pod keeps the pin written by hand", false, "0"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := admitted.DeepCopy()
+			p.Name = "llama-7d9-xk2p4"
+			if tc.owned {
+				p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "llama-7d9", UID: "rs-uid", Controller: ptr.To(true)}}
+			}
+			out, mresp, vresp := f.admit(t, p)
+			if !mresp.Allowed || !vresp.Allowed {
+				t.Fatalf("mutate %v validate %v", mresp.Result, vresp.Result)
+			}
+			if got := out.Annotations[n.PodDomainAnnotation()]; got != tc.want {
+				t.Fatalf("domain annotation %q, want %q", got, tc.want)
+			}
+			p2 := rulesInspect(out)
+			if got := p2.PinnedDomain(); strconv.Itoa(got) != tc.want {
+				t.Fatalf("the resources name domain %d, want %s: %v", got, tc.want, out.Spec.Containers[0].Resources.Limits)
+			}
+			// Every domain term names the chosen domain; none of the copied one is left.
+			na := out.Spec.Affinity.NodeAffinity
+			for _, term := range na.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
+				for _, e := range term.MatchExpressions {
+					if _, ours := n.ParseDomainSizeLabel(e.Key); ours && e.Key != n.DomainSizeLabel(p2.PinnedDomain()) {
+						t.Errorf("required term still names %s", e.Key)
+					}
+				}
+			}
+			for _, term := range na.PreferredDuringSchedulingIgnoredDuringExecution {
+				for _, e := range term.Preference.MatchExpressions {
+					if _, ours := n.ParseDomainSizeLabel(e.Key); ours && e.Key != n.DomainSizeLabel(p2.PinnedDomain()) {
+						t.Errorf("preferred term still names %s", e.Key)
+					}
+				}
+			}
+		})
+	}
+}
+
+// Unpin leaves the pod as its user wrote it: pinning it again gives the pod Pin gives the
+// unpinned original, whatever domain the copy carried.
+func TestUnpinUndoesPin(t *testing.T) {
+	orig := pod(true, 4)
+	orig.Spec.NodeSelector = map[string]string{"pool": "a"}
+	orig.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+		NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "zone", Operator: corev1.NodeSelectorOpIn, Values: []string{"a"}}}}}}}}
+	for _, bare := range []*corev1.Pod{pod(true, 4), orig} {
+		p := rulesInspect(bare)
+		pinned := decision.Pin(bare, p, 1, []string{"gpu-node01"}, n)
+		if got := decision.Unpin(pinned, n); !equality.Semantic.DeepEqual(got, bare) {
+			t.Errorf("Unpin(Pin(pod)) differs from the pod:\n got %+v\nwant %+v", got.Spec, bare.Spec)
+		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/nvdomain/nvdomain/pkg/checkconfig"
@@ -48,7 +49,14 @@ func (m *Decider) Admit(pod *corev1.Pod, seed uint64) (*corev1.Pod, PinPlan) {
 func (m *Decider) mutate(pod *corev1.Pod, seed uint64, reserve bool) (*corev1.Pod, PinPlan) {
 	n := m.Options.Names
 	work := pod
-	if ownsAnnotations(pod, n) && !pinnedByNvdomain(pod, n) {
+	switch {
+	case fromTemplate(pod, n):
+		// A controller makes its pods from a template, and nvdomain never pins a template: a
+		// pin there was copied (from `kubectl get pod -o yaml`, say) and would give every
+		// replacement the same domain, however full, so the re-pin controller could only
+		// evict it again. The pod is pinned afresh, as if the template had no pin.
+		work = Unpin(pod, n)
+	case ownsAnnotations(pod, n) && !pinnedByNvdomain(pod, n):
 		work = pod.DeepCopy()
 		StripOwned(work, n)
 	}
@@ -102,6 +110,37 @@ func pinnedByNvdomain(pod *corev1.Pod, n names.Names) bool {
 	}
 	i, k := draClaim(pod)
 	return i >= 0 && pod.Annotations[n.PodTPSizeAnnotation()] == strconv.Itoa(k)
+}
+
+// fromTemplate reports whether a pod being created comes from a controller's template and
+// carries a pin: a domain resource, a domain node-affinity term, or nvdomain's annotations.
+// The apiserver may call the webhook again on the same create after another webhook changed
+// the pod (reinvocationPolicy IfNeeded); the pod is then pinned afresh, which ends as
+// consistently as the first call.
+func fromTemplate(pod *corev1.Pod, n names.Names) bool {
+	if metav1.GetControllerOfNoCopy(pod) == nil {
+		return false
+	}
+	if ownsAnnotations(pod, n) {
+		return true
+	}
+	for _, c := range rules.Inspect(pod, n).Containers {
+		if len(c.Domains) > 0 {
+			return true
+		}
+	}
+	if a := pod.Spec.Affinity; a != nil && a.NodeAffinity != nil {
+		if req := a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution; req != nil {
+			for _, t := range req.NodeSelectorTerms {
+				for _, e := range t.MatchExpressions {
+					if _, ok := n.ParseDomainSizeLabel(e.Key); ok {
+						return true
+					}
+				}
+			}
+		}
+	}
+	return false
 }
 
 func ownsAnnotations(pod *corev1.Pod, n names.Names) bool {

@@ -150,7 +150,10 @@ func appendOnly[T any](p *patcher, path string, a, b []T) {
 func (p *patcher) affinity(a, b *corev1.Affinity) {
 	const path = "/spec/affinity"
 	switch {
-	case b == nil || reflect.DeepEqual(a, b):
+	case reflect.DeepEqual(a, b):
+		return
+	case b == nil:
+		p.remove(path) // Unpin dropped an affinity that held only nvdomain's terms
 		return
 	case a == nil:
 		p.add(path, b)

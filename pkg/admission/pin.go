@@ -235,3 +235,64 @@ func requireOnEveryTerm(pod *corev1.Pod, expr corev1.NodeSelectorRequirement) *c
 	na.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms = terms
 	return na
 }
+
+// Unpin returns a copy of pod without any pin: no nvswitch-domain resource in any container,
+// no node-affinity expression or preference on a domain size label (a required term left
+// empty is dropped, and the affinity with it when nothing else is left), and none of
+// nvdomain's pod annotations. It is the pod as its user or its template meant it, which the
+// webhook pins afresh. The re-pin controller asks the same chooser what the webhook would do
+// with the pod's replacement, which its owner creates from the template, so it never evicts a
+// pod toward a target the webhook would not honour.
+func Unpin(pod *corev1.Pod, n names.Names) *corev1.Pod {
+	out := pod.DeepCopy()
+	StripOwned(out, n)
+	for _, cs := range [][]corev1.Container{out.Spec.InitContainers, out.Spec.Containers} {
+		for i := range cs {
+			for _, rl := range []corev1.ResourceList{cs[i].Resources.Limits, cs[i].Resources.Requests} {
+				for res := range rl {
+					if n.IsDomainResource(string(res)) {
+						delete(rl, res)
+					}
+				}
+			}
+		}
+	}
+	a := out.Spec.Affinity
+	if a == nil || a.NodeAffinity == nil {
+		return out
+	}
+	na := a.NodeAffinity
+	ours := func(e corev1.NodeSelectorRequirement) bool {
+		_, ok := n.ParseDomainSizeLabel(e.Key)
+		return ok
+	}
+	if req := na.RequiredDuringSchedulingIgnoredDuringExecution; req != nil {
+		var terms []corev1.NodeSelectorTerm
+		for _, t := range req.NodeSelectorTerms {
+			t.MatchExpressions = slices.DeleteFunc(slices.Clone(t.MatchExpressions), ours)
+			if len(t.MatchExpressions) == 0 {
+				t.MatchExpressions = nil
+			}
+			if len(t.MatchExpressions) > 0 || len(t.MatchFields) > 0 {
+				terms = append(terms, t)
+			}
+		}
+		na.RequiredDuringSchedulingIgnoredDuringExecution = nil
+		if len(terms) > 0 {
+			na.RequiredDuringSchedulingIgnoredDuringExecution = &corev1.NodeSelector{NodeSelectorTerms: terms}
+		}
+	}
+	na.PreferredDuringSchedulingIgnoredDuringExecution = slices.DeleteFunc(na.PreferredDuringSchedulingIgnoredDuringExecution, func(t corev1.PreferredSchedulingTerm) bool {
+		return slices.ContainsFunc(t.Preference.MatchExpressions, ours)
+	})
+	if len(na.PreferredDuringSchedulingIgnoredDuringExecution) == 0 {
+		na.PreferredDuringSchedulingIgnoredDuringExecution = nil
+	}
+	if na.RequiredDuringSchedulingIgnoredDuringExecution == nil && na.PreferredDuringSchedulingIgnoredDuringExecution == nil {
+		a.NodeAffinity = nil
+	}
+	if a.NodeAffinity == nil && a.PodAffinity == nil && a.PodAntiAffinity == nil {
+		out.Spec.Affinity = nil
+	}
+	return out
+}

@@ -183,7 +183,7 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 		if err != nil {
 			return nil, nil, err
 		}
-		r := &repin.Reconciler{Options: so.Repin, Names: so.Handlers.Names, View: view, Client: mgr.GetClient(), Reader: mgr.GetAPIReader(),
+		r := &repin.Reconciler{Options: so.Repin, Names: so.Handlers.Names, View: view, Decider: mut.Decider, Client: mgr.GetClient(), Reader: mgr.GetAPIReader(),
 			Recorder: mgr.GetEventRecorder("nvdomain-repin"), Metrics: rm, Log: log.WithName("repin")}
 		if err := r.Setup(mgr); err != nil {
 			return nil, nil, fmt.Errorf("re-pin controller: %w", err)

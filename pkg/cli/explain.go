@@ -33,7 +33,7 @@ import (
 // (pkg/kubeevents) and the re-pin controller's (webhook/repin).
 var nvdomainReasons = []string{
 	kubeevents.ReasonGPUsAssigned, kubeevents.ReasonTensorParallelNotPinned,
-	repin.ReasonRepinned, repin.ReasonStranded, repin.ReasonRepinSkipped,
+	repin.ReasonRepinned, repin.ReasonStranded, repin.ReasonRepinSkipped, repin.ReasonRepinGivenUp,
 }
 
 // ExplainOptions is `nvdomain explain POD` and `nvdomain explain -f FILE`: kubectl's

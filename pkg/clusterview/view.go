@@ -12,6 +12,7 @@
 package clusterview
 
 import (
+	"maps"
 	"sort"
 	"strings"
 	"sync"
@@ -63,6 +64,10 @@ type View struct {
 	// gen counts the changes the informers made to the view (generation), so that the re-pin
 	// controller can skip a pass over a view it has already planned.
 	gen atomic.Uint64
+	// nodeGen counts changes of what nodes offer (added, removed, their domains, labels or
+	// taints), not their heartbeats: the re-pin controller looks again at a workload it gave
+	// up on once this changes.
+	nodeGen atomic.Uint64
 
 	mu    sync.RWMutex
 	nodes map[string]*node
@@ -240,6 +245,9 @@ func (v *View) UpsertNode(obj *corev1.Node) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	v.gen.Add(1)
+	if old, ok := v.nodes[obj.Name]; !ok || !sameShape(old, nd) {
+		v.nodeGen.Add(1)
+	}
 	v.removeNodeLocked(obj.Name)
 	v.nodes[obj.Name] = nd
 	v.taintSets[nd.taintKey] = ts
@@ -260,7 +268,21 @@ func (v *View) DeleteNode(name string) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	v.gen.Add(1)
+	if _, ok := v.nodes[name]; ok {
+		v.nodeGen.Add(1)
+	}
 	v.removeNodeLocked(name)
+}
+
+// NodeGeneration changes whenever what the nodes offer changes: a node added or removed, or
+// its domains, labels or taints (cordon and readiness included) changed.
+func (v *View) NodeGeneration() uint64 {
+	return v.nodeGen.Load()
+}
+
+// sameShape reports whether two versions of a node offer the same: domains, labels, taints.
+func sameShape(a, b *node) bool {
+	return a.taintKey == b.taintKey && maps.Equal(a.capacity, b.capacity) && maps.Equal(a.obj.Labels, b.obj.Labels) && a.dra == b.dra
 }
 
 // Generation changes whenever a node or a pod the view counts changes; equal generations

@@ -96,3 +96,51 @@ func NoRoomAdvice(domain, gpus int) string {
 	return fmt.Sprintf("no NVSwitch domain has room for %d GPUs on a node it may run on, and it runs when %d GPUs of domain %d free up on one. Fix, to run sooner: free %d GPUs of domain %d, or of any domain of at least %d GPUs, on a node it may run on (scale down or delete the pods there); or lower the pod's tensor-parallel size",
 		gpus, gpus, domain, gpus, domain, gpus)
 }
+
+// MaxMovesWithoutRunning is how many times the controller moves a workload's pods without any
+// of them running before it gives up on the workload. A move lands on room the webhook's own
+// decision found; a replacement can strand again once when another pod takes that room
+// first; a third time in a row says that the webhook's model of room and the scheduler's
+// disagree about this workload (a constraint the view cannot judge, say), and moving it
+// again would only repeat the eviction.
+const MaxMovesWithoutRunning = 3
+
+// GiveUpFor is the longest a workload given up on is left alone when nothing else changes:
+// a change of the nodes, or a pod of the workload that stops stranding, ends it sooner.
+const GiveUpFor = time.Hour
+
+// MoveBackoff is how long after a workload's last move the controller waits before the
+// repeat-th move of a replacement that stranded again: after·2^repeat (60s, 120s with the
+// default --repin-after of 30s), so a workload the two models disagree about is evicted
+// ever more rarely until it is given up on.
+func MoveBackoff(after time.Duration, repeat int) time.Duration {
+	return after << repeat
+}
+
+// MoveText names a move for the Repinned Event: the domain the pod leaves and the one the
+// webhook pins its replacement to (To < 0: DRA nodes, where the allocator picks the domain).
+func MoveText(dec placement.RepinDecision) string {
+	if dec.To < 0 {
+		return fmt.Sprintf("domain %d → DRA nodes", dec.From)
+	}
+	return fmt.Sprintf("domain %d → %d", dec.From, dec.To)
+}
+
+// WebhookDisagrees says why a stranded pod is not moved although the plan found room for it:
+// the webhook, which pins the replacement, would not pin it to a domain with room now.
+func WebhookDisagrees(domain int, fits bool, dec placement.RepinDecision) string {
+	why := "the webhook would pin its replacement to the same domain"
+	if domain != dec.From {
+		why = fmt.Sprintf("the webhook would pin its replacement to domain %d", domain)
+	}
+	if domain >= 0 && !fits {
+		why += ", where it would wait too"
+	}
+	return why + fmt.Sprintf(" (the room on node %s is taken, in its count, by pods pinned earlier or being created); nvdomain moves a pod only toward room the webhook gives it, so it waits. %s",
+		dec.Node, fixes("", dec))
+}
+
+// GivenUpText is the RepinGivenUp Event: the workload was moved moves times and never ran.
+func GivenUpText(cause string, moves int) string {
+	return fmt.Sprintf("Stranded: %s; its pods were moved %d times and none ran, so nvdomain stops moving them until the nodes change or an hour passes. Fix: run `kubectl nvdomain explain` on the pod for the scheduler's reason; check its node selector, affinity, tolerations and volumes against the nodes with room", cause, moves)
+}

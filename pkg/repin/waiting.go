@@ -13,6 +13,9 @@ const (
 	ReasonRepinned     = "Repinned"
 	ReasonRepinSkipped = "RepinSkipped"
 	ReasonStranded     = "Stranded"
+	// ReasonRepinGivenUp: a workload moved MaxMovesWithoutRunning times without running is
+	// left alone (GivenUpText).
+	ReasonRepinGivenUp = "RepinGivenUp"
 )
 
 // Waiting returns the pods pinned to a domain by nvdomain, not bound, not being deleted and

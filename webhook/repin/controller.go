@@ -30,6 +30,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
+	"github.com/nvdomain/nvdomain/pkg/admission"
 	"github.com/nvdomain/nvdomain/pkg/clusterview"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/placement"
@@ -41,6 +42,7 @@ const (
 	ResultEvicted     = "evicted"
 	ResultBarePod     = "bare-pod-event"
 	ResultSkipped     = "skipped"
+	ResultGivenUp     = "given-up"
 	ResultRateLimited = "rate-limited"
 	ResultError       = "error"
 )
@@ -59,7 +61,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		Repins: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nvdomain_repins_total",
-			Help: "Re-pin actions on stranded pods, by result (evicted, bare-pod-event, skipped, rate-limited, error).",
+			Help: "Re-pin actions on stranded pods, by result (evicted, bare-pod-event, skipped, given-up, rate-limited, error).",
 		}, []string{"result"}),
 		Stranded: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "nvdomain_stranded_pods",
@@ -82,6 +84,9 @@ type Reconciler struct {
 	Options prepin.Options
 	Names   names.Names
 	View    *clusterview.View
+	// Decider is the webhook's own admission decision over View: a pod is moved only when it
+	// would pin the replacement to a domain with room, and never in a namespace it excludes.
+	Decider *admission.Decider
 	// Client reads pods and the metadata of their owners from the cache, and evicts; Reader
 	// reads Jobs from the API (their podFailurePolicy; the cache keeps Jobs' metadata only).
 	Client   client.Client
@@ -97,6 +102,9 @@ type Reconciler struct {
 	since     map[types.UID]time.Time
 	lastEvent map[types.UID]time.Time
 	owners    prepin.Owners
+	// moves remembers, per workload (the pod's controller), the evictions that did not lead
+	// to a running pod, so that no configuration can make the controller loop.
+	moves map[types.UID]*workloadMoves
 
 	// The last plan, the view generation it was made for and the pods it was made over: a
 	// pass over an unchanged view reuses it and only acts on the clock (Options.After).
@@ -137,6 +145,7 @@ func (r *Reconciler) init() {
 		r.limiter = rate.NewLimiter(rate.Limit(r.Options.QPS), r.Options.Burst)
 		r.since = map[types.UID]time.Time{}
 		r.lastEvent = map[types.UID]time.Time{}
+		r.moves = map[types.UID]*workloadMoves{}
 	}
 	if r.owners == nil {
 		r.owners = prepin.NewCachedOwners(r.Client, r.Reader, r.now)
@@ -166,7 +175,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 		in := make([]clusterview.WaitingPod, len(waiting))
 		for i, p := range waiting {
 			byUID[string(p.UID)] = p
-			in[i] = clusterview.WaitingPod{Pod: p, CanMove: prepin.Unschedulable(p)}
+			// A pod of an excluded namespace keeps its place in the queue but is never moved.
+			in[i] = clusterview.WaitingPod{Pod: p, CanMove: prepin.Unschedulable(p) && !r.Decider.Options.Excluded(p.Namespace)}
 		}
 		rooms, waiters := r.View.RepinInputs(in)
 		r.plan, r.planPods, r.planGen, r.planned = placement.PlanRepins(rooms, waiters), byUID, gen, true
@@ -188,12 +198,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 		next = min(next, max(r.planUntil.Sub(now), 0)+time.Second)
 	}
 	stranded := map[types.UID]bool{}
+	strandedWorkloads := map[types.UID]bool{}
 	for _, dec := range r.plan {
 		if dec.Verdict != placement.Stranded {
 			continue
 		}
 		pod := r.planPods[dec.ID]
 		stranded[pod.UID] = true
+		if ref := metav1.GetControllerOfNoCopy(pod); ref != nil {
+			strandedWorkloads[ref.UID] = true
+		}
 		since, ok := r.since[pod.UID]
 		if !ok {
 			since = now
@@ -217,6 +231,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 			delete(r.lastEvent, uid)
 		}
 	}
+	r.forgetMoves(now, strandedWorkloads)
 	r.Metrics.Stranded.Set(float64(len(stranded)))
 	return reconcile.Result{RequeueAfter: max(next, r.Options.Interval)}, nil
 }
@@ -240,6 +255,41 @@ func (r *Reconciler) act(ctx context.Context, pod *corev1.Pod, dec placement.Rep
 		r.Metrics.Repins.WithLabelValues(ResultSkipped).Inc()
 		r.eventOnce(pod, corev1.EventTypeWarning, prepin.ReasonRepinSkipped, "Repin", "Stranded: %s; it is not moved: %s. %s", cause, owners.Skip, prepin.SkipFix(owners, dec))
 		return 0
+	}
+	// The replacement is pinned by the webhook, not by the plan: move the pod only toward
+	// room the webhook's own decision gives it now. Where the two models of room disagree
+	// (room the view cannot judge, reservations, waiters that claim room first) the pod
+	// waits, named, rather than being evicted back to the domain it left.
+	target := r.Decider.Plan(admission.Unpin(pod, r.Names), 0)
+	switch {
+	case target.Outcome == admission.OutcomeDRA:
+		dec.To = -1
+	case target.Outcome != admission.OutcomePinned || !target.Chosen || !target.Decision.Fits || target.Domain == dec.From:
+		r.Metrics.Repins.WithLabelValues(ResultSkipped).Inc()
+		r.eventOnce(pod, corev1.EventTypeWarning, prepin.ReasonRepinSkipped, "Repin", "Stranded: %s; it is not moved: %s", cause, prepin.WebhookDisagrees(target.Domain, target.Decision.Fits, dec))
+		return 0
+	default:
+		dec.To = target.Domain
+	}
+	ctrl := metav1.GetControllerOfNoCopy(pod)
+	m := r.moves[ctrl.UID]
+	repeat := m != nil && m.replaces(pod)
+	if m != nil && m.givenUp {
+		return 0 // left alone until something changes (forgetMoves)
+	}
+	if repeat {
+		if m.repeats+1 >= prepin.MaxMovesWithoutRunning {
+			m.givenUp, m.givenUpAt, m.nodeGen = true, r.now(), r.View.NodeGeneration()
+			r.Metrics.Repins.WithLabelValues(ResultGivenUp).Inc()
+			text := prepin.GivenUpText(cause, m.repeats+1)
+			r.Log.Info("gave up re-pinning a workload", "namespace", pod.Namespace, "pod", pod.Name, "controller", ctrl.Name, "moves", m.repeats+1)
+			r.Recorder.Eventf(pod, nil, corev1.EventTypeWarning, prepin.ReasonRepinGivenUp, "Repin", "%s", text)
+			r.Recorder.Eventf(ownerObject(pod.Namespace, owners.Top()), nil, corev1.EventTypeWarning, prepin.ReasonRepinGivenUp, "Repin", "pod %s: %s", pod.Name, text)
+			return 0
+		}
+		if wait := prepin.MoveBackoff(r.Options.After, m.repeats+1) - r.now().Sub(m.last); wait > 0 {
+			return wait
+		}
 	}
 	if !r.limiter.Allow() {
 		r.Metrics.Repins.WithLabelValues(ResultRateLimited).Inc()
@@ -271,13 +321,29 @@ func (r *Reconciler) act(ctx context.Context, pod *corev1.Pod, dec placement.Rep
 	switch {
 	case err == nil:
 		r.Metrics.Repins.WithLabelValues(ResultEvicted).Inc()
+		if m == nil {
+			m = &workloadMoves{}
+			r.moves[ctrl.UID] = m
+		}
+		if repeat {
+			m.repeats++
+		}
+		m.last = r.now()
+		// The workload's other waiting pods are not replacements of this one: a later move
+		// of one of them is no repeat.
+		m.known = map[types.UID]bool{}
+		for _, p := range r.planPods {
+			if ref := metav1.GetControllerOfNoCopy(p); ref != nil && ref.UID == ctrl.UID && p.UID != pod.UID {
+				m.known[p.UID] = true
+			}
+		}
 		msg := fmt.Sprintf("%s: evicted so that its %s recreates it and nvdomain pins the replacement to a domain with room", cause, owners.Describe())
 		top := owners.Top()
 		r.Log.Info("re-pinned a stranded pod", "namespace", pod.Namespace, "name", pod.Name, "from", dec.From, "to", dec.To, "node", dec.Node, "owners", owners.Describe())
-		r.Recorder.Eventf(pod, nil, corev1.EventTypeNormal, prepin.ReasonRepinned, "Repin", "domain %d → %d: %s", dec.From, dec.To, msg)
+		r.Recorder.Eventf(pod, nil, corev1.EventTypeNormal, prepin.ReasonRepinned, "Repin", "%s: %s", prepin.MoveText(dec), msg)
 		// The top-level owner is the object its user manages (a Deployment rather than its
 		// ReplicaSet): the Event goes where they look.
-		r.Recorder.Eventf(ownerObject(pod.Namespace, top), nil, corev1.EventTypeNormal, prepin.ReasonRepinned, "Repin", "pod %s, domain %d → %d: %s", pod.Name, dec.From, dec.To, msg)
+		r.Recorder.Eventf(ownerObject(pod.Namespace, top), nil, corev1.EventTypeNormal, prepin.ReasonRepinned, "Repin", "pod %s, %s: %s", pod.Name, prepin.MoveText(dec), msg)
 		delete(r.since, pod.UID)
 	case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
 		// Gone, replaced, bound or changed meanwhile: the next pass sees the new state.
@@ -290,6 +356,44 @@ func (r *Reconciler) act(ctx context.Context, pod *corev1.Pod, dec placement.Rep
 		return time.Second
 	}
 	return 0
+}
+
+// workloadMoves is what the controller remembers of the moves of one workload's pods.
+type workloadMoves struct {
+	// last is when a pod of the workload was last evicted; repeats counts the evictions of
+	// pods that came after an earlier one (replacements that stranded again, never having run).
+	last    time.Time
+	repeats int
+	// known are the workload's pods that were waiting at its last move: they are not its
+	// replacements. Any other pod of the workload is, or is as good as one (a pod created
+	// since), which no clock, skewed or not, has to decide.
+	known map[types.UID]bool
+	// givenUp: the workload was moved MaxMovesWithoutRunning times without running; it is
+	// left alone until what the nodes offer changes, it stops stranding, or GiveUpFor passes.
+	givenUp   bool
+	givenUpAt time.Time
+	nodeGen   uint64
+}
+
+// replaces reports whether pod came after the workload's last move: the replacement of the
+// pod the controller evicted, or one as good as it.
+func (m *workloadMoves) replaces(pod *corev1.Pod) bool {
+	return !m.known[pod.UID]
+}
+
+// forgetMoves ends what the controller remembers of a workload once it has made progress: it
+// has no stranded pod some time after its last move (its replacement ran), or, given up on,
+// it no longer strands, the nodes changed, or GiveUpFor passed.
+func (r *Reconciler) forgetMoves(now time.Time, stranded map[types.UID]bool) {
+	gen := r.View.NodeGeneration()
+	for uid, m := range r.moves {
+		switch {
+		case m.givenUp && (!stranded[uid] || gen != m.nodeGen || now.Sub(m.givenUpAt) >= prepin.GiveUpFor):
+			delete(r.moves, uid)
+		case !m.givenUp && !stranded[uid] && now.Sub(m.last) >= prepin.MoveBackoff(r.Options.After, prepin.MaxMovesWithoutRunning):
+			delete(r.moves, uid)
+		}
+	}
 }
 
 // eventOnce records an Event on the pod at most once per Options.EventEvery.

@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	"github.com/nvdomain/nvdomain/pkg/admission"
 	"github.com/nvdomain/nvdomain/pkg/clusterview"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/placement"
@@ -109,6 +110,8 @@ type harness struct {
 	// evictions are the evictions the API server was asked for; jobReads the Jobs read from it.
 	evictions []*policyv1.Eviction
 	jobReads  int
+	// gone are the pods replaceEvicted watches, by name.
+	gone map[string]*corev1.Pod
 }
 
 func newHarness(t *testing.T, opts prepin.Options, objs ...client.Object) *harness {
@@ -167,7 +170,7 @@ func newHarnessWith(t *testing.T, opts prepin.Options, funcs interceptor.Funcs, 
 		}
 		return c.Get(ctx, key, obj, opts...)
 	}})
-	h.r = &Reconciler{Options: opts, Names: n, View: view, Client: c, Reader: reader, Recorder: kindRecorder{h.rec}, Metrics: m, Log: logr.Discard()}
+	h.r = &Reconciler{Options: opts, Names: n, View: view, Decider: &admission.Decider{View: view, Options: admission.DefaultOptions()}, Client: c, Reader: reader, Recorder: kindRecorder{h.rec}, Metrics: m, Log: logr.Discard()}
 	h.r.now = func() time.Time { return h.clock }
 	return h
 }
@@ -692,3 +695,114 @@ func TestPlanIsRemadeWhenRoomAboutToFreeExpires(t *testing.T) {
 		t.Fatalf("%d plans after the deadline, want 2", h.r.plans)
 	}
 }
+
+// replaceEvicted plays the ReplicaSet and the webhook for a test that runs many passes: each
+// pod evicted since the last call is forgotten by the view, and a replacement, made by make
+// from the evicted pod, is created and counted. It returns how many it replaced.
+func (h *harness) replaceEvicted(t *testing.T, seen *int, make func(old *corev1.Pod, i int) *corev1.Pod) int {
+	t.Helper()
+	replaced := 0
+	for ; *seen < len(h.evictions); *seen++ {
+		ev := h.evictions[*seen]
+		old := h.gone[ev.Name]
+		if old == nil {
+			continue
+		}
+		h.r.View.DeletePod(old.UID)
+		repl := make(old, *seen)
+		if err := h.c.Create(context.Background(), repl); err != nil {
+			t.Fatal(err)
+		}
+		h.r.View.UpsertPod(repl)
+		h.gone[repl.Name] = repl
+		replaced++
+	}
+	return replaced
+}
+
+// A workload whose replacements keep coming back pinned to the full domain (a webhook of an
+// older version during an upgrade, a template pin nothing strips) is moved
+// MaxMovesWithoutRunning times with a growing backoff, then given up on with one
+// RepinGivenUp Event and left alone for the rest of ten minutes; a new node ends that.
+func TestReplacementsThatStrandAgainAreGivenUp(t *testing.T) {
+	waiter := pinned("tp4-0", "", 0, ownedBy("ReplicaSet", "apps/v1", "tp4-7d9"), unschedulable)
+	h := newHarness(t, testOptions(), strandedCluster(waiter, replicaSet("tp4-7d9", controlledBy("Deployment", "apps/v1", "tp4")), owner(&appsv1.Deployment{}, "tp4"))...)
+	h.gone = map[string]*corev1.Pod{waiter.Name: waiter}
+	samePin := func(old *corev1.Pod, i int) *corev1.Pod {
+		return pinned(fmt.Sprintf("tp4-%d", i+1), "", 0, ownedBy("ReplicaSet", "apps/v1", "tp4-7d9"), unschedulable)
+	}
+	seen := 0
+	for range 120 { // ten minutes, a pass every 5 s
+		h.pass(t, 5*time.Second)
+		h.replaceEvicted(t, &seen, samePin)
+	}
+	if got := len(h.evictions); got != prepin.MaxMovesWithoutRunning {
+		t.Fatalf("%d evictions in ten minutes; want %d, then none", got, prepin.MaxMovesWithoutRunning)
+	}
+	if got := h.eventsWith(prepin.ReasonRepinGivenUp); len(got) != 2 || !strings.Contains(got[0], "moved 3 times") {
+		t.Fatalf("RepinGivenUp events (on the pod and its Deployment) = %q", got)
+	}
+	if got := testutil.ToFloat64(h.r.Metrics.Repins.WithLabelValues(ResultGivenUp)); got != 1 {
+		t.Fatalf("given-up = %v", got)
+	}
+	// The nodes change (an operator relabels one): the workload is looked at again.
+	relabelled := node("gpu-node01")
+	relabelled.Labels["team"] = "llm"
+	h.r.View.UpsertNode(relabelled)
+	h.pass(t, 5*time.Second)
+	h.pass(t, 15*time.Second)
+	if got := len(h.evictions); got != prepin.MaxMovesWithoutRunning+1 {
+		t.Fatalf("after a node was added: %d evictions, want %d", got, prepin.MaxMovesWithoutRunning+1)
+	}
+}
+
+// Node A (pool=a) is full in both domains; node B is full in domain 0 and free in domain 1.
+// Two pods with nodeSelector pool=a wait pinned to domain 1, and a Deployment pod P waits
+// pinned to domain 0. The re-pin plan sees that only P can use B's domain 1; the webhook
+// must see it too, or it pins P's replacement to domain 0 again and the controller evicts it
+// every pass, forever. Several minutes of passes, with the real admission decision pinning
+// every replacement, evict P at most once, and only toward domain 1.
+func TestNodeConstraintsMakeNoEvictionLoop(t *testing.T) {
+	poolA, poolB := node("node-a"), node("node-b")
+	poolA.Labels["pool"], poolB.Labels["pool"] = "a", "b"
+	selectA := func(p *corev1.Pod) { p.Spec.NodeSelector = map[string]string{"pool": "a"} }
+	p := pinned("p-0", "", 0, ownedBy("ReplicaSet", "apps/v1", "p-7d9"), unschedulable)
+	objs := []client.Object{poolA, poolB,
+		pinned("a0", "node-a", 0), pinned("a1", "node-a", 1), pinned("b0", "node-b", 0),
+		pinned("sel-1", "", 1, selectA, schedulerSays("0/2 nodes are available: 1 Insufficient nvidia.com/nvswitch-domain-1, 1 node(s) didn't match Pod's node affinity/selector.")),
+		pinned("sel-2", "", 1, selectA, schedulerSays("0/2 nodes are available: 1 Insufficient nvidia.com/nvswitch-domain-1, 1 node(s) didn't match Pod's node affinity/selector.")),
+		p, replicaSet("p-7d9")}
+	h := newHarness(t, testOptions(), objs...)
+	h.gone = map[string]*corev1.Pod{p.Name: p}
+	viaWebhook := func(old *corev1.Pod, i int) *corev1.Pod {
+		fresh := admission.Unpin(old, n)
+		fresh.Name, fresh.UID, fresh.ResourceVersion = fmt.Sprintf("p-%d", i+1), types.UID(fmt.Sprintf("p-%d", i+1)), ""
+		fresh.Status = corev1.PodStatus{Phase: corev1.PodPending}
+		out, plan := h.r.Decider.Admit(fresh, uint64(i)+1)
+		if plan.Outcome != admission.OutcomePinned || out == nil {
+			t.Fatalf("the webhook did not pin the replacement: %+v", plan)
+		}
+		if plan.Domain == 0 {
+			unschedulable(out) // domain 0 is full everywhere
+		}
+		return out
+	}
+	seen := 0
+	var replacements []*corev1.Pod
+	for range 60 { // five minutes
+		h.pass(t, 5*time.Second)
+		if h.replaceEvicted(t, &seen, viaWebhook) > 0 {
+			replacements = append(replacements, h.gone[fmt.Sprintf("p-%d", seen)])
+		}
+	}
+	if len(h.evictions) > 1 {
+		t.Fatalf("P was evicted %d times in five minutes: an eviction loop", len(h.evictions))
+	}
+	for _, r := range replacements {
+		if d := rulesDomain(r); d != "1" {
+			t.Fatalf("P was moved, and its replacement pinned to domain %s, not to the room in domain 1", d)
+		}
+	}
+}
+
+func rulesDomain(p *corev1.Pod) string { return p.Annotations[n.PodDomainAnnotation()] }

@@ -2,6 +2,7 @@ package clusterview
 
 import (
 	"cmp"
+	"maps"
 	"slices"
 	"sort"
 
@@ -68,8 +69,15 @@ func (v *View) ChooseDomain(pod *corev1.Pod, k int, seed uint64) (placement.Deci
 	reserved := v.liveReservations()
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	buckets, names := v.bucketsLocked(pod, k)
+	claims, claimWaiting := v.claimsLocked()
+	buckets, names := v.bucketsLocked(pod, k, claims)
 	buckets, waiting := applyPending(buckets, v.pendingLocked(reserved))
+	for d, gpus := range claimWaiting {
+		if waiting == nil {
+			waiting = map[int]int{}
+		}
+		waiting[d] += gpus
+	}
 	// Only buckets of the tightest fit can give the hint, whichever id the chooser then
 	// takes among them, so names are read for those alone: a few per histogram bucket.
 	class := -1
@@ -115,7 +123,7 @@ func (v *View) ChooseDomain(pod *corev1.Pod, k int, seed uint64) (placement.Deci
 // with room for k GPUs say where to read hostnames: the histogram buckets they came from on
 // the fast path (read later, for the tightest fit only, so the cost stays O(domains × distinct
 // counts)), the names themselves on the scan path, which visits every node anyway.
-func (v *View) bucketsLocked(pod *corev1.Pod, k int) ([]bucket, nameSources) {
+func (v *View) bucketsLocked(pod *corev1.Pod, k int, claims map[string]map[int]int) ([]bucket, nameSources) {
 	type key struct {
 		domain int
 		cf     capFree
@@ -169,6 +177,23 @@ func (v *View) bucketsLocked(pod *corev1.Pod, k int) ([]bucket, nameSources) {
 				}
 			}
 		}
+		// Room that pending pods with node constraints claim on their own nodes: each such
+		// node moves from its bucket to the one of what is left. Its hostname may still be read
+		// from the histogram for the hint, which costs a less tight placement, never a wrong one.
+		for name, byDomain := range claims {
+			nd := v.nodes[name]
+			if nd == nil || !tolerates(nd.taints.hard, pod.Spec.Tolerations) || !tolerates(nd.taints.avail, pod.Spec.Tolerations) {
+				continue
+			}
+			for d, gpus := range byDomain {
+				e := nd.hist[d]
+				if e == nil || gpus <= 0 {
+					continue
+				}
+				get(d, e.cf).nodes--
+				get(d, capFree{e.cf.capacity, max(0, e.cf.free-gpus)}).nodes++
+			}
+		}
 	} else {
 		req := nodeaffinity.GetRequiredNodeAffinity(pod)
 		for name, nd := range v.nodes {
@@ -178,6 +203,7 @@ func (v *View) bucketsLocked(pod *corev1.Pod, k int) ([]bucket, nameSources) {
 			room := available(pod, nd)
 			for d, e := range nd.hist {
 				cf := e.cf
+				cf.free = max(0, cf.free-claims[name][d])
 				if !room {
 					cf.free = 0
 				}
@@ -212,6 +238,62 @@ func (v *View) pendingLocked(reserved map[demand]int) map[demand]int {
 		out[k] += c
 	}
 	return out
+}
+
+// claimsLocked lets the pending pods with node constraints claim room, group by group (in key
+// order), each on the nodes it selects and may use now, tightest fit first: claims[node][domain]
+// is the GPUs they take there, waiting the GPUs of those that found no room, per domain. The
+// cost is O(constrained pending pods × nodes); pods without node constraints, the usual
+// case, cost nothing here (applyPending counts them by demand).
+func (v *View) claimsLocked() (claims map[string]map[int]int, waiting map[int]int) {
+	if len(v.constrained) == 0 {
+		return nil, nil
+	}
+	keys := slices.Sorted(maps.Keys(v.constrained))
+	type option struct {
+		name string
+		nd   *node
+	}
+	for _, key := range keys {
+		g := v.constrained[key]
+		req := nodeaffinity.GetRequiredNodeAffinity(g.pod)
+		var usable []option
+		for name, nd := range v.nodes {
+			if len(nd.capacity) > 0 && eligible(g.pod, req, nd) && available(g.pod, nd) {
+				usable = append(usable, option{name, nd})
+			}
+		}
+		slices.SortFunc(usable, func(a, b option) int { return cmp.Compare(a.name, b.name) })
+		demands := slices.SortedFunc(maps.Keys(g.byDemand), func(a, b demand) int {
+			return cmp.Or(cmp.Compare(a.domain, b.domain), cmp.Compare(b.gpus, a.gpus))
+		})
+		for _, dm := range demands {
+			for range g.byDemand[dm] {
+				best, bestLeft := "", -1
+				for _, o := range usable {
+					left := v.free(o.name, o.nd, dm.domain) - claims[o.name][dm.domain] - dm.gpus
+					if o.nd.capacity[dm.domain] > 0 && left >= 0 && (bestLeft < 0 || left < bestLeft) {
+						best, bestLeft = o.name, left
+					}
+				}
+				if best == "" {
+					if waiting == nil {
+						waiting = map[int]int{}
+					}
+					waiting[dm.domain] += dm.gpus
+					continue
+				}
+				if claims == nil {
+					claims = map[string]map[int]int{}
+				}
+				if claims[best] == nil {
+					claims[best] = map[int]int{}
+				}
+				claims[best][dm.domain] += dm.gpus
+			}
+		}
+	}
+	return claims, waiting
 }
 
 // applyPending lets pods that are pinned but not yet bound take their GPUs from the tightest

@@ -163,3 +163,45 @@ func TestConcurrentChoicesNeverShareRoom(t *testing.T) {
 		t.Fatalf("choices that fit, per domain id = %v; want 4 and 4 (four nodes of two domains of 4)", fits)
 	}
 }
+
+// Pods pinned but not bound take room only on nodes they may use: two pods that select
+// pool=a, pinned to domain 1, cannot take node-b's free domain 1, so a pod that may run
+// anywhere is told that room is there (the re-pin plan's view of the same cluster).
+func TestPendingPodsOnlyTakeRoomTheyCanUse(t *testing.T) {
+	v := New(n)
+	v.UpsertNode(gpuNode("node-a", []int{4, 4}, map[string]string{"pool": "a"}))
+	v.UpsertNode(gpuNode("node-b", []int{4, 4}, map[string]string{"pool": "b"}))
+	for _, p := range []*corev1.Pod{pinnedPod("node-a", 0, 4), pinnedPod("node-a", 1, 4), pinnedPod("node-b", 0, 4)} {
+		v.UpsertPod(p)
+	}
+	for range 2 {
+		p := pinnedPod("", 1, 4)
+		p.Spec.NodeSelector = map[string]string{"pool": "a"}
+		v.UpsertPod(p)
+	}
+	for _, tc := range []struct {
+		name string
+		pod  *corev1.Pod
+	}{
+		{"a pod without constraints", newTP()},
+		{"a pod that selects pool=b", &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default"}, Spec: corev1.PodSpec{NodeSelector: map[string]string{"pool": "b"}}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dec, err := v.ChooseDomain(tc.pod, 4, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !dec.Fits || dec.Domain != 1 || dec.Node != "node-b" {
+				t.Fatalf("decision %+v; want domain 1 on node-b, which only this pod can use", dec)
+			}
+		})
+	}
+	// A third pod of pool=a waits in domain 1's line, which a pod deciding where to wait sees.
+	p := pinnedPod("", 1, 4)
+	p.Spec.NodeSelector = map[string]string{"pool": "a"}
+	v.UpsertPod(p)
+	v.UpsertPod(pinnedPod("node-b", 1, 4)) // node-b full too
+	if dec, _ := v.ChooseDomain(newTP(), 4, 0); dec.Fits || dec.Domain != 0 {
+		t.Fatalf("with 12 GPUs waiting for domain 1 and none for 0, the pod should wait for 0: %+v", dec)
+	}
+}

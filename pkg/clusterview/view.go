@@ -84,6 +84,13 @@ type View struct {
 	// the scheduler will take their GPUs from some node's free GPUs of that domain. Counts,
 	// not lists, keep a decision's cost independent of how many pods wait.
 	pending map[demand]int
+	// constrained holds the pending pods that restrict nodes by labels (a nodeSelector, a
+	// required affinity of their own): they can only take room on the nodes they select, so
+	// they are counted per distinct set of constraints, and a decision lets them claim room
+	// on those nodes first (claimsLocked). A pod in a pool of its own never makes room
+	// elsewhere look taken, which the re-pin plan, judging each waiter by its constraints,
+	// would not see either.
+	constrained map[string]*pendingGroup
 	// hist[taints][domain][capFree] holds nodes, for the fast path; taintSets keeps the
 	// taints behind each key so tolerations are checked once per key, not per node.
 	hist      map[string]map[int]map[capFree]*histBucket
@@ -100,6 +107,13 @@ type View struct {
 	// concurrent admissions on this replica never take the same room.
 	decideMu sync.Mutex
 	res      reservations
+}
+
+// pendingGroup is the pending pods of one set of node constraints: a stand-in pod carrying
+// only the constraints, and their count by demand.
+type pendingGroup struct {
+	pod      *corev1.Pod
+	byDemand map[demand]int
 }
 
 // demand is a pending pod's domain and GPU count.
@@ -196,6 +210,8 @@ type podEntry struct {
 	// gated: not bound and held back by scheduling gates (a queueing system such as Kueue
 	// admits it later); the scheduler does not try it yet, so it is no demand.
 	gated bool
+	// group is the pendingGroup key of a pending pod with node constraints ("" for none).
+	group string
 }
 
 // leavingPod is a bound pod being deleted: where its GPUs are and until when they count as
@@ -210,17 +226,18 @@ type leavingPod struct {
 // New returns an empty view.
 func New(n names.Names) *View {
 	return &View{
-		names:      n,
-		now:        time.Now,
-		nodes:      map[string]*node{},
-		used:       map[string]map[int]int{},
-		pods:       map[types.UID]podEntry{},
-		leaving:    map[types.UID]leavingPod{},
-		pending:    map[demand]int{},
-		res:        newReservations(),
-		hist:       map[string]map[int]map[capFree]*histBucket{},
-		taintSets:  map[string]taintSet{},
-		advertised: map[string]int{},
+		names:       n,
+		now:         time.Now,
+		nodes:       map[string]*node{},
+		used:        map[string]map[int]int{},
+		pods:        map[types.UID]podEntry{},
+		leaving:     map[types.UID]leavingPod{},
+		pending:     map[demand]int{},
+		constrained: map[string]*pendingGroup{},
+		res:         newReservations(),
+		hist:        map[string]map[int]map[capFree]*histBucket{},
+		taintSets:   map[string]taintSet{},
+		advertised:  map[string]int{},
 	}
 }
 
@@ -353,8 +370,18 @@ func (v *View) UpsertPod(pod *corev1.Pod) {
 	}
 	if !bound {
 		e.gated = len(pod.Spec.SchedulingGates) > 0
+		if !e.gated && v.hasNodeConstraints(pod) {
+			c := v.constraintsOf(pod)
+			e.group = c.key(0)
+			g := v.constrained[e.group]
+			if g == nil {
+				g = &pendingGroup{pod: c.pod(), byDemand: map[demand]int{}}
+				v.constrained[e.group] = g
+			}
+			g.byDemand[demand{d, held}]++
+		}
 		v.pods[pod.UID] = e
-		if !e.gated {
+		if !e.gated && e.group == "" {
 			v.pending[demand{d, held}]++
 		}
 		return
@@ -412,6 +439,16 @@ func (v *View) removePodLocked(uid types.UID) {
 	}
 	if e.node == "" {
 		k := demand{e.domain, e.gpus}
+		if e.group != "" {
+			g := v.constrained[e.group]
+			if g.byDemand[k]--; g.byDemand[k] <= 0 {
+				delete(g.byDemand, k)
+				if len(g.byDemand) == 0 {
+					delete(v.constrained, e.group)
+				}
+			}
+			return
+		}
 		if v.pending[k]--; v.pending[k] <= 0 {
 			delete(v.pending, k)
 		}

@@ -162,3 +162,48 @@ func TestRepinInputsJudgeOtherDomainsWithoutTheOwnExpression(t *testing.T) {
 		t.Fatal("RepinInputs changed the pod")
 	}
 }
+
+// In a mixed fleet, a domain id that exists only on a cordoned or NotReady node has an empty
+// line, so it always looked nearly the shortest: new pods were pinned to it and waited for a
+// node that may never come back, while the id every available node has would free first.
+// Unavailable nodes are no line to wait in while an available node has a domain large enough;
+// when none has, the pod is pinned to what the unavailable node offers, never rejected.
+func TestUnavailableNodesAreNoPinTarget(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		down func(*corev1.Node) *corev1.Node
+	}{{"cordoned", cordoned}, {"NotReady", notReady}} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := New(n)
+			for _, name := range []string{"a", "b"} { // available, domain 0 full
+				v.UpsertNode(gpuNode(name, []int{4}, nil))
+				v.UpsertPod(pinnedPod(name, 0, 4))
+			}
+			v.UpsertNode(tc.down(gpuNode("old", []int{4, 4, 4, 4}, nil))) // ids 0-3, empty
+			for seed := uint64(1); seed < 200; seed++ {
+				got, err := v.ChooseDomain(newTP(), 4, seed)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got.Fits || got.Domain != 0 {
+					t.Fatalf("seed %d: %+v; want to wait for domain 0, which available nodes have", seed, got)
+				}
+			}
+			// TP=8: only the unavailable node... has no domain of 8 either: rejected as before.
+			if _, err := v.ChooseDomain(newTP(), 8, 1); err == nil {
+				t.Fatal("TP=8 accepted with no domain of 8 anywhere")
+			}
+			// A domain size only the unavailable node has: pinned there, to wait for it.
+			v.UpsertNode(tc.down(gpuNode("old", []int{4, 8}, nil)))
+			got, err := v.ChooseDomain(newTP(), 8, 1)
+			if err != nil || got.Fits || got.Domain != 1 {
+				t.Fatalf("TP=8 whose only domain of 8 is on the unavailable node: %+v, %v", got, err)
+			}
+			// The node is deleted: nothing is left to wait for.
+			v.DeleteNode("old")
+			if _, err := v.ChooseDomain(newTP(), 8, 1); err == nil {
+				t.Fatal("TP=8 accepted after the only node with a domain of 8 was deleted")
+			}
+		})
+	}
+}

@@ -21,14 +21,17 @@ import (
 type bucket struct {
 	domain int
 	cf     capFree
-	nodes  int
-	sample string
-	hosts  int
-	refs   int
+	// unavail: the nodes are not room for the pod now (cordoned, NotReady), only proof that
+	// a domain this large exists (placement.Candidate.Unavailable).
+	unavail bool
+	nodes   int
+	sample  string
+	hosts   int
+	refs    int
 }
 
 func (b *bucket) candidate() placement.Candidate {
-	return placement.Candidate{Node: b.sample, Domain: b.domain, Capacity: b.cf.capacity, Free: b.cf.free}
+	return placement.Candidate{Node: b.sample, Domain: b.domain, Capacity: b.cf.capacity, Free: b.cf.free, Unavailable: b.unavail}
 }
 
 // nameSources holds where the buckets of one decision read hostnames from.
@@ -62,9 +65,10 @@ func (ns *nameSources) read(b *bucket, s *placement.NodeSample) string {
 // decision's Hint; else the domain id with the shortest line, the fewest GPUs already waiting
 // for it per GPU of capacity; else an *placement.ImpossibleError naming the largest domain the
 // pod could ever get. Pods pinned but not bound yet, and the webhook's own fresh reservations,
-// take their room first (applyPending); what finds none is the line. Cordoned and NotReady
-// nodes the pod does not tolerate count as capacity but not as room. seed spreads ties between
-// equally good ids (0: lowest id).
+// take their room first (claimsLocked, applyPending); what finds none is the line. Cordoned
+// and NotReady nodes the pod does not tolerate are neither room nor a line to wait in: they
+// only keep a pod from being rejected, and are waited for only when no available node has a
+// domain large enough. seed spreads ties between equally good ids (0: lowest id).
 func (v *View) ChooseDomain(pod *corev1.Pod, k int, seed uint64) (placement.Decision, error) {
 	reserved := v.liveReservations()
 	v.mu.RLock()
@@ -125,20 +129,21 @@ func (v *View) ChooseDomain(pod *corev1.Pod, k int, seed uint64) (placement.Deci
 // counts)), the names themselves on the scan path, which visits every node anyway.
 func (v *View) bucketsLocked(pod *corev1.Pod, k int, claims map[string]map[int]int) ([]bucket, nameSources) {
 	type key struct {
-		domain int
-		cf     capFree
+		domain  int
+		cf      capFree
+		unavail bool
 	}
 	// Buckets live in out, found by index: no allocation per bucket, and no copy at the end.
 	// A pointer get returns is good until the next get.
 	var out []bucket
 	var names nameSources
 	at := map[key]int{}
-	get := func(d int, cf capFree) *bucket {
-		i, ok := at[key{d, cf}]
+	get := func(d int, cf capFree, unavail bool) *bucket {
+		i, ok := at[key{d, cf, unavail}]
 		if !ok {
 			i = len(out)
-			at[key{d, cf}] = i
-			out = append(out, bucket{domain: d, cf: cf, hosts: -1, refs: -1})
+			at[key{d, cf, unavail}] = i
+			out = append(out, bucket{domain: d, cf: cf, unavail: unavail, hosts: -1, refs: -1})
 		}
 		return &out[i]
 	}
@@ -165,7 +170,7 @@ func (v *View) bucketsLocked(pod *corev1.Pod, k int, claims map[string]map[int]i
 					if !room {
 						cf.free = 0
 					}
-					b := get(d, cf)
+					b := get(d, cf, !room)
 					b.nodes += hb.count
 					if cf.free >= k {
 						if names.refs == nil {
@@ -190,8 +195,8 @@ func (v *View) bucketsLocked(pod *corev1.Pod, k int, claims map[string]map[int]i
 				if e == nil || gpus <= 0 {
 					continue
 				}
-				get(d, e.cf).nodes--
-				get(d, capFree{e.cf.capacity, max(0, e.cf.free-gpus)}).nodes++
+				get(d, e.cf, false).nodes--
+				get(d, capFree{e.cf.capacity, max(0, e.cf.free-gpus)}, false).nodes++
 			}
 		}
 	} else {
@@ -207,7 +212,7 @@ func (v *View) bucketsLocked(pod *corev1.Pod, k int, claims map[string]map[int]i
 				if !room {
 					cf.free = 0
 				}
-				b := get(d, cf)
+				b := get(d, cf, !room)
 				b.nodes++
 				if b.sample == "" || name < b.sample {
 					b.sample = name

@@ -18,6 +18,10 @@ type Candidate struct {
 	Domain   int
 	Capacity int // GPUs in the domain on that node
 	Free     int // Capacity minus the GPUs non-terminal pods hold or are promised there
+	// Unavailable marks a node the pod cannot use now (cordoned, NotReady, unreachable): its
+	// domains prove that the pod could run some day, but they are neither room nor a line to
+	// wait in while any available node has a domain large enough.
+	Unavailable bool
 }
 
 // Decision is the chosen domain id.
@@ -118,6 +122,9 @@ type DomainChooser struct {
 	// capacity of each domain id over candidates whose domain is large enough, and the first
 	// such node by name, for the Pending fallback.
 	bigEnough map[int]*fallback
+	// standby is bigEnough over unavailable nodes: the ids a pod waits for only when no
+	// available node has a domain large enough (its only large node is rebooting, say).
+	standby map[int]*fallback
 	// waiting is the GPUs of pods already waiting for each domain id (Queue), less the GPUs
 	// about to free there (Leaving); it may be negative.
 	waiting map[int]int
@@ -139,7 +146,7 @@ type fallback struct {
 
 // NewDomainChooser starts a decision for a pod of k GPUs. Ties go to the lowest domain id.
 func NewDomainChooser(k int) *DomainChooser {
-	return &DomainChooser{k: k, bigEnough: map[int]*fallback{}, ties: map[int]*tie{}}
+	return &DomainChooser{k: k, bigEnough: map[int]*fallback{}, standby: map[int]*fallback{}, ties: map[int]*tie{}}
 }
 
 // Spread makes the chooser break ties between equally tight domain ids with a pick weighted
@@ -201,16 +208,20 @@ func (c *DomainChooser) ConsiderNodes(cand Candidate, nodes int, hint ...string)
 	if cand.Capacity < c.k {
 		return
 	}
-	fb := c.bigEnough[cand.Domain]
+	pool := c.bigEnough
+	if cand.Unavailable {
+		pool = c.standby
+	}
+	fb := pool[cand.Domain]
 	if fb == nil {
 		fb = &fallback{node: cand.Node}
-		c.bigEnough[cand.Domain] = fb
+		pool[cand.Domain] = fb
 	}
 	fb.capacity += cand.Capacity * nodes
 	if earlierName(cand.Node, fb.node) {
 		fb.node = cand.Node
 	}
-	if cand.Free < c.k {
+	if cand.Free < c.k || cand.Unavailable {
 		return
 	}
 	switch {
@@ -303,11 +314,12 @@ func (c *DomainChooser) pickTie() int {
 // so a burst of waiters spreads over the ids in proportion to their capacity.
 // -1 when no id is large enough.
 func (c *DomainChooser) waitIn() int {
-	ids := slices.Sorted(maps.Keys(c.bigEnough))
+	pool := c.lineOf()
+	ids := slices.Sorted(maps.Keys(pool))
 	if len(ids) == 0 {
 		return -1
 	}
-	capacity := func(d int) int { return c.bigEnough[d].capacity }
+	capacity := func(d int) int { return pool[d].capacity }
 	// Ratios compared by cross-multiplying, in integers: exact, so ties are ties.
 	best := ids[0]
 	for _, d := range ids[1:] {
@@ -340,6 +352,15 @@ func (c *DomainChooser) waitIn() int {
 	return best
 }
 
+// lineOf is where a pod that has no room waits: the ids of available nodes large enough,
+// or, when there are none, those of unavailable ones.
+func (c *DomainChooser) lineOf() map[int]*fallback {
+	if len(c.bigEnough) > 0 {
+		return c.bigEnough
+	}
+	return c.standby
+}
+
 // mix is splitmix64's finaliser: seeds that differ in one bit pick independently.
 func mix(x uint64) uint64 {
 	x += 0x9e3779b97f4a7c15
@@ -365,7 +386,7 @@ func (c *DomainChooser) Decide() (Decision, error) {
 		return Decision{Domain: d, Fits: true, Node: t.sample, LeftOver: c.fit.Free - c.k, Hint: hint}, nil
 	}
 	if best := c.waitIn(); best >= 0 {
-		return Decision{Domain: best, Node: c.bigEnough[best].node}, nil
+		return Decision{Domain: best, Node: c.lineOf()[best].node}, nil
 	}
 	on := slices.Sorted(slices.Values(c.largestOn))
 	more := 0

@@ -17,6 +17,7 @@
 package nriplugin
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -105,6 +106,12 @@ type Plugin struct {
 	// Synchronize may find two (the plugin was down while the device plugin chose), and the
 	// GPU stays taken until the last of them ends.
 	holders map[int]map[string]bool
+	// stopped marks, by container id, containers that exited while their pod runs: they keep
+	// their GPUs until the pod ends (StopPodSandbox, RemovePodSandbox) or the kubelet removes
+	// them, so a container in crash-loop back-off never loses its domain to another pod; a
+	// container of the same pod (its restart, or the next after an init container) takes
+	// them over (recordLocked).
+	stopped map[string]bool
 	// infoLabels are the ContainerGPU series of each container, by container id, as they
 	// were set: deleting them by these, not by labels rebuilt from the current topology,
 	// leaves no stale series after a topology change renamed a GPU.
@@ -147,7 +154,7 @@ func New(cfg Config, log logr.Logger, m *Metrics, r Reporter) (*Plugin, error) {
 	if err := names.ValidateDeviceListStrategies(cfg.DeviceListStrategies); err != nil {
 		return nil, err
 	}
-	p := &Plugin{cfg: cfg, log: log, metrics: m, report: r, assigned: map[string]*Assignment{}, holders: map[int]map[string]bool{},
+	p := &Plugin{cfg: cfg, log: log, metrics: m, report: r, assigned: map[string]*Assignment{}, holders: map[int]map[string]bool{}, stopped: map[string]bool{},
 		infoLabels: map[string][]prometheus.Labels{}, generation: cfg.LastGeneration}
 	p.setTopologyLocked(cfg.Topology)
 	if len(cfg.CDISpecDirs) > 0 {
@@ -265,7 +272,7 @@ func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 	if k == 0 {
 		return done() // not a GPU container: no GPU adjustment at all
 	}
-	gpus, err := p.chooseFor(g, k, domain)
+	gpus, err := p.chooseFor(pod.Id, ctr.Name, g, k, domain)
 	if err != nil {
 		p.mu.Unlock()
 		reason := "domain-full"
@@ -343,8 +350,9 @@ func (p *Plugin) createUntouchable(pod *api.PodSandbox, ctr *api.Container, g Gi
 		return p.neutralise(nil, pod, ctr, g.NeutraliseEnv), nil, nil
 	}
 	var busy []int
+	inUse := p.busyForLocked(pod.Id)
 	for _, idx := range whole {
-		if p.inUseLocked(idx) {
+		if inUse(idx) {
 			busy = append(busy, idx)
 		}
 	}
@@ -446,18 +454,53 @@ func (p *Plugin) request(pod *api.PodSandbox, ctr *api.Container) (k, domain int
 
 func (p *Plugin) inUseLocked(g int) bool { return len(p.holders[g]) > 0 }
 
+// busyForLocked says which GPUs a container of pod sandbox podID cannot have: those held by
+// anything but the stopped containers of its own pod, whose GPUs it takes over.
+func (p *Plugin) busyForLocked(podID string) func(int) bool {
+	return func(g int) bool {
+		for id := range p.holders[g] {
+			if !p.stopped[id] || p.assigned[id].PodSandboxID != podID {
+				return true
+			}
+		}
+		return false
+	}
+}
+
+// previousLocked returns the GPUs of the stopped container that ctr restarts (same pod
+// sandbox, same name), when they are k GPUs of domain (any, for domain < 0) and free for it:
+// a restart keeps the very GPUs it had.
+func (p *Plugin) previousLocked(podID, name string, k, domain int) []int {
+	busy := p.busyForLocked(podID)
+	for id := range p.stopped {
+		a := p.assigned[id]
+		if a.PodSandboxID != podID || a.ContainerName != name || len(a.GPUs) != k || (domain >= 0 && a.Domain != domain) {
+			continue
+		}
+		if slices.ContainsFunc(a.GPUs, busy) {
+			return nil
+		}
+		return slices.Clone(a.GPUs)
+	}
+	return nil
+}
+
 // chooseFor picks the container's GPUs: the domain's best block, unless the form the device
 // plugin used cannot be rewritten (keepGiven), where its own choice stands if it is one the
 // plugin could have made, and the container is refused otherwise.
-func (p *Plugin) chooseFor(g Given, k, domain int) ([]int, error) {
+func (p *Plugin) chooseFor(podID, name string, g Given, k, domain int) ([]int, error) {
+	busy := p.busyForLocked(podID)
 	if !keepGiven(g) {
-		return p.choose(k, domain)
+		if prev := p.previousLocked(podID, name, k, domain); prev != nil {
+			return prev, nil
+		}
+		return p.choose(k, domain, busy)
 	}
 	var bad []string
 	for _, idx := range g.GPUs {
 		gpu, _ := p.top.GPU(idx)
 		switch {
-		case p.inUseLocked(idx):
+		case busy(idx):
 			bad = append(bad, fmt.Sprintf("GPU %d is in use (%s)", idx, p.holdersLocked([]int{idx})))
 		case domain >= 0 && (gpu.Domain == nil || *gpu.Domain != domain):
 			bad = append(bad, fmt.Sprintf("GPU %d is not in NVSwitch domain %d", idx, domain))
@@ -470,14 +513,14 @@ func (p *Plugin) chooseFor(g Given, k, domain int) ([]int, error) {
 	return g.GPUs, nil
 }
 
-func (p *Plugin) choose(k, domain int) ([]int, error) {
+func (p *Plugin) choose(k, domain int, busy func(int) bool) ([]int, error) {
 	top := p.top
 	if domain < 0 {
 		groups := make([][]int, len(top.Domains))
 		for i, d := range top.Domains {
 			groups[i] = d.GPUs
 		}
-		gpus, err := placement.PackUnpinned(k, groups, top.Unlinked, p.inUseLocked)
+		gpus, err := placement.PackUnpinned(k, groups, top.Unlinked, busy)
 		if err != nil {
 			return nil, fmt.Errorf("the node has %s", insufficient(err, k))
 		}
@@ -487,7 +530,7 @@ func (p *Plugin) choose(k, domain int) ([]int, error) {
 	if !ok {
 		return nil, fmt.Errorf("the pod is pinned to NVSwitch domain %d but this node has %d domain(s); its topology and the node's labels disagree", domain, len(top.Domains))
 	}
-	gpus, err := placement.ChooseGPUs(k, d.GPUs, p.inUseLocked)
+	gpus, err := placement.ChooseGPUs(k, d.GPUs, busy)
 	if err != nil {
 		return nil, fmt.Errorf("NVSwitch domain %d (GPUs %s) has %s; the GPUs in use there: %s", domain, names.FormatGPUList(d.GPUs), insufficient(err, k), p.holdersLocked(d.GPUs))
 	}
@@ -519,6 +562,14 @@ func (p *Plugin) holdersLocked(gpus []int) string {
 
 func (p *Plugin) recordLocked(a Assignment) {
 	p.releaseLocked(a.ContainerID)
+	// The pod's stopped containers that this one restarts (same name) or whose GPUs it takes
+	// over give them up.
+	for id := range p.stopped {
+		b := p.assigned[id]
+		if b.PodSandboxID == a.PodSandboxID && (b.ContainerName == a.ContainerName || slices.ContainsFunc(b.GPUs, func(g int) bool { return slices.Contains(a.GPUs, g) })) {
+			p.releaseLocked(id)
+		}
+	}
 	p.addHolderLocked(a)
 }
 
@@ -555,6 +606,7 @@ func (p *Plugin) releaseLocked(containerID string) bool {
 	}
 	delete(p.infoLabels, containerID)
 	delete(p.assigned, containerID)
+	delete(p.stopped, containerID)
 	return true
 }
 
@@ -583,17 +635,31 @@ func (p *Plugin) Assignments() []Assignment {
 	return p.snapshotLocked().Assignments
 }
 
-// StopContainer releases the container's GPUs: Kubernetes never restarts a stopped container
-// in place, it creates a new one.
+// StopContainer keeps the container's GPUs for its pod: the kubelet restarts an exited
+// container as a new one, after a back-off of up to five minutes, and a vLLM container that
+// crashed once (an OOM during warm-up) must find its domain still there, not handed to a pod
+// created meanwhile. The restart, or the pod's next container, takes them over
+// (recordLocked); the pod's end releases them.
 func (p *Plugin) StopContainer(_ context.Context, _ *api.PodSandbox, ctr *api.Container) ([]*api.ContainerUpdate, error) {
-	p.release(ctr.Id)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.assigned[ctr.Id]; ok {
+		p.stopped[ctr.Id] = true
+	}
 	return nil, nil
 }
 
-// RemoveContainer releases the container's GPUs if StopContainer did not.
+// RemoveContainer releases the container's GPUs: the kubelet removes an exited container
+// once a newer one of the same name has replaced it, or when the pod goes.
 func (p *Plugin) RemoveContainer(_ context.Context, _ *api.PodSandbox, ctr *api.Container) error {
 	p.release(ctr.Id)
 	return nil
+}
+
+// StopPodSandbox releases whatever the pod's containers hold: the pod has ended (or its
+// sandbox is recreated, and every container with it).
+func (p *Plugin) StopPodSandbox(ctx context.Context, pod *api.PodSandbox) error {
+	return p.RemovePodSandbox(ctx, pod)
 }
 
 // RemovePodSandbox releases whatever the pod's containers still hold.
@@ -634,10 +700,33 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, ctrs []*
 		byID[pod.Id] = pod
 	}
 	p.mu.Lock()
-	p.assigned, p.holders, p.infoLabels = map[string]*Assignment{}, map[int]map[string]bool{}, map[string][]prometheus.Labels{}
+	p.assigned, p.holders, p.infoLabels, p.stopped = map[string]*Assignment{}, map[int]map[string]bool{}, map[string][]prometheus.Labels{}, map[string]bool{}
 	p.metrics.ContainerGPU.Reset()
+	// Exited containers of pods that still run keep their GPUs (StopContainer), the newest of
+	// each name, unless a live container of the same name has replaced them: the live ones
+	// come first, then the exited ones oldest first, so the newest is the one kept.
+	live := map[[2]string]bool{}
 	for _, ctr := range ctrs {
-		if ctr.State == api.ContainerState_CONTAINER_STOPPED {
+		if ctr.State != api.ContainerState_CONTAINER_STOPPED {
+			live[[2]string{ctr.PodSandboxId, ctr.Name}] = true
+		}
+	}
+	ctrs = slices.Clone(ctrs)
+	slices.SortStableFunc(ctrs, func(a, b *api.Container) int {
+		sa, sb := a.State == api.ContainerState_CONTAINER_STOPPED, b.State == api.ContainerState_CONTAINER_STOPPED
+		switch {
+		case sa != sb && sa:
+			return 1
+		case sa != sb:
+			return -1
+		case sa:
+			return cmp.Compare(a.CreatedAt, b.CreatedAt)
+		}
+		return 0
+	})
+	for _, ctr := range ctrs {
+		exited := ctr.State == api.ContainerState_CONTAINER_STOPPED
+		if exited && (byID[ctr.PodSandboxId] == nil || live[[2]string{ctr.PodSandboxId, ctr.Name}]) {
 			continue
 		}
 		pod := byID[ctr.PodSandboxId]
@@ -661,6 +750,9 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, ctrs []*
 			}
 		}
 		p.recordLocked(a)
+		if exited {
+			p.stopped[ctr.Id] = true
+		}
 	}
 	all := p.snapshotLocked()
 	p.mu.Unlock()

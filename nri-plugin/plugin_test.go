@@ -185,8 +185,15 @@ func TestPinnedContainersGetGPUsFromTheirDomain(t *testing.T) {
 	if len(rec.assigned) != 4 || len(rec.latest) != 4 {
 		t.Errorf("reported %d assignments, latest state %d", len(rec.assigned), len(rec.latest))
 	}
-	// Stopping a container frees its GPUs for the next one.
+	// A container that exits keeps its GPUs while its pod runs (a restart takes them back);
+	// the pod's end frees them for the next one.
 	if _, err := p.StopContainer(ctx, nil, ctr("a1", "a", "vllm")); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := p.CreateContainer(ctx, pinnedPod("e", 1, `{"vllm":2}`), envGiven("e2", "e", "vllm", 0, 1)); err == nil {
+		t.Fatal("another pod took the GPUs of a container that exited while its pod runs")
+	}
+	if err := p.StopPodSandbox(ctx, &api.PodSandbox{Id: "a"}); err != nil {
 		t.Fatal(err)
 	}
 	adj, _, err := p.CreateContainer(ctx, pinnedPod("e", 1, `{"vllm":2}`), envGiven("e2", "e", "vllm", 0, 1))
@@ -510,7 +517,7 @@ func TestAGPUWithTwoHoldersIsFreeOnlyWhenBothEnd(t *testing.T) {
 		{"y1", "GPU-4,GPU-5,GPU-6,GPU-7"},
 	}
 	for _, st := range steps {
-		if _, err := p.StopContainer(ctx, nil, ctr(st.stop, "", "c")); err != nil {
+		if err := p.RemoveContainer(ctx, nil, ctr(st.stop, "", "c")); err != nil {
 			t.Fatal(err)
 		}
 		adj, _, err := p.CreateContainer(ctx, pinnedPod("z", 1, `{"c":4}`), envGiven("z-"+st.stop, "z", "c", 0, 1, 2, 3))
@@ -650,11 +657,11 @@ func TestContainerGPUInfoFollowsAssignments(t *testing.T) {
 	if got != 1 || testutil.CollectAndCount(m.ContainerGPU) != 2 {
 		t.Fatalf("info series: %v, %d", got, testutil.CollectAndCount(m.ContainerGPU))
 	}
-	if _, err := p.StopContainer(context.Background(), nil, ctr("a1", "a", "vllm")); err != nil {
+	if err := p.RemoveContainer(context.Background(), nil, ctr("a1", "a", "vllm")); err != nil {
 		t.Fatal(err)
 	}
 	if n := testutil.CollectAndCount(m.ContainerGPU); n != 0 {
-		t.Fatalf("%d series left after the container stopped", n)
+		t.Fatalf("%d series left after the container was removed", n)
 	}
 }
 
@@ -1079,11 +1086,11 @@ func TestContainerGPUInfoLeavesNoSeriesAfterAGPURename(t *testing.T) {
 	if err := p.SetTopology(top); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.StopContainer(context.Background(), nil, ctr("a1", "a", "vllm")); err != nil {
+	if err := p.RemoveContainer(context.Background(), nil, ctr("a1", "a", "vllm")); err != nil {
 		t.Fatal(err)
 	}
 	if n := testutil.CollectAndCount(m.ContainerGPU); n != 0 {
-		t.Fatalf("%d series left after the container stopped", n)
+		t.Fatalf("%d series left after the container was removed", n)
 	}
 }
 
@@ -1200,5 +1207,83 @@ func TestPrivilegedContainerWithGPUsHoldsOnlyItsOwn(t *testing.T) {
 	}
 	if got := adj.GetAnnotations()[n.PodAssignedGPUsAnnotation()]; got != "4,5,6,7" || len(rec.assigned) != 1 {
 		t.Fatalf("assigned %q (recorded %+v), want 4,5,6,7", got, rec.assigned)
+	}
+}
+
+// A TP container that exits (an OOM during warm-up) and is restarted by the kubelet keeps
+// the very GPUs it had, twice, although a plain 1-GPU container created during its back-off
+// would otherwise be packed into the half-used domain; the plain one gets a GPU elsewhere.
+func TestCrashLoopingContainerKeepsItsGPUs(t *testing.T) {
+	p, _, _ := newPlugin(t)
+	ctx := context.Background()
+	// pod-x holds GPUs 4,5 (domain 1 half used); the TP=2 pod takes 6,7.
+	if _, _, err := p.CreateContainer(ctx, pinnedPod("x", 1, `{"vllm":2}`), envGiven("x1", "x", "vllm", 0, 1)); err != nil {
+		t.Fatal(err)
+	}
+	adj, _, err := p.CreateContainer(ctx, pinnedPod("tp", 1, `{"vllm":2}`), envGiven("tp-1", "tp", "vllm", 0, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := envOf(adj)["NVIDIA_VISIBLE_DEVICES"]
+	for restart := 2; restart <= 3; restart++ {
+		if _, err := p.StopContainer(ctx, nil, ctr(fmt.Sprintf("tp-%d", restart-1), "tp", "vllm")); err != nil {
+			t.Fatal(err)
+		}
+		// During the back-off a plain pod asks for one GPU: the tightest fit would be the
+		// freed half of domain 1; it gets a GPU of domain 0 instead.
+		plain, _, err := p.CreateContainer(ctx, &api.PodSandbox{Id: fmt.Sprintf("plain-%d", restart), Name: "plain", Namespace: "default"}, envGiven(fmt.Sprintf("plain-%d", restart), fmt.Sprintf("plain-%d", restart), "c", 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := envOf(plain)["NVIDIA_VISIBLE_DEVICES"]; got == "GPU-6" || got == "GPU-7" {
+			t.Fatalf("restart %d: a plain pod took %s of the crash-looping container", restart, got)
+		}
+		adj, _, err := p.CreateContainer(ctx, pinnedPod("tp", 1, `{"vllm":2}`), envGiven(fmt.Sprintf("tp-%d", restart), "tp", "vllm", 0, 1))
+		if err != nil {
+			t.Fatalf("restart %d refused: %v", restart, err)
+		}
+		if got := envOf(adj)["NVIDIA_VISIBLE_DEVICES"]; got != want {
+			t.Fatalf("restart %d got %s, had %s", restart, got, want)
+		}
+	}
+	// Only the running incarnation holds them: the pod's end frees them.
+	if err := p.StopPodSandbox(ctx, &api.PodSandbox{Id: "tp"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := p.CreateContainer(ctx, pinnedPod("next", 1, `{"vllm":2}`), envGiven("next-1", "next", "vllm", 0, 1)); err != nil {
+		t.Fatalf("after the pod ended: %v", err)
+	}
+}
+
+// A GPU init container's GPUs pass to the pod's main container when the init container has
+// exited (the scheduler counts the larger of the two, so there are no others), and a plugin
+// restart during a crash loop keeps the exited container's GPUs.
+func TestInitContainerHandsItsGPUsToTheMainOne(t *testing.T) {
+	p, _, _ := newPlugin(t)
+	ctx := context.Background()
+	pod := pinnedPod("w", 1, `{"warmup":4,"vllm":4}`)
+	if _, _, err := p.CreateContainer(ctx, pod, envGiven("w-init", "w", "warmup", 0, 1, 2, 3)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.StopContainer(ctx, nil, ctr("w-init", "w", "warmup")); err != nil {
+		t.Fatal(err)
+	}
+	adj, _, err := p.CreateContainer(ctx, pod, envGiven("w-main", "w", "vllm", 0, 1, 2, 3))
+	if err != nil || envOf(adj)["NVIDIA_VISIBLE_DEVICES"] != "GPU-4,GPU-5,GPU-6,GPU-7" {
+		t.Fatalf("main container after its init container: %v %v", envOf(adj), err)
+	}
+	// The main container crash-loops; the plugin restarts while it is exited.
+	exited := ctr("w-main", "w", "vllm")
+	exited.State = api.ContainerState_CONTAINER_STOPPED
+	exited.Annotations = map[string]string{"gpu.nvidia.com/assigned-gpus": "4,5,6,7"}
+	if _, err := p.Synchronize(ctx, []*api.PodSandbox{pod}, []*api.Container{exited}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := p.CreateContainer(ctx, pinnedPod("other", 1, `{"vllm":2}`), envGiven("o1", "other", "vllm", 0, 1)); err == nil {
+		t.Fatal("after a plugin restart another pod took the GPUs of the exited container")
+	}
+	adj, _, err = p.CreateContainer(ctx, pod, envGiven("w-main-2", "w", "vllm", 0, 1, 2, 3))
+	if err != nil || envOf(adj)["NVIDIA_VISIBLE_DEVICES"] != "GPU-4,GPU-5,GPU-6,GPU-7" {
+		t.Fatalf("restart after the plugin restarted: %v %v", envOf(adj), err)
 	}
 }

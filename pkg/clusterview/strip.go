@@ -54,6 +54,17 @@ func StripPod(n names.Names) func(any) (any, error) {
 				}
 			}
 		}
+		if pod.Spec.NodeName != "" && pod.Status.Phase == corev1.PodPending {
+			// A container the node's nvdomain plugin refused, for the re-pin controller
+			// (repin.RefusedByNode): the waiting state alone, of those containers only.
+			for _, cs := range [][]corev1.ContainerStatus{pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses} {
+				for _, c := range cs {
+					if w := c.State.Waiting; w != nil && w.Reason == CreateContainerError && strings.Contains(w.Message, names.NRIPluginName+": ") {
+						out.Status.ContainerStatuses = append(out.Status.ContainerStatuses, corev1.ContainerStatus{Name: c.Name, State: corev1.ContainerState{Waiting: w}})
+					}
+				}
+			}
+		}
 		for k, v := range pod.Annotations {
 			if strings.HasPrefix(k, n.LabelPrefix()+"/") {
 				if out.Annotations == nil {
@@ -65,6 +76,10 @@ func StripPod(n names.Names) func(any) (any, error) {
 		return out, nil
 	}
 }
+
+// CreateContainerError is the kubelet's waiting reason for a container the runtime refused
+// to create: an NRI plugin's refusal among others.
+const CreateContainerError = "CreateContainerError"
 
 func stripContainers(cs []corev1.Container) []corev1.Container {
 	var out []corev1.Container

@@ -144,3 +144,12 @@ func WebhookDisagrees(domain int, fits bool, dec placement.RepinDecision) string
 func GivenUpText(cause string, moves int) string {
 	return fmt.Sprintf("Stranded: %s; its pods were moved %d times and none ran, so nvdomain stops moving them until the nodes change or an hour passes. Fix: run `kubectl nvdomain explain` on the pod for the scheduler's reason; check its node selector, affinity, tolerations and volumes against the nodes with room", cause, moves)
 }
+
+// RefusedCause names why a pod bound to a node does not start: the node's nvdomain plugin
+// refuses its container (msg, the plugin's own words) for want of free GPUs.
+func RefusedCause(node, msg string) string {
+	return fmt.Sprintf("node %s refuses its container: %s", node, msg)
+}
+
+// RefusedBareFix is what the user can do for a bare pod the node refuses.
+const RefusedBareFix = "Fix: delete the pod and create it again from its original manifest, and the webhook pins it where the counters have room; find what holds the GPUs with `kubectl nvdomain status` (a pod admitted while the webhook was down is counted once the agent sees it)"

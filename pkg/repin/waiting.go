@@ -2,6 +2,7 @@ package repin
 
 import (
 	"sort"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -61,4 +62,34 @@ func Unschedulable(p *corev1.Pod) bool {
 		}
 	}
 	return false
+}
+
+// RefusedByNode returns the node's refusal of a pod bound there, when nvdomain's NRI plugin
+// refused one of its containers for want of free GPUs (domain-full, node-full): GPUs held by
+// containers the scheduler's counters do not see (admitted while the webhook was down, say).
+// The kubelet retries such a container forever; moving the pod is the repair. Other
+// refusals (a hand-written annotation, a strategy mismatch) are not about room, and moving
+// the pod would not help. The pod must be as clusterview.StripPod keeps it, or whole.
+func RefusedByNode(p *corev1.Pod) (string, bool) {
+	if p.Spec.NodeName == "" || p.DeletionTimestamp != nil || p.Status.Phase != corev1.PodPending {
+		return "", false
+	}
+	for _, cs := range [][]corev1.ContainerStatus{p.Status.InitContainerStatuses, p.Status.ContainerStatuses} {
+		for _, c := range cs {
+			w := c.State.Waiting
+			if w == nil || w.Reason != "CreateContainerError" {
+				continue
+			}
+			i := strings.Index(w.Message, names.NRIPluginName+": ")
+			if i < 0 || !strings.Contains(w.Message[i:], " free GPU(s), ") {
+				continue
+			}
+			msg := w.Message[i:]
+			if j := strings.IndexAny(msg, "\"\n"); j >= 0 {
+				msg = msg[:j]
+			}
+			return msg, true
+		}
+	}
+	return "", false
 }

@@ -308,6 +308,9 @@ type ctrDevices struct {
 	cdi         []string
 	annotations map[string]string
 	mounts      map[string]string // container path → host path, read-only
+	// attempt is the kubelet's restart count: each restart is a new container of the same
+	// name with the next attempt.
+	attempt int
 }
 
 func (n *node) createContainerWith(podID, podCfg, name string, d ctrDevices) (string, error) {
@@ -324,7 +327,7 @@ func (n *node) createContainerWith(podID, podCfg, name string, d ctrDevices) (st
 		mounts = append(mounts, map[string]any{"container_path": c, "host_path": h, "readonly": true})
 	}
 	cfg := map[string]any{
-		"metadata":    map[string]any{"name": name},
+		"metadata":    map[string]any{"name": name, "attempt": d.attempt},
 		"image":       map[string]any{"image": busyboxRef},
 		"command":     []string{"/bin/sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"},
 		"envs":        envs,

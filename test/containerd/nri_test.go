@@ -133,3 +133,77 @@ func BenchmarkContainerCreate(b *testing.B) {
 		b.ReportMetric(float64(p50w)/float64(p50o), "p50-ratio")
 	}
 }
+
+// TestCrashLoopingTPContainerKeepsItsGPUs: a TP=4 container pinned to domain 1 exits and is
+// created again twice, as the kubelet restarts a crash-looping container; during each
+// back-off a plain 1-GPU container is created on the node. The TP container gets GPUs 4-7
+// back every time; the plain one never gets one of them (it is refused: every GPU is held,
+// and the kubelet retries it), and runs once the TP pod has ended.
+func TestCrashLoopingTPContainerKeepsItsGPUs(t *testing.T) {
+	n := startNode(t)
+	n.startPlugin()
+	podA, cfgA := n.runPod(tpPod("tp4-a", 0, 4))
+	ctrA, err := n.createContainer(podA, cfgA, "vllm", "GPU-seed-0,GPU-seed-1,GPU-seed-2,GPU-seed-3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.crictl("start", ctrA); err != nil {
+		t.Fatal(err)
+	}
+	podT, cfgT := n.runPod(tpPod("tp4-t", 1, 4))
+	var ctrT string
+	for attempt := 0; attempt < 3; attempt++ {
+		if attempt > 0 {
+			// The container exits; the kubelet waits before it creates the next one.
+			if _, err := n.crictl("stop", ctrT); err != nil {
+				t.Fatal(err)
+			}
+			podP, cfgP := n.runPod(podSpec{name: fmt.Sprintf("plain-%d", attempt)})
+			if ctrP, err := n.createContainer(podP, cfgP, "c", "GPU-seed-4"); err == nil {
+				if _, err := n.crictl("start", ctrP); err != nil {
+					t.Fatal(err)
+				}
+				t.Fatalf("back-off %d: a plain container was created with %s while the TP container's GPUs were held", attempt, n.envOf(ctrP, "NVIDIA_VISIBLE_DEVICES"))
+			} else {
+				t.Logf("back-off %d: plain container refused: %s", attempt, pluginMessage(err))
+			}
+			if _, err := n.crictl("stopp", podP); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ctrT, err = n.createContainerWith(podT, cfgT, "vllm", ctrDevices{env: map[string]string{"NVIDIA_VISIBLE_DEVICES": "GPU-seed-0,GPU-seed-1,GPU-seed-2,GPU-seed-3"}, attempt: attempt})
+		if err != nil {
+			t.Fatalf("attempt %d of the TP container refused: %v", attempt, err)
+		}
+		if _, err := n.crictl("start", ctrT); err != nil {
+			t.Fatal(err)
+		}
+		if got := n.envOf(ctrT, "NVIDIA_VISIBLE_DEVICES"); got != "GPU-seed-4,GPU-seed-5,GPU-seed-6,GPU-seed-7" {
+			t.Fatalf("attempt %d of the TP container got %q, want GPUs 4-7", attempt, got)
+		}
+	}
+	// The TP pod ends: its GPUs are free for the plain container.
+	if _, err := n.crictl("stopp", podT); err != nil {
+		t.Fatal(err)
+	}
+	podP, cfgP := n.runPod(podSpec{name: "plain-after"})
+	ctrP, err := n.createContainer(podP, cfgP, "c", "GPU-seed-4")
+	if err != nil {
+		t.Fatalf("after the TP pod ended the plain container is still refused: %v", err)
+	}
+	if _, err := n.crictl("start", ctrP); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// pluginMessage is the plugin's part of a refused create (crictl wraps it in its own logs).
+func pluginMessage(err error) string {
+	s := err.Error()
+	if i := strings.Index(s, "nvdomain: "); i >= 0 {
+		s = s[i:]
+		if j := strings.IndexAny(s, "\"\n"); j >= 0 {
+			s = s[:j]
+		}
+	}
+	return s
+}

@@ -134,7 +134,9 @@ func (rs *runtimeSim) plugin(topologyFile string) *exec.Cmd {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if _, err := rs.r.StopContainer(context.Background(), &api.StopContainerRequest{Pod: probe, Container: &api.Container{Id: "probe", PodSandboxId: probe.Id}}); err != nil {
+	// The probe's pod ends: its GPU is free (an exited container keeps its GPUs only while
+	// its pod runs).
+	if err := rs.r.StopPodSandbox(context.Background(), &api.StopPodSandboxRequest{Pod: probe}); err != nil {
 		rs.t.Fatal(err)
 	}
 	return cmd
@@ -165,12 +167,17 @@ func (rs *runtimeSim) create(pod *api.PodSandbox, ctr *api.Container) (*api.Cont
 	return resp.GetAdjust(), nil
 }
 
+// stop ends a pod as the kubelet does when it is deleted: its container stops, then the
+// pod sandbox.
 func (rs *runtimeSim) stop(pod *api.PodSandbox, ctrID string) {
 	rs.mu.Lock()
 	c := rs.ctrs[ctrID]
 	delete(rs.ctrs, ctrID)
 	rs.mu.Unlock()
 	if _, err := rs.r.StopContainer(context.Background(), &api.StopContainerRequest{Pod: pod, Container: c}); err != nil {
+		rs.t.Fatal(err)
+	}
+	if err := rs.r.StopPodSandbox(context.Background(), &api.StopPodSandboxRequest{Pod: pod}); err != nil {
 		rs.t.Fatal(err)
 	}
 }

@@ -50,6 +50,17 @@ const (
 // NodeNameIndex is the cache index the controller lists unbound pods through.
 const NodeNameIndex = "spec.nodeName"
 
+// RefusedIndex is the cache index the controller lists the pods a node refuses through
+// (prepin.RefusedByNode): "true" for those.
+const RefusedIndex = "nvdomain.refusedByNode"
+
+func refusedKey(o client.Object) []string {
+	if _, ok := prepin.RefusedByNode(o.(*corev1.Pod)); ok {
+		return []string{"true"}
+	}
+	return nil
+}
+
 // Metrics are the controller's series.
 type Metrics struct {
 	Repins   *prometheus.CounterVec
@@ -126,6 +137,9 @@ func (r *Reconciler) Setup(mgr manager.Manager) error {
 		return []string{o.(*corev1.Pod).Spec.NodeName}
 	}); err != nil {
 		return fmt.Errorf("index pods by node name: %w", err)
+	}
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.Pod{}, RefusedIndex, refusedKey); err != nil {
+		return fmt.Errorf("index pods refused by their node: %w", err)
 	}
 	one := func(context.Context, client.Object) []reconcile.Request {
 		return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: "repin"}}}
@@ -221,6 +235,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 			next = min(next, retry)
 		}
 	}
+	if retry, err := r.repairRefused(ctx, now, stranded); err != nil {
+		return reconcile.Result{}, err
+	} else if retry > 0 {
+		next = min(next, retry)
+	}
 	for uid := range r.since {
 		if !stranded[uid] {
 			delete(r.since, uid)
@@ -271,6 +290,67 @@ func (r *Reconciler) act(ctx context.Context, pod *corev1.Pod, dec placement.Rep
 	default:
 		dec.To = target.Domain
 	}
+	return r.move(ctx, pod, owners, cause, prepin.MoveText(dec), "")
+}
+
+// repairRefused treats the pods a node refuses for want of GPUs (prepin.RefusedByNode) as
+// stranded: after Options.After, a bare one gets a Stranded Event saying what to do, one its
+// owners recreate is evicted (move: backoff and give-up included) so that the webhook pins
+// the replacement afresh. They join stranded, for the clocks.
+func (r *Reconciler) repairRefused(ctx context.Context, now time.Time, stranded map[types.UID]bool) (time.Duration, error) {
+	var list corev1.PodList
+	if err := r.Client.List(ctx, &list, client.MatchingFields{RefusedIndex: "true"}, client.UnsafeDisableDeepCopy); err != nil {
+		return 0, fmt.Errorf("list pods refused by their node: %w", err)
+	}
+	var next time.Duration
+	for i := range list.Items {
+		pod := &list.Items[i]
+		msg, ok := prepin.RefusedByNode(pod)
+		if !ok || r.Decider.Options.Excluded(pod.Namespace) {
+			continue
+		}
+		stranded[pod.UID] = true
+		since, seen := r.since[pod.UID]
+		if !seen {
+			since = now
+			r.since[pod.UID] = now
+		}
+		if left := r.Options.After - now.Sub(since); left > 0 {
+			next = minPositive(next, left)
+			continue
+		}
+		cause := prepin.RefusedCause(pod.Spec.NodeName, msg)
+		if metav1.GetControllerOfNoCopy(pod) == nil {
+			r.Metrics.Repins.WithLabelValues(ResultBarePod).Inc()
+			r.eventOnce(pod, corev1.EventTypeWarning, prepin.ReasonStranded, "Wait", "Stranded: %s; %s. %s", cause, prepin.BarePodNote, prepin.RefusedBareFix)
+			continue
+		}
+		owners := prepin.WalkOwners(ctx, pod, r.Options.OwnerKinds, r.owners)
+		if owners.Skip != "" {
+			r.Metrics.Repins.WithLabelValues(ResultSkipped).Inc()
+			r.eventOnce(pod, corev1.EventTypeWarning, prepin.ReasonRepinSkipped, "Repin", "Stranded: %s; it is not moved: %s", cause, owners.Skip)
+			continue
+		}
+		if retry := r.move(ctx, pod, owners, cause, "refused on node "+pod.Spec.NodeName, pod.Spec.NodeName); retry > 0 {
+			next = minPositive(next, retry)
+		}
+	}
+	return next, nil
+}
+
+func minPositive(a, b time.Duration) time.Duration {
+	if a <= 0 {
+		return b
+	}
+	return min(a, b)
+}
+
+// move evicts a pod its owners recreate, so that the webhook pins the replacement afresh,
+// unless the workload's earlier moves say to wait (MoveBackoff) or to give up
+// (MaxMovesWithoutRunning), or the rate limit says later. boundTo is the node a pod refused
+// there is bound to ("" for a pod the scheduler has not placed): the pod is evicted only
+// while it is still exactly as judged. It returns when to look again, if at all.
+func (r *Reconciler) move(ctx context.Context, pod *corev1.Pod, owners prepin.OwnerVerdict, cause, moveText, boundTo string) time.Duration {
 	ctrl := metav1.GetControllerOfNoCopy(pod)
 	m := r.moves[ctrl.UID]
 	repeat := m != nil && m.replaces(pod)
@@ -309,7 +389,7 @@ func (r *Reconciler) act(ctx context.Context, pod *corev1.Pod, dec placement.Rep
 		}
 		return 0
 	}
-	if current.UID != pod.UID || current.ResourceVersion != pod.ResourceVersion || current.Spec.NodeName != "" {
+	if current.UID != pod.UID || current.ResourceVersion != pod.ResourceVersion || current.Spec.NodeName != boundTo {
 		return 0
 	}
 	uid, rv := pod.UID, pod.ResourceVersion
@@ -339,11 +419,11 @@ func (r *Reconciler) act(ctx context.Context, pod *corev1.Pod, dec placement.Rep
 		}
 		msg := fmt.Sprintf("%s: evicted so that its %s recreates it and nvdomain pins the replacement to a domain with room", cause, owners.Describe())
 		top := owners.Top()
-		r.Log.Info("re-pinned a stranded pod", "namespace", pod.Namespace, "name", pod.Name, "from", dec.From, "to", dec.To, "node", dec.Node, "owners", owners.Describe())
-		r.Recorder.Eventf(pod, nil, corev1.EventTypeNormal, prepin.ReasonRepinned, "Repin", "%s: %s", prepin.MoveText(dec), msg)
+		r.Log.Info("re-pinned a pod", "namespace", pod.Namespace, "name", pod.Name, "move", moveText, "owners", owners.Describe())
+		r.Recorder.Eventf(pod, nil, corev1.EventTypeNormal, prepin.ReasonRepinned, "Repin", "%s: %s", moveText, msg)
 		// The top-level owner is the object its user manages (a Deployment rather than its
 		// ReplicaSet): the Event goes where they look.
-		r.Recorder.Eventf(ownerObject(pod.Namespace, top), nil, corev1.EventTypeNormal, prepin.ReasonRepinned, "Repin", "pod %s, %s: %s", pod.Name, prepin.MoveText(dec), msg)
+		r.Recorder.Eventf(ownerObject(pod.Namespace, top), nil, corev1.EventTypeNormal, prepin.ReasonRepinned, "Repin", "pod %s, %s: %s", pod.Name, moveText, msg)
 		delete(r.since, pod.UID)
 	case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
 		// Gone, replaced, bound or changed meanwhile: the next pass sees the new state.

@@ -148,6 +148,7 @@ func newHarnessWith(t *testing.T, opts prepin.Options, funcs interceptor.Funcs, 
 	}
 	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).
 		WithIndex(&corev1.Pod{}, NodeNameIndex, func(o client.Object) []string { return []string{o.(*corev1.Pod).Spec.NodeName} }).
+		WithIndex(&corev1.Pod{}, RefusedIndex, refusedKey).
 		WithInterceptorFuncs(funcs).
 		Build()
 	view := clusterview.New(n)
@@ -806,3 +807,41 @@ func TestNodeConstraintsMakeNoEvictionLoop(t *testing.T) {
 }
 
 func rulesDomain(p *corev1.Pod) string { return p.Annotations[n.PodDomainAnnotation()] }
+
+// refusedBy is the kubelet's report of a container the node's nvdomain plugin refused for
+// want of GPUs in the pod's domain.
+func refusedBy(p *corev1.Pod) {
+	p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "vllm", State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{
+		Reason:  "CreateContainerError",
+		Message: `failed to create containerd container: validate and prepare: nvdomain: pod default/x container vllm: NVSwitch domain 0 (GPUs 0,1,2,3) has 0 free GPU(s), 4 requested; the GPUs in use there: 0 by default/rogue/c`,
+	}}}}
+}
+
+// A pod bound to a node whose nvdomain plugin refuses its container (GPUs held by a container
+// the counters do not see) sits in CreateContainerError forever. It is repaired like a
+// stranded pod: after --repin-after, a Deployment's pod is evicted so the webhook pins the
+// replacement afresh; a bare pod gets a Stranded Event naming the node's reason and the fix.
+// A refusal that is not about room (a hand-written annotation) is left alone.
+func TestPodRefusedByItsNodeIsRepaired(t *testing.T) {
+	owned := pinned("owned", "gpu-node01", 0, ownedBy("ReplicaSet", "apps/v1", "rs"), refusedBy)
+	bare := pinned("bare", "gpu-node01", 0, refusedBy)
+	other := pinned("other", "gpu-node01", 0, ownedBy("ReplicaSet", "apps/v1", "rs"), func(p *corev1.Pod) {
+		refusedBy(p)
+		p.Status.ContainerStatuses[0].State.Waiting.Message = "nvdomain: pod default/other container vllm: annotation gpu.nvidia.com/container-gpus says 4 GPU(s) for this container but 2 were given"
+	})
+	h := newHarness(t, testOptions(), node("gpu-node01"), owned, bare, other, replicaSet("rs"))
+	h.pass(t, 0)
+	if len(h.evictions) != 0 {
+		t.Fatal("evicted before --repin-after")
+	}
+	h.pass(t, 11*time.Second)
+	if h.exists("owned") || !h.exists("bare") || !h.exists("other") {
+		t.Fatalf("after --repin-after: owned %v, bare %v, other %v; want only the owned pod refused for room evicted", h.exists("owned"), h.exists("bare"), h.exists("other"))
+	}
+	if got := h.eventsWith(prepin.ReasonRepinned); len(got) == 0 || !strings.Contains(got[0], "refused on node gpu-node01") {
+		t.Fatalf("Repinned events = %q", got)
+	}
+	if got := h.eventsWith(prepin.ReasonStranded); len(got) != 1 || !strings.Contains(got[0], "node gpu-node01 refuses its container: nvdomain: pod default/x container vllm: NVSwitch domain 0") || !strings.Contains(got[0], "Fix: delete the pod") {
+		t.Fatalf("Stranded events = %q", got)
+	}
+}

@@ -425,6 +425,14 @@ func (o *ExplainOptions) whyPending(ctx context.Context, s *snapshot, pod *corev
 		}
 		return nil
 	}
+	if len(pod.Spec.SchedulingGates) > 0 {
+		gates := make([]string, len(pod.Spec.SchedulingGates))
+		for i, g := range pod.Spec.SchedulingGates {
+			gates[i] = g.Name
+		}
+		line("%s", repin.GatedNote(gates, d, metav1.GetControllerOfNoCopy(pod) == nil))
+		return nil
+	}
 	w, pos, ok := s.waiter(string(pod.UID))
 	if !ok {
 		line("it is pinned to domain %d but not waiting in the re-pin queue (only pods pinned by nvdomain's webhook are)", d)

@@ -136,6 +136,11 @@ func TestExplainPendingVerdicts(t *testing.T) {
 		{"an owner that does not recreate pods",
 			nil, tpPod("w", 4, 0, unschedulable, ownedBy("Notebook", "kubeflow.org/v1", "nb")),
 			[]string{"it will not be re-pinned: its owner Notebook.kubeflow.org nb is not one that recreates evicted pods", "Fix: if its Notebook nb takes a restart of this pod, delete the pod: it is recreated and the webhook pins the replacement to a domain with room; or free domain 0"}},
+		{"a bare gated pod: its pin cannot follow the room, and the fix is named",
+			nil, tpPod("w", 4, 0, func(p *corev1.Pod) {
+				p.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: "kueue.x-k8s.io/admission"}}
+			}),
+			[]string{repin.GatedNote([]string{"kueue.x-k8s.io/admission"}, 0, true)}},
 		{"not yet judged by the scheduler",
 			[]runtime.Object{replicaSet("rs")}, tpPod("w", 4, 0, ownedBy("ReplicaSet", "apps/v1", "rs")),
 			[]string{"re-pin: not yet: the scheduler has not reported it Unschedulable; once it does, it will be re-pinned to domain 1 (room on node gpu-a)"}},

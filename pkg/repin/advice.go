@@ -38,7 +38,7 @@ func StrandedFix(dec placement.RepinDecision, bare bool) string {
 		return fixes("delete the pod; its owner recreates it and the webhook pins the replacement to a domain with room", dec)
 	}
 	return fixes("delete the pod and create it again from its original manifest (not from `kubectl get -o yaml`, which carries the old pin: its nvswitch-domain resources, affinity and annotations), and the webhook pins it to a domain with room", dec) +
-		"; or run it under a Deployment, StatefulSet or a Job whose podFailurePolicy ignores DisruptionTarget, so nvdomain moves it itself"
+		"; or run it under a Deployment, StatefulSet or a Job whose podFailurePolicy ignores DisruptionTarget, so nvdomain moves it itself; or run the pool in DRA mode (docs/dra.md), where nothing is pinned"
 }
 
 // SkipFix is what the user can do for a stranded pod whose owners keep nvdomain from moving
@@ -153,3 +153,15 @@ func RefusedCause(node, msg string) string {
 
 // RefusedBareFix is what the user can do for a bare pod the node refuses.
 const RefusedBareFix = "Fix: delete the pod and create it again from its original manifest, and the webhook pins it where the counters have room; find what holds the GPUs with `kubectl nvdomain status` (a pod admitted while the webhook was down is counted once the agent sees it)"
+
+// GatedNote explains a pinned pod held back by scheduling gates (a queueing system such as
+// Kueue admits it later): its domain was chosen when it was created, from the room then, and a
+// pod's resources cannot change, so the pin cannot follow the room when the gates go. A pod
+// its owner recreates is moved like any stranded pod once ungated; a bare one cannot be.
+func GatedNote(gates []string, domain int, bare bool) string {
+	s := fmt.Sprintf("held back by scheduling gates (%s): the scheduler does not try it yet; its domain %d was chosen when it was created, from the room then, and is not chosen again when the gates go", strings.Join(gates, ", "), domain)
+	if !bare {
+		return s + "; if domain " + fmt.Sprint(domain) + " has no room then while another has, nvdomain moves it (its owner recreates it)"
+	}
+	return s + "; it has no owner, so if domain " + fmt.Sprint(domain) + " has no room then, it waits. Fix: create such pods through a Job or Deployment (Kueue's batch/v1 Job integration) so nvdomain can move them, or run the pool in DRA mode (docs/dra.md), where the domain is chosen at scheduling time"
+}

@@ -248,8 +248,8 @@ func (v *View) pendingLocked(reserved map[demand]int) map[demand]int {
 // claimsLocked lets the pending pods with node constraints claim room, group by group (in key
 // order), each on the nodes it selects and may use now, tightest fit first: claims[node][domain]
 // is the GPUs they take there, waiting the GPUs of those that found no room, per domain. The
-// cost is O(constrained pending pods × nodes); pods without node constraints, the usual
-// case, cost nothing here (applyPending counts them by demand).
+// cost is O(groups × demands × nodes log nodes), whatever the number of pods; pods without
+// node constraints cost nothing here (applyPending counts them by demand).
 func (v *View) claimsLocked() (claims map[string]map[int]int, waiting map[int]int) {
 	if len(v.constrained) == 0 {
 		return nil, nil
@@ -273,28 +273,43 @@ func (v *View) claimsLocked() (claims map[string]map[int]int, waiting map[int]in
 			return cmp.Or(cmp.Compare(a.domain, b.domain), cmp.Compare(b.gpus, a.gpus))
 		})
 		for _, dm := range demands {
-			for range g.byDemand[dm] {
-				best, bestLeft := "", -1
-				for _, o := range usable {
-					left := v.free(o.name, o.nd, dm.domain) - claims[o.name][dm.domain] - dm.gpus
-					if o.nd.capacity[dm.domain] > 0 && left >= 0 && (bestLeft < 0 || left < bestLeft) {
-						best, bestLeft = o.name, left
-					}
-				}
-				if best == "" {
-					if waiting == nil {
-						waiting = map[int]int{}
-					}
-					waiting[dm.domain] += dm.gpus
+			// Each pod takes the tightest node with room, which stays the tightest while it
+			// has room: so the nodes are filled in order of their room, least first, and the
+			// cost is one sort per demand, not a scan per pod.
+			type room struct {
+				name string
+				free int
+			}
+			var rooms []room
+			for _, o := range usable {
+				if o.nd.capacity[dm.domain] == 0 {
 					continue
 				}
+				if f := v.free(o.name, o.nd, dm.domain) - claims[o.name][dm.domain]; f >= dm.gpus {
+					rooms = append(rooms, room{o.name, f})
+				}
+			}
+			slices.SortStableFunc(rooms, func(a, b room) int { return cmp.Compare(a.free, b.free) })
+			left := g.byDemand[dm]
+			for _, r := range rooms {
+				if left == 0 {
+					break
+				}
+				take := min(left, r.free/dm.gpus)
 				if claims == nil {
 					claims = map[string]map[int]int{}
 				}
-				if claims[best] == nil {
-					claims[best] = map[int]int{}
+				if claims[r.name] == nil {
+					claims[r.name] = map[int]int{}
 				}
-				claims[best][dm.domain] += dm.gpus
+				claims[r.name][dm.domain] += take * dm.gpus
+				left -= take
+			}
+			if left > 0 {
+				if waiting == nil {
+					waiting = map[int]int{}
+				}
+				waiting[dm.domain] += left * dm.gpus
 			}
 		}
 	}

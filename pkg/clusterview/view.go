@@ -604,8 +604,9 @@ func tolerates(taints []corev1.Taint, tolerations []corev1.Toleration) bool {
 	return !untolerated
 }
 
-// hasNodeConstraints reports whether the pod restricts nodes by labels; nvdomain's own domain
-// expressions (from an earlier admission) do not count, they are implied by the domain.
+// hasNodeConstraints reports whether the pod restricts nodes by labels; nvdomain's own
+// expressions (from an earlier admission, ownExpression) do not count, they are implied by
+// the domain.
 func (v *View) hasNodeConstraints(pod *corev1.Pod) bool {
 	if len(pod.Spec.NodeSelector) > 0 || pod.Spec.NodeName != "" {
 		return true
@@ -616,7 +617,7 @@ func (v *View) hasNodeConstraints(pod *corev1.Pod) bool {
 	}
 	for _, t := range a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
 		for _, e := range t.MatchExpressions {
-			if _, ours := v.names.ParseDomainSizeLabel(e.Key); !ours {
+			if !v.ownExpression(e) {
 				return true
 			}
 		}
@@ -625,6 +626,16 @@ func (v *View) hasNodeConstraints(pod *corev1.Pod) bool {
 		}
 	}
 	return false
+}
+
+// ownExpression reports whether a node selector expression is one nvdomain's webhook writes:
+// a domain size term, or mixed mode's `nvdomain-mode NotIn [dra]`, which only keeps a pod off
+// DRA nodes, where the view counts no domain capacity anyway.
+func (v *View) ownExpression(e corev1.NodeSelectorRequirement) bool {
+	if _, ours := v.names.ParseDomainSizeLabel(e.Key); ours {
+		return true
+	}
+	return e.Key == v.names.ModeLabel() && e.Operator == corev1.NodeSelectorOpNotIn && len(e.Values) == 1 && e.Values[0] == names.ModeDRA
 }
 
 // eligible reports whether the pod could ever run on the node as far as labels, name and

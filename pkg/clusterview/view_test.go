@@ -293,6 +293,22 @@ func BenchmarkChooseDomain(b *testing.B) {
 			b.ReportMetric(heapMB, "view-heap-MB")
 		})
 	}
+	// Waiters with node constraints of their own claim room on their nodes first
+	// (claimsLocked): one sort of the nodes per distinct constraint and demand, however many
+	// pods wait.
+	for i := range 1000 {
+		p := pinnedPod("", i%2, 2)
+		p.Spec.NodeSelector = map[string]string{"pool": "1"}
+		v.UpsertPod(p)
+	}
+	b.Run("fast-path-with-1000-constrained-waiters", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := v.ChooseDomain(newTP(), 2, 0); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
 
 func TestImpossibleMessageListsNodes(t *testing.T) {

@@ -19,7 +19,6 @@ package nriplugin
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -432,23 +431,14 @@ func (p *Plugin) neutralise(adj *api.ContainerAdjustment, pod *api.PodSandbox, c
 func (p *Plugin) request(pod *api.PodSandbox, ctr *api.Container) (k, domain int, tp bool, err error) {
 	n := p.cfg.Names
 	tp = pod.Labels[names.TPLabel] == names.TPLabelValue
-	ds, ok := pod.Annotations[n.PodDomainAnnotation()]
-	if !ok {
+	pin, err := n.DecodePin(pod.Annotations)
+	if err != nil {
+		return 0, 0, tp, err
+	}
+	if !pin.Pinned() {
 		return 0, -1, tp, nil
 	}
-	domain, err = strconv.Atoi(ds)
-	if err != nil || domain < 0 {
-		return 0, 0, tp, fmt.Errorf("annotation %s=%q is not a domain id", n.PodDomainAnnotation(), ds)
-	}
-	per := map[string]int{}
-	if raw := pod.Annotations[n.PodContainerGPUsAnnotation()]; raw != "" {
-		if err := json.Unmarshal([]byte(raw), &per); err != nil {
-			return 0, 0, tp, fmt.Errorf("annotation %s is not a JSON map of container name to GPUs: %v", n.PodContainerGPUsAnnotation(), err)
-		}
-	}
-	if per[ctr.Name] < 0 {
-		return 0, 0, tp, fmt.Errorf("annotation %s gives container %s %d GPUs", n.PodContainerGPUsAnnotation(), ctr.Name, per[ctr.Name])
-	}
+	per, domain := pin.ContainerGPUs, pin.Domain
 	return per[ctr.Name], domain, tp, nil
 }
 
@@ -739,8 +729,8 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, ctrs []*
 		}
 		a := Assignment{ContainerID: ctr.Id, PodSandboxID: ctr.PodSandboxId, ContainerName: ctr.Name, GPUs: gpus, Domain: -1,
 			PodNamespace: pod.Namespace, PodName: pod.Name, PodUID: pod.Uid}
-		if d, err := strconv.Atoi(pod.Annotations[p.cfg.Names.PodDomainAnnotation()]); err == nil {
-			a.Domain = d
+		if pin, err := p.cfg.Names.DecodePin(pod.Annotations); err == nil {
+			a.Domain = pin.Domain
 		}
 		for _, g := range gpus {
 			if others := p.holders[g]; len(others) > 0 {

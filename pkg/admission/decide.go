@@ -6,7 +6,6 @@ import (
 	"hash/fnv"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
@@ -104,12 +103,15 @@ func pinnedByNvdomain(pod *corev1.Pod, n names.Names) bool {
 	if _, ok := pod.Annotations[n.PodAssignedGPUsAnnotation()]; ok {
 		return false
 	}
-	if d, ok := pod.Annotations[n.PodDomainAnnotation()]; ok {
-		pd := rules.Inspect(pod, n).PinnedDomain()
-		return pd >= 0 && d == strconv.Itoa(pd)
+	pin, err := n.DecodePin(pod.Annotations)
+	if err != nil {
+		return false
+	}
+	if pin.Pinned() {
+		return pin.Domain == rules.Inspect(pod, n).PinnedDomain()
 	}
 	i, k := draClaim(pod)
-	return i >= 0 && pod.Annotations[n.PodTPSizeAnnotation()] == strconv.Itoa(k)
+	return i >= 0 && pin.TPSize == k
 }
 
 // fromTemplate reports whether a pod being created comes from a controller's template and

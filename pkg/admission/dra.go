@@ -1,11 +1,9 @@
 package admission
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -86,9 +84,7 @@ func RewriteForDRA(pod *corev1.Pod, p rules.Pod, n names.Names) *corev1.Pod {
 	if out.Annotations == nil {
 		out.Annotations = map[string]string{}
 	}
-	out.Annotations[n.PodTPSizeAnnotation()] = strconv.Itoa(p.GPUs)
-	perJSON, _ := json.Marshal(perContainer) // map[string]int cannot fail to marshal
-	out.Annotations[n.PodContainerGPUsAnnotation()] = string(perJSON)
+	n.EncodePin(out.Annotations, names.PodPin{Domain: -1, TPSize: p.GPUs, ContainerGPUs: perContainer})
 	return out
 }
 
@@ -130,8 +126,9 @@ func asRequested(pod *corev1.Pod, n names.Names) *corev1.Pod {
 	users := func(c *corev1.Container) bool {
 		return slices.ContainsFunc(c.Resources.Claims, func(r corev1.ResourceClaim) bool { return r.Name == claimName })
 	}
-	per := map[string]int{}
-	if err := json.Unmarshal([]byte(pod.Annotations[n.PodContainerGPUsAnnotation()]), &per); err != nil || len(per) == 0 {
+	pin, err := n.DecodePin(pod.Annotations)
+	per := pin.ContainerGPUs
+	if err != nil || len(per) == 0 {
 		per = map[string]int{}
 		var using []string
 		for _, cs := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {

@@ -63,12 +63,11 @@ func Pin(pod *corev1.Pod, p rules.Pod, d int, hint []string, n names.Names) *cor
 	if out.Annotations == nil {
 		out.Annotations = map[string]string{}
 	}
-	out.Annotations[n.PodDomainAnnotation()] = strconv.Itoa(d)
+	pin := names.PodPin{Domain: d, ContainerGPUs: perContainer}
 	if p.TP {
-		out.Annotations[n.PodTPSizeAnnotation()] = strconv.Itoa(p.GPUs)
+		pin.TPSize = p.GPUs
 	}
-	perJSON, _ := json.Marshal(perContainer) // map[string]int cannot fail to marshal
-	out.Annotations[n.PodContainerGPUsAnnotation()] = string(perJSON)
+	n.EncodePin(out.Annotations, pin)
 	return out
 }
 

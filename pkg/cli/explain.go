@@ -498,6 +498,8 @@ func (o *ExplainOptions) whyPending(ctx context.Context, s *snapshot, pod *corev
 		line("domain %d has %d free GPUs on %s, but the %d %s ahead of it in the queue (higher priority, then older) claim them", d, k, strings.Join(ownRoom, ", "), pos, plural(pos, "pod", "pods"))
 	}
 	switch {
+	case dec.Verdict == placement.WillSchedule && repin.Unschedulable(pod):
+		line("re-pin: not needed for its GPUs: %s", repin.BlockedNote(d, repin.SchedulerMessage(pod)))
 	case dec.Verdict == placement.WillSchedule:
 		line("re-pin: not needed")
 	case dec.Soon:

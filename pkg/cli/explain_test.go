@@ -148,8 +148,14 @@ func TestExplainPendingVerdicts(t *testing.T) {
 			[]runtime.Object{tpPod("holder-1", 4, 1, boundTo("gpu-a", corev1.PodRunning))}, tpPod("w", 4, 0, unschedulable, ownedBy("ReplicaSet", "apps/v1", "rs")),
 			[]string{"domain 0 has no room for 4 GPUs", "re-pin: none; it waits: " + repin.NoRoomAdvice(0, 4)}},
 		{"room in its own domain: the scheduler binds it",
-			nil, tpPod("w", 4, 1, unschedulable),
+			nil, tpPod("w", 4, 1),
 			[]string{"domain 1 has room for it on gpu-a: the scheduler binds it there", "re-pin: not needed"}},
+		{"room in its own domain, but the scheduler rejects it for something else",
+			nil, tpPod("w", 4, 1, func(p *corev1.Pod) {
+				unschedulable(p)
+				p.Status.Conditions[0].Message = "0/2 nodes are available: 2 node(s) didn't match pod topology spread constraints."
+			}),
+			[]string{"domain 1 has room for it on gpu-a", "re-pin: not needed for its GPUs: nvdomain counts room for it in its pinned NVSwitch domain 1, but the scheduler keeps it Pending", "topology spread"}},
 		{"an older waiter claims the room first",
 			[]runtime.Object{tpPod("first", 4, 0, unschedulable, ownedBy("ReplicaSet", "apps/v1", "rs"), createdAgo(2*time.Hour))},
 			tpPod("w", 4, 0, unschedulable, ownedBy("ReplicaSet", "apps/v1", "rs")),

@@ -165,3 +165,9 @@ func GatedNote(gates []string, domain int, bare bool) string {
 	}
 	return s + "; it has no owner, so if domain " + fmt.Sprint(domain) + " has no room then, it waits. Fix: create such pods through a Job or Deployment (Kueue's batch/v1 Job integration) so nvdomain can move them, or run the pool in DRA mode (docs/dra.md), where the domain is chosen at scheduling time"
 }
+
+// BlockedNote says why a pod waits although nvdomain counts room for it in its pinned
+// domain: the scheduler rejects it for what nvdomain does not judge (msg, its words).
+func BlockedNote(domain int, msg string) string {
+	return fmt.Sprintf("nvdomain counts room for it in its pinned NVSwitch domain %d, but the scheduler keeps it Pending (%q): what stops it is something nvdomain does not count, so another domain would not help and nvdomain does not move it. Fix: the scheduler's reason (pod affinity, topology spread, volumes, CPU or memory)", domain, msg)
+}

@@ -116,6 +116,10 @@ type Reconciler struct {
 	// moves remembers, per workload (the pod's controller), the evictions that did not lead
 	// to a running pod, so that no configuration can make the controller loop.
 	moves map[types.UID]*workloadMoves
+	// roomIgnored is when the plan first found room in its own id for a pod the scheduler
+	// still calls Unschedulable: after Options.After the scheduler's verdict wins
+	// (trackIgnoredRoom).
+	roomIgnored map[types.UID]time.Time
 
 	// The last plan, the view generation it was made for and the pods it was made over: a
 	// pass over an unchanged view reuses it and only acts on the clock (Options.After).
@@ -160,6 +164,7 @@ func (r *Reconciler) init() {
 		r.since = map[types.UID]time.Time{}
 		r.lastEvent = map[types.UID]time.Time{}
 		r.moves = map[types.UID]*workloadMoves{}
+		r.roomIgnored = map[types.UID]time.Time{}
 	}
 	if r.owners == nil {
 		r.owners = prepin.NewCachedOwners(r.Client, r.Reader, r.now)
@@ -213,6 +218,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 	}
 	stranded := map[types.UID]bool{}
 	strandedWorkloads := map[types.UID]bool{}
+	waitingBlocked := r.trackIgnoredRoom(now)
 	for _, dec := range r.plan {
 		if dec.Verdict != placement.Stranded {
 			continue
@@ -246,7 +252,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 		}
 	}
 	for uid := range r.lastEvent {
-		if !stranded[uid] {
+		if !stranded[uid] && !waitingBlocked[uid] {
 			delete(r.lastEvent, uid)
 		}
 	}
@@ -291,6 +297,41 @@ func (r *Reconciler) act(ctx context.Context, pod *corev1.Pod, dec placement.Rep
 		dec.To = target.Domain
 	}
 	return r.move(ctx, pod, owners, cause, prepin.MoveText(dec), "")
+}
+
+// trackIgnoredRoom follows the pods the plan says will schedule, room in their own id on a
+// node they may use, while the scheduler calls them Unschedulable. The scheduler judges what
+// the plan cannot (pod affinity, topology spread, volumes, CPU and memory), so after
+// Options.After its verdict wins: the pod gets a RepinSkipped Event naming the scheduler's
+// reason, and it is not moved, since another domain would not help. The room stays counted
+// as the pod's, as the webhook counts it, so that the plan and the webhook keep agreeing.
+func (r *Reconciler) trackIgnoredRoom(now time.Time) map[types.UID]bool {
+	seen := map[types.UID]bool{}
+	for _, dec := range r.plan {
+		pod := r.planPods[dec.ID]
+		if dec.Verdict != placement.WillSchedule || !prepin.Unschedulable(pod) {
+			continue
+		}
+		seen[pod.UID] = true
+		since, ok := r.roomIgnored[pod.UID]
+		if !ok {
+			r.roomIgnored[pod.UID] = now
+			continue
+		}
+		if now.Sub(since) < r.Options.After {
+			continue
+		}
+		if _, evented := r.lastEvent[pod.UID]; !evented {
+			r.Metrics.Repins.WithLabelValues(ResultSkipped).Inc()
+		}
+		r.eventOnce(pod, corev1.EventTypeWarning, prepin.ReasonRepinSkipped, "Repin", "Waiting: %s", prepin.BlockedNote(dec.From, prepin.SchedulerMessage(pod)))
+	}
+	for uid := range r.roomIgnored {
+		if !seen[uid] {
+			delete(r.roomIgnored, uid)
+		}
+	}
+	return seen
 }
 
 // repairRefused treats the pods a node refuses for want of GPUs (prepin.RefusedByNode) as

@@ -845,3 +845,23 @@ func TestPodRefusedByItsNodeIsRepaired(t *testing.T) {
 		t.Fatalf("Stranded events = %q", got)
 	}
 }
+
+// A pod pinned to a domain that has room on a node it may use, which the scheduler keeps
+// Pending for another reason (pod anti-affinity here), was "will schedule" forever, with no
+// Event. After --repin-after the scheduler's verdict wins: one RepinSkipped Event names it,
+// repeated no more often than --repin-event-every, and the pod is not moved.
+func TestPodTheSchedulerRejectsDespiteRoomGetsAnEvent(t *testing.T) {
+	anti := pinned("anti", "", 1, ownedBy("ReplicaSet", "apps/v1", "rs"),
+		schedulerSays("0/1 nodes are available: 1 node(s) didn't match pod anti-affinity rules. preemption: 0/1 nodes are available: 1 No preemption victims found for incoming pod."))
+	h := newHarness(t, testOptions(), strandedCluster(anti, replicaSet("rs"))...)
+	for range 12 { // two minutes
+		h.pass(t, 10*time.Second)
+	}
+	if len(h.evictions) != 0 {
+		t.Fatalf("%d evictions of a pod the scheduler rejects for its anti-affinity", len(h.evictions))
+	}
+	got := h.eventsWith(prepin.ReasonRepinSkipped)
+	if len(got) != 1 || !strings.Contains(got[0], "nvdomain counts room for it in its pinned NVSwitch domain 1") || !strings.Contains(got[0], "anti-affinity") {
+		t.Fatalf("RepinSkipped events = %q; want one naming the scheduler's reason", got)
+	}
+}

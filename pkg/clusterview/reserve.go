@@ -16,10 +16,14 @@ import (
 // choices.
 const ReservationTTL = 10 * time.Second
 
-// MaxReservationsPerNamespace bounds the live reservations of one namespace: a burst beyond it
-// (informer lag during a large scale-up) retires the namespace's oldest, so no namespace can
-// make more than this many pods' worth of room look taken, however fast it creates.
-const MaxReservationsPerNamespace = 32
+// MaxReservationsPerNamespace and MaxReservedGPUsPerNamespace bound the live reservations of
+// one namespace: a burst beyond either (informer lag during a large scale-up) pushes out the
+// namespace's oldest, so no namespace can make more than this much room look taken, however
+// fast it creates. A pushed-out reservation is no sign of failure: its pod may still come.
+const (
+	MaxReservationsPerNamespace = 32
+	MaxReservedGPUsPerNamespace = 64
+)
 
 // FailingCreatesHold is how long a namespace whose reservation expired without its pod ever
 // appearing (its creates fail after admission) has its reservations left out of every
@@ -37,8 +41,9 @@ const FailingCreatesHold = time.Minute
 // namespace as failing, whose reservations then count for nothing (FailingCreatesHold); so
 // does a second reservation under a name that already has one. A tenant that loops failing
 // creates therefore holds phantom room for at most one TTL, and never more than
-// MaxReservationsPerNamespace pods' worth. A namespace's first pod to arrive ends the mark, so
-// a tenant mixing successful and failing creates can renew that bound once per TTL.
+// MaxReservationsPerNamespace pods or MaxReservedGPUsPerNamespace GPUs. Only a reservation
+// its pod consumes ends the mark: a tenant mixing successful and failing creates renews the
+// bound once per TTL only with creates that really succeed and really hold GPUs.
 type reservations struct {
 	mu sync.Mutex
 	// queue is every reservation not yet expired, in expiry order (the TTL is constant).
@@ -56,8 +61,9 @@ type reservation struct {
 	demand
 	expires time.Time
 	// live: neither consumed, replaced, pushed out by the namespace cap nor expired.
-	// counts: it is in counted. consumed: its pod arrived.
-	live, counts, consumed bool
+	// counts: it is in counted. consumed: its pod arrived. pushed: the namespace cap retired
+	// it; its pod may still consume it before it expires.
+	live, counts, consumed, pushed bool
 }
 
 func newReservations() reservations {
@@ -106,7 +112,8 @@ func (rs *reservations) add(pod *corev1.Pod, d demand, now time.Time) {
 			}
 		}
 	}
-	if list := rs.byNamespace[ns]; len(list) >= MaxReservationsPerNamespace {
+	for list := rs.byNamespace[ns]; len(list) > 0 && (len(list) >= MaxReservationsPerNamespace || reservedGPUs(list)+d.gpus > MaxReservedGPUsPerNamespace); list = rs.byNamespace[ns] {
+		list[0].pushed = true
 		rs.retireLocked(list[0])
 	}
 	r := &reservation{namespace: ns, name: pod.Name, generateName: pod.GenerateName, demand: d, expires: now.Add(ReservationTTL), live: true}
@@ -121,22 +128,40 @@ func (rs *reservations) add(pod *corev1.Pod, d demand, now time.Time) {
 
 // consume retires the reservation made for pod, which has just arrived: one of its namespace
 // and demand made under its name, or under its generateName, or (a reservation made for a
-// pod without either, as tests make) for any pod. The namespace's creates evidently succeed,
-// so it is no longer failing.
+// pod without either, as tests make) for any pod. A live one first; else one the namespace
+// cap pushed out, which is marked consumed so that its expiry is no sign of failure. Only a
+// reservation consumed by its pod ends the namespace's failing mark: a pod that comes
+// without one (pinned by hand, or by another replica) proves nothing about the creates that
+// fail, or a tenant could renew its phantom room with one such pod per TTL.
 func (rs *reservations) consume(pod *corev1.Pod, d demand, now time.Time) {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
-	delete(rs.failing, pod.Namespace)
+	match := func(r *reservation) bool {
+		return r.namespace == pod.Namespace && r.demand == d && !r.consumed &&
+			((r.name != "" && r.name == pod.Name) || (r.name == "" && r.generateName == pod.GenerateName))
+	}
 	for _, r := range rs.byNamespace[pod.Namespace] {
-		if r.demand != d {
-			continue
-		}
-		if (r.name != "" && r.name == pod.Name) || (r.name == "" && r.generateName == pod.GenerateName) {
+		if match(r) {
 			r.consumed = true
 			rs.retireLocked(r)
+			delete(rs.failing, pod.Namespace)
 			return
 		}
 	}
+	for _, r := range rs.queue {
+		if r.pushed && match(r) {
+			r.consumed = true
+			return
+		}
+	}
+}
+
+func reservedGPUs(list []*reservation) int {
+	sum := 0
+	for _, r := range list {
+		sum += r.gpus
+	}
+	return sum
 }
 
 func (rs *reservations) live(now time.Time) map[demand]int {
@@ -158,6 +183,7 @@ func (rs *reservations) expireLocked(now time.Time) {
 		r := rs.queue[i]
 		rs.retireLocked(r)
 		if !r.consumed {
+			// Its pod never came within the TTL, pushed out or not: the create failed.
 			rs.markFailingLocked(r.namespace, now)
 		}
 		rs.queue[i] = nil

@@ -70,16 +70,16 @@ func TestGeneratedNameLoopIsBoundedPerNamespace(t *testing.T) {
 		}
 		clock = clock.Add(50 * time.Millisecond)
 	}
-	// Once the loop stops and its reservations have expired, the namespace's first pod that
-	// does arrive ends the mark: its reservations count again.
+	// Once the loop has stopped for FailingCreatesHold, the namespace's reservations count
+	// again.
 	clock = clock.Add(ReservationTTL + time.Second)
 	if live := v.liveReservations(); len(live) != 0 {
 		t.Fatalf("reservations left after the loop stopped: %v", live)
 	}
-	v.UpsertPod(pinnedPodIn("greedy", "", 0, 2))
+	clock = clock.Add(FailingCreatesHold + time.Second)
 	v.Reserve(podIn("greedy", "", "tp2-"), 0, 2)
 	if got := v.liveReservations()[demand{0, 2}]; got != 1 {
-		t.Fatalf("after a pod of the namespace arrived, its new reservation counts %d times, want 1", got)
+		t.Fatalf("a minute after the loop stopped, a new reservation counts %d times, want 1", got)
 	}
 }
 
@@ -203,5 +203,51 @@ func TestPendingPodsOnlyTakeRoomTheyCanUse(t *testing.T) {
 	v.UpsertPod(pinnedPod("node-b", 1, 4)) // node-b full too
 	if dec, _ := v.ChooseDomain(newTP(), 4, 0); dec.Fits || dec.Domain != 0 {
 		t.Fatalf("with 12 GPUs waiting for domain 1 and none for 0, the pod should wait for 0: %+v", dec)
+	}
+}
+
+// A ReplicaSet's slow-start batch of 40 pods, beyond the namespace cap, whose pods all arrive:
+// no reservation expires unconsumed, so the namespace is not marked failing and its next
+// burst is still spread.
+func TestALargeBurstThatArrivesIsNoFailure(t *testing.T) {
+	v := New(n)
+	clock := time.Unix(1_000_000, 0)
+	v.now = func() time.Time { return clock }
+	for i := range 8 {
+		v.UpsertNode(gpuNode(fmt.Sprintf("n%d", i), []int{8, 8}, nil))
+	}
+	var domains []int
+	for i := range 40 {
+		dec, err := v.ChooseAndReserve(podIn("team", "", "llama-"), 1, uint64(i)|1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		domains = append(domains, dec.Domain)
+	}
+	for i, d := range domains {
+		v.UpsertPod(withName(pinnedPodIn("team", "", d, 1), fmt.Sprintf("llama-%d", i), "llama-"))
+	}
+	clock = clock.Add(ReservationTTL + time.Second)
+	v.liveReservations() // expire what is left
+	v.Reserve(podIn("team", "", "llama-"), 0, 1)
+	if got := v.liveReservations()[demand{0, 1}]; got != 1 {
+		t.Fatalf("after a burst whose pods all arrived, a new reservation counts %d times: the namespace was marked failing", got)
+	}
+}
+
+// One pod that does arrive, pinned without a reservation (by hand, or by another replica),
+// does not renew a failing tenant's phantom room.
+func TestAPodWithoutAReservationDoesNotEndTheFailingMark(t *testing.T) {
+	v := New(n)
+	clock := time.Unix(1_000_000, 0)
+	v.now = func() time.Time { return clock }
+	v.UpsertNode(gpuNode("gpu-node01", []int{8, 8}, nil))
+	v.Reserve(podIn("greedy", "tp8-0", ""), 0, 8)
+	clock = clock.Add(ReservationTTL + time.Second)
+	v.liveReservations()                                                      // expired unconsumed: failing
+	v.UpsertPod(withName(pinnedPodIn("greedy", "", 1, 8), "hand-pinned", "")) // no reservation of its own
+	v.Reserve(podIn("greedy", "tp8-1", ""), 0, 8)
+	if got := v.liveReservations()[demand{0, 8}]; got != 0 {
+		t.Fatalf("a hand-pinned pod ended the failing mark: %d reservations count", got)
 	}
 }

@@ -64,9 +64,9 @@ type View struct {
 	// gen counts the changes the informers made to the view (generation), so that the re-pin
 	// controller can skip a pass over a view it has already planned.
 	gen atomic.Uint64
-	// nodeGen counts changes of what nodes offer (added, removed, their domains, labels or
-	// taints), not their heartbeats: the re-pin controller looks again at a workload it gave
-	// up on once this changes.
+	// nodeGen counts changes of what nodes offer (added, removed, their domains or taints),
+	// not their heartbeats or labels (sameShape): the re-pin controller looks again at a
+	// workload it gave up on once this changes.
 	nodeGen atomic.Uint64
 
 	mu    sync.RWMutex
@@ -292,14 +292,17 @@ func (v *View) DeleteNode(name string) {
 }
 
 // NodeGeneration changes whenever what the nodes offer changes: a node added or removed, or
-// its domains, labels or taints (cordon and readiness included) changed.
+// its domains or taints (cordon and readiness included) changed.
 func (v *View) NodeGeneration() uint64 {
 	return v.nodeGen.Load()
 }
 
-// sameShape reports whether two versions of a node offer the same: domains, labels, taints.
+// sameShape reports whether two versions of a node offer the same: its domains, its taints
+// (cordon and readiness included) and whether it is a DRA node. Other labels are left out on
+// purpose: agents such as GPU Feature Discovery rewrite a timestamp label every minute, which
+// would make every node look new.
 func sameShape(a, b *node) bool {
-	return a.taintKey == b.taintKey && maps.Equal(a.capacity, b.capacity) && maps.Equal(a.obj.Labels, b.obj.Labels) && a.dra == b.dra
+	return a.taintKey == b.taintKey && maps.Equal(a.capacity, b.capacity) && a.dra == b.dra
 }
 
 // Generation changes whenever a node or a pod the view counts changes; equal generations

@@ -241,7 +241,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 			next = min(next, retry)
 		}
 	}
-	if retry, err := r.repairRefused(ctx, now, stranded); err != nil {
+	if retry, err := r.repairRefused(ctx, now, stranded, strandedWorkloads); err != nil {
 		return reconcile.Result{}, err
 	} else if retry > 0 {
 		next = min(next, retry)
@@ -337,8 +337,9 @@ func (r *Reconciler) trackIgnoredRoom(now time.Time) map[types.UID]bool {
 // repairRefused treats the pods a node refuses for want of GPUs (prepin.RefusedByNode) as
 // stranded: after Options.After, a bare one gets a Stranded Event saying what to do, one its
 // owners recreate is evicted (move: backoff and give-up included) so that the webhook pins
-// the replacement afresh. They join stranded, for the clocks.
-func (r *Reconciler) repairRefused(ctx context.Context, now time.Time, stranded map[types.UID]bool) (time.Duration, error) {
+// the replacement afresh. They join stranded and strandedWorkloads, for the clocks and the
+// workloads' move records.
+func (r *Reconciler) repairRefused(ctx context.Context, now time.Time, stranded, strandedWorkloads map[types.UID]bool) (time.Duration, error) {
 	var list corev1.PodList
 	if err := r.Client.List(ctx, &list, client.MatchingFields{RefusedIndex: "true"}, client.UnsafeDisableDeepCopy); err != nil {
 		return 0, fmt.Errorf("list pods refused by their node: %w", err)
@@ -351,6 +352,11 @@ func (r *Reconciler) repairRefused(ctx context.Context, now time.Time, stranded 
 			continue
 		}
 		stranded[pod.UID] = true
+		if ref := metav1.GetControllerOfNoCopy(pod); ref != nil {
+			// Its workload's moves are remembered like a stranded one's (forgetMoves), so
+			// the backoff and the give-up hold for it too.
+			strandedWorkloads[ref.UID] = true
+		}
 		since, seen := r.since[pod.UID]
 		if !seen {
 			since = now

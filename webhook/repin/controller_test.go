@@ -746,14 +746,25 @@ func TestReplacementsThatStrandAgainAreGivenUp(t *testing.T) {
 	if got := testutil.ToFloat64(h.r.Metrics.Repins.WithLabelValues(ResultGivenUp)); got != 1 {
 		t.Fatalf("given-up = %v", got)
 	}
-	// The nodes change (an operator relabels one): the workload is looked at again.
+	// A label rewritten every minute (GPU Feature Discovery's timestamp) changes nothing.
 	relabelled := node("gpu-node01")
-	relabelled.Labels["team"] = "llm"
+	relabelled.Labels["nvidia.com/gfd.timestamp"] = "1764540000"
 	h.r.View.UpsertNode(relabelled)
-	h.pass(t, 5*time.Second)
-	h.pass(t, 15*time.Second)
+	for range 3 {
+		h.pass(t, 10*time.Second)
+	}
+	if got := len(h.evictions); got != prepin.MaxMovesWithoutRunning {
+		t.Fatalf("after a label change: %d evictions; the workload given up on was moved again", got)
+	}
+	// The nodes change (a node joins, full at once): the workload is looked at again.
+	h.r.View.UpsertNode(node("gpu-node02"))
+	h.r.View.UpsertPod(pinned("busy-0", "gpu-node02", 0))
+	h.r.View.UpsertPod(pinned("busy-1", "gpu-node02", 1))
+	for range 3 {
+		h.pass(t, 10*time.Second)
+	}
 	if got := len(h.evictions); got != prepin.MaxMovesWithoutRunning+1 {
-		t.Fatalf("after a node was added: %d evictions, want %d", got, prepin.MaxMovesWithoutRunning+1)
+		t.Fatalf("after a node joined: %d evictions, want %d", got, prepin.MaxMovesWithoutRunning+1)
 	}
 }
 
@@ -863,5 +874,28 @@ func TestPodTheSchedulerRejectsDespiteRoomGetsAnEvent(t *testing.T) {
 	got := h.eventsWith(prepin.ReasonRepinSkipped)
 	if len(got) != 1 || !strings.Contains(got[0], "nvdomain counts room for it in its pinned NVSwitch domain 1") || !strings.Contains(got[0], "anti-affinity") {
 		t.Fatalf("RepinSkipped events = %q; want one naming the scheduler's reason", got)
+	}
+}
+
+// A workload whose replacements the node keeps refusing (the GPUs held by a container the
+// counters do not see stay held) is moved at most MaxMovesWithoutRunning times, then given up
+// on, like a stranded one: no eviction loop.
+func TestRefusedReplacementsAreGivenUp(t *testing.T) {
+	first := pinned("tp4-0", "gpu-node01", 0, ownedBy("ReplicaSet", "apps/v1", "rs"), refusedBy)
+	h := newHarness(t, testOptions(), node("gpu-node01"), first, replicaSet("rs"))
+	h.gone = map[string]*corev1.Pod{first.Name: first}
+	refusedAgain := func(old *corev1.Pod, i int) *corev1.Pod {
+		return pinned(fmt.Sprintf("tp4-%d", i+1), "gpu-node01", 0, ownedBy("ReplicaSet", "apps/v1", "rs"), refusedBy)
+	}
+	seen := 0
+	for range 240 { // twenty minutes
+		h.pass(t, 5*time.Second)
+		h.replaceEvicted(t, &seen, refusedAgain)
+	}
+	if got := len(h.evictions); got != prepin.MaxMovesWithoutRunning {
+		t.Fatalf("%d evictions in twenty minutes; want %d, then none", got, prepin.MaxMovesWithoutRunning)
+	}
+	if got := h.eventsWith(prepin.ReasonRepinGivenUp); len(got) != 2 {
+		t.Fatalf("RepinGivenUp events = %q; want one on the pod and one on its owner", got)
 	}
 }

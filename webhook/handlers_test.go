@@ -810,3 +810,40 @@ func TestUnpinUndoesPin(t *testing.T) {
 		}
 	}
 }
+
+// The apiserver calls the mutating webhook again on the same create when a later webhook
+// changed the pod (reinvocationPolicy IfNeeded). A controller's pod then arrives carrying the
+// pin this replica just made: it keeps it, and nothing is reserved twice, so another
+// namespace's pod still finds the domain that is really free. Another replica, which holds no
+// reservation for it, keeps a pin that has room too.
+func TestReinvokedAdmissionKeepsItsPin(t *testing.T) {
+	big := node("gpu-node01", []int{8, 8}, nil, nil)
+	owned := func() *corev1.Pod {
+		p := pod(true, 8)
+		p.Name, p.GenerateName = "", "llama-7d9-"
+		p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "llama-7d9", UID: "rs-uid", Controller: ptr.To(true)}}
+		return p
+	}
+	f := newFixture(t, decision.NonTPAccount, big)
+	first, _, _ := f.admit(t, owned())
+	d := first.Annotations[n.PodDomainAnnotation()]
+	again, mresp, vresp := f.admit(t, first)
+	if !mresp.Allowed || !vresp.Allowed {
+		t.Fatalf("re-invocation: mutate %v validate %v", mresp.Result, vresp.Result)
+	}
+	if got := again.Annotations[n.PodDomainAnnotation()]; got != d {
+		t.Fatalf("the re-invoked admission moved the pod from domain %s to %s", d, got)
+	}
+	other := pod(true, 8)
+	other.Namespace = "team"
+	theirs, _, _ := f.admit(t, other)
+	if got := theirs.Annotations[n.PodDomainAnnotation()]; got == d {
+		t.Fatalf("another namespace's pod was pinned to domain %s, which the re-invoked pod holds", got)
+	}
+	// Another replica: no reservation for the pod, but its domain has room: the pin stands.
+	g := newFixture(t, decision.NonTPAccount, big)
+	elsewhere, _, _ := g.admit(t, first)
+	if got := elsewhere.Annotations[n.PodDomainAnnotation()]; got != d {
+		t.Fatalf("another replica moved the re-invoked pod from domain %s to %s", d, got)
+	}
+}

@@ -48,7 +48,16 @@ func (m *Decider) Admit(pod *corev1.Pod, seed uint64) (*corev1.Pod, PinPlan) {
 func (m *Decider) mutate(pod *corev1.Pod, seed uint64, reserve bool) (*corev1.Pod, PinPlan) {
 	n := m.Options.Names
 	work := pod
+	keptPin := false
 	switch {
+	case fromTemplate(pod, n) && pinnedByNvdomain(pod, n) && m.View.Reserved(pod, rules.Inspect(pod, n).PinnedDomain(), domainHeldBy(pod, n)):
+		// The apiserver called the webhook again on this create (reinvocationPolicy
+		// IfNeeded, after a later webhook changed the pod): this replica pinned it a moment
+		// ago and holds its reservation. The pin stands; nothing is reserved twice.
+	case fromTemplate(pod, n) && pinnedByNvdomain(pod, n) && m.View.HasRoom(pod, rules.Inspect(pod, n).PinnedDomain(), domainHeldBy(pod, n)):
+		// A pin with room now, whether another replica made it on this create or it was
+		// copied into the template: it stands, and is reserved as a choice made now.
+		keptPin = true
 	case fromTemplate(pod, n):
 		// A controller makes its pods from a template, and nvdomain never pins a template: a
 		// pin there was copied (from `kubectl get pod -o yaml`, say) and would give every
@@ -60,6 +69,9 @@ func (m *Decider) mutate(pod *corev1.Pod, seed uint64, reserve bool) (*corev1.Po
 		StripOwned(work, n)
 	}
 	plan := m.plan(work, seed, reserve)
+	if keptPin && reserve && plan.Outcome == OutcomePinned {
+		m.View.Reserve(pod, plan.Domain, plan.Pod.DomainGPUs())
+	}
 	// A tensor-parallel pod the validating webhook will deny passes untouched, so that the
 	// denial names the pod's own fields, hand-written annotations included.
 	denied := plan.Outcome == OutcomeInvalid || (plan.Outcome == OutcomeNoDomain && plan.Pod.TP)
@@ -113,6 +125,9 @@ func pinnedByNvdomain(pod *corev1.Pod, n names.Names) bool {
 	i, k := draClaim(pod)
 	return i >= 0 && pin.TPSize == k
 }
+
+// domainHeldBy is the GPUs of its domain a pod asks for, as the scheduler counts them.
+func domainHeldBy(pod *corev1.Pod, n names.Names) int { return rules.Inspect(pod, n).DomainGPUs() }
 
 // fromTemplate reports whether a pod being created comes from a controller's template and
 // carries a pin: a domain resource, a domain node-affinity term, or nvdomain's annotations.

@@ -122,6 +122,27 @@ func (v *View) ChooseDomain(pod *corev1.Pod, k int, seed uint64) (placement.Deci
 	return dec, err
 }
 
+// HasRoom reports whether a pod of k GPUs can use domain d on some node now, as ChooseDomain
+// counts room: on the nodes it may run on that are available, after the pods pinned before it
+// and the live reservations took theirs.
+func (v *View) HasRoom(pod *corev1.Pod, d, k int) bool {
+	if d < 0 || k <= 0 {
+		return false
+	}
+	reserved := v.liveReservations()
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	claims, _ := v.claimsLocked()
+	buckets, _ := v.bucketsLocked(pod, k, claims)
+	buckets, _ = applyPending(buckets, v.pendingLocked(reserved))
+	for _, b := range buckets {
+		if b.domain == d && b.nodes > 0 && !b.unavail && b.cf.free >= k {
+			return true
+		}
+	}
+	return false
+}
+
 // bucketsLocked folds the nodes the pod could run on into (domain, capacity, free) buckets,
 // from the histograms when the pod has no label constraints, else by scanning nodes. Buckets
 // with room for k GPUs say where to read hostnames: the histogram buckets they came from on

@@ -91,6 +91,20 @@ func (v *View) Reserve(pod *corev1.Pod, domain, gpus int) {
 	v.res.add(pod, demand{domain, gpus}, v.now())
 }
 
+// Reserved reports whether this replica holds a live reservation for pod (by its namespace,
+// and its name or generateName) for gpus GPUs of domain: the webhook has just pinned it, and
+// this is the same create coming back (a re-invoked admission).
+func (v *View) Reserved(pod *corev1.Pod, domain, gpus int) bool {
+	v.res.mu.Lock()
+	defer v.res.mu.Unlock()
+	for _, r := range v.res.byNamespace[pod.Namespace] {
+		if r.demand == (demand{domain, gpus}) && r.name == pod.Name && r.generateName == pod.GenerateName {
+			return true
+		}
+	}
+	return false
+}
+
 // liveReservations returns the reservations that count, by demand.
 func (v *View) liveReservations() map[demand]int {
 	return v.res.live(v.now())

@@ -81,6 +81,10 @@ type Config struct {
 	// file's, nristate.LastGeneration): snapshots continue after it even when the wall clock
 	// stepped back across a restart, so the state file never refuses them as older.
 	LastGeneration int64
+	// Previous is what the state file said containers held when the plugin started: the
+	// first Synchronize keeps the holds of exited containers of pods that still run from it,
+	// since containerd does not list exited containers to a plugin.
+	Previous []Assignment
 }
 
 // Assignment is what one container holds; the state file shares the type with the agent.
@@ -457,6 +461,23 @@ func (p *Plugin) busyForLocked(podID string) func(int) bool {
 	}
 }
 
+// stoppedGPUsLocked is the set of GPUs the exited containers of pod sandbox podID hold, and
+// nobody else does.
+func (p *Plugin) stoppedGPUsLocked(podID string) map[int]bool {
+	busy := p.busyForLocked(podID)
+	out := map[int]bool{}
+	for id := range p.stopped {
+		if a := p.assigned[id]; a.PodSandboxID == podID {
+			for _, g := range a.GPUs {
+				if !busy(g) {
+					out[g] = true
+				}
+			}
+		}
+	}
+	return out
+}
+
 // previousLocked returns the GPUs of the stopped container that ctr restarts (same pod
 // sandbox, same name), when they are k GPUs of domain (any, for domain < 0) and free for it:
 // a restart keeps the very GPUs it had.
@@ -483,6 +504,14 @@ func (p *Plugin) chooseFor(podID, name string, g Given, k, domain int) ([]int, e
 	if !keepGiven(g) {
 		if prev := p.previousLocked(podID, name, k, domain); prev != nil {
 			return prev, nil
+		}
+		// The pod's exited containers' GPUs first (an init container's, for the container
+		// after it): taking them over releases those containers' holds (recordLocked), so the
+		// pod never holds more GPUs than the scheduler counts for it.
+		if own := p.stoppedGPUsLocked(podID); len(own) >= k {
+			if gpus, err := p.choose(k, domain, func(g int) bool { return !own[g] }); err == nil {
+				return gpus, nil
+			}
 		}
 		return p.choose(k, domain, busy)
 	}
@@ -690,6 +719,14 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, ctrs []*
 		byID[pod.Id] = pod
 	}
 	p.mu.Lock()
+	// Exited containers' holds known before this Synchronize: this plugin's own (after a
+	// reconnect) or the state file's (after a restart).
+	var exitedBefore []Assignment
+	for id := range p.stopped {
+		exitedBefore = append(exitedBefore, *p.assigned[id])
+	}
+	exitedBefore = append(exitedBefore, p.cfg.Previous...)
+	p.cfg.Previous = nil
 	p.assigned, p.holders, p.infoLabels, p.stopped = map[string]*Assignment{}, map[int]map[string]bool{}, map[string][]prometheus.Labels{}, map[string]bool{}
 	p.metrics.ContainerGPU.Reset()
 	// Exited containers of pods that still run keep their GPUs (StopContainer), the newest of
@@ -714,9 +751,14 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, ctrs []*
 		}
 		return 0
 	})
+	// A sandbox that runs has a pid; a stopped one (a completed Job's pod the kubelet keeps)
+	// is listed too, and its containers' GPUs are free.
+	running := func(id string) bool { return byID[id] != nil && byID[id].Pid != 0 }
+	listed := map[string]bool{}
 	for _, ctr := range ctrs {
+		listed[ctr.Id] = true
 		exited := ctr.State == api.ContainerState_CONTAINER_STOPPED
-		if exited && (byID[ctr.PodSandboxId] == nil || live[[2]string{ctr.PodSandboxId, ctr.Name}]) {
+		if exited && (!running(ctr.PodSandboxId) || live[[2]string{ctr.PodSandboxId, ctr.Name}]) {
 			continue
 		}
 		pod := byID[ctr.PodSandboxId]
@@ -743,6 +785,16 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, ctrs []*
 		if exited {
 			p.stopped[ctr.Id] = true
 		}
+	}
+	// containerd lists no exited container: their holds come from before, for pods whose
+	// sandbox runs and that no live container of the same name has replaced, on GPUs no
+	// running container holds.
+	for _, a := range exitedBefore {
+		if listed[a.ContainerID] || !running(a.PodSandboxID) || live[[2]string{a.PodSandboxID, a.ContainerName}] || slices.ContainsFunc(a.GPUs, p.inUseLocked) {
+			continue
+		}
+		p.recordLocked(a)
+		p.stopped[a.ContainerID] = true
 	}
 	all := p.snapshotLocked()
 	p.mu.Unlock()

@@ -1272,7 +1272,9 @@ func TestInitContainerHandsItsGPUsToTheMainOne(t *testing.T) {
 	if err != nil || envOf(adj)["NVIDIA_VISIBLE_DEVICES"] != "GPU-4,GPU-5,GPU-6,GPU-7" {
 		t.Fatalf("main container after its init container: %v %v", envOf(adj), err)
 	}
-	// The main container crash-loops; the plugin restarts while it is exited.
+	// The main container crash-loops; the plugin restarts while it is exited, on a runtime
+	// that lists exited containers (the sandbox runs: it has a pid).
+	pod.Pid = 4242
 	exited := ctr("w-main", "w", "vllm")
 	exited.State = api.ContainerState_CONTAINER_STOPPED
 	exited.Annotations = map[string]string{"gpu.nvidia.com/assigned-gpus": "4,5,6,7"}
@@ -1285,5 +1287,72 @@ func TestInitContainerHandsItsGPUsToTheMainOne(t *testing.T) {
 	adj, _, err = p.CreateContainer(ctx, pod, envGiven("w-main-2", "w", "vllm", 0, 1, 2, 3))
 	if err != nil || envOf(adj)["NVIDIA_VISIBLE_DEVICES"] != "GPU-4,GPU-5,GPU-6,GPU-7" {
 		t.Fatalf("restart after the plugin restarted: %v %v", envOf(adj), err)
+	}
+}
+
+// An init container of 2 GPUs exits and the main container asks for 1: it takes one of the
+// init container's GPUs, whose hold then ends, so the pod holds 1 GPU as the scheduler counts
+// max(2, 1) for it and a 1-GPU pod still fits beside it.
+func TestMainContainerTakesItsInitContainersGPUs(t *testing.T) {
+	p, _, _ := newPlugin(t)
+	ctx := context.Background()
+	if _, _, err := p.CreateContainer(ctx, pinnedPod("x", 1, `{"vllm":1}`), envGiven("x1", "x", "vllm", 0)); err != nil {
+		t.Fatal(err)
+	}
+	pod := pinnedPod("w", 1, `{"warmup":2,"vllm":1}`)
+	adj, _, err := p.CreateContainer(ctx, pod, envGiven("w-init", "w", "warmup", 0, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	initGPUs := envOf(adj)["NVIDIA_VISIBLE_DEVICES"]
+	if _, err := p.StopContainer(ctx, nil, ctr("w-init", "w", "warmup")); err != nil {
+		t.Fatal(err)
+	}
+	adj, _, err = p.CreateContainer(ctx, pod, envGiven("w-main", "w", "vllm", 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := envOf(adj)["NVIDIA_VISIBLE_DEVICES"]; !strings.Contains(initGPUs, got) {
+		t.Fatalf("the main container got %s, not one of its init container's %s", got, initGPUs)
+	}
+	if _, _, err := p.CreateContainer(ctx, pinnedPod("y", 1, `{"vllm":1}`), envGiven("y1", "y", "vllm", 0)); err != nil {
+		t.Fatalf("a 1-GPU pod beside them was refused: the init container still holds its GPUs: %v", err)
+	}
+}
+
+// containerd lists no exited container to a plugin: a plugin restarted while a container
+// crash-loops gets the hold back from the state file it wrote before, for a pod whose sandbox
+// still runs; a stopped sandbox (a completed Job's pod) gets nothing back.
+func TestRestartDuringBackOffKeepsTheHoldFromTheStateFile(t *testing.T) {
+	held := Assignment{ContainerID: "tp-1", PodSandboxID: "tp", PodNamespace: "default", PodName: "pod-tp", ContainerName: "vllm", GPUs: []int{4, 5, 6, 7}, Domain: 1}
+	done := Assignment{ContainerID: "job-1", PodSandboxID: "job", PodNamespace: "default", PodName: "pod-job", ContainerName: "train", GPUs: []int{0, 1}, Domain: 0}
+	for _, tc := range []struct {
+		name  string
+		pods  []*api.PodSandbox
+		taken string // what a TP=4 in domain 1 gets, or the refusal
+	}{
+		{"the sandbox runs", []*api.PodSandbox{{Id: "tp", Name: "pod-tp", Namespace: "default", Pid: 4242}, {Id: "job", Name: "pod-job", Namespace: "default"}}, "has 0 free GPU(s), 4 requested"},
+		{"the sandbox stopped", []*api.PodSandbox{{Id: "tp", Name: "pod-tp", Namespace: "default"}}, "GPU-4,GPU-5,GPU-6,GPU-7"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, _, _ := newPlugin(t, func(c *Config) { c.Previous = []Assignment{held, done} })
+			ctx := context.Background()
+			if _, err := p.Synchronize(ctx, tc.pods, nil); err != nil {
+				t.Fatal(err)
+			}
+			got := ""
+			adj, _, err := p.CreateContainer(ctx, pinnedPod("other", 1, `{"vllm":4}`), envGiven("o1", "other", "vllm", 0, 1, 2, 3))
+			if err != nil {
+				got = err.Error()
+			} else {
+				got = envOf(adj)["NVIDIA_VISIBLE_DEVICES"]
+			}
+			if !strings.Contains(got, tc.taken) {
+				t.Fatalf("another pod's TP=4 in domain 1: %q, want %q", got, tc.taken)
+			}
+			if _, _, err := p.CreateContainer(ctx, pinnedPod("after", 0, `{"train":2}`), envGiven("a1", "after", "train", 0, 1)); err != nil {
+				t.Fatalf("the completed Job's GPUs were restored: %v", err)
+			}
+		})
 	}
 }

@@ -109,10 +109,14 @@ func Run(ctx context.Context, o RunOptions, log logr.Logger) error {
 	}
 	reporters := Reporters{}
 	var lastGen int64
+	var previous []Assignment
 	if o.StateFile != "" {
 		// A broken file is replaced by the first snapshot; it must not keep the plugin down.
 		if lastGen, err = nristate.LastGeneration(o.StateFile); err != nil {
 			log.Error(err, "read the state file's generation; starting from the clock")
+		}
+		if doc, err := nristate.Read(o.StateFile); err == nil && doc != nil {
+			previous = doc.Assignments
 		}
 		reporters = append(reporters, NewStateFile(ctx, o.StateFile, log.WithName("state")))
 	}
@@ -136,7 +140,7 @@ func Run(ctx context.Context, o RunOptions, log logr.Logger) error {
 		}
 	}
 	p, err := New(Config{Names: o.Names, Topology: top, CDIKind: kind, SharedGPUs: o.SharedGPUs, HookPath: o.HookPath, CDISpecDirs: o.CDISpecDirs, DRA: o.DRA,
-		DeviceListStrategies: o.DeviceListStrategies, TrustedNamespaces: o.TrustedNamespaces, LastGeneration: lastGen}, log, m, reporters)
+		DeviceListStrategies: o.DeviceListStrategies, TrustedNamespaces: o.TrustedNamespaces, LastGeneration: lastGen, Previous: previous}, log, m, reporters)
 	if err != nil {
 		return err
 	}

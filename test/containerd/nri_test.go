@@ -136,7 +136,8 @@ func BenchmarkContainerCreate(b *testing.B) {
 
 // TestCrashLoopingTPContainerKeepsItsGPUs: a TP=4 container pinned to domain 1 exits and is
 // created again twice, as the kubelet restarts a crash-looping container; during each
-// back-off a plain 1-GPU container is created on the node. The TP container gets GPUs 4-7
+// back-off a plain 1-GPU container is created on the node, and during the second the plugin
+// is killed and started again. The TP container gets GPUs 4-7
 // back every time; the plain one never gets one of them (it is refused: every GPU is held,
 // and the kubelet retries it), and runs once the TP pod has ended.
 func TestCrashLoopingTPContainerKeepsItsGPUs(t *testing.T) {
@@ -157,6 +158,13 @@ func TestCrashLoopingTPContainerKeepsItsGPUs(t *testing.T) {
 			// The container exits; the kubelet waits before it creates the next one.
 			if _, err := n.crictl("stop", ctrT); err != nil {
 				t.Fatal(err)
+			}
+			if attempt == 2 {
+				// The plugin restarts during this back-off (a DaemonSet rollout, say):
+				// containerd lists no exited container to it, so the hold comes back from
+				// its state file.
+				n.killPlugin()
+				n.startPlugin()
 			}
 			podP, cfgP := n.runPod(podSpec{name: fmt.Sprintf("plain-%d", attempt)})
 			if ctrP, err := n.createContainer(podP, cfgP, "c", "GPU-seed-4"); err == nil {
@@ -182,10 +190,17 @@ func TestCrashLoopingTPContainerKeepsItsGPUs(t *testing.T) {
 			t.Fatalf("attempt %d of the TP container got %q, want GPUs 4-7", attempt, got)
 		}
 	}
-	// The TP pod ends: its GPUs are free for the plain container.
+	// The TP pod ends while the plugin is down: the state file still says its container holds
+	// GPUs 4-7, but its sandbox has stopped, so the restarted plugin keeps no hold for it and
+	// the plain container gets a GPU.
+	if _, err := n.crictl("stop", ctrT); err != nil {
+		t.Fatal(err)
+	}
+	n.killPlugin()
 	if _, err := n.crictl("stopp", podT); err != nil {
 		t.Fatal(err)
 	}
+	n.startPlugin()
 	podP, cfgP := n.runPod(podSpec{name: "plain-after"})
 	ctrP, err := n.createContainer(podP, cfgP, "c", "GPU-seed-4")
 	if err != nil {

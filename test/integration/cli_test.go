@@ -294,15 +294,22 @@ func (c *cluster) waitAdmitsTP(k int64) {
 }
 
 // pinnedPod creates a TP pod whose container already names domain d, as an operator may pin
-// by hand; the webhook keeps that domain, which makes the scenario deterministic.
+// a bare pod by hand; the webhook keeps that domain, which makes the scenario deterministic.
+// The webhook does not keep a hand pin without room on a controller's pod (a pin copied into a
+// template), so owners are set after the create, as an adopting controller would.
 func (c *cluster) pinnedPod(name string, k int64, d int, owners ...metav1.OwnerReference) *corev1.Pod {
 	c.t.Helper()
 	p := gpuPod(name, true, k, "--tensor-parallel-size", resource.NewQuantity(k, resource.DecimalSI).String())
 	p.Spec.Containers[0].Resources.Limits[corev1.ResourceName(n.DomainResource(d))] = *resource.NewQuantity(k, resource.DecimalSI)
-	p.OwnerReferences = owners
 	out, err := c.createPod(p)
 	if err != nil {
 		c.t.Fatal(err)
+	}
+	if len(owners) > 0 {
+		out.OwnerReferences = owners
+		if out, err = c.client.CoreV1().Pods(out.Namespace).Update(context.Background(), out, metav1.UpdateOptions{}); err != nil {
+			c.t.Fatal(err)
+		}
 	}
 	return out
 }

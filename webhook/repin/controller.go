@@ -224,27 +224,18 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 			continue
 		}
 		pod := r.planPods[dec.ID]
-		stranded[pod.UID] = true
-		if ref := metav1.GetControllerOfNoCopy(pod); ref != nil {
-			strandedWorkloads[ref.UID] = true
-		}
-		since, ok := r.since[pod.UID]
-		if !ok {
-			since = now
-			r.since[pod.UID] = now
-		}
-		if left := r.Options.After - now.Sub(since); left > 0 {
+		strandedFor, left := r.strandedClock(pod, now, stranded, strandedWorkloads)
+		if left > 0 {
 			next = min(next, left)
 			continue
 		}
-		if retry := r.act(ctx, pod, dec, r.planGPUs[dec.ID], now.Sub(since)); retry > 0 {
+		if retry := r.act(ctx, pod, dec, r.planGPUs[dec.ID], strandedFor); retry > 0 {
 			next = min(next, retry)
 		}
 	}
-	if retry, err := r.repairRefused(ctx, now, stranded, strandedWorkloads); err != nil {
+	next, err := r.repairRefused(ctx, now, next, stranded, strandedWorkloads)
+	if err != nil {
 		return reconcile.Result{}, err
-	} else if retry > 0 {
-		next = min(next, retry)
 	}
 	for uid := range r.since {
 		if !stranded[uid] {
@@ -339,31 +330,19 @@ func (r *Reconciler) trackIgnoredRoom(now time.Time) map[types.UID]bool {
 // owners recreate is evicted (move: backoff and give-up included) so that the webhook pins
 // the replacement afresh. They join stranded and strandedWorkloads, for the clocks and the
 // workloads' move records.
-func (r *Reconciler) repairRefused(ctx context.Context, now time.Time, stranded, strandedWorkloads map[types.UID]bool) (time.Duration, error) {
+func (r *Reconciler) repairRefused(ctx context.Context, now time.Time, next time.Duration, stranded, strandedWorkloads map[types.UID]bool) (time.Duration, error) {
 	var list corev1.PodList
 	if err := r.Client.List(ctx, &list, client.MatchingFields{RefusedIndex: "true"}, client.UnsafeDisableDeepCopy); err != nil {
-		return 0, fmt.Errorf("list pods refused by their node: %w", err)
+		return next, fmt.Errorf("list pods refused by their node: %w", err)
 	}
-	var next time.Duration
 	for i := range list.Items {
 		pod := &list.Items[i]
 		msg, ok := prepin.RefusedByNode(pod)
 		if !ok || r.Decider.Options.Excluded(pod.Namespace) {
 			continue
 		}
-		stranded[pod.UID] = true
-		if ref := metav1.GetControllerOfNoCopy(pod); ref != nil {
-			// Its workload's moves are remembered like a stranded one's (forgetMoves), so
-			// the backoff and the give-up hold for it too.
-			strandedWorkloads[ref.UID] = true
-		}
-		since, seen := r.since[pod.UID]
-		if !seen {
-			since = now
-			r.since[pod.UID] = now
-		}
-		if left := r.Options.After - now.Sub(since); left > 0 {
-			next = minPositive(next, left)
+		if _, left := r.strandedClock(pod, now, stranded, strandedWorkloads); left > 0 {
+			next = min(next, left)
 			continue
 		}
 		cause := prepin.RefusedCause(pod.Spec.NodeName, msg)
@@ -379,17 +358,26 @@ func (r *Reconciler) repairRefused(ctx context.Context, now time.Time, stranded,
 			continue
 		}
 		if retry := r.move(ctx, pod, owners, cause, "refused on node "+pod.Spec.NodeName, pod.Spec.NodeName); retry > 0 {
-			next = minPositive(next, retry)
+			next = min(next, retry)
 		}
 	}
 	return next, nil
 }
 
-func minPositive(a, b time.Duration) time.Duration {
-	if a <= 0 {
-		return b
+// strandedClock records pod as stranded in this pass, and its workload (whose moves are then
+// remembered: forgetMoves), starts its clock the first time, and returns how long it has been
+// stranded and how long is left until Options.After (0 or less once reached).
+func (r *Reconciler) strandedClock(pod *corev1.Pod, now time.Time, stranded, workloads map[types.UID]bool) (time.Duration, time.Duration) {
+	stranded[pod.UID] = true
+	if ref := metav1.GetControllerOfNoCopy(pod); ref != nil {
+		workloads[ref.UID] = true
 	}
-	return min(a, b)
+	since, ok := r.since[pod.UID]
+	if !ok {
+		since = now
+		r.since[pod.UID] = now
+	}
+	return now.Sub(since), r.Options.After - now.Sub(since)
 }
 
 // move evicts a pod its owners recreate, so that the webhook pins the replacement afresh,

@@ -73,9 +73,9 @@ func (v *View) ChooseDomain(pod *corev1.Pod, k int, seed uint64) (placement.Deci
 	reserved := v.liveReservations()
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	claims, claimWaiting := v.claimsLocked()
+	claims, claimWaiting, overflow := v.claimsLocked()
 	buckets, names := v.bucketsLocked(pod, k, claims)
-	buckets, waiting := applyPending(buckets, v.pendingLocked(reserved))
+	buckets, waiting := applyPending(buckets, v.pendingLocked(reserved, overflow))
 	for d, gpus := range claimWaiting {
 		if waiting == nil {
 			waiting = map[int]int{}
@@ -132,9 +132,9 @@ func (v *View) HasRoom(pod *corev1.Pod, d, k int) bool {
 	reserved := v.liveReservations()
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	claims, _ := v.claimsLocked()
+	claims, _, overflow := v.claimsLocked()
 	buckets, _ := v.bucketsLocked(pod, k, claims)
-	buckets, _ = applyPending(buckets, v.pendingLocked(reserved))
+	buckets, _ = applyPending(buckets, v.pendingLocked(reserved, overflow))
 	for _, b := range buckets {
 		if b.domain == d && b.nodes > 0 && !b.unavail && b.cf.free >= k {
 			return true
@@ -255,33 +255,49 @@ func (v *View) bucketsLocked(pod *corev1.Pod, k int, claims map[string]map[int]i
 	return out, names
 }
 
-func (v *View) pendingLocked(reserved map[demand]int) map[demand]int {
-	out := make(map[demand]int, len(v.pending)+len(reserved))
-	for k, c := range v.pending {
-		out[k] += c
-	}
-	for k, c := range reserved {
-		out[k] += c
+func (v *View) pendingLocked(reserved, overflow map[demand]int) map[demand]int {
+	out := make(map[demand]int, len(v.pending)+len(reserved)+len(overflow))
+	for _, m := range []map[demand]int{v.pending, reserved, overflow} {
+		for k, c := range m {
+			out[k] += c
+		}
 	}
 	return out
 }
+
+// MaxConstrainedGroups bounds the distinct sets of node constraints whose pending pods claim
+// room on their own nodes (claimsLocked): each costs a pass over the nodes on every decision,
+// and a tenant choosing the number of distinct selectors must not choose the webhook's
+// latency.
+const MaxConstrainedGroups = 32
 
 // claimsLocked lets the pending pods with node constraints claim room, group by group (in key
 // order), each on the nodes it selects and may use now, tightest fit first: claims[node][domain]
 // is the GPUs they take there, waiting the GPUs of those that found no room, per domain. The
 // cost is O(groups × demands × nodes log nodes), whatever the number of pods; pods without
 // node constraints cost nothing here (applyPending counts them by demand).
-func (v *View) claimsLocked() (claims map[string]map[int]int, waiting map[int]int) {
+func (v *View) claimsLocked() (claims map[string]map[int]int, waiting map[int]int, overflow map[demand]int) {
 	if len(v.constrained) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	keys := slices.Sorted(maps.Keys(v.constrained))
 	type option struct {
 		name string
 		nd   *node
 	}
-	for _, key := range keys {
+	for i, key := range keys {
 		g := v.constrained[key]
+		if i >= MaxConstrainedGroups {
+			// Past the bound, pods are counted as if they could run anywhere (applyPending):
+			// room they could not use may look taken, never room they take look free.
+			if overflow == nil {
+				overflow = map[demand]int{}
+			}
+			for dm, c := range g.byDemand {
+				overflow[dm] += c
+			}
+			continue
+		}
 		req := nodeaffinity.GetRequiredNodeAffinity(g.pod)
 		var usable []option
 		for name, nd := range v.nodes {
@@ -334,7 +350,7 @@ func (v *View) claimsLocked() (claims map[string]map[int]int, waiting map[int]in
 			}
 		}
 	}
-	return claims, waiting
+	return claims, waiting, overflow
 }
 
 // applyPending lets pods that are pinned but not yet bound take their GPUs from the tightest

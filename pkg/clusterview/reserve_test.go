@@ -251,3 +251,25 @@ func TestAPodWithoutAReservationDoesNotEndTheFailingMark(t *testing.T) {
 		t.Fatalf("a hand-pinned pod ended the failing mark: %d reservations count", got)
 	}
 }
+
+// Waiters of more distinct node constraints than MaxConstrainedGroups cost no more: past the
+// bound they count as if they could run anywhere, which may make room look taken (here the
+// only node's), never free.
+func TestConstrainedGroupsAreBounded(t *testing.T) {
+	v := New(n)
+	v.UpsertNode(gpuNode("gpu-node01", []int{4}, map[string]string{"pool": "a"}))
+	for i := range MaxConstrainedGroups {
+		p := pinnedPod("", 0, 4)
+		p.Spec.NodeSelector = map[string]string{"pool": fmt.Sprintf("absent-%02d", i)}
+		v.UpsertPod(p)
+	}
+	if dec, _ := v.ChooseDomain(newTP(), 4, 0); !dec.Fits {
+		t.Fatalf("waiters for pools no node is in took the only node's room: %+v", dec)
+	}
+	p := pinnedPod("", 0, 4)
+	p.Spec.NodeSelector = map[string]string{"pool": "zz-past-the-bound"}
+	v.UpsertPod(p)
+	if dec, _ := v.ChooseDomain(newTP(), 4, 0); dec.Fits {
+		t.Fatalf("a waiter past the bound should count as able to run anywhere: %+v", dec)
+	}
+}

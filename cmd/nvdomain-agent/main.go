@@ -1,7 +1,7 @@
 // Command nvdomain-agent publishes this node's NVLink domains as labels, annotations and
 // per-domain extended resources, and optionally serves simulated GPUs to the kubelet; with
-// --dra it is the node's DRA driver instead, and with --all-nodes it publishes every node of a
-// simulated topology from one process. See packages agent and dra.
+// --dra it is the node's DRA driver instead. See packages agent and dra (the scale runs publish
+// many fake nodes from one process with test/fleet instead).
 package main
 
 import (
@@ -41,9 +41,8 @@ func main() {
 	flag.BoolVar(&o.DRA, "dra", false, "run the DRA driver "+names.DRADriver+" for this node (docs/dra.md): publish its GPUs as ResourceSlice devices, prepare claims, label the node "+names.DefaultLabelPrefix+"/nvdomain-mode=dra and publish no per-domain extended resources; excludes --device-plugin")
 	flag.StringVar(&o.DRAKubeletDir, "dra-kubelet-dir", dra.DefaultKubeletDir, "the kubelet's --root-dir, where the DRA driver registers (plugins_registry) and keeps its socket and checkpoint (plugins/"+names.DRADriver+")")
 	flag.StringVar(&o.DRACDI, "dra-cdi", "auto", "CDI devices of prepared claims: nvdomain (the driver writes per-claim specs; simulated GPUs), nvidia (nvidia.com/gpu=<uuid> from nvidia-ctk's spec), or auto (nvdomain for --source simulated, else nvidia)")
-	flag.BoolVar(&o.AllNodes, "all-nodes", false, "publish every node of the simulated topology from this one process, each with its own publisher (--source simulated; for fake nodes such as kwok's, which run no agent); --node-name is ignored")
-	qps := flag.Float64("kube-api-qps", 0, "requests per second to the apiserver (0: 5, or 100 with --all-nodes)")
-	flag.IntVar(&o.KubeAPIBurst, "kube-api-burst", 0, "request burst to the apiserver (0: 10, or 200 with --all-nodes)")
+	qps := flag.Float64("kube-api-qps", 0, "requests per second to the apiserver (0: client-go's 5)")
+	flag.IntVar(&o.KubeAPIBurst, "kube-api-burst", 0, "request burst to the apiserver (0: client-go's 10)")
 	namesFromFlags := names.BindFlags(flag.CommandLine)
 	zo := zap.Options{}
 	zo.BindFlags(flag.CommandLine)

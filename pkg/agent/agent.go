@@ -295,6 +295,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	return m, nil
 }
 
+// NewUnregisteredMetrics creates the series without registering them, for a caller that
+// registers (or shares) them itself.
+func NewUnregisteredMetrics() *Metrics { return newMetrics() }
+
 func newMetrics() *Metrics {
 	return &Metrics{
 		Publishes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nvdomain_agent_publishes_total", Help: "Publish rounds, by result (changed, unchanged)."}, []string{"result"}),

@@ -55,8 +55,6 @@ func TestDRAAndDevicePluginAreRefusedTogether(t *testing.T) {
 		{ProcessOptions{DRA: true, DRACDI: "cdi-cri"}, "--dra-cdi"},
 		{ProcessOptions{DRA: true, Source: names.SourceSimulated}, ""},
 		{ProcessOptions{DevicePlugin: true}, ""},
-		{ProcessOptions{DRA: true, AllNodes: true, Source: names.SourceSimulated}, "--dra and --all-nodes are both set"},
-		{ProcessOptions{AllNodes: true, Source: names.SourceSimulated}, ""},
 	}
 	for _, tc := range cases {
 		err := tc.o.Validate()

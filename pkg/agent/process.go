@@ -46,11 +46,8 @@ type ProcessOptions struct {
 	// deviceplugin.Options).
 	DeviceListStrategies []string
 	CDISpecDir           string
-	// AllNodes publishes every node of the simulated document from this one process (a
-	// Fleet), for fake nodes no agent runs on; Node is ignored.
-	AllNodes bool
 	// KubeAPIQPS and KubeAPIBurst bound the process's requests to the apiserver; 0 means
-	// client-go's 5 and 10 for one node, and 100 and 200 with AllNodes.
+	// client-go's 5 and 10.
 	KubeAPIQPS   float32
 	KubeAPIBurst int
 	// DRA runs the DRA driver (package dra) for this node, which must then have no device
@@ -67,9 +64,6 @@ type ProcessOptions struct {
 func (o ProcessOptions) Validate() error {
 	if o.DRA && o.DevicePlugin {
 		return errors.New("--dra and --device-plugin are both set: a DRA node's GPUs are served by the DRA driver alone (a device plugin would offer the same GPUs to the scheduler twice); drop --device-plugin, or --dra for a classic node")
-	}
-	if o.DRA && o.AllNodes {
-		return errors.New("--dra and --all-nodes are both set: a DRA driver serves the kubelet of its own node, and --all-nodes publishes nodes that run no kubelet of nvdomain's; drop one")
 	}
 	if o.DRA {
 		if _, err := o.draCDI(); err != nil {
@@ -94,13 +88,10 @@ func RunProcess(ctx context.Context, o ProcessOptions, log logr.Logger) error {
 	if err := o.Validate(); err != nil {
 		return err
 	}
-	if o.AllNodes {
-		return runFleet(ctx, o, log)
-	}
 	if o.Node == "" {
 		return errors.New("the node name is empty: pass --node-name or set NODE_NAME from the downward API (spec.nodeName)")
 	}
-	cfg, err := restConfig(o.Kubeconfig, o.KubeAPIQPS, o.KubeAPIBurst)
+	cfg, err := RestConfig(o.Kubeconfig, o.KubeAPIQPS, o.KubeAPIBurst)
 	if err != nil {
 		return err
 	}
@@ -190,62 +181,6 @@ func RunProcess(ctx context.Context, o ProcessOptions, log logr.Logger) error {
 	return nil
 }
 
-// runFleet publishes every node of the simulated document from this process (Fleet).
-func runFleet(ctx context.Context, o ProcessOptions, log logr.Logger) error {
-	switch {
-	case o.Source != names.SourceSimulated:
-		return fmt.Errorf("--all-nodes publishes the nodes of a simulated topology: pass --source simulated, not %q", o.Source)
-	case o.DevicePlugin:
-		return errors.New("--all-nodes cannot serve a device plugin: the nodes' kubelets (or kwok) advertise nvidia.com/gpu")
-	}
-	qps, burst := o.KubeAPIQPS, o.KubeAPIBurst
-	if qps == 0 {
-		qps = 100
-	}
-	if burst == 0 {
-		burst = 200
-	}
-	cfg, err := restConfig(o.Kubeconfig, qps, burst)
-	if err != nil {
-		return err
-	}
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return fmt.Errorf("kubernetes client: %w", err)
-	}
-	p, err := simulated.NewParser()
-	if err != nil {
-		return err
-	}
-	var doc DocumentSource
-	if o.SimulatedFile != "" {
-		doc = &DocumentFile{Path: o.SimulatedFile, Parser: p}
-	} else {
-		ns, name, ok := cut(o.ConfigMap)
-		if !ok {
-			return fmt.Errorf("--configmap %q: give namespace/name, e.g. nvdomain-system/nvdomain-topology", o.ConfigMap)
-		}
-		if doc, err = NewConfigMapSource(ctx, client, ns, name, "", p); err != nil {
-			return err
-		}
-	}
-	reg := prometheus.NewRegistry()
-	m, err := NewFleetMetrics(reg)
-	if err != nil {
-		return err
-	}
-	f := &Fleet{Names: o.Names, Doc: doc, Client: client, Period: o.Period, Log: log, Metrics: m}
-	if o.ProbeAddr != "" {
-		stop, err := probes.Serve(o.ProbeAddr, reg, f.Ready, "not every node of the simulated topology is published yet")
-		if err != nil {
-			return err
-		}
-		defer stop()
-	}
-	log.Info("starting for every node of the simulated topology", "source", doc.Describe(), "period", o.Period, "qps", qps, "burst", burst)
-	return f.Run(ctx)
-}
-
 func buildSource(ctx context.Context, o ProcessOptions, client kubernetes.Interface) (source.Source, error) {
 	switch o.Source {
 	case names.SourceNVML:
@@ -281,7 +216,9 @@ func cut(s string) (string, string, bool) {
 	return "", "", false
 }
 
-func restConfig(kubeconfig string, qps float32, burst int) (*rest.Config, error) {
+// RestConfig is the client configuration of a node-side process: kubeconfig when given, else
+// in-cluster, with its request rate bounded by qps and burst.
+func RestConfig(kubeconfig string, qps float32, burst int) (*rest.Config, error) {
 	var cfg *rest.Config
 	var err error
 	if kubeconfig != "" {

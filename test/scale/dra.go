@@ -81,7 +81,7 @@ func RunDRA(t testing.TB, cfg Config) DRAReport {
 	start := time.Now()
 	rep := DRAReport{Config: cfg}
 	c := hacluster.Start(t, hacluster.Options{
-		Replicas: 2, WebhookArgs: []string{"--tp-sizes=1,2,4,8", "--mode=mixed", "--dra-templates"}, AlsoBuild: []string{agentPackage},
+		Replicas: 2, WebhookArgs: []string{"--tp-sizes=1,2,4,8", "--mode=mixed", "--dra-templates"}, AlsoBuild: []string{fleetPackage},
 		KwokFinishesDeletions: true,
 		// The resourceclaim controller makes pods' claims from their templates and releases
 		// them when the pods end; the scheduler cannot allocate a claim that does not exist.

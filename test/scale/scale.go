@@ -1,7 +1,8 @@
 // Package scale runs nvdomain at cluster scale on one machine and measures it: real etcd,
 // kube-apiserver, kube-scheduler and kube-controller-manager (test/hacluster); kwok keeping
 // fake GPU nodes and moving bound pods through their lives; nvdomain's own agent publishing
-// every node's NVLink domains (`nvdomain-agent --source simulated --all-nodes`); two webhook
+// every node's NVLink domains (test/fleet's nvdomain-fleet: one pkg/agent agent per node, in one
+// process); two webhook
 // replicas behind their Service with the shipped webhook configurations; and a steady stream
 // of tensor-parallel pods of mixed sizes, each ending (Succeeded) a fixed time after it starts
 // so that later pods find room.
@@ -221,7 +222,7 @@ func Run(t testing.TB, cfg Config) Report {
 	start := time.Now()
 	rep := Report{Config: cfg}
 	c := hacluster.Start(t, hacluster.Options{
-		Replicas: 2, WebhookArgs: []string{"--tp-sizes=1,2,4,8"}, AlsoBuild: []string{agentPackage},
+		Replicas: 2, WebhookArgs: []string{"--tp-sizes=1,2,4,8"}, AlsoBuild: []string{fleetPackage},
 		// The run without the webhook comes first: no configurations, no replicas yet.
 		Unregistered: true, ReplicasLater: true, KwokFinishesDeletions: true,
 		SchedulerArgs: schedulerArgs,
@@ -254,8 +255,8 @@ func Run(t testing.TB, cfg Config) Report {
 	return rep
 }
 
-// agentPackage is the node agent, built with the webhook.
-const agentPackage = "./cmd/nvdomain-agent"
+// fleetPackage publishes the fake nodes, one node agent each, built with the webhook.
+const fleetPackage = "./test/fleet/nvdomain-fleet"
 
 // schedulerArgs raise the stock scheduler's client limits: it allows 50 requests a second,
 // and each pod costs a binding and an Event. Raised, as a large cluster would, so that the
@@ -273,7 +274,7 @@ type fleet struct {
 	procs map[string]int
 }
 
-// startFleet registers cfg's nodes, starts kwok and the agent (--all-nodes) and waits until
+// startFleet registers cfg's nodes, starts kwok and nvdomain-fleet and waits until
 // every node is Ready and published.
 func startFleet(t testing.TB, c *hacluster.Cluster, cfg Config, start time.Time) fleet {
 	t.Helper()
@@ -281,7 +282,7 @@ func startFleet(t testing.TB, c *hacluster.Cluster, cfg Config, start time.Time)
 	if err != nil {
 		t.Fatal(err)
 	}
-	agentBin, err := hacluster.Build(agentPackage)
+	fleetBin, err := hacluster.Build(fleetPackage)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -331,10 +332,10 @@ options:
 		t.Fatal(err)
 	}
 	agentStart := time.Now()
-	c.StartProcess("nvdomain-agent", agentBin, "--source=simulated", "--all-nodes", "--simulated-file="+docPath,
+	c.StartProcess("nvdomain-fleet", fleetBin, "--simulated-file="+docPath,
 		"--kubeconfig="+c.Kubeconfig, "--probe-bind-address="+probe, "--period=5m", "--kube-api-qps=200", "--kube-api-burst=400")
 	if err := waitPublished(ctx, c.Client, probe, nodes); err != nil {
-		t.Fatalf("%v\nagent log:\n%s\nkwok log:\n%s", err, c.Log("nvdomain-agent", 3000), c.Log("kwok", 3000))
+		t.Fatalf("%v\nfleet log:\n%s\nkwok log:\n%s", err, c.Log("nvdomain-fleet", 3000), c.Log("kwok", 3000))
 	}
 	f := fleet{doc: doc, published: time.Since(agentStart)}
 	t.Logf("%d nodes registered, Ready and published at %s", len(nodes), time.Since(start).Round(100*time.Millisecond))
@@ -914,7 +915,7 @@ func (r Report) Markdown(heading, command string) string {
 	fmt.Fprintf(&b, "%s\n\n", heading)
 	fmt.Fprintf(&b, "`%s` (test/scale), on this machine, everything on its %d cores: etcd, kube-apiserver, kube-scheduler,\n", command, runtime.NumCPU())
 	fmt.Fprintf(&b, "kube-controller-manager (replicaset and garbage-collector controllers only), kwok %s, nvdomain's agent publishing every\n", "v0.8.0")
-	fmt.Fprintf(&b, "node from one process (`nvdomain-agent --source simulated --all-nodes`), two webhook replicas behind their Service with\n")
+	fmt.Fprintf(&b, "node from one process (test/fleet's `nvdomain-fleet`, one node agent per node), two webhook replicas behind their Service with\n")
 	fmt.Fprintf(&b, "the shipped configurations (`--tp-sizes=1,2,4,8`), and the load generator. %d nodes: %d with one 8-GPU NVSwitch domain,\n", c.Nodes(), c.HGX)
 	fmt.Fprintf(&b, "%d with two 4-GPU domains, %d PCIe nodes with 8 GPUs and no domain. %d tensor-parallel pods (TP 1/2/4/8 = %d/%d/%d/%d %%)\n",
 		c.Split, c.PCIe, c.Pods, c.Mix[0], c.Mix[1], c.Mix[2], c.Mix[3])

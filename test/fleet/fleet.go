@@ -1,4 +1,8 @@
-package agent
+// Package fleet is test scaffolding for the scale runs: it publishes, from one process, the
+// topology of every node of a simulated-topology document, one pkg/agent agent per node, for
+// fake nodes that run no agent of their own (kwok's). It is not shipped: production runs one
+// agent per node (cmd/nvdomain-agent). The binary is test/fleet/nvdomain-fleet.
+package fleet
 
 import (
 	"context"
@@ -13,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/nvdomain/nvdomain/pkg/agent"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/topology"
 	"github.com/nvdomain/nvdomain/pkg/topology/simulated"
@@ -90,7 +95,7 @@ type Fleet struct {
 }
 
 type member struct {
-	agent   *Agent
+	agent   *agent.Agent
 	changes chan struct{}
 }
 
@@ -105,11 +110,11 @@ type FleetMetrics struct {
 
 // NewFleetMetrics creates the series and registers them with reg.
 func NewFleetMetrics(reg prometheus.Registerer) (*FleetMetrics, error) {
-	single := newMetrics()
+	single := agent.NewUnregisteredMetrics()
 	m := &FleetMetrics{
 		Publishes: single.Publishes, Errors: single.Errors,
-		Nodes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "nvdomain_agent_fleet_nodes", Help: "Nodes this process publishes (--all-nodes)."}),
-		Ready: prometheus.NewGauge(prometheus.GaugeOpts{Name: "nvdomain_agent_fleet_nodes_published", Help: "Nodes whose topology has been published at least once (--all-nodes)."}),
+		Nodes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "nvdomain_agent_fleet_nodes", Help: "Nodes this process publishes (test/fleet)."}),
+		Ready: prometheus.NewGauge(prometheus.GaugeOpts{Name: "nvdomain_agent_fleet_nodes_published", Help: "Nodes whose topology has been published at least once (test/fleet)."}),
 	}
 	for _, c := range []prometheus.Collector{m.Publishes, m.Errors, m.Nodes, m.Ready} {
 		if err := reg.Register(c); err != nil {
@@ -123,8 +128,8 @@ func NewFleetMetrics(reg prometheus.Registerer) (*FleetMetrics, error) {
 // no registry serves (a gauge per node would be a label per node). The per-domain occupancy
 // and GPU info series are left out: nothing serves them, and at a thousand nodes they would
 // only hold memory.
-func (m *FleetMetrics) nodeMetrics() *Metrics {
-	own := newMetrics()
+func (m *FleetMetrics) nodeMetrics() *agent.Metrics {
+	own := agent.NewUnregisteredMetrics()
 	own.Publishes, own.Errors = m.Publishes, m.Errors
 	own.DomainGPUs, own.GPUInfo = nil, nil
 	return own
@@ -153,10 +158,10 @@ func (f *Fleet) Run(ctx context.Context) error {
 	doc, err := f.Doc.Document(ctx)
 	if err != nil {
 		f.Metrics.Errors.WithLabelValues("source").Inc()
-		return fmt.Errorf("%w from %s: %v", ErrNoTopology, f.Doc.Describe(), err)
+		return fmt.Errorf("%w from %s: %v", agent.ErrNoTopology, f.Doc.Describe(), err)
 	}
 	if len(doc.Nodes) == 0 {
-		return fmt.Errorf("%w from %s: it lists no nodes", ErrNoTopology, f.Doc.Describe())
+		return fmt.Errorf("%w from %s: it lists no nodes", agent.ErrNoTopology, f.Doc.Describe())
 	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -203,7 +208,7 @@ func (f *Fleet) start(ctx context.Context, wg *sync.WaitGroup, doc *simulated.Do
 			continue
 		}
 		src := &fleetNodeSource{doc: f.Doc, node: n.Name, changes: make(chan struct{}, 1)}
-		a := New(Options{Names: f.Names, Node: n.Name, Source: src, Client: f.Client, Period: f.Period,
+		a := agent.New(agent.Options{Names: f.Names, Node: n.Name, Source: src, Client: f.Client, Period: f.Period,
 			Log: f.Log.WithValues("node", n.Name), Metrics: f.Metrics.nodeMetrics()})
 		f.members[n.Name] = &member{agent: a, changes: src.changes}
 		added = append(added, n.Name)

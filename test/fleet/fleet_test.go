@@ -1,4 +1,4 @@
-package agent
+package fleet
 
 import (
 	"context"
@@ -15,8 +15,12 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/nvdomain/nvdomain/pkg/agent"
+	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/topology/simulated"
 )
+
+var n = names.Default()
 
 const fleetDoc = `{"nodes":[
  {"name":"hgx-1","gpuCount":8,"domains":[{"gpus":[0,1,2,3,4,5,6,7]}]},
@@ -29,7 +33,7 @@ const fleetDocGrown = `{"nodes":[
  {"name":"hgx-2","gpuCount":8,"domains":[{"gpus":[0,1,2,3,4,5,6,7]}]}]}`
 
 // The fleet publishes every node of the document exactly as a node's own agent would
-// (Desire through a Publisher per node), picks up nodes added to the document, and marks a
+// (agent.Desire through a Publisher per node), picks up nodes added to the document, and marks a
 // node that left the document stale, keeping its last topology.
 func TestFleetPublishesEveryNodeOfTheDocument(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
@@ -56,7 +60,7 @@ func TestFleetPublishesEveryNodeOfTheDocument(t *testing.T) {
 	go func() { done <- f.Run(ctx) }()
 
 	// want is what a node's own agent would publish for it.
-	want := func(doc, node string) Desired {
+	want := func(doc, node string) agent.Desired {
 		t.Helper()
 		parsed, err := p.Parse([]byte(doc))
 		if err != nil {
@@ -66,13 +70,13 @@ func TestFleetPublishesEveryNodeOfTheDocument(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		d, err := Desire(n, top, nil, Health{})
+		d, err := agent.Desire(n, top, nil, agent.Health{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return d
 	}
-	published := func(node string, d Desired, stale bool) bool {
+	published := func(node string, d agent.Desired, stale bool) bool {
 		got, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 		if err != nil {
 			return false
@@ -147,8 +151,8 @@ func TestFleetRefusesABadDocumentAtStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	f := &Fleet{Names: n, Doc: &DocumentFile{Path: path, Parser: p}, Client: fake.NewClientset(), Period: time.Second, Log: logr.Discard(), Metrics: m}
-	if err := f.Run(context.Background()); err == nil || !errors.Is(err, ErrNoTopology) {
-		t.Fatalf("Run = %v, want ErrNoTopology", err)
+	if err := f.Run(context.Background()); err == nil || !errors.Is(err, agent.ErrNoTopology) {
+		t.Fatalf("Run = %v, want agent.ErrNoTopology", err)
 	}
 }
 

@@ -18,11 +18,11 @@ import (
 // caller fills in Names.
 func BindFlags(fs *flag.FlagSet) func(logr.Logger) (RunOptions, error) {
 	var o RunOptions
-	fs.StringVar(&o.TopologyFile, "topology-file", "", "node topology JSON (as `nvdomain topology parse|discover -o json` prints it)")
-	fs.StringVar(&o.TopoMatrixFile, "topo-matrix-file", "", "saved `nvidia-smi topo -m` output (parsed strictly)")
-	fs.StringVar(&o.SimulatedFile, "simulated-file", "", "simulated-topology document; needs --node-name")
+	// The agent's flags: --source and its file. An empty --source is inferred from the file
+	// given, as manifests of releases before --source name it.
+	o.Topology.AddFlags(fs, "")
 	fs.StringVar(&o.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (simulated topology, events)")
-	fs.BoolVar(&o.NVML, "nvml", false, "discover the topology through NVML")
+	nvmlFlag := fs.Bool("nvml", false, "deprecated: use --source nvml")
 	fs.StringVar(&o.CDIKind, "cdi-kind", cdispec.DevicePluginGPU.String(), "CDI kind (vendor/class) to add GPUs with when a container came with GPU device nodes but no CDI names")
 	fs.BoolVar(&o.SharedGPUs, "shared-gpus", false, "the node time-slices its GPUs: leave GPU containers without a domain as the device plugin made them, refuse tensor-parallel ones")
 	fs.StringVar(&o.HookPath, "hook-path", "", "node-side path of nvdomain-nri-hook, which removes the device nodes of GPUs a container must not have (empty: they stay, denied by the device cgroup)")
@@ -43,6 +43,10 @@ func BindFlags(fs *flag.FlagSet) func(logr.Logger) (RunOptions, error) {
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig for reports; empty means in-cluster")
 	return func(log logr.Logger) (RunOptions, error) {
 		out := o
+		if *nvmlFlag && out.Topology.Source == "" {
+			out.Topology.Source = names.SourceNVML
+		}
+		out.Topology.Infer()
 		out.CDISpecDirs = splitList(*cdiDirs)
 		out.TrustedNamespaces = splitList(*trusted)
 		var err error
@@ -53,8 +57,11 @@ func BindFlags(fs *flag.FlagSet) func(logr.Logger) (RunOptions, error) {
 		// did; manifests of older releases still pass it, and failing on it would crash-loop
 		// the plugin, refusing every GPU container on the node.
 		fs.Visit(func(f *flag.Flag) {
-			if f.Name == "naming" {
+			switch f.Name {
+			case "naming":
 				log.Info("DEPRECATED: --naming is ignored and will be removed; GPUs are named as the device plugin named them", "naming", *naming)
+			case "nvml":
+				log.Info("DEPRECATED: --nvml will be removed; pass --source nvml, as the agent does")
 			}
 		})
 		return out, nil

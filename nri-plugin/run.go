@@ -2,12 +2,10 @@ package nriplugin
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"time"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/containerd/nri/pkg/api"
 	"github.com/containerd/nri/pkg/stub"
 	"github.com/go-logr/logr"
@@ -21,20 +19,16 @@ import (
 	"github.com/nvdomain/nvdomain/pkg/nristate"
 	"github.com/nvdomain/nvdomain/pkg/probes"
 	"github.com/nvdomain/nvdomain/pkg/topology"
-	"github.com/nvdomain/nvdomain/pkg/topology/simulated"
 	"github.com/nvdomain/nvdomain/pkg/topology/source"
 )
 
 // RunOptions configure the plugin process.
 type RunOptions struct {
 	Names names.Names
-	// Exactly one topology source: TopologyFile (the JSON document `nvdomain topology
-	// parse/discover` prints and the agent publishes), SimulatedFile with NodeName, or NVML.
-	TopologyFile   string
-	TopoMatrixFile string
-	SimulatedFile  string
-	NodeName       string
-	NVML           bool
+	// Topology is the topology source (--source and its file), shared with the agent;
+	// simulated needs NodeName.
+	Topology source.Flags
+	NodeName string
 
 	// CDIKind (vendor/class) names GPUs the plugin adds to containers that came with GPU
 	// device nodes but no CDI names; SharedGPUs says the node time-slices its GPUs.
@@ -71,22 +65,12 @@ type RunOptions struct {
 
 // LoadTopology reads the node's topology from the configured source.
 func LoadTopology(ctx context.Context, o RunOptions) (*topology.Topology, error) {
-	var src source.Source
-	switch {
-	case o.TopologyFile != "":
-		src = source.JSONFile{Path: o.TopologyFile}
-	case o.TopoMatrixFile != "":
-		src = source.TopoMatrixFile{Path: o.TopoMatrixFile}
-	case o.SimulatedFile != "":
-		p, err := simulated.NewParser()
-		if err != nil {
-			return nil, err
-		}
-		src = source.SimulatedFile{Path: o.SimulatedFile, Node: o.NodeName, Parser: p}
-	case o.NVML:
-		src = source.NVML{Lib: nvml.New()}
-	default:
-		return nil, errors.New("no topology source: give --topology-file, --topo-matrix-file, --simulated-file with --node-name, or --nvml")
+	if err := o.Topology.Validate(false); err != nil {
+		return nil, err
+	}
+	src, err := o.Topology.Open(o.NodeName)
+	if err != nil {
+		return nil, err
 	}
 	top, err := src.Load(ctx)
 	if err != nil {

@@ -26,10 +26,8 @@ import (
 func main() {
 	o := agent.ProcessOptions{}
 	flag.StringVar(&o.Node, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
-	flag.StringVar(&o.Source, "source", names.SourceNVML, "topology source: nvml, topo-matrix or simulated")
-	flag.StringVar(&o.TopoMatrixFile, "topo-matrix-file", "", "saved `nvidia-smi topo -m` output (--source topo-matrix)")
-	flag.StringVar(&o.SimulatedFile, "simulated-file", "", "simulated-topology document on disk (--source simulated)")
-	flag.StringVar(&o.ConfigMap, "configmap", "nvdomain-system/nvdomain-topology", "namespace/name of the simulated-topology ConfigMap (--source simulated)")
+	o.Topology.AddFlags(flag.CommandLine, names.SourceNVML)
+	flag.StringVar(&o.ConfigMap, "configmap", "nvdomain-system/nvdomain-topology", "namespace/name of the simulated-topology ConfigMap (--source simulated without --simulated-file)")
 	flag.DurationVar(&o.Period, "period", 30*time.Second, "how often everything is re-asserted")
 	flag.StringVar(&o.NRIStateFile, "nri-state-file", nristate.DefaultPath, "the NRI plugin's state file; empty disables account-mode capacity")
 	flag.StringVar(&o.ProbeAddr, "probe-bind-address", ":8082", "address for /healthz, /readyz and /metrics; empty disables")

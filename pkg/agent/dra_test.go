@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/topology/source"
 )
 
 func TestDRANodePublishesModeAndNoDomainResources(t *testing.T) {
@@ -53,7 +54,7 @@ func TestDRAAndDevicePluginAreRefusedTogether(t *testing.T) {
 	}{
 		{ProcessOptions{DRA: true, DevicePlugin: true}, "--dra and --device-plugin are both set"},
 		{ProcessOptions{DRA: true, DRACDI: "cdi-cri"}, "--dra-cdi"},
-		{ProcessOptions{DRA: true, Source: names.SourceSimulated}, ""},
+		{ProcessOptions{DRA: true, Topology: source.Flags{Source: names.SourceSimulated}}, ""},
 		{ProcessOptions{DevicePlugin: true}, ""},
 	}
 	for _, tc := range cases {
@@ -63,7 +64,7 @@ func TestDRAAndDevicePluginAreRefusedTogether(t *testing.T) {
 		}
 	}
 	for src, want := range map[string]string{names.SourceSimulated: "nvdomain", names.SourceNVML: "nvidia", names.SourceTopoMatrix: "nvidia"} {
-		if got, _ := (ProcessOptions{DRA: true, Source: src}).draCDI(); string(got) != want {
+		if got, _ := (ProcessOptions{DRA: true, Topology: source.Flags{Source: src}}).draCDI(); string(got) != want {
 			t.Errorf("--dra-cdi=auto with --source %s = %s, want %s", src, got, want)
 		}
 	}

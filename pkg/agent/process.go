@@ -7,7 +7,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/kubernetes"
@@ -27,12 +26,9 @@ import (
 type ProcessOptions struct {
 	Names names.Names
 	Node  string
-	// Source is nvml, topo-matrix or simulated.
-	Source string
-	// TopoMatrixFile for topo-matrix; SimulatedFile, or ConfigMap (namespace/name), for
-	// simulated.
-	TopoMatrixFile string
-	SimulatedFile  string
+	// Topology is the topology source (--source and its file), shared with the NRI plugin;
+	// simulated without a file reads ConfigMap (namespace/name).
+	Topology source.Flags
 	ConfigMap      string
 	Period         time.Duration
 	NRIStateFile   string
@@ -75,7 +71,7 @@ func (o ProcessOptions) Validate() error {
 
 func (o ProcessOptions) draCDI() (dra.CDIMode, error) {
 	if o.DRACDI == "" || o.DRACDI == "auto" {
-		if o.Source == names.SourceSimulated {
+		if o.Topology.Source == names.SourceSimulated {
 			return dra.CDINvdomain, nil
 		}
 		return dra.CDINVIDIA, nil
@@ -182,29 +178,19 @@ func RunProcess(ctx context.Context, o ProcessOptions, log logr.Logger) error {
 }
 
 func buildSource(ctx context.Context, o ProcessOptions, client kubernetes.Interface) (source.Source, error) {
-	switch o.Source {
-	case names.SourceNVML:
-		return source.NVML{Lib: nvml.New()}, nil
-	case names.SourceTopoMatrix:
-		if o.TopoMatrixFile == "" {
-			return nil, errors.New("--source topo-matrix needs --topo-matrix-file")
-		}
-		return source.TopoMatrixFile{Path: o.TopoMatrixFile}, nil
-	case names.SourceSimulated:
-		p, err := simulated.NewParser()
-		if err != nil {
-			return nil, err
-		}
-		if o.SimulatedFile != "" {
-			return source.SimulatedFile{Path: o.SimulatedFile, Node: o.Node, Parser: p}, nil
-		}
-		ns, name, ok := cut(o.ConfigMap)
-		if !ok {
-			return nil, fmt.Errorf("--configmap %q: give namespace/name, e.g. nvdomain-system/nvdomain-topology", o.ConfigMap)
-		}
-		return NewConfigMapSource(ctx, client, ns, name, o.Node, p)
+	src, err := o.Topology.Open(o.Node)
+	if err != nil || src != nil {
+		return src, err
 	}
-	return nil, fmt.Errorf("--source %q: use nvml, topo-matrix or simulated", o.Source)
+	p, err := simulated.NewParser()
+	if err != nil {
+		return nil, err
+	}
+	ns, name, ok := cut(o.ConfigMap)
+	if !ok {
+		return nil, fmt.Errorf("--configmap %q: give namespace/name, e.g. nvdomain-system/nvdomain-topology", o.ConfigMap)
+	}
+	return NewConfigMapSource(ctx, client, ns, name, o.Node, p)
 }
 
 func cut(s string) (string, string, bool) {

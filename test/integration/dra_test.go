@@ -27,6 +27,7 @@ import (
 	decision "github.com/nvdomain/nvdomain/pkg/admission"
 	"github.com/nvdomain/nvdomain/pkg/agent"
 	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/topology/source"
 	"github.com/nvdomain/nvdomain/webhook"
 	"github.com/nvdomain/nvdomain/webhook/dratemplates"
 )
@@ -221,7 +222,7 @@ func TestDRAAgentPublishesSlicesThatFollowTheConfigMap(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	o := agent.ProcessOptions{Names: n, Node: "gpu-node01", Source: names.SourceSimulated, ConfigMap: "nvdomain-system/nvdomain-topology",
+	o := agent.ProcessOptions{Names: n, Node: "gpu-node01", Topology: source.Flags{Source: names.SourceSimulated}, ConfigMap: "nvdomain-system/nvdomain-topology",
 		Period: 300 * time.Millisecond, Kubeconfig: writeKubeconfig(t, cfg), DRA: true, DRAKubeletDir: dir, CDISpecDir: filepath.Join(dir, "cdi")}
 	both := o
 	both.DevicePlugin = true

@@ -41,7 +41,8 @@ func (c *Cluster) RunNodeSide(ctx context.Context, w io.Writer, rep *Report) (*N
 	say("\n== (j) the NRI plugin is down: a GPU container is refused, then runs in its domain once the plugin is back")
 	// Break only the NRI container (the agent and its device plugin keep serving), the way a
 	// crash loop or a bad upgrade would.
-	patch := `[{"op":"add","path":"/spec/template/spec/containers/1/args/-","value":"--topology-file=/plugin-stopped-by-the-e2e-test"}]`
+	patch := `[{"op":"add","path":"/spec/template/spec/containers/1/args/-","value":"--source=file"},` +
+		`{"op":"add","path":"/spec/template/spec/containers/1/args/-","value":"--topology-file=/plugin-stopped-by-the-e2e-test"}]`
 	if _, errOut, err := c.Kubectl("patch", "daemonset", "-n", "nvdomain-system", "nvdomain-node", "--type=json", "-p", patch); err != nil {
 		return ns, fmt.Errorf("break the NRI container: %v: %s", err, errOut)
 	}

@@ -3,6 +3,7 @@ package source
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"os"
 	"path/filepath"
 	"strings"
@@ -56,5 +57,41 @@ func TestFileSources(t *testing.T) {
 				t.Fatalf("got %v, %v", got, err)
 			}
 		})
+	}
+}
+
+// The agent and the NRI plugin choose their topology source with the same flags; the NRI
+// plugin's older spellings (a file alone, --nvml) still choose the same source.
+func TestFlagsNameTheFlagAtFault(t *testing.T) {
+	cases := []struct {
+		args []string
+		def  string
+		want string // Source after Infer, or the Validate error
+	}{
+		{[]string{"--source=nvml"}, "", "nvml"},
+		{[]string{"--topo-matrix-file=/x"}, "", "topo-matrix"},
+		{[]string{"--topology-file=/x"}, "", "file"},
+		{[]string{"--simulated-file=/x"}, "", "simulated"},
+		{[]string{}, "nvml", "nvml"},
+		{[]string{"--source=topo-matrix"}, "", "--source topo-matrix needs --topo-matrix-file"},
+		{[]string{"--source=file"}, "", "--source file needs --topology-file"},
+		{[]string{"--source=dcgm"}, "", `--source "dcgm": use nvml, topo-matrix, simulated or file`},
+		{[]string{}, "", "no topology source: give --source nvml, topo-matrix, simulated or file"},
+	}
+	for _, tc := range cases {
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		var f Flags
+		f.AddFlags(fs, tc.def)
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		f.Infer()
+		got := f.Source
+		if err := f.Validate(false); err != nil {
+			got = err.Error()
+		}
+		if got != tc.want {
+			t.Errorf("%v: %q, want %q", tc.args, got, tc.want)
+		}
 	}
 }

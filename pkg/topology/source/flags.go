@@ -1,0 +1,101 @@
+package source
+
+import (
+	"flag"
+	"fmt"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/topology/simulated"
+)
+
+// FromFile is the --source value for the topology JSON `nvdomain topology parse|discover -o
+// json` prints (JSONFile).
+const FromFile = "file"
+
+// Flags choose a node's topology source. The node agent and the NRI plugin register the same
+// flags with the same meaning, so one chart value drives both: --source nvml, topo-matrix,
+// simulated or file, with the file each needs.
+type Flags struct {
+	Source         string
+	TopoMatrixFile string
+	SimulatedFile  string
+	TopologyFile   string
+}
+
+// AddFlags registers the flags on fs, with def as --source's default.
+func (f *Flags) AddFlags(fs *flag.FlagSet, def string) {
+	f.Source = def
+	fs.StringVar(&f.Source, "source", def, "topology source: nvml, topo-matrix (--topo-matrix-file), simulated (--simulated-file) or file (--topology-file)")
+	fs.StringVar(&f.TopoMatrixFile, "topo-matrix-file", "", "saved `nvidia-smi topo -m` output (--source topo-matrix)")
+	fs.StringVar(&f.SimulatedFile, "simulated-file", "", "simulated-topology document on disk (--source simulated)")
+	fs.StringVar(&f.TopologyFile, "topology-file", "", "node topology JSON, as `nvdomain topology parse|discover -o json` prints it (--source file)")
+}
+
+// Infer sets Source from the one file flag given when Source is empty: the NRI plugin's
+// flags before --source named the source by the file alone.
+func (f *Flags) Infer() {
+	if f.Source != "" {
+		return
+	}
+	switch {
+	case f.TopologyFile != "":
+		f.Source = FromFile
+	case f.TopoMatrixFile != "":
+		f.Source = names.SourceTopoMatrix
+	case f.SimulatedFile != "":
+		f.Source = names.SourceSimulated
+	}
+}
+
+// Validate checks that the source is known and has its file; simulated may go without one
+// when the caller has another way (the agent's ConfigMap), which it says with fileOptional.
+func (f Flags) Validate(fileOptional bool) error {
+	switch f.Source {
+	case names.SourceNVML:
+		return nil
+	case names.SourceTopoMatrix:
+		if f.TopoMatrixFile == "" {
+			return fmt.Errorf("--source topo-matrix needs --topo-matrix-file")
+		}
+		return nil
+	case names.SourceSimulated:
+		if f.SimulatedFile == "" && !fileOptional {
+			return fmt.Errorf("--source simulated needs --simulated-file")
+		}
+		return nil
+	case FromFile:
+		if f.TopologyFile == "" {
+			return fmt.Errorf("--source file needs --topology-file")
+		}
+		return nil
+	case "":
+		return fmt.Errorf("no topology source: give --source nvml, topo-matrix, simulated or file")
+	}
+	return fmt.Errorf("--source %q: use nvml, topo-matrix, simulated or file", f.Source)
+}
+
+// Open returns the source for node, or nil for simulated without --simulated-file (the
+// caller's own source then). It validates first.
+func (f Flags) Open(node string) (Source, error) {
+	if err := f.Validate(true); err != nil {
+		return nil, err
+	}
+	switch f.Source {
+	case names.SourceNVML:
+		return NVML{Lib: nvml.New()}, nil
+	case names.SourceTopoMatrix:
+		return TopoMatrixFile{Path: f.TopoMatrixFile}, nil
+	case FromFile:
+		return JSONFile{Path: f.TopologyFile}, nil
+	}
+	if f.SimulatedFile == "" {
+		return nil, nil
+	}
+	p, err := simulated.NewParser()
+	if err != nil {
+		return nil, err
+	}
+	return SimulatedFile{Path: f.SimulatedFile, Node: node, Parser: p}, nil
+}

@@ -28,10 +28,10 @@ type ProcessOptions struct {
 	Node  string
 	// Topology is the topology source (--source and its file), shared with the NRI plugin;
 	// simulated without a file reads ConfigMap (namespace/name).
-	Topology source.Flags
-	ConfigMap      string
-	Period         time.Duration
-	NRIStateFile   string
+	Topology     source.Flags
+	ConfigMap    string
+	Period       time.Duration
+	NRIStateFile string
 	// ProbeAddr serves /healthz, /readyz and /metrics; empty disables.
 	ProbeAddr  string
 	Kubeconfig string

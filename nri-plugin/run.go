@@ -99,7 +99,9 @@ func Run(ctx context.Context, o RunOptions, log logr.Logger) error {
 		if lastGen, err = nristate.LastGeneration(o.StateFile); err != nil {
 			log.Error(err, "read the state file's generation; starting from the clock")
 		}
-		if doc, err := nristate.Read(o.StateFile); err == nil && doc != nil {
+		// The holds of exited containers come back from the file only when it describes the
+		// same GPUs: after a re-enumeration an index may name another GPU.
+		if doc, err := nristate.Read(o.StateFile); err == nil && doc.TopologyFingerprint == top.Fingerprint() {
 			previous = doc.Assignments
 		}
 		reporters = append(reporters, NewStateFile(ctx, o.StateFile, log.WithName("state")))

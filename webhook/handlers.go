@@ -87,11 +87,13 @@ func (m *Mutator) handle(_ context.Context, req admission.Request) admission.Res
 	}
 	// A dry run creates no pod, so it must not hold GPUs back from real ones; it is pinned,
 	// hint included, exactly as the real request would be.
-	mutate := m.Admit
+	var out *corev1.Pod
+	var plan decision.PinPlan
 	if isDryRun(req) {
-		mutate = m.Mutate
+		out, plan = m.Mutate(pod, decision.SpreadSeed(req.UID))
+	} else {
+		out, plan = m.Admit(pod, req.UID)
 	}
-	out, plan := mutate(pod, decision.SpreadSeed(req.UID))
 	if plan.Chosen || plan.Outcome == decision.OutcomeNoDomain {
 		m.Metrics.Decision.Observe(plan.DecisionTime.Seconds())
 	}

@@ -606,6 +606,14 @@ func TestDryRunPinsLikeARealRun(t *testing.T) {
 		}
 		pinned[dry] = out
 	}
+	// Only the real run records its admission, for a re-invocation of the same create.
+	if id, ok := pinned[false].Annotations[n.PodAdmissionAnnotation()]; !ok || id != "req-1" {
+		t.Errorf("the real run records admission %q, want req-1", id)
+	}
+	if _, ok := pinned[true].Annotations[n.PodAdmissionAnnotation()]; ok {
+		t.Error("the dry run records an admission, for a reservation it did not make")
+	}
+	delete(pinned[false].Annotations, n.PodAdmissionAnnotation())
 	if !reflect.DeepEqual(pinned[true], pinned[false]) || !slices.Equal(hintOf(t, pinned[false]), []string{"b"}) {
 		t.Errorf("dry run pinned\n%+v\nreal run pinned\n%+v", pinned[true].Spec.Affinity, pinned[false].Spec.Affinity)
 	}
@@ -845,5 +853,34 @@ func TestReinvokedAdmissionKeepsItsPin(t *testing.T) {
 	elsewhere, _, _ := g.admit(t, first)
 	if got := elsewhere.Annotations[n.PodDomainAnnotation()]; got != d {
 		t.Fatalf("another replica moved the re-invoked pod from domain %s to %s", d, got)
+	}
+}
+
+// A ReplicaSet's burst from a template with a copied pin, through one replica before the
+// informer delivers any of its pods: the pin is kept only while its domain has room (the
+// first pod), never because a sibling's reservation looks like its own; the second pod goes
+// where the room is.
+func TestTemplatePinBurstKeepsThePinOnlyWhileThereIsRoom(t *testing.T) {
+	f := newFixture(t, decision.NonTPAccount, node("gpu-node01", []int{8, 8}, nil, nil))
+	template, _, _ := newFixture(t, decision.NonTPAccount, node("gpu-node01", []int{8, 8}, nil, nil)).admit(t, pod(true, 8))
+	copied := template.Annotations[n.PodDomainAnnotation()]
+	var domains []string
+	for i := range 4 {
+		p := template.DeepCopy()
+		p.Name, p.GenerateName = "", "llama-7d9-"
+		p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "llama-7d9", UID: "rs-uid", Controller: ptr.To(true)}}
+		req := request(t, p)
+		req.UID = types.UID(fmt.Sprintf("burst-%d", i))
+		resp := f.mut.Handle(context.Background(), req)
+		out := &corev1.Pod{}
+		if err := json.Unmarshal(applyPatches(t, req.Object.Raw, resp), out); err != nil {
+			t.Fatal(err)
+		}
+		domains = append(domains, out.Annotations[n.PodDomainAnnotation()])
+	}
+	// The first keeps the copied pin (its domain has room); the second is pinned to the
+	// other domain, which has room; the last two wait, in the shorter lines.
+	if other := map[string]string{"0": "1", "1": "0"}[copied]; domains[0] != copied || domains[1] != other {
+		t.Fatalf("domains in order = %v; want %s (the copied pin, with room) then %s (the room left)", domains, copied, other)
 	}
 }

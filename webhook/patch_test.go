@@ -293,7 +293,7 @@ func TestHandlerPatchIsMutate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, _ := planned.mut.Mutate(orig, decision.SpreadSeed(req.UID))
+	want, _ := planned.mut.Admit(orig, req.UID)
 	if want == nil || !apiequality.Semantic.DeepEqual(got, want) {
 		t.Fatalf("patched pod\n%+v\nMutate\n%+v", got, want)
 	}

@@ -34,30 +34,37 @@ type Decider struct {
 // each GPU container is made to require the nvdomain NRI plugin on the node. It returns the
 // pod to admit, or nil when nothing changes, and the plan behind it. It reserves nothing.
 func (m *Decider) Mutate(pod *corev1.Pod, seed uint64) (*corev1.Pod, PinPlan) {
-	return m.mutate(pod, seed, false)
+	return m.mutate(pod, seed, "")
 }
 
-// Admit is Mutate for a pod really being created: the domain chosen for it is reserved in the
-// view in the same step as the choice (clusterview.View.ChooseAndReserve), so concurrent
-// admissions never take the same room and the reservation names the pod it was made for.
-// A dry run must use Mutate: it creates no pod, so it must hold no GPUs back.
-func (m *Decider) Admit(pod *corev1.Pod, seed uint64) (*corev1.Pod, PinPlan) {
-	return m.mutate(pod, seed, true)
+// Admit is Mutate for a pod really being created by admission request request: the domain
+// chosen for it is reserved in the view in the same step as the choice
+// (clusterview.View.ChooseAndReserve), so concurrent admissions never take the same room, and
+// the pod records the request (names.PodAdmissionAnnotation), so that the same create coming
+// back is known. A dry run must use Mutate: it creates no pod, so it must hold no GPUs back.
+func (m *Decider) Admit(pod *corev1.Pod, request types.UID) (*corev1.Pod, PinPlan) {
+	return m.mutate(pod, SpreadSeed(request), string(request))
 }
 
-func (m *Decider) mutate(pod *corev1.Pod, seed uint64, reserve bool) (*corev1.Pod, PinPlan) {
+// mutate reserves what it chooses when admission (the request's id) is set.
+func (m *Decider) mutate(pod *corev1.Pod, seed uint64, admission string) (*corev1.Pod, PinPlan) {
 	n := m.Options.Names
+	reserve := admission != ""
 	work := pod
-	keptPin := false
+	stamp := false // the pod gets admission's id: a reservation was made for it
+	kept := fromTemplate(pod, n) && pinnedByNvdomain(pod, n)
+	d, k := rules.Inspect(pod, n).PinnedDomain(), domainHeldBy(pod, n)
 	switch {
-	case fromTemplate(pod, n) && pinnedByNvdomain(pod, n) && m.View.Reserved(pod, rules.Inspect(pod, n).PinnedDomain(), domainHeldBy(pod, n)):
+	case kept && reserve && m.View.Reserved(pod, d, k):
 		// The apiserver called the webhook again on this create (reinvocationPolicy
 		// IfNeeded, after a later webhook changed the pod): this replica pinned it a moment
-		// ago and holds its reservation. The pin stands; nothing is reserved twice.
-	case fromTemplate(pod, n) && pinnedByNvdomain(pod, n) && m.View.HasRoom(pod, rules.Inspect(pod, n).PinnedDomain(), domainHeldBy(pod, n)):
-		// A pin with room now, whether another replica made it on this create or it was
-		// copied into the template: it stands, and is reserved as a choice made now.
-		keptPin = true
+		// ago, under the admission id the pod records, and holds its reservation. The pin
+		// stands; nothing is reserved twice.
+	case kept && reserve && m.View.ReserveIfRoom(pod, d, k, admission):
+		// A pin with room now (another replica's, on this create, or one copied into the
+		// template that happens to fit): it stands, reserved as a choice made now.
+		stamp = true
+	case kept && !reserve && m.View.HasRoom(pod, d, k):
 	case fromTemplate(pod, n):
 		// A controller makes its pods from a template, and nvdomain never pins a template: a
 		// pin there was copied (from `kubectl get pod -o yaml`, say) and would give every
@@ -68,10 +75,8 @@ func (m *Decider) mutate(pod *corev1.Pod, seed uint64, reserve bool) (*corev1.Po
 		work = pod.DeepCopy()
 		StripOwned(work, n)
 	}
-	plan := m.plan(work, seed, reserve)
-	if keptPin && reserve && plan.Outcome == OutcomePinned {
-		m.View.Reserve(pod, plan.Domain, plan.Pod.DomainGPUs())
-	}
+	plan := m.plan(work, seed, admission)
+	stamp = stamp || (reserve && plan.Chosen)
 	// A tensor-parallel pod the validating webhook will deny passes untouched, so that the
 	// denial names the pod's own fields, hand-written annotations included.
 	denied := plan.Outcome == OutcomeInvalid || (plan.Outcome == OutcomeNoDomain && plan.Pod.TP)
@@ -98,6 +103,15 @@ func (m *Decider) mutate(pod *corev1.Pod, seed uint64, reserve bool) (*corev1.Po
 			out = pod.DeepCopy()
 		}
 		RequirePlugin(out, plan.Pod)
+	}
+	if stamp && plan.Outcome == OutcomePinned {
+		if out == pod {
+			out = pod.DeepCopy()
+		}
+		if out.Annotations == nil {
+			out.Annotations = map[string]string{}
+		}
+		out.Annotations[n.PodAdmissionAnnotation()] = admission
 	}
 	if out == pod {
 		return nil, plan
@@ -161,7 +175,7 @@ func fromTemplate(pod *corev1.Pod, n names.Names) bool {
 }
 
 func ownsAnnotations(pod *corev1.Pod, n names.Names) bool {
-	for _, k := range []string{n.PodDomainAnnotation(), n.PodTPSizeAnnotation(), n.PodContainerGPUsAnnotation(), n.PodAssignedGPUsAnnotation()} {
+	for _, k := range []string{n.PodDomainAnnotation(), n.PodTPSizeAnnotation(), n.PodContainerGPUsAnnotation(), n.PodAssignedGPUsAnnotation(), n.PodAdmissionAnnotation()} {
 		if _, ok := pod.Annotations[k]; ok {
 			return true
 		}
@@ -217,10 +231,11 @@ type PinPlan struct {
 // between equally tight domain ids (0: lowest id). It reserves nothing: the caller reserves
 // the chosen domain when the pod is really being created.
 func (m *Decider) Plan(pod *corev1.Pod, seed uint64) PinPlan {
-	return m.plan(pod, seed, false)
+	return m.plan(pod, seed, "")
 }
 
-func (m *Decider) plan(pod *corev1.Pod, seed uint64, reserve bool) PinPlan {
+// plan reserves its choice for admission request admission, when set.
+func (m *Decider) plan(pod *corev1.Pod, seed uint64, admission string) PinPlan {
 	p := rules.Inspect(pod, m.Options.Names)
 	plan := PinPlan{Pod: p, Domain: -1}
 	switch {
@@ -258,11 +273,13 @@ func (m *Decider) plan(pod *corev1.Pod, seed uint64, reserve bool) PinPlan {
 		return plan
 	}
 	start := time.Now()
-	choose := m.View.ChooseDomain
-	if reserve {
-		choose = m.View.ChooseAndReserve
+	var dec placement.Decision
+	var err error
+	if admission != "" {
+		dec, err = m.View.ChooseAndReserve(pod, p.DomainGPUs(), seed, admission)
+	} else {
+		dec, err = m.View.ChooseDomain(pod, p.DomainGPUs(), seed)
 	}
-	dec, err := choose(pod, p.DomainGPUs(), seed)
 	plan.DecisionTime = time.Since(start)
 	if err != nil {
 		plan.Outcome, plan.Err = OutcomeNoDomain, err

@@ -73,9 +73,9 @@ func (v *View) ChooseDomain(pod *corev1.Pod, k int, seed uint64) (placement.Deci
 	reserved := v.liveReservations()
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	claims, claimWaiting, overflow := v.claimsLocked()
+	claims, claimWaiting := v.claimsLocked()
 	buckets, names := v.bucketsLocked(pod, k, claims)
-	buckets, waiting := applyPending(buckets, v.pendingLocked(reserved, overflow))
+	buckets, waiting := applyPending(buckets, v.pendingLocked(reserved))
 	for d, gpus := range claimWaiting {
 		if waiting == nil {
 			waiting = map[int]int{}
@@ -132,9 +132,9 @@ func (v *View) HasRoom(pod *corev1.Pod, d, k int) bool {
 	reserved := v.liveReservations()
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	claims, _, overflow := v.claimsLocked()
+	claims, _ := v.claimsLocked()
 	buckets, _ := v.bucketsLocked(pod, k, claims)
-	buckets, _ = applyPending(buckets, v.pendingLocked(reserved, overflow))
+	buckets, _ = applyPending(buckets, v.pendingLocked(reserved))
 	for _, b := range buckets {
 		if b.domain == d && b.nodes > 0 && !b.unavail && b.cf.free >= k {
 			return true
@@ -255,9 +255,9 @@ func (v *View) bucketsLocked(pod *corev1.Pod, k int, claims map[string]map[int]i
 	return out, names
 }
 
-func (v *View) pendingLocked(reserved, overflow map[demand]int) map[demand]int {
-	out := make(map[demand]int, len(v.pending)+len(reserved)+len(overflow))
-	for _, m := range []map[demand]int{v.pending, reserved, overflow} {
+func (v *View) pendingLocked(reserved map[demand]int) map[demand]int {
+	out := make(map[demand]int, len(v.pending)+len(reserved))
+	for _, m := range []map[demand]int{v.pending, reserved} {
 		for k, c := range m {
 			out[k] += c
 		}
@@ -276,9 +276,9 @@ const MaxConstrainedGroups = 32
 // is the GPUs they take there, waiting the GPUs of those that found no room, per domain. The
 // cost is O(groups × demands × nodes log nodes), whatever the number of pods; pods without
 // node constraints cost nothing here (applyPending counts them by demand).
-func (v *View) claimsLocked() (claims map[string]map[int]int, waiting map[int]int, overflow map[demand]int) {
+func (v *View) claimsLocked() (claims map[string]map[int]int, waiting map[int]int) {
 	if len(v.constrained) == 0 {
-		return nil, nil, nil
+		return nil, nil
 	}
 	keys := slices.Sorted(maps.Keys(v.constrained))
 	type option struct {
@@ -288,13 +288,16 @@ func (v *View) claimsLocked() (claims map[string]map[int]int, waiting map[int]in
 	for i, key := range keys {
 		g := v.constrained[key]
 		if i >= MaxConstrainedGroups {
-			// Past the bound, pods are counted as if they could run anywhere (applyPending):
-			// room they could not use may look taken, never room they take look free.
-			if overflow == nil {
-				overflow = map[demand]int{}
-			}
+			// Past the bound, pods only join their domain's line: counting them as able to
+			// run anywhere would let whoever creates the first groups (their keys sort first)
+			// make everyone else's room look taken. Room they will take may look free, which
+			// costs a strand that re-pinning repairs, never an over-commit: the scheduler
+			// counts the domain resource.
 			for dm, c := range g.byDemand {
-				overflow[dm] += c
+				if waiting == nil {
+					waiting = map[int]int{}
+				}
+				waiting[dm.domain] += c * dm.gpus
 			}
 			continue
 		}
@@ -350,7 +353,7 @@ func (v *View) claimsLocked() (claims map[string]map[int]int, waiting map[int]in
 			}
 		}
 	}
-	return claims, waiting, overflow
+	return claims, waiting
 }
 
 // applyPending lets pods that are pinned but not yet bound take their GPUs from the tightest

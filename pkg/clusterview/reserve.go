@@ -54,10 +54,15 @@ type reservations struct {
 	counted map[demand]int
 	// failing[namespace] is until when that namespace's reservations count for nothing.
 	failing map[string]time.Time
+	// pushed lists, per namespace, the reservations the namespace cap pushed out that have
+	// not expired yet: their pods may still consume them.
+	pushed map[string][]*reservation
 }
 
 type reservation struct {
 	namespace, name, generateName string
+	// id is the admission request that made it (names.PodAdmissionAnnotation on the pod).
+	id string
 	demand
 	expires time.Time
 	// live: neither consumed, replaced, pushed out by the namespace cap nor expired.
@@ -67,38 +72,59 @@ type reservation struct {
 }
 
 func newReservations() reservations {
-	return reservations{byNamespace: map[string][]*reservation{}, counted: map[demand]int{}, failing: map[string]time.Time{}}
+	return reservations{byNamespace: map[string][]*reservation{}, counted: map[demand]int{}, failing: map[string]time.Time{}, pushed: map[string][]*reservation{}}
 }
 
 // ChooseAndReserve chooses a domain for a pod being created (ChooseDomain) and reserves the
-// choice for that pod in one step: concurrent admissions on this replica never take the same
-// room. Nothing is reserved when the choice fails.
-func (v *View) ChooseAndReserve(pod *corev1.Pod, k int, seed uint64) (placement.Decision, error) {
+// choice for that pod, made by admission request admission, in one step: concurrent
+// admissions on this replica never take the same room. Nothing is reserved when the choice
+// fails.
+func (v *View) ChooseAndReserve(pod *corev1.Pod, k int, seed uint64, admission string) (placement.Decision, error) {
 	v.decideMu.Lock()
 	defer v.decideMu.Unlock()
 	dec, err := v.ChooseDomain(pod, k, seed)
 	if err == nil {
-		v.Reserve(pod, dec.Domain, k)
+		v.res.add(pod, admission, demand{dec.Domain, k}, v.now())
 	}
 	return dec, err
 }
 
 // Reserve counts a domain choice the webhook has just made for pod, which the informer has
-// not delivered yet, so that a burst of admissions does not pile onto one domain. A pod
-// created again under the same name (a retry after AlreadyExists) replaces its earlier
+// not delivered yet, so that a burst of admissions does not pile onto one domain. The
+// reservation carries the pod's admission id (names.PodAdmissionAnnotation), for Reserved. A
+// pod created again under the same name (a retry after AlreadyExists) replaces its earlier
 // reservation.
 func (v *View) Reserve(pod *corev1.Pod, domain, gpus int) {
-	v.res.add(pod, demand{domain, gpus}, v.now())
+	v.res.add(pod, pod.Annotations[v.names.PodAdmissionAnnotation()], demand{domain, gpus}, v.now())
 }
 
-// Reserved reports whether this replica holds a live reservation for pod (by its namespace,
-// and its name or generateName) for gpus GPUs of domain: the webhook has just pinned it, and
-// this is the same create coming back (a re-invoked admission).
+// ReserveIfRoom reserves domain for pod, as ChooseAndReserve, when it has room for it now (HasRoom), in
+// one step with every other choice and reservation of this replica (ChooseAndReserve), and
+// reports whether it did.
+func (v *View) ReserveIfRoom(pod *corev1.Pod, domain, gpus int, admission string) bool {
+	v.decideMu.Lock()
+	defer v.decideMu.Unlock()
+	if !v.HasRoom(pod, domain, gpus) {
+		return false
+	}
+	v.res.add(pod, admission, demand{domain, gpus}, v.now())
+	return true
+}
+
+// Reserved reports whether this replica holds a live reservation for gpus GPUs of domain made
+// by the admission that pod records (names.PodAdmissionAnnotation): the webhook has just
+// pinned it, and this is the
+// same create coming back (a re-invoked admission). A pin copied from another pod carries
+// another admission's id, whose reservation is long gone or another pod's.
 func (v *View) Reserved(pod *corev1.Pod, domain, gpus int) bool {
+	id := pod.Annotations[v.names.PodAdmissionAnnotation()]
+	if id == "" {
+		return false
+	}
 	v.res.mu.Lock()
 	defer v.res.mu.Unlock()
 	for _, r := range v.res.byNamespace[pod.Namespace] {
-		if r.demand == (demand{domain, gpus}) && r.name == pod.Name && r.generateName == pod.GenerateName {
+		if r.id == id && r.demand == (demand{domain, gpus}) {
 			return true
 		}
 	}
@@ -110,7 +136,7 @@ func (v *View) liveReservations() map[demand]int {
 	return v.res.live(v.now())
 }
 
-func (rs *reservations) add(pod *corev1.Pod, d demand, now time.Time) {
+func (rs *reservations) add(pod *corev1.Pod, id string, d demand, now time.Time) {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	rs.expireLocked(now)
@@ -128,9 +154,10 @@ func (rs *reservations) add(pod *corev1.Pod, d demand, now time.Time) {
 	}
 	for list := rs.byNamespace[ns]; len(list) > 0 && (len(list) >= MaxReservationsPerNamespace || reservedGPUs(list)+d.gpus > MaxReservedGPUsPerNamespace); list = rs.byNamespace[ns] {
 		list[0].pushed = true
+		rs.pushed[ns] = append(rs.pushed[ns], list[0])
 		rs.retireLocked(list[0])
 	}
-	r := &reservation{namespace: ns, name: pod.Name, generateName: pod.GenerateName, demand: d, expires: now.Add(ReservationTTL), live: true}
+	r := &reservation{namespace: ns, name: pod.Name, generateName: pod.GenerateName, id: id, demand: d, expires: now.Add(ReservationTTL), live: true}
 	if until, ok := rs.failing[ns]; !ok || now.After(until) {
 		delete(rs.failing, ns)
 		r.counts = true
@@ -162,8 +189,8 @@ func (rs *reservations) consume(pod *corev1.Pod, d demand, now time.Time) {
 			return
 		}
 	}
-	for _, r := range rs.queue {
-		if r.pushed && match(r) {
+	for _, r := range rs.pushed[pod.Namespace] {
+		if match(r) {
 			r.consumed = true
 			return
 		}
@@ -196,6 +223,9 @@ func (rs *reservations) expireLocked(now time.Time) {
 	for ; i < len(rs.queue) && now.After(rs.queue[i].expires); i++ {
 		r := rs.queue[i]
 		rs.retireLocked(r)
+		if r.pushed {
+			rs.dropPushedLocked(r)
+		}
 		if !r.consumed {
 			// Its pod never came within the TTL, pushed out or not: the create failed.
 			rs.markFailingLocked(r.namespace, now)
@@ -207,6 +237,22 @@ func (rs *reservations) expireLocked(now time.Time) {
 		if now.After(until) {
 			delete(rs.failing, ns)
 		}
+	}
+}
+
+// dropPushedLocked forgets a pushed-out reservation that has expired.
+func (rs *reservations) dropPushedLocked(r *reservation) {
+	list := rs.pushed[r.namespace]
+	for i, x := range list {
+		if x == r {
+			list = append(list[:i], list[i+1:]...)
+			break
+		}
+	}
+	if len(list) == 0 {
+		delete(rs.pushed, r.namespace)
+	} else {
+		rs.pushed[r.namespace] = list
 	}
 }
 

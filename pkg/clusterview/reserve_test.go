@@ -26,7 +26,7 @@ func TestQuotaLoopStopsHoldingRoomWithinOneTTL(t *testing.T) {
 	start := clock
 	wrong := 0
 	for step := 0; step < 300; step++ { // five minutes, one failing create a second
-		if _, err := v.ChooseAndReserve(podIn("greedy", "tp8", ""), 8, uint64(step)|1); err != nil {
+		if _, err := v.ChooseAndReserve(podIn("greedy", "tp8", ""), 8, uint64(step)|1, "req"); err != nil {
 			t.Fatal(err)
 		}
 		dec, err := v.ChooseDomain(podIn("team", "", "llama-"), 8, 1)
@@ -55,7 +55,7 @@ func TestGeneratedNameLoopIsBoundedPerNamespace(t *testing.T) {
 	v.UpsertNode(gpuNode("gpu-node01", []int{8, 8}, nil))
 	start := clock
 	for step := 0; step < 2000; step++ { // 20 creates a second for 100 s
-		if _, err := v.ChooseAndReserve(podIn("greedy", "", "tp2-"), 2, uint64(step)|1); err != nil {
+		if _, err := v.ChooseAndReserve(podIn("greedy", "", "tp2-"), 2, uint64(step)|1, "req"); err != nil {
 			t.Fatal(err)
 		}
 		live := 0
@@ -146,7 +146,7 @@ func TestConcurrentChoicesNeverShareRoom(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			dec, err := v.ChooseAndReserve(podIn("team", "", "tp4-"), 4, uint64(i)*2654435761|1)
+			dec, err := v.ChooseAndReserve(podIn("team", "", "tp4-"), 4, uint64(i)*2654435761|1, "req")
 			if err != nil {
 				t.Error(err)
 				return
@@ -218,7 +218,7 @@ func TestALargeBurstThatArrivesIsNoFailure(t *testing.T) {
 	}
 	var domains []int
 	for i := range 40 {
-		dec, err := v.ChooseAndReserve(podIn("team", "", "llama-"), 1, uint64(i)|1)
+		dec, err := v.ChooseAndReserve(podIn("team", "", "llama-"), 1, uint64(i)|1, "req")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -253,23 +253,22 @@ func TestAPodWithoutAReservationDoesNotEndTheFailingMark(t *testing.T) {
 }
 
 // Waiters of more distinct node constraints than MaxConstrainedGroups cost no more: past the
-// bound they count as if they could run anywhere, which may make room look taken (here the
-// only node's), never free.
+// bound they only join their domain's line, so no tenant can make others' room look taken by
+// creating the groups that sort first.
 func TestConstrainedGroupsAreBounded(t *testing.T) {
 	v := New(n)
-	v.UpsertNode(gpuNode("gpu-node01", []int{4}, map[string]string{"pool": "a"}))
-	for i := range MaxConstrainedGroups {
+	v.UpsertNode(gpuNode("gpu-node01", []int{4, 4}, map[string]string{"pool": "a"}))
+	for i := range MaxConstrainedGroups + 1 {
 		p := pinnedPod("", 0, 4)
 		p.Spec.NodeSelector = map[string]string{"pool": fmt.Sprintf("absent-%02d", i)}
 		v.UpsertPod(p)
 	}
 	if dec, _ := v.ChooseDomain(newTP(), 4, 0); !dec.Fits {
-		t.Fatalf("waiters for pools no node is in took the only node's room: %+v", dec)
+		t.Fatalf("waiters for pools no node is in, past the bound too, took the node's room: %+v", dec)
 	}
-	p := pinnedPod("", 0, 4)
-	p.Spec.NodeSelector = map[string]string{"pool": "zz-past-the-bound"}
-	v.UpsertPod(p)
-	if dec, _ := v.ChooseDomain(newTP(), 4, 0); dec.Fits {
-		t.Fatalf("a waiter past the bound should count as able to run anywhere: %+v", dec)
+	v.UpsertPod(pinnedPod("gpu-node01", 0, 4))
+	v.UpsertPod(pinnedPod("gpu-node01", 1, 4))
+	if dec, _ := v.ChooseDomain(newTP(), 4, 0); dec.Fits || dec.Domain != 1 {
+		t.Fatalf("with every waiter in domain 0's line, a pod that must wait should wait for domain 1: %+v", dec)
 	}
 }

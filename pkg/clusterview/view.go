@@ -64,9 +64,9 @@ type View struct {
 	// gen counts the changes the informers made to the view (generation), so that the re-pin
 	// controller can skip a pass over a view it has already planned.
 	gen atomic.Uint64
-	// nodeGen counts changes of what nodes offer (added, removed, their domains or taints),
-	// not their heartbeats or labels (sameShape): the re-pin controller looks again at a
-	// workload it gave up on once this changes.
+	// nodeGen counts changes of what nodes offer (added, removed, their domains, taints or
+	// labels), not their heartbeats or timestamp labels (sameShape): the re-pin controller
+	// looks again at a workload it gave up on once this changes.
 	nodeGen atomic.Uint64
 
 	mu    sync.RWMutex
@@ -292,17 +292,30 @@ func (v *View) DeleteNode(name string) {
 }
 
 // NodeGeneration changes whenever what the nodes offer changes: a node added or removed, or
-// its domains or taints (cordon and readiness included) changed.
+// its domains, taints (cordon and readiness included) or labels (timestamps aside) changed.
 func (v *View) NodeGeneration() uint64 {
 	return v.nodeGen.Load()
 }
 
-// sameShape reports whether two versions of a node offer the same: its domains, its taints
-// (cordon and readiness included) and whether it is a DRA node. Other labels are left out on
-// purpose: agents such as GPU Feature Discovery rewrite a timestamp label every minute, which
-// would make every node look new.
+// sameShape reports whether two versions of a node offer the same: its domains (DRA nodes'
+// from their labels), its taints (cordon and readiness included) and its labels, less those
+// agents rewrite on a clock: GPU Feature Discovery's timestamp changes every minute and would
+// make every node look new.
 func sameShape(a, b *node) bool {
-	return a.taintKey == b.taintKey && maps.Equal(a.capacity, b.capacity) && a.dra == b.dra
+	return a.taintKey == b.taintKey && maps.Equal(a.capacity, b.capacity) && a.dra == b.dra && maps.Equal(a.draSizes, b.draSizes) &&
+		maps.EqualFunc(stableLabels(a.obj.Labels), stableLabels(b.obj.Labels), func(x, y string) bool { return x == y })
+}
+
+// stableLabels are a node's labels without the ones rewritten on a clock (a key that ends in
+// "timestamp", as nvidia.com/gfd.timestamp).
+func stableLabels(labels map[string]string) map[string]string {
+	out := make(map[string]string, len(labels))
+	for k, v := range labels {
+		if !strings.HasSuffix(k, "timestamp") {
+			out[k] = v
+		}
+	}
+	return out
 }
 
 // Generation changes whenever a node or a pod the view counts changes; equal generations

@@ -280,6 +280,7 @@ const (
 	podTPSizeSuffix    = "tp-size"
 	podContainerSuffix = "container-gpus"
 	podAssignedSuffix  = "assigned-gpus"
+	podAdmissionSuffix = "admission-id"
 )
 
 // Node labels.
@@ -357,6 +358,11 @@ func (n Names) PodContainerGPUsAnnotation() string { return n.label(podContainer
 
 // PodAssignedGPUsAnnotation reports the GPUs the node assigned, e.g. "4,5".
 func (n Names) PodAssignedGPUsAnnotation() string { return n.label(podAssignedSuffix) }
+
+// PodAdmissionAnnotation records the admission request that pinned the pod, so that the same
+// create coming back to the webhook (a re-invoked admission) is told from a pod whose pin was
+// copied from another: only the replica that holds that request's reservation trusts it.
+func (n Names) PodAdmissionAnnotation() string { return n.label(podAdmissionSuffix) }
 
 // parseIndexed parses prefix+<non-negative decimal> without leading zeros or signs, so that
 // every id has exactly one spelling and "nvswitch-domain-max" never parses as an id.

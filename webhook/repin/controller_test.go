@@ -790,7 +790,7 @@ func TestNodeConstraintsMakeNoEvictionLoop(t *testing.T) {
 		fresh := admission.Unpin(old, n)
 		fresh.Name, fresh.UID, fresh.ResourceVersion = fmt.Sprintf("p-%d", i+1), types.UID(fmt.Sprintf("p-%d", i+1)), ""
 		fresh.Status = corev1.PodStatus{Phase: corev1.PodPending}
-		out, plan := h.r.Decider.Admit(fresh, uint64(i)+1)
+		out, plan := h.r.Decider.Admit(fresh, types.UID(fmt.Sprintf("req-%d", i)))
 		if plan.Outcome != admission.OutcomePinned || out == nil {
 			t.Fatalf("the webhook did not pin the replacement: %+v", plan)
 		}

@@ -306,8 +306,12 @@ func (c *cluster) pinnedPod(name string, k int64, d int, owners ...metav1.OwnerR
 		c.t.Fatal(err)
 	}
 	if len(owners) > 0 {
-		out.OwnerReferences = owners
-		if out, err = c.client.CoreV1().Pods(out.Namespace).Update(context.Background(), out, metav1.UpdateOptions{}); err != nil {
+		// A merge patch, not an update: the scheduler writes the pod's status meanwhile.
+		patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"ownerReferences": owners}})
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		if out, err = c.client.CoreV1().Pods(out.Namespace).Patch(context.Background(), out.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 			c.t.Fatal(err)
 		}
 	}

@@ -18,6 +18,10 @@ type Metrics struct {
 	// gave; joining DCGM's series on UUID with this one attributes GPU metrics to the right
 	// pods (docs/node-side.md).
 	ContainerGPU *prometheus.GaugeVec
+	// Connected is 1 while the plugin is connected to the runtime and synchronized with it:
+	// the metrics server answers (up == 1) while the plugin waits to reconnect, when containerd
+	// refuses every GPU container that requires it.
+	Connected prometheus.Gauge
 }
 
 // NewMetrics creates the series and registers them with reg.
@@ -54,8 +58,11 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "nvdomain_nri_create_container_seconds", Help: "Time the plugin spends handling CreateContainer.",
 			Buckets: prometheus.ExponentialBuckets(5e-6, 3, 10),
 		}),
+		Connected: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "nvdomain_nri_connected", Help: "1 while the plugin is connected to the runtime's NRI socket and synchronized; 0 while containerd refuses the GPU containers that require it.",
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.Assignments, m.Refusals, m.ShouldHaveBeenPinned, m.Conflicts, m.Untouched, m.EnvNeutralised, m.Reconnects, m.TopologyReloads, m.Handling, m.ContainerGPU} {
+	for _, c := range []prometheus.Collector{m.Assignments, m.Refusals, m.ShouldHaveBeenPinned, m.Conflicts, m.Untouched, m.EnvNeutralised, m.Reconnects, m.TopologyReloads, m.Handling, m.ContainerGPU, m.Connected} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

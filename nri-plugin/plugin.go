@@ -802,6 +802,7 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, ctrs []*
 	p.report.Changed(all)
 	p.syncs.Add(1)
 	p.ready.Store(true)
+	p.metrics.Connected.Set(1)
 	return nil, nil
 }
 
@@ -810,7 +811,10 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, ctrs []*
 func (p *Plugin) Ready() bool { return p.ready.Load() }
 
 // disconnected records that the connection to the runtime is gone.
-func (p *Plugin) disconnected() { p.ready.Store(false) }
+func (p *Plugin) disconnected() {
+	p.ready.Store(false)
+	p.metrics.Connected.Set(0)
+}
 
 // createDRA handles a container on a DRA node.
 func (p *Plugin) createDRA(pod *api.PodSandbox, ctr *api.Container, fail func(string, error) (*api.ContainerAdjustment, []*api.ContainerUpdate, error)) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {

@@ -1356,3 +1356,22 @@ func TestRestartDuringBackOffKeepsTheHoldFromTheStateFile(t *testing.T) {
 		})
 	}
 }
+
+// nvdomain_nri_connected says what up cannot: the metrics server answers while the plugin
+// waits to reconnect to containerd, when containerd refuses every GPU container requiring it.
+func TestConnectedGaugeFollowsTheRuntimeConnection(t *testing.T) {
+	p, _, m := newPlugin(t)
+	if got := testutil.ToFloat64(m.Connected); got != 0 {
+		t.Fatalf("connected before any Synchronize = %v", got)
+	}
+	if _, err := p.Synchronize(context.Background(), nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(m.Connected); got != 1 {
+		t.Fatalf("connected after Synchronize = %v", got)
+	}
+	p.disconnected()
+	if got := testutil.ToFloat64(m.Connected); got != 0 || p.Ready() {
+		t.Fatalf("after the connection was lost: connected %v, ready %v", got, p.Ready())
+	}
+}

@@ -72,9 +72,16 @@ type Result struct {
 
 // Report is the outcome of a check.
 type Report struct {
+	// Nodes is every node in the dump; Checked those carrying a label the checks read.
+	Nodes      int
 	Checked    int
 	Mismatches []Result
 }
+
+// NothingChecked reports a dump in which no node carries a label the checks read: a dump of
+// the wrong cluster, or of one whose GPU Operator has not labelled its nodes. OK=0 would read
+// as a pass.
+func (r *Report) NothingChecked() bool { return r.Checked == 0 && len(r.Mismatches) == 0 }
 
 // node is the part of a v1.Node the check reads; decoding only this keeps the checker usable
 // on dumps from any Kubernetes version.
@@ -171,7 +178,7 @@ func Check(r io.Reader, n names.Names, opts Options) (*Report, error) {
 	if c.now.IsZero() {
 		c.now = time.Now()
 	}
-	rep := &Report{}
+	rep := &Report{Nodes: len(nodes)}
 	for i, nd := range nodes {
 		reasons, checked := c.checkNode(nd)
 		if !checked {
@@ -289,8 +296,14 @@ func isZero(q string) bool {
 }
 
 // Write prints the report in the checker's line format: one MISMATCH=<node> <reason> line per
-// bad node, or OK=<nodes checked>.
+// bad node, or OK=<nodes checked>, or, when no node was checked, one NONE=<nodes in the dump>
+// line saying so.
 func (r *Report) Write(w io.Writer) error {
+	if r.NothingChecked() {
+		_, err := fmt.Fprintf(w, "NONE=%d nodes in the dump, none with %s, %s or %s: nothing was checked; dump the GPU nodes of a cluster whose GPU Operator labels them (kubectl get nodes -o json)\n",
+			r.Nodes, names.WorkloadConfigLabel, names.MIGConfigLabel, names.GPUReplicasLabel)
+		return err
+	}
 	if len(r.Mismatches) == 0 {
 		_, err := fmt.Fprintf(w, "OK=%d\n", r.Checked)
 		return err

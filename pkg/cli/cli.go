@@ -389,7 +389,8 @@ A dump without them cannot say; pending then counts as fine, unless
 --mig-pending-no-timestamp=mismatch. --now sets the time the dump is judged at (the time it was
 taken, for an old dump).
 
-Prints MISMATCH=<node> <reason> per bad node and exits 1, or OK=<nodes checked> and exits 0.
+Prints MISMATCH=<node> <reason> per bad node and exits 1, or OK=<nodes checked> and exits 0;
+a dump in which no node carries one of these labels prints NONE=<nodes in the dump> and exits 1.
 Exits 2 when the dump or a flag's file cannot be read.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -432,7 +433,7 @@ Exits 2 when the dump or a flag's file cannot be read.`,
 			if err := rep.Write(cmd.OutOrStdout()); err != nil {
 				return &exitError{ExitError, err}
 			}
-			if len(rep.Mismatches) > 0 {
+			if len(rep.Mismatches) > 0 || rep.NothingChecked() {
 				return &exitError{code: ExitFindings}
 			}
 			return nil

@@ -174,6 +174,7 @@ func TestCheckConfig(t *testing.T) {
 	}{
 		{"three-node lab", "", []string{"check-config", "../checkconfig/testdata/lab-ok.json"}, 0, "OK=3\n", ""},
 		{"mismatch from stdin", bad, []string{"check-config", "-"}, 1, "MISMATCH=gpu-1 label nvidia.com/gpu.workload.config=vm-vgpu but the node advertises nvidia.com/gpu", ""},
+		{"no GPU node in the dump", `{"kind":"List","items":[{"kind":"Node","metadata":{"name":"cpu-1"}}]}`, []string{"check-config", "-"}, 1, "NONE=1 nodes in the dump, none with nvidia.com/gpu.workload.config", ""},
 		{"invalid JSON", "{oops", []string{"check-config", "-"}, 2, "", "nvdomain: -: node dump is not valid JSON"},
 		{"unreadable file", "", []string{"check-config", "/nonexistent/nodes.json"}, 2, "", "nvdomain: read /nonexistent/nodes.json"},
 		{"no argument", "", []string{"check-config"}, 2, "", "accepts 1 arg(s), received 0"},

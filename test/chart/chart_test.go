@@ -107,6 +107,9 @@ func TestBadValuesAreRejected(t *testing.T) {
 		{[]string{"--set", "webhook.mode=dra"}, "webhook.mode=dra rewrites TP pods onto DRA claims: set dra.enabled=true"},
 		{[]string{"--set", "webhook.mode=both"}, "at '/webhook/mode': value must be one of 'classic', 'dra', 'mixed'"},
 		{[]string{"--set", "dra.cdi=cdi-cri"}, "at '/dra/cdi'"},
+		{[]string{"--set", "node.maxUnavailable=0"}, "at '/node/maxUnavailable'"},
+		{[]string{"--set-string", "node.maxUnavailable=all"}, "at '/node/maxUnavailable'"},
+		{[]string{"--set", "prometheusRule.runbookBaseURL=docs/operations.md"}, "at '/prometheusRule/runbookBaseURL'"},
 	}
 	for _, tc := range cases {
 		_, err := render(t, tc.args...)
@@ -283,5 +286,21 @@ func TestChartPoliciesMatchManifests(t *testing.T) {
 	got, want := specs(rendered), specs(string(manifest))
 	if len(got) != 6 || !reflect.DeepEqual(got, want) {
 		t.Fatalf("chart policies and manifests/policies differ (regenerate the manifest):\nchart     %v\nmanifests %v", got, want)
+	}
+}
+
+// The node DaemonSet's rolling update takes node.maxUnavailable, a count or a percentage.
+func TestNodeMaxUnavailableIsAValue(t *testing.T) {
+	for _, v := range []string{"3", "10%"} {
+		out, err := render(t, "--set-string", "node.maxUnavailable="+v)
+		if v == "3" {
+			out, err = render(t, "--set", "node.maxUnavailable=3")
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(out, "rollingUpdate: {maxUnavailable: "+v+"}") {
+			t.Errorf("node.maxUnavailable=%s is not the DaemonSet's", v)
+		}
 	}
 }

@@ -35,6 +35,10 @@ type StatusList struct {
 	APIVersion string         `json:"apiVersion"`
 	Kind       string         `json:"kind"`
 	Items      []DomainStatus `json:"items"`
+	// Gated are the pinned pods held back by scheduling gates (Kueue's plain pods, say),
+	// namespace/name: the scheduler does not try them, their pin was chosen at creation and
+	// cannot follow the room, and a bare one cannot be moved once ungated.
+	Gated []string `json:"gated,omitempty"`
 }
 
 // DomainStatus is one domain of one node.
@@ -197,9 +201,15 @@ func (o *StatusOptions) Run(ctx context.Context) error {
 		enc.SetIndent("", "  ")
 		return enc.Encode(list)
 	case outputWide:
-		return writeStatusTable(o.Out, list, true)
+		err = writeStatusTable(o.Out, list, true)
+	default:
+		err = writeStatusTable(o.Out, list, false)
 	}
-	return writeStatusTable(o.Out, list, false)
+	if err == nil && len(list.Gated) > 0 {
+		_, err = fmt.Fprintf(o.Out, "\n%d pinned pod(s) held by scheduling gates, not counted above: %s. Their domain was chosen at creation and is not chosen again when the gates go; a bare one that finds it full waits (run such work as a Job or Deployment, or in DRA mode). `kubectl nvdomain explain POD` says more.\n",
+			len(list.Gated), strings.Join(list.Gated, ", "))
+	}
+	return err
 }
 
 func (o *StatusOptions) emptyMessage() string {
@@ -229,6 +239,12 @@ func (o *StatusOptions) statusList(s *snapshot) StatusList {
 		if d := rules.Inspect(p, s.names).PinnedDomain(); d >= 0 {
 			k := key{p.Spec.NodeName, d}
 			pods[k] = append(pods[k], podKey(p))
+		}
+	}
+	for i := range s.pods {
+		p := &s.pods[i]
+		if p.Spec.NodeName == "" && len(p.Spec.SchedulingGates) > 0 && (o.namespace == "" || p.Namespace == o.namespace) && rules.Inspect(p, s.names).PinnedDomain() >= 0 {
+			list.Gated = append(list.Gated, podKey(p))
 		}
 	}
 	waiting, stranded := map[key][]string{}, map[key][]string{}

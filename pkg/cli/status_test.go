@@ -146,3 +146,27 @@ func TestStatusErrors(t *testing.T) {
 		})
 	}
 }
+
+// Pinned pods held by scheduling gates are no demand yet: status names them apart, with what
+// their pin cannot do, and the JSON lists them; the table of domains stays as it was.
+func TestStatusNamesGatedPods(t *testing.T) {
+	gated := tpPod("kueue-llama", 4, 1, func(p *corev1.Pod) {
+		p.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: "kueue.x-k8s.io/admission"}}
+	})
+	objs := append(statusCluster(), gated)
+	code, out, errOut := runFake(t, "", objs, "status")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if !strings.Contains(out, "1 pinned pod(s) held by scheduling gates, not counted above: default/kueue-llama.") || !strings.Contains(out, "DRA mode") {
+		t.Errorf("status does not name the gated pod:\n%s", out)
+	}
+	_, out, _ = runFake(t, "", objs, "status", "-o", "json")
+	var doc StatusList
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatal(err)
+	}
+	if len(doc.Gated) != 1 || doc.Gated[0] != "default/kueue-llama" {
+		t.Errorf("gated = %v", doc.Gated)
+	}
+}

@@ -52,8 +52,14 @@ func (m *Decider) mutate(pod *corev1.Pod, seed uint64, admission string) (*corev
 	reserve := admission != ""
 	work := pod
 	stamp := false // the pod gets admission's id: a reservation was made for it
+	// A controller's pod carrying a pin of nvdomain's shape: kept when it is this create's
+	// own, or has room (read once, and only for such pods: admission is a hot path).
 	kept := fromTemplate(pod, n) && pinnedByNvdomain(pod, n)
-	d, k := rules.Inspect(pod, n).PinnedDomain(), domainHeldBy(pod, n)
+	var d, k int
+	if kept {
+		p := rules.Inspect(pod, n)
+		d, k = p.PinnedDomain(), p.DomainGPUs()
+	}
 	switch {
 	case kept && reserve && m.View.Reserved(pod, d, k):
 		// The apiserver called the webhook again on this create (reinvocationPolicy
@@ -139,9 +145,6 @@ func pinnedByNvdomain(pod *corev1.Pod, n names.Names) bool {
 	i, k := draClaim(pod)
 	return i >= 0 && pin.TPSize == k
 }
-
-// domainHeldBy is the GPUs of its domain a pod asks for, as the scheduler counts them.
-func domainHeldBy(pod *corev1.Pod, n names.Names) int { return rules.Inspect(pod, n).DomainGPUs() }
 
 // fromTemplate reports whether a pod being created comes from a controller's template and
 // carries a pin: a domain resource, a domain node-affinity term, or nvdomain's annotations.

@@ -73,15 +73,7 @@ func (v *View) ChooseDomain(pod *corev1.Pod, k int, seed uint64) (placement.Deci
 	reserved := v.liveReservations()
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	claims, claimWaiting := v.claimsLocked()
-	buckets, names := v.bucketsLocked(pod, k, claims)
-	buckets, waiting := applyPending(buckets, v.pendingLocked(reserved))
-	for d, gpus := range claimWaiting {
-		if waiting == nil {
-			waiting = map[int]int{}
-		}
-		waiting[d] += gpus
-	}
+	buckets, names, waiting := v.roomLocked(pod, k, reserved)
 	// Only buckets of the tightest fit can give the hint, whichever id the chooser then
 	// takes among them, so names are read for those alone: a few per histogram bucket.
 	class := -1
@@ -122,6 +114,24 @@ func (v *View) ChooseDomain(pod *corev1.Pod, k int, seed uint64) (placement.Deci
 	return dec, err
 }
 
+// roomLocked is the one model of room, which ChooseDomain and HasRoom share: the pod's
+// (domain, capacity, free) buckets over the nodes it may use, after the pending pods took
+// theirs (those with node constraints on their own nodes, claimsLocked; the rest and the live
+// reservations by demand, applyPending), where to read the buckets' hostnames, and, per
+// domain id, the GPUs of the pending pods that found no room: the lines.
+func (v *View) roomLocked(pod *corev1.Pod, k int, reserved map[demand]int) ([]bucket, nameSources, map[int]int) {
+	claims, claimWaiting := v.claimsLocked()
+	buckets, names := v.bucketsLocked(pod, k, claims)
+	buckets, waiting := applyPending(buckets, v.pendingLocked(reserved))
+	for d, gpus := range claimWaiting {
+		if waiting == nil {
+			waiting = map[int]int{}
+		}
+		waiting[d] += gpus
+	}
+	return buckets, names, waiting
+}
+
 // HasRoom reports whether a pod of k GPUs can use domain d on some node now, as ChooseDomain
 // counts room: on the nodes it may run on that are available, after the pods pinned before it
 // and the live reservations took theirs.
@@ -132,9 +142,7 @@ func (v *View) HasRoom(pod *corev1.Pod, d, k int) bool {
 	reserved := v.liveReservations()
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	claims, _ := v.claimsLocked()
-	buckets, _ := v.bucketsLocked(pod, k, claims)
-	buckets, _ = applyPending(buckets, v.pendingLocked(reserved))
+	buckets, _, _ := v.roomLocked(pod, k, reserved)
 	for _, b := range buckets {
 		if b.domain == d && b.nodes > 0 && !b.unavail && b.cf.free >= k {
 			return true

@@ -89,15 +89,6 @@ func (v *View) ChooseAndReserve(pod *corev1.Pod, k int, seed uint64, admission s
 	return dec, err
 }
 
-// Reserve counts a domain choice the webhook has just made for pod, which the informer has
-// not delivered yet, so that a burst of admissions does not pile onto one domain. The
-// reservation carries the pod's admission id (names.PodAdmissionAnnotation), for Reserved. A
-// pod created again under the same name (a retry after AlreadyExists) replaces its earlier
-// reservation.
-func (v *View) Reserve(pod *corev1.Pod, domain, gpus int) {
-	v.res.add(pod, pod.Annotations[v.names.PodAdmissionAnnotation()], demand{domain, gpus}, v.now())
-}
-
 // ReserveIfRoom reserves domain for pod, as ChooseAndReserve, when it has room for it now (HasRoom), in
 // one step with every other choice and reservation of this replica (ChooseAndReserve), and
 // reports whether it did.

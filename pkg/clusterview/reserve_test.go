@@ -10,6 +10,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
+// Reserve reserves domain for pod as the webhook does (ChooseAndReserve, ReserveIfRoom) without
+// choosing, under the admission id the pod records: the tests' shorthand.
+func (v *View) Reserve(pod *corev1.Pod, domain, gpus int) {
+	v.res.add(pod, pod.Annotations[v.names.PodAdmissionAnnotation()], demand{domain, gpus}, v.now())
+}
+
 func podIn(namespace, name, generateName string) *corev1.Pod {
 	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name, GenerateName: generateName}}
 }

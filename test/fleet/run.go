@@ -30,7 +30,7 @@ type Options struct {
 	Kubeconfig    string
 	// KubeAPIQPS and KubeAPIBurst bound the process's requests: a thousand nodes' publishes
 	// need far more than one agent's.
-	KubeAPIQPS   float32
+	KubeAPIQPS   float64
 	KubeAPIBurst int
 }
 
@@ -41,15 +41,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.Period, "period", 30*time.Second, "how often everything is re-asserted")
 	fs.StringVar(&o.ProbeAddr, "probe-bind-address", ":8082", "address for /healthz, /readyz and /metrics; empty disables")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig; empty means in-cluster")
-	qps := 100.0
-	fs.Func("kube-api-qps", "requests per second to the apiserver (default 100)", func(s string) error {
-		_, err := fmt.Sscan(s, &qps)
-		o.KubeAPIQPS = float32(qps)
-		return err
-	})
-	o.KubeAPIQPS = float32(qps)
-	o.KubeAPIBurst = 200
-	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "request burst to the apiserver")
+	fs.Float64Var(&o.KubeAPIQPS, "kube-api-qps", 100, "requests per second to the apiserver")
+	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", 200, "request burst to the apiserver")
 }
 
 // Validate checks the options and names the flag at fault.
@@ -70,7 +63,7 @@ func Run(ctx context.Context, o Options, log logr.Logger) error {
 	if err := o.Validate(); err != nil {
 		return err
 	}
-	cfg, err := agent.RestConfig(o.Kubeconfig, o.KubeAPIQPS, o.KubeAPIBurst)
+	cfg, err := agent.RestConfig(o.Kubeconfig, float32(o.KubeAPIQPS), o.KubeAPIBurst)
 	if err != nil {
 		return err
 	}

@@ -52,11 +52,14 @@ type Options struct {
 // DefaultOptions are the documented defaults.
 func DefaultOptions() Options {
 	return Options{
-		Names:              names.Default(),
-		AllowedTPSizes:     rules.DefaultAllowedTPSizes,
-		NonTPPods:          NonTPAuto,
-		Mode:               ModeClassic,
-		ExcludedNamespaces: []string{"kube-system"},
+		Names:          names.Default(),
+		AllowedTPSizes: rules.DefaultAllowedTPSizes,
+		NonTPPods:      NonTPAuto,
+		Mode:           ModeClassic,
+		// The system's, and the GPU Operator's, whose validators request GPUs and must run
+		// whatever state nvdomain is in (the chart adds its release namespace); `explain`
+		// uses these too, so it answers as the installed webhook does.
+		ExcludedNamespaces: []string{"kube-system", "gpu-operator", "nvidia-gpu-operator"},
 	}
 }
 

@@ -300,8 +300,8 @@ func isZero(q string) bool {
 // line saying so.
 func (r *Report) Write(w io.Writer) error {
 	if r.NothingChecked() {
-		_, err := fmt.Fprintf(w, "NONE=%d nodes in the dump, none with %s, %s or %s: nothing was checked; dump the GPU nodes of a cluster whose GPU Operator labels them (kubectl get nodes -o json)\n",
-			r.Nodes, names.WorkloadConfigLabel, names.MIGConfigLabel, names.GPUReplicasLabel)
+		_, err := fmt.Fprintf(w, "NONE=%d nodes in the dump, none with %s, %s, %s or %s: nothing was checked; dump the GPU nodes of a cluster whose GPU Operator labels them (kubectl get nodes -o json)\n",
+			r.Nodes, names.WorkloadConfigLabel, names.MIGConfigLabel, names.MIGConfigStateLabel, names.GPUReplicasLabel)
 		return err
 	}
 	if len(r.Mismatches) == 0 {

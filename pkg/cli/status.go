@@ -11,6 +11,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -36,7 +37,8 @@ type StatusList struct {
 	Kind       string         `json:"kind"`
 	Items      []DomainStatus `json:"items"`
 	// Gated are the pinned pods held back by scheduling gates (Kueue's plain pods, say),
-	// namespace/name: the scheduler does not try them, their pin was chosen at creation and
+	// namespace/name, cluster-wide (-n narrows them; --node and -l do not, since they are on
+	// no node yet): the scheduler does not try them, their pin was chosen at creation and
 	// cannot follow the room, and a bare one cannot be moved once ungated.
 	Gated []string `json:"gated,omitempty"`
 }
@@ -243,7 +245,8 @@ func (o *StatusOptions) statusList(s *snapshot) StatusList {
 	}
 	for i := range s.pods {
 		p := &s.pods[i]
-		if p.Spec.NodeName == "" && len(p.Spec.SchedulingGates) > 0 && (o.namespace == "" || p.Namespace == o.namespace) && rules.Inspect(p, s.names).PinnedDomain() >= 0 {
+		if p.Spec.NodeName == "" && len(p.Spec.SchedulingGates) > 0 && p.DeletionTimestamp == nil && (p.Status.Phase == "" || p.Status.Phase == corev1.PodPending) &&
+			(o.namespace == "" || p.Namespace == o.namespace) && rules.Inspect(p, s.names).PinnedDomain() >= 0 {
 			list.Gated = append(list.Gated, podKey(p))
 		}
 	}

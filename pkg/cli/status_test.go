@@ -170,3 +170,17 @@ func TestStatusNamesGatedPods(t *testing.T) {
 		t.Errorf("gated = %v", doc.Gated)
 	}
 }
+
+// A gated pod being deleted (Kueue evicting an unadmitted plain pod that its finalizer keeps)
+// is no longer waiting for anything: status does not list it.
+func TestStatusLeavesOutGatedPodsBeingDeleted(t *testing.T) {
+	gone := tpPod("evicted", 4, 1, func(p *corev1.Pod) {
+		p.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: "kueue.x-k8s.io/admission"}}
+		deleted := p.CreationTimestamp
+		p.DeletionTimestamp, p.Finalizers = &deleted, []string{"kueue.x-k8s.io/managed"}
+	})
+	_, out, _ := runFake(t, "", append(statusCluster(), gone), "status")
+	if strings.Contains(out, "scheduling gates") {
+		t.Errorf("a gated pod being deleted is listed:\n%s", out)
+	}
+}

@@ -11,18 +11,32 @@ K8S_ASSETS  := $(BIN)/k8s/$(K8S_VERSION)
 STATICCHECK := $(TOOLS)/staticcheck-$(STATICCHECK_VERSION)
 FUZZTIME    ?= 30s
 VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS     := -X github.com/nvdomain/nvdomain/pkg/cli.Version=$(VERSION)
+LDFLAGS     := -X github.com/nvdomain/nvdomain/pkg/version.Version=$(VERSION)
+IMAGE_REPO  ?= ghcr.io/nvdomain/nvdomain
+IMAGE_TAG   ?= $(VERSION)
+IMAGE       := $(IMAGE_REPO):$(IMAGE_TAG)
+IMAGE_ARCHIVE := $(BIN)/image/nvdomain-$(IMAGE_TAG).tar
+# The demo and the e2e install exactly the image `make image` built (test/localcluster).
+IMAGE_ENV   := NVDOMAIN_IMAGE=$(IMAGE) NVDOMAIN_IMAGE_ARCHIVE=$(IMAGE_ARCHIVE)
 
 # go-nvml loads libnvidia-ml with cgo; its generated bindings call functions the NVML header
 # marks deprecated, which only adds compiler noise.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all build test unit e2e host-deps k8s-assets containerd-assets helm-assets kwok-assets lint fmt vet staticcheck cover fuzz bench bench-placement bench-admission bench-dra scale demo down clean
+.PHONY: all build image test unit e2e host-deps k8s-assets containerd-assets helm-assets kwok-assets lint fmt vet staticcheck cover fuzz bench bench-placement bench-admission bench-dra scale demo down clean
 
 all: build
 
 build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
+
+## image: the release image, without a Docker engine (pkg/image): an OCI layout in
+## bin/image/<tag>/ and an archive bin/image/nvdomain-<tag>.tar for `ctr -n k8s.io images
+## import`, `docker load` or `crane push`; the same commit gives the same digest.
+## IMAGE_REPO and IMAGE_TAG name it (default ghcr.io/nvdomain/nvdomain:<git describe>).
+image:
+	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null || echo 0) $(GO) run ./cmd/nvdomain-image \
+		--version $(VERSION) --revision $$(git rev-parse HEAD 2>/dev/null || echo unknown) --ref $(IMAGE) --out $(BIN)/image
 
 ## test: everything CI checks: lint, unit and integration tests with the race detector, then
 ## the end-to-end run on a real local cluster.
@@ -61,8 +75,8 @@ unit: host-deps k8s-assets containerd-assets helm-assets kwok-assets
 
 ## e2e: the seed scenarios on a real single-node cluster (kubelet + containerd with NRI) with
 ## nvdomain installed by its Helm chart. Root only; runs alone.
-e2e: host-deps k8s-assets containerd-assets helm-assets
-	$(GO) test -tags e2e -count=1 -timeout 30m -v ./test/e2e/ 2>&1 | tail -n 80
+e2e: host-deps k8s-assets containerd-assets helm-assets image
+	$(IMAGE_ENV) $(GO) test -tags e2e -count=1 -timeout 30m -v ./test/e2e/ 2>&1 | tail -n 80
 
 lint: fmt vet staticcheck
 
@@ -136,12 +150,12 @@ DEMO_SUBMAKE = $(MAKE) --no-print-directory
 demo:
 	@log=$$(mktemp /tmp/nvdomain-demo-XXXXXX.log); bindir=$$(mktemp -d); start=$$(date +%s); rc=0; \
 	printf '%-22s … ' 'building binaries'; \
-	if ! { $(DEMO_SUBMAKE) host-deps k8s-assets containerd-assets helm-assets && \
+	if ! { $(DEMO_SUBMAKE) host-deps k8s-assets containerd-assets helm-assets image && \
 		$(GO) build -o $$bindir/demo ./test/demo; } >>$$log 2>&1; then \
 		echo "failed; the end of $$log:"; tail -n 20 $$log; rm -rf $$bindir; exit 1; \
 	fi; \
 	echo "$$(( $$(date +%s) - start ))s"; \
-	NVDOMAIN_DEMO_LOG=$$log $$bindir/demo || rc=$$?; rm -rf $$bindir; exit $$rc
+	$(IMAGE_ENV) NVDOMAIN_DEMO_LOG=$$log $$bindir/demo || rc=$$?; rm -rf $$bindir; exit $$rc
 
 ## down: stop the cluster `KEEP=1 make demo` left running and clean up after it, as the demo's
 ## own teardown would (processes, mounts, cgroups, kernel settings).

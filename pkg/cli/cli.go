@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/nvdomain/nvdomain/pkg/version"
 	"io"
 	"os"
 	"slices"
@@ -50,9 +51,6 @@ type exitError struct {
 func (e *exitError) Error() string { return e.err.Error() }
 func (e *exitError) Unwrap() error { return e.err }
 
-// Version is set at build time with -ldflags "-X github.com/nvdomain/nvdomain/pkg/cli.Version=…".
-var Version = "dev"
-
 // Command names: the binary, and the kubectl plugin (krew's convention: kubectl-<name> on
 // PATH becomes `kubectl <name>`).
 const (
@@ -63,14 +61,14 @@ const (
 
 // Main runs the nvdomain command line and returns the process exit code.
 func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	return run(ctx, CommandName, args, IOStreams{In: stdin, Out: stdout, ErrOut: stderr}, &KubeFlags{userAgent: CommandName + "/" + Version})
+	return run(ctx, CommandName, args, IOStreams{In: stdin, Out: stdout, ErrOut: stderr}, &KubeFlags{userAgent: CommandName + "/" + version.Version})
 }
 
 // KubectlPluginMain runs the same command tree as the kubectl plugin kubectl-nvdomain: help and
 // errors name it `kubectl nvdomain`, and it connects as kubectl does (--kubeconfig, --context,
 // -n), so `kubectl nvdomain status` works once the binary is on PATH.
 func KubectlPluginMain(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	return run(ctx, PluginBinaryName, args, IOStreams{In: stdin, Out: stdout, ErrOut: stderr}, &KubeFlags{userAgent: PluginBinaryName + "/" + Version})
+	return run(ctx, PluginBinaryName, args, IOStreams{In: stdin, Out: stdout, ErrOut: stderr}, &KubeFlags{userAgent: PluginBinaryName + "/" + version.Version})
 }
 
 func run(ctx context.Context, name string, args []string, streams IOStreams, f ClusterFactory) int {
@@ -105,12 +103,12 @@ func newRoot(name string, streams IOStreams, f ClusterFactory) *cobra.Command {
 	if name == PluginBinaryName {
 		root.Annotations = map[string]string{cobra.CommandDisplayNameAnnotation: pluginDisplayName}
 	}
-	root.AddCommand(newTopology(streams.In), newCheckConfig(streams.In), newCerts(), newStatus(f, streams), newExplain(f, streams), &cobra.Command{
+	root.AddCommand(newTopology(streams.In), newCheckConfig(streams.In), newCerts(), newNode(), newStatus(f, streams), newExplain(f, streams), &cobra.Command{
 		Use:   "version",
 		Short: "Print the version",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			_, err := fmt.Fprintln(cmd.OutOrStdout(), Version)
+			_, err := fmt.Fprintln(cmd.OutOrStdout(), version.Version)
 			return err
 		},
 	})

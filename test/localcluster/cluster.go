@@ -55,7 +55,9 @@ type Cluster struct {
 	Kubeconfig string
 	APIPort    int
 	// NRISocket is containerd's NRI socket, for the nvdomain DaemonSet's hostPath.
-	NRISocket            string
+	NRISocket string
+	// Image is the release image the chart installs (ReleaseImage), imported at start.
+	Image                string
 	etcdURL              string
 	procs                []*proc
 	lock                 *os.File

@@ -169,7 +169,7 @@ func (c *Cluster) startContainerd(ctx context.Context) error {
 	if err := waitUntil(ctx, 30*time.Second, "containerd socket", func() bool { _, err := os.Stat(c.path("c.sock")); return err == nil }); err != nil {
 		return fmt.Errorf("%w; log: %s", err, c.Log("containerd", 2000))
 	}
-	return c.importImages()
+	return c.importImages(ctx)
 }
 
 func (c *Cluster) startKubelet(ctx context.Context) error {

@@ -1,78 +1,79 @@
 package localcluster
 
 import (
-	"bufio"
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 
+	"github.com/go-logr/logr"
+
+	"github.com/nvdomain/nvdomain/pkg/image"
 	"github.com/nvdomain/nvdomain/test/ocitest"
 )
 
-// Images the cluster imports; nothing is ever pulled.
+// Images the cluster imports; nothing is ever pulled. nvdomain itself runs from the release
+// image `make image` builds (ReleaseImage); the harness's own binaries (a pause process, a
+// busybox shell for test pods) come in images of their own.
 const (
-	NvdomainImage = "docker.io/nvdomain/nvdomain:dev"
-	BusyboxImage  = "docker.io/library/busybox:nvdomain"
-	PauseImage    = "registry.k8s.io/pause:nvdomain"
+	BusyboxImage = "docker.io/library/busybox:nvdomain"
+	PauseImage   = "registry.k8s.io/pause:nvdomain"
 )
 
-// buildBinaries builds the project's binaries for the image. The webhook is static; the
-// agent and the NRI plugin use cgo (go-nvml loads libnvidia-ml at run time), so their shared
-// libraries go into the image too.
-func (c *Cluster) buildBinaries() (map[string]string, error) {
-	out := map[string]string{}
-	dir := c.path("images", "bin")
-	for _, b := range []struct {
-		name string
-		pkg  string
-		cgo  bool
-	}{
-		{"nvdomain-webhook", "./cmd/nvdomain-webhook", false},
-		{"nvdomain-agent", "./cmd/nvdomain-agent", true},
-		{"nvdomain-nri", "./cmd/nvdomain-nri", true},
-		{"nvdomain", "./cmd/nvdomain", true},
-		{"nvdomain-nri-hook", "./cmd/nvdomain-nri-hook", false},
-		{"pause", "./test/images/pause", false},
-	} {
-		path := filepath.Join(dir, b.name)
-		cmd := exec.Command("go", "build", "-trimpath", "-o", path, b.pkg)
-		cmd.Dir = c.Root
-		cmd.Env = append(os.Environ(), "CGO_CFLAGS=-O2 -g -Wno-deprecated-declarations")
-		if !b.cgo {
-			cmd.Env = append(cmd.Env, "CGO_ENABLED=0")
-		}
-		if msg, err := cmd.CombinedOutput(); err != nil {
-			return nil, fmt.Errorf("go build %s: %v\n%s", b.pkg, err, msg)
-		}
-		out[b.name] = path
+// Environment variables through which `make demo` and `make e2e` hand over the image `make
+// image` built (its archive and reference), so the cluster installs exactly that image.
+const (
+	EnvImageArchive = "NVDOMAIN_IMAGE_ARCHIVE"
+	EnvImageRef     = "NVDOMAIN_IMAGE"
+)
+
+// ReleaseImage is the release image the cluster installs: the one named by EnvImageArchive
+// and EnvImageRef when set, else one built here with the same code as `make image`, tagged
+// with `git describe` as the Makefile does.
+func (c *Cluster) ReleaseImage(ctx context.Context) (image.Result, error) {
+	if archive, ref := os.Getenv(EnvImageArchive), os.Getenv(EnvImageRef); archive != "" && ref != "" {
+		return image.Result{Ref: ref, Archive: archive}, nil
 	}
-	return out, nil
+	version := "dev"
+	if out, err := exec.CommandContext(ctx, "git", "-C", c.Root, "describe", "--tags", "--always", "--dirty").Output(); err == nil {
+		version = strings.TrimSpace(string(out))
+	}
+	return c.BuildImage(ctx, version)
 }
 
-// sharedLibs lists the shared libraries a binary loads, with the dynamic loader.
-func sharedLibs(bin string) ([]string, error) {
-	out, err := exec.Command("ldd", bin).CombinedOutput()
-	if err != nil {
-		if bytes.Contains(out, []byte("not a dynamic executable")) {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("ldd %s: %w", bin, err)
+// BuildImage builds the release image at version into the cluster's work directory.
+func (c *Cluster) BuildImage(ctx context.Context, version string) (image.Result, error) {
+	o := image.Options{ModuleDir: c.Root, Version: version, Revision: "local", Log: logr.Discard()}
+	return image.Build(ctx, o, image.DefaultRepository+":"+version, c.path("images"))
+}
+
+// ImportImage imports an image archive into the node's containerd.
+func (c *Cluster) ImportImage(archive string) error {
+	if out, err := exec.Command(filepath.Join(c.CtrdBin, "ctr"), "--address", c.path("c.sock"), "-n", "k8s.io", "images", "import", archive).CombinedOutput(); err != nil {
+		return fmt.Errorf("import %s: %v\n%s", archive, err, out)
 	}
-	var libs []string
-	sc := bufio.NewScanner(bytes.NewReader(out))
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		for _, w := range f {
-			if strings.HasPrefix(w, "/") {
-				libs = append(libs, w)
-				break
-			}
-		}
+	return nil
+}
+
+// ImageTag and ImageRepository split an image reference repository:tag.
+func ImageTag(ref string) string { return ref[strings.LastIndex(ref, ":")+1:] }
+
+// ImageRepository: see ImageTag.
+func ImageRepository(ref string) string { return ref[:strings.LastIndex(ref, ":")] }
+
+// buildPause builds the harness's pause process.
+func (c *Cluster) buildPause() (string, error) {
+	path := c.path("images", "bin", "pause")
+	cmd := exec.Command("go", "build", "-trimpath", "-o", path, "./test/images/pause")
+	cmd.Dir = c.Root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build ./test/images/pause: %v\n%s", err, msg)
 	}
-	return libs, nil
+	return path, nil
 }
 
 func busyboxFiles() map[string]ocitest.File {
@@ -83,39 +84,31 @@ func busyboxFiles() map[string]ocitest.File {
 	return files
 }
 
-func (c *Cluster) importImages() error {
+func (c *Cluster) importImages(ctx context.Context) error {
 	if out, _ := exec.Command("ldd", "/bin/busybox").CombinedOutput(); !bytes.Contains(out, []byte("not a dynamic executable")) {
 		return fmt.Errorf("/bin/busybox is missing or not static: apt-get install busybox-static")
 	}
-	bins, err := c.buildBinaries()
+	pauseBin, err := c.buildPause()
 	if err != nil {
 		return err
 	}
-	nv := ocitest.Image{Ref: NvdomainImage, Files: busyboxFiles(), Env: []string{"PATH=/bin"}}
-	for _, name := range []string{"nvdomain-webhook", "nvdomain-agent", "nvdomain-nri", "nvdomain", "nvdomain-nri-hook"} {
-		nv.Files[name] = ocitest.File{Source: bins[name]}
-		libs, err := sharedLibs(bins[name])
-		if err != nil {
-			return err
-		}
-		for _, lib := range libs {
-			real, err := filepath.EvalSymlinks(lib)
-			if err != nil {
-				return err
-			}
-			nv.Files[strings.TrimPrefix(lib, "/")] = ocitest.File{Source: real}
-		}
+	release, err := c.ReleaseImage(ctx)
+	if err != nil {
+		return err
 	}
-	nv.Files["etc/nvdomain/containerd-nri.toml"] = ocitest.File{Source: filepath.Join(c.Root, "manifests", "containerd", "nri.toml"), Mode: 0o644}
+	c.Image = release.Ref
+	if err := c.ImportImage(release.Archive); err != nil {
+		return err
+	}
 	busybox := ocitest.Image{Ref: BusyboxImage, Files: busyboxFiles(), Env: []string{"PATH=/bin"}, Entrypoint: []string{"/bin/sh"}}
-	pause := ocitest.Image{Ref: PauseImage, Files: map[string]ocitest.File{"pause": {Source: bins["pause"]}}, Entrypoint: []string{"/pause"}}
-	for _, img := range []ocitest.Image{nv, busybox, pause} {
+	pause := ocitest.Image{Ref: PauseImage, Files: map[string]ocitest.File{"pause": {Source: pauseBin}}, Entrypoint: []string{"/pause"}}
+	for _, img := range []ocitest.Image{busybox, pause} {
 		tarPath := c.path("images", strings.NewReplacer("/", "_", ":", "_").Replace(img.Ref)+".tar")
 		if err := ocitest.WriteArchive(img, tarPath); err != nil {
 			return err
 		}
-		if out, err := exec.Command(filepath.Join(c.CtrdBin, "ctr"), "--address", c.path("c.sock"), "-n", "k8s.io", "images", "import", tarPath).CombinedOutput(); err != nil {
-			return fmt.Errorf("import %s: %v\n%s", img.Ref, err, out)
+		if err := c.ImportImage(tarPath); err != nil {
+			return err
 		}
 	}
 	return nil

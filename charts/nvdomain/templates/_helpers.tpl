@@ -52,3 +52,16 @@ allows only those), e.g. "1m30s" -> 90, "500ms" -> 1, "8760h" -> 31536000. */ -}
 {{- end -}}
 {{- div (add $ms 999) 1000 -}}
 {{- end -}}
+
+{{/* imagePullSecrets for every pod spec of the chart. */}}
+{{- define "nvdomain.imagePullSecrets" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* The node pods' RuntimeClass: node.runtimeClassName, where "auto" is nvidia with source=nvml. */}}
+{{- define "nvdomain.nodeRuntimeClass" -}}
+{{- $rc := .Values.node.runtimeClassName -}}
+{{- if eq $rc "auto" -}}{{- if eq .Values.node.agent.source "nvml" }}nvidia{{ end -}}{{- else -}}{{ $rc }}{{- end -}}
+{{- end -}}

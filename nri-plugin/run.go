@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/nri/pkg/api"
@@ -82,14 +83,31 @@ func LoadTopology(ctx context.Context, o RunOptions) (*topology.Topology, error)
 // Run connects to containerd's NRI socket and serves until ctx ends, connecting again
 // whenever the runtime goes away (serve).
 func Run(ctx context.Context, o RunOptions, log logr.Logger) error {
-	top, err := LoadTopology(ctx, o)
-	if err != nil {
+	if err := o.Topology.Validate(false); err != nil {
 		return err
 	}
 	reg := prometheus.NewRegistry()
 	m, err := NewMetrics(reg)
 	if err != nil {
 		return err
+	}
+	// Probes and metrics serve from the start: while the source yields no topology (NVML not
+	// loadable yet) the plugin is up but not ready, and not connected, so containerd refuses
+	// the containers that require it: closed, and visible, rather than a crash loop.
+	var plugin atomic.Pointer[Plugin]
+	if o.MetricsAddr != "" {
+		// /readyz fails while the plugin is not connected and synchronized: containerd then
+		// refuses every GPU container that requires it, which the pod's readiness shows.
+		ready := func() bool { p := plugin.Load(); return p != nil && p.Ready() }
+		stop, err := probes.Serve(o.MetricsAddr, reg, ready, "no topology yet, or not connected to the runtime's NRI socket, or not synchronized with it yet")
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+	top, err := waitForTopology(ctx, o, retryBackoff, log)
+	if err != nil {
+		return nil // ctx ended while waiting
 	}
 	reporters := Reporters{}
 	var lastGen int64
@@ -130,17 +148,9 @@ func Run(ctx context.Context, o RunOptions, log logr.Logger) error {
 	if err != nil {
 		return err
 	}
+	plugin.Store(p)
 	if o.TopologyReload > 0 {
 		go reloadTopology(ctx, o, p, m, log.WithName("topology"))
-	}
-	if o.MetricsAddr != "" {
-		// /readyz fails while the plugin is not connected and synchronized: containerd then
-		// refuses every GPU container that requires it, which the pod's readiness shows.
-		stop, err := probes.Serve(o.MetricsAddr, reg, p.Ready, "not connected to the runtime's NRI socket, or not synchronized with it yet")
-		if err != nil {
-			return err
-		}
-		defer stop()
 	}
 	var opts []stub.Option
 	if o.SocketPath != "" {
@@ -156,6 +166,35 @@ func Run(ctx context.Context, o RunOptions, log logr.Logger) error {
 		"cdiKind", kind.String(), "sharedGPUs", o.SharedGPUs, "topologyReload", o.TopologyReload, "hookPath", o.HookPath, "cdiSpecDirs", o.CDISpecDirs, "dra", o.DRA,
 		"deviceListStrategies", p.cfg.DeviceListStrategies, "trustedNamespaces", o.TrustedNamespaces, "lastGeneration", lastGen)
 	return serve(ctx, p, opts, defaultBackoff, log)
+}
+
+// retryBackoff spaces the attempts to load a first topology.
+var retryBackoff = Backoff{Initial: 2 * time.Second, Max: 30 * time.Second}
+
+// waitForTopology loads the node's topology until the source yields one, logging each
+// distinct error once (the node agent reads the same source and reports it on the Node as
+// the NvdomainTopology condition). It returns an error only when ctx ends.
+func waitForTopology(ctx context.Context, o RunOptions, b Backoff, log logr.Logger) (*topology.Topology, error) {
+	delay, last := b.Initial, ""
+	for {
+		top, err := LoadTopology(ctx, o)
+		if err == nil {
+			return top, nil
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if err.Error() != last {
+			last = err.Error()
+			log.Error(err, "no topology from the source yet; not connecting to the runtime, so containers that require this plugin are refused; retrying", "retryIn", delay)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, b.Max)
+	}
 }
 
 // Backoff spaces the attempts to connect to the runtime: Initial after a loss, doubling up to

@@ -195,3 +195,44 @@ func TestFlags(t *testing.T) {
 		})
 	}
 }
+
+// TestWaitForTopologyOutlastsAMissingSource: a node whose source yields nothing yet (here a
+// topo-matrix file not written yet; on a GPU node NVML whose library the toolkit has not
+// mounted) keeps the plugin waiting in-process, logging the error once, instead of exiting
+// into a crash loop; it goes on as soon as the source yields a topology.
+func TestWaitForTopologyOutlastsAMissingSource(t *testing.T) {
+	fixture, err := os.ReadFile(filepath.Join("..", "pkg", "topology", "topomatrix", "testdata", "hgx-h100-8gpu.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "topo.txt")
+	var o RunOptions
+	o.Topology.Source, o.Topology.TopoMatrixFile = names.SourceTopoMatrix, path
+	var logged strings.Builder
+	var mu sync.Mutex
+	log := funcr.New(func(_, args string) { mu.Lock(); logged.WriteString(args + "\n"); mu.Unlock() }, funcr.Options{})
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		os.WriteFile(path+".tmp", fixture, 0o644)
+		os.Rename(path+".tmp", path)
+	}()
+	wctx, wcancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer wcancel()
+	top, err := waitForTopology(wctx, o, Backoff{Initial: 5 * time.Millisecond, Max: 10 * time.Millisecond}, log)
+	if err != nil || top == nil || len(top.GPUs) != 8 {
+		mu.Lock()
+		defer mu.Unlock()
+		t.Fatalf("waitForTopology: %v, %v; want the 8 GPUs of the file once it exists; log:\n%s", top, err, logged.String())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if n := strings.Count(logged.String(), "no topology from the source yet"); n != 1 {
+		t.Errorf("logged the same error %d times, want once:\n%s", n, logged.String())
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	o.Topology.TopoMatrixFile = path + ".absent"
+	if _, err := waitForTopology(ctx, o, Backoff{Initial: time.Millisecond, Max: time.Millisecond}, logr.Discard()); err == nil {
+		t.Error("waitForTopology after ctx ended: nil error")
+	}
+}

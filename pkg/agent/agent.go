@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -42,6 +43,9 @@ type Options struct {
 	// TopologyLoaded is called with every good topology the source yields, at start and on
 	// each reload, so the DRA driver publishes the same topology as the agent.
 	TopologyLoaded func(context.Context, *topology.Topology)
+	// RetryInitial is the first wait between attempts to load a topology at start (default
+	// 2s); it doubles up to Period.
+	RetryInitial time.Duration
 }
 
 // Agent publishes one node's topology.
@@ -54,6 +58,8 @@ type Agent struct {
 	lastErr    string
 	stale      bool
 	unpinned   map[int]int
+	// conditions are the Node conditions this agent last wrote, by type.
+	conditions map[corev1.NodeConditionType]string
 	pinned     map[int]int // GPUs containers pinned to a domain hold, by the GPUs' domain
 	occupancy  occupancySeries
 	stateMTime time.Time
@@ -75,18 +81,64 @@ func New(o Options) *Agent {
 // Ready reports whether the agent has published a good topology at least once.
 func (a *Agent) Ready() bool { return a.ready.Load() }
 
-// ErrNoTopology is returned by Run when the source has no good topology at start.
+// ErrNoTopology says a source has no good topology at start (the Fleet's simulated nodes).
 var ErrNoTopology = errors.New("no good topology at start")
 
-// Run publishes until ctx ends. It fails at once if the source has no good topology at start:
-// a node agent that publishes nothing must be visible as a crashing pod, not a silent one.
-func (a *Agent) Run(ctx context.Context) error {
-	top, err := a.o.Source.Load(ctx)
-	if err != nil {
-		a.o.Metrics.Errors.WithLabelValues("source").Inc()
-		return fmt.Errorf("%w from %s: %v", ErrNoTopology, a.o.Source.Describe(), err)
+// WaitForTopology loads the source until it yields a topology, and returns it. Until then
+// the agent is not ready, counts each failure, and says why on the Node where operators look:
+// the NvdomainTopology condition False with the source's error (which names the fix) and a
+// TopologyUnavailable Event per distinct error. A crash loop would say less, later: its
+// back-off grows to five minutes and the reason hides in a previous container's log. It
+// retries after retryInitial, doubling up to the period. It returns an error only when ctx
+// ends.
+func (a *Agent) WaitForTopology(ctx context.Context) (*topology.Topology, error) {
+	if a.lastGood != nil {
+		return a.lastGood, nil
 	}
-	a.lastGood = top
+	delay := a.o.RetryInitial
+	if delay <= 0 {
+		delay = 2 * time.Second
+	}
+	for {
+		top, err := a.o.Source.Load(ctx)
+		if err == nil {
+			a.lastGood, a.lastErr = top, ""
+			return top, nil
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		a.o.Metrics.Errors.WithLabelValues("source").Inc()
+		if msg := err.Error(); msg != a.lastErr {
+			a.lastErr = msg
+			a.o.Log.Error(err, "no topology from the source yet; retrying", "source", a.o.Source.Describe(), "retryIn", delay)
+			a.event(ctx, corev1.EventTypeWarning, "TopologyUnavailable", a.sourced(msg)+"; nothing is published for this node until it yields a topology")
+			a.condition(ctx, names.ConditionTopology, corev1.ConditionFalse, "SourceUnavailable", a.sourced(msg), false)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, max(a.o.Period, delay))
+	}
+}
+
+// sourced prefixes msg with the source's name unless it starts with it.
+func (a *Agent) sourced(msg string) string {
+	if d := a.o.Source.Describe(); !strings.HasPrefix(msg, d) {
+		return d + ": " + msg
+	}
+	return msg
+}
+
+// Run publishes until ctx ends. Until the source yields a first topology it waits
+// (WaitForTopology), not ready.
+func (a *Agent) Run(ctx context.Context) error {
+	top, err := a.WaitForTopology(ctx)
+	if err != nil {
+		return nil
+	}
 	a.loaded(ctx, top)
 	a.readNRIState()
 	if err := a.publish(ctx); err != nil {
@@ -183,7 +235,7 @@ func (a *Agent) publish(ctx context.Context) error {
 		a.mismatch = mismatch
 		if mismatch {
 			a.o.Metrics.Mismatch.Set(1)
-			a.event(ctx, corev1.EventTypeWarning, "TopologyMismatch", fmt.Sprintf("the NRI plugin on this node serves topology %s while the agent publishes %s (%s); a pod's domain id may name other GPUs to the plugin than to the scheduler until both read the same source: check that they are configured alike (labelled %s=true)",
+			a.event(ctx, corev1.EventTypeWarning, "TopologyMismatch", fmt.Sprintf("--source of the agent and the NRI plugin: give both the same source and file (chart: node.agent.source); the plugin serves topology %s, the agent publishes %s (%s), so a domain id may name other GPUs to the plugin than to the scheduler (node labelled %s=true)",
 				a.pluginTopology, a.lastGood.Fingerprint(), layoutOf(a.lastGood), a.o.Names.TopologyMismatchLabel()))
 		} else {
 			a.o.Metrics.Mismatch.Set(0)
@@ -193,6 +245,11 @@ func (a *Agent) publish(ctx context.Context) error {
 	a.o.Metrics.Domains.Set(float64(len(a.lastGood.Domains)))
 	a.recordOccupancy()
 	a.ready.Store(true)
+	if a.stale {
+		a.condition(ctx, names.ConditionTopology, corev1.ConditionFalse, "SourceInvalid", fmt.Sprintf("%s; the last good topology stays published, labelled %s=true", a.sourced(a.lastErr), a.o.Names.TopologyStaleLabel()), false)
+	} else {
+		a.condition(ctx, names.ConditionTopology, corev1.ConditionTrue, "Published", fmt.Sprintf("%d GPUs in %d NVLink domain(s) from %s", len(a.lastGood.GPUs), len(a.lastGood.Domains), a.lastGood.Source), false)
+	}
 	if layout := layoutOf(a.lastGood); layout != a.published {
 		a.published = layout
 		a.event(ctx, corev1.EventTypeNormal, "TopologyPublished", fmt.Sprintf("published %d NVLink domain(s) from %s: %s", len(a.lastGood.Domains), a.lastGood.Source, layout))

@@ -136,10 +136,12 @@ func RunProcess(ctx context.Context, o ProcessOptions, log logr.Logger) error {
 	// ends the process.
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	// The DRA driver and the device plugin start from the first topology; until the source
+	// yields one the agent waits, not ready, and says why on the Node (WaitForTopology).
 	if o.DRA {
-		top, err := src.Load(ctx)
+		top, err := a.WaitForTopology(ctx)
 		if err != nil {
-			return fmt.Errorf("the DRA driver needs a topology: %w", err)
+			return nil
 		}
 		mode, _ := o.draCDI() // validated above
 		d, err := dra.Start(ctx, dra.Options{Node: o.Node, Client: client, KubeletDir: o.DRAKubeletDir, CDI: mode, CDISpecDir: o.CDISpecDir,
@@ -151,9 +153,9 @@ func RunProcess(ctx context.Context, o ProcessOptions, log logr.Logger) error {
 		driver.Store(d)
 	}
 	if o.DevicePlugin {
-		top, err := src.Load(ctx)
+		top, err := a.WaitForTopology(ctx)
 		if err != nil {
-			return fmt.Errorf("device plugin needs a topology: %w", err)
+			return nil
 		}
 		dp, err := deviceplugin.New(deviceplugin.Options{Dir: o.DevicePluginDir, SocketName: "nvdomain-gpu.sock", Topology: top,
 			Strategies: o.DeviceListStrategies, CDISpecDir: o.CDISpecDir, Log: log.WithName("device-plugin")})

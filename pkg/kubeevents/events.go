@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,6 +23,27 @@ const (
 	// ReasonTensorParallelNotPinned: a tensor-parallel container arrived without a domain.
 	ReasonTensorParallelNotPinned = "TensorParallelNotPinned"
 )
+
+// MaxMessage caps the message of every Event and Node condition nvdomain writes. Messages
+// put the field and the fix first, so the cut loses only detail; the whole text is in the
+// component's log and in `nvdomain explain`. The cap keeps `kubectl describe` readable and a
+// message that names many pods or GPUs from growing without bound.
+const MaxMessage = 400
+
+// capSuffix ends a cut message and says where the rest is.
+const capSuffix = " … (cut; full text: nvdomain explain, or the component's log)"
+
+// Cap returns msg cut to MaxMessage bytes, on a rune boundary, with capSuffix.
+func Cap(msg string) string {
+	if len(msg) <= MaxMessage {
+		return msg
+	}
+	cut := MaxMessage - len(capSuffix)
+	for cut > 0 && !utf8.RuneStart(msg[cut]) {
+		cut--
+	}
+	return msg[:cut] + capSuffix
+}
 
 // Event is what to record and about which object.
 type Event struct {
@@ -56,7 +78,7 @@ func Record(ctx context.Context, c kubernetes.Interface, e Event) error {
 		ObjectMeta:     metav1.ObjectMeta{Name: fmt.Sprintf("%s.%x", e.Object.Name, now.UnixNano()), Namespace: ns},
 		InvolvedObject: e.Object,
 		Reason:         e.Reason,
-		Message:        e.Message,
+		Message:        Cap(e.Message),
 		Type:           e.Type,
 		Source:         corev1.EventSource{Component: e.Component, Host: e.Host},
 		FirstTimestamp: now,

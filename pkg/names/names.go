@@ -188,6 +188,19 @@ func ValidateDeviceListStrategies(ss []string) error {
 // validators set NVIDIA_VISIBLE_DEVICES=all on purpose). The chart adds its own namespace.
 var DefaultTrustedNamespaces = []string{"kube-system", "gpu-operator", "nvidia-gpu-operator"}
 
+// Node condition types the node agent sets on its Node, so `kubectl describe node`, the
+// CLI's status and alerts see the node side's health where operators look first.
+const (
+	// ConditionTopology is True while the agent publishes a topology its source yields, and
+	// False (with the source's error and the fix) while there is none, e.g. NVML cannot be
+	// loaded.
+	ConditionTopology = "NvdomainTopology"
+	// ConditionFailClosed is True once the node proved that containerd's NRI validator refuses
+	// a container requiring a plugin that is not there (the canary), False when a canary ran,
+	// and Unknown until then.
+	ConditionFailClosed = "NvdomainFailClosed"
+)
+
 // NRI's default validator refuses a container that a plugin its pod requires did not see.
 const (
 	// NRIPluginName is the name nvdomain's NRI plugin registers under (without its index).

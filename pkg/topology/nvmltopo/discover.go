@@ -11,6 +11,7 @@ package nvmltopo
 
 import (
 	"context"
+	"os"
 	"encoding/hex"
 	"fmt"
 	"strconv"
@@ -86,13 +87,44 @@ func Discover(ctx context.Context, lib nvml.Interface) (top *topology.Topology, 
 func initError(ret nvml.Return) error {
 	switch ret {
 	case nvml.ERROR_LIBRARY_NOT_FOUND:
-		return fmt.Errorf("NVML: libnvidia-ml.so.1 not found: install the NVIDIA driver on the node, or run the container with the NVIDIA runtime so the driver library is mounted (%v)", ret)
+		return fmt.Errorf("NVML: libnvidia-ml.so.1 not found: run the node pods with runtimeClassName nvidia and NVIDIA_VISIBLE_DEVICES=all so the NVIDIA container toolkit mounts the driver library (chart: node.runtimeClassName, node.nvmlEnv; the GPU Operator's convention), or point --nvml-library at it; looked in %s (%v)", strings.Join(LibraryCandidates(), ", "), ret)
 	case nvml.ERROR_DRIVER_NOT_LOADED:
-		return fmt.Errorf("NVML: the NVIDIA kernel driver is not loaded; check `lsmod | grep nvidia` (%v)", ret)
+		return fmt.Errorf("NVML: the NVIDIA kernel driver is not loaded on this node: check `lsmod | grep nvidia` and the GPU Operator's driver pod (%v)", ret)
 	case nvml.ERROR_NO_PERMISSION:
-		return fmt.Errorf("NVML: permission denied opening the GPUs; the agent needs access to /dev/nvidia* (%v)", ret)
+		return fmt.Errorf("NVML: permission denied opening /dev/nvidia*: run the node pods with NVIDIA_VISIBLE_DEVICES=all under the nvidia runtime, which mounts the device nodes (chart: node.nvmlEnv) (%v)", ret)
 	}
 	return fmt.Errorf("NVML: init: %v", ret)
+}
+
+// LibraryCandidates are the paths where a driver's libnvidia-ml.so.1 is found, in a
+// container the NVIDIA toolkit prepared (it mounts the library at the host's path: Debian and
+// Ubuntu hosts use the multiarch directory, RHEL-like ones lib64, which the image's loader
+// does not search by default) or under the GPU Operator's containerised driver root.
+func LibraryCandidates() []string {
+	return []string{
+		"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+		"/usr/lib64/libnvidia-ml.so.1",
+		"/usr/lib/aarch64-linux-gnu/libnvidia-ml.so.1",
+		"/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+		"/run/nvidia/driver/usr/lib64/libnvidia-ml.so.1",
+	}
+}
+
+// Library returns NVML loaded from path; with path empty, from the first of
+// LibraryCandidates that exists, else by the loader's search (ld.so.cache, LD_LIBRARY_PATH).
+func Library(path string) nvml.Interface {
+	if path == "" {
+		for _, p := range LibraryCandidates() {
+			if _, err := os.Stat(p); err == nil {
+				path = p
+				break
+			}
+		}
+	}
+	if path == "" {
+		return nvml.New()
+	}
+	return nvml.New(nvml.WithLibraryPath(path))
 }
 
 type discovery struct {

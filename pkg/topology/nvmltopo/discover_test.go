@@ -238,9 +238,9 @@ func TestDiscoverErrors(t *testing.T) {
 		lib  nvml.Interface
 		want string
 	}{
-		{"no driver library", initFails(nvml.ERROR_LIBRARY_NOT_FOUND), "NVML: libnvidia-ml.so.1 not found: install the NVIDIA driver"},
+		{"no driver library", initFails(nvml.ERROR_LIBRARY_NOT_FOUND), "NVML: libnvidia-ml.so.1 not found: run the node pods with runtimeClassName nvidia"},
 		{"driver not loaded", initFails(nvml.ERROR_DRIVER_NOT_LOADED), "NVML: the NVIDIA kernel driver is not loaded"},
-		{"no permission", initFails(nvml.ERROR_NO_PERMISSION), "needs access to /dev/nvidia*"},
+		{"no permission", initFails(nvml.ERROR_NO_PERMISSION), "permission denied opening /dev/nvidia*: run the node pods with NVIDIA_VISIBLE_DEVICES=all"},
 		{"other init error", initFails(nvml.ERROR_UNKNOWN), "NVML: init: ERROR_UNKNOWN"},
 		{"no GPUs", noGPUs, "the driver reports no GPUs on this node"},
 		{"GPU lost while reading", lostGPU.lib(), "NVML: GPU 2: read UUID: ERROR_GPU_IS_LOST"},

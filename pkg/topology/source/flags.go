@@ -4,9 +4,8 @@ import (
 	"flag"
 	"fmt"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
-
 	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/topology/nvmltopo"
 	"github.com/nvdomain/nvdomain/pkg/topology/simulated"
 )
 
@@ -22,6 +21,8 @@ type Flags struct {
 	TopoMatrixFile string
 	SimulatedFile  string
 	TopologyFile   string
+	// NVMLLibrary is libnvidia-ml's path; empty: the usual places, then the loader's search.
+	NVMLLibrary string
 }
 
 // AddFlags registers the flags on fs, with def as --source's default.
@@ -31,6 +32,7 @@ func (f *Flags) AddFlags(fs *flag.FlagSet, def string) {
 	fs.StringVar(&f.TopoMatrixFile, "topo-matrix-file", "", "saved `nvidia-smi topo -m` output (--source topo-matrix)")
 	fs.StringVar(&f.SimulatedFile, "simulated-file", "", "simulated-topology document on disk (--source simulated)")
 	fs.StringVar(&f.TopologyFile, "topology-file", "", "node topology JSON, as `nvdomain topology parse|discover -o json` prints it (--source file)")
+	fs.StringVar(&f.NVMLLibrary, "nvml-library", "", "path of libnvidia-ml.so.1 (--source nvml); empty: the usual driver paths, then the loader's search")
 }
 
 // Infer sets Source from the one file flag given when Source is empty: the NRI plugin's
@@ -84,7 +86,7 @@ func (f Flags) Open(node string) (Source, error) {
 	}
 	switch f.Source {
 	case names.SourceNVML:
-		return NVML{Lib: nvml.New()}, nil
+		return NVML{Lib: nvmltopo.Library(f.NVMLLibrary)}, nil
 	case names.SourceTopoMatrix:
 		return TopoMatrixFile{Path: f.TopoMatrixFile}, nil
 	case FromFile:

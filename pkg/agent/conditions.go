@@ -1,0 +1,56 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/nvdomain/nvdomain/pkg/kubeevents"
+)
+
+// SetCondition writes one condition of type cond.Type on the Node's status, keeping its
+// lastTransitionTime when the status does not change. The patch is strategic (conditions
+// merge by type), so the kubelet's conditions and other writers' stay as they are.
+func (p *Publisher) SetCondition(ctx context.Context, cond corev1.NodeCondition) error {
+	now := metav1.Now()
+	cond.LastHeartbeatTime, cond.LastTransitionTime = now, now
+	cond.Message = kubeevents.Cap(cond.Message)
+	node, err := p.Client.CoreV1().Nodes().Get(ctx, p.Node, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("get node %s: %w", p.Node, err)
+	}
+	for _, c := range node.Status.Conditions {
+		if c.Type == cond.Type && c.Status == cond.Status {
+			cond.LastTransitionTime = c.LastTransitionTime
+		}
+	}
+	body, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{cond}}})
+	if err != nil {
+		return fmt.Errorf("node condition %s: %w", cond.Type, err)
+	}
+	if _, err := p.Client.CoreV1().Nodes().Patch(ctx, p.Node, types.StrategicMergePatchType, body, metav1.PatchOptions{FieldManager: "nvdomain-agent"}, "status"); err != nil {
+		return fmt.Errorf("set condition %s on node %s: %w", cond.Type, p.Node, err)
+	}
+	return nil
+}
+
+// condition sets a condition when it differs from the last one this agent wrote (the period
+// re-asserts it, so a Node re-created meanwhile gets it back).
+func (a *Agent) condition(ctx context.Context, typ corev1.NodeConditionType, status corev1.ConditionStatus, reason, msg string, force bool) {
+	key := string(status) + "/" + reason + "/" + msg
+	if a.conditions == nil {
+		a.conditions = map[corev1.NodeConditionType]string{}
+	}
+	if !force && a.conditions[typ] == key {
+		return
+	}
+	if err := a.publisher.SetCondition(ctx, corev1.NodeCondition{Type: typ, Status: status, Reason: reason, Message: msg}); err != nil {
+		a.o.Log.Error(err, "set node condition", "type", typ)
+		return
+	}
+	a.conditions[typ] = key
+}

@@ -54,10 +54,10 @@ type Agent struct {
 	publisher Publisher
 	ready     atomic.Bool
 
-	lastGood   *topology.Topology
-	lastErr    string
-	stale      bool
-	unpinned   map[int]int
+	lastGood *topology.Topology
+	lastErr  string
+	stale    bool
+	unpinned map[int]int
 	// conditions are the Node conditions this agent last wrote, by type.
 	conditions map[corev1.NodeConditionType]string
 	pinned     map[int]int // GPUs containers pinned to a domain hold, by the GPUs' domain

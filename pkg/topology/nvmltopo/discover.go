@@ -11,9 +11,9 @@ package nvmltopo
 
 import (
 	"context"
-	"os"
 	"encoding/hex"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 

@@ -41,6 +41,8 @@ func BindFlags(fs *flag.FlagSet) func(logr.Logger) (RunOptions, error) {
 	fs.StringVar(&o.PluginIdx, "plugin-idx", "", "plugin index, two digits (external plugin)")
 	fs.BoolVar(&o.Report, "report", true, "annotate pods with their GPUs and record Events through the API")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig for reports; empty means in-cluster")
+	fs.StringVar(&o.DaemonSet, "daemonset", "", "this pod's DaemonSet: its uninstall mark turns the plugin pass-through (docs/operations.md, Uninstall); empty: never (needs --report)")
+	fs.StringVar(&o.Namespace, "namespace", os.Getenv("POD_NAMESPACE"), "this pod's namespace (the DaemonSet's)")
 	return func(log logr.Logger) (RunOptions, error) {
 		out := o
 		if *nvmlFlag && out.Topology.Source == "" {

@@ -120,6 +120,11 @@ type Plugin struct {
 	// leaves no stale series after a topology change renamed a GPU.
 	infoLabels map[string][]prometheus.Labels
 	generation int64
+	// requiring holds the sandboxes of running pods whose containers require this plugin
+	// (NRI's required-plugins annotation names it): during an uninstall they are what keeps
+	// the plugin serving, in pass-through.
+	requiring   map[string]bool
+	passThrough atomic.Bool
 
 	// ready is true from a Synchronize until the connection to the runtime is lost; syncs
 	// counts Synchronize calls.
@@ -141,6 +146,9 @@ type Snapshot struct {
 	Generation  int64
 	Fingerprint string
 	Assignments []Assignment
+	// PassThrough and RequiringPods: see nristate.Doc.
+	PassThrough   bool
+	RequiringPods int
 }
 
 // New returns a plugin over the node's topology.
@@ -157,7 +165,7 @@ func New(cfg Config, log logr.Logger, m *Metrics, r Reporter) (*Plugin, error) {
 	if err := names.ValidateDeviceListStrategies(cfg.DeviceListStrategies); err != nil {
 		return nil, err
 	}
-	p := &Plugin{cfg: cfg, log: log, metrics: m, report: r, assigned: map[string]*Assignment{}, holders: map[int]map[string]bool{}, stopped: map[string]bool{},
+	p := &Plugin{cfg: cfg, log: log, metrics: m, report: r, assigned: map[string]*Assignment{}, holders: map[int]map[string]bool{}, stopped: map[string]bool{}, requiring: map[string]bool{},
 		infoLabels: map[string][]prometheus.Labels{}, generation: cfg.LastGeneration}
 	p.setTopologyLocked(cfg.Topology)
 	if len(cfg.CDISpecDirs) > 0 {
@@ -224,6 +232,19 @@ func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 		return nil, nil, fmt.Errorf("nvdomain: pod %s/%s container %s: %w", pod.Namespace, pod.Name, ctr.Name, err)
 	}
 
+	if requiresThisPlugin(pod) {
+		p.mu.Lock()
+		added := !p.requiring[pod.Id]
+		p.requiring[pod.Id] = true
+		snap := p.snapshotLocked()
+		p.mu.Unlock()
+		if added && snap.PassThrough {
+			p.report.Changed(snap)
+		}
+	}
+	if p.passThrough.Load() {
+		return nil, nil, nil
+	}
 	if slices.Contains(p.cfg.TrustedNamespaces, pod.Namespace) {
 		return p.createTrusted(pod, ctr)
 	}
@@ -644,7 +665,7 @@ func (p *Plugin) snapshotLocked() Snapshot {
 	// Wall-clock nanoseconds, forced to increase: a restarted plugin's snapshots are then
 	// newer than anything its predecessor wrote.
 	p.generation = max(time.Now().UnixNano(), p.generation+1)
-	return Snapshot{Generation: p.generation, Fingerprint: p.top.Fingerprint(), Assignments: out}
+	return Snapshot{Generation: p.generation, Fingerprint: p.top.Fingerprint(), Assignments: out, PassThrough: p.passThrough.Load(), RequiringPods: len(p.requiring)}
 }
 
 // Assignments returns what every container holds, sorted by container id.
@@ -684,7 +705,8 @@ func (p *Plugin) StopPodSandbox(ctx context.Context, pod *api.PodSandbox) error 
 // RemovePodSandbox releases whatever the pod's containers still hold.
 func (p *Plugin) RemovePodSandbox(_ context.Context, pod *api.PodSandbox) error {
 	p.mu.Lock()
-	changed := false
+	changed := p.requiring[pod.Id] && p.passThrough.Load()
+	delete(p.requiring, pod.Id)
 	for id, a := range p.assigned {
 		if a.PodSandboxID == pod.Id {
 			changed = p.releaseLocked(id) || changed
@@ -715,10 +737,15 @@ func (p *Plugin) release(containerID string) {
 // neither runs.
 func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, ctrs []*api.Container) ([]*api.ContainerUpdate, error) {
 	byID := map[string]*api.PodSandbox{}
+	requiring := map[string]bool{}
 	for _, pod := range pods {
 		byID[pod.Id] = pod
+		if pod.Pid != 0 && requiresThisPlugin(pod) {
+			requiring[pod.Id] = true
+		}
 	}
 	p.mu.Lock()
+	p.requiring = requiring
 	// Exited containers' holds known before this Synchronize: this plugin's own (after a
 	// reconnect) or the state file's (after a restart).
 	var exitedBefore []Assignment
@@ -804,6 +831,38 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, ctrs []*
 	p.ready.Store(true)
 	p.metrics.Connected.Set(1)
 	return nil, nil
+}
+
+// SetPassThrough turns the plugin pass-through for an uninstall (package lifecycle): from
+// now on it changes and refuses no container, so the containers of every pod admitted while
+// nvdomain was installed, which require a plugin of this name, can still start; and it
+// reports how many pods still require it.
+func (p *Plugin) SetPassThrough() {
+	if p.passThrough.Swap(true) {
+		return
+	}
+	p.mu.Lock()
+	snap := p.snapshotLocked()
+	p.mu.Unlock()
+	p.log.Info("release uninstalled: pass-through from now on", "podsRequiringThisPlugin", snap.RequiringPods)
+	p.report.Changed(snap)
+}
+
+// requiresThisPlugin reports whether NRI's default validator requires this plugin for some
+// container of the pod: a required-plugins annotation (pod- or container-scoped) whose list
+// names it.
+func requiresThisPlugin(pod *api.PodSandbox) bool {
+	for k, v := range pod.GetAnnotations() {
+		if !strings.HasPrefix(k, names.RequiredPluginsAnnotation) {
+			continue
+		}
+		for _, item := range strings.Split(strings.Trim(strings.TrimSpace(v), "[]"), ",") {
+			if strings.Trim(strings.TrimSpace(item), `"'`) == names.NRIPluginName {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // Ready says whether the plugin is connected to the runtime and has synchronized with it;

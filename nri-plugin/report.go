@@ -3,7 +3,10 @@ package nriplugin
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -61,6 +64,17 @@ func (s *StateFile) loop(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
+			// The end of an uninstall (package lifecycle): the plugin is pass-through and no
+			// pod needs it, so its state leaves the host with it.
+			s.mu.Lock()
+			gone := s.latest.PassThrough && s.latest.RequiringPods == 0
+			s.mu.Unlock()
+			if gone {
+				if err := os.Remove(s.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+					s.log.Error(err, "remove the state file at the end of an uninstall", "path", s.path)
+				}
+				return
+			}
 			s.flush()
 			return
 		case <-s.wake:
@@ -78,7 +92,8 @@ func (s *StateFile) flush() {
 	latest := s.latest
 	s.pending = false
 	s.mu.Unlock()
-	written, err := nristate.Write(s.path, nristate.Doc{Generation: latest.Generation, TopologyFingerprint: latest.Fingerprint, Assignments: latest.Assignments})
+	written, err := nristate.Write(s.path, nristate.Doc{Generation: latest.Generation, TopologyFingerprint: latest.Fingerprint, Assignments: latest.Assignments,
+		PassThrough: latest.PassThrough, RequiringPods: latest.RequiringPods})
 	switch {
 	case err != nil:
 		s.log.Error(err, "write state file", "path", s.path)

@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/nvdomain/nvdomain/pkg/cdispec"
+	"github.com/nvdomain/nvdomain/pkg/lifecycle"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/nristate"
 	"github.com/nvdomain/nvdomain/pkg/probes"
@@ -62,6 +63,9 @@ type RunOptions struct {
 	// Kubeconfig).
 	Report     bool
 	Kubeconfig string
+	// DaemonSet and Namespace name this pod's DaemonSet, whose uninstall mark turns the
+	// plugin pass-through (package lifecycle).
+	DaemonSet, Namespace string
 }
 
 // LoadTopology reads the node's topology from the configured source.
@@ -124,9 +128,9 @@ func Run(ctx context.Context, o RunOptions, log logr.Logger) error {
 		}
 		reporters = append(reporters, NewStateFile(ctx, o.StateFile, log.WithName("state")))
 	}
+	var cs kubernetes.Interface
 	if o.Report {
-		cs, err := kubeClient(o.Kubeconfig)
-		if err != nil {
+		if cs, err = kubeClient(o.Kubeconfig); err != nil {
 			return err
 		}
 		reporters = append(reporters, NewKubeReporter(ctx, cs, o.Names, o.NodeName, log.WithName("report")))
@@ -149,6 +153,16 @@ func Run(ctx context.Context, o RunOptions, log logr.Logger) error {
 		return err
 	}
 	plugin.Store(p)
+	if cs != nil && o.DaemonSet != "" {
+		uninstall := lifecycle.WatchUninstall(ctx, cs, o.Names, o.Namespace, o.DaemonSet, log.WithName("lifecycle"))
+		go func() {
+			select {
+			case <-uninstall:
+				p.SetPassThrough()
+			case <-ctx.Done():
+			}
+		}()
+	}
 	if o.TopologyReload > 0 {
 		go reloadTopology(ctx, o, p, m, log.WithName("topology"))
 	}

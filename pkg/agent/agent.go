@@ -14,7 +14,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/nvdomain/nvdomain/pkg/hostfiles"
 	"github.com/nvdomain/nvdomain/pkg/kubeevents"
+	"github.com/nvdomain/nvdomain/pkg/lifecycle"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/nristate"
 	"github.com/nvdomain/nvdomain/pkg/topology"
@@ -46,6 +48,12 @@ type Options struct {
 	// RetryInitial is the first wait between attempts to load a topology at start (default
 	// 2s); it doubles up to Period.
 	RetryInitial time.Duration
+	// Uninstall is closed when the release is being uninstalled (lifecycle.WatchUninstall):
+	// the agent then takes its node's state and host files (HookDir, ContainerdConfDir) down,
+	// and runs Drainer. nil: never.
+	Uninstall                  <-chan struct{}
+	HookDir, ContainerdConfDir string
+	Drainer                    *lifecycle.Drainer
 }
 
 // Agent publishes one node's topology.
@@ -162,6 +170,8 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.sync(ctx)
 		case <-a.o.Source.Changes():
 			a.sync(ctx)
+		case <-a.o.Uninstall:
+			return a.uninstall(ctx)
 		case <-polls:
 			if a.readNRIState() {
 				if err := a.publish(ctx); err != nil {
@@ -370,4 +380,50 @@ func newMetrics() *Metrics {
 			Help: "1 for each GPU of the published topology, with its UUID and domain (\"none\" outside every domain); join DCGM exporter's series on UUID to sum them per domain."},
 			[]string{"node", "gpu", "UUID", "domain"}),
 	}
+}
+
+// uninstall is the node's part of the uninstall protocol (package lifecycle): remove every
+// nvdomain label, annotation, domain resource and condition from the Node, and the hook and
+// NRI snippet from the host, then wait until no pod on the node requires the NRI plugin
+// (its state file says so) and let the Drainer delete the kept DaemonSets. The agent
+// publishes nothing from here on.
+func (a *Agent) uninstall(ctx context.Context) error {
+	a.o.Log.Info("release uninstalled: removing this node's nvdomain state")
+	for {
+		err := a.publisher.Clear(ctx)
+		if err == nil {
+			break
+		}
+		a.o.Log.Error(err, "remove this node's nvdomain state; retrying")
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(2 * time.Second):
+		}
+	}
+	removed, err := hostfiles.Remove(a.o.HookDir, a.o.ContainerdConfDir)
+	if err != nil {
+		a.o.Log.Error(err, "remove nvdomain's files from the host")
+	}
+	a.o.Log.Info("node clean", "removedHostFiles", removed)
+	if a.o.Drainer != nil {
+		d := *a.o.Drainer
+		d.Drained = a.drained
+		d.Run(ctx)
+	}
+	<-ctx.Done()
+	return nil
+}
+
+// drained reports whether no pod on the node requires the NRI plugin: its state file says
+// pass-through with none left, or there is no plugin (no state file configured or written).
+func (a *Agent) drained() bool {
+	if a.o.NRIStateFile == "" {
+		return true
+	}
+	doc, err := nristate.Read(a.o.NRIStateFile)
+	if errors.Is(err, os.ErrNotExist) {
+		return true
+	}
+	return err == nil && doc.PassThrough && doc.RequiringPods == 0
 }

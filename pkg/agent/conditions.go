@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/nvdomain/nvdomain/pkg/kubeevents"
+	"github.com/nvdomain/nvdomain/pkg/names"
 )
 
 // SetCondition writes one condition of type cond.Type on the Node's status, keeping its
@@ -53,4 +54,49 @@ func (a *Agent) condition(ctx context.Context, typ corev1.NodeConditionType, sta
 		return
 	}
 	a.conditions[typ] = key
+}
+
+// Clear removes everything the agent owns on the Node: labels, annotations and domain
+// resources (a publish of nothing), and its conditions.
+func (p *Publisher) Clear(ctx context.Context) error {
+	if _, err := p.Publish(ctx, Desired{}); err != nil {
+		return err
+	}
+	var del []map[string]any
+	for _, t := range []string{names.ConditionTopology, names.ConditionFailClosed} {
+		del = append(del, map[string]any{"type": t, "$patch": "delete"})
+	}
+	body, _ := json.Marshal(map[string]any{"status": map[string]any{"conditions": del}})
+	if _, err := p.Client.CoreV1().Nodes().Patch(ctx, p.Node, types.StrategicMergePatchType, body, metav1.PatchOptions{FieldManager: "nvdomain-agent"}, "status"); err != nil {
+		return fmt.Errorf("remove nvdomain conditions from node %s: %w", p.Node, err)
+	}
+	return nil
+}
+
+// HasState reports whether a Node carries anything an agent publishes under these names:
+// the uninstall hook waits until no Node does.
+func HasState(n names.Names) func(*corev1.Node) bool {
+	return func(node *corev1.Node) bool {
+		for k := range node.Labels {
+			if ownsLabel(n, k) {
+				return true
+			}
+		}
+		for k := range node.Annotations {
+			if ownsAnnotation(n, k) {
+				return true
+			}
+		}
+		for r := range node.Status.Capacity {
+			if _, ok := n.ParseDomainResource(string(r)); ok {
+				return true
+			}
+		}
+		for _, c := range node.Status.Conditions {
+			if c.Type == names.ConditionTopology || c.Type == names.ConditionFailClosed {
+				return true
+			}
+		}
+		return false
+	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/nvdomain/nvdomain/pkg/deviceplugin"
 	"github.com/nvdomain/nvdomain/pkg/dra"
+	"github.com/nvdomain/nvdomain/pkg/lifecycle"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/probes"
 	"github.com/nvdomain/nvdomain/pkg/topology"
@@ -54,6 +55,12 @@ type ProcessOptions struct {
 	DRA           bool
 	DRAKubeletDir string
 	DRACDI        string
+	// Release, Namespace, DaemonSet and Pod place this pod in its Helm release for the
+	// uninstall protocol (package lifecycle); with DaemonSet empty the agent never uninstalls.
+	// HookDir and ContainerdConfDir are where the chart's init containers put the OCI hook
+	// and the NRI snippet (empty: not installed), removed on uninstall.
+	Release, Namespace, DaemonSet, Pod string
+	HookDir, ContainerdConfDir         string
 }
 
 // Validate checks the settings that only make sense together.
@@ -104,7 +111,12 @@ func RunProcess(ctx context.Context, o ProcessOptions, log logr.Logger) error {
 	if err != nil {
 		return err
 	}
-	ao := Options{Names: o.Names, Node: o.Node, Source: src, Client: client, Period: o.Period, NRIStateFile: o.NRIStateFile, Log: log, Metrics: m, DRA: o.DRA}
+	ao := Options{Names: o.Names, Node: o.Node, Source: src, Client: client, Period: o.Period, NRIStateFile: o.NRIStateFile, Log: log, Metrics: m, DRA: o.DRA,
+		Uninstall: lifecycle.WatchUninstall(ctx, client, o.Names, o.Namespace, o.DaemonSet, log.WithName("lifecycle")),
+		HookDir:   o.HookDir, ContainerdConfDir: o.ContainerdConfDir}
+	if o.DaemonSet != "" {
+		ao.Drainer = &lifecycle.Drainer{Client: client, Names: o.Names, Release: lifecycle.Release{Name: o.Release, Namespace: o.Namespace}, Pod: o.Pod, Log: log.WithName("lifecycle")}
+	}
 	var driver atomic.Pointer[dra.Driver]
 	notReady := "no topology published yet"
 	if o.DRA {

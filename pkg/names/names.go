@@ -287,6 +287,8 @@ const (
 	domainMaxSuffix    = "nvswitch-domain-max"
 	topologySrcSuffix  = "topology-source"
 	topologyStale      = "topology-stale"
+	uninstallSuffix    = "uninstall"
+	uninstallDrained   = "uninstall-drained"
 	topologyMismatch   = "topology-mismatch"
 	topologySuffix     = "topology"
 	podDomainSuffix    = "nvswitch-domain"
@@ -314,6 +316,16 @@ func (n Names) TopologySourceLabel() string { return n.label(topologySrcSuffix) 
 // TopologyStaleLabel is "true" while the agent's source is broken and the published topology
 // is the last good one.
 func (n Names) TopologyStaleLabel() string { return n.label(topologyStale) }
+
+// UninstallAnnotation, on a node DaemonSet, says its release is being uninstalled: the
+// chart's pre-delete hook sets it (docs/operations.md, Uninstall). The node pods then take
+// their node's state down and serve the NRI plugin in pass-through until no pod on the node
+// requires it.
+func (n Names) UninstallAnnotation() string { return n.label(uninstallSuffix) }
+
+// UninstallDrainedAnnotation, on a node pod, says no pod on its node requires the NRI plugin
+// any more; once every node pod says so, the last of them deletes the kept DaemonSets.
+func (n Names) UninstallDrainedAnnotation() string { return n.label(uninstallDrained) }
 
 // TopologyMismatchLabel is "true" while the NRI plugin on the node serves another topology
 // than the agent publishes, so domain ids in pod annotations may mean other GPUs there.

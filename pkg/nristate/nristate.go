@@ -45,6 +45,12 @@ type Doc struct {
 	// the two read different topologies.
 	TopologyFingerprint string       `json:"topologyFingerprint,omitempty"`
 	Assignments         []Assignment `json:"assignments"`
+	// PassThrough: the release is being uninstalled and the plugin changes and refuses
+	// nothing; RequiringPods counts the pods on the node that still require it (NRI's
+	// required-plugins annotation). The agent deletes the kept DaemonSets once it is 0 on
+	// every node (package lifecycle).
+	PassThrough   bool `json:"passThrough,omitempty"`
+	RequiringPods int  `json:"requiringPods,omitempty"`
 }
 
 // Write replaces the file atomically (a temporary file renamed over it), so a reader never

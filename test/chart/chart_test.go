@@ -193,11 +193,13 @@ func TestChartWebhooksMatchManifests(t *testing.T) {
 // manifests/install/nvdomain.yaml is the chart rendered for kubectl apply (cert-manager mode,
 // so no key material is baked in).
 func TestPlainInstallManifestIsUpToDate(t *testing.T) {
-	out, err := render(t, "-f", filepath.Join(root(), "charts", "nvdomain", "ci", "cert-manager-values.yaml"))
+	// No Helm hooks for kubectl: the uninstall hook would run at once. Without Helm, run
+	// `nvdomain uninstall --release nvdomain -n nvdomain-system` before deleting.
+	out, err := render(t, "-f", filepath.Join(root(), "charts", "nvdomain", "ci", "cert-manager-values.yaml"), "--set", "uninstall.enabled=false")
 	if err != nil {
 		t.Fatal(err)
 	}
-	header := "# Rendered from charts/nvdomain with ci/cert-manager-values.yaml for `kubectl apply -f`.\n# Regenerate: UPDATE_GOLDEN=1 go test ./test/chart\n"
+	header := "# Rendered from charts/nvdomain with ci/cert-manager-values.yaml for `kubectl apply -f`.\n# Before `kubectl delete -f`, run `nvdomain uninstall --release nvdomain -n nvdomain-system`\n# (docs/operations.md, Uninstall). Regenerate: UPDATE_GOLDEN=1 go test ./test/chart\n"
 	path := filepath.Join(root(), "manifests", "install", "nvdomain.yaml")
 	if update {
 		_ = os.MkdirAll(filepath.Dir(path), 0o755)

@@ -182,10 +182,41 @@ func TestSeedScenariosEndToEnd(t *testing.T) {
 		t.Errorf("TP pod with a GPU init container: %+v (%v)", ns.InitTP, err)
 	}
 
+	// Upgrade to a changed build, then uninstall: nothing stranded, nothing left.
+	lr, err := c.RunLifecycle(ctx, os.Stderr, rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkLifecycle(t, lr, rep)
+
 	running := processesUnder(c.Dir)
 	c.Stop()
 	// Teardown leaves nothing behind.
 	checkTornDown(t, c, running)
+}
+
+func checkLifecycle(t *testing.T, lr *localcluster.LifecycleReport, rep *localcluster.Report) {
+	t.Helper()
+	if lr.NodeImage != lr.UpgradedTo {
+		t.Errorf("after the upgrade the node pod runs %s, want %s", lr.NodeImage, lr.UpgradedTo)
+	}
+	for what, p := range map[string]localcluster.PodResult{"before the upgrade": lr.Before, "restarted after the upgrade": lr.AfterUpgrade} {
+		if d, err := rep.DomainOf(p.GPUs); err != nil || len(p.GPUs) != 2 || fmt.Sprint(d) != p.Domain {
+			t.Errorf("tp2-a %s: %+v (%v), want 2 GPUs of its pinned domain", what, p, err)
+		}
+	}
+	if len(lr.AdmissionLeft) > 0 || lr.NodeState || lr.HookLeft {
+		t.Errorf("after helm uninstall: admission objects %v, node state %v, hook on the host %v; want none", lr.AdmissionLeft, lr.NodeState, lr.HookLeft)
+	}
+	if !lr.KeptDaemonSet || lr.PassThrough == nil || lr.PassThrough.RequiringPods < 1 {
+		t.Errorf("after helm uninstall with tp2-a running: DaemonSet kept %v, state %+v; want it kept in pass-through for tp2-a", lr.KeptDaemonSet, lr.PassThrough)
+	}
+	if len(lr.AfterUninstall.GPUs) != 2 {
+		t.Errorf("tp2-a restarted after the uninstall: %+v, want it running with its 2 GPUs", lr.AfterUninstall)
+	}
+	if len(lr.Plain.GPUs) != 1 {
+		t.Errorf("plain GPU pod after the uninstall: %+v, want 1 GPU", lr.Plain)
+	}
 }
 
 // checkCLI checks what nvdomain status and explain said about the cluster.

@@ -65,3 +65,17 @@ imagePullSecrets: {{- toYaml . | nindent 2 }}
 {{- $rc := .Values.node.runtimeClassName -}}
 {{- if eq $rc "auto" -}}{{- if eq .Values.node.agent.source "nvml" }}nvidia{{ end -}}{{- else -}}{{ $rc }}{{- end -}}
 {{- end -}}
+
+{{/* Objects the node pods need after `helm uninstall`: Helm keeps them, and the node pods delete
+them once no pod on any node requires the NRI plugin (docs/operations.md, Uninstall). */}}
+{{- define "nvdomain.keepOnUninstall" -}}
+helm.sh/resource-policy: keep
+{{- end -}}
+
+{{/* The node pods' identity for the uninstall protocol. */}}
+{{- define "nvdomain.podIdentityEnv" -}}
+- name: POD_NAME
+  valueFrom: {fieldRef: {fieldPath: metadata.name}}
+- name: POD_NAMESPACE
+  valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
+{{- end -}}

@@ -1,0 +1,363 @@
+// Package lifecycle is nvdomain's uninstall protocol, which strands no pod and leaves no
+// state. The order matters:
+//
+//  1. The chart's pre-delete hook (Uninstall) deletes the webhook configurations and the
+//     admission policies first, so no pod creation waits on a webhook that is going away and
+//     no new pod is made to require the NRI plugin.
+//  2. It makes the kept node objects collectable (the ServiceAccount and Roles owned by the
+//     node DaemonSets, the ClusterRoleBinding by its ClusterRole) and marks the DaemonSets
+//     with the uninstall annotation. The chart keeps them through `helm uninstall`
+//     (helm.sh/resource-policy: keep), because every pod admitted earlier carries NRI's
+//     required-plugins annotation for ever: with no plugin named nvdomain on its node, none of
+//     its containers could start again, and a crashed vLLM container would never restart.
+//  3. Each node pod sees the mark (WatchUninstall): the agent removes its node's labels,
+//     annotations, domain capacity and conditions, and the files nvdomain put on the host; the
+//     NRI plugin turns pass-through (it changes and refuses nothing, but its name satisfies
+//     the annotation) and counts the pods on the node that still require it. The hook waits
+//     until no node carries nvdomain state, and clears what is left itself at its timeout.
+//  4. Helm deletes the rest of the release.
+//  5. When no pod on its node requires the plugin, a node pod marks itself drained; when
+//     every node pod is drained, it deletes the DaemonSets and the node ClusterRole, and the
+//     garbage collector takes what they own (Drainer).
+package lifecycle
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/go-logr/logr"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
+)
+
+// Release names the objects of one Helm release that the protocol touches; the chart's
+// templates name them the same way.
+type Release struct {
+	Name, Namespace string
+}
+
+// NodeDaemonSets are the classic and the DRA node DaemonSets.
+func (r Release) NodeDaemonSets() []string { return []string{r.Name + "-node", r.Name + "-node-dra"} }
+
+// Node is the name of the node pods' ServiceAccount, ClusterRole(Binding) and Role(Binding).
+func (r Release) Node() string { return r.Name + "-node" }
+
+// NodePodSelector selects the pods of both node DaemonSets.
+func (r Release) NodePodSelector() string {
+	return "app.kubernetes.io/name=nvdomain,app.kubernetes.io/instance=" + r.Name + ",app.kubernetes.io/component in (node,node-dra)"
+}
+
+func (r Release) releaseSelector() string {
+	return "app.kubernetes.io/name=nvdomain,app.kubernetes.io/instance=" + r.Name
+}
+
+// NodeCleaner removes nvdomain's state from one Node (the agent's Publisher with nothing to
+// publish); Uninstall calls it for nodes the agents did not clean in time.
+type NodeCleaner func(ctx context.Context, node string) error
+
+// HasState reports whether a Node carries any nvdomain label, annotation, resource or
+// condition.
+type HasState func(node *corev1.Node) bool
+
+// UninstallOptions configure the pre-delete hook.
+type UninstallOptions struct {
+	Client  kubernetes.Interface
+	Names   names.Names
+	Release Release
+	// Timeout bounds the wait for the node pods to clean their nodes.
+	Timeout  time.Duration
+	Clean    NodeCleaner
+	HasState HasState
+	Out      io.Writer
+}
+
+// Uninstall runs steps 1 to 3 of the protocol and returns once no node carries nvdomain
+// state. Only a failure to remove the admission objects is an error: that must stop the
+// uninstall, or pods would be admitted by a webhook that is going away.
+func Uninstall(ctx context.Context, o UninstallOptions) error {
+	c, rel, out := o.Client, o.Release, o.Out
+	// 1. Admission first.
+	del := metav1.DeleteOptions{}
+	if err := ignoreNotFound(c.AdmissionregistrationV1().MutatingWebhookConfigurations().Delete(ctx, rel.Name, del)); err != nil {
+		return fmt.Errorf("delete MutatingWebhookConfiguration %s: %w", rel.Name, err)
+	}
+	if err := ignoreNotFound(c.AdmissionregistrationV1().ValidatingWebhookConfigurations().Delete(ctx, rel.Name, del)); err != nil {
+		return fmt.Errorf("delete ValidatingWebhookConfiguration %s: %w", rel.Name, err)
+	}
+	sel := metav1.ListOptions{LabelSelector: rel.releaseSelector()}
+	bindings, err := c.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().List(ctx, sel)
+	if err != nil {
+		return fmt.Errorf("list ValidatingAdmissionPolicyBindings of %s: %w", rel.Name, err)
+	}
+	for _, b := range bindings.Items {
+		if err := ignoreNotFound(c.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Delete(ctx, b.Name, del)); err != nil {
+			return fmt.Errorf("delete ValidatingAdmissionPolicyBinding %s: %w", b.Name, err)
+		}
+	}
+	policies, err := c.AdmissionregistrationV1().ValidatingAdmissionPolicies().List(ctx, sel)
+	if err != nil {
+		return fmt.Errorf("list ValidatingAdmissionPolicies of %s: %w", rel.Name, err)
+	}
+	for _, p := range policies.Items {
+		if err := ignoreNotFound(c.AdmissionregistrationV1().ValidatingAdmissionPolicies().Delete(ctx, p.Name, del)); err != nil {
+			return fmt.Errorf("delete ValidatingAdmissionPolicy %s: %w", p.Name, err)
+		}
+	}
+	fmt.Fprintf(out, "removed the webhook configurations and %d admission policies: pods are no longer admitted by nvdomain\n", len(policies.Items))
+
+	// 2. Make the kept objects collectable, then mark the DaemonSets.
+	var owners []metav1.OwnerReference
+	var marked []string
+	for _, name := range rel.NodeDaemonSets() {
+		ds, err := c.AppsV1().DaemonSets(rel.Namespace).Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("get DaemonSet %s/%s: %w", rel.Namespace, name, err)
+		}
+		owners = append(owners, metav1.OwnerReference{APIVersion: "apps/v1", Kind: "DaemonSet", Name: ds.Name, UID: ds.UID})
+		marked = append(marked, name)
+	}
+	if len(owners) > 0 {
+		if err := setOwners(ctx, c, rel, owners); err != nil {
+			return err
+		}
+	}
+	mark, _ := jsonPatch(map[string]any{"metadata": map[string]any{"annotations": map[string]string{o.Names.UninstallAnnotation(): time.Now().UTC().Format(time.RFC3339)}}})
+	for _, name := range marked {
+		if _, err := c.AppsV1().DaemonSets(rel.Namespace).Patch(ctx, name, types.MergePatchType, mark, metav1.PatchOptions{}); err != nil {
+			return fmt.Errorf("mark DaemonSet %s/%s for uninstall: %w", rel.Namespace, name, err)
+		}
+	}
+	if len(marked) > 0 {
+		fmt.Fprintf(out, "marked %v: the node pods clean their nodes and serve the NRI plugin in pass-through until no pod requires it, then delete themselves\n", marked)
+	}
+
+	// 3. Wait for clean nodes; clean the rest.
+	deadline := time.Now().Add(o.Timeout)
+	for {
+		dirty, err := dirtyNodes(ctx, c, o.HasState)
+		if err != nil {
+			return err
+		}
+		if len(dirty) == 0 {
+			fmt.Fprintln(out, "no node carries nvdomain labels, annotations, domain resources or conditions")
+			return nil
+		}
+		if len(marked) == 0 || time.Now().After(deadline) {
+			var errs []error
+			for _, n := range dirty {
+				if err := o.Clean(ctx, n); err != nil {
+					errs = append(errs, err)
+				}
+			}
+			fmt.Fprintf(out, "cleaned %d node(s) the node pods had not: %v\n", len(dirty), dirty)
+			if err := errors.Join(errs...); err != nil {
+				fmt.Fprintf(out, "WARNING some nodes keep nvdomain state: %v; `kubectl nvdomain status` lists them\n", err)
+			}
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func dirtyNodes(ctx context.Context, c kubernetes.Interface, has HasState) ([]string, error) {
+	nodes, err := c.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("list nodes: %w", err)
+	}
+	var dirty []string
+	for i := range nodes.Items {
+		if has(&nodes.Items[i]) {
+			dirty = append(dirty, nodes.Items[i].Name)
+		}
+	}
+	return dirty, nil
+}
+
+// setOwners hands the node pods' namespaced RBAC to the DaemonSets and the
+// ClusterRoleBinding to the ClusterRole, so deleting those two kinds takes everything.
+func setOwners(ctx context.Context, c kubernetes.Interface, rel Release, dsOwners []metav1.OwnerReference) error {
+	body, _ := jsonPatch(map[string]any{"metadata": map[string]any{"ownerReferences": dsOwners}})
+	name := rel.Node()
+	for what, patch := range map[string]func() error{
+		"ServiceAccount": func() error {
+			_, err := c.CoreV1().ServiceAccounts(rel.Namespace).Patch(ctx, name, types.MergePatchType, body, metav1.PatchOptions{})
+			return err
+		},
+		"Role": func() error {
+			_, err := c.RbacV1().Roles(rel.Namespace).Patch(ctx, name, types.MergePatchType, body, metav1.PatchOptions{})
+			return err
+		},
+		"RoleBinding": func() error {
+			_, err := c.RbacV1().RoleBindings(rel.Namespace).Patch(ctx, name, types.MergePatchType, body, metav1.PatchOptions{})
+			return err
+		},
+	} {
+		if err := ignoreNotFound(patch()); err != nil {
+			return fmt.Errorf("hand %s %s/%s to the node DaemonSets: %w", what, rel.Namespace, name, err)
+		}
+	}
+	cr, err := c.RbacV1().ClusterRoles().Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("get ClusterRole %s: %w", name, err)
+	}
+	crOwner, _ := jsonPatch(map[string]any{"metadata": map[string]any{"ownerReferences": []metav1.OwnerReference{{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole", Name: cr.Name, UID: cr.UID}}}})
+	if _, err := c.RbacV1().ClusterRoleBindings().Patch(ctx, name, types.MergePatchType, crOwner, metav1.PatchOptions{}); ignoreNotFound(err) != nil {
+		return fmt.Errorf("hand ClusterRoleBinding %s to its ClusterRole: %w", name, err)
+	}
+	return nil
+}
+
+// WatchUninstall returns a channel that is closed once DaemonSet namespace/name carries the
+// uninstall annotation. It watches that one object (a field selector on its name), so a
+// thousand node pods cost the apiserver a thousand idle watches, not polls. An empty name
+// gives a channel that never closes.
+func WatchUninstall(ctx context.Context, c kubernetes.Interface, n names.Names, namespace, name string, log logr.Logger) <-chan struct{} {
+	ch := make(chan struct{})
+	if name == "" || c == nil {
+		return ch
+	}
+	key := n.UninstallAnnotation()
+	go func() {
+		for ctx.Err() == nil {
+			ds, err := c.AppsV1().DaemonSets(namespace).Get(ctx, name, metav1.GetOptions{})
+			if err == nil && ds.Annotations[key] != "" {
+				close(ch)
+				return
+			}
+			if err != nil {
+				if ctx.Err() == nil {
+					log.V(1).Info("read own DaemonSet for the uninstall mark; retrying", "daemonset", namespace+"/"+name, "error", err.Error())
+				}
+				sleep(ctx, 10*time.Second)
+				continue
+			}
+			w, err := c.AppsV1().DaemonSets(namespace).Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name, ResourceVersion: ds.ResourceVersion})
+			if err != nil {
+				sleep(ctx, 10*time.Second)
+				continue
+			}
+			for ev := range w.ResultChan() {
+				if d, ok := ev.Object.(*appsv1.DaemonSet); ok && d.Annotations[key] != "" {
+					w.Stop()
+					close(ch)
+					return
+				}
+			}
+			w.Stop()
+			sleep(ctx, time.Second)
+		}
+	}()
+	return ch
+}
+
+// Drainer is step 5, run by each node pod once its node is clean.
+type Drainer struct {
+	Client  kubernetes.Interface
+	Names   names.Names
+	Release Release
+	// Pod is this node pod's name.
+	Pod string
+	// Drained reports whether no pod on this node requires the NRI plugin any more.
+	Drained func() bool
+	Period  time.Duration
+	Log     logr.Logger
+}
+
+// Run marks the pod drained once Drained holds, and when every node pod is marked, deletes
+// the node DaemonSets and ClusterRole. It returns when it did, or when ctx ends.
+func (d Drainer) Run(ctx context.Context) {
+	period := d.Period
+	if period <= 0 {
+		period = 5 * time.Second
+	}
+	key := d.Names.UninstallDrainedAnnotation()
+	marked := false
+	for {
+		if !marked && d.Drained() {
+			body, _ := jsonPatch(map[string]any{"metadata": map[string]any{"annotations": map[string]string{key: "true"}}})
+			if _, err := d.Client.CoreV1().Pods(d.Release.Namespace).Patch(ctx, d.Pod, types.MergePatchType, body, metav1.PatchOptions{}); err != nil {
+				d.Log.Error(err, "mark this node pod drained")
+			} else {
+				marked = true
+				d.Log.Info("no pod on this node requires the NRI plugin any more")
+			}
+		}
+		if marked && d.lastOne(ctx) {
+			return
+		}
+		if !sleep(ctx, period) {
+			return
+		}
+	}
+}
+
+// lastOne deletes the DaemonSets and the ClusterRole when every node pod is drained.
+func (d Drainer) lastOne(ctx context.Context) bool {
+	pods, err := d.Client.CoreV1().Pods(d.Release.Namespace).List(ctx, metav1.ListOptions{LabelSelector: d.Release.NodePodSelector()})
+	if err != nil {
+		d.Log.Error(err, "list the node pods")
+		return false
+	}
+	waiting := 0
+	for _, p := range pods.Items {
+		if p.DeletionTimestamp == nil && p.Annotations[d.Names.UninstallDrainedAnnotation()] != "true" {
+			waiting++
+		}
+	}
+	if waiting > 0 {
+		return false
+	}
+	for _, name := range d.Release.NodeDaemonSets() {
+		if err := ignoreNotFound(d.Client.AppsV1().DaemonSets(d.Release.Namespace).Delete(ctx, name, metav1.DeleteOptions{})); err != nil {
+			d.Log.Error(err, "delete the node DaemonSet", "daemonset", name)
+			return false
+		}
+	}
+	if err := ignoreNotFound(d.Client.RbacV1().ClusterRoles().Delete(ctx, d.Release.Node(), metav1.DeleteOptions{})); err != nil {
+		d.Log.Error(err, "delete the node ClusterRole", "clusterrole", d.Release.Node())
+		return false
+	}
+	d.Log.Info("every node is drained: deleted the node DaemonSets and their RBAC; nvdomain is gone")
+	return true
+}
+
+func ignoreNotFound(err error) error {
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}
+
+// sleep waits for d or ctx; it reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+func jsonPatch(v any) ([]byte, error) { return json.Marshal(v) }

@@ -45,6 +45,7 @@ type recorder struct {
 	unpinned   int
 	latest     []Assignment
 	generation int64
+	snap       Snapshot
 }
 
 func (r *recorder) Assigned(a Assignment, should bool) {
@@ -61,6 +62,7 @@ func (r *recorder) Changed(snap Snapshot) {
 	defer r.mu.Unlock()
 	r.latest = snap.Assignments
 	r.generation = snap.Generation
+	r.snap = snap
 }
 
 // allStrategies is a device plugin that may answer in any form, so each test can give its
@@ -1373,5 +1375,68 @@ func TestConnectedGaugeFollowsTheRuntimeConnection(t *testing.T) {
 	p.disconnected()
 	if got := testutil.ToFloat64(m.Connected); got != 0 || p.Ready() {
 		t.Fatalf("after the connection was lost: connected %v, ready %v", got, p.Ready())
+	}
+}
+
+// TestPassThroughLetsAdmittedPodsRestart: after an uninstall the plugin changes and refuses
+// nothing, so a pod admitted earlier (it requires the plugin) can start its containers again
+// even where nvdomain would have refused them; it counts the pods that still require it, from
+// the runtime's pods at Synchronize, new containers and removed sandboxes.
+func TestPassThroughLetsAdmittedPodsRestart(t *testing.T) {
+	p, rec, _ := newPlugin(t)
+	ctx := context.Background()
+	requiring := func(id string, domain int) *api.PodSandbox {
+		pod := pinnedPod(id, domain, `{"vllm":4}`)
+		pod.Annotations["required-plugins.noderesource.dev/container.vllm"] = "[nvdomain]"
+		pod.Pid = 42
+		return pod
+	}
+	other := &api.PodSandbox{Id: "x", Name: "x", Namespace: "default", Pid: 7, Annotations: map[string]string{"required-plugins.noderesource.dev/container.c": "[another]"}}
+	if _, err := p.Synchronize(ctx, []*api.PodSandbox{requiring("a", 1), other}, nil); err != nil {
+		t.Fatal(err)
+	}
+	// Domain 1 is full with a's four GPUs: b would be refused.
+	if _, _, err := p.CreateContainer(ctx, requiring("a", 1), envGiven("a1", "a", "vllm", 4, 5, 6, 7)); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := p.CreateContainer(ctx, requiring("b", 1), envGiven("b1", "b", "vllm", 0, 1, 2, 3)); err == nil {
+		t.Fatal("before pass-through: a TP=4 container in a full domain was not refused")
+	}
+	p.SetPassThrough()
+	adj, upd, err := p.CreateContainer(ctx, requiring("b", 1), envGiven("b2", "b", "vllm", 0, 1, 2, 3))
+	if err != nil || adj != nil || upd != nil {
+		t.Fatalf("pass-through: adjustment %v, updates %v, error %v; want none", adj, upd, err)
+	}
+	rec.mu.Lock()
+	if !rec.snap.PassThrough || rec.snap.RequiringPods != 2 {
+		t.Errorf("snapshot %+v: want pass-through with a and b requiring the plugin", rec.snap)
+	}
+	rec.mu.Unlock()
+	for _, id := range []string{"a", "b"} {
+		if err := p.RemovePodSandbox(ctx, &api.PodSandbox{Id: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if rec.snap.RequiringPods != 0 {
+		t.Errorf("after both pods went, %d still require the plugin", rec.snap.RequiringPods)
+	}
+}
+
+func TestRequiresThisPlugin(t *testing.T) {
+	for _, tc := range []struct {
+		ann  map[string]string
+		want bool
+	}{
+		{map[string]string{"required-plugins.noderesource.dev/container.vllm": "[nvdomain]"}, true},
+		{map[string]string{"required-plugins.noderesource.dev": `[ "other", 'nvdomain' ]`}, true},
+		{map[string]string{"required-plugins.noderesource.dev/container.vllm": "[nvdomain-canary]"}, false},
+		{map[string]string{"something-else": "[nvdomain]"}, false},
+		{nil, false},
+	} {
+		if got := requiresThisPlugin(&api.PodSandbox{Annotations: tc.ann}); got != tc.want {
+			t.Errorf("%v: %v, want %v", tc.ann, got, tc.want)
+		}
 	}
 }

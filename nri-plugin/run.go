@@ -22,6 +22,7 @@ import (
 	"github.com/nvdomain/nvdomain/pkg/probes"
 	"github.com/nvdomain/nvdomain/pkg/topology"
 	"github.com/nvdomain/nvdomain/pkg/topology/source"
+	"github.com/nvdomain/nvdomain/pkg/version"
 )
 
 // RunOptions configure the plugin process.
@@ -176,7 +177,7 @@ func Run(ctx context.Context, o RunOptions, log logr.Logger) error {
 	if o.PluginIdx != "" {
 		opts = append(opts, stub.WithPluginIdx(o.PluginIdx))
 	}
-	log.Info("starting", "gpus", len(top.GPUs), "domains", len(top.Domains), "source", top.Source, "fingerprint", top.Fingerprint(),
+	log.Info("starting", "version", version.Version, "gpus", len(top.GPUs), "domains", len(top.Domains), "source", top.Source, "fingerprint", top.Fingerprint(),
 		"cdiKind", kind.String(), "sharedGPUs", o.SharedGPUs, "topologyReload", o.TopologyReload, "hookPath", o.HookPath, "cdiSpecDirs", o.CDISpecDirs, "dra", o.DRA,
 		"deviceListStrategies", p.cfg.DeviceListStrategies, "trustedNamespaces", o.TrustedNamespaces, "lastGeneration", lastGen)
 	return serve(ctx, p, opts, defaultBackoff, log)

@@ -6,6 +6,8 @@ import (
 
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/nvdomain/nvdomain/pkg/version"
 )
 
 // Main is the whole of a webhook process: the command line's flags (flag.CommandLine, where
@@ -34,6 +36,6 @@ func Main(adjust func(*ServerOptions)) error {
 	if err != nil {
 		return err
 	}
-	log.Info("starting", "options", so.Summary(), "override", so.AdmissionOverride != nil)
+	log.Info("starting", "version", version.Version, "options", so.Summary(), "override", so.AdmissionOverride != nil)
 	return RunGracefully(ctrl.SetupSignalHandler(), mgr, so.Drain, so.ShutdownDelay, log)
 }

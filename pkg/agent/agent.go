@@ -54,6 +54,8 @@ type Options struct {
 	Uninstall                  <-chan struct{}
 	HookDir, ContainerdConfDir string
 	Drainer                    *lifecycle.Drainer
+	// Canary is the fail-closed canary (canary.go); an empty Image disables it.
+	Canary CanaryOptions
 }
 
 // Agent publishes one node's topology.
@@ -68,6 +70,8 @@ type Agent struct {
 	unpinned map[int]int
 	// conditions are the Node conditions this agent last wrote, by type.
 	conditions map[corev1.NodeConditionType]string
+	// failOpen: the last canary started (the node's NRI validator is not active).
+	failOpen   bool
 	pinned     map[int]int // GPUs containers pinned to a domain hold, by the GPUs' domain
 	occupancy  occupancySeries
 	stateMTime time.Time
@@ -152,6 +156,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.publish(ctx); err != nil {
 		a.o.Log.Error(err, "first publish failed; retrying every period")
 	}
+	canaries := a.startCanaries(ctx)
 	tick := time.NewTicker(a.o.Period)
 	defer tick.Stop()
 	// Without a state file there is nothing to poll; a fleet of a thousand node agents
@@ -172,6 +177,8 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.sync(ctx)
 		case <-a.o.Uninstall:
 			return a.uninstall(ctx)
+		case r := <-canaries:
+			a.applyCanary(ctx, r)
 		case <-polls:
 			if a.readNRIState() {
 				if err := a.publish(ctx); err != nil {
@@ -219,7 +226,7 @@ func (a *Agent) loaded(ctx context.Context, top *topology.Topology) {
 
 func (a *Agent) publish(ctx context.Context) error {
 	mismatch := a.pluginTopology != "" && a.pluginTopology != a.lastGood.Fingerprint()
-	d, err := Desire(a.o.Names, a.lastGood, a.unpinned, Health{Stale: a.stale, Mismatch: mismatch})
+	d, err := Desire(a.o.Names, a.lastGood, a.unpinned, Health{Stale: a.stale, Mismatch: mismatch, FailOpen: a.failOpen, WithholdCapacity: a.o.Canary.WithholdCapacity})
 	if err != nil {
 		return err
 	}
@@ -342,6 +349,8 @@ type Metrics struct {
 	Stale     prometheus.Gauge
 	Mismatch  prometheus.Gauge
 	Domains   prometheus.Gauge
+	// FailClosed is the last canary's verdict (canary.go).
+	FailClosed prometheus.Gauge
 	// DomainGPUs is each published domain's size and the GPUs containers hold there, from the
 	// NRI plugin's state file: what the dashboard's occupancy panels plot
 	// (charts/nvdomain/dashboards).
@@ -354,7 +363,7 @@ type Metrics struct {
 // NewMetrics creates the series and registers them with reg.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := newMetrics()
-	for _, c := range []prometheus.Collector{m.Publishes, m.Errors, m.Stale, m.Mismatch, m.Domains, m.DomainGPUs, m.GPUInfo} {
+	for _, c := range []prometheus.Collector{m.Publishes, m.Errors, m.Stale, m.Mismatch, m.Domains, m.DomainGPUs, m.GPUInfo, m.FailClosed} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -373,6 +382,8 @@ func newMetrics() *Metrics {
 		Stale:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "nvdomain_agent_topology_stale", Help: "1 while the source is invalid and the last good topology stays published."}),
 		Mismatch:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "nvdomain_agent_topology_mismatch", Help: "1 while the NRI plugin serves another topology than the agent publishes."}),
 		Domains:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "nvdomain_agent_domains", Help: "NVLink domains published for this node."}),
+		FailClosed: prometheus.NewGauge(prometheus.GaugeOpts{Name: "nvdomain_agent_fail_closed",
+			Help: "The last fail-closed canary: 1 refused (containerd's NRI validator is active), 0 started (the node fails open), -1 undecided or not run."}),
 		DomainGPUs: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "nvdomain_agent_domain_gpus",
 			Help: "GPUs of a published domain, by state: capacity (the domain's size), pinned (held by containers pinned to it), unpinned (held by containers without a domain)."},
 			[]string{"node", "domain", "state"}),
@@ -426,4 +437,58 @@ func (a *Agent) drained() bool {
 		return true
 	}
 	return err == nil && doc.PassThrough && doc.RequiringPods == 0
+}
+
+// startCanaries runs the fail-closed canary now and every Canary.Interval in a goroutine of
+// its own (one canary takes seconds) and hands each verdict to Run's loop, which alone
+// changes the agent's state.
+func (a *Agent) startCanaries(ctx context.Context) <-chan CanaryResult {
+	if a.o.Canary.Image == "" {
+		return nil
+	}
+	a.o.Metrics.FailClosed.Set(-1)
+	a.condition(ctx, names.ConditionFailClosed, corev1.ConditionUnknown, "CanaryPending", "the fail-closed canary has not been decided yet", false)
+	out := make(chan CanaryResult)
+	go func() {
+		for {
+			r := RunCanary(ctx, a)
+			select {
+			case out <- r:
+			case <-ctx.Done():
+				return
+			}
+			if !sleepCtx(ctx, a.o.Canary.Interval) {
+				return
+			}
+		}
+	}()
+	return out
+}
+
+// applyCanary records a canary's verdict: the NvdomainFailClosed condition, the metric, an
+// Event when the node turns fail-open or back, and the domain capacity when it changes.
+func (a *Agent) applyCanary(ctx context.Context, r CanaryResult) {
+	switch r.Status {
+	case corev1.ConditionTrue:
+		a.o.Metrics.FailClosed.Set(1)
+	case corev1.ConditionFalse:
+		a.o.Metrics.FailClosed.Set(0)
+	default:
+		a.o.Metrics.FailClosed.Set(-1)
+	}
+	a.condition(ctx, names.ConditionFailClosed, r.Status, r.Reason, r.Message, false)
+	failOpen := r.Status == corev1.ConditionFalse
+	if failOpen == a.failOpen {
+		return
+	}
+	a.failOpen = failOpen
+	if failOpen {
+		a.o.Log.Info("the fail-closed canary started: this node's containerd does not enforce NRI's required plugins", "withholdCapacity", a.o.Canary.WithholdCapacity)
+		a.event(ctx, corev1.EventTypeWarning, "NRIFailOpen", r.Message)
+	} else {
+		a.event(ctx, corev1.EventTypeNormal, "NRIFailClosed", r.Message)
+	}
+	if err := a.publish(ctx); err != nil {
+		a.o.Log.Error(err, "publish after a canary")
+	}
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/nvdomain/nvdomain/pkg/topology"
 	"github.com/nvdomain/nvdomain/pkg/topology/simulated"
 	"github.com/nvdomain/nvdomain/pkg/topology/source"
+	"github.com/nvdomain/nvdomain/pkg/version"
 )
 
 // ProcessOptions are the agent binary's settings.
@@ -61,6 +62,9 @@ type ProcessOptions struct {
 	// and the NRI snippet (empty: not installed), removed on uninstall.
 	Release, Namespace, DaemonSet, Pod string
 	HookDir, ContainerdConfDir         string
+	// Canary is the fail-closed canary; its pods are named <Release>-canary-<node> in
+	// Namespace.
+	Canary CanaryOptions
 }
 
 // Validate checks the settings that only make sense together.
@@ -113,7 +117,8 @@ func RunProcess(ctx context.Context, o ProcessOptions, log logr.Logger) error {
 	}
 	ao := Options{Names: o.Names, Node: o.Node, Source: src, Client: client, Period: o.Period, NRIStateFile: o.NRIStateFile, Log: log, Metrics: m, DRA: o.DRA,
 		Uninstall: lifecycle.WatchUninstall(ctx, client, o.Names, o.Namespace, o.DaemonSet, log.WithName("lifecycle")),
-		HookDir:   o.HookDir, ContainerdConfDir: o.ContainerdConfDir}
+		HookDir:   o.HookDir, ContainerdConfDir: o.ContainerdConfDir, Canary: o.Canary}
+	ao.Canary.Namespace, ao.Canary.NamePrefix = o.Namespace, o.Release+"-canary-"
 	if o.DaemonSet != "" {
 		ao.Drainer = &lifecycle.Drainer{Client: client, Names: o.Names, Release: lifecycle.Release{Name: o.Release, Namespace: o.Namespace}, Pod: o.Pod, Log: log.WithName("lifecycle")}
 	}
@@ -180,7 +185,7 @@ func RunProcess(ctx context.Context, o ProcessOptions, log logr.Logger) error {
 			}
 		}()
 	}
-	log.Info("starting", "node", o.Node, "source", src.Describe(), "period", o.Period, "devicePlugin", o.DevicePlugin, "deviceListStrategies", o.DeviceListStrategies,
+	log.Info("starting", "version", version.Version, "node", o.Node, "source", src.Describe(), "period", o.Period, "devicePlugin", o.DevicePlugin, "deviceListStrategies", o.DeviceListStrategies,
 		"dra", o.DRA, "draKubeletDir", o.DRAKubeletDir, "draCDI", o.DRACDI)
 	if err := a.Run(ctx); err != nil {
 		return err

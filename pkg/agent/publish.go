@@ -40,6 +40,9 @@ type Health struct {
 	Stale bool
 	// Mismatch marks a node whose NRI plugin serves another topology than this one.
 	Mismatch bool
+	// FailOpen marks a node whose fail-closed canary ran; WithholdCapacity then publishes
+	// every domain with no room (canary.go).
+	FailOpen, WithholdCapacity bool
 }
 
 // Desire computes the node's labels, annotations and capacity. unpinned[d] is the GPUs of
@@ -55,10 +58,17 @@ func Desire(n names.Names, top *topology.Topology, unpinned map[int]int, h Healt
 	if h.Mismatch {
 		d.Labels[n.TopologyMismatchLabel()] = "true"
 	}
+	if h.FailOpen {
+		d.Labels[n.FailOpenLabel()] = "true"
+	}
 	for _, dom := range top.Domains {
 		d.Labels[n.DomainSizeLabel(dom.ID)] = strconv.Itoa(dom.Size())
 		d.Annotations[n.DomainGPUsAnnotation(dom.ID)] = names.FormatGPUList(dom.GPUs)
-		d.Capacity[n.DomainResource(dom.ID)] = int64(max(0, dom.Size()-unpinned[dom.ID]))
+		room := int64(max(0, dom.Size()-unpinned[dom.ID]))
+		if h.FailOpen && h.WithholdCapacity {
+			room = 0
+		}
+		d.Capacity[n.DomainResource(dom.ID)] = room
 	}
 	doc, err := json.Marshal(top)
 	if err != nil {
@@ -86,7 +96,7 @@ func ownsLabel(n names.Names, key string) bool {
 		return true
 	}
 	switch key {
-	case n.DomainCountLabel(), n.DomainMaxLabel(), n.TopologySourceLabel(), n.TopologyStaleLabel(), n.TopologyMismatchLabel():
+	case n.DomainCountLabel(), n.DomainMaxLabel(), n.TopologySourceLabel(), n.TopologyStaleLabel(), n.TopologyMismatchLabel(), n.FailOpenLabel():
 		return true
 	}
 	return false

@@ -61,6 +61,13 @@ func withLabel(k, v string) nodeOpt { return func(n *corev1.Node) { n.Labels[k] 
 
 func cordoned(n *corev1.Node) { n.Spec.Unschedulable = true }
 
+// failClosed sets the node's NvdomainFailClosed condition, as the agent's canary does.
+func failClosed(status corev1.ConditionStatus) nodeOpt {
+	return func(n *corev1.Node) {
+		n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{Type: names.ConditionFailClosed, Status: status})
+	}
+}
+
 // withMinors publishes the agent's topology annotation, with each GPU's device minor.
 func withMinors(t *testing.T, domains [][]int, minor func(int) int) nodeOpt {
 	return func(n *corev1.Node) {

@@ -69,6 +69,10 @@ type DomainStatus struct {
 	// publishes.
 	Stale    bool `json:"stale"`
 	Mismatch bool `json:"mismatch"`
+	// FailClosed is the node's NvdomainFailClosed condition: "yes" once its fail-closed
+	// canary was refused, "no" when it started (containerd does not enforce NRI's required
+	// plugins there), "unknown" before a verdict or without the canary.
+	FailClosed string `json:"failClosed"`
 }
 
 // Output formats of status.
@@ -111,6 +115,9 @@ func newStatus(f ClusterFactory, streams IOStreams) *cobra.Command {
              another id has: the re-pin controller moves them (see nvdomain explain)
   STALE      stale: the agent's topology source is broken and it publishes its last good
              topology; mismatch: the node's NRI plugin serves another topology
+  FAIL-CLOSED yes: the node's fail-closed canary was refused (containerd enforces the NRI
+             plugin); no: it started, and the node gets no TP pods (docs/node-side.md);
+             unknown: no verdict yet
 
 Usage is counted the way nvdomain's webhook counts it, from the domain resources of bound,
 non-terminal pods that are not being deleted. Pods of every namespace are counted; -n shows
@@ -280,8 +287,9 @@ func (o *StatusOptions) statusList(s *snapshot) StatusList {
 			list.Items = append(list.Items, DomainStatus{
 				Node: node.Name, Domain: d.id, Size: d.size, Used: d.size - f, Free: f,
 				GPUs: orEmpty(d.gpus), Pods: orEmpty(pods[k]), Waiting: orEmpty(waiting[k]), Stranded: orEmpty(stranded[k]),
-				Stale:    node.Labels[s.names.TopologyStaleLabel()] == "true",
-				Mismatch: node.Labels[s.names.TopologyMismatchLabel()] == "true",
+				Stale:      node.Labels[s.names.TopologyStaleLabel()] == "true",
+				Mismatch:   node.Labels[s.names.TopologyMismatchLabel()] == "true",
+				FailClosed: failClosedOf(node),
 			})
 		}
 	}
@@ -297,14 +305,14 @@ func orEmpty[T any](s []T) []T {
 
 func writeStatusTable(w io.Writer, list StatusList, wide bool) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	header := "NODE\tDOMAIN\tSIZE\tGPUS USED\tFREE\tPODS\tWAITING\tSTRANDED\tSTALE"
+	header := "NODE\tDOMAIN\tSIZE\tGPUS USED\tFREE\tPODS\tWAITING\tSTRANDED\tSTALE\tFAIL-CLOSED"
 	if wide {
 		header += "\tGPU LIST\tPOD NAMES"
 	}
 	fmt.Fprintln(tw, header)
 	for _, it := range list.Items {
 		row := []string{it.Node, strconv.Itoa(it.Domain), strconv.Itoa(it.Size), strconv.Itoa(it.Used), strconv.Itoa(it.Free),
-			strconv.Itoa(len(it.Pods)), strconv.Itoa(len(it.Waiting)), strconv.Itoa(len(it.Stranded)), staleText(it)}
+			strconv.Itoa(len(it.Pods)), strconv.Itoa(len(it.Waiting)), strconv.Itoa(len(it.Stranded)), staleText(it), it.FailClosed}
 		if wide {
 			row = append(row, kubectlNone(names.FormatGPUList(it.GPUs)), kubectlNone(podNames(it)))
 		}
@@ -319,6 +327,21 @@ func kubectlNone(s string) string {
 		return "<none>"
 	}
 	return s
+}
+
+// failClosedOf reads the node's NvdomainFailClosed condition.
+func failClosedOf(node *corev1.Node) string {
+	for _, c := range node.Status.Conditions {
+		if c.Type == names.ConditionFailClosed {
+			switch c.Status {
+			case corev1.ConditionTrue:
+				return "yes"
+			case corev1.ConditionFalse:
+				return "no"
+			}
+		}
+	}
+	return "unknown"
 }
 
 func staleText(it DomainStatus) string {

@@ -16,8 +16,8 @@ import (
 // whose containers have stopped (a finalizer keeps the object), hold nothing.
 func statusCluster() []runtime.Object {
 	return []runtime.Object{
-		gpuNode("gpu-a", [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}}, withLabel("pool", "a")),
-		gpuNode("gpu-b", [][]int{{0, 1}, {2, 3}}, withLabel("pool", "b"), withLabel(nm.TopologyStaleLabel(), "true")),
+		gpuNode("gpu-a", [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}}, withLabel("pool", "a"), failClosed(corev1.ConditionTrue)),
+		gpuNode("gpu-b", [][]int{{0, 1}, {2, 3}}, withLabel("pool", "b"), withLabel(nm.TopologyStaleLabel(), "true"), failClosed(corev1.ConditionFalse)),
 		gpuNode("cpu-1", nil),
 		tpPod("llama-0", 4, 0, inNamespace("ml"), boundTo("gpu-a", corev1.PodRunning)),
 		tpPod("done", 4, 1, boundTo("gpu-a", corev1.PodSucceeded)),
@@ -32,11 +32,11 @@ func TestStatusTable(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
-	want := `NODE   DOMAIN  SIZE  GPUS USED  FREE  PODS  WAITING  STRANDED  STALE
-gpu-a  0       4     4          0     1     1        1         no
-gpu-a  1       4     0          4     0     0        0         no
-gpu-b  0       2     2          0     1     0        0         stale
-gpu-b  1       2     0          2     0     0        0         stale
+	want := `NODE   DOMAIN  SIZE  GPUS USED  FREE  PODS  WAITING  STRANDED  STALE  FAIL-CLOSED
+gpu-a  0       4     4          0     1     1        1         no     yes
+gpu-a  1       4     0          4     0     0        0         no     yes
+gpu-b  0       2     2          0     1     0        0         stale  no
+gpu-b  1       2     0          2     0     0        0         stale  no
 `
 	if out != want {
 		t.Errorf("status printed\n%s\nwant\n%s", out, want)
@@ -92,8 +92,8 @@ func TestStatusJSON(t *testing.T) {
 		t.Fatalf("%v:\n%s", err, out)
 	}
 	want := StatusList{APIVersion: "nvdomain.io/v1", Kind: "DomainStatusList", Items: []DomainStatus{
-		{Node: "gpu-a", Domain: 0, Size: 4, Used: 4, Free: 0, GPUs: []int{0, 1, 2, 3}, Pods: []string{"ml/llama-0"}, Waiting: []string{"ml/waiter"}, Stranded: []string{"ml/waiter"}},
-		{Node: "gpu-a", Domain: 1, Size: 4, Used: 0, Free: 4, GPUs: []int{4, 5, 6, 7}, Pods: []string{}, Waiting: []string{}, Stranded: []string{}},
+		{Node: "gpu-a", Domain: 0, Size: 4, Used: 4, Free: 0, GPUs: []int{0, 1, 2, 3}, Pods: []string{"ml/llama-0"}, Waiting: []string{"ml/waiter"}, Stranded: []string{"ml/waiter"}, FailClosed: "yes"},
+		{Node: "gpu-a", Domain: 1, Size: 4, Used: 0, Free: 4, GPUs: []int{4, 5, 6, 7}, Pods: []string{}, Waiting: []string{}, Stranded: []string{}, FailClosed: "yes"},
 	}}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("got %+v\nwant %+v", got, want)

@@ -288,6 +288,7 @@ const (
 	topologySrcSuffix  = "topology-source"
 	topologyStale      = "topology-stale"
 	uninstallSuffix    = "uninstall"
+	failOpen           = "nri-fail-open"
 	uninstallDrained   = "uninstall-drained"
 	topologyMismatch   = "topology-mismatch"
 	topologySuffix     = "topology"
@@ -316,6 +317,12 @@ func (n Names) TopologySourceLabel() string { return n.label(topologySrcSuffix) 
 // TopologyStaleLabel is "true" while the agent's source is broken and the published topology
 // is the last good one.
 func (n Names) TopologyStaleLabel() string { return n.label(topologyStale) }
+
+// FailOpenLabel is "true" on a node whose fail-closed canary was let through: containerd's
+// NRI validator is not active there, so a GPU container would start without the NRI plugin
+// placing it. With node.requireFailClosed (the default) its domain capacity is then 0, and
+// no tensor-parallel pod is placed there until the canary is refused again.
+func (n Names) FailOpenLabel() string { return n.label(failOpen) }
 
 // UninstallAnnotation, on a node DaemonSet, says its release is being uninstalled: the
 // chart's pre-delete hook sets it (docs/operations.md, Uninstall). The node pods then take

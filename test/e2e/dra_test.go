@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"github.com/nvdomain/nvdomain/pkg/names"
 	"os"
 	"slices"
 	"strconv"
@@ -27,6 +28,10 @@ func TestSeedScenariosInDRAMode(t *testing.T) {
 	defer c.Stop()
 	if err := c.Install(ctx, os.Stderr); err != nil {
 		t.Fatal(err)
+	}
+	// The node proved that containerd refuses a container requiring an absent NRI plugin.
+	if !strings.HasPrefix(c.FailClosed, "True CanaryRefused") {
+		t.Errorf("%s condition %q, want True CanaryRefused", names.ConditionFailClosed, c.FailClosed)
 	}
 	rep, err := c.RunDRAScenarios(ctx, os.Stderr)
 	if err != nil {

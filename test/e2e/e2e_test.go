@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/nvdomain/nvdomain/pkg/names"
 	"io"
 	"os"
 	"path/filepath"
@@ -34,6 +35,10 @@ func TestSeedScenariosEndToEnd(t *testing.T) {
 	defer c.Stop()
 	if err := c.Install(ctx, os.Stderr); err != nil {
 		t.Fatal(err)
+	}
+	// The node proved that containerd refuses a container requiring an absent NRI plugin.
+	if !strings.HasPrefix(c.FailClosed, "True CanaryRefused") {
+		t.Errorf("%s condition %q, want True CanaryRefused", names.ConditionFailClosed, c.FailClosed)
 	}
 	rep, err := c.RunScenarios(ctx, os.Stderr)
 	if err != nil {

@@ -72,11 +72,11 @@ func TestCLIStatusAndExplain(t *testing.T) {
 
 	t.Run("status", func(t *testing.T) {
 		out := nvdomain(t, 0, "status")
-		want := `NODE   DOMAIN  SIZE  GPUS USED  FREE  PODS  WAITING  STRANDED  STALE
-gpu-a  0       4     4          0     1     1        1         no
-gpu-a  1       4     0          4     0     0        0         no
-gpu-b  0       2     2          0     1     0        0         stale
-gpu-b  1       2     0          2     0     0        0         stale
+		want := `NODE   DOMAIN  SIZE  GPUS USED  FREE  PODS  WAITING  STRANDED  STALE  FAIL-CLOSED
+gpu-a  0       4     4          0     1     1        1         no     unknown
+gpu-a  1       4     0          4     0     0        0         no     unknown
+gpu-b  0       2     2          0     1     0        0         stale  unknown
+gpu-b  1       2     0          2     0     0        0         stale  unknown
 `
 		if out != want {
 			t.Errorf("got\n%s\nwant\n%s", out, want)

@@ -57,7 +57,10 @@ type Cluster struct {
 	// NRISocket is containerd's NRI socket, for the nvdomain DaemonSet's hostPath.
 	NRISocket string
 	// Image is the release image the chart installs (ReleaseImage), imported at start.
-	Image                string
+	Image string
+	// FailClosed is the node's NvdomainFailClosed condition after Install ("True <reason>:
+	// <message>"), the canary's verdict.
+	FailClosed           string
 	etcdURL              string
 	procs                []*proc
 	lock                 *os.File

@@ -72,11 +72,14 @@ func (c *Cluster) installDRA(ctx context.Context, w io.Writer) error {
 		return fmt.Errorf("helm install: %v\n%s\n%s\n%s", err, out, pods, desc)
 	}
 	fmt.Fprintf(w, "%s\n", firstLines(string(out), 6))
-	return waitUntil(ctx, 2*time.Minute, "the driver's ResourceSlice with 8 GPUs and the templates nvdomain-tp-2, -4 and -8 in namespace default", func() bool {
+	if err := waitUntil(ctx, 2*time.Minute, "the driver's ResourceSlice with 8 GPUs and the templates nvdomain-tp-2, -4 and -8 in namespace default", func() bool {
 		devs, _, _ := c.Kubectl("get", "resourceslices", "-o", `jsonpath={range .items[?(@.spec.driver=="gpu.nvdomain.io")]}{range .spec.devices[*]}{.name}{" "}{end}{end}`)
 		tpls, _, _ := c.Kubectl("get", "resourceclaimtemplates", "-n", "default", "-o", "name")
 		return len(strings.Fields(devs)) == 8 && strings.Contains(tpls, "nvdomain-tp-2") && strings.Contains(tpls, "nvdomain-tp-4") && strings.Contains(tpls, "nvdomain-tp-8")
-	})
+	}); err != nil {
+		return err
+	}
+	return c.waitFailClosed(ctx, w)
 }
 
 // DRAReport is what the DRA-mode scenarios found.

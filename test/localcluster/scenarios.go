@@ -85,11 +85,30 @@ func (c *Cluster) Install(ctx context.Context, w io.Writer) error {
 		return fmt.Errorf("helm install: %v\n%s\n%s\n%s", err, out, pods, desc)
 	}
 	fmt.Fprintf(w, "%s\n", firstLines(string(out), 6))
-	return waitUntil(ctx, 2*time.Minute, "the node to advertise its domains and simulated GPUs", func() bool {
+	if err := waitUntil(ctx, 2*time.Minute, "the node to advertise its domains and simulated GPUs", func() bool {
 		capGPU, _, _ := c.Kubectl("get", "node", NodeName, "-o", `jsonpath={.status.allocatable.nvidia\.com/gpu}`)
 		d1, _, _ := c.Kubectl("get", "node", NodeName, "-o", `jsonpath={.status.allocatable.nvidia\.com/nvswitch-domain-1}`)
 		return strings.TrimSpace(capGPU) == "8" && strings.TrimSpace(d1) == "4"
+	}); err != nil {
+		return err
+	}
+	return c.waitFailClosed(ctx, w)
+}
+
+// FailClosed is the node's NvdomainFailClosed condition once the canary was decided.
+func (c *Cluster) waitFailClosed(ctx context.Context, w io.Writer) error {
+	jp := `jsonpath={range .status.conditions[?(@.type=="` + names.ConditionFailClosed + `")]}{.status} {.reason}: {.message}{end}`
+	err := waitUntil(ctx, 3*time.Minute, "the node's fail-closed canary to be decided", func() bool {
+		out, _, _ := c.Kubectl("get", "node", NodeName, "-o", jp)
+		c.FailClosed = strings.TrimSpace(out)
+		return strings.HasPrefix(c.FailClosed, "True ") || strings.HasPrefix(c.FailClosed, "False ")
 	})
+	if err != nil {
+		desc, _, _ := c.Kubectl("describe", "pods", "-n", "nvdomain-system")
+		return fmt.Errorf("%w (condition %q)\n%s", err, c.FailClosed, desc)
+	}
+	fmt.Fprintf(w, "node %s %s: %s\n", NodeName, names.ConditionFailClosed, c.FailClosed)
+	return nil
 }
 
 func firstLines(s string, n int) string {

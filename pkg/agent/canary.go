@@ -1,0 +1,172 @@
+package agent
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
+)
+
+// CanaryPlugin is the NRI plugin the canary requires; no plugin has this name, so an active
+// validator must refuse the canary's container.
+const CanaryPlugin = "nvdomain-canary-absent"
+
+// CanaryOptions configure the fail-closed canary. nvdomain's guarantee on a node rests on
+// containerd settings nothing else checks (NRI enabled, its default validator on, the snippet
+// actually imported): without them a GPU container whose pod requires the NRI plugin starts
+// anyway, on whatever GPUs the device plugin chose. The canary asks the node itself: a pod
+// bound to it whose container requires a plugin that does not exist must be refused.
+type CanaryOptions struct {
+	// Image runs the canary (the release image: already on the node, and its /nvdomain
+	// version exits at once should a broken node let it run). Empty disables the canary.
+	Image string
+	// Namespace and NamePrefix place the canary pod: the node pod's namespace, and
+	// <release>-canary-, the only pods the node's credentials may create (policies.yaml).
+	Namespace, NamePrefix string
+	// Interval between canaries (the first runs once the topology is published); Timeout is
+	// how long one may take to be decided.
+	Interval, Timeout time.Duration
+	// WithholdCapacity publishes every domain of a node whose canary ran with no room, so no
+	// tensor-parallel pod is placed there (node.requireFailClosed).
+	WithholdCapacity bool
+}
+
+// CanaryResult is one canary's verdict, as the NvdomainFailClosed condition says it.
+type CanaryResult struct {
+	Status          corev1.ConditionStatus
+	Reason, Message string
+}
+
+// CanaryName is the canary pod's name on a node: the prefix and the node's name, cut to fit
+// a pod name with a hash of the full name so that two long node names never collide.
+func CanaryName(prefix, node string) string {
+	name := prefix + node
+	if len(name) <= 63 {
+		return name
+	}
+	sum := sha256.Sum256([]byte(node))
+	return strings.TrimRight(name[:63-11], "-.") + "-" + hex.EncodeToString(sum[:])[:10]
+}
+
+// canaryPod is the pod the node-scope policy lets a node pod create: one container running
+// /nvdomain version, no volumes, no service account token, bound to the node.
+func canaryPod(o CanaryOptions, node string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: CanaryName(o.NamePrefix, node), Namespace: o.Namespace,
+			Labels: map[string]string{"app.kubernetes.io/name": "nvdomain", "app.kubernetes.io/component": "canary"},
+			Annotations: map[string]string{
+				names.RequiredPluginsAnnotation + names.RequiredPluginsContainerInfix + "canary": "[" + CanaryPlugin + "]",
+			},
+		},
+		Spec: corev1.PodSpec{
+			NodeName: node, HostNetwork: true, RestartPolicy: corev1.RestartPolicyNever,
+			AutomountServiceAccountToken:  ptr.To(false),
+			TerminationGracePeriodSeconds: ptr.To[int64](0),
+			Tolerations:                   []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
+			Containers: []corev1.Container{{
+				Name: "canary", Image: o.Image, ImagePullPolicy: corev1.PullIfNotPresent, Command: []string{"/nvdomain", "version"},
+				Resources: corev1.ResourceRequirements{
+					Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1m"), corev1.ResourceMemory: resource.MustParse("8Mi")},
+					Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("32Mi")},
+				},
+				SecurityContext: &corev1.SecurityContext{
+					RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To[int64](65532), AllowPrivilegeEscalation: ptr.To(false),
+					ReadOnlyRootFilesystem: ptr.To(true), Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+				},
+			}},
+		},
+	}
+}
+
+// RunCanary creates the canary pod on node, waits until the kubelet's container creation is
+// decided, deletes the pod and says what it proved.
+func RunCanary(ctx context.Context, a *Agent) CanaryResult {
+	o, c := a.o.Canary, a.o.Client
+	pods := c.CoreV1().Pods(o.Namespace)
+	pod := canaryPod(o, a.o.Node)
+	// A canary left by an agent that was killed mid-run is replaced.
+	_ = pods.Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+	deadline := time.Now().Add(o.Timeout)
+	var err error
+	for {
+		if _, err = pods.Create(ctx, pod, metav1.CreateOptions{}); !apierrors.IsAlreadyExists(err) || time.Now().After(deadline) {
+			break
+		}
+		if !sleepCtx(ctx, time.Second) {
+			return CanaryResult{Status: corev1.ConditionUnknown, Reason: "CanaryInterrupted", Message: "the agent stopped during the canary"}
+		}
+	}
+	if err != nil {
+		return CanaryResult{Status: corev1.ConditionUnknown, Reason: "CanaryNotCreated",
+			Message: fmt.Sprintf("create canary pod %s/%s: %v; the node pods' Role and the node-scope policy must allow it (chart: node.failClosedCanary)", o.Namespace, pod.Name, err)}
+	}
+	defer func() {
+		// A fresh context: the pod must go even when ctx ended.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := pods.Delete(dctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil && !apierrors.IsNotFound(err) {
+			a.o.Log.Error(err, "delete the canary pod", "pod", pod.Name)
+		}
+	}()
+	last := "not scheduled by the kubelet yet"
+	for time.Now().Before(deadline) {
+		if !sleepCtx(ctx, time.Second) {
+			break
+		}
+		p, err := pods.Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			last = err.Error()
+			continue
+		}
+		if r, done := judgeCanary(p); done {
+			return r
+		} else if r.Message != "" {
+			last = r.Message
+		}
+	}
+	return CanaryResult{Status: corev1.ConditionUnknown, Reason: "CanaryUndecided",
+		Message: fmt.Sprintf("the canary's container was neither refused nor started within %s: %s", o.Timeout, last)}
+}
+
+// judgeCanary reads the canary pod's status: its container refused for the missing plugin
+// proves the validator; a container that started proves the node fails open.
+func judgeCanary(p *corev1.Pod) (CanaryResult, bool) {
+	for _, st := range p.Status.ContainerStatuses {
+		switch {
+		case st.State.Waiting != nil && strings.Contains(st.State.Waiting.Message, CanaryPlugin):
+			return CanaryResult{Status: corev1.ConditionTrue, Reason: "CanaryRefused",
+				Message: "containerd's NRI validator refused a container requiring the absent plugin " + CanaryPlugin + ": pods that require nvdomain's NRI plugin cannot start without it"}, true
+		case st.State.Running != nil || st.State.Terminated != nil:
+			return CanaryResult{Status: corev1.ConditionFalse, Reason: "CanaryStarted",
+				Message: "enable NRI's default validator in containerd (manifests/containerd/nri.toml, imported by the config's `imports` line) and restart containerd: a container requiring the absent NRI plugin " + CanaryPlugin + " started, so GPU containers would start without nvdomain placing them"}, true
+		case st.State.Waiting != nil && st.State.Waiting.Reason != "":
+			return CanaryResult{Message: st.State.Waiting.Reason + ": " + st.State.Waiting.Message}, false
+		}
+	}
+	if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+		return CanaryResult{Status: corev1.ConditionFalse, Reason: "CanaryStarted", Message: "the canary pod ran to " + string(p.Status.Phase) + " although its container requires the absent NRI plugin " + CanaryPlugin + ": enable NRI's default validator in containerd"}, true
+	}
+	return CanaryResult{}, false
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -1,0 +1,116 @@
+package agent
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
+)
+
+func TestJudgeCanary(t *testing.T) {
+	waiting := func(reason, msg string) corev1.ContainerStatus {
+		return corev1.ContainerStatus{State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: reason, Message: msg}}}
+	}
+	for _, tc := range []struct {
+		name   string
+		status corev1.PodStatus
+		want   corev1.ConditionStatus
+		done   bool
+	}{
+		{"refused by the validator", corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{waiting("CreateContainerError", `failed to create containerd container: validation error: required plugin "nvdomain-canary-absent" not present`)}}, corev1.ConditionTrue, true},
+		{"started", corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{{State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}}, corev1.ConditionFalse, true},
+		{"ran to completion", corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{{State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0}}}}}, corev1.ConditionFalse, true},
+		{"succeeded, statuses gone", corev1.PodStatus{Phase: corev1.PodSucceeded}, corev1.ConditionFalse, true},
+		{"image not there yet", corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{waiting("ErrImagePull", "not found")}}, "", false},
+		{"refused for another reason", corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{waiting("CreateContainerError", "no space left on device")}}, "", false},
+		{"pending", corev1.PodStatus{Phase: corev1.PodPending}, "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, done := judgeCanary(&corev1.Pod{Status: tc.status})
+			if done != tc.done || r.Status != tc.want {
+				t.Errorf("judged %+v (decided %v), want %q (decided %v)", r, done, tc.want, tc.done)
+			}
+		})
+	}
+}
+
+func TestCanaryName(t *testing.T) {
+	if got := CanaryName("nvdomain-canary-", "gpu-node01"); got != "nvdomain-canary-gpu-node01" {
+		t.Errorf("short name %q", got)
+	}
+	long := strings.Repeat("ip-10-0-0-1.ec2.internal-", 4)
+	a, b := CanaryName("nvdomain-canary-", long+"a"), CanaryName("nvdomain-canary-", long+"b")
+	if len(a) > 63 || a == b {
+		t.Errorf("long names %q and %q: want ≤63 characters and distinct", a, b)
+	}
+}
+
+// TestFailOpenNodeGetsNoRoom: the canary on a node whose containerd lets a container that
+// requires an absent plugin start turns the NvdomainFailClosed condition False, labels the
+// node, publishes every domain with no room, records an Event, and deletes the canary pod.
+func TestFailOpenNodeGetsNoRoom(t *testing.T) {
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-node01"}})
+	n := names.Default()
+	a := New(Options{Names: n, Node: "gpu-node01", Source: &flakySource{top: seed(t)}, Client: client, Period: time.Hour, Log: logr.Discard(), Metrics: newMetrics(),
+		Canary: CanaryOptions{Image: "ghcr.io/nvdomain/nvdomain:v1", Namespace: "nvdomain-system", NamePrefix: "nvdomain-canary-", Interval: time.Hour, Timeout: 20 * time.Second, WithholdCapacity: true}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// The kubelet of a node without NRI's validator: the canary's container runs.
+	go func() {
+		for ctx.Err() == nil {
+			p, err := client.CoreV1().Pods("nvdomain-system").Get(ctx, "nvdomain-canary-gpu-node01", metav1.GetOptions{})
+			if err == nil && len(p.Status.ContainerStatuses) == 0 {
+				if p.Annotations["required-plugins.noderesource.dev/container.canary"] != "[nvdomain-canary-absent]" || p.Spec.NodeName != "gpu-node01" {
+					t.Errorf("canary pod %+v", p)
+				}
+				p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "canary", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}
+				client.CoreV1().Pods("nvdomain-system").UpdateStatus(ctx, p, metav1.UpdateOptions{})
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	go a.Run(ctx)
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		if c := condition(t, client, names.ConditionFailClosed); c != nil && c.Status == corev1.ConditionFalse {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	c := condition(t, client, names.ConditionFailClosed)
+	if c == nil || c.Status != corev1.ConditionFalse || c.Reason != "CanaryStarted" || !strings.HasPrefix(c.Message, "enable NRI's default validator") {
+		t.Fatalf("condition %+v: want False/CanaryStarted, fix first", c)
+	}
+	for time.Now().Before(deadline) {
+		node, _ := client.CoreV1().Nodes().Get(ctx, "gpu-node01", metav1.GetOptions{})
+		q := node.Status.Capacity[corev1.ResourceName(n.DomainResource(0))]
+		if node.Labels[n.FailOpenLabel()] == "true" && q.Value() == 0 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	node, _ := client.CoreV1().Nodes().Get(ctx, "gpu-node01", metav1.GetOptions{})
+	for _, d := range []int{0, 1} {
+		q, ok := node.Status.Capacity[corev1.ResourceName(n.DomainResource(d))]
+		if !ok || q.Value() != 0 {
+			t.Errorf("domain %d capacity %v (present %v), want 0 on a fail-open node", d, q.String(), ok)
+		}
+	}
+	if node.Labels[n.FailOpenLabel()] != "true" {
+		t.Errorf("labels %v: want %s=true", node.Labels, n.FailOpenLabel())
+	}
+	for time.Now().Before(deadline) {
+		if _, err := client.CoreV1().Pods("nvdomain-system").Get(ctx, "nvdomain-canary-gpu-node01", metav1.GetOptions{}); err != nil {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Error("the canary pod was not deleted")
+}

@@ -25,13 +25,14 @@ const (
 )
 
 // MaxMessage caps the message of every Event and Node condition nvdomain writes. Messages
-// put the field and the fix first, so the cut loses only detail; the whole text is in the
-// component's log and in `nvdomain explain`. The cap keeps `kubectl describe` readable and a
-// message that names many pods or GPUs from growing without bound.
-const MaxMessage = 400
+// put the status, the field and the fix first, so the cut loses only detail; the whole text is
+// in the component's log and in `nvdomain explain`. The cap keeps `kubectl describe` readable
+// and a message that names many pods or GPUs from growing without bound (the API's own limit
+// is 1 KiB for events.k8s.io notes).
+const MaxMessage = 512
 
 // capSuffix ends a cut message and says where the rest is.
-const capSuffix = " … (cut; full text: nvdomain explain, or the component's log)"
+const capSuffix = " … (more: nvdomain explain, or the log)"
 
 // Cap returns msg cut to MaxMessage bytes, on a rune boundary, with capSuffix.
 func Cap(msg string) string {

@@ -3,6 +3,7 @@ package repin
 import (
 	"errors"
 	"fmt"
+	"github.com/nvdomain/nvdomain/pkg/kubeevents"
 	"strings"
 	"time"
 
@@ -37,7 +38,7 @@ func StrandedFix(dec placement.RepinDecision, bare bool) string {
 	if !bare {
 		return fixes("delete the pod; its owner recreates it and the webhook pins the replacement to a domain with room", dec)
 	}
-	return fixes("delete the pod and create it again from its original manifest (not from `kubectl get -o yaml`, which carries the old pin: its nvswitch-domain resources, affinity and annotations), and the webhook pins it to a domain with room", dec) +
+	return fixes("delete the pod and create it again from its original manifest (not from `kubectl get -o yaml`, which carries the old pin), and the webhook pins it to a domain with room", dec) +
 		"; or run it under a Deployment, StatefulSet or a Job whose podFailurePolicy ignores DisruptionTarget, so nvdomain moves it itself; or run the pool in DRA mode (docs/dra.md), where nothing is pinned"
 }
 
@@ -65,11 +66,11 @@ func fixes(first string, dec placement.RepinDecision) string {
 // other than its GPUs or its domain (DomainBlocked): a new domain would not make it run.
 const NotDomainNote = "the scheduler's reason is not its GPUs or its domain, and another domain would leave it just as Pending; fix the reason the scheduler gives"
 
-// EvictionRefusal explains an eviction answered 429 Too Many Requests and says what to change.
-// A Pending pod's eviction does not consult PodDisruptionBudgets, so a budget refuses only a
-// pod that was running at that moment; otherwise the API server's priority and fairness
-// limits throttled nvdomain.
-func EvictionRefusal(err error, qps float64) string {
+// EvictionRefusal explains an eviction answered 429 Too Many Requests (why) and says what to
+// change (fix). A Pending pod's eviction does not consult PodDisruptionBudgets, so a budget
+// refuses only a pod that was running at that moment; otherwise the API server's priority and
+// fairness throttled nvdomain.
+func EvictionRefusal(err error, qps float64) (why, fix string) {
 	budget := ""
 	var status apierrors.APIStatus
 	if errors.As(err, &status) {
@@ -85,9 +86,11 @@ func EvictionRefusal(err error, qps float64) string {
 		budget = err.Error()
 	}
 	if budget != "" {
-		return fmt.Sprintf("a PodDisruptionBudget allows no disruption now (%s). The pod was running at that moment, so nvdomain left it; if it is stranded again and refused again, raise that PodDisruptionBudget's spec.maxUnavailable by one (or lower its spec.minAvailable by one) so that one pod of the workload may move, or set its spec.unhealthyPodEvictionPolicy: AlwaysAllow so that pods that are not Ready may always be evicted", budget)
+		return fmt.Sprintf("a PodDisruptionBudget allows no disruption now (%s); the pod was running at that moment, so nvdomain left it", budget),
+			"Fix: if it is refused again, raise that PodDisruptionBudget's spec.maxUnavailable by one (or lower its spec.minAvailable by one), or set its spec.unhealthyPodEvictionPolicy: AlwaysAllow"
 	}
-	return fmt.Sprintf("the API server throttled nvdomain's evictions (API Priority and Fairness: %v); it is retried at the next pass. If this repeats, lower --repin-qps (now %g) or give nvdomain's service account a FlowSchema with a larger share", err, qps)
+	return fmt.Sprintf("the API server throttled nvdomain's evictions (API Priority and Fairness: %v); it is retried at the next pass", err),
+		fmt.Sprintf("Fix: if this repeats, lower --repin-qps (now %g) or give nvdomain's service account a FlowSchema with a larger share", qps)
 }
 
 // NoRoomAdvice is the cause and fix for a pod that waits because no domain has room for its
@@ -142,7 +145,31 @@ func WebhookDisagrees(domain int, fits bool, dec placement.RepinDecision) string
 
 // GivenUpText is the RepinGivenUp Event: the workload was moved moves times and never ran.
 func GivenUpText(cause string, moves int) string {
-	return fmt.Sprintf("Stranded: %s; its pods were moved %d times and none ran, so nvdomain stops moving them until the nodes change or an hour passes. Fix: run `kubectl nvdomain explain` on the pod for the scheduler's reason; check its node selector, affinity, tolerations and volumes against the nodes with room", cause, moves)
+	return EventMessage("Stranded, no longer moved", fmt.Sprintf("its pods were moved %d times and none ran, so nvdomain stops moving them until the nodes change or an hour passes", moves),
+		"Fix: run `kubectl nvdomain explain` on the pod for the scheduler's reason; check its node selector, affinity, tolerations and volumes against the nodes with room", cause)
+}
+
+// EventMessage is the text of a Stranded, RepinSkipped or RepinGivenUp Event, in the order a
+// reader needs it within kubeevents.MaxMessage: the status, why (what keeps it so, when that
+// is the news), the fix (its first clause: fix may go on with "; " and alternatives), then the
+// cause in detail; cut to the cap. `kubectl nvdomain explain` prints every fix and the whole
+// detail.
+func EventMessage(status, why, fix, cause string) string {
+	s := status + ":"
+	if why != "" {
+		s += " " + why + "."
+	}
+	more := false
+	if fix != "" {
+		first, rest, found := strings.Cut(fix, "; ")
+		more = found && rest != ""
+		s += " " + first + "."
+	}
+	s += " Cause: " + cause + "."
+	if more {
+		s += " More: kubectl nvdomain explain."
+	}
+	return kubeevents.Cap(s)
 }
 
 // RefusedCause names why a pod bound to a node does not start: the node's nvdomain plugin

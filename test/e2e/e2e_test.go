@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/nvdomain/nvdomain/pkg/kubeevents"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"io"
 	"os"
@@ -261,8 +262,12 @@ func checkCLI(t *testing.T, r *localcluster.CLIReport, rep *localcluster.Report)
 			t.Errorf("nvdomain explain %s lacks %q:\n%s", r.Stranded, want, explain)
 		}
 	}
-	if !strings.Contains(r.StrandedEvent, "original manifest") || !strings.Contains(r.StrandedEvent, "tensor-parallel size") {
-		t.Errorf("Stranded Event on tp4: %q", r.StrandedEvent)
+	// The Event: the first fix within the cap, and where the rest is; explain has every fix.
+	if !strings.Contains(r.StrandedEvent, "original manifest") || !strings.Contains(r.StrandedEvent, "kubectl nvdomain explain") || len(r.StrandedEvent) > kubeevents.MaxMessage {
+		t.Errorf("Stranded Event on tp4 (%d bytes): %q", len(r.StrandedEvent), r.StrandedEvent)
+	}
+	if !strings.Contains(explain, "tensor-parallel size") {
+		t.Errorf("nvdomain explain %s lacks the smaller-pod fix:\n%s", r.Stranded, explain)
 	}
 }
 

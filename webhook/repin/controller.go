@@ -32,6 +32,7 @@ import (
 
 	"github.com/nvdomain/nvdomain/pkg/admission"
 	"github.com/nvdomain/nvdomain/pkg/clusterview"
+	"github.com/nvdomain/nvdomain/pkg/kubeevents"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/placement"
 	prepin "github.com/nvdomain/nvdomain/pkg/repin"
@@ -258,18 +259,18 @@ func (r *Reconciler) act(ctx context.Context, pod *corev1.Pod, dec placement.Rep
 	cause := prepin.StrandedCause(dec, gpus, stranded)
 	if !prepin.DomainBlocked(pod, r.Names) {
 		r.Metrics.Repins.WithLabelValues(ResultSkipped).Inc()
-		r.eventOnce(pod, corev1.EventTypeWarning, prepin.ReasonRepinSkipped, "Repin", "Stranded: %s; it is not moved: %s (%q)", cause, prepin.NotDomainNote, prepin.SchedulerMessage(pod))
+		r.eventOnce(pod, corev1.EventTypeWarning, prepin.ReasonRepinSkipped, "Repin", "%s", prepin.EventMessage("Stranded, not moved", fmt.Sprintf("%s (%q)", prepin.NotDomainNote, prepin.SchedulerMessage(pod)), "", cause))
 		return 0
 	}
 	if metav1.GetControllerOfNoCopy(pod) == nil {
 		r.Metrics.Repins.WithLabelValues(ResultBarePod).Inc()
-		r.eventOnce(pod, corev1.EventTypeWarning, prepin.ReasonStranded, "Wait", "Stranded: %s; %s. %s", cause, prepin.BarePodNote, prepin.StrandedFix(dec, true))
+		r.eventOnce(pod, corev1.EventTypeWarning, prepin.ReasonStranded, "Wait", "%s", prepin.EventMessage("Stranded (a pod without an owner is never deleted)", "", prepin.StrandedFix(dec, true), cause))
 		return 0
 	}
 	owners := prepin.WalkOwners(ctx, pod, r.Options.OwnerKinds, r.owners)
 	if owners.Skip != "" {
 		r.Metrics.Repins.WithLabelValues(ResultSkipped).Inc()
-		r.eventOnce(pod, corev1.EventTypeWarning, prepin.ReasonRepinSkipped, "Repin", "Stranded: %s; it is not moved: %s. %s", cause, owners.Skip, prepin.SkipFix(owners, dec))
+		r.eventOnce(pod, corev1.EventTypeWarning, prepin.ReasonRepinSkipped, "Repin", "%s", prepin.EventMessage("Stranded, not moved", owners.Skip, prepin.SkipFix(owners, dec), cause))
 		return 0
 	}
 	// The replacement is pinned by the webhook, not by the plan: move the pod only toward
@@ -282,7 +283,7 @@ func (r *Reconciler) act(ctx context.Context, pod *corev1.Pod, dec placement.Rep
 		dec.To = -1
 	case target.Outcome != admission.OutcomePinned || !target.Chosen || !target.Decision.Fits || target.Domain == dec.From:
 		r.Metrics.Repins.WithLabelValues(ResultSkipped).Inc()
-		r.eventOnce(pod, corev1.EventTypeWarning, prepin.ReasonRepinSkipped, "Repin", "Stranded: %s; it is not moved: %s", cause, prepin.WebhookDisagrees(target.Domain, target.Decision.Fits, dec))
+		r.eventOnce(pod, corev1.EventTypeWarning, prepin.ReasonRepinSkipped, "Repin", "%s", prepin.EventMessage("Stranded, not moved", prepin.WebhookDisagrees(target.Domain, target.Decision.Fits, dec), "", cause))
 		return 0
 	default:
 		dec.To = target.Domain
@@ -348,13 +349,13 @@ func (r *Reconciler) repairRefused(ctx context.Context, now time.Time, next time
 		cause := prepin.RefusedCause(pod.Spec.NodeName, msg)
 		if metav1.GetControllerOfNoCopy(pod) == nil {
 			r.Metrics.Repins.WithLabelValues(ResultBarePod).Inc()
-			r.eventOnce(pod, corev1.EventTypeWarning, prepin.ReasonStranded, "Wait", "Stranded: %s; %s. %s", cause, prepin.BarePodNote, prepin.RefusedBareFix)
+			r.eventOnce(pod, corev1.EventTypeWarning, prepin.ReasonStranded, "Wait", "%s", prepin.EventMessage("Stranded (a pod without an owner is never deleted)", "", prepin.RefusedBareFix, cause))
 			continue
 		}
 		owners := prepin.WalkOwners(ctx, pod, r.Options.OwnerKinds, r.owners)
 		if owners.Skip != "" {
 			r.Metrics.Repins.WithLabelValues(ResultSkipped).Inc()
-			r.eventOnce(pod, corev1.EventTypeWarning, prepin.ReasonRepinSkipped, "Repin", "Stranded: %s; it is not moved: %s", cause, owners.Skip)
+			r.eventOnce(pod, corev1.EventTypeWarning, prepin.ReasonRepinSkipped, "Repin", "%s", prepin.EventMessage("Stranded, not moved", owners.Skip, "", cause))
 			continue
 		}
 		if retry := r.move(ctx, pod, owners, cause, "refused on node "+pod.Spec.NodeName, pod.Spec.NodeName); retry > 0 {
@@ -398,8 +399,8 @@ func (r *Reconciler) move(ctx context.Context, pod *corev1.Pod, owners prepin.Ow
 			r.Metrics.Repins.WithLabelValues(ResultGivenUp).Inc()
 			text := prepin.GivenUpText(cause, m.repeats+1)
 			r.Log.Info("gave up re-pinning a workload", "namespace", pod.Namespace, "pod", pod.Name, "controller", ctrl.Name, "moves", m.repeats+1)
-			r.Recorder.Eventf(pod, nil, corev1.EventTypeWarning, prepin.ReasonRepinGivenUp, "Repin", "%s", text)
-			r.Recorder.Eventf(ownerObject(pod.Namespace, owners.Top()), nil, corev1.EventTypeWarning, prepin.ReasonRepinGivenUp, "Repin", "pod %s: %s", pod.Name, text)
+			r.Recorder.Eventf(pod, nil, corev1.EventTypeWarning, prepin.ReasonRepinGivenUp, "Repin", "%s", kubeevents.Cap(text))
+			r.Recorder.Eventf(ownerObject(pod.Namespace, owners.Top()), nil, corev1.EventTypeWarning, prepin.ReasonRepinGivenUp, "Repin", "%s", kubeevents.Cap("pod "+pod.Name+": "+text))
 			return 0
 		}
 		if wait := prepin.MoveBackoff(r.Options.After, m.repeats+1) - r.now().Sub(m.last); wait > 0 {
@@ -455,16 +456,17 @@ func (r *Reconciler) move(ctx context.Context, pod *corev1.Pod, owners prepin.Ow
 		msg := fmt.Sprintf("%s: evicted so that its %s recreates it and nvdomain pins the replacement to a domain with room", cause, owners.Describe())
 		top := owners.Top()
 		r.Log.Info("re-pinned a pod", "namespace", pod.Namespace, "name", pod.Name, "move", moveText, "owners", owners.Describe())
-		r.Recorder.Eventf(pod, nil, corev1.EventTypeNormal, prepin.ReasonRepinned, "Repin", "%s: %s", moveText, msg)
+		r.Recorder.Eventf(pod, nil, corev1.EventTypeNormal, prepin.ReasonRepinned, "Repin", "%s", kubeevents.Cap(moveText+": "+msg))
 		// The top-level owner is the object its user manages (a Deployment rather than its
 		// ReplicaSet): the Event goes where they look.
-		r.Recorder.Eventf(ownerObject(pod.Namespace, top), nil, corev1.EventTypeNormal, prepin.ReasonRepinned, "Repin", "pod %s, %s: %s", pod.Name, moveText, msg)
+		r.Recorder.Eventf(ownerObject(pod.Namespace, top), nil, corev1.EventTypeNormal, prepin.ReasonRepinned, "Repin", "%s", kubeevents.Cap("pod "+pod.Name+", "+moveText+": "+msg))
 		delete(r.since, pod.UID)
 	case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
 		// Gone, replaced, bound or changed meanwhile: the next pass sees the new state.
 	case apierrors.IsTooManyRequests(err):
 		r.Metrics.Repins.WithLabelValues(ResultSkipped).Inc()
-		r.eventOnce(pod, corev1.EventTypeWarning, prepin.ReasonRepinSkipped, "Repin", "Stranded: %s; its eviction was refused: %s", cause, prepin.EvictionRefusal(err, r.Options.QPS))
+		why, fix := prepin.EvictionRefusal(err, r.Options.QPS)
+		r.eventOnce(pod, corev1.EventTypeWarning, prepin.ReasonRepinSkipped, "Repin", "%s", prepin.EventMessage("Stranded, eviction refused", why, fix, cause))
 	default:
 		r.Metrics.Repins.WithLabelValues(ResultError).Inc()
 		r.Log.Error(err, "evict a stranded pod", "namespace", pod.Namespace, "name", pod.Name)
@@ -518,7 +520,7 @@ func (r *Reconciler) eventOnce(pod *corev1.Pod, typ, reason, action, format stri
 		return
 	}
 	r.lastEvent[pod.UID] = now
-	r.Recorder.Eventf(pod, nil, typ, reason, action, format, args...)
+	r.Recorder.Eventf(pod, nil, typ, reason, action, "%s", kubeevents.Cap(fmt.Sprintf(format, args...)))
 }
 
 func ownerObject(namespace string, o *metav1.OwnerReference) runtime.Object {

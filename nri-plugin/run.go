@@ -2,6 +2,7 @@ package nriplugin
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"sync/atomic"
@@ -154,6 +155,8 @@ func Run(ctx context.Context, o RunOptions, log logr.Logger) error {
 		return err
 	}
 	plugin.Store(p)
+	ctx, stopServing := context.WithCancelCause(ctx)
+	defer stopServing(nil)
 	if cs != nil && o.DaemonSet != "" {
 		uninstall := lifecycle.WatchUninstall(ctx, cs, o.Names, o.Namespace, o.DaemonSet, log.WithName("lifecycle"))
 		go func() {
@@ -161,6 +164,12 @@ func Run(ctx context.Context, o RunOptions, log logr.Logger) error {
 			case <-uninstall:
 				p.SetPassThrough()
 			case <-ctx.Done():
+				return
+			}
+			// Pass-through lasts until this pod goes, unless the release is installed again
+			// over the kept DaemonSet: then the plugin restarts as the new release's.
+			if lifecycle.WaitUnmarked(ctx, cs, o.Names, o.Namespace, o.DaemonSet, 10*time.Second) {
+				stopServing(lifecycle.ErrReinstalled)
 			}
 		}()
 	}
@@ -180,7 +189,11 @@ func Run(ctx context.Context, o RunOptions, log logr.Logger) error {
 	log.Info("starting", "version", version.Version, "gpus", len(top.GPUs), "domains", len(top.Domains), "source", top.Source, "fingerprint", top.Fingerprint(),
 		"cdiKind", kind.String(), "sharedGPUs", o.SharedGPUs, "topologyReload", o.TopologyReload, "hookPath", o.HookPath, "cdiSpecDirs", o.CDISpecDirs, "dra", o.DRA,
 		"deviceListStrategies", p.cfg.DeviceListStrategies, "trustedNamespaces", o.TrustedNamespaces, "lastGeneration", lastGen)
-	return serve(ctx, p, opts, defaultBackoff, log)
+	err = serve(ctx, p, opts, defaultBackoff, log)
+	if cause := context.Cause(ctx); errors.Is(cause, lifecycle.ErrReinstalled) {
+		return cause
+	}
+	return err
 }
 
 // retryBackoff spaces the attempts to load a first topology.

@@ -420,7 +420,9 @@ func (a *Agent) uninstall(ctx context.Context) error {
 	if a.o.Drainer != nil {
 		d := *a.o.Drainer
 		d.Drained = a.drained
-		d.Run(ctx)
+		if err := d.Run(ctx); err != nil {
+			return err
+		}
 	}
 	<-ctx.Done()
 	return nil
@@ -438,6 +440,9 @@ func (a *Agent) drained() bool {
 	}
 	return err == nil && doc.PassThrough && doc.RequiringPods == 0
 }
+
+// canaryRetry is the wait before the next canary while the last was not refused.
+const canaryRetry = 5 * time.Minute
 
 // startCanaries runs the fail-closed canary now and every Canary.Interval in a goroutine of
 // its own (one canary takes seconds) and hands each verdict to Run's loop, which alone
@@ -457,7 +462,13 @@ func (a *Agent) startCanaries(ctx context.Context) <-chan CanaryResult {
 			case <-ctx.Done():
 				return
 			}
-			if !sleepCtx(ctx, a.o.Canary.Interval) {
+			// A node not proven yet is asked again soon: the usual cause is containerd not
+			// restarted after its NRI snippet was written, which the operator fixes in minutes.
+			wait := a.o.Canary.Interval
+			if r.Status != corev1.ConditionTrue {
+				wait = min(wait, canaryRetry)
+			}
+			if !sleepCtx(ctx, wait) {
 				return
 			}
 		}

@@ -120,7 +120,7 @@ func RunProcess(ctx context.Context, o ProcessOptions, log logr.Logger) error {
 		HookDir:   o.HookDir, ContainerdConfDir: o.ContainerdConfDir, Canary: o.Canary}
 	ao.Canary.Namespace, ao.Canary.NamePrefix = o.Namespace, o.Release+"-canary-"
 	if o.DaemonSet != "" {
-		ao.Drainer = &lifecycle.Drainer{Client: client, Names: o.Names, Release: lifecycle.Release{Name: o.Release, Namespace: o.Namespace}, Pod: o.Pod, Log: log.WithName("lifecycle")}
+		ao.Drainer = &lifecycle.Drainer{Client: client, Names: o.Names, Release: lifecycle.Release{Name: o.Release, Namespace: o.Namespace}, Pod: o.Pod, DaemonSet: o.DaemonSet, Log: log.WithName("lifecycle")}
 	}
 	var driver atomic.Pointer[dra.Driver]
 	notReady := "no topology published yet"

@@ -275,17 +275,23 @@ type Drainer struct {
 	Client  kubernetes.Interface
 	Names   names.Names
 	Release Release
-	// Pod is this node pod's name.
-	Pod string
+	// Pod is this node pod's name, DaemonSet its DaemonSet's.
+	Pod, DaemonSet string
 	// Drained reports whether no pod on this node requires the NRI plugin any more.
 	Drained func() bool
 	Period  time.Duration
 	Log     logr.Logger
 }
 
+// ErrReinstalled ends a node pod's drain: its DaemonSet is no longer marked, because the
+// release was installed again over the kept objects (the chart's template clears the mark).
+// The pod's containers then exit, and start again as the new release's.
+var ErrReinstalled = errors.New("the release was installed again over the kept node DaemonSet; restarting as the new release's node pod")
+
 // Run marks the pod drained once Drained holds, and when every node pod is marked, deletes
-// the node DaemonSets and ClusterRole. It returns when it did, or when ctx ends.
-func (d Drainer) Run(ctx context.Context) {
+// the node DaemonSets and ClusterRole. It returns nil when it did, or when ctx ends, and
+// ErrReinstalled when the mark went away meanwhile.
+func (d Drainer) Run(ctx context.Context) error {
 	period := d.Period
 	if period <= 0 {
 		period = 5 * time.Second
@@ -293,6 +299,11 @@ func (d Drainer) Run(ctx context.Context) {
 	key := d.Names.UninstallDrainedAnnotation()
 	marked := false
 	for {
+		if d.DaemonSet != "" {
+			if ok, err := Marked(ctx, d.Client, d.Names, d.Release.Namespace, d.DaemonSet); err == nil && !ok {
+				return ErrReinstalled
+			}
+		}
 		if !marked && d.Drained() {
 			body, _ := jsonPatch(map[string]any{"metadata": map[string]any{"annotations": map[string]string{key: "true"}}})
 			if _, err := d.Client.CoreV1().Pods(d.Release.Namespace).Patch(ctx, d.Pod, types.MergePatchType, body, metav1.PatchOptions{}); err != nil {
@@ -303,12 +314,38 @@ func (d Drainer) Run(ctx context.Context) {
 			}
 		}
 		if marked && d.lastOne(ctx) {
-			return
+			return nil
 		}
 		if !sleep(ctx, period) {
-			return
+			return nil
 		}
 	}
+}
+
+// Marked reports whether DaemonSet namespace/name carries the uninstall mark; a DaemonSet
+// that is gone is not marked.
+func Marked(ctx context.Context, c kubernetes.Interface, n names.Names, namespace, name string) (bool, error) {
+	ds, err := c.AppsV1().DaemonSets(namespace).Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return ds.Annotations[n.UninstallAnnotation()] != "", nil
+}
+
+// WaitUnmarked blocks until DaemonSet namespace/name exists without the uninstall mark (the
+// release was installed again), checking every period; it reports whether it saw that before
+// ctx ended. A DaemonSet that is gone is being deleted with this pod: that is not a reinstall.
+func WaitUnmarked(ctx context.Context, c kubernetes.Interface, n names.Names, namespace, name string, period time.Duration) bool {
+	for sleep(ctx, period) {
+		ds, err := c.AppsV1().DaemonSets(namespace).Get(ctx, name, metav1.GetOptions{})
+		if err == nil && ds.DeletionTimestamp == nil && ds.Annotations[n.UninstallAnnotation()] == "" {
+			return true
+		}
+	}
+	return false
 }
 
 // lastOne deletes the DaemonSets and the ClusterRole when every node pod is drained.
@@ -328,7 +365,21 @@ func (d Drainer) lastOne(ctx context.Context) bool {
 		return false
 	}
 	for _, name := range d.Release.NodeDaemonSets() {
-		if err := ignoreNotFound(d.Client.AppsV1().DaemonSets(d.Release.Namespace).Delete(ctx, name, metav1.DeleteOptions{})); err != nil {
+		ds, err := d.Client.AppsV1().DaemonSets(d.Release.Namespace).Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			d.Log.Error(err, "read the node DaemonSet", "daemonset", name)
+			return false
+		}
+		if ds.Annotations[d.Names.UninstallAnnotation()] == "" {
+			// Installed again: the new release owns it now.
+			return false
+		}
+		// Only the marked version: an install that clears the mark meanwhile wins.
+		opts := metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &ds.UID, ResourceVersion: &ds.ResourceVersion}}
+		if err := ignoreNotFound(d.Client.AppsV1().DaemonSets(d.Release.Namespace).Delete(ctx, name, opts)); err != nil {
 			d.Log.Error(err, "delete the node DaemonSet", "daemonset", name)
 			return false
 		}

@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"bytes"
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -115,6 +116,11 @@ func TestDrainerWaitsForEveryNodePod(t *testing.T) {
 		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: rel.Namespace, Labels: l}}
 	}
 	objs := append(objects(), pod("node-a"), pod("node-b"))
+	for _, o := range objs {
+		if ds, ok := o.(*appsv1.DaemonSet); ok {
+			ds.Annotations = map[string]string{n.UninstallAnnotation(): "2026-12-01T00:00:00Z"}
+		}
+	}
 	c := fake.NewClientset(objs...)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -168,5 +174,25 @@ func TestWatchUninstall(t *testing.T) {
 	case <-never:
 		t.Error("an empty DaemonSet name fired")
 	case <-time.After(10 * time.Millisecond):
+	}
+}
+
+// TestDrainEndsWhenInstalledAgain: a release installed again over the kept DaemonSet clears
+// the mark; a draining node pod then stops (to restart as the new release's) and deletes
+// nothing.
+func TestDrainEndsWhenInstalledAgain(t *testing.T) {
+	n := names.Default()
+	c := fake.NewClientset(objects()...) // the DaemonSet carries no mark: installed again
+	d := Drainer{Client: c, Names: n, Release: rel, Pod: "node-a", DaemonSet: "nvdomain-node", Drained: func() bool { return true }, Period: time.Millisecond, Log: logr.Discard()}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := d.Run(ctx); !errors.Is(err, ErrReinstalled) {
+		t.Fatalf("Run = %v, want ErrReinstalled", err)
+	}
+	if _, err := c.AppsV1().DaemonSets(rel.Namespace).Get(ctx, "nvdomain-node", metav1.GetOptions{}); err != nil {
+		t.Errorf("the new release's DaemonSet was deleted: %v", err)
+	}
+	if !WaitUnmarked(ctx, c, n, rel.Namespace, "nvdomain-node", time.Millisecond) {
+		t.Error("WaitUnmarked did not see the unmarked DaemonSet")
 	}
 }

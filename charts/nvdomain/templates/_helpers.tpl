@@ -72,6 +72,13 @@ them once no pod on any node requires the NRI plugin (docs/operations.md, Uninst
 helm.sh/resource-policy: keep
 {{- end -}}
 
+{{/* On the node DaemonSets: the uninstall mark, cleared. An install or upgrade over a release
+that is still draining after `helm uninstall` takes the kept DaemonSets back; their pods
+then restart as this release's (package lifecycle). */}}
+{{- define "nvdomain.uninstallMarkCleared" -}}
+{{ .Values.names.labelPrefix }}/uninstall: ""
+{{- end -}}
+
 {{/* The node pods' identity for the uninstall protocol. */}}
 {{- define "nvdomain.podIdentityEnv" -}}
 - name: POD_NAME

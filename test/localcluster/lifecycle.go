@@ -148,7 +148,8 @@ func (c *Cluster) RunLifecycle(ctx context.Context, w io.Writer, rep *Report) (*
 	say("  after the uninstall, tp2-a's container restarted: GPU device nodes %s", strings.Join(lr.AfterUninstall.Devices, " "))
 
 	// A plain GPU pod after the uninstall: nothing of nvdomain stands in its way.
-	plain := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "plain-after-uninstall", Namespace: "default"}, Spec: corev1.PodSpec{
+	// hostNetwork like the examples: the local node has no CNI.
+	plain := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "plain-after-uninstall", Namespace: "default"}, Spec: corev1.PodSpec{HostNetwork: true,
 		Containers: []corev1.Container{{Name: "c", Image: BusyboxImage, Command: []string{"/bin/sh", "-c", gpuProbeScript},
 			Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{names.GPUResource: resource.MustParse("1")}}}}}}
 	if _, err := cs.CoreV1().Pods("default").Create(ctx, plain, metav1.CreateOptions{}); err != nil {

@@ -144,6 +144,17 @@ func Run(ctx context.Context, o RunOptions, log logr.Logger) error {
 			return fmt.Errorf("--cdi-kind %q: give vendor/class, e.g. %s", o.CDIKind, cdispec.DevicePluginGPU)
 		}
 	}
+	passThrough := false
+	if o.HookPath != "" {
+		if fi, err := os.Stat(o.HookPath); (err != nil || fi.Mode()&0o111 == 0) && cs != nil && o.DaemonSet != "" {
+			// Restarted during an uninstall after the agent removed the hook: serve
+			// pass-through, which needs no hook, so pods that require the plugin still start.
+			if marked, merr := lifecycle.Marked(ctx, cs, o.Names, o.Namespace, o.DaemonSet); merr == nil && marked {
+				log.Info("the release is being uninstalled and the hook is gone: starting in pass-through", "hookPath", o.HookPath)
+				o.HookPath, passThrough = "", true
+			}
+		}
+	}
 	if o.HookPath != "" {
 		if fi, err := os.Stat(o.HookPath); err != nil || fi.Mode()&0o111 == 0 {
 			return fmt.Errorf("--hook-path %s: not an executable (%v); install nvdomain-nri-hook on the node there (the chart's install-hook init container does), or pass --hook-path= to leave removed GPUs' device nodes in place, denied by the device cgroup", o.HookPath, err)
@@ -153,6 +164,9 @@ func Run(ctx context.Context, o RunOptions, log logr.Logger) error {
 		DeviceListStrategies: o.DeviceListStrategies, TrustedNamespaces: o.TrustedNamespaces, LastGeneration: lastGen, Previous: previous}, log, m, reporters)
 	if err != nil {
 		return err
+	}
+	if passThrough {
+		p.SetPassThrough()
 	}
 	plugin.Store(p)
 	ctx, stopServing := context.WithCancelCause(ctx)

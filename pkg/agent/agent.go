@@ -12,6 +12,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/nvdomain/nvdomain/pkg/hostfiles"
@@ -130,11 +131,17 @@ func (a *Agent) WaitForTopology(ctx context.Context) (*topology.Topology, error)
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
+		case <-a.o.Uninstall:
+			return nil, ErrUninstalling
 		case <-time.After(delay):
 		}
 		delay = min(2*delay, max(a.o.Period, delay))
 	}
 }
+
+// ErrUninstalling ends WaitForTopology when the release is uninstalled before the source
+// yielded a topology: the node's part of the uninstall needs none.
+var ErrUninstalling = errors.New("the release is being uninstalled")
 
 // sourced prefixes msg with the source's name unless it starts with it.
 func (a *Agent) sourced(msg string) string {
@@ -148,10 +155,14 @@ func (a *Agent) sourced(msg string) string {
 // (WaitForTopology), not ready.
 func (a *Agent) Run(ctx context.Context) error {
 	top, err := a.WaitForTopology(ctx)
+	if errors.Is(err, ErrUninstalling) {
+		return a.uninstall(ctx)
+	}
 	if err != nil {
 		return nil
 	}
 	a.loaded(ctx, top)
+	a.seedFailOpen(ctx)
 	a.readNRIState()
 	if err := a.publish(ctx); err != nil {
 		a.o.Log.Error(err, "first publish failed; retrying every period")
@@ -261,7 +272,7 @@ func (a *Agent) publish(ctx context.Context) error {
 	}
 	a.o.Metrics.Domains.Set(float64(len(a.lastGood.Domains)))
 	a.recordOccupancy()
-	a.ready.Store(true)
+	defer a.ready.Store(true) // after the condition says so too
 	if a.stale {
 		a.condition(ctx, names.ConditionTopology, corev1.ConditionFalse, "SourceInvalid", fmt.Sprintf("%s; the last good topology stays published, labelled %s=true", a.sourced(a.lastErr), a.o.Names.TopologyStaleLabel()), false)
 	} else {
@@ -412,17 +423,33 @@ func (a *Agent) uninstall(ctx context.Context) error {
 		case <-time.After(2 * time.Second):
 		}
 	}
-	removed, err := hostfiles.Remove(a.o.HookDir, a.o.ContainerdConfDir)
-	if err != nil {
-		a.o.Log.Error(err, "remove nvdomain's files from the host")
-	}
-	a.o.Log.Info("node clean", "removedHostFiles", removed)
-	if a.o.Drainer != nil {
-		d := *a.o.Drainer
-		d.Drained = a.drained
-		if err := d.Run(ctx); err != nil {
-			return err
+	a.o.Log.Info("node state removed; the NRI plugin serves pass-through until no pod here requires it")
+	// The host files go once no pod on the node requires the plugin: until then the plugin
+	// may restart (it checks its hook at start), and a restarted plugin must still serve.
+	removeHostFiles := func() {
+		removed, err := hostfiles.Remove(a.o.HookDir, a.o.ContainerdConfDir)
+		if err != nil {
+			a.o.Log.Error(err, "remove nvdomain's files from the host")
 		}
+		a.o.Log.Info("host files removed", "paths", removed)
+	}
+	if a.o.Drainer == nil {
+		if a.drained() {
+			removeHostFiles()
+		}
+		<-ctx.Done()
+		return nil
+	}
+	d := *a.o.Drainer
+	d.Drained, d.OnDrained = a.drained, removeHostFiles
+	err := d.Run(ctx)
+	if errors.Is(err, lifecycle.ErrReinstalled) {
+		// A new pod of this DaemonSet runs the new release's init containers (the hook and
+		// the snippet may be gone from the host); a restarted container would not.
+		if derr := a.o.Client.CoreV1().Pods(d.Release.Namespace).Delete(ctx, d.Pod, metav1.DeleteOptions{}); derr != nil {
+			a.o.Log.Error(derr, "delete this node pod so that it starts again as the new release's")
+		}
+		return err
 	}
 	<-ctx.Done()
 	return nil
@@ -501,5 +528,22 @@ func (a *Agent) applyCanary(ctx context.Context, r CanaryResult) {
 	}
 	if err := a.publish(ctx); err != nil {
 		a.o.Log.Error(err, "publish after a canary")
+	}
+}
+
+// seedFailOpen takes the last canary's verdict from the Node: a restarted agent must not
+// publish room on a node its predecessor found failing open, before its own canary decides.
+func (a *Agent) seedFailOpen(ctx context.Context) {
+	if a.o.Canary.Image == "" {
+		return
+	}
+	node, err := a.o.Client.CoreV1().Nodes().Get(ctx, a.o.Node, metav1.GetOptions{})
+	if err != nil {
+		return
+	}
+	for _, c := range node.Status.Conditions {
+		if c.Type == names.ConditionFailClosed && c.Status == corev1.ConditionFalse {
+			a.failOpen = true
+		}
 	}
 }

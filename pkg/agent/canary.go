@@ -31,8 +31,9 @@ type CanaryOptions struct {
 	// version exits at once should a broken node let it run). Empty disables the canary.
 	Image string
 	// Namespace and NamePrefix place the canary pod: the node pod's namespace, and
-	// <release>-canary-, the only pods the node's credentials may create (policies.yaml).
-	Namespace, NamePrefix string
+	// <release>-canary-, the only pods the node's credentials may create (policies.yaml);
+	// ServiceAccount (<release>-canary) has no RBAC.
+	Namespace, NamePrefix, ServiceAccount string
 	// Interval between canaries (the first runs once the topology is published); Timeout is
 	// how long one may take to be decided.
 	Interval, Timeout time.Duration
@@ -58,9 +59,9 @@ func CanaryName(prefix, node string) string {
 	return strings.TrimRight(name[:63-11], "-.") + "-" + hex.EncodeToString(sum[:])[:10]
 }
 
-// canaryPod is the pod the node-scope policy lets a node pod create: one container running
+// CanaryPod is the pod the node-scope policy lets a node pod create: one container running
 // /nvdomain version, no volumes, no service account token, bound to the node.
-func canaryPod(o CanaryOptions, node string) *corev1.Pod {
+func CanaryPod(o CanaryOptions, node string) *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: CanaryName(o.NamePrefix, node), Namespace: o.Namespace,
@@ -71,15 +72,14 @@ func canaryPod(o CanaryOptions, node string) *corev1.Pod {
 		},
 		Spec: corev1.PodSpec{
 			NodeName: node, HostNetwork: true, RestartPolicy: corev1.RestartPolicyNever,
-			AutomountServiceAccountToken:  ptr.To(false),
+			ServiceAccountName: o.ServiceAccount, AutomountServiceAccountToken: ptr.To(false),
 			TerminationGracePeriodSeconds: ptr.To[int64](0),
 			Tolerations:                   []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
 			Containers: []corev1.Container{{
 				Name: "canary", Image: o.Image, ImagePullPolicy: corev1.PullIfNotPresent, Command: []string{"/nvdomain", "version"},
-				Resources: corev1.ResourceRequirements{
-					Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1m"), corev1.ResourceMemory: resource.MustParse("8Mi")},
-					Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("32Mi")},
-				},
+				// No CPU request: on a node whose TP pods request every CPU, the kubelet would
+				// reject the canary (OutOfcpu) before any container is created.
+				Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("32Mi")}},
 				SecurityContext: &corev1.SecurityContext{
 					RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To[int64](65532), AllowPrivilegeEscalation: ptr.To(false),
 					ReadOnlyRootFilesystem: ptr.To(true), Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
@@ -94,7 +94,7 @@ func canaryPod(o CanaryOptions, node string) *corev1.Pod {
 func RunCanary(ctx context.Context, a *Agent) CanaryResult {
 	o, c := a.o.Canary, a.o.Client
 	pods := c.CoreV1().Pods(o.Namespace)
-	pod := canaryPod(o, a.o.Node)
+	pod := CanaryPod(o, a.o.Node)
 	// A canary left by an agent that was killed mid-run is replaced.
 	_ = pods.Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
 	deadline := time.Now().Add(o.Timeout)
@@ -154,8 +154,11 @@ func judgeCanary(p *corev1.Pod) (CanaryResult, bool) {
 			return CanaryResult{Message: st.State.Waiting.Reason + ": " + st.State.Waiting.Message}, false
 		}
 	}
+	// A pod that ended without a container status was rejected by the kubelet before any
+	// container was created (OutOfpods, an eviction): it proves nothing either way.
 	if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
-		return CanaryResult{Status: corev1.ConditionFalse, Reason: "CanaryStarted", Message: "the canary pod ran to " + string(p.Status.Phase) + " although its container requires the absent NRI plugin " + CanaryPlugin + ": enable NRI's default validator in containerd"}, true
+		return CanaryResult{Status: corev1.ConditionUnknown, Reason: "CanaryRejected",
+			Message: fmt.Sprintf("the kubelet rejected the canary pod before creating its container (%s: %s); a canary runs again in 5 minutes", p.Status.Reason, p.Status.Message)}, true
 	}
 	return CanaryResult{}, false
 }

@@ -118,7 +118,7 @@ func RunProcess(ctx context.Context, o ProcessOptions, log logr.Logger) error {
 	ao := Options{Names: o.Names, Node: o.Node, Source: src, Client: client, Period: o.Period, NRIStateFile: o.NRIStateFile, Log: log, Metrics: m, DRA: o.DRA,
 		Uninstall: lifecycle.WatchUninstall(ctx, client, o.Names, o.Namespace, o.DaemonSet, log.WithName("lifecycle")),
 		HookDir:   o.HookDir, ContainerdConfDir: o.ContainerdConfDir, Canary: o.Canary}
-	ao.Canary.Namespace, ao.Canary.NamePrefix = o.Namespace, o.Release+"-canary-"
+	ao.Canary.Namespace, ao.Canary.NamePrefix, ao.Canary.ServiceAccount = o.Namespace, o.Release+"-canary-", o.Release+"-canary"
 	if o.DaemonSet != "" {
 		ao.Drainer = &lifecycle.Drainer{Client: client, Names: o.Names, Release: lifecycle.Release{Name: o.Release, Namespace: o.Namespace}, Pod: o.Pod, DaemonSet: o.DaemonSet, Log: log.WithName("lifecycle")}
 	}
@@ -157,6 +157,9 @@ func RunProcess(ctx context.Context, o ProcessOptions, log logr.Logger) error {
 	// yields one the agent waits, not ready, and says why on the Node (WaitForTopology).
 	if o.DRA {
 		top, err := a.WaitForTopology(ctx)
+		if errors.Is(err, ErrUninstalling) {
+			return a.Run(ctx) // the node's part of the uninstall
+		}
 		if err != nil {
 			return nil
 		}
@@ -171,6 +174,9 @@ func RunProcess(ctx context.Context, o ProcessOptions, log logr.Logger) error {
 	}
 	if o.DevicePlugin {
 		top, err := a.WaitForTopology(ctx)
+		if errors.Is(err, ErrUninstalling) {
+			return a.Run(ctx) // the node's part of the uninstall
+		}
 		if err != nil {
 			return nil
 		}

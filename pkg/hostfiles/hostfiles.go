@@ -8,6 +8,8 @@ package hostfiles
 import (
 	"bufio"
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -147,9 +149,22 @@ func Remove(hookDir, confDir string) ([]string, error) {
 	return removed, errors.Join(errs...)
 }
 
+// managed reports whether nvdomain wrote data: it starts with Marker, or it is, byte for
+// byte, a snippet an earlier release copied without one (the sha256 of each), so an upgrade
+// still replaces it and an uninstall still removes it.
 func managed(data []byte) bool {
 	line, _, _ := bufio.NewReader(bytes.NewReader(data)).ReadLine()
-	return string(line) == Marker
+	if string(line) == Marker {
+		return true
+	}
+	sum := sha256.Sum256(data)
+	switch hex.EncodeToString(sum[:]) {
+	case "6fe681b82a9733081e14836b7a0beac7e34f7edc651346d16f6f0e8d3c73164d",
+		"818672dbbddc2fbc122cd0240aa70bb0671f5b41d172f438af68f8f295d197c1",
+		"8983799501c9720f22574f5d167ad210755fd349f9e595cc21fe5befb0eff6eb":
+		return true
+	}
+	return false
 }
 
 func writeAtomic(path string, data []byte, mode fs.FileMode) error {

@@ -125,3 +125,19 @@ func TestInstallHookAndRemove(t *testing.T) {
 		t.Errorf("second Remove: %v %v; want nothing and no error", removed, err)
 	}
 }
+
+// TestEarlierReleaseSnippetIsManaged: the snippet the previous release copied (no marker) is
+// nvdomain's: an upgrade replaces it, an uninstall removes it.
+func TestEarlierReleaseSnippetIsManaged(t *testing.T) {
+	// testdata holds manifests/containerd/nri.toml as of commit 11680bc.
+	old, err := os.ReadFile(filepath.Join("testdata", "nri-previous-release.toml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !managed(old) {
+		t.Error("the earlier release's snippet is not recognised as nvdomain's")
+	}
+	if managed(append(old, []byte("# an admin's edit\n")...)) {
+		t.Error("an edited copy counts as nvdomain's; it must be left alone")
+	}
+}

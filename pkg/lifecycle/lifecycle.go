@@ -57,9 +57,14 @@ func (r Release) NodePodSelector() string {
 	return "app.kubernetes.io/name=nvdomain,app.kubernetes.io/instance=" + r.Name + ",app.kubernetes.io/component in (node,node-dra)"
 }
 
-func (r Release) releaseSelector() string {
-	return "app.kubernetes.io/name=nvdomain,app.kubernetes.io/instance=" + r.Name
+// PodPolicies are the ValidatingAdmissionPolicies (and their bindings, of the same names)
+// that judge pods; NodeScopePolicy bounds the node pods' credentials.
+func (r Release) PodPolicies() []string {
+	return []string{r.Name + "-pod-annotations", r.Name + "-gpu-env"}
 }
+
+// NodeScopePolicy: see PodPolicies.
+func (r Release) NodeScopePolicy() string { return r.Name + "-node-scope" }
 
 // NodeCleaner removes nvdomain's state from one Node (the agent's Publisher with nothing to
 // publish); Uninstall calls it for nodes the agents did not clean in time.
@@ -94,26 +99,17 @@ func Uninstall(ctx context.Context, o UninstallOptions) error {
 	if err := ignoreNotFound(c.AdmissionregistrationV1().ValidatingWebhookConfigurations().Delete(ctx, rel.Name, del)); err != nil {
 		return fmt.Errorf("delete ValidatingWebhookConfiguration %s: %w", rel.Name, err)
 	}
-	sel := metav1.ListOptions{LabelSelector: rel.releaseSelector()}
-	bindings, err := c.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().List(ctx, sel)
-	if err != nil {
-		return fmt.Errorf("list ValidatingAdmissionPolicyBindings of %s: %w", rel.Name, err)
-	}
-	for _, b := range bindings.Items {
-		if err := ignoreNotFound(c.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Delete(ctx, b.Name, del)); err != nil {
-			return fmt.Errorf("delete ValidatingAdmissionPolicyBinding %s: %w", b.Name, err)
+	// The pod policies go; the node-scope policy stays (kept by the chart, owned by the
+	// node ClusterRole below): it bounds the node pods' credentials for the whole drain.
+	for _, name := range rel.PodPolicies() {
+		if err := ignoreNotFound(c.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Delete(ctx, name, del)); err != nil {
+			return fmt.Errorf("delete ValidatingAdmissionPolicyBinding %s: %w", name, err)
+		}
+		if err := ignoreNotFound(c.AdmissionregistrationV1().ValidatingAdmissionPolicies().Delete(ctx, name, del)); err != nil {
+			return fmt.Errorf("delete ValidatingAdmissionPolicy %s: %w", name, err)
 		}
 	}
-	policies, err := c.AdmissionregistrationV1().ValidatingAdmissionPolicies().List(ctx, sel)
-	if err != nil {
-		return fmt.Errorf("list ValidatingAdmissionPolicies of %s: %w", rel.Name, err)
-	}
-	for _, p := range policies.Items {
-		if err := ignoreNotFound(c.AdmissionregistrationV1().ValidatingAdmissionPolicies().Delete(ctx, p.Name, del)); err != nil {
-			return fmt.Errorf("delete ValidatingAdmissionPolicy %s: %w", p.Name, err)
-		}
-	}
-	fmt.Fprintf(out, "removed the webhook configurations and %d admission policies: pods are no longer admitted by nvdomain\n", len(policies.Items))
+	fmt.Fprintf(out, "removed the webhook configurations and the pod policies %v: pods are no longer admitted by nvdomain\n", rel.PodPolicies())
 
 	// 2. Make the kept objects collectable, then mark the DaemonSets.
 	var owners []metav1.OwnerReference
@@ -190,8 +186,9 @@ func dirtyNodes(ctx context.Context, c kubernetes.Interface, has HasState) ([]st
 	return dirty, nil
 }
 
-// setOwners hands the node pods' namespaced RBAC to the DaemonSets and the
-// ClusterRoleBinding to the ClusterRole, so deleting those two kinds takes everything.
+// setOwners hands the node pods' namespaced RBAC to the DaemonSets, and the
+// ClusterRoleBinding and the node-scope policy to the ClusterRole, so deleting those two
+// kinds takes everything.
 func setOwners(ctx context.Context, c kubernetes.Interface, rel Release, dsOwners []metav1.OwnerReference) error {
 	body, _ := jsonPatch(map[string]any{"metadata": map[string]any{"ownerReferences": dsOwners}})
 	name := rel.Node()
@@ -223,6 +220,13 @@ func setOwners(ctx context.Context, c kubernetes.Interface, rel Release, dsOwner
 	crOwner, _ := jsonPatch(map[string]any{"metadata": map[string]any{"ownerReferences": []metav1.OwnerReference{{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole", Name: cr.Name, UID: cr.UID}}}})
 	if _, err := c.RbacV1().ClusterRoleBindings().Patch(ctx, name, types.MergePatchType, crOwner, metav1.PatchOptions{}); ignoreNotFound(err) != nil {
 		return fmt.Errorf("hand ClusterRoleBinding %s to its ClusterRole: %w", name, err)
+	}
+	vap := rel.NodeScopePolicy()
+	if _, err := c.AdmissionregistrationV1().ValidatingAdmissionPolicies().Patch(ctx, vap, types.MergePatchType, crOwner, metav1.PatchOptions{}); ignoreNotFound(err) != nil {
+		return fmt.Errorf("hand ValidatingAdmissionPolicy %s to the node ClusterRole: %w", vap, err)
+	}
+	if _, err := c.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Patch(ctx, vap, types.MergePatchType, crOwner, metav1.PatchOptions{}); ignoreNotFound(err) != nil {
+		return fmt.Errorf("hand ValidatingAdmissionPolicyBinding %s to the node ClusterRole: %w", vap, err)
 	}
 	return nil
 }
@@ -277,10 +281,12 @@ type Drainer struct {
 	Release Release
 	// Pod is this node pod's name, DaemonSet its DaemonSet's.
 	Pod, DaemonSet string
-	// Drained reports whether no pod on this node requires the NRI plugin any more.
-	Drained func() bool
-	Period  time.Duration
-	Log     logr.Logger
+	// Drained reports whether no pod on this node requires the NRI plugin any more;
+	// OnDrained, when set, runs once when it first does (the host files go then).
+	Drained   func() bool
+	OnDrained func()
+	Period    time.Duration
+	Log       logr.Logger
 }
 
 // ErrReinstalled ends a node pod's drain: its DaemonSet is no longer marked, because the
@@ -311,6 +317,9 @@ func (d Drainer) Run(ctx context.Context) error {
 			} else {
 				marked = true
 				d.Log.Info("no pod on this node requires the NRI plugin any more")
+				if d.OnDrained != nil {
+					d.OnDrained()
+				}
 			}
 		}
 		if marked && d.lastOne(ctx) {
@@ -357,13 +366,19 @@ func (d Drainer) lastOne(ctx context.Context) bool {
 	}
 	waiting := 0
 	for _, p := range pods.Items {
-		if p.DeletionTimestamp == nil && p.Annotations[d.Names.UninstallDrainedAnnotation()] != "true" {
+		// A node pod that does not run (its node down, its image not pulled) serves no plugin
+		// and never reports: it holds nothing up.
+		if p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning && p.Annotations[d.Names.UninstallDrainedAnnotation()] != "true" {
 			waiting++
 		}
 	}
 	if waiting > 0 {
 		return false
 	}
+	// The ClusterRole first (the garbage collector then takes its binding and the node-scope
+	// policy): deleting a DaemonSet takes the ServiceAccount with it, and this pod's
+	// credentials. The DaemonSets' deletion is the Role's, which stays until they go.
+	var marked []*appsv1.DaemonSet
 	for _, name := range d.Release.NodeDaemonSets() {
 		ds, err := d.Client.AppsV1().DaemonSets(d.Release.Namespace).Get(ctx, name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
@@ -377,16 +392,19 @@ func (d Drainer) lastOne(ctx context.Context) bool {
 			// Installed again: the new release owns it now.
 			return false
 		}
-		// Only the marked version: an install that clears the mark meanwhile wins.
-		opts := metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &ds.UID, ResourceVersion: &ds.ResourceVersion}}
-		if err := ignoreNotFound(d.Client.AppsV1().DaemonSets(d.Release.Namespace).Delete(ctx, name, opts)); err != nil {
-			d.Log.Error(err, "delete the node DaemonSet", "daemonset", name)
-			return false
-		}
+		marked = append(marked, ds)
 	}
 	if err := ignoreNotFound(d.Client.RbacV1().ClusterRoles().Delete(ctx, d.Release.Node(), metav1.DeleteOptions{})); err != nil {
 		d.Log.Error(err, "delete the node ClusterRole", "clusterrole", d.Release.Node())
 		return false
+	}
+	for _, ds := range marked {
+		// Only the marked version: an install that clears the mark meanwhile wins.
+		opts := metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &ds.UID, ResourceVersion: &ds.ResourceVersion}}
+		if err := ignoreNotFound(d.Client.AppsV1().DaemonSets(d.Release.Namespace).Delete(ctx, ds.Name, opts)); err != nil {
+			d.Log.Error(err, "delete the node DaemonSet", "daemonset", ds.Name)
+			return false
+		}
 	}
 	d.Log.Info("every node is drained: deleted the node DaemonSets and their RBAC; nvdomain is gone")
 	return true

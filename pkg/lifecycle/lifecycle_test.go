@@ -37,6 +37,10 @@ func objects() []runtime.Object {
 		&admissionv1.ValidatingWebhookConfiguration{ObjectMeta: meta("nvdomain", "")},
 		&admissionv1.ValidatingAdmissionPolicy{ObjectMeta: meta("nvdomain-gpu-env", "")},
 		&admissionv1.ValidatingAdmissionPolicyBinding{ObjectMeta: meta("nvdomain-gpu-env", "")},
+		&admissionv1.ValidatingAdmissionPolicy{ObjectMeta: meta("nvdomain-pod-annotations", "")},
+		&admissionv1.ValidatingAdmissionPolicyBinding{ObjectMeta: meta("nvdomain-pod-annotations", "")},
+		&admissionv1.ValidatingAdmissionPolicy{ObjectMeta: meta("nvdomain-node-scope", "")},
+		&admissionv1.ValidatingAdmissionPolicyBinding{ObjectMeta: meta("nvdomain-node-scope", "")},
 		// Another release's policy stays.
 		&admissionv1.ValidatingAdmissionPolicy{ObjectMeta: metav1.ObjectMeta{Name: "other", Labels: map[string]string{"app.kubernetes.io/name": "nvdomain", "app.kubernetes.io/instance": "other"}}},
 		&appsv1.DaemonSet{ObjectMeta: meta("nvdomain-node", rel.Namespace)},
@@ -78,8 +82,40 @@ func TestUninstallOrder(t *testing.T) {
 		t.Errorf("validating webhook configuration left: %v", err)
 	}
 	vaps, _ := c.AdmissionregistrationV1().ValidatingAdmissionPolicies().List(ctx, metav1.ListOptions{})
-	if len(vaps.Items) != 1 || vaps.Items[0].Name != "other" {
-		t.Errorf("policies left: %v; want only the other release's", vaps.Items)
+	left := map[string]bool{}
+	for _, v := range vaps.Items {
+		left[v.Name] = true
+	}
+	if len(left) != 2 || !left["other"] || !left["nvdomain-node-scope"] {
+		t.Errorf("policies left: %v; want the other release's, and the node-scope one that bounds the draining node pods", left)
+	}
+	for _, kind := range []string{"policy", "binding"} {
+		var refs []metav1.OwnerReference
+		if kind == "policy" {
+			v, _ := c.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, "nvdomain-node-scope", metav1.GetOptions{})
+			refs = v.OwnerReferences
+		} else {
+			b, _ := c.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Get(ctx, "nvdomain-node-scope", metav1.GetOptions{})
+			refs = b.OwnerReferences
+		}
+		if len(refs) != 1 || refs[0].Kind != "ClusterRole" || refs[0].Name != "nvdomain-node" {
+			t.Errorf("node-scope %s owners %+v, want the node ClusterRole", kind, refs)
+		}
+	}
+	// Admission goes before the node pods are told: no pod is admitted into a half-removed
+	// release.
+	firstMark, lastAdmission := -1, -1
+	for i, a := range c.Actions() {
+		switch {
+		case a.GetVerb() == "delete" && (a.GetResource().Resource == "mutatingwebhookconfigurations" || a.GetResource().Resource == "validatingwebhookconfigurations" ||
+			a.GetResource().Resource == "validatingadmissionpolicies" || a.GetResource().Resource == "validatingadmissionpolicybindings"):
+			lastAdmission = i
+		case a.GetVerb() == "patch" && a.GetResource().Resource == "daemonsets" && firstMark < 0:
+			firstMark = i
+		}
+	}
+	if lastAdmission < 0 || firstMark < 0 || lastAdmission > firstMark {
+		t.Errorf("last admission delete at action %d, first DaemonSet mark at %d: admission must go first", lastAdmission, firstMark)
 	}
 	ds, _ := c.AppsV1().DaemonSets(rel.Namespace).Get(ctx, "nvdomain-node", metav1.GetOptions{})
 	if ds.Annotations[names.Default().UninstallAnnotation()] == "" {
@@ -113,7 +149,7 @@ func TestDrainerWaitsForEveryNodePod(t *testing.T) {
 	pod := func(name string) *corev1.Pod {
 		l := releaseLabels()
 		l["app.kubernetes.io/component"] = "node"
-		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: rel.Namespace, Labels: l}}
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: rel.Namespace, Labels: l}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
 	}
 	objs := append(objects(), pod("node-a"), pod("node-b"))
 	for _, o := range objs {

@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -25,6 +26,8 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
+
+	"github.com/nvdomain/nvdomain/pkg/agent"
 )
 
 // startPolicyCluster starts envtest's apiserver with nvdomain's ValidatingAdmissionPolicies
@@ -375,5 +378,100 @@ func TestRequiredPluginsAnnotationIsFixed(t *testing.T) {
 	}
 	if _, err := c.client.CoreV1().Pods("default").Patch(ctx, "required", types.MergePatchType, []byte(`{"metadata":{"labels":{"team":"llm"}}}`), metav1.PatchOptions{}); err != nil {
 		t.Errorf("an unrelated change was denied: %v", err)
+	}
+}
+
+// TestNodeServiceAccountCreatesOnlyTheCanary: the node pod's one exception to "no pods" is
+// its fail-closed canary, exactly as the agent builds it, on its own node; anything that
+// would lend the pod a service account, secrets, host namespaces or privilege is refused,
+// so a stolen node token cannot use the exception to reach more. It may also mark and
+// delete its own pod (the uninstall protocol), and no other.
+func TestNodeServiceAccountCreatesOnlyTheCanary(t *testing.T) {
+	c := startPolicyCluster(t)
+	ctx := context.Background()
+	for _, name := range []string{"gpu-a", "gpu-b"} {
+		if _, err := c.client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	agentOnA := c.nodeClient("gpu-a")
+	// RBAC grants create and delete (the chart's Role does, in the release namespace): the
+	// policy is what must refuse.
+	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "nvdomain-node-pods", Namespace: "nvdomain-system"}, Rules: []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"create", "delete", "patch", "get"}}}}
+	if _, err := c.client.RbacV1().Roles("nvdomain-system").Create(ctx, role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.client.RbacV1().RoleBindings("nvdomain-system").Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "nvdomain-node-pods", Namespace: "nvdomain-system"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "nvdomain-node-pods"},
+		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: "nvdomain-node", Namespace: "nvdomain-system"}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, sa := range []string{"nvdomain-canary", "nvdomain-webhook"} {
+		if _, err := c.client.CoreV1().ServiceAccounts("nvdomain-system").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+	}
+	o := agent.CanaryOptions{Image: "ghcr.io/nvdomain/nvdomain:0.1.0", Namespace: "nvdomain-system", NamePrefix: "nvdomain-canary-", ServiceAccount: "nvdomain-canary"}
+	variant := func(node string, change func(*corev1.Pod)) *corev1.Pod {
+		p := agent.CanaryPod(o, node)
+		if change != nil {
+			change(p)
+		}
+		return p
+	}
+	create := func(p *corev1.Pod) error {
+		_, err := agentOnA.CoreV1().Pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{})
+		if err == nil {
+			_ = c.client.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+		}
+		return err
+	}
+	for _, tc := range []struct {
+		what    string
+		pod     *corev1.Pod
+		allowed bool
+	}{
+		{"the canary on its own node", variant("gpu-a", nil), true},
+		{"the canary on another node", variant("gpu-b", nil), false},
+		{"under the webhook's service account", variant("gpu-a", func(p *corev1.Pod) { p.Spec.ServiceAccountName = "nvdomain-webhook" }), false},
+		{"with a token mounted", variant("gpu-a", func(p *corev1.Pod) { p.Spec.AutomountServiceAccountToken = nil }), false},
+		{"reading a secret into its environment", variant("gpu-a", func(p *corev1.Pod) {
+			p.Spec.Containers[0].EnvFrom = []corev1.EnvFromSource{{SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "nvdomain-webhook-tls"}}}}
+		}), false},
+		{"in the host's PID namespace", variant("gpu-a", func(p *corev1.Pod) { p.Spec.HostPID = true }), false},
+		{"with SYS_ADMIN", variant("gpu-a", func(p *corev1.Pod) {
+			p.Spec.Containers[0].SecurityContext.Capabilities.Add = []corev1.Capability{"SYS_ADMIN"}
+		}), false},
+		{"asking for GPUs", variant("gpu-a", func(p *corev1.Pod) {
+			p.Spec.Containers[0].Resources.Limits["nvidia.com/gpu"] = resource.MustParse("8")
+		}), false},
+		{"running another command", variant("gpu-a", func(p *corev1.Pod) { p.Spec.Containers[0].Command = []string{"/bin/sh", "-c", "id"} }), false},
+		{"another image", variant("gpu-a", func(p *corev1.Pod) { p.Spec.Containers[0].Image = "evil:latest" }), false},
+		{"a pod not named as a canary", variant("gpu-a", func(p *corev1.Pod) { p.Name = "miner" }), false},
+	} {
+		err := create(tc.pod)
+		if tc.allowed != (err == nil) {
+			t.Errorf("%s: error %v, want allowed %v", tc.what, err, tc.allowed)
+		}
+	}
+	// Its own pod: it may mark it drained and delete it; another pod in the namespace, no.
+	own := "nvdomain-node-gpu-a"
+	other := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "nvdomain-webhook-x", Namespace: "nvdomain-system"}, Spec: corev1.PodSpec{NodeName: "gpu-a", Containers: []corev1.Container{{Name: "w", Image: "nvdomain"}}}}
+	if _, err := c.client.CoreV1().Pods("nvdomain-system").Create(ctx, other, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	drained := []byte(`{"metadata":{"annotations":{"gpu.nvidia.com/uninstall-drained":"true"}}}`)
+	if _, err := agentOnA.CoreV1().Pods("nvdomain-system").Patch(ctx, own, types.MergePatchType, drained, metav1.PatchOptions{}); err != nil {
+		t.Errorf("mark its own pod drained: %v", err)
+	}
+	if _, err := agentOnA.CoreV1().Pods("nvdomain-system").Patch(ctx, other.Name, types.MergePatchType, drained, metav1.PatchOptions{}); err == nil {
+		t.Error("marked another pod drained")
+	}
+	if err := agentOnA.CoreV1().Pods("nvdomain-system").Delete(ctx, other.Name, metav1.DeleteOptions{}); err == nil {
+		t.Error("deleted another pod")
+	}
+	if err := agentOnA.CoreV1().Pods("nvdomain-system").Delete(ctx, own, metav1.DeleteOptions{}); err != nil {
+		t.Errorf("delete its own pod: %v", err)
 	}
 }

@@ -69,7 +69,9 @@ imagePullSecrets: {{- toYaml . | nindent 2 }}
 {{/* Objects the node pods need after `helm uninstall`: Helm keeps them, and the node pods delete
 them once no pod on any node requires the NRI plugin (docs/operations.md, Uninstall). */}}
 {{- define "nvdomain.keepOnUninstall" -}}
+{{- if .Values.uninstall.enabled -}}
 helm.sh/resource-policy: keep
+{{- end -}}
 {{- end -}}
 
 {{/* On the node DaemonSets: the uninstall mark, cleared. An install or upgrade over a release

@@ -211,11 +211,12 @@ func checkLifecycle(t *testing.T, lr *localcluster.LifecycleReport, rep *localcl
 			t.Errorf("tp2-a %s: %+v (%v), want 2 GPUs of its pinned domain", what, p, err)
 		}
 	}
-	if len(lr.AdmissionLeft) > 0 || lr.NodeState || lr.HookLeft {
-		t.Errorf("after helm uninstall: admission objects %v, node state %v, hook on the host %v; want none", lr.AdmissionLeft, lr.NodeState, lr.HookLeft)
+	if len(lr.AdmissionLeft) > 0 || lr.NodeState {
+		t.Errorf("after helm uninstall: admission objects %v, node state %v; want none", lr.AdmissionLeft, lr.NodeState)
 	}
-	if !lr.KeptDaemonSet || lr.PassThrough == nil || lr.PassThrough.RequiringPods < 1 {
-		t.Errorf("after helm uninstall with tp2-a running: DaemonSet kept %v, state %+v; want it kept in pass-through for tp2-a", lr.KeptDaemonSet, lr.PassThrough)
+	if !lr.KeptDaemonSet || !lr.KeptNodeScope || !lr.HookLeft || lr.PassThrough == nil || lr.PassThrough.RequiringPods < 1 {
+		t.Errorf("after helm uninstall with tp2-a running: DaemonSet kept %v, node-scope policy kept %v, hook kept %v, state %+v; want all kept, in pass-through for tp2-a",
+			lr.KeptDaemonSet, lr.KeptNodeScope, lr.HookLeft, lr.PassThrough)
 	}
 	if len(lr.AfterUninstall.GPUs) != 2 {
 		t.Errorf("tp2-a restarted after the uninstall: %+v, want it running with its 2 GPUs", lr.AfterUninstall)

@@ -34,8 +34,10 @@ type LifecycleReport struct {
 	AdmissionLeft []string
 	NodeState     bool
 	HookLeft      bool
-	// KeptDaemonSet: the node DaemonSet still serves pass-through while TP pods exist.
-	KeptDaemonSet bool
+	// KeptDaemonSet: the node DaemonSet still serves pass-through while TP pods exist, bounded
+	// by the node-scope policy (KeptNodeScope); the hook stays on the host until the node is
+	// drained (HookLeft).
+	KeptDaemonSet, KeptNodeScope bool
 	PassThrough   *nristate.Doc
 	// Plain is a GPU pod created after the uninstall.
 	Plain PodResult
@@ -118,6 +120,11 @@ func (c *Cluster) RunLifecycle(ctx context.Context, w io.Writer, rep *Report) (*
 	}
 	if vaps, err := cs.AdmissionregistrationV1().ValidatingAdmissionPolicies().List(ctx, metav1.ListOptions{}); err == nil {
 		for _, v := range vaps.Items {
+			if v.Name == "nvdomain-node-scope" {
+				// Kept on purpose: it bounds the node pods' credentials while they drain.
+				lr.KeptNodeScope = true
+				continue
+			}
 			lr.AdmissionLeft = append(lr.AdmissionLeft, "ValidatingAdmissionPolicy "+v.Name)
 		}
 	}
@@ -137,8 +144,8 @@ func (c *Cluster) RunLifecycle(ctx context.Context, w io.Writer, rep *Report) (*
 	}); err != nil {
 		return lr, err
 	}
-	say("  %s after helm uninstall: node state %v, hook on the host %v, node DaemonSet kept %v, NRI pass-through with %d pod(s) requiring it",
-		lr.UninstallTook.Round(100*time.Millisecond), lr.NodeState, lr.HookLeft, lr.KeptDaemonSet, lr.PassThrough.RequiringPods)
+	say("  %s after helm uninstall: node state %v; kept while tp2-a requires the plugin: node DaemonSet %v, node-scope policy %v, hook on the host %v; NRI pass-through with %d pod(s) requiring it",
+		lr.UninstallTook.Round(100*time.Millisecond), lr.NodeState, lr.KeptDaemonSet, lr.KeptNodeScope, lr.HookLeft, lr.PassThrough.RequiringPods)
 	if err := c.restartContainer(ctx, cs, "tp2-a"); err != nil {
 		return lr, err
 	}
@@ -173,7 +180,7 @@ func (c *Cluster) RunLifecycle(ctx context.Context, w io.Writer, rep *Report) (*
 	if err != nil {
 		return lr, fmt.Errorf("%w: left %v", err, lr.Gone)
 	}
-	say("  %s after the last TP pod went, nothing of nvdomain is left (DaemonSet, ServiceAccount, RBAC, state file)", lr.DrainTook.Round(100*time.Millisecond))
+	say("  %s after the last TP pod went, nothing of nvdomain is left (DaemonSet, ServiceAccount, RBAC, node-scope policy, state file, hook)", lr.DrainTook.Round(100*time.Millisecond))
 	return lr, nil
 }
 
@@ -206,6 +213,13 @@ func (c *Cluster) nvdomainLeft(ctx context.Context, cs kubernetes.Interface) []s
 	if _, err := os.Stat(nristate.DefaultPath); !errors.Is(err, os.ErrNotExist) {
 		left = append(left, nristate.DefaultPath)
 	}
+	if _, err := os.Stat(filepath.Join(c.path("hook"), "nvdomain-nri-hook")); !errors.Is(err, os.ErrNotExist) {
+		left = append(left, "the OCI hook on the host")
+	}
+	_, err = cs.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, "nvdomain-node-scope", metav1.GetOptions{})
+	check("ValidatingAdmissionPolicy nvdomain-node-scope", err)
+	_, err = cs.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Get(ctx, "nvdomain-node-scope", metav1.GetOptions{})
+	check("ValidatingAdmissionPolicyBinding nvdomain-node-scope", err)
 	return left
 }
 

@@ -38,7 +38,7 @@ type LifecycleReport struct {
 	// by the node-scope policy (KeptNodeScope); the hook stays on the host until the node is
 	// drained (HookLeft).
 	KeptDaemonSet, KeptNodeScope bool
-	PassThrough   *nristate.Doc
+	PassThrough                  *nristate.Doc
 	// Plain is a GPU pod created after the uninstall.
 	Plain PodResult
 	// Gone lists what was left once the TP pods were deleted (want nothing).

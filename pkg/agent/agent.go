@@ -495,7 +495,7 @@ func (a *Agent) startCanaries(ctx context.Context) <-chan CanaryResult {
 			if r.Status != corev1.ConditionTrue {
 				wait = min(wait, canaryRetry)
 			}
-			if !sleepCtx(ctx, wait) {
+			if !lifecycle.Sleep(ctx, wait) {
 				return
 			}
 		}

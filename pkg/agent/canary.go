@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/nvdomain/nvdomain/pkg/lifecycle"
 	"github.com/nvdomain/nvdomain/pkg/names"
 )
 
@@ -103,7 +104,7 @@ func RunCanary(ctx context.Context, a *Agent) CanaryResult {
 		if _, err = pods.Create(ctx, pod, metav1.CreateOptions{}); !apierrors.IsAlreadyExists(err) || time.Now().After(deadline) {
 			break
 		}
-		if !sleepCtx(ctx, time.Second) {
+		if !lifecycle.Sleep(ctx, time.Second) {
 			return CanaryResult{Status: corev1.ConditionUnknown, Reason: "CanaryInterrupted", Message: "the agent stopped during the canary"}
 		}
 	}
@@ -121,7 +122,7 @@ func RunCanary(ctx context.Context, a *Agent) CanaryResult {
 	}()
 	last := "not scheduled by the kubelet yet"
 	for time.Now().Before(deadline) {
-		if !sleepCtx(ctx, time.Second) {
+		if !lifecycle.Sleep(ctx, time.Second) {
 			break
 		}
 		p, err := pods.Get(ctx, pod.Name, metav1.GetOptions{})
@@ -161,15 +162,4 @@ func judgeCanary(p *corev1.Pod) (CanaryResult, bool) {
 			Message: fmt.Sprintf("the kubelet rejected the canary pod before creating its container (%s: %s); a canary runs again in 5 minutes", p.Status.Reason, p.Status.Message)}, true
 	}
 	return CanaryResult{}, false
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

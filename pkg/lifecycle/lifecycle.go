@@ -252,12 +252,12 @@ func WatchUninstall(ctx context.Context, c kubernetes.Interface, n names.Names, 
 				if ctx.Err() == nil {
 					log.V(1).Info("read own DaemonSet for the uninstall mark; retrying", "daemonset", namespace+"/"+name, "error", err.Error())
 				}
-				sleep(ctx, 10*time.Second)
+				Sleep(ctx, 10*time.Second)
 				continue
 			}
 			w, err := c.AppsV1().DaemonSets(namespace).Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name, ResourceVersion: ds.ResourceVersion})
 			if err != nil {
-				sleep(ctx, 10*time.Second)
+				Sleep(ctx, 10*time.Second)
 				continue
 			}
 			for ev := range w.ResultChan() {
@@ -268,7 +268,7 @@ func WatchUninstall(ctx context.Context, c kubernetes.Interface, n names.Names, 
 				}
 			}
 			w.Stop()
-			sleep(ctx, time.Second)
+			Sleep(ctx, time.Second)
 		}
 	}()
 	return ch
@@ -325,7 +325,7 @@ func (d Drainer) Run(ctx context.Context) error {
 		if marked && d.lastOne(ctx) {
 			return nil
 		}
-		if !sleep(ctx, period) {
+		if !Sleep(ctx, period) {
 			return nil
 		}
 	}
@@ -348,7 +348,7 @@ func Marked(ctx context.Context, c kubernetes.Interface, n names.Names, namespac
 // release was installed again), checking every period; it reports whether it saw that before
 // ctx ended. A DaemonSet that is gone is being deleted with this pod: that is not a reinstall.
 func WaitUnmarked(ctx context.Context, c kubernetes.Interface, n names.Names, namespace, name string, period time.Duration) bool {
-	for sleep(ctx, period) {
+	for Sleep(ctx, period) {
 		ds, err := c.AppsV1().DaemonSets(namespace).Get(ctx, name, metav1.GetOptions{})
 		if err == nil && ds.DeletionTimestamp == nil && ds.Annotations[n.UninstallAnnotation()] == "" {
 			return true
@@ -417,8 +417,8 @@ func ignoreNotFound(err error) error {
 	return err
 }
 
-// sleep waits for d or ctx; it reports whether d passed.
-func sleep(ctx context.Context, d time.Duration) bool {
+// Sleep waits for d or ctx; it reports whether d passed.
+func Sleep(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {

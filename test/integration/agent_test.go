@@ -3,7 +3,6 @@ package integration
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -22,6 +21,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/nvdomain/nvdomain/pkg/agent"
+	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/nristate"
 	"github.com/nvdomain/nvdomain/pkg/topology"
 	"github.com/nvdomain/nvdomain/pkg/topology/simulated"
@@ -283,11 +283,36 @@ func TestAgentPublishesAndKeepsTheNodeTrue(t *testing.T) {
 	foreignKeysIntact(t, f.node())
 }
 
-func TestAgentRefusesToStartWithoutAGoodTopology(t *testing.T) {
-	_, err := startAgentFixture(t, `{"nodes":[{"name":"some-other-node","gpuCount":8}]}`)
-	if !errors.Is(err, agent.ErrNoTopology) || !strings.Contains(err.Error(), `node "gpu-node01" is not in the simulated topology`) {
-		t.Fatalf("Run returned %v, want ErrNoTopology naming the node", err)
+// TestAgentWithoutATopologyWaitsAndSaysWhy: an agent whose source yields no topology for its
+// node (here a simulated document without it; on a GPU node, NVML the container cannot load)
+// does not exit into a crash loop: it publishes nothing, says why in the Node's
+// NvdomainTopology condition, and publishes as soon as the source has the node.
+func TestAgentWithoutATopologyWaitsAndSaysWhy(t *testing.T) {
+	f, err := startAgentFixture(t, `{"nodes":[{"name":"some-other-node","gpuCount":8}]}`)
+	if err != nil {
+		t.Fatalf("Run returned %v; an agent without a topology must wait, not exit", err)
 	}
+	cond := func(n *corev1.Node) *corev1.NodeCondition {
+		for i := range n.Status.Conditions {
+			if n.Status.Conditions[i].Type == names.ConditionTopology {
+				return &n.Status.Conditions[i]
+			}
+		}
+		return nil
+	}
+	node := f.waitNode("NvdomainTopology False naming the node", func(n *corev1.Node) bool {
+		c := cond(n)
+		return c != nil && c.Status == corev1.ConditionFalse && c.Reason == "SourceUnavailable" && strings.Contains(c.Message, `node "gpu-node01" is not in the simulated topology`)
+	})
+	if _, ok := node.Labels[n.DomainCountLabel()]; ok {
+		t.Errorf("published labels without a topology: %v", node.Labels)
+	}
+	f.setConfigMap(seedDoc)
+	f.waitNode("published, NvdomainTopology True", func(n *corev1.Node) bool {
+		c := cond(n)
+		return c != nil && c.Status == corev1.ConditionTrue && capacityOf(n, "nvidia.com/nvswitch-domain-0") == 4
+	})
+	foreignKeysIntact(t, f.node())
 }
 
 // nodeYAML renders what `kubectl get node -o yaml` shows of nvdomain's keys.

@@ -9,7 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/nvdomain/nvdomain/pkg/names"
 )
@@ -18,10 +19,20 @@ import (
 const RemoveDevices = "remove-devices"
 
 // The file-system calls the hook makes, replaceable in tests that need failures a test
-// machine cannot produce on demand.
+// machine cannot produce on demand. Both work relative to a directory opened inside the
+// container's root (see open), never on a path the image's symlinks could redirect.
 var (
-	remove  = os.Remove
-	unmount = func(path string) error { return syscall.Unmount(path, syscall.MNT_DETACH) }
+	unlinkat = func(dirfd int, name string) error { return unix.Unlinkat(dirfd, name, 0) }
+	unmount  = func(dirfd int, name string) error {
+		// The mount point by its directory's descriptor, never following a symlink out.
+		return unix.Unmount(fmt.Sprintf("/proc/self/fd/%d/%s", dirfd, name), unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW)
+	}
+)
+
+// Device majors of the nodes the hook may remove: the NVIDIA driver's GPUs and the DRM
+// subsystem's cards and render nodes.
+const (
+	drmMajor = 226
 )
 
 // Run is the createContainer OCI hook the plugin adds to a container whose device plugin
@@ -32,6 +43,13 @@ var (
 // whatever it is asked, so a hook line copied elsewhere cannot delete anything else; being
 // asked for anything else is an error.
 //
+// Before pivot_root the host's filesystem is still reachable, and the image is the tenant's:
+// an image whose /dev is a symlink to the host's /dev (/var/run/../../dev, say) would turn a
+// plain path walk into deleting the host's device nodes, which devtmpfs shares with every
+// other container. So every path is resolved with openat2(RESOLVE_IN_ROOT) from the root
+// filesystem (symlinks, absolute ones and "..", stay inside it), the last component is never
+// followed, and only a character device of the expected major is removed.
+//
 // A node it cannot remove is reported on stderr (which runc logs) and left in place: the
 // plugin has already denied it in the container's device cgroup, which is what keeps the GPU
 // out, so failing the container over it would only stop a container that is safe to run.
@@ -40,13 +58,16 @@ func Run(args []string, stderr io.Writer) error {
 		return fmt.Errorf("usage: %s /dev/nvidia<N> …", RemoveDevices)
 	}
 	// runc runs createContainer hooks with the container's root filesystem as the working
-	// directory, which is what makes the relative removals below land inside the container.
-	// A runtime that did not would leave the hook in the host's / and make it delete the
-	// host's device nodes, losing that GPU for every later container: refuse instead (the
-	// container fails to start, naming this).
+	// directory. A runtime that did not would leave the hook in the host's /: refuse instead
+	// (the container fails to start, naming this).
 	if wd, err := os.Getwd(); err != nil || wd == "/" {
 		return fmt.Errorf("the working directory is %q (%v), not a container's root filesystem: this hook must run as an OCI createContainer hook under runc; no device node removed", wd, err)
 	}
+	root, err := unix.Open(".", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open the container's root filesystem: %w; no device node removed", err)
+	}
+	defer unix.Close(root)
 	var errs []error
 	for _, p := range args[1:] {
 		clean := filepath.Clean(p)
@@ -54,26 +75,52 @@ func Run(args []string, stderr io.Writer) error {
 			errs = append(errs, fmt.Errorf("%s is not a GPU device node; not removed", p))
 			continue
 		}
-		if err := removeNode(strings.TrimPrefix(clean, "/")); err != nil {
+		if err := removeNode(root, strings.TrimPrefix(clean, "/")); err != nil {
 			fmt.Fprintf(stderr, "nvdomain-nri-hook: %s stays in the container, denied by its device cgroup: %v\n", p, err)
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// removeNode removes one device node, relative to the container's root. In a user namespace
-// runc cannot mknod, so it bind-mounts the host's node onto an empty file instead, and a mount
+// removeNode removes one device node, rel to the container's root. In a user namespace runc
+// cannot mknod, so it bind-mounts the host's node onto an empty file instead, and a mount
 // point cannot be unlinked (EBUSY): the mount is detached first, then the file under it
 // removed.
-func removeNode(rel string) error {
-	err := remove(rel)
-	if errors.Is(err, syscall.EBUSY) {
-		if uerr := unmount(rel); uerr != nil {
+func removeNode(root int, rel string) error {
+	dir, name := filepath.Split(rel)
+	if dir == "" {
+		dir = "."
+	}
+	dirfd, err := unix.Openat2(root, dir, &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC, Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS})
+	if errors.Is(err, unix.ENOENT) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("open %s inside the container's root: %w", dir, err)
+	}
+	defer unix.Close(dirfd)
+	var st unix.Stat_t
+	if err := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		return fmt.Errorf("stat: %w", err)
+	}
+	want := uint32(names.GPUDeviceMajor)
+	if strings.HasPrefix(rel, "dev/dri/") {
+		want = drmMajor
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFCHR || unix.Major(st.Rdev) != want {
+		return fmt.Errorf("not a character device of major %d (mode %#o, major %d); not removed", want, st.Mode&unix.S_IFMT, unix.Major(st.Rdev))
+	}
+	err = unlinkat(dirfd, name)
+	if errors.Is(err, unix.EBUSY) {
+		if uerr := unmount(dirfd, name); uerr != nil {
 			return fmt.Errorf("remove: %w; unmount: %v", err, uerr)
 		}
-		err = remove(rel)
+		err = unlinkat(dirfd, name)
 	}
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err != nil && !errors.Is(err, unix.ENOENT) {
 		return fmt.Errorf("remove: %w", err)
 	}
 	return nil

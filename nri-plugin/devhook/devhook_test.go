@@ -7,36 +7,111 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
+
+// mknod makes a character device node (root only: the hook removes nothing else).
+func mknod(t *testing.T, path string, major, minor uint32) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mknod(path, unix.S_IFCHR|0o666, int(unix.Mkdev(major, minor))); err != nil {
+		if os.Geteuid() != 0 {
+			t.Skipf("device nodes need root: %v", err)
+		}
+		t.Fatal(err)
+	}
+}
 
 func TestHookRemovesOnlyGPUDeviceNodes(t *testing.T) {
 	root := t.TempDir()
-	for _, f := range []string{"dev/nvidia0", "dev/nvidia4", "dev/nvidiactl", "dev/dri/card1", "etc/passwd"} {
-		if err := os.MkdirAll(filepath.Join(root, filepath.Dir(f)), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(root, f), nil, 0o644); err != nil {
-			t.Fatal(err)
-		}
+	mknod(t, filepath.Join(root, "dev/nvidia0"), 195, 0)
+	mknod(t, filepath.Join(root, "dev/nvidia4"), 195, 4)
+	mknod(t, filepath.Join(root, "dev/nvidiactl"), 195, 255)
+	mknod(t, filepath.Join(root, "dev/dri/card1"), 226, 1)
+	// Named like GPU nodes, but not: a regular file, and a device of another major.
+	if err := os.WriteFile(filepath.Join(root, "dev/nvidia5"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mknod(t, filepath.Join(root, "dev/nvidia6"), 1, 3) // /dev/null's numbers
+	if err := os.MkdirAll(filepath.Join(root, "etc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "etc/passwd"), nil, 0o644); err != nil {
+		t.Fatal(err)
 	}
 	t.Chdir(root) // runc runs createContainer hooks in the container's root filesystem
-	err := Run([]string{RemoveDevices, "/dev/nvidia0", "/dev/dri/card1", "/dev/nvidiactl", "/etc/passwd", "/dev/../etc/passwd", "/dev/nvidia9"}, io.Discard)
+	var stderr bytes.Buffer
+	err := Run([]string{RemoveDevices, "/dev/nvidia0", "/dev/dri/card1", "/dev/nvidiactl", "/etc/passwd", "/dev/../etc/passwd", "/dev/nvidia9", "/dev/nvidia5", "/dev/nvidia6"}, &stderr)
 	if err == nil || !strings.Contains(err.Error(), "/dev/nvidiactl is not a GPU device node") || !strings.Contains(err.Error(), "/etc/passwd is not a GPU device node") {
 		t.Fatalf("RunHook error = %v", err)
 	}
-	for f, want := range map[string]bool{"dev/nvidia0": false, "dev/dri/card1": false, "dev/nvidia4": true, "dev/nvidiactl": true, "etc/passwd": true} {
-		if _, err := os.Stat(filepath.Join(root, f)); (err == nil) != want {
+	for f, want := range map[string]bool{"dev/nvidia0": false, "dev/dri/card1": false, "dev/nvidia4": true, "dev/nvidiactl": true, "etc/passwd": true, "dev/nvidia5": true, "dev/nvidia6": true} {
+		if _, err := os.Lstat(filepath.Join(root, f)); (err == nil) != want {
 			t.Errorf("%s exists = %v, want %v", f, err == nil, want)
 		}
+	}
+	if !strings.Contains(stderr.String(), "/dev/nvidia5 stays") || !strings.Contains(stderr.String(), "/dev/nvidia6 stays") {
+		t.Errorf("stderr %q: want the regular file and the foreign device reported and left", stderr.String())
+	}
+}
+
+// TestHookStaysInsideAHostileImage: before pivot_root the host's filesystem is reachable, and
+// an image may make its /dev (or /dev/dri, or the node itself) a symlink that leads there,
+// absolute or through "..". The host's device nodes must survive every one of them.
+func TestHookStaysInsideAHostileImage(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		link func(root, host string) (path, target string)
+		arg  string
+	}{
+		{"/dev absolute", func(root, host string) (string, string) { return filepath.Join(root, "dev"), host }, "/dev/nvidia4"},
+		{"/dev through ..", func(root, host string) (string, string) {
+			rel, _ := filepath.Rel(root, host)
+			return filepath.Join(root, "dev"), filepath.Join("..", "..", "..", "..", "..", "..", rel)
+		}, "/dev/nvidia4"},
+		{"/dev like /var/run/../../dev", func(root, host string) (string, string) {
+			return filepath.Join(root, "dev"), "/var/run/../.." + host
+		}, "/dev/nvidia4"},
+		{"/dev/dri", func(root, host string) (string, string) {
+			return filepath.Join(root, "dev", "dri"), filepath.Join(host, "dri")
+		}, "/dev/dri/card4"},
+		{"the node itself", func(root, host string) (string, string) {
+			return filepath.Join(root, "dev", "nvidia4"), filepath.Join(host, "nvidia4")
+		}, "/dev/nvidia4"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			host := filepath.Join(t.TempDir(), "hostdev") // the host's /dev, for the test
+			mknod(t, filepath.Join(host, "nvidia4"), 195, 4)
+			mknod(t, filepath.Join(host, "dri", "card4"), 226, 4)
+			root := t.TempDir()
+			path, target := tc.link(root, host)
+			if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(target, path); err != nil {
+				t.Fatal(err)
+			}
+			t.Chdir(root)
+			if err := Run([]string{RemoveDevices, tc.arg}, io.Discard); err != nil {
+				t.Fatalf("hook: %v", err)
+			}
+			for _, f := range []string{"nvidia4", "dri/card4"} {
+				if _, err := os.Lstat(filepath.Join(host, f)); err != nil {
+					t.Errorf("the host's %s is gone: %v", f, err)
+				}
+			}
+		})
 	}
 }
 
 // A node the hook cannot remove must not fail the container: the device cgroup already denies
 // it. A bind-mounted node (user namespaces) is unmounted first, then removed.
 func TestHookDetachesBusyNodesAndNeverFailsOnThem(t *testing.T) {
-	busy := &os.PathError{Op: "unlink", Path: "dev/nvidia0", Err: syscall.EBUSY}
+	busy := error(unix.EBUSY)
 	cases := []struct {
 		name       string
 		remove     []error // what each remove call returns, in order
@@ -45,20 +120,25 @@ func TestHookDetachesBusyNodesAndNeverFailsOnThem(t *testing.T) {
 		wantStderr string // empty: nothing reported
 	}{
 		{name: "plain node", remove: []error{nil}, wantCalls: "r"},
-		{name: "already gone", remove: []error{os.ErrNotExist}, wantCalls: "r"},
+		{name: "already gone", remove: []error{unix.ENOENT}, wantCalls: "r"},
 		{name: "bind-mounted node", remove: []error{busy, nil}, wantCalls: "rur"},
-		{name: "unmount fails", remove: []error{busy}, unmount: syscall.EPERM, wantCalls: "ru",
-			wantStderr: "/dev/nvidia0 stays in the container, denied by its device cgroup: remove: unlink dev/nvidia0: device or resource busy; unmount: operation not permitted"},
+		{name: "unmount fails", remove: []error{busy}, unmount: unix.EPERM, wantCalls: "ru",
+			wantStderr: "/dev/nvidia0 stays in the container, denied by its device cgroup: remove: device or resource busy; unmount: operation not permitted"},
 		{name: "still busy after unmount", remove: []error{busy, busy}, wantCalls: "rur",
 			wantStderr: "/dev/nvidia0 stays in the container, denied by its device cgroup"},
-		{name: "read-only", remove: []error{syscall.EROFS}, wantCalls: "r",
+		{name: "read-only", remove: []error{unix.EROFS}, wantCalls: "r",
 			wantStderr: "/dev/nvidia0 stays in the container, denied by its device cgroup: remove: read-only file system"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			var calls strings.Builder
 			results := tc.remove
-			remove = func(string) error {
+			root := t.TempDir()
+			mknod(t, filepath.Join(root, "dev/nvidia0"), 195, 0)
+			t.Chdir(root)
+			savedUnlink, savedUnmount := unlinkat, unmount
+			t.Cleanup(func() { unlinkat, unmount = savedUnlink, savedUnmount })
+			unlinkat = func(int, string) error {
 				calls.WriteString("r")
 				if len(results) == 0 {
 					t.Fatal("unexpected remove")
@@ -67,11 +147,7 @@ func TestHookDetachesBusyNodesAndNeverFailsOnThem(t *testing.T) {
 				results = results[1:]
 				return err
 			}
-			unmount = func(string) error { calls.WriteString("u"); return tc.unmount }
-			t.Cleanup(func() {
-				remove = os.Remove
-				unmount = func(path string) error { return syscall.Unmount(path, syscall.MNT_DETACH) }
-			})
+			unmount = func(int, string) error { calls.WriteString("u"); return tc.unmount }
 			var stderr bytes.Buffer
 			if err := Run([]string{RemoveDevices, "/dev/nvidia0"}, &stderr); err != nil {
 				t.Fatalf("the hook failed the container: %v", err)
@@ -86,12 +162,11 @@ func TestHookDetachesBusyNodesAndNeverFailsOnThem(t *testing.T) {
 	}
 }
 
-// The real thing, as root: a node bind-mounted the way runc does in a user namespace cannot be
-// unlinked, and the hook still removes it.
+// The real thing, as root: a node bind-mounted the way runc does in a user namespace (the
+// host's node onto an empty file) cannot be unlinked, and the hook still removes it.
 func TestHookRemovesABindMountedNode(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("bind mounts need root")
-	}
+	hostNode := filepath.Join(t.TempDir(), "nvidia3")
+	mknod(t, hostNode, 195, 3)
 	root := t.TempDir()
 	node := filepath.Join(root, "dev", "nvidia3")
 	if err := os.MkdirAll(filepath.Dir(node), 0o755); err != nil {
@@ -100,11 +175,11 @@ func TestHookRemovesABindMountedNode(t *testing.T) {
 	if err := os.WriteFile(node, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := syscall.Mount("/dev/null", node, "", syscall.MS_BIND, ""); err != nil {
-		t.Skipf("bind mount: %v", err)
+	if err := unix.Mount(hostNode, node, "", unix.MS_BIND, ""); err != nil {
+		t.Fatalf("bind mount: %v", err)
 	}
-	t.Cleanup(func() { _ = syscall.Unmount(node, syscall.MNT_DETACH) })
-	if err := os.Remove(node); !errors.Is(err, syscall.EBUSY) {
+	t.Cleanup(func() { _ = unix.Unmount(node, unix.MNT_DETACH) })
+	if err := os.Remove(node); !errors.Is(err, unix.EBUSY) {
 		t.Fatalf("unlinking a mount point gave %v; the test needs EBUSY", err)
 	}
 	t.Chdir(root)
@@ -114,6 +189,9 @@ func TestHookRemovesABindMountedNode(t *testing.T) {
 	}
 	if _, err := os.Lstat(node); !os.IsNotExist(err) {
 		t.Fatalf("%s still there: %v", node, err)
+	}
+	if _, err := os.Lstat(hostNode); err != nil {
+		t.Fatalf("the host's node went with it: %v", err)
 	}
 }
 

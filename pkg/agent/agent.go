@@ -161,13 +161,21 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err != nil {
 		return nil
 	}
+	// Restarted while its release drains after an uninstall: publish nothing, run no canary.
+	if d := a.o.Drainer; d != nil && d.DaemonSet != "" {
+		if marked, err := lifecycle.Marked(ctx, a.o.Client, a.o.Names, d.Release.Namespace, d.DaemonSet); err == nil && marked {
+			return a.uninstall(ctx)
+		}
+	}
 	a.loaded(ctx, top)
 	a.seedFailOpen(ctx)
 	a.readNRIState()
 	if err := a.publish(ctx); err != nil {
 		a.o.Log.Error(err, "first publish failed; retrying every period")
 	}
-	canaries := a.startCanaries(ctx)
+	canaryCtx, stopCanaries := context.WithCancel(ctx)
+	defer stopCanaries()
+	canaries := a.startCanaries(canaryCtx)
 	tick := time.NewTicker(a.o.Period)
 	defer tick.Stop()
 	// Without a state file there is nothing to poll; a fleet of a thousand node agents
@@ -187,6 +195,8 @@ func (a *Agent) Run(ctx context.Context) error {
 		case <-a.o.Source.Changes():
 			a.sync(ctx)
 		case <-a.o.Uninstall:
+			// A canary in flight deletes its pod as it ends (RunCanary).
+			stopCanaries()
 			return a.uninstall(ctx)
 		case r := <-canaries:
 			a.applyCanary(ctx, r)

@@ -4,8 +4,8 @@
 //  1. The chart's pre-delete hook (Uninstall) deletes the webhook configurations and the
 //     admission policies first, so no pod creation waits on a webhook that is going away and
 //     no new pod is made to require the NRI plugin.
-//  2. It makes the kept node objects collectable (the ServiceAccount and Roles owned by the
-//     node DaemonSets, the ClusterRoleBinding by its ClusterRole) and marks the DaemonSets
+//  2. It makes the kept node objects collectable (the ServiceAccount, Role, bindings and the
+//     node-scope policy owned by the node ClusterRole) and marks the DaemonSets
 //     with the uninstall annotation. The chart keeps them through `helm uninstall`
 //     (helm.sh/resource-policy: keep), because every pod admitted earlier carries NRI's
 //     required-plugins annotation for ever: with no plugin named nvdomain on its node, none of
@@ -112,23 +112,17 @@ func Uninstall(ctx context.Context, o UninstallOptions) error {
 	fmt.Fprintf(out, "removed the webhook configurations and the pod policies %v: pods are no longer admitted by nvdomain\n", rel.PodPolicies())
 
 	// 2. Make the kept objects collectable, then mark the DaemonSets.
-	var owners []metav1.OwnerReference
 	var marked []string
 	for _, name := range rel.NodeDaemonSets() {
-		ds, err := c.AppsV1().DaemonSets(rel.Namespace).Get(ctx, name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
+		if _, err := c.AppsV1().DaemonSets(rel.Namespace).Get(ctx, name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
 			continue
-		}
-		if err != nil {
+		} else if err != nil {
 			return fmt.Errorf("get DaemonSet %s/%s: %w", rel.Namespace, name, err)
 		}
-		owners = append(owners, metav1.OwnerReference{APIVersion: "apps/v1", Kind: "DaemonSet", Name: ds.Name, UID: ds.UID})
 		marked = append(marked, name)
 	}
-	if len(owners) > 0 {
-		if err := setOwners(ctx, c, rel, owners); err != nil {
-			return err
-		}
+	if err := setOwners(ctx, c, rel); err != nil {
+		return err
 	}
 	mark, _ := jsonPatch(map[string]any{"metadata": map[string]any{"annotations": map[string]string{o.Names.UninstallAnnotation(): time.Now().UTC().Format(time.RFC3339)}}})
 	for _, name := range marked {
@@ -186,30 +180,12 @@ func dirtyNodes(ctx context.Context, c kubernetes.Interface, has HasState) ([]st
 	return dirty, nil
 }
 
-// setOwners hands the node pods' namespaced RBAC to the DaemonSets, and the
-// ClusterRoleBinding and the node-scope policy to the ClusterRole, so deleting those two
-// kinds takes everything.
-func setOwners(ctx context.Context, c kubernetes.Interface, rel Release, dsOwners []metav1.OwnerReference) error {
-	body, _ := jsonPatch(map[string]any{"metadata": map[string]any{"ownerReferences": dsOwners}})
+// setOwners hands the node pods' ServiceAccount, Role and RoleBinding, their
+// ClusterRoleBinding and the node-scope policy to the node ClusterRole (a cluster-scoped
+// owner may own namespaced objects), so that deleting it, the drain's last step, takes them
+// all; the ServiceAccount, and with it the node pods' credentials, goes last.
+func setOwners(ctx context.Context, c kubernetes.Interface, rel Release) error {
 	name := rel.Node()
-	for what, patch := range map[string]func() error{
-		"ServiceAccount": func() error {
-			_, err := c.CoreV1().ServiceAccounts(rel.Namespace).Patch(ctx, name, types.MergePatchType, body, metav1.PatchOptions{})
-			return err
-		},
-		"Role": func() error {
-			_, err := c.RbacV1().Roles(rel.Namespace).Patch(ctx, name, types.MergePatchType, body, metav1.PatchOptions{})
-			return err
-		},
-		"RoleBinding": func() error {
-			_, err := c.RbacV1().RoleBindings(rel.Namespace).Patch(ctx, name, types.MergePatchType, body, metav1.PatchOptions{})
-			return err
-		},
-	} {
-		if err := ignoreNotFound(patch()); err != nil {
-			return fmt.Errorf("hand %s %s/%s to the node DaemonSets: %w", what, rel.Namespace, name, err)
-		}
-	}
 	cr, err := c.RbacV1().ClusterRoles().Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return nil
@@ -217,16 +193,40 @@ func setOwners(ctx context.Context, c kubernetes.Interface, rel Release, dsOwner
 	if err != nil {
 		return fmt.Errorf("get ClusterRole %s: %w", name, err)
 	}
-	crOwner, _ := jsonPatch(map[string]any{"metadata": map[string]any{"ownerReferences": []metav1.OwnerReference{{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole", Name: cr.Name, UID: cr.UID}}}})
-	if _, err := c.RbacV1().ClusterRoleBindings().Patch(ctx, name, types.MergePatchType, crOwner, metav1.PatchOptions{}); ignoreNotFound(err) != nil {
-		return fmt.Errorf("hand ClusterRoleBinding %s to its ClusterRole: %w", name, err)
-	}
+	body, _ := jsonPatch(map[string]any{"metadata": map[string]any{"ownerReferences": []metav1.OwnerReference{{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole", Name: cr.Name, UID: cr.UID}}}})
 	vap := rel.NodeScopePolicy()
-	if _, err := c.AdmissionregistrationV1().ValidatingAdmissionPolicies().Patch(ctx, vap, types.MergePatchType, crOwner, metav1.PatchOptions{}); ignoreNotFound(err) != nil {
-		return fmt.Errorf("hand ValidatingAdmissionPolicy %s to the node ClusterRole: %w", vap, err)
-	}
-	if _, err := c.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Patch(ctx, vap, types.MergePatchType, crOwner, metav1.PatchOptions{}); ignoreNotFound(err) != nil {
-		return fmt.Errorf("hand ValidatingAdmissionPolicyBinding %s to the node ClusterRole: %w", vap, err)
+	for _, o := range []struct {
+		what  string
+		patch func() error
+	}{
+		{"ServiceAccount " + rel.Namespace + "/" + name, func() error {
+			_, err := c.CoreV1().ServiceAccounts(rel.Namespace).Patch(ctx, name, types.MergePatchType, body, metav1.PatchOptions{})
+			return err
+		}},
+		{"Role " + rel.Namespace + "/" + name, func() error {
+			_, err := c.RbacV1().Roles(rel.Namespace).Patch(ctx, name, types.MergePatchType, body, metav1.PatchOptions{})
+			return err
+		}},
+		{"RoleBinding " + rel.Namespace + "/" + name, func() error {
+			_, err := c.RbacV1().RoleBindings(rel.Namespace).Patch(ctx, name, types.MergePatchType, body, metav1.PatchOptions{})
+			return err
+		}},
+		{"ClusterRoleBinding " + name, func() error {
+			_, err := c.RbacV1().ClusterRoleBindings().Patch(ctx, name, types.MergePatchType, body, metav1.PatchOptions{})
+			return err
+		}},
+		{"ValidatingAdmissionPolicy " + vap, func() error {
+			_, err := c.AdmissionregistrationV1().ValidatingAdmissionPolicies().Patch(ctx, vap, types.MergePatchType, body, metav1.PatchOptions{})
+			return err
+		}},
+		{"ValidatingAdmissionPolicyBinding " + vap, func() error {
+			_, err := c.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Patch(ctx, vap, types.MergePatchType, body, metav1.PatchOptions{})
+			return err
+		}},
+	} {
+		if err := ignoreNotFound(o.patch()); err != nil {
+			return fmt.Errorf("hand %s to the node ClusterRole: %w", o.what, err)
+		}
 	}
 	return nil
 }
@@ -357,6 +357,30 @@ func WaitUnmarked(ctx context.Context, c kubernetes.Interface, n names.Names, na
 	return false
 }
 
+// mayServe reports whether a node pod serves, or is about to serve, an NRI plugin: it runs,
+// or it is Pending on a Ready node (after a reboot, in its init containers). One on a node
+// that is down, or that cannot start there, holds nothing up.
+func (d Drainer) mayServe(ctx context.Context, p *corev1.Pod) bool {
+	switch p.Status.Phase {
+	case corev1.PodRunning:
+		return true
+	case corev1.PodPending:
+		if p.Spec.NodeName == "" {
+			return false
+		}
+		node, err := d.Client.CoreV1().Nodes().Get(ctx, p.Spec.NodeName, metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		for _, c := range node.Status.Conditions {
+			if c.Type == corev1.NodeReady {
+				return c.Status == corev1.ConditionTrue
+			}
+		}
+	}
+	return false
+}
+
 // lastOne deletes the DaemonSets and the ClusterRole when every node pod is drained.
 func (d Drainer) lastOne(ctx context.Context) bool {
 	pods, err := d.Client.CoreV1().Pods(d.Release.Namespace).List(ctx, metav1.ListOptions{LabelSelector: d.Release.NodePodSelector()})
@@ -368,17 +392,17 @@ func (d Drainer) lastOne(ctx context.Context) bool {
 	for _, p := range pods.Items {
 		// A node pod that does not run (its node down, its image not pulled) serves no plugin
 		// and never reports: it holds nothing up.
-		if p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning && p.Annotations[d.Names.UninstallDrainedAnnotation()] != "true" {
+		if p.DeletionTimestamp == nil && d.mayServe(ctx, &p) && p.Annotations[d.Names.UninstallDrainedAnnotation()] != "true" {
 			waiting++
 		}
 	}
 	if waiting > 0 {
 		return false
 	}
-	// The ClusterRole first (the garbage collector then takes its binding and the node-scope
-	// policy): deleting a DaemonSet takes the ServiceAccount with it, and this pod's
-	// credentials. The DaemonSets' deletion is the Role's, which stays until they go.
-	var marked []*appsv1.DaemonSet
+	// The DaemonSets first (their pods stop serving; the node-scope policy still bounds what
+	// their credentials may do), then the Role that lets node pods create and delete pods,
+	// then the ClusterRole, which takes the ServiceAccount, the bindings and the node-scope
+	// policy with it (setOwners).
 	for _, name := range d.Release.NodeDaemonSets() {
 		ds, err := d.Client.AppsV1().DaemonSets(d.Release.Namespace).Get(ctx, name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
@@ -392,19 +416,30 @@ func (d Drainer) lastOne(ctx context.Context) bool {
 			// Installed again: the new release owns it now.
 			return false
 		}
-		marked = append(marked, ds)
+		// Only the marked version: an install that clears the mark meanwhile wins.
+		opts := metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &ds.UID, ResourceVersion: &ds.ResourceVersion}}
+		if err := ignoreNotFound(d.Client.AppsV1().DaemonSets(d.Release.Namespace).Delete(ctx, name, opts)); err != nil {
+			d.Log.Error(err, "delete the node DaemonSet", "daemonset", name)
+			return false
+		}
+	}
+	if err := ignoreNotFound(d.Client.RbacV1().RoleBindings(d.Release.Namespace).Delete(ctx, d.Release.Node(), metav1.DeleteOptions{})); err != nil {
+		d.Log.Error(err, "delete the node RoleBinding")
+		return false
+	}
+	if err := ignoreNotFound(d.Client.RbacV1().Roles(d.Release.Namespace).Delete(ctx, d.Release.Node(), metav1.DeleteOptions{})); err != nil {
+		d.Log.Error(err, "delete the node Role")
+		return false
+	}
+	// A release installed again meanwhile recreated a DaemonSet: its ClusterRole stays.
+	for _, name := range d.Release.NodeDaemonSets() {
+		if ds, err := d.Client.AppsV1().DaemonSets(d.Release.Namespace).Get(ctx, name, metav1.GetOptions{}); err == nil && ds.DeletionTimestamp == nil {
+			return false
+		}
 	}
 	if err := ignoreNotFound(d.Client.RbacV1().ClusterRoles().Delete(ctx, d.Release.Node(), metav1.DeleteOptions{})); err != nil {
 		d.Log.Error(err, "delete the node ClusterRole", "clusterrole", d.Release.Node())
 		return false
-	}
-	for _, ds := range marked {
-		// Only the marked version: an install that clears the mark meanwhile wins.
-		opts := metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &ds.UID, ResourceVersion: &ds.ResourceVersion}}
-		if err := ignoreNotFound(d.Client.AppsV1().DaemonSets(d.Release.Namespace).Delete(ctx, ds.Name, opts)); err != nil {
-			d.Log.Error(err, "delete the node DaemonSet", "daemonset", ds.Name)
-			return false
-		}
 	}
 	d.Log.Info("every node is drained: deleted the node DaemonSets and their RBAC; nvdomain is gone")
 	return true

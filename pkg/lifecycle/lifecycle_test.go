@@ -125,8 +125,8 @@ func TestUninstallOrder(t *testing.T) {
 	role, _ := c.RbacV1().Roles(rel.Namespace).Get(ctx, "nvdomain-node", metav1.GetOptions{})
 	rb, _ := c.RbacV1().RoleBindings(rel.Namespace).Get(ctx, "nvdomain-node", metav1.GetOptions{})
 	for what, refs := range map[string][]metav1.OwnerReference{"ServiceAccount": sa.OwnerReferences, "Role": role.OwnerReferences, "RoleBinding": rb.OwnerReferences} {
-		if len(refs) != 1 || refs[0].Kind != "DaemonSet" || refs[0].UID != "uid-nvdomain-node" {
-			t.Errorf("%s owners %+v, want the node DaemonSet", what, refs)
+		if len(refs) != 1 || refs[0].Kind != "ClusterRole" || refs[0].UID != "uid-nvdomain-node" {
+			t.Errorf("%s owners %+v, want the node ClusterRole", what, refs)
 		}
 	}
 	crb, _ := c.RbacV1().ClusterRoleBindings().Get(ctx, "nvdomain-node", metav1.GetOptions{})
@@ -181,6 +181,9 @@ func TestDrainerWaitsForEveryNodePod(t *testing.T) {
 	}
 	if _, err := c.RbacV1().ClusterRoles().Get(ctx, "nvdomain-node", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("ClusterRole left: %v", err)
+	}
+	if _, err := c.RbacV1().Roles(rel.Namespace).Get(ctx, "nvdomain-node", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("Role (pod create and delete) left: %v", err)
 	}
 }
 

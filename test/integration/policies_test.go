@@ -283,6 +283,15 @@ func TestNodeServiceAccountWritesOnlyItsOwnNode(t *testing.T) {
 			_, err := agentOnA.CoreV1().Pods("default").Patch(ctx, "on-a", types.StrategicMergePatchType, []byte(`{"spec":{"containers":[{"name":"vllm","image":"evil"}]}}`), metav1.PatchOptions{})
 			return err
 		}, "may change only the gpu.nvidia.com/assigned-gpus annotation"},
+		{"give a pod of its node an owner (the garbage collector would delete it)", func() error {
+			_, err := agentOnA.CoreV1().Pods("default").Patch(ctx, "on-a", types.MergePatchType,
+				[]byte(`{"metadata":{"ownerReferences":[{"apiVersion":"v1","kind":"ConfigMap","name":"x","uid":"00000000-0000-0000-0000-000000000001"}]}}`), metav1.PatchOptions{})
+			return err
+		}, "may not change ownerReferences or finalizers"},
+		{"put a finalizer on its own node", func() error {
+			_, err := agentOnA.CoreV1().Nodes().Patch(ctx, "gpu-a", types.MergePatchType, []byte(`{"metadata":{"finalizers":["example.com/jam"]}}`), metav1.PatchOptions{})
+			return err
+		}, "may not change ownerReferences or finalizers"},
 		{"change a pod's status", func() error {
 			_, err := agentOnA.CoreV1().Pods("default").Patch(ctx, "on-a", types.MergePatchType, []byte(`{"metadata":{"annotations":{"x":"y"}}}`), metav1.PatchOptions{}, "status")
 			return err
@@ -449,6 +458,19 @@ func TestNodeServiceAccountCreatesOnlyTheCanary(t *testing.T) {
 		{"running another command", variant("gpu-a", func(p *corev1.Pod) { p.Spec.Containers[0].Command = []string{"/bin/sh", "-c", "id"} }), false},
 		{"another image", variant("gpu-a", func(p *corev1.Pod) { p.Spec.Containers[0].Image = "evil:latest" }), false},
 		{"a pod not named as a canary", variant("gpu-a", func(p *corev1.Pod) { p.Name = "miner" }), false},
+		{"restarting for ever", variant("gpu-a", func(p *corev1.Pod) { p.Spec.RestartPolicy = corev1.RestartPolicyAlways }), false},
+		{"squatting a host port", variant("gpu-a", func(p *corev1.Pod) {
+			p.Spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: 443, HostPort: 443}}
+		}), false},
+		{"with a probe that runs a command", variant("gpu-a", func(p *corev1.Pod) {
+			p.Spec.Containers[0].LivenessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"/nvdomain"}}}}
+		}), false},
+		{"labelled as a node pod", variant("gpu-a", func(p *corev1.Pod) { p.Labels["app.kubernetes.io/component"] = "node" }), false},
+		{"requesting the node's memory", variant("gpu-a", func(p *corev1.Pod) {
+			p.Spec.Containers[0].Resources.Requests = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("2Ti")}
+			p.Spec.Containers[0].Resources.Limits[corev1.ResourceMemory] = resource.MustParse("2Ti")
+		}), false},
+		{"with a finalizer", variant("gpu-a", func(p *corev1.Pod) { p.Finalizers = []string{"example.com/jam"} }), false},
 	} {
 		err := create(tc.pod)
 		if tc.allowed != (err == nil) {

@@ -110,8 +110,8 @@ func removeNode(root int, rel string) error {
 	if strings.HasPrefix(rel, "dev/dri/") {
 		want = drmMajor
 	}
-	if st.Mode&unix.S_IFMT != unix.S_IFCHR || unix.Major(st.Rdev) != want {
-		return fmt.Errorf("not a character device of major %d (mode %#o, major %d); not removed", want, st.Mode&unix.S_IFMT, unix.Major(st.Rdev))
+	if st.Mode&unix.S_IFMT != unix.S_IFCHR || unix.Major(uint64(st.Rdev)) != want {
+		return fmt.Errorf("not a character device of major %d (mode %#o, major %d); not removed", want, st.Mode&unix.S_IFMT, unix.Major(uint64(st.Rdev)))
 	}
 	err = unlinkat(dirfd, name)
 	if errors.Is(err, unix.EBUSY) {

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/containerd/nri/pkg/api"
+	"golang.org/x/sys/unix"
 
 	"github.com/nvdomain/nvdomain/nri-plugin/devhook"
 	"github.com/nvdomain/nvdomain/pkg/cdispec"
@@ -54,6 +55,12 @@ type Given struct {
 	StrategyMismatch bool
 	// CDINames are the CDI device names that brought each GPU.
 	CDINames map[int]string
+	// cdiAnnotations are the cdi.k8s.io/ annotations (cdi-annotations strategy) and the
+	// names each lists: re-selection rewrites them, because a runtime that reads them after
+	// NRI (the NVIDIA runtime in CDI mode does, at runc create) would inject the dropped GPUs.
+	cdiAnnotations map[string][]string
+	// devices are the device nodes containerd put in the container (CDI's, resolved).
+	devices []*api.LinuxDevice
 	// Mounts are the volume-mounts strategy's mount paths, by GPU.
 	Mounts map[int]string
 	// Untouchable is set when the container holds MIG devices or ids this node's topology does
@@ -169,10 +176,17 @@ func (p *Plugin) readGiven(pod *api.PodSandbox, ctr *api.Container) Given {
 	if p.uses(names.StrategyCDIAnnotations) {
 		for k, v := range ctr.Annotations {
 			if strings.HasPrefix(k, names.CDIAnnotationPrefix) {
-				cdiNames = append(cdiNames, strings.Split(v, ",")...)
+				list := strings.Split(v, ",")
+				cdiNames = append(cdiNames, list...)
+				if g.cdiAnnotations == nil {
+					g.cdiAnnotations = map[string][]string{}
+				}
+				g.cdiAnnotations[k] = list
 			}
 		}
 	}
+	minorToIndex := p.minorsLocked(resolve)
+	g.devices = ctr.GetLinux().GetDevices()
 	nvidiaCDI := false
 	for _, name := range cdiNames {
 		kind, id, ok := cdispec.ParseName(name)
@@ -183,6 +197,15 @@ func (p *Plugin) readGiven(pod *api.PodSandbox, ctr *api.Container) Given {
 		// nvidia-ctk's spec names MIG devices <gpu>:<mig>, the device plugin by MIG- UUID.
 		if kind.Class == names.CDIClassMIG || strings.HasPrefix(id, "MIG-") || strings.Contains(id, ":") {
 			mig(name)
+			continue
+		}
+		if id == cdispec.AllDevices {
+			// nvidia-ctk's spec has an "all" device: every GPU of the node, each a grant.
+			for _, gpu := range p.top.GPUs {
+				add(gpu.Index, true)
+			}
+			k := kind
+			g.CDIKind, g.cdiByUUID = &k, true
 			continue
 		}
 		idx, ok := resolve(id)
@@ -211,7 +234,7 @@ func (p *Plugin) readGiven(pod *api.PodSandbox, ctr *api.Container) Given {
 				}
 				continue
 			}
-			idx, ok := p.minorToIndex[minor]
+			idx, ok := minorToIndex[minor]
 			if !ok {
 				untouchable("it holds device " + d.Path + ", which is no GPU of this node's topology")
 				continue
@@ -290,14 +313,55 @@ func (p *Plugin) listsOnlyNodeGPUs(v string, resolve func(string) (int, bool)) b
 	return true
 }
 
-// gpuMinor reads /dev/nvidia<minor>; nvidiactl, nvidia-uvm and the rest are not GPUs.
+// gpuMinor reads the minor of /dev/nvidia<N>: the device number containerd put in the
+// container (it stats the host's node, as for a CDI node given by path only), else the
+// number in its name, which the NVIDIA driver makes equal. nvidiactl, nvidia-uvm and the rest
+// are not GPUs.
 func gpuMinor(d *api.LinuxDevice) (int, bool) {
-	rest, ok := strings.CutPrefix(d.Path, names.GPUDevicePrefix)
+	rest, ok := strings.CutPrefix(filepath.Clean(d.Path), names.GPUDevicePrefix)
 	if !ok || rest == "" {
 		return 0, false
 	}
 	m, err := strconv.Atoi(rest)
-	return m, err == nil && m >= 0
+	if err != nil || m < 0 {
+		return 0, false
+	}
+	if d.Major == names.GPUDeviceMajor && d.Minor >= 0 {
+		return int(d.Minor), true
+	}
+	return m, true
+}
+
+// minorsLocked maps device minors to GPU indexes: the topology's (NVML knows each GPU's
+// minor; other sources assume minor == index), overridden by the node's CDI specs, whose
+// device for a GPU (named by index or UUID) lists its /dev/nvidia<minor>. On real machines
+// the minor often differs from the index (NVML orders GPUs by PCI bus, the driver numbers
+// them as it probes), and trusting the index would deny the wrong GPU.
+func (p *Plugin) minorsLocked(resolve func(string) (int, bool)) map[int]int {
+	if p.cdi == nil {
+		return p.minorToIndex
+	}
+	out := maps.Clone(p.minorToIndex)
+	for _, name := range p.cdi.ListDevices() {
+		kind, id, ok := cdispec.ParseName(name)
+		if !ok || kind.Class != names.CDIClassGPU || !p.nvidiaKind(kind) {
+			continue
+		}
+		idx, ok := resolve(id)
+		if !ok {
+			continue
+		}
+		dev := p.cdi.GetDevice(name)
+		if dev == nil {
+			continue
+		}
+		for _, n := range dev.ContainerEdits.DeviceNodes {
+			if m, ok := gpuMinor(&api.LinuxDevice{Path: n.Path, Major: n.Major, Minor: n.Minor}); ok {
+				out[m] = idx
+			}
+		}
+	}
+	return out
 }
 
 // envValue reads a variable as the NVIDIA toolkit does: the last copy wins (it builds a map).
@@ -355,6 +419,7 @@ func (p *Plugin) adjust(adj *api.ContainerAdjustment, g Given, chosen []int) {
 		for _, idx := range gain {
 			adj.AddCDIDevice(&api.CDIDevice{Name: kind.Device(p.gpuID(idx, byUUID))})
 		}
+		dropCDIAnnotations(adj, g, drop)
 	}
 	if g.EnvList {
 		ids := make([]string, len(chosen))
@@ -370,14 +435,13 @@ func (p *Plugin) adjust(adj *api.ContainerAdjustment, g Given, chosen []int) {
 // the ones found in the container, else its /dev/nvidia<minor> when a runtime hook has yet to
 // add it.
 func (p *Plugin) nodesOf(g Given, idx int) []*api.LinuxDevice {
-	if name, ok := g.CDINames[idx]; ok && p.cdi != nil {
+	for _, name := range p.cdiNamesOf(g, idx) {
 		if dev := p.cdi.GetDevice(name); dev != nil {
 			var out []*api.LinuxDevice
 			for _, n := range dev.ContainerEdits.DeviceNodes {
-				if n.Type == "" || n.Major == 0 {
-					continue // not fully specified: the node found in the container says more
+				if d, ok := p.resolveNode(g, n.Path, n.HostPath, n.Type, n.Major, n.Minor); ok {
+					out = append(out, d)
 				}
-				out = append(out, &api.LinuxDevice{Path: n.Path, Type: n.Type, Major: n.Major, Minor: n.Minor})
 			}
 			if len(out) > 0 {
 				return out
@@ -389,6 +453,27 @@ func (p *Plugin) nodesOf(g Given, idx int) []*api.LinuxDevice {
 	}
 	gpu, _ := p.top.GPU(idx)
 	return []*api.LinuxDevice{{Path: names.GPUDevicePrefix + strconv.Itoa(gpu.DeviceMinor()), Type: "c", Major: names.GPUDeviceMajor, Minor: int64(gpu.DeviceMinor())}}
+}
+
+// cdiNamesOf lists the CDI names that may describe a GPU's nodes: the one that brought it,
+// then its spec devices by UUID and by index in the kinds the container and the plugin use
+// (a GPU that came with the all device, or as nodes alone, has no name of its own).
+func (p *Plugin) cdiNamesOf(g Given, idx int) []string {
+	if p.cdi == nil {
+		return nil
+	}
+	var out []string
+	if name, ok := g.CDINames[idx]; ok {
+		out = append(out, strings.TrimSpace(name))
+	}
+	kinds := []cdispec.Kind{p.cfg.CDIKind}
+	if g.CDIKind != nil {
+		kinds = append([]cdispec.Kind{*g.CDIKind}, kinds...)
+	}
+	for _, k := range kinds {
+		out = append(out, k.Device(p.gpuID(idx, true)), k.Device(strconv.Itoa(idx)))
+	}
+	return out
 }
 
 // keepGiven reports whether the container must keep the device plugin's GPUs: under the
@@ -434,4 +519,74 @@ func diff(have, want []int) (drop, gain []int) {
 		}
 	}
 	return drop, gain
+}
+
+// resolveNode completes a CDI device node the way the runtime does: nvidia-ctk and the device
+// plugin write most nodes by path alone (no type, major or minor), and containerd stats the
+// host's node (hostPath, else path) to fill them in. The node containerd put in the container
+// at that path says it exactly; otherwise the plugin stats the host's node itself. A node it
+// cannot resolve is left out (the container does not have it).
+func (p *Plugin) resolveNode(g Given, path, hostPath, typ string, major, minor int64) (*api.LinuxDevice, bool) {
+	if typ != "" && major != 0 {
+		return &api.LinuxDevice{Path: path, Type: typ, Major: major, Minor: minor}, true
+	}
+	for _, d := range g.devices {
+		if filepath.Clean(d.Path) == filepath.Clean(path) && d.Major != 0 {
+			return d, true
+		}
+	}
+	if hostPath == "" {
+		hostPath = path
+	}
+	return statDevice(path, hostPath)
+}
+
+// statDevice reads a host device node's type and number.
+func statDevice(path, hostPath string) (*api.LinuxDevice, bool) {
+	var st unix.Stat_t
+	if err := unix.Stat(hostPath, &st); err != nil {
+		return nil, false
+	}
+	var typ string
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFCHR:
+		typ = "c"
+	case unix.S_IFBLK:
+		typ = "b"
+	default:
+		return nil, false
+	}
+	rdev := uint64(st.Rdev) //nolint:unconvert // Rdev is uint32 on some architectures
+	return &api.LinuxDevice{Path: path, Type: typ, Major: int64(unix.Major(rdev)), Minor: int64(unix.Minor(rdev))}, true
+}
+
+// dropCDIAnnotations takes the dropped GPUs' names (and the all device) out of the
+// cdi.k8s.io/ annotations that listed them, removing an annotation left empty. containerd
+// applied them before NRI and the plugin's adjustment undoes that, but the annotations stay
+// in the OCI spec, where the NVIDIA runtime in CDI mode reads them at runc create and would
+// inject the dropped GPUs again. Gained GPUs come as the adjustment's CDI devices.
+func dropCDIAnnotations(adj *api.ContainerAdjustment, g Given, drop []int) {
+	if len(drop) == 0 || len(g.cdiAnnotations) == 0 {
+		return
+	}
+	dropped := map[string]bool{}
+	for _, idx := range drop {
+		if name, ok := g.CDINames[idx]; ok {
+			dropped[strings.TrimSpace(name)] = true
+		}
+	}
+	for _, key := range slices.Sorted(maps.Keys(g.cdiAnnotations)) {
+		list := g.cdiAnnotations[key]
+		keep := slices.DeleteFunc(slices.Clone(list), func(name string) bool {
+			_, id, _ := cdispec.ParseName(strings.TrimSpace(name))
+			return dropped[strings.TrimSpace(name)] || id == cdispec.AllDevices
+		})
+		switch {
+		case len(keep) == len(list):
+		case len(keep) == 0:
+			adj.RemoveAnnotation(key)
+		default:
+			adj.AddAnnotation(key, strings.Join(keep, ","))
+		}
+	}
 }

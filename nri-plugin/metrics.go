@@ -22,6 +22,10 @@ type Metrics struct {
 	// the metrics server answers (up == 1) while the plugin waits to reconnect, when containerd
 	// refuses every GPU container that requires it.
 	Connected prometheus.Gauge
+	// RuntimeFailClosed is 1 when the runtime validates adjustments (containerd 2.2 or
+	// later), so a container that requires the plugin never runs without it; 0 when it
+	// does not, labelled with the runtime's name, version and NRI version.
+	RuntimeFailClosed *prometheus.GaugeVec
 }
 
 // NewMetrics creates the series and registers them with reg.
@@ -61,11 +65,24 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		Connected: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "nvdomain_nri_connected", Help: "1 while the plugin is connected to the runtime's NRI socket and synchronized; 0 while containerd refuses the GPU containers that require it.",
 		}),
+		RuntimeFailClosed: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "nvdomain_nri_runtime_fail_closed", Help: "1 when the runtime (containerd 2.2 or later) validates NRI adjustments, so a container that requires the plugin never starts without it; 0 when the runtime may let it through.",
+		}, []string{"runtime", "version", "nri"}),
 	}
-	for _, c := range []prometheus.Collector{m.Assignments, m.Refusals, m.ShouldHaveBeenPinned, m.Conflicts, m.Untouched, m.EnvNeutralised, m.Reconnects, m.TopologyReloads, m.Handling, m.ContainerGPU, m.Connected} {
+	for _, c := range []prometheus.Collector{m.Assignments, m.Refusals, m.ShouldHaveBeenPinned, m.Conflicts, m.Untouched, m.EnvNeutralised, m.Reconnects, m.TopologyReloads, m.Handling, m.ContainerGPU, m.Connected, m.RuntimeFailClosed} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
 	}
 	return m, nil
+}
+
+// setRuntime replaces the runtime series with the runtime the plugin registered with.
+func (m *Metrics) setRuntime(r Runtime) {
+	m.RuntimeFailClosed.Reset()
+	v := 0.0
+	if r.FailClosed {
+		v = 1
+	}
+	m.RuntimeFailClosed.WithLabelValues(r.Name, r.Version, r.NRIVersion).Set(v)
 }

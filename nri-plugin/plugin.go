@@ -130,6 +130,11 @@ type Plugin struct {
 	// counts Synchronize calls.
 	ready atomic.Bool
 	syncs atomic.Int64
+
+	// runtime is what Configure learnt of the runtime; self is the name the runtime knows
+	// the plugin by (SetSelf), the owner of its adjustments.
+	runtime Runtime
+	self    atomic.Pointer[string]
 }
 
 // Reporter is told about assignments and releases, off the creation path. The production
@@ -149,6 +154,8 @@ type Snapshot struct {
 	// PassThrough and RequiringPods: see nristate.Doc.
 	PassThrough   bool
 	RequiringPods int
+	// Runtime is the runtime the plugin registered with (nil before the first registration).
+	Runtime *Runtime
 }
 
 // New returns a plugin over the node's topology.
@@ -223,8 +230,28 @@ func (p *Plugin) Topology() *topology.Topology {
 }
 
 // CreateContainer picks the container's GPUs and returns the adjustment, or an error that
-// fails the creation with a message naming the pod, the domain and the counts.
-func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
+// fails the creation with a message naming the pod, the domain and the counts. Every
+// container it handled carries the NRIHandledAnnotation mark (the GPUs it left the container,
+// or none), which the validator requires of containers that require the plugin: a create
+// request that timed out or whose connection dropped leaves no mark.
+func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
+	adj, upd, err := p.createContainer(ctx, pod, ctr)
+	if err != nil || p.passThrough.Load() || slices.Contains(p.cfg.TrustedNamespaces, pod.Namespace) {
+		// Refused, or left exactly as it is (the validator passes these too).
+		return adj, upd, err
+	}
+	if adj == nil {
+		adj = &api.ContainerAdjustment{}
+	}
+	value := adj.GetAnnotations()[p.cfg.Names.PodAssignedGPUsAnnotation()]
+	if value == "" {
+		value = "none"
+	}
+	adj.AddAnnotation(p.cfg.Names.NRIHandledAnnotation(), value)
+	return adj, upd, nil
+}
+
+func (p *Plugin) createContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
 	start := time.Now()
 	defer func() { p.metrics.Handling.Observe(time.Since(start).Seconds()) }()
 	fail := func(reason string, err error) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
@@ -665,7 +692,12 @@ func (p *Plugin) snapshotLocked() Snapshot {
 	// Wall-clock nanoseconds, forced to increase: a restarted plugin's snapshots are then
 	// newer than anything its predecessor wrote.
 	p.generation = max(time.Now().UnixNano(), p.generation+1)
-	return Snapshot{Generation: p.generation, Fingerprint: p.top.Fingerprint(), Assignments: out, PassThrough: p.passThrough.Load(), RequiringPods: len(p.requiring)}
+	snap := Snapshot{Generation: p.generation, Fingerprint: p.top.Fingerprint(), Assignments: out, PassThrough: p.passThrough.Load(), RequiringPods: len(p.requiring)}
+	if p.runtime.Name != "" {
+		r := p.runtime
+		snap.Runtime = &r
+	}
+	return snap
 }
 
 // Assignments returns what every container holds, sorted by container id.

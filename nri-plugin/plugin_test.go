@@ -340,7 +340,7 @@ func TestMIGAndUnknownDevicesPassUntouched(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			p, rec, m := newPlugin(t)
-			adj, upd, err := p.CreateContainer(context.Background(), &api.PodSandbox{Id: tc.c.PodSandboxId, Name: "x", Namespace: "default"}, tc.c)
+			adj, upd, err := p.createContainer(context.Background(), &api.PodSandbox{Id: tc.c.PodSandboxId, Name: "x", Namespace: "default"}, tc.c)
 			if adj != nil || upd != nil || err != nil || len(rec.assigned) != 0 || testutil.ToFloat64(m.Untouched) != 1 {
 				t.Fatalf("adj %v err %v assigned %v", adj, err, rec.assigned)
 			}
@@ -377,7 +377,7 @@ func TestSharedGPUNodes(t *testing.T) {
 	p, _, _ := newPlugin(t, func(c *Config) { c.SharedGPUs = true })
 	// Two time-sliced replicas of GPU 0 in two containers: both untouched.
 	for _, id := range []string{"s1", "s2"} {
-		adj, _, err := p.CreateContainer(context.Background(), &api.PodSandbox{Id: id, Name: id, Namespace: "default"}, envGiven(id, id, "c", 0))
+		adj, _, err := p.createContainer(context.Background(), &api.PodSandbox{Id: id, Name: id, Namespace: "default"}, envGiven(id, id, "c", 0))
 		if adj != nil || err != nil {
 			t.Fatalf("%s: %v %v", id, adj, err)
 		}
@@ -398,7 +398,7 @@ func TestContainersWithoutGPUsGetNoAdjustment(t *testing.T) {
 		{pinnedPod("y", 0, `{"vllm":2}`), ctr("y1", "y", "sidecar")}, // a pinned pod's non-GPU container
 		{&api.PodSandbox{Id: "v", Name: "cpu", Namespace: "default"}, ctr("v1", "v", "c", "NVIDIA_VISIBLE_DEVICES=void")},
 	} {
-		adj, upd, err := p.CreateContainer(ctx, c.pod, c.ctr)
+		adj, upd, err := p.createContainer(ctx, c.pod, c.ctr)
 		if adj != nil || upd != nil || err != nil {
 			t.Errorf("%s: adjustment %v %v %v", c.ctr.Name, adj, upd, err)
 		}
@@ -716,7 +716,7 @@ func TestDRANodesCheckAndRecordButRewriteNothing(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			adj, upd, err := p.CreateContainer(context.Background(), tc.pod, draCtr("c-"+tc.pod.Id, tc.pod.Id, tc.devs...))
+			adj, upd, err := p.createContainer(context.Background(), tc.pod, draCtr("c-"+tc.pod.Id, tc.pod.Id, tc.devs...))
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), "nvdomain-tp-2") {
 					t.Fatalf("err = %v, want one naming %q and the template", err, tc.wantErr)

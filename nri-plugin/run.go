@@ -263,6 +263,7 @@ func serve(ctx context.Context, p *Plugin, opts []stub.Option, b Backoff, log lo
 		if err != nil {
 			return fmt.Errorf("create NRI stub: %w", err)
 		}
+		setSelf(p, s)
 		err = s.Run(ctx)
 		p.disconnected()
 		if ctx.Err() != nil {
@@ -276,6 +277,7 @@ func serve(ctx context.Context, p *Plugin, opts []stub.Option, b Backoff, log lo
 		if err != nil {
 			return fmt.Errorf("create NRI stub: %w", err)
 		}
+		setSelf(p, s)
 		syncs := p.syncs.Load()
 		err = s.Run(ctx)
 		p.disconnected()
@@ -348,4 +350,12 @@ func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
 		return nil, fmt.Errorf("kubernetes client for pod reports: %w (run with --report=false to skip them)", err)
 	}
 	return kubernetes.NewForConfig(cfg)
+}
+
+// setSelf tells the plugin the name the runtime knows it by (index-name), which the stub
+// has but its interface does not export.
+func setSelf(p *Plugin, s stub.Stub) {
+	if n, ok := s.(interface{ Name() string }); ok {
+		p.SetSelf(n.Name())
+	}
 }

@@ -25,6 +25,10 @@ import (
 // runtime with CDI support reads it.
 const Version = "0.6.0"
 
+// AllDevices is the name of the device nvidia-ctk's spec adds for every GPU of the node
+// (nvidia.com/gpu=all).
+const AllDevices = "all"
+
 // ControlMinor is /dev/nvidiactl's minor number, which every GPU container also gets.
 const ControlMinor = 255
 

@@ -135,6 +135,9 @@ const (
 	// the CRI container config (not on the pod), containerd applies the CDI devices they name,
 	// and NRI plugins see them among the container's annotations.
 	CDIAnnotationPrefix = "cdi.k8s.io/"
+	// ToolkitCDIAnnotationPrefix starts the pod annotations the NVIDIA container toolkit's
+	// own NRI plugin reads (nvidia.cdi.k8s.io/container.<name>: CDI devices to inject).
+	ToolkitCDIAnnotationPrefix = "nvidia." + CDIAnnotationPrefix
 	// DevicePluginCDIAnnotationKey is the device plugin's annotation key before its id.
 	DevicePluginCDIAnnotationKey = CDIAnnotationPrefix + "nvidia-device-plugin_"
 	// GPUDeviceMajor is the NVIDIA driver's character-device major: /dev/nvidia<minor>.
@@ -297,6 +300,7 @@ const (
 	podContainerSuffix = "container-gpus"
 	podAssignedSuffix  = "assigned-gpus"
 	podAdmissionSuffix = "admission-id"
+	nriHandledSuffix   = "nri-handled"
 )
 
 // Node labels.
@@ -390,6 +394,13 @@ func (n Names) PodContainerGPUsAnnotation() string { return n.label(podContainer
 
 // PodAssignedGPUsAnnotation reports the GPUs the node assigned, e.g. "4,5".
 func (n Names) PodAssignedGPUsAnnotation() string { return n.label(podAssignedSuffix) }
+
+// NRIHandledAnnotation is the OCI annotation the NRI plugin puts on every container it
+// handled (its value: the GPUs it left the container, or "none"). Its validator refuses a
+// container that requires the plugin and lacks it in the final adjustment: the plugin's
+// create request timed out, its connection dropped mid-create, or another plugin took the
+// annotation away.
+func (n Names) NRIHandledAnnotation() string { return n.label(nriHandledSuffix) }
 
 // PodAdmissionAnnotation records the admission request that pinned the pod, so that the same
 // create coming back to the webhook (a re-invoked admission) is told from a pod whose pin was

@@ -51,6 +51,20 @@ type Doc struct {
 	// every node (package lifecycle).
 	PassThrough   bool `json:"passThrough,omitempty"`
 	RequiringPods int  `json:"requiringPods,omitempty"`
+	// Runtime is the runtime the plugin registered with, nil before its first registration.
+	Runtime *Runtime `json:"runtime,omitempty"`
+}
+
+// Runtime is a container runtime as the NRI plugin saw it at registration, and what it
+// enforces: FailClosed when it validates adjustments (NRI v0.10, containerd 2.2, or later),
+// so that a container whose required plugin is absent, slow or crashed is refused; Why says
+// otherwise why not, with the fix.
+type Runtime struct {
+	Name       string `json:"name"`
+	Version    string `json:"version"`
+	NRIVersion string `json:"nriVersion,omitempty"`
+	FailClosed bool   `json:"failClosed"`
+	Why        string `json:"why,omitempty"`
 }
 
 // Write replaces the file atomically (a temporary file renamed over it), so a reader never

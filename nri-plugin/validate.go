@@ -1,0 +1,209 @@
+package nriplugin
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/containerd/nri/pkg/api"
+	nriplugin "github.com/containerd/nri/pkg/plugin"
+	"golang.org/x/mod/semver"
+
+	"github.com/nvdomain/nvdomain/nri-plugin/devhook"
+	"github.com/nvdomain/nvdomain/pkg/cdispec"
+	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/nristate"
+)
+
+// firstValidatingNRI is the first NRI version whose runtimes call validator plugins and run
+// the default validator (containerd 2.2). Below it the required-plugins annotation does
+// nothing and a plugin that subscribes to validation is refused at registration.
+const firstValidatingNRI = "v0.10.0"
+
+// Runtime is what the plugin learnt of the runtime at registration; the state file carries it
+// to the agent (nristate.Runtime).
+type Runtime = nristate.Runtime
+
+// RuntimeSupport says what a runtime enforces, from its name and version as NRI's Configure
+// reports them: the NRI version it embeds (inferred from NRI's own table of releases) and
+// whether that version validates adjustments. An unknown runtime or version is taken as not
+// validating, the safe answer: the plugin then does not subscribe to validation (which an old
+// runtime would refuse) and the node says it may fail open.
+func RuntimeSupport(name, version string) Runtime {
+	r := Runtime{Name: name, Version: version}
+	v := version
+	if !strings.HasPrefix(v, "v") {
+		v = "v" + v
+	}
+	nri, err := api.InferVersionFromRuntime(name, v)
+	if err != nil || !semver.IsValid(nri) {
+		r.Why = fmt.Sprintf("the NRI version of runtime %s %s is unknown (%v), so nvdomain cannot tell whether it refuses containers whose required plugin failed; run containerd 2.2 or later", name, version, err)
+		return r
+	}
+	r.NRIVersion = nri
+	if semver.Compare(nri, firstValidatingNRI) < 0 {
+		r.Why = fmt.Sprintf("runtime %s %s embeds NRI %s, which has no validators: a GPU container starts with the device plugin's GPUs whenever the nvdomain plugin is down, slow or crashed; upgrade to containerd 2.2 or later", name, version, nri)
+		return r
+	}
+	r.FailClosed = true
+	return r
+}
+
+// pluginEvents are the events the plugin handles, without validation.
+var pluginEvents = api.MustParseEventMask("createcontainer", "stopcontainer", "removecontainer", "stoppodsandbox", "removepodsandbox")
+
+// Configure records the runtime and subscribes to validation only where the runtime has
+// validators (an older runtime refuses a plugin that asks for an event it does not know).
+func (p *Plugin) Configure(_ context.Context, _, runtime, version string) (api.EventMask, error) {
+	r := RuntimeSupport(runtime, version)
+	p.mu.Lock()
+	p.runtime = r
+	snap := p.snapshotLocked()
+	p.mu.Unlock()
+	events := pluginEvents
+	if r.FailClosed {
+		events.Set(api.Event_VALIDATE_CONTAINER_ADJUSTMENT)
+		p.log.Info("runtime validates adjustments: subscribed as a validator", "runtime", runtime, "version", version, "nri", r.NRIVersion)
+	} else {
+		p.log.Error(nil, "this node is not fail-closed", "why", r.Why)
+	}
+	p.metrics.setRuntime(r)
+	p.report.Changed(snap)
+	return events, nil
+}
+
+// SetSelf records the name the runtime knows the plugin by (index-name, e.g. 10-nvdomain),
+// the owner its adjustments carry.
+func (p *Plugin) SetSelf(name string) { p.self.Store(&name) }
+
+// ours says whether an owner of an adjusted field is this plugin. Before SetSelf (unit tests)
+// any index of the plugin's name is.
+func (p *Plugin) ours(owner string) bool {
+	if s := p.self.Load(); s != nil && *s != "" {
+		return owner == *s
+	}
+	_, base, ok := strings.Cut(owner, "-")
+	return ok && base == names.NRIPluginName
+}
+
+// ValidateContainerAdjustment is the last word on a container, after every plugin has
+// adjusted it. NRI's adaptation counts a plugin as consulted before calling it, and a plugin
+// whose create request times out or whose connection drops is closed and skipped, so the
+// default validator alone would let a container that requires nvdomain run with the device
+// plugin's raw choice. A validation failure is fatal, so the plugin refuses here:
+//   - a container that requires nvdomain (NRI's required-plugins annotation) and whose final
+//     adjustment lacks the mark CreateContainer puts on every container it handled. (When the
+//     plugin's own create failed, NRI calls this closed plugin's validator, which fails too;
+//     either way the container is refused.)
+//   - any container to which another plugin gave NVIDIA GPUs: a CDI device of an NVIDIA kind
+//     (the NVIDIA toolkit's NRI plugin injects whatever a pod's nvidia.cdi.k8s.io/
+//     annotation names), a GPU or DRM device node, NVIDIA_VISIBLE_DEVICES naming devices, or
+//     a mount under the volume-mounts directory. NRI never shows a plugin what a later one
+//     adds; validation sees the whole.
+//
+// Containers of trusted namespaces, and every container during an uninstall, pass.
+func (p *Plugin) ValidateContainerAdjustment(_ context.Context, req *api.ValidateContainerAdjustmentRequest) error {
+	if p.passThrough.Load() {
+		return nil
+	}
+	pod, ctr := req.GetPod(), req.GetContainer()
+	if slices.Contains(p.cfg.TrustedNamespaces, pod.GetNamespace()) {
+		return nil
+	}
+	refuse := func(reason, format string, args ...any) error {
+		p.metrics.Refusals.WithLabelValues(reason).Inc()
+		return fmt.Errorf("nvdomain: pod %s/%s container %s: "+format, append([]any{pod.GetNamespace(), pod.GetName(), ctr.GetName()}, args...)...)
+	}
+	adj, owners, id := req.GetAdjust(), req.GetOwners(), ctr.GetId()
+	if owners == nil {
+		owners = &api.OwningPlugins{} // nothing adjusted: its lookups read a nil map
+	}
+	owner := func(o string, ok bool) string {
+		if !ok {
+			return "the runtime"
+		}
+		return o
+	}
+	mark := p.cfg.Names.NRIHandledAnnotation()
+	if requiredHere(pod, ctr.GetName()) {
+		o, ok := owners.AnnotationOwner(id, mark)
+		if _, has := adj.GetAnnotations()[mark]; !has || !ok || !p.ours(o) {
+			return refuse("unhandled", "the pod requires the %s NRI plugin, but the plugin did not handle this container "+
+				"(its create request timed out or its connection dropped, see containerd's log); refused so that it does not run with GPUs outside its domain. "+
+				"The kubelet retries; if this repeats, check the nvdomain-nri container's logs, CPU limit and the plugin_request_timeout in containerd's NRI config", names.NRIPluginName)
+		}
+	}
+	for _, d := range adj.GetCDIDevices() {
+		if o, ok := owners.CdiDeviceOwner(id, d.GetName()); ok && p.ours(o) {
+			continue
+		}
+		if kind, _, ok := cdispec.ParseName(d.GetName()); ok && p.nvidiaKind(kind) {
+			o, ok := owners.CdiDeviceOwner(id, d.GetName())
+			return refuse("foreign-grant", "plugin %s adds CDI device %s (the NVIDIA toolkit's NRI plugin does so for a pod annotation %s…); GPUs come only from a %s request, placed by nvdomain. "+
+				"Remove the annotation, or run the pod in a trusted namespace", owner(o, ok), d.GetName(), names.ToolkitCDIAnnotationPrefix, names.GPUResource)
+		}
+	}
+	for _, d := range adj.GetLinux().GetDevices() {
+		if o, ok := owners.DeviceOwner(id, d.GetPath()); ok && p.ours(o) {
+			continue
+		}
+		if devhook.Removable(filepath.Clean(d.GetPath())) {
+			o, ok := owners.DeviceOwner(id, d.GetPath())
+			return refuse("foreign-grant", "plugin %s adds device %s, a GPU's; GPUs come only from a %s request, placed by nvdomain", owner(o, ok), d.GetPath(), names.GPUResource)
+		}
+	}
+	for _, e := range adj.GetEnv() {
+		if e.GetKey() != names.VisibleDevicesEnv {
+			continue
+		}
+		if o, ok := owners.EnvOwner(id, e.GetKey()); ok && p.ours(o) {
+			continue
+		}
+		switch strings.TrimSpace(e.GetValue()) {
+		case "", names.VisibleDevicesNone, names.VisibleDevicesVoid:
+			continue
+		}
+		o, ok := owners.EnvOwner(id, e.GetKey())
+		return refuse("foreign-grant", "plugin %s sets %s=%s; GPUs come only from a %s request, placed by nvdomain", owner(o, ok), names.VisibleDevicesEnv, e.GetValue(), names.GPUResource)
+	}
+	for _, m := range adj.GetMounts() {
+		if o, ok := owners.MountOwner(id, m.GetDestination()); ok && p.ours(o) {
+			continue
+		}
+		if underVolumeMountsDir(m.GetDestination()) {
+			o, ok := owners.MountOwner(id, m.GetDestination())
+			return refuse("foreign-grant", "plugin %s mounts %s, which names a GPU to the NVIDIA toolkit; GPUs come only from a %s request, placed by nvdomain", owner(o, ok), m.GetDestination(), names.GPUResource)
+		}
+	}
+	return nil
+}
+
+// requiredHere says whether NRI's default validator requires this plugin for the container:
+// the effective required-plugins annotation (container-scoped, else pod-scoped) names it.
+func requiredHere(pod *api.PodSandbox, container string) bool {
+	v, ok := nriplugin.GetEffectiveAnnotation(pod, names.RequiredPluginsAnnotation, container)
+	if !ok {
+		return false
+	}
+	for _, item := range strings.Split(strings.Trim(strings.TrimSpace(v), "[]"), ",") {
+		if strings.Trim(strings.TrimSpace(item), `"'`) == names.NRIPluginName {
+			return true
+		}
+	}
+	return false
+}
+
+// underVolumeMountsDir says whether a mount destination lies under the volume-mounts
+// strategy's directory once cleaned (/var//run/./nvidia-container-devices/0 does), or under
+// /run's copy of it, which /var/run links to in most images.
+func underVolumeMountsDir(dest string) bool {
+	c := filepath.Clean("/" + dest)
+	for _, dir := range []string{names.VolumeMountsDir, strings.TrimPrefix(names.VolumeMountsDir, "/var")} {
+		if c == dir || strings.HasPrefix(c, dir+"/") {
+			return true
+		}
+	}
+	return false
+}

@@ -658,7 +658,7 @@ func TestHandWrittenAnnotationsAreStripped(t *testing.T) {
 	}
 }
 
-func TestGPUContainersRequireTheNRIPlugin(t *testing.T) {
+func TestEveryContainerOfAGPUPodRequiresTheNRIPlugin(t *testing.T) {
 	f := newFixture(t, decision.NonTPAuto, seedNode())
 	p := pod(true, 2)
 	p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: "proxy", Image: "envoy"})
@@ -670,8 +670,10 @@ func TestGPUContainersRequireTheNRIPlugin(t *testing.T) {
 	if got := out.Annotations["required-plugins.noderesource.dev/container.vllm"]; got != `["topology-aware","nvdomain"]` {
 		t.Errorf("vllm requires %s", got)
 	}
-	if _, ok := out.Annotations["required-plugins.noderesource.dev/container.proxy"]; ok {
-		t.Error("a container without GPUs must not require the plugin")
+	// The proxy requests no GPU, but while the plugin is down an image ENV of
+	// NVIDIA_VISIBLE_DEVICES=all would start unneutralised: it requires the plugin too.
+	if got := out.Annotations["required-plugins.noderesource.dev/container.proxy"]; got != `["nvdomain"]` {
+		t.Errorf("proxy requires %q, want the plugin", got)
 	}
 	if again := f.mut.Handle(context.Background(), request(t, out)); len(again.Patches) != 0 {
 		t.Errorf("re-admission patched: %v", again.Patches)

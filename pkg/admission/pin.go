@@ -86,14 +86,14 @@ func StripOwned(pod *corev1.Pod, n names.Names) bool {
 	return removed
 }
 
-// RequirePlugin makes containerd refuse each GPU container of the pod unless nvdomain's NRI
+// RequirePlugin makes containerd refuse each container of the pod unless nvdomain's NRI
 // plugin handles its creation (NRI's default validator; docs/node-side.md "Fail closed"),
-// keeping any other plugins the pod already requires. It changes pod in place.
+// keeping any other plugins the pod already requires. Containers without a GPU request too:
+// while the plugin is down, one whose image sets NVIDIA_VISIBLE_DEVICES=all (CUDA base images
+// do) would otherwise start unneutralised and the NVIDIA toolkit would give it every GPU of
+// the node. It changes pod in place.
 func RequirePlugin(pod *corev1.Pod, p rules.Pod) {
 	for _, c := range p.Containers {
-		if c.GPUs == 0 {
-			continue
-		}
 		key := names.RequiredPluginsFor(c.Name)
 		var list []string
 		if v, ok := pod.Annotations[key]; ok {

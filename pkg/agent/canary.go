@@ -14,8 +14,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/nvdomain/nvdomain/pkg/kubeevents"
 	"github.com/nvdomain/nvdomain/pkg/lifecycle"
 	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/nristate"
 )
 
 // CanaryPlugin is the NRI plugin the canary requires; no plugin has this name, so an active
@@ -93,6 +95,9 @@ func CanaryPod(o CanaryOptions, node string) *corev1.Pod {
 // RunCanary creates the canary pod on node, waits until the kubelet's container creation is
 // decided, deletes the pod and says what it proved.
 func RunCanary(ctx context.Context, a *Agent) CanaryResult {
+	if r := a.runtimeVerdict(); r != nil {
+		return *r
+	}
 	o, c := a.o.Canary, a.o.Client
 	pods := c.CoreV1().Pods(o.Namespace)
 	pod := CanaryPod(o, a.o.Node)
@@ -162,4 +167,20 @@ func judgeCanary(p *corev1.Pod) (CanaryResult, bool) {
 			Message: fmt.Sprintf("the kubelet rejected the canary pod before creating its container (%s: %s); a canary runs again in 5 minutes", p.Status.Reason, p.Status.Message)}, true
 	}
 	return CanaryResult{}, false
+}
+
+// runtimeVerdict decides the canary without a pod when the NRI plugin reported a runtime
+// that cannot validate adjustments (containerd before 2.2): such a node is not fail-closed
+// whatever its configuration says (a required plugin that is absent, slow or crashed lets
+// the container start), and the reason names the runtime and the fix. Nil while the plugin
+// has not registered or the runtime validates: the canary then proves the configuration.
+func (a *Agent) runtimeVerdict() *CanaryResult {
+	if a.o.NRIStateFile == "" {
+		return nil
+	}
+	doc, err := nristate.Read(a.o.NRIStateFile)
+	if err != nil || doc.Runtime == nil || doc.Runtime.FailClosed {
+		return nil
+	}
+	return &CanaryResult{Status: corev1.ConditionFalse, Reason: names.ReasonRuntimeWithoutValidator, Message: kubeevents.Cap(doc.Runtime.Why)}
 }

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/nristate"
 )
 
 func TestJudgeCanary(t *testing.T) {
@@ -114,4 +116,38 @@ func TestFailOpenNodeGetsNoRoom(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	t.Error("the canary pod was not deleted")
+}
+
+// TestOldRuntimeIsFailOpenWithoutACanary: when the NRI plugin reports a runtime without
+// validators (containerd 2.1 embeds NRI v0.8), the node is fail-open whatever the canary would
+// show, and the condition names the runtime and the fix; no canary pod is created.
+func TestOldRuntimeIsFailOpenWithoutACanary(t *testing.T) {
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-node01"}})
+	n := names.Default()
+	state := filepath.Join(t.TempDir(), "nri-state.json")
+	why := "runtime containerd v2.1.4 embeds NRI v0.8.0, which has no validators: …; upgrade to containerd 2.2 or later"
+	if _, err := nristate.Write(state, nristate.Doc{Generation: 1, Runtime: &nristate.Runtime{Name: "containerd", Version: "v2.1.4", NRIVersion: "v0.8.0", Why: why}}); err != nil {
+		t.Fatal(err)
+	}
+	a := New(Options{Names: n, Node: "gpu-node01", Source: &flakySource{top: seed(t)}, Client: client, Period: time.Hour, Log: logr.Discard(), Metrics: newMetrics(), NRIStateFile: state,
+		Canary: CanaryOptions{Image: "ghcr.io/nvdomain/nvdomain:v1", Namespace: "nvdomain-system", NamePrefix: "nvdomain-canary-", Interval: time.Hour, Timeout: 20 * time.Second, WithholdCapacity: true}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go a.Run(ctx)
+	deadline := time.Now().Add(15 * time.Second)
+	var c *corev1.NodeCondition
+	for time.Now().Before(deadline) {
+		if c = condition(t, client, names.ConditionFailClosed); c != nil && c.Status == corev1.ConditionFalse {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if c == nil || c.Status != corev1.ConditionFalse || c.Reason != names.ReasonRuntimeWithoutValidator || c.Message != why {
+		t.Fatalf("condition %+v: want False/%s with the plugin's reason", c, names.ReasonRuntimeWithoutValidator)
+	}
+	for _, act := range client.Actions() {
+		if act.GetResource().Resource == "pods" && act.GetVerb() == "create" {
+			t.Fatalf("a canary pod was created: %v", act)
+		}
+	}
 }

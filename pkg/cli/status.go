@@ -117,7 +117,8 @@ func newStatus(f ClusterFactory, streams IOStreams) *cobra.Command {
              topology; mismatch: the node's NRI plugin serves another topology
   FAIL-CLOSED yes: the node's fail-closed canary was refused (containerd enforces the NRI
              plugin); no: it started, and the node gets no TP pods (docs/node-side.md);
-             unknown: no verdict yet
+             no: old runtime: containerd before 2.2, which cannot refuse a container
+             whose plugin is down, slow or crashed; unknown: no verdict yet
 
 Usage is counted the way nvdomain's webhook counts it, from the domain resources of bound,
 non-terminal pods that are not being deleted. Pods of every namespace are counted; -n shows
@@ -337,6 +338,9 @@ func failClosedOf(node *corev1.Node) string {
 			case corev1.ConditionTrue:
 				return "yes"
 			case corev1.ConditionFalse:
+				if c.Reason == names.ReasonRuntimeWithoutValidator {
+					return "no: old runtime"
+				}
 				return "no"
 			}
 		}

@@ -8,6 +8,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
 )
 
 // statusCluster: gpu-a has two 4-GPU domains, one held by a running TP=4 pod; gpu-b two
@@ -182,5 +184,20 @@ func TestStatusLeavesOutGatedPodsBeingDeleted(t *testing.T) {
 	_, out, _ := runFake(t, "", append(statusCluster(), gone), "status")
 	if strings.Contains(out, "scheduling gates") {
 		t.Errorf("a gated pod being deleted is listed:\n%s", out)
+	}
+}
+
+// A node whose runtime cannot validate NRI adjustments says so in FAIL-CLOSED.
+func TestStatusNamesAnOldRuntime(t *testing.T) {
+	oldRuntime := func(n *corev1.Node) {
+		n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{Type: names.ConditionFailClosed, Status: corev1.ConditionFalse,
+			Reason: names.ReasonRuntimeWithoutValidator, Message: "runtime containerd v2.1.4 embeds NRI v0.8.0, which has no validators"})
+	}
+	code, out, errOut := runFake(t, "", []runtime.Object{gpuNode("gpu-old", [][]int{{0, 1}}, oldRuntime)}, "status")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if !strings.Contains(out, "gpu-old  0       2     0          2     0     0        0         no     no: old runtime") {
+		t.Errorf("status printed\n%s", out)
 	}
 }

@@ -202,6 +202,9 @@ const (
 	// a container requiring a plugin that is not there (the canary), False when a canary ran,
 	// and Unknown until then.
 	ConditionFailClosed = "NvdomainFailClosed"
+	// ReasonRuntimeWithoutValidator is ConditionFailClosed's reason on a node whose runtime
+	// cannot validate NRI adjustments (containerd before 2.2), as the NRI plugin reported it.
+	ReasonRuntimeWithoutValidator = "RuntimeWithoutValidator"
 )
 
 // NRI's default validator refuses a container that a plugin its pod requires did not see.

@@ -261,7 +261,9 @@ func (p *Plugin) readGiven(pod *api.PodSandbox, ctr *api.Container) Given {
 		g.StrategyMismatch = !nvidiaCDI && len(set) == 0 && p.listsOnlyNodeGPUs(v, resolve)
 	case v == names.VolumeMountsDir:
 		for _, m := range ctr.Mounts {
-			id, ok := strings.CutPrefix(m.Destination, names.VolumeMountsDir+"/")
+			// Cleaned, as runc resolves it: /var//run/./nvidia-container-devices/<id> is the
+			// same file to the toolkit.
+			id, ok := strings.CutPrefix(filepath.Clean(m.Destination), names.VolumeMountsDir+"/")
 			// The device plugin mounts /dev/null; anything else is the pod's own volume.
 			if !ok || m.Source != os.DevNull {
 				continue

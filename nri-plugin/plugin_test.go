@@ -773,6 +773,14 @@ func TestOnlyTheConfiguredStrategiesFormsCount(t *testing.T) {
 		return c
 	}
 	c := func() *api.Container { return ctr("c1", "p", "main") }
+	// unclean writes the mount paths the way a pod can: runc and the toolkit resolve them to
+	// the same files.
+	unclean := func(c *api.Container) *api.Container {
+		for _, m := range c.Mounts {
+			m.Destination = strings.Replace(m.Destination, "/var/run/", "/var//run/./", 1)
+		}
+		return c
+	}
 	cases := []struct {
 		name       string
 		strategies []string
@@ -791,6 +799,7 @@ func TestOnlyTheConfiguredStrategiesFormsCount(t *testing.T) {
 		{"all under envvar", envvar, ctr("c1", "p", "main", "NVIDIA_VISIBLE_DEVICES=all"), "", "void", "all", ""},
 		{"volume-mounts form without that strategy", cdiDefault, given(c(), names.StrategyVolumeMounts, 0, 1), "", "void", "volume-mounts", ""},
 		{"volume-mounts", volume, given(c(), names.StrategyVolumeMounts, 0, 1), "0,1", "", "", ""},
+		{"volume-mounts at an unclean path count the same", volume, unclean(given(c(), names.StrategyVolumeMounts, 0, 1)), "0,1", "", "", ""},
 		{"mounts that are not /dev/null", volume, hostPath(given(c(), names.StrategyVolumeMounts, 0, 1)), "", "", "", ""},
 		{"a GPU list under envvar", envvar, given(c(), names.StrategyEnvVar, 4, 5), "0,1", "GPU-0,GPU-1", "", ""},
 		{"CDI devices under envvar", envvar, given(c(), names.StrategyCDICRI, 0, 1), "", "", "", ""},

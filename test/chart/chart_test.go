@@ -291,6 +291,50 @@ func TestChartPoliciesMatchManifests(t *testing.T) {
 	}
 }
 
+// The node service account's RBAC patches every node and pod (and, in DRA mode, writes every
+// ResourceSlice); only the node-scope policy confines it to its own node. policies.enabled=false
+// drops the pod policies, never that one while a node DaemonSet is rendered.
+func TestNodeScopePolicyComesWithTheNodePods(t *testing.T) {
+	cases := []struct {
+		args []string
+		want []string
+	}{
+		{nil, []string{"nvdomain-gpu-env", "nvdomain-node-scope", "nvdomain-pod-annotations"}},
+		{[]string{"--set", "policies.enabled=false"}, []string{"nvdomain-node-scope"}},
+		{[]string{"--set", "policies.enabled=false", "-f", filepath.Join(root(), "charts", "nvdomain", "ci", "dra-values.yaml")}, []string{"nvdomain-node-scope"}},
+		{[]string{"--set", "policies.enabled=false", "--set", "node.enabled=false"}, nil},
+	}
+	for _, tc := range cases {
+		out, err := render(t, tc.args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		policies, bindings := map[string]bool{}, map[string]bool{}
+		dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(out), 4096)
+		for {
+			var raw map[string]any
+			if err := dec.Decode(&raw); err != nil {
+				break
+			}
+			meta, _ := raw["metadata"].(map[string]any)
+			name, _ := meta["name"].(string)
+			switch raw["kind"] {
+			case "ValidatingAdmissionPolicy":
+				policies[name] = true
+			case "ValidatingAdmissionPolicyBinding":
+				bindings[name] = true
+			}
+		}
+		want := map[string]bool{}
+		for _, w := range tc.want {
+			want[w] = true
+		}
+		if !reflect.DeepEqual(policies, want) || !reflect.DeepEqual(bindings, want) {
+			t.Errorf("helm template %v: policies %v, bindings %v; want %v for both", tc.args, policies, bindings, tc.want)
+		}
+	}
+}
+
 // The node DaemonSet's rolling update takes node.maxUnavailable, a count or a percentage.
 func TestNodeMaxUnavailableIsAValue(t *testing.T) {
 	for _, v := range []string{"3", "10%"} {

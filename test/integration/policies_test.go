@@ -15,6 +15,7 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -28,6 +29,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/nvdomain/nvdomain/pkg/agent"
+	"github.com/nvdomain/nvdomain/pkg/names"
 )
 
 // startPolicyCluster starts envtest's apiserver with nvdomain's ValidatingAdmissionPolicies
@@ -175,6 +177,8 @@ func (c *cluster) nodeClient(node string) *kubernetes.Clientset {
 		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "patch"}},
 		{APIGroups: []string{""}, Resources: []string{"nodes/status"}, Verbs: []string{"patch"}},
 		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "patch"}},
+		// The chart's role in DRA mode: every node's slices, as far as RBAC goes.
+		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceslices"}, Verbs: []string{"get", "list", "watch", "create", "update", "delete"}},
 		// Not in the chart's role: granted here so that the policy, not RBAC, is what refuses
 		// (defence in depth when someone widens the role).
 		{APIGroups: []string{""}, Resources: []string{"pods/status"}, Verbs: []string{"patch"}},
@@ -221,6 +225,43 @@ func TestNodeServiceAccountWritesOnlyItsOwnNode(t *testing.T) {
 		}
 	}
 	agentOnA := c.nodeClient("gpu-a")
+	// The same service account with a token bound to no pod (a long-lived or copied one).
+	tr, err := c.client.CoreV1().ServiceAccounts("nvdomain-system").CreateToken(ctx, "nvdomain-node", &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodeless := rest.AnonymousClientConfig(c.cfg)
+	nodeless.BearerToken = tr.Status.Token
+	unbound := kubernetes.NewForConfigOrDie(nodeless)
+	// ResourceSlices as the DRA driver publishes them: pool and nodeName the node.
+	slice := func(name, node, pool, driver string) *resourcev1.ResourceSlice {
+		s := &resourcev1.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: resourcev1.ResourceSliceSpec{
+			Driver: driver, Pool: resourcev1.ResourcePool{Name: pool, Generation: 1, ResourceSliceCount: 1},
+			Devices: []resourcev1.Device{{Name: "gpu-0"}}}}
+		if node != "" {
+			s.Spec.NodeName = ptr.To(node)
+		} else {
+			s.Spec.AllNodes = ptr.To(true)
+		}
+		return s
+	}
+	if _, err := c.client.ResourceV1().ResourceSlices().Create(ctx, slice("gpu-b-slice", "gpu-b", "gpu-b", names.DRADriver), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	createSlice := func(cs *kubernetes.Clientset, s *resourcev1.ResourceSlice) error {
+		_, err := cs.ResourceV1().ResourceSlices().Create(ctx, s, metav1.CreateOptions{})
+		return err
+	}
+	bumpSlice := func(name string) error {
+		s, err := agentOnA.ResourceV1().ResourceSlices().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		s.Spec.Pool.Generation++
+		_, err = agentOnA.ResourceV1().ResourceSlices().Update(ctx, s, metav1.UpdateOptions{})
+		return err
+	}
+	const otherSlice = "may write only its own ResourceSlices (spec.nodeName and spec.pool.name gpu-a, spec.driver gpu.nvdomain.io)"
 	label := func(v string) []byte {
 		b, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]string{"gpu.nvidia.com/nvswitch-domains": v}}})
 		return b
@@ -296,6 +337,34 @@ func TestNodeServiceAccountWritesOnlyItsOwnNode(t *testing.T) {
 			_, err := agentOnA.CoreV1().Pods("default").Patch(ctx, "on-a", types.MergePatchType, []byte(`{"metadata":{"annotations":{"x":"y"}}}`), metav1.PatchOptions{}, "status")
 			return err
 		}, "and never their status"},
+		// DRA mode: RBAC lets the driver write every node's ResourceSlices; the policy only
+		// its own node's.
+		{"publish its own node's ResourceSlice", func() error {
+			return createSlice(agentOnA, slice("gpu-a-slice", "gpu-a", "gpu-a", names.DRADriver))
+		}, ""},
+		{"update its own node's ResourceSlice", func() error { return bumpSlice("gpu-a-slice") }, ""},
+		{"create a ResourceSlice of another node", func() error {
+			return createSlice(agentOnA, slice("gpu-b-forged", "gpu-b", "gpu-b", names.DRADriver))
+		}, otherSlice + ", not one with spec.nodeName gpu-b"},
+		{"update another node's ResourceSlice", func() error { return bumpSlice("gpu-b-slice") }, otherSlice},
+		{"delete another node's ResourceSlice", func() error {
+			return agentOnA.ResourceV1().ResourceSlices().Delete(ctx, "gpu-b-slice", metav1.DeleteOptions{})
+		}, otherSlice},
+		{"publish into another node's pool (outbidding its generation)", func() error {
+			return createSlice(agentOnA, slice("gpu-a-in-b", "gpu-a", "gpu-b", names.DRADriver))
+		}, "spec.pool.name gpu-b"},
+		{"publish a ResourceSlice for all nodes", func() error {
+			return createSlice(agentOnA, slice("everywhere", "", "gpu-a", names.DRADriver))
+		}, "spec.nodeName (none)"},
+		{"publish another driver's ResourceSlice", func() error {
+			return createSlice(agentOnA, slice("gpu-a-nvidia", "gpu-a", "gpu-a", "gpu.nvidia.com"))
+		}, "spec.driver gpu.nvidia.com"},
+		{"publish a ResourceSlice with a token bound to no node", func() error {
+			return createSlice(unbound, slice("gpu-a-unbound", "gpu-a", "gpu-a", names.DRADriver))
+		}, "writes only with the token of a pod bound to a node"},
+		{"delete its own node's ResourceSlice", func() error {
+			return agentOnA.ResourceV1().ResourceSlices().Delete(ctx, "gpu-a-slice", metav1.DeleteOptions{})
+		}, ""},
 	}
 	for _, st := range steps {
 		err := st.do()
@@ -310,8 +379,9 @@ func TestNodeServiceAccountWritesOnlyItsOwnNode(t *testing.T) {
 	}
 }
 
-// A pod takes GPUs only by requesting them: NVIDIA_VISIBLE_DEVICES and device mounts in any
-// kind of container are refused, outside the trusted namespaces.
+// A pod takes GPUs only by requesting them: NVIDIA_VISIBLE_DEVICES (literal or through
+// valueFrom), device mounts however the path is spelt, in any kind of container, and CDI
+// annotations, at creation or added later, are refused outside the trusted namespaces.
 func TestGPUsOnlyComeFromARequest(t *testing.T) {
 	c := startPolicyCluster(t)
 	ctx := context.Background()
@@ -327,10 +397,29 @@ func TestGPUsOnlyComeFromARequest(t *testing.T) {
 	initEnv := gpuPod("init-env", false, 0)
 	initEnv.Namespace = "default"
 	initEnv.Spec.InitContainers = []corev1.Container{{Name: "warmup", Image: "busybox", Env: []corev1.EnvVar{{Name: "NVIDIA_VISIBLE_DEVICES", Value: "0,1,2,3"}}}}
-	mount := gpuPod("mount", false, 0)
-	mount.Namespace = "default"
-	mount.Spec.Volumes = []corev1.Volume{{Name: "null", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/dev/null"}}}}
-	mount.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "null", MountPath: "/var/run/nvidia-container-devices/GPU-0"}}
+	withMount := func(name, ns, path string) *corev1.Pod {
+		p := gpuPod(name, false, 0)
+		p.Namespace = ns
+		p.Spec.Volumes = []corev1.Volume{{Name: "null", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/dev/null"}}}}
+		p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "null", MountPath: path}}
+		return p
+	}
+	// An entry without value reads as '' (no GPU): valueFrom must not pass as one.
+	withValueFrom := func(name string, from *corev1.EnvVarSource) *corev1.Pod {
+		p := gpuPod(name, false, 0)
+		p.Namespace = "default"
+		p.Annotations = map[string]string{"gpus": "all"}
+		p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "NVIDIA_VISIBLE_DEVICES", ValueFrom: from}}
+		return p
+	}
+	withAnnotation := func(name, ns, key string) *corev1.Pod {
+		p := gpuPod(name, false, 0)
+		p.Namespace = ns
+		p.Annotations = map[string]string{key: "nvidia.com/gpu=all"}
+		return p
+	}
+	const valueFromDenied = "spec.containers[].env[].valueFrom: container(s) vllm set NVIDIA_VISIBLE_DEVICES from a ConfigMap, Secret or field"
+	const mountDenied = "container(s) vllm mount a path containing nvidia-container-devices"
 	cases := []struct {
 		pod  *corev1.Pod
 		want string // "" admitted
@@ -338,10 +427,28 @@ func TestGPUsOnlyComeFromARequest(t *testing.T) {
 		{withEnv("all", "default", "all"), "container(s) vllm set NVIDIA_VISIBLE_DEVICES"},
 		{withEnv("list", "default", "GPU-0,GPU-1"), "request nvidia.com/gpu (limits) instead"},
 		{initEnv, "container(s) warmup set NVIDIA_VISIBLE_DEVICES"},
-		{mount, "container(s) vllm mount under /var/run/nvidia-container-devices"},
+		{withMount("mount", "default", "/var/run/nvidia-container-devices/GPU-0"), mountDenied},
+		{withValueFrom("from-configmap", &corev1.EnvVarSource{ConfigMapKeyRef: &corev1.ConfigMapKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "gpus"}, Key: "list"}}), valueFromDenied},
+		{withValueFrom("from-secret", &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "gpus"}, Key: "list"}}), valueFromDenied},
+		{withValueFrom("from-field", &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.annotations['gpus']"}}), valueFromDenied},
+		{withValueFrom("from-resource", &corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{Resource: "limits.cpu"}}), valueFromDenied},
+		{withAnnotation("nvidia-cdi", "default", "nvidia.cdi.k8s.io/container.vllm"), "metadata.annotations: nvidia.cdi.k8s.io/container.vllm would make the container runtime inject CDI devices"},
+		{withAnnotation("nvidia-cdi-pod", "default", "nvidia.cdi.k8s.io/all"), "remove them and request nvidia.com/gpu (limits) instead"},
+		{withAnnotation("cdi", "default", names.CDIAnnotationPrefix+"vllm"), "metadata.annotations: cdi.k8s.io/vllm"},
+		// CEL cannot clean a path: every spelling of the directory, and the toolkit's own
+		// prefix match (a destination that merely starts with its name), is refused.
+		{withMount("double-slash", "default", "/var//run/nvidia-container-devices/GPU-0"), mountDenied},
+		{withMount("dot", "default", "/var/run/./nvidia-container-devices"), mountDenied},
+		{withMount("run", "default", "/run/nvidia-container-devices/all"), mountDenied},
+		{withMount("trailing-slash", "default", "/var/run/nvidia-container-devices/"), mountDenied},
+		{withMount("dot-dot", "default", "/var/run/../var/run/nvidia-container-devices/all"), mountDenied},
+		{withMount("prefix", "default", "/var/run/nvidia-container-devicesGPU-0"), mountDenied},
 		{withEnv("void", "default", "void"), ""},
 		{withEnv("none", "default", "none"), ""},
 		{withEnv("dcgm", "gpu-operator", "all"), ""},
+		{withMount("operator-mount", "gpu-operator", "/var/run/nvidia-container-devices/all"), ""},
+		{withAnnotation("operator-cdi", "gpu-operator", "nvidia.cdi.k8s.io/container.vllm"), ""},
+		{withMount("ordinary-mount", "default", "/var/run/secrets/app"), ""},
 	}
 	for _, tc := range cases {
 		_, err := c.client.CoreV1().Pods(tc.pod.Namespace).Create(ctx, tc.pod, metav1.CreateOptions{})
@@ -363,6 +470,30 @@ func TestGPUsOnlyComeFromARequest(t *testing.T) {
 		Name: "debugger", Image: "busybox", Env: []corev1.EnvVar{{Name: "NVIDIA_VISIBLE_DEVICES", Value: "all"}}}}}
 	if _, err := c.client.CoreV1().Pods("default").UpdateEphemeralContainers(ctx, "void", p, metav1.UpdateOptions{}); err == nil || !strings.Contains(err.Error(), "container(s) debugger set NVIDIA_VISIBLE_DEVICES") {
 		t.Errorf("ephemeral container with NVIDIA_VISIBLE_DEVICES=all: %v", err)
+	}
+	// Annotations change on a running pod: kubectl annotate, a status update (the kubelet's
+	// endpoint carries metadata too), and a Binding, whose annotations land on its pod.
+	const annotationDenied = "metadata.annotations: nvidia.cdi.k8s.io/container.vllm would make"
+	cdiPatch := []byte(`{"metadata":{"annotations":{"nvidia.cdi.k8s.io/container.vllm":"nvidia.com/gpu=all"}}}`)
+	if _, err := c.client.CoreV1().Pods("default").Patch(ctx, "void", types.MergePatchType, cdiPatch, metav1.PatchOptions{}); err == nil || !strings.Contains(err.Error(), annotationDenied) {
+		t.Errorf("kubectl annotate with a CDI device: %v", err)
+	}
+	if _, err := c.client.CoreV1().Pods("default").Patch(ctx, "void", types.MergePatchType, cdiPatch, metav1.PatchOptions{}, "status"); err == nil || !strings.Contains(err.Error(), annotationDenied) {
+		t.Errorf("a status update adding a CDI device: %v", err)
+	}
+	binding := &corev1.Binding{ObjectMeta: metav1.ObjectMeta{Name: "none", Annotations: map[string]string{"cdi.k8s.io/x": "nvidia.com/gpu=all"}},
+		Target: corev1.ObjectReference{Kind: "Node", Name: "gpu-a"}}
+	if err := c.client.CoreV1().Pods("default").Bind(ctx, binding, metav1.CreateOptions{}); err == nil || !strings.Contains(err.Error(), "metadata.annotations: cdi.k8s.io/x") {
+		t.Errorf("a Binding carrying a CDI annotation: %v", err)
+	}
+	// What the scheduler and the kubelet do stays allowed: an ordinary Binding and status
+	// update.
+	binding.Annotations = nil
+	if err := c.client.CoreV1().Pods("default").Bind(ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Errorf("an ordinary Binding: %v", err)
+	}
+	if _, err := c.client.CoreV1().Pods("default").Patch(ctx, "none", types.MergePatchType, []byte(`{"metadata":{"annotations":{"team":"llm"}}}`), metav1.PatchOptions{}, "status"); err != nil {
+		t.Errorf("an ordinary status update: %v", err)
 	}
 }
 

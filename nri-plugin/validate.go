@@ -28,8 +28,8 @@ type Runtime = nristate.Runtime
 
 // RuntimeSupport says what a runtime enforces, from its name and version as NRI's Configure
 // reports them: the NRI version it embeds (inferred from NRI's own table of releases) and
-// whether that version validates adjustments. An unknown runtime or version is taken as not
-// validating, the safe answer: the plugin then does not subscribe to validation (which an old
+// whether that version validates adjustments. Another runtime than containerd, or an unknown
+// version, is taken as not validating, the safe answer: the plugin then does not subscribe to validation (which an old
 // runtime would refuse) and the node says it may fail open.
 func RuntimeSupport(name, version string) Runtime {
 	r := Runtime{Name: name, Version: version}
@@ -43,6 +43,12 @@ func RuntimeSupport(name, version string) Runtime {
 		return r
 	}
 	r.NRIVersion = nri
+	if name != "containerd" {
+		// Only containerd's default validator and validator plugins are proven here (the
+		// containerd tier); another runtime is reported as not fail-closed.
+		r.Why = fmt.Sprintf("runtime %s %s (NRI %s): nvdomain proves refusals only on containerd 2.2 or later; run containerd 2.2 or later", name, version, nri)
+		return r
+	}
 	if semver.Compare(nri, firstValidatingNRI) < 0 {
 		r.Why = fmt.Sprintf("runtime %s %s embeds NRI %s, which has no validators: a GPU container starts with the device plugin's GPUs whenever the nvdomain plugin is down, slow or crashed; upgrade to containerd 2.2 or later", name, version, nri)
 		return r
@@ -195,13 +201,14 @@ func requiredHere(pod *api.PodSandbox, container string) bool {
 	return false
 }
 
-// underVolumeMountsDir says whether a mount destination lies under the volume-mounts
-// strategy's directory once cleaned (/var//run/./nvidia-container-devices/0 does), or under
-// /run's copy of it, which /var/run links to in most images.
+// underVolumeMountsDir says whether a mount destination names a GPU to the NVIDIA toolkit:
+// it starts with the volume-mounts strategy's directory once cleaned
+// (/var//run/./nvidia-container-devices/0 does), or with /run's copy of it, which /var/run
+// links to in most images. A bare prefix, as the toolkit matches it: …-devicesGPU-0 counts.
 func underVolumeMountsDir(dest string) bool {
 	c := filepath.Clean("/" + dest)
 	for _, dir := range []string{names.VolumeMountsDir, strings.TrimPrefix(names.VolumeMountsDir, "/var")} {
-		if c == dir || strings.HasPrefix(c, dir+"/") {
+		if strings.HasPrefix(c, dir) {
 			return true
 		}
 	}

@@ -26,6 +26,7 @@ func TestRuntimeSupport(t *testing.T) {
 		// Newer than NRI's table: the closest release below it.
 		{"containerd", "v2.4.2", true, "v0.11.0"},
 		{"cri-o", "v1.29.1", false, "v0.5.0"},
+		{"cri-o", "v1.30.0", false, "v0.6.0"},
 		{"test-runtime", "v0.0.1", false, ""},
 		{"containerd", "not-a-version", false, ""},
 	} {
@@ -151,6 +152,7 @@ func TestValidatorRefusesWhatThePluginDidNotDecide(t *testing.T) {
 		{"our env", newValidation("default", true).mark(self).env("GPU-4,GPU-5", self), ""},
 		{"another plugin mounts a device file (unclean path)", newValidation("default", false).mount("/var//run/./nvidia-container-devices/GPU-1", other), "mounts /var//run/./nvidia-container-devices/GPU-1"},
 		{"another plugin mounts under /run's copy", newValidation("default", false).mount("/run/nvidia-container-devices/GPU-1", other), "mounts /run/nvidia-container-devices"},
+		{"another plugin mounts a name glued to the directory", newValidation("default", false).mount("/var/run/nvidia-container-devicesGPU-1", other), "mounts /var/run/nvidia-container-devicesGPU-1"},
 		{"another plugin mounts elsewhere", newValidation("default", false).mount("/data", other), ""},
 		{"trusted namespace", newValidation("gpu-operator", true).cdi("nvidia.com/gpu=all", other), ""},
 	} {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	cdi "tags.cncf.io/container-device-interface/specs-go"
 
@@ -72,14 +73,21 @@ func (n *node) gpuNodes(ctrID string) []string {
 // not use is refused by the device cgroup (EPERM) even when a process makes the node again
 // with mknod, which containers may do by default.
 func (n *node) canOpen(ctrID string, m int) (bool, string) {
-	out := n.sh(ctrID, fmt.Sprintf("p=/dev/nvidia%d; [ -e $p ] || { mknod /dev/probe%d c 195 %d && p=/dev/probe%d; }; cat $p", m, m, m, m))
+	return n.canOpenDevice(ctrID, names.GPUDeviceMajor, m)
+}
+
+// canOpenDevice is canOpen for any character device: it makes a node of that number and
+// opens it. A number the cgroup allows opens to ENXIO or ENODEV (no driver, or no such DRM
+// minor, behind it); one it denies fails with EPERM.
+func (n *node) canOpenDevice(ctrID string, major, minor int) (bool, string) {
+	out := n.sh(ctrID, fmt.Sprintf("p=/dev/probe-%d-%d; [ -e $p ] || mknod $p c %d %d; cat $p", major, minor, major, minor))
 	switch {
-	case strings.Contains(out, "No such device or address"):
+	case strings.Contains(out, "No such device"):
 		return true, out
 	case strings.Contains(out, "Operation not permitted"):
 		return false, out
 	}
-	n.t.Fatalf("opening GPU %d said %q; expected ENXIO (allowed) or EPERM (denied)", m, out)
+	n.t.Fatalf("opening device %d:%d said %q; expected ENXIO or ENODEV (allowed) or EPERM (denied)", major, minor, out)
 	return false, out
 }
 
@@ -288,5 +296,74 @@ func TestPluginReconnectsAfterContainerdRestarts(t *testing.T) {
 	}
 	if got := n.gpuNodes(id2); !slices.Equal(got, []string{"/dev/nvidia6", "/dev/nvidia7"}) {
 		t.Fatalf("after containerd restarted: %v; 4,5 are tp2-a's", got)
+	}
+}
+
+// TestContainerRefusedWhenThePluginHangsOrDiesMidCreate: NRI's adaptation counts a plugin
+// as consulted before calling it, and closes one whose create request times out or whose
+// connection drops, so the default validator alone lets such a container run with the device
+// plugin's GPUs (0,1 here, outside the pod's domain 1). nvdomain's own validator refuses it:
+// a plugin frozen past containerd's request timeout (SIGSTOP: slow, as under a CPU limit),
+// and one killed while containerd waits for its answer. After each, the plugin (thawed, or
+// started again) reconnects and the retried creation gets the domain's GPUs.
+func TestContainerRefusedWhenThePluginHangsOrDiesMidCreate(t *testing.T) {
+	n := startNode(t)
+	n.startPlugin()
+	for _, tc := range []struct {
+		name    string
+		failure func(pid int)
+		recover func()
+		// want are the GPUs of the retry: the first case's container keeps 4,5, so the second
+		// gets 6,7, which also shows that the refused creates left no GPU booked.
+		want []string
+	}{
+		{"frozen past the request timeout", func(int) {}, func() {
+			_ = n.plugin.Process.Signal(syscall.SIGCONT)
+			n.waitForRegistration() // its connection was closed: it connects again in-process
+		}, []string{"/dev/nvidia4", "/dev/nvidia5"}},
+		{"killed mid-create", func(pid int) {
+			time.Sleep(500 * time.Millisecond) // containerd is waiting for the answer
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}, func() {
+			_ = n.plugin.Wait()
+			n.plugin = nil
+			n.startPlugin()
+		}, []string{"/dev/nvidia6", "/dev/nvidia7"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			name := strings.Fields(tc.name)[0]
+			pod, cfg := n.runPod(requirePlugin(tpPod("tp2-"+name, 1, 2), "vllm"))
+			pid := n.plugin.Process.Pid
+			if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			start := time.Now()
+			go func() {
+				_, err := n.createContainerWith(pod, cfg, "vllm", devicePluginAnswer(names.StrategyCDICRI, 0, 1))
+				done <- err
+			}()
+			tc.failure(pid)
+			err := <-done
+			msg := strings.ReplaceAll(fmt.Sprint(err), `\"`, `"`)
+			if err == nil || !strings.Contains(msg, `validator plugin 10-nvdomain failed`) {
+				t.Fatalf("create with the plugin %s: %v; want the nvdomain validator's refusal", tc.name, err)
+			}
+			t.Logf("refused after %v: %s", time.Since(start).Round(time.Millisecond), tail(msg, 300))
+			if out, _ := n.crictl("ps", "-a", "--name", "vllm", "--pod", pod, "-q"); out != "" {
+				t.Fatalf("a container exists after the refusal: %s", out)
+			}
+			tc.recover()
+			id, err := n.createContainerWith(pod, cfg, "vllm", devicePluginAnswer(names.StrategyCDICRI, 0, 1))
+			if err != nil {
+				t.Fatalf("retry after the plugin came back: %v", err)
+			}
+			if _, err := n.crictl("start", id); err != nil {
+				t.Fatal(err)
+			}
+			if got := n.gpuNodes(id); !slices.Equal(got, tc.want) {
+				t.Fatalf("after the plugin came back: %v, want %v", got, tc.want)
+			}
+		})
 	}
 }

@@ -81,6 +81,10 @@ type Config struct {
 	// file's, nristate.LastGeneration): snapshots continue after it even when the wall clock
 	// stepped back across a restart, so the state file never refuses them as older.
 	LastGeneration int64
+	// Allocations, when set, is asked whether the kubelet allocated GPUs to a container whose
+	// NVIDIA_VISIBLE_DEVICES lists GPUs under the envvar strategy: a list in a container the
+	// kubelet allocated none came from envFrom or the image, and is set to void.
+	Allocations Allocations
 	// Previous is what the state file said containers held when the plugin started: the
 	// first Synchronize keeps the holds of exited containers of pods that still run from it,
 	// since containerd does not list exited containers to a plugin.
@@ -251,7 +255,7 @@ func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 	return adj, upd, nil
 }
 
-func (p *Plugin) createContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
+func (p *Plugin) createContainer(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
 	start := time.Now()
 	defer func() { p.metrics.Handling.Observe(time.Since(start).Seconds()) }()
 	fail := func(reason string, err error) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
@@ -282,8 +286,17 @@ func (p *Plugin) createContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 	if err != nil {
 		return fail("bad-annotation", err)
 	}
+	// Asked outside the lock: a kubelet call must not hold up other creations.
+	allocated, err := p.allocatedIfAmbiguous(ctx, pod, ctr)
+	if err != nil {
+		return fail("pod-resources", err)
+	}
 	p.mu.Lock()
 	g := p.readGiven(pod, ctr)
+	if allocated != nil && len(*allocated) == 0 && g.EnvList {
+		// The kubelet allocated no GPU: the list is the pod's (envFrom) or the image's.
+		g = p.unlistEnv(g)
+	}
 	// done returns a container that gets no GPUs of nvdomain's choosing: no adjustment, or
 	// only the neutralised NVIDIA_VISIBLE_DEVICES.
 	done := func() (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {

@@ -48,6 +48,9 @@ type RunOptions struct {
 	// (Config).
 	DeviceListStrategies []string
 	TrustedNamespaces    []string
+	// PodResourcesSocket is the kubelet's PodResources socket (Config.Allocations); empty
+	// leaves a GPU list under the envvar strategy unchecked.
+	PodResourcesSocket string
 	// TopologyReload is how often the topology source is read again; a change is applied
 	// (the agent republishes the same change) unless running containers hold GPUs the new
 	// topology lacks. 0 reads it once.
@@ -160,8 +163,17 @@ func Run(ctx context.Context, o RunOptions, log logr.Logger) error {
 			return fmt.Errorf("--hook-path %s: not an executable (%v); install nvdomain-nri-hook on the node there (the chart's install-hook init container does), or pass --hook-path= to leave removed GPUs' device nodes in place, denied by the device cgroup", o.HookPath, err)
 		}
 	}
+	var allocations Allocations
+	if o.PodResourcesSocket != "" {
+		a, closeFn, err := DialPodResources(o.PodResourcesSocket)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = closeFn() }()
+		allocations = a
+	}
 	p, err := New(Config{Names: o.Names, Topology: top, CDIKind: kind, SharedGPUs: o.SharedGPUs, HookPath: o.HookPath, CDISpecDirs: o.CDISpecDirs, DRA: o.DRA,
-		DeviceListStrategies: o.DeviceListStrategies, TrustedNamespaces: o.TrustedNamespaces, LastGeneration: lastGen, Previous: previous}, log, m, reporters)
+		DeviceListStrategies: o.DeviceListStrategies, TrustedNamespaces: o.TrustedNamespaces, LastGeneration: lastGen, Previous: previous, Allocations: allocations}, log, m, reporters)
 	if err != nil {
 		return err
 	}
@@ -202,7 +214,7 @@ func Run(ctx context.Context, o RunOptions, log logr.Logger) error {
 	}
 	log.Info("starting", "version", version.Version, "gpus", len(top.GPUs), "domains", len(top.Domains), "source", top.Source, "fingerprint", top.Fingerprint(),
 		"cdiKind", kind.String(), "sharedGPUs", o.SharedGPUs, "topologyReload", o.TopologyReload, "hookPath", o.HookPath, "cdiSpecDirs", o.CDISpecDirs, "dra", o.DRA,
-		"deviceListStrategies", p.cfg.DeviceListStrategies, "trustedNamespaces", o.TrustedNamespaces, "lastGeneration", lastGen)
+		"deviceListStrategies", p.cfg.DeviceListStrategies, "podResourcesSocket", o.PodResourcesSocket, "trustedNamespaces", o.TrustedNamespaces, "lastGeneration", lastGen)
 	err = serve(ctx, p, opts, defaultBackoff, log)
 	if cause := context.Cause(ctx); errors.Is(cause, lifecycle.ErrReinstalled) {
 		return cause

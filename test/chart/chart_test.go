@@ -350,3 +350,23 @@ func TestNodeMaxUnavailableIsAValue(t *testing.T) {
 		}
 	}
 }
+
+// Under the envvar device list strategy the NRI container asks the kubelet's PodResources
+// API, so it gets the flag and a read-only mount of the socket's directory; otherwise neither.
+func TestPodResourcesSocketOnlyUnderEnvvar(t *testing.T) {
+	for _, tc := range []struct {
+		strategy string
+		want     bool
+	}{{"envvar", true}, {`cdi-cri\,envvar`, true}, {`cdi-annotations\,cdi-cri`, false}, {"volume-mounts", false}} {
+		out, err := render(t, "--set", "node.agent.deviceListStrategy="+tc.strategy)
+		if err != nil {
+			t.Fatal(err)
+		}
+		flag := strings.Contains(out, "--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock")
+		mount := strings.Contains(out, "{name: pod-resources, mountPath: /var/lib/kubelet/pod-resources, readOnly: true}") ||
+			strings.Contains(out, "mountPath: /var/lib/kubelet/pod-resources")
+		if flag != tc.want || mount != tc.want {
+			t.Errorf("strategy %q: flag %v, mount %v; want %v", tc.strategy, flag, mount, tc.want)
+		}
+	}
+}

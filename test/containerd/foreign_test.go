@@ -1,13 +1,19 @@
 package containerd
 
 import (
+	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
+	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/nvdomain/nvdomain/pkg/cdispec"
 	"github.com/nvdomain/nvdomain/pkg/names"
@@ -107,5 +113,74 @@ func TestForeignGrantsEndWithNoGPU(t *testing.T) {
 			t.Fatalf("state file: %+v, %v; want the two TP=4 pods alone", doc, err)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// fakeKubelet serves the kubelet's PodResources API (the real gRPC service, over a unix
+// socket) with the device plugin's allocations, by namespace/pod/container.
+type fakeKubelet struct {
+	podresourcesv1.UnimplementedPodResourcesListerServer
+	allocated map[string][]string
+}
+
+func (k *fakeKubelet) Get(_ context.Context, req *podresourcesv1.GetPodResourcesRequest) (*podresourcesv1.GetPodResourcesResponse, error) {
+	pr := &podresourcesv1.PodResources{Name: req.PodName, Namespace: req.PodNamespace}
+	prefix := req.PodNamespace + "/" + req.PodName + "/"
+	for key, ids := range k.allocated {
+		if c, ok := strings.CutPrefix(key, prefix); ok {
+			pr.Containers = append(pr.Containers, &podresourcesv1.ContainerResources{Name: c,
+				Devices: []*podresourcesv1.ContainerDevices{{ResourceName: names.GPUResource, DeviceIds: ids}}})
+		}
+	}
+	return &podresourcesv1.GetPodResourcesResponse{PodResources: pr}, nil
+}
+
+// TestEnvvarListsTheKubeletDidNotAllocateAreVoid: under the envvar strategy a GPU list a pod's
+// envFrom (or its image) puts in NVIDIA_VISIBLE_DEVICES has the device plugin's form. The
+// plugin asks the kubelet's PodResources API: a container it allocated no GPU runs with void
+// and no GPU node, books nothing; a TP container it allocated GPUs 0,1 gets its domain's 4,5;
+// while the kubelet does not answer, a list is refused.
+func TestEnvvarListsTheKubeletDidNotAllocateAreVoid(t *testing.T) {
+	n := startNode(t)
+	sock := n.path("pod-resources.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	podresourcesv1.RegisterPodResourcesListerServer(srv, &fakeKubelet{allocated: map[string][]string{"default/tp2/vllm": {"GPU-seed-0", "GPU-seed-1"}}})
+	go func() { _ = srv.Serve(l) }()
+	defer srv.Stop()
+	n.startPlugin("--device-list-strategy", names.StrategyEnvVar, "--pod-resources-socket", sock)
+
+	thief, tcfg := n.runPod(podSpec{name: "from-envfrom"})
+	id, err := n.createContainer(thief, tcfg, "main", "GPU-seed-4,GPU-seed-5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.crictl("start", id); err != nil {
+		t.Fatal(err)
+	}
+	if got := n.envOf(id, names.VisibleDevicesEnv); got != names.VisibleDevicesVoid {
+		t.Errorf("NVIDIA_VISIBLE_DEVICES=%q inside a container the kubelet allocated no GPU, want void", got)
+	}
+	if got := n.gpuNodes(id); len(got) != 0 {
+		t.Errorf("GPU nodes %v in a container the kubelet allocated no GPU", got)
+	}
+	tp, cfg := n.runPod(requirePlugin(tpPod("tp2", 1, 2), "vllm"))
+	id, err = n.createContainer(tp, cfg, "vllm", "GPU-seed-0,GPU-seed-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.crictl("start", id); err != nil {
+		t.Fatal(err)
+	}
+	if got := n.gpuNodes(id); !slices.Equal(got, []string{"/dev/nvidia4", "/dev/nvidia5"}) {
+		t.Errorf("TP container: GPU nodes %v, want GPUs 4 and 5", got)
+	}
+	srv.Stop()
+	late, lcfg := n.runPod(podSpec{name: "kubelet-down"})
+	if _, err := n.createContainer(late, lcfg, "main", "GPU-seed-6"); err == nil || !strings.Contains(err.Error(), "PodResources") {
+		t.Fatalf("create while the kubelet does not answer: %v; want a refusal naming PodResources", err)
 	}
 }

@@ -1,0 +1,117 @@
+package nriplugin
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/containerd/nri/pkg/api"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
+)
+
+// Allocations answers which NVIDIA devices the kubelet allocated to a container: the
+// kubelet's PodResources API, whose answer comes from the device manager, never from the
+// pod's spec. Under the envvar strategy a GPU list in NVIDIA_VISIBLE_DEVICES is the device
+// plugin's form, and so is a list a pod's envFrom (a ConfigMap no admission policy can read,
+// and which may change after admission) or an image's ENV put there; only the kubelet can
+// tell which one the device plugin wrote.
+type Allocations interface {
+	// Allocated returns the ids of the nvidia.com/ devices allocated to the container.
+	Allocated(ctx context.Context, namespace, pod, container string) ([]string, error)
+}
+
+// podResources asks the kubelet over its PodResources socket.
+type podResources struct {
+	client  podresourcesv1.PodResourcesListerClient
+	timeout time.Duration
+}
+
+// DialPodResources connects to the kubelet's PodResources socket (the kubelet's
+// /var/lib/kubelet/pod-resources/kubelet.sock). The connection is made lazily, so a kubelet
+// that is not up yet is asked again at the next creation.
+func DialPodResources(socket string) (Allocations, func() error, error) {
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, nil, fmt.Errorf("kubelet PodResources socket %s: %w", socket, err)
+	}
+	return &podResources{client: podresourcesv1.NewPodResourcesListerClient(conn), timeout: time.Second}, conn.Close, nil
+}
+
+// Allocated asks Get (GA in Kubernetes 1.36, beta and on since 1.34), else List for an older
+// kubelet.
+func (r *podResources) Allocated(ctx context.Context, namespace, pod, container string) ([]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
+	resp, err := r.client.Get(ctx, &podresourcesv1.GetPodResourcesRequest{PodName: pod, PodNamespace: namespace})
+	switch {
+	case err == nil:
+		return devicesOf(resp.GetPodResources(), container), nil
+	case status.Code(err) != codes.Unimplemented:
+		return nil, fmt.Errorf("kubelet PodResources Get %s/%s: %w", namespace, pod, err)
+	}
+	list, err := r.client.List(ctx, &podresourcesv1.ListPodResourcesRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("kubelet PodResources List: %w", err)
+	}
+	for _, p := range list.GetPodResources() {
+		if p.GetNamespace() == namespace && p.GetName() == pod {
+			return devicesOf(p, container), nil
+		}
+	}
+	return nil, nil
+}
+
+func devicesOf(p *podresourcesv1.PodResources, container string) []string {
+	var ids []string
+	for _, c := range p.GetContainers() {
+		if c.GetName() != container {
+			continue
+		}
+		for _, d := range c.GetDevices() {
+			if strings.HasPrefix(d.GetResourceName(), names.NVIDIAPrefix) {
+				ids = append(ids, d.GetDeviceIds()...)
+			}
+		}
+	}
+	return ids
+}
+
+// allocatedIfAmbiguous asks the kubelet what it allocated to the container when only the
+// kubelet can tell whether a GPU list in NVIDIA_VISIBLE_DEVICES is the device plugin's: the
+// envvar strategy is on, the variable lists devices, and no CDI name or volume mount brought
+// GPUs. Nil when it need not ask (or no Allocations is configured). A kubelet that does not
+// answer refuses the container: the list might not be the device plugin's.
+func (p *Plugin) allocatedIfAmbiguous(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) (*[]string, error) {
+	if p.cfg.Allocations == nil || !p.uses(names.StrategyEnvVar) {
+		return nil, nil
+	}
+	v, _, ok := envValue(ctr.Env, names.VisibleDevicesEnv)
+	switch v = strings.TrimSpace(v); {
+	case !ok, v == "", v == names.VisibleDevicesNone, v == names.VisibleDevicesVoid, v == names.VisibleDevicesAll, v == names.VolumeMountsDir:
+		return nil, nil
+	}
+	ids, err := p.cfg.Allocations.Allocated(ctx, pod.Namespace, pod.Name, ctr.Name)
+	if err != nil {
+		return nil, fmt.Errorf("%s lists GPUs under the envvar strategy, and only the kubelet's PodResources API can tell whether the device plugin wrote it (a pod's envFrom or image can too); it did not answer, so the container is refused until it does: %w; "+
+			"check the nvdomain-nri container's --pod-resources-socket and its mount of /var/lib/kubelet/pod-resources", names.VisibleDevicesEnv, err)
+	}
+	return &ids, nil
+}
+
+// unlistEnv takes back the GPUs readGiven counted from NVIDIA_VISIBLE_DEVICES alone and marks
+// the variable for neutralising: the kubelet allocated the container no GPU.
+func (p *Plugin) unlistEnv(g Given) Given {
+	if len(g.CDINames) > 0 || len(g.Mounts) > 0 {
+		return g // other forms brought GPUs: the variable is not the only witness
+	}
+	g.EnvList, g.NeutraliseEnv, g.GPUs, g.StrategyMismatch = false, g.Env, nil, false
+	g.named, g.Untouchable, g.mig = map[int]bool{}, "", false
+	return g
+}

@@ -628,3 +628,77 @@ func TestNodeServiceAccountCreatesOnlyTheCanary(t *testing.T) {
 		t.Errorf("delete its own pod: %v", err)
 	}
 }
+
+// TestPodsAdmittedBeforeARuleStayUpdatable: a pod admitted while the gpu-env policy was not
+// bound (an install before this rule existed, an upgrade) must stay updatable: a controller
+// has to remove its finalizer, a user to label it. Its containers are immutable and are not
+// checked again; an ephemeral container added later is.
+func TestPodsAdmittedBeforeARuleStayUpdatable(t *testing.T) {
+	c := startPolicyCluster(t)
+	ctx := context.Background()
+	bindings := c.client.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings()
+	b, err := bindings.Get(ctx, "nvdomain-gpu-env", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bindings.Delete(ctx, b.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	old := func(name string) *corev1.Pod {
+		p := gpuPod(name, false, 0)
+		p.Finalizers = []string{"example.com/keep"}
+		p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "NVIDIA_VISIBLE_DEVICES", ValueFrom: &corev1.EnvVarSource{
+			FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}}}
+		return p
+	}
+	// Policy bindings reach the apiserver's admission through an informer: poll.
+	var created *corev1.Pod
+	eventually(t, 30*time.Second, "a pod with valueFrom is admitted without the binding", func() bool {
+		p, err := c.client.CoreV1().Pods("default").Create(ctx, old("before"), metav1.CreateOptions{})
+		created = p
+		return err == nil
+	})
+	b.ResourceVersion, b.UID = "", ""
+	if _, err := bindings.Create(ctx, b, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "a new pod with valueFrom is refused once bound", func() bool {
+		_, err := c.client.CoreV1().Pods("default").Create(ctx, old("after"), metav1.CreateOptions{})
+		return err != nil && strings.Contains(err.Error(), "env[].valueFrom")
+	})
+	pods := c.client.CoreV1().Pods("default")
+	if _, err := pods.Patch(ctx, created.Name, types.MergePatchType, []byte(`{"metadata":{"labels":{"team":"a"}}}`), metav1.PatchOptions{}); err != nil {
+		t.Errorf("label the pod admitted before the rule: %v", err)
+	}
+	debug := func(name, value string) error {
+		p, err := pods.Get(ctx, created.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		p.Spec.EphemeralContainers = append(p.Spec.EphemeralContainers, corev1.EphemeralContainer{EphemeralContainerCommon: corev1.EphemeralContainerCommon{
+			Name: name, Image: "busybox", Env: []corev1.EnvVar{{Name: "NVIDIA_VISIBLE_DEVICES", Value: value}}}})
+		_, err = pods.UpdateEphemeralContainers(ctx, p.Name, p, metav1.UpdateOptions{})
+		return err
+	}
+	if err := debug("probe", "void"); err != nil {
+		t.Errorf("an ordinary debug container on the old pod: %v", err)
+	}
+	if err := debug("thief", "all"); err == nil || !strings.Contains(err.Error(), "container(s) thief set NVIDIA_VISIBLE_DEVICES") {
+		t.Errorf("a debug container taking every GPU: %v", err)
+	}
+	if _, err := pods.Patch(ctx, created.Name, types.JSONPatchType, []byte(`[{"op":"remove","path":"/metadata/finalizers"}]`), metav1.PatchOptions{}); err != nil {
+		t.Errorf("remove the finalizer of the pod admitted before the rule: %v", err)
+	}
+}
+
+// eventually polls cond until it holds or timeout passes.
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %v: %s", timeout, what)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}

@@ -339,11 +339,15 @@ func gpuMinor(d *api.LinuxDevice) (int, bool) {
 // device for a GPU (named by index or UUID) lists its /dev/nvidia<minor>. On real machines
 // the minor often differs from the index (NVML orders GPUs by PCI bus, the driver numbers
 // them as it probes), and trusting the index would deny the wrong GPU.
+//
+// NVML's minors (the topology's, when known) are never overridden; specs that contradict
+// each other (one minor for two GPUs, two minors for one GPU: a stale spec beside a new one)
+// are not used at all; a GPU no spec places keeps minor == index where that minor is free.
 func (p *Plugin) minorsLocked(resolve func(string) (int, bool)) map[int]int {
 	if p.cdi == nil {
 		return p.minorToIndex
 	}
-	out := maps.Clone(p.minorToIndex)
+	fromSpecs, minorOf := map[int]int{}, map[int]int{}
 	for _, name := range p.cdi.ListDevices() {
 		kind, id, ok := cdispec.ParseName(name)
 		if !ok || kind.Class != names.CDIClassGPU || !p.nvidiaKind(kind) {
@@ -358,9 +362,36 @@ func (p *Plugin) minorsLocked(resolve func(string) (int, bool)) map[int]int {
 			continue
 		}
 		for _, n := range dev.ContainerEdits.DeviceNodes {
-			if m, ok := gpuMinor(&api.LinuxDevice{Path: n.Path, Major: n.Major, Minor: n.Minor}); ok {
-				out[m] = idx
+			m, ok := gpuMinor(&api.LinuxDevice{Path: n.Path, Major: n.Major, Minor: n.Minor})
+			if !ok {
+				continue
 			}
+			if prev, seen := fromSpecs[m]; seen && prev != idx {
+				return p.minorToIndex
+			}
+			if prev, seen := minorOf[idx]; seen && prev != m {
+				return p.minorToIndex
+			}
+			fromSpecs[m], minorOf[idx] = idx, m
+		}
+	}
+	if len(fromSpecs) == 0 {
+		return p.minorToIndex
+	}
+	out, placed := map[int]int{}, map[int]bool{}
+	for _, g := range p.top.GPUs {
+		if g.Minor != nil {
+			out[*g.Minor], placed[g.Index] = g.Index, true
+		}
+	}
+	for m, idx := range fromSpecs {
+		if _, taken := out[m]; !taken && !placed[idx] {
+			out[m], placed[idx] = idx, true
+		}
+	}
+	for _, g := range p.top.GPUs {
+		if _, taken := out[g.Index]; !taken && !placed[g.Index] {
+			out[g.Index] = g.Index
 		}
 	}
 	return out
@@ -421,7 +452,7 @@ func (p *Plugin) adjust(adj *api.ContainerAdjustment, g Given, chosen []int) {
 		for _, idx := range gain {
 			adj.AddCDIDevice(&api.CDIDevice{Name: kind.Device(p.gpuID(idx, byUUID))})
 		}
-		dropCDIAnnotations(adj, g, drop)
+		p.dropCDIAnnotations(adj, g, drop)
 	}
 	if g.EnvList {
 		ids := make([]string, len(chosen))
@@ -567,21 +598,27 @@ func statDevice(path, hostPath string) (*api.LinuxDevice, bool) {
 // applied them before NRI and the plugin's adjustment undoes that, but the annotations stay
 // in the OCI spec, where the NVIDIA runtime in CDI mode reads them at runc create and would
 // inject the dropped GPUs again. Gained GPUs come as the adjustment's CDI devices.
-func dropCDIAnnotations(adj *api.ContainerAdjustment, g Given, drop []int) {
+func (p *Plugin) dropCDIAnnotations(adj *api.ContainerAdjustment, g Given, drop []int) {
 	if len(drop) == 0 || len(g.cdiAnnotations) == 0 {
 		return
 	}
-	dropped := map[string]bool{}
-	for _, idx := range drop {
-		if name, ok := g.CDINames[idx]; ok {
-			dropped[strings.TrimSpace(name)] = true
-		}
-	}
+	// By GPU, not by name: the same GPU may be listed under its UUID and its index.
 	for _, key := range slices.Sorted(maps.Keys(g.cdiAnnotations)) {
 		list := g.cdiAnnotations[key]
 		keep := slices.DeleteFunc(slices.Clone(list), func(name string) bool {
-			_, id, _ := cdispec.ParseName(strings.TrimSpace(name))
-			return dropped[strings.TrimSpace(name)] || id == cdispec.AllDevices
+			kind, id, ok := cdispec.ParseName(strings.TrimSpace(name))
+			if !ok || !p.nvidiaKind(kind) {
+				return false
+			}
+			if id == cdispec.AllDevices {
+				return true
+			}
+			idx, ok := p.uuidToIndex[id]
+			if !ok {
+				n, err := strconv.Atoi(id)
+				idx, ok = n, err == nil
+			}
+			return ok && slices.Contains(drop, idx)
 		})
 		switch {
 		case len(keep) == len(list):

@@ -139,6 +139,9 @@ type Plugin struct {
 	// the plugin by (SetSelf), the owner of its adjustments.
 	runtime Runtime
 	self    atomic.Pointer[string]
+	// runtimeNRI returns the NRI version the runtime reported at registration (the stub's),
+	// read by Configure.
+	runtimeNRI atomic.Pointer[func() string]
 }
 
 // Reporter is told about assignments and releases, off the creation path. The production

@@ -3,6 +3,7 @@ package nriplugin
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -12,7 +13,9 @@ import (
 
 	"github.com/containerd/nri/pkg/api"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
+	cdispecs "tags.cncf.io/container-device-interface/specs-go"
 
+	"github.com/nvdomain/nvdomain/pkg/cdispec"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/topology"
 )
@@ -107,6 +110,8 @@ func TestRealShapedCDISpecs(t *testing.T) {
 			wantAdded: []string{dp + realUUIDs[4], dp + realUUIDs[5]}, wantAnn: map[string]string{annotation: ""}, wantGPUs: "4,5"},
 		{name: "annotation keeps the GPU that stays", annotation: dp + realUUIDs[4] + "," + dp + realUUIDs[0],
 			wantAdded: []string{dp + realUUIDs[5]}, wantAnn: map[string]string{annotation: dp + realUUIDs[4]}, wantGPUs: "4,5"},
+		{name: "one GPU listed by UUID and by index leaves the annotation under both names", annotation: ctk + realUUIDs[0] + "," + ctk + "0," + ctk + realUUIDs[1],
+			wantAdded: []string{ctk + realUUIDs[4], ctk + realUUIDs[5]}, wantAnn: map[string]string{annotation: ""}, wantGPUs: "4,5"},
 		{name: "all device on a pinned pod", cdi: []string{ctk + "all"}, wantErr: "the device plugin allocated 8"},
 		{name: "all device on an unpinned pod books every GPU", cdi: []string{ctk + "all"},
 			pod: &api.PodSandbox{Id: "u", Name: "u", Namespace: "default"}, wantGPUs: "0,1,2,3,4,5,6,7"},
@@ -198,5 +203,45 @@ func TestRealShapedCDISpecs(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Minors come from the specs only where they agree with each other and NVML did not say: two
+// specs that disagree about a GPU's node leave the topology's minors; NVML's minor for a GPU
+// stands against a spec.
+func TestSpecMinorsNeverContradictEachOtherOrNVML(t *testing.T) {
+	specs, _ := filepath.Abs("testdata/cdi")
+	resolve := func(p *Plugin) func(string) (int, bool) {
+		return func(id string) (int, bool) {
+			if idx, ok := p.uuidToIndex[id]; ok {
+				return idx, true
+			}
+			idx, err := strconv.Atoi(id)
+			return idx, err == nil
+		}
+	}
+	p, _, _ := newPlugin(t, func(c *Config) { c.Topology, c.CDISpecDirs = realTopology(t), []string{specs} })
+	if got := p.minorsLocked(resolve(p)); got[realMinor(0)] != 0 || got[realMinor(4)] != 4 || len(got) != 8 {
+		t.Errorf("from the specs: %v", got)
+	}
+	// A stale spec that names GPU 0 by index and says it is /dev/nvidia0.
+	stale := t.TempDir()
+	mode := os.FileMode(0o666)
+	if err := cdispec.WriteFile(stale, "stale.json", &cdispecs.Spec{Version: cdispec.Version, Kind: "k8s.device-plugin.nvidia.com/gpu",
+		Devices: []cdispecs.Device{{Name: "0", ContainerEdits: cdispecs.ContainerEdits{DeviceNodes: []*cdispecs.DeviceNode{
+			{Path: "/dev/nvidia0", Type: "c", Major: 195, Minor: 0, FileMode: &mode}}}}}}); err != nil {
+		t.Fatal(err)
+	}
+	p, _, _ = newPlugin(t, func(c *Config) { c.Topology, c.CDISpecDirs = realTopology(t), []string{stale, filepath.Join(specs)} })
+	if got := p.minorsLocked(resolve(p)); got[0] != 0 || got[4] != 4 {
+		t.Errorf("contradicting specs were used: %v", got)
+	}
+	// NVML knows GPU 2's minor: the spec's differs and loses.
+	top := realTopology(t)
+	two := 2
+	top.GPUs[2].Minor = &two
+	p, _, _ = newPlugin(t, func(c *Config) { c.Topology, c.CDISpecDirs = top, []string{specs} })
+	if got := p.minorsLocked(resolve(p)); got[2] != 2 || got[realMinor(0)] != 0 {
+		t.Errorf("NVML's minor was overridden: %v", got)
 	}
 }

@@ -370,4 +370,6 @@ func setSelf(p *Plugin, s stub.Stub) {
 	if n, ok := s.(interface{ Name() string }); ok {
 		p.SetSelf(n.Name())
 	}
+	f := s.RuntimeNRIVersion
+	p.runtimeNRI.Store(&f)
 }

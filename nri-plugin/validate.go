@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 
@@ -31,13 +32,20 @@ type Runtime = nristate.Runtime
 // whether that version validates adjustments. Another runtime than containerd, or an unknown
 // version, is taken as not validating, the safe answer: the plugin then does not subscribe to validation (which an old
 // runtime would refuse) and the node says it may fail open.
-func RuntimeSupport(name, version string) Runtime {
+func RuntimeSupport(name, version, reportedNRI string) Runtime {
 	r := Runtime{Name: name, Version: version}
+	// Distributions suffix the release (v2.2.0-k3s1, 2.2.0~ds1, v2.2.0-rc.1), which semver
+	// reads as a pre-release older than v2.2.0: infer from the release alone. The stub's own
+	// inference (what it hands on when the runtime reported no NRI version) uses the whole
+	// string, so the newer of the two answers counts.
 	v := version
-	if !strings.HasPrefix(v, "v") {
-		v = "v" + v
+	if m := releaseVersion.FindStringSubmatch(version); m != nil {
+		v = "v" + m[1]
 	}
 	nri, err := api.InferVersionFromRuntime(name, v)
+	if semver.IsValid(reportedNRI) && (err != nil || !semver.IsValid(nri) || semver.Compare(reportedNRI, nri) > 0) {
+		nri, err = reportedNRI, nil
+	}
 	if err != nil || !semver.IsValid(nri) {
 		r.Why = fmt.Sprintf("the NRI version of runtime %s %s is unknown (%v), so nvdomain cannot tell whether it refuses containers whose required plugin failed; run containerd 2.2 or later", name, version, err)
 		return r
@@ -57,13 +65,20 @@ func RuntimeSupport(name, version string) Runtime {
 	return r
 }
 
+// releaseVersion is the major.minor.patch at the start of a runtime's version.
+var releaseVersion = regexp.MustCompile(`^v?([0-9]+\.[0-9]+\.[0-9]+)`)
+
 // pluginEvents are the events the plugin handles, without validation.
 var pluginEvents = api.MustParseEventMask("createcontainer", "stopcontainer", "removecontainer", "stoppodsandbox", "removepodsandbox")
 
 // Configure records the runtime and subscribes to validation only where the runtime has
 // validators (an older runtime refuses a plugin that asks for an event it does not know).
 func (p *Plugin) Configure(_ context.Context, _, runtime, version string) (api.EventMask, error) {
-	r := RuntimeSupport(runtime, version)
+	reported := ""
+	if f := p.runtimeNRI.Load(); f != nil {
+		reported = (*f)()
+	}
+	r := RuntimeSupport(runtime, version, reported)
 	p.mu.Lock()
 	p.runtime = r
 	snap := p.snapshotLocked()
@@ -145,7 +160,7 @@ func (p *Plugin) ValidateContainerAdjustment(_ context.Context, req *api.Validat
 		if o, ok := owners.CdiDeviceOwner(id, d.GetName()); ok && p.ours(o) {
 			continue
 		}
-		if kind, _, ok := cdispec.ParseName(d.GetName()); ok && p.nvidiaKind(kind) {
+		if p.grantsGPU(d.GetName()) {
 			o, ok := owners.CdiDeviceOwner(id, d.GetName())
 			return refuse("foreign-grant", "plugin %s adds CDI device %s (the NVIDIA toolkit's NRI plugin does so for a pod annotation %s…); GPUs come only from a %s request, placed by nvdomain. "+
 				"Remove the annotation, or run the pod in a trusted namespace", owner(o, ok), d.GetName(), names.ToolkitCDIAnnotationPrefix, names.GPUResource)
@@ -155,9 +170,24 @@ func (p *Plugin) ValidateContainerAdjustment(_ context.Context, req *api.Validat
 		if o, ok := owners.DeviceOwner(id, d.GetPath()); ok && p.ours(o) {
 			continue
 		}
-		if devhook.Removable(filepath.Clean(d.GetPath())) {
+		if gpuDevice(d.GetPath(), d.GetType(), d.GetMajor()) {
 			o, ok := owners.DeviceOwner(id, d.GetPath())
 			return refuse("foreign-grant", "plugin %s adds device %s, a GPU's; GPUs come only from a %s request, placed by nvdomain", owner(o, ok), d.GetPath(), names.GPUResource)
+		}
+	}
+	// Device cgroup rules carry no owner, and nvdomain adds only denials: an allow rule that
+	// reaches a GPU or DRM device (or every device) is another plugin's.
+	for _, r := range adj.GetLinux().GetResources().GetDevices() {
+		if r.GetAllow() && r.GetType() != "b" && (r.GetMajor() == nil || r.GetMajor().GetValue() < 0 || gpuMajor(r.GetMajor().GetValue())) {
+			return refuse("foreign-grant", "another plugin allows device %s in the device cgroup, which reaches GPUs; GPUs come only from a %s request, placed by nvdomain", cgroupRule(r), names.GPUResource)
+		}
+	}
+	for k := range adj.GetAnnotations() {
+		if !strings.HasPrefix(k, names.CDIAnnotationPrefix) && !strings.HasPrefix(k, names.ToolkitCDIAnnotationPrefix) {
+			continue
+		}
+		if o, ok := owners.AnnotationOwner(id, k); !ok || !p.ours(o) {
+			return refuse("foreign-grant", "plugin %s sets the annotation %s, from which a runtime injects CDI devices after NRI; GPUs come only from a %s request, placed by nvdomain", owner(o, ok), k, names.GPUResource)
 		}
 	}
 	for _, e := range adj.GetEnv() {
@@ -213,4 +243,50 @@ func underVolumeMountsDir(dest string) bool {
 		}
 	}
 	return false
+}
+
+// grantsGPU says whether a CDI device gives GPUs: any device of an NVIDIA vendor (nvidia.com,
+// k8s.device-plugin.nvidia.com, management.nvidia.com, …), or of any vendor whose spec, as
+// the node's CDI directories have it, brings a GPU or DRM node.
+func (p *Plugin) grantsGPU(name string) bool {
+	kind, _, ok := cdispec.ParseName(name)
+	if !ok {
+		return true // not a name containerd can resolve either; refuse rather than guess
+	}
+	if p.nvidiaKind(kind) || kind.Vendor == "nvidia.com" || strings.HasSuffix(kind.Vendor, ".nvidia.com") {
+		return true
+	}
+	if p.cdi == nil {
+		return false
+	}
+	dev := p.cdi.GetDevice(name)
+	if dev == nil {
+		return false
+	}
+	for _, n := range append(slices.Clone(dev.ContainerEdits.DeviceNodes), dev.GetSpec().ContainerEdits.DeviceNodes...) {
+		if gpuDevice(n.Path, n.Type, n.Major) {
+			return true
+		}
+	}
+	return false
+}
+
+// gpuMajor is the NVIDIA driver's or DRM's character-device major.
+func gpuMajor(major int64) bool { return major == names.GPUDeviceMajor || major == names.DRMDeviceMajor }
+
+// gpuDevice says whether a device node reaches a GPU: a GPU or DRM path, or a character
+// device of the NVIDIA or DRM major wherever it is made (/dev/gpu3 c 195 3 is GPU 3).
+func gpuDevice(path, typ string, major int64) bool {
+	return devhook.Removable(filepath.Clean(path)) || (typ != "b" && gpuMajor(major))
+}
+
+func cgroupRule(r *api.LinuxDeviceCgroup) string {
+	major, minor := "*", "*"
+	if r.GetMajor() != nil && r.GetMajor().GetValue() >= 0 {
+		major = fmt.Sprint(r.GetMajor().GetValue())
+	}
+	if r.GetMinor() != nil && r.GetMinor().GetValue() >= 0 {
+		minor = fmt.Sprint(r.GetMinor().GetValue())
+	}
+	return fmt.Sprintf("%s %s:%s %s", r.GetType(), major, minor, r.GetAccess())
 }

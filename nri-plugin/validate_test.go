@@ -2,12 +2,15 @@ package nriplugin
 
 import (
 	"context"
+	"os"
 	"strings"
 	"testing"
 
 	"github.com/containerd/nri/pkg/api"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	cdispecs "tags.cncf.io/container-device-interface/specs-go"
 
+	"github.com/nvdomain/nvdomain/pkg/cdispec"
 	"github.com/nvdomain/nvdomain/pkg/names"
 )
 
@@ -16,21 +19,32 @@ func TestRuntimeSupport(t *testing.T) {
 		name, version string
 		failClosed    bool
 		nri           string
+		reported      string // the NRI version the runtime reported, when it did
 	}{
-		{"containerd", "v1.7.27", false, "v0.8.0"},
-		{"containerd", "1.7.13", false, "v0.4.0"},
-		{"containerd", "v2.0.5", false, "v0.8.0"},
-		{"containerd", "v2.1.4", false, "v0.8.0"},
-		{"containerd", "v2.2.0", true, "v0.10.0"},
-		{"containerd", "v2.2.1", true, "v0.11.0"},
+		{"containerd", "v1.7.27", false, "v0.8.0", ""},
+		{"containerd", "1.7.13", false, "v0.4.0", ""},
+		{"containerd", "v2.0.5", false, "v0.8.0", ""},
+		{"containerd", "v2.1.4", false, "v0.8.0", ""},
+		{"containerd", "v2.2.0", true, "v0.10.0", ""},
+		{"containerd", "v2.2.1", true, "v0.11.0", ""},
 		// Newer than NRI's table: the closest release below it.
-		{"containerd", "v2.4.2", true, "v0.11.0"},
-		{"cri-o", "v1.29.1", false, "v0.5.0"},
-		{"cri-o", "v1.30.0", false, "v0.6.0"},
-		{"test-runtime", "v0.0.1", false, ""},
-		{"containerd", "not-a-version", false, ""},
+		{"containerd", "v2.4.2", true, "v0.11.0", ""},
+		{"cri-o", "v1.29.1", false, "v0.5.0", ""},
+		{"cri-o", "v1.30.0", false, "v0.6.0", ""},
+		{"test-runtime", "v0.0.1", false, "", ""},
+		{"containerd", "not-a-version", false, "", ""},
+		// Distribution builds: the release counts, not the suffix.
+		{"containerd", "v2.2.0-k3s1", true, "v0.10.0", ""},
+		{"containerd", "2.2.0~ds1", true, "v0.10.0", ""},
+		{"containerd", "v2.2.0-rc.1", true, "v0.10.0", ""},
+		{"containerd", "v2.1.4-k3s1", false, "v0.8.0", ""},
+		// A newer NRI version the runtime reports wins over the table; an older one (the
+		// stub's inference from a suffixed version) does not.
+		{"containerd", "v2.3.0-custom", true, "v0.12.1", "v0.12.1"},
+		{"containerd", "v2.2.0-k3s1", true, "v0.10.0", "v0.8.0"},
+		{"containerd", "v2.1.4", false, "v0.8.0", "v0.8.0"},
 	} {
-		r := RuntimeSupport(tc.name, tc.version)
+		r := RuntimeSupport(tc.name, tc.version, tc.reported)
 		if r.FailClosed != tc.failClosed || r.NRIVersion != tc.nri {
 			t.Errorf("%s %s: fail-closed %v NRI %q, want %v %q", tc.name, tc.version, r.FailClosed, r.NRIVersion, tc.failClosed, tc.nri)
 		}
@@ -107,9 +121,23 @@ func (v *validation) cdi(name, owner string) *validation {
 	return v
 }
 
-func (v *validation) device(path, owner string) *validation {
-	v.adj.AddDevice(&api.LinuxDevice{Path: path, Type: "c", Major: 195, Minor: 3})
+func (v *validation) device(path string, major int64, owner string) *validation {
+	v.adj.AddDevice(&api.LinuxDevice{Path: path, Type: "c", Major: major, Minor: 3})
 	_ = v.owners.ClaimDevice(v.ctrID, path, owner)
+	return v
+}
+
+func (v *validation) allow(major *api.OptionalInt64) *validation {
+	if v.adj.Linux == nil {
+		v.adj.Linux = &api.LinuxContainerAdjustment{Resources: &api.LinuxResources{}}
+	}
+	v.adj.Linux.Resources.Devices = append(v.adj.Linux.Resources.Devices, &api.LinuxDeviceCgroup{Allow: true, Type: "c", Major: major, Access: "rwm"})
+	return v
+}
+
+func (v *validation) annotation(key, value, owner string) *validation {
+	v.adj.AddAnnotation(key, value)
+	_ = v.owners.ClaimAnnotation(v.ctrID, key, owner)
 	return v
 }
 
@@ -131,6 +159,14 @@ func (v *validation) request() *api.ValidateContainerAdjustmentRequest {
 }
 
 func TestValidatorRefusesWhatThePluginDidNotDecide(t *testing.T) {
+	// Another vendor's device whose spec brings an NVIDIA GPU node.
+	specs := t.TempDir()
+	mode := os.FileMode(0o666)
+	if err := cdispec.WriteFile(specs, "accel.json", &cdispecs.Spec{Version: cdispec.Version, Kind: "vendor.example.com/accel",
+		Devices: []cdispecs.Device{{Name: "0", ContainerEdits: cdispecs.ContainerEdits{DeviceNodes: []*cdispecs.DeviceNode{
+			{Path: "/dev/accel0", Type: "c", Major: 195, Minor: 3, FileMode: &mode}}}}}}); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name    string
 		v       *validation
@@ -144,9 +180,17 @@ func TestValidatorRefusesWhatThePluginDidNotDecide(t *testing.T) {
 		{"toolkit NRI plugin injects a GPU by UUID", newValidation("default", true).mark(self).cdi("nvidia.com/gpu=GPU-1", other), "adds CDI device nvidia.com/gpu=GPU-1"},
 		{"toolkit injects into an unpinned pod", newValidation("default", false).cdi("nvidia.com/gpu=all", other), "adds CDI device nvidia.com/gpu=all"},
 		{"another vendor's CDI device", newValidation("default", false).cdi("vendor.example.com/nic=0", other), ""},
-		{"another plugin adds a GPU node", newValidation("default", false).device("/dev/nvidia3", other), "adds device /dev/nvidia3"},
-		{"another plugin adds a render node", newValidation("default", false).device("/dev/dri/renderD129", other), "adds device /dev/dri/renderD129"},
-		{"another plugin adds /dev/fuse", newValidation("default", false).device("/dev/fuse", other), ""},
+		{"another plugin adds a GPU node", newValidation("default", false).device("/dev/nvidia3", 195, other), "adds device /dev/nvidia3"},
+		{"another plugin adds a render node", newValidation("default", false).device("/dev/dri/renderD129", 226, other), "adds device /dev/dri/renderD129"},
+		{"another plugin adds a GPU under another name", newValidation("default", false).device("/dev/gpu3", 195, other), "adds device /dev/gpu3"},
+		{"another plugin adds /dev/fuse", newValidation("default", false).device("/dev/fuse", 10, other), ""},
+		{"the toolkit's management spec", newValidation("default", false).cdi("management.nvidia.com/gpu=all", other), "adds CDI device management.nvidia.com/gpu=all"},
+		{"another vendor's device whose spec brings a GPU node", newValidation("default", false).cdi("vendor.example.com/accel=0", other), "adds CDI device vendor.example.com/accel=0"},
+		{"another plugin allows GPU majors in the cgroup", newValidation("default", false).allow(api.Int64(195)), "allows device c 195:* rwm"},
+		{"another plugin allows every device", newValidation("default", false).allow(nil), "allows device c *:* rwm"},
+		{"another plugin allows /dev/fuse in the cgroup", newValidation("default", false).allow(api.Int64(10)), ""},
+		{"another plugin writes a CDI annotation", newValidation("default", false).annotation("cdi.k8s.io/x", "nvidia.com/gpu=all", other), "sets the annotation cdi.k8s.io/x"},
+		{"another plugin writes the toolkit's annotation", newValidation("default", false).annotation("nvidia.cdi.k8s.io/container.vllm", "nvidia.com/gpu=0", other), "sets the annotation nvidia.cdi.k8s.io/container.vllm"},
 		{"another plugin sets NVIDIA_VISIBLE_DEVICES=all", newValidation("default", false).env("all", other), "sets NVIDIA_VISIBLE_DEVICES=all"},
 		{"another plugin sets it to void", newValidation("default", false).env("void", other), ""},
 		{"our env", newValidation("default", true).mark(self).env("GPU-4,GPU-5", self), ""},
@@ -157,7 +201,7 @@ func TestValidatorRefusesWhatThePluginDidNotDecide(t *testing.T) {
 		{"trusted namespace", newValidation("gpu-operator", true).cdi("nvidia.com/gpu=all", other), ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p, _, m := newPlugin(t, func(c *Config) { c.TrustedNamespaces = []string{"gpu-operator"} })
+			p, _, m := newPlugin(t, func(c *Config) { c.TrustedNamespaces = []string{"gpu-operator"}; c.CDISpecDirs = []string{specs} })
 			p.SetSelf(self)
 			err := p.ValidateContainerAdjustment(context.Background(), tc.v.request())
 			switch {

@@ -29,11 +29,6 @@ var (
 	}
 )
 
-// Device majors of the nodes the hook may remove: the NVIDIA driver's GPUs and the DRM
-// subsystem's cards and render nodes.
-const (
-	drmMajor = 226
-)
 
 // Run is the createContainer OCI hook the plugin adds to a container whose device plugin
 // gave it GPUs outside its domain. runc runs createContainer hooks in the container's mount
@@ -108,7 +103,7 @@ func removeNode(root int, rel string) error {
 	}
 	want := uint32(names.GPUDeviceMajor)
 	if strings.HasPrefix(rel, "dev/dri/") {
-		want = drmMajor
+		want = names.DRMDeviceMajor
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFCHR || unix.Major(uint64(st.Rdev)) != want {
 		return fmt.Errorf("not a character device of major %d (mode %#o, major %d); not removed", want, st.Mode&unix.S_IFMT, unix.Major(uint64(st.Rdev)))

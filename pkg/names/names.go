@@ -142,6 +142,9 @@ const (
 	DevicePluginCDIAnnotationKey = CDIAnnotationPrefix + "nvidia-device-plugin_"
 	// GPUDeviceMajor is the NVIDIA driver's character-device major: /dev/nvidia<minor>.
 	GPUDeviceMajor = 195
+	// DRMDeviceMajor is the DRM subsystem's character-device major: /dev/dri/card<N> and
+	// renderD<N>, which NVIDIA's CDI specs give each GPU.
+	DRMDeviceMajor = 226
 	// GPUDevicePrefix starts a GPU's device node path; the minor number follows.
 	GPUDevicePrefix = "/dev/nvidia"
 )

@@ -272,7 +272,9 @@ func (p *Plugin) grantsGPU(name string) bool {
 }
 
 // gpuMajor is the NVIDIA driver's or DRM's character-device major.
-func gpuMajor(major int64) bool { return major == names.GPUDeviceMajor || major == names.DRMDeviceMajor }
+func gpuMajor(major int64) bool {
+	return major == names.GPUDeviceMajor || major == names.DRMDeviceMajor
+}
 
 // gpuDevice says whether a device node reaches a GPU: a GPU or DRM path, or a character
 // device of the NVIDIA or DRM major wherever it is made (/dev/gpu3 c 195 3 is GPU 3).

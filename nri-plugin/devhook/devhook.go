@@ -29,7 +29,6 @@ var (
 	}
 )
 
-
 // Run is the createContainer OCI hook the plugin adds to a container whose device plugin
 // gave it GPUs outside its domain. runc runs createContainer hooks in the container's mount
 // namespace after it has made the device nodes and before pivot_root, with the container's

@@ -662,7 +662,9 @@ func TestEveryContainerOfAGPUPodRequiresTheNRIPlugin(t *testing.T) {
 	f := newFixture(t, decision.NonTPAuto, seedNode())
 	p := pod(true, 2)
 	p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: "proxy", Image: "envoy"})
-	p.Annotations = map[string]string{"required-plugins.noderesource.dev/container.vllm": `["topology-aware"]`}
+	p.Annotations = map[string]string{"required-plugins.noderesource.dev/container.vllm": `["topology-aware"]`,
+		// Written ahead for a kubectl debug container, to opt it out of the pod-scoped key.
+		"required-plugins.noderesource.dev/container.debugger": `[]`}
 	out, mresp, _ := f.admit(t, p)
 	if !mresp.Allowed {
 		t.Fatal(mresp.Result)
@@ -674,6 +676,13 @@ func TestEveryContainerOfAGPUPodRequiresTheNRIPlugin(t *testing.T) {
 	// NVIDIA_VISIBLE_DEVICES=all would start unneutralised: it requires the plugin too.
 	if got := out.Annotations["required-plugins.noderesource.dev/container.proxy"]; got != `["nvdomain"]` {
 		t.Errorf("proxy requires %q, want the plugin", got)
+	}
+	// Containers the spec does not have yet (ephemeral ones) fall back to the pod-scoped key.
+	if got := out.Annotations["required-plugins.noderesource.dev/pod"]; got != `["nvdomain"]` {
+		t.Errorf("the pod requires %q, want the plugin", got)
+	}
+	if got, ok := out.Annotations["required-plugins.noderesource.dev/container.debugger"]; ok {
+		t.Errorf("a key naming no container of the spec was kept: %q", got)
 	}
 	if again := f.mut.Handle(context.Background(), request(t, out)); len(again.Patches) != 0 {
 		t.Errorf("re-admission patched: %v", again.Patches)

@@ -3,6 +3,7 @@ package admission
 import (
 	"encoding/json"
 	"slices"
+	"strings"
 	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
@@ -91,10 +92,28 @@ func StripOwned(pod *corev1.Pod, n names.Names) bool {
 // keeping any other plugins the pod already requires. Containers without a GPU request too:
 // while the plugin is down, one whose image sets NVIDIA_VISIBLE_DEVICES=all (CUDA base images
 // do) would otherwise start unneutralised and the NVIDIA toolkit would give it every GPU of
-// the node. It changes pod in place.
+// the node. The pod-scoped key covers the containers the spec does not have yet (kubectl
+// debug's ephemeral ones); a container-scoped key naming no container of the spec is removed,
+// since it could only pre-empt the pod-scoped key for a later ephemeral container. It
+// changes pod in place.
 func RequirePlugin(pod *corev1.Pod, p rules.Pod) {
+	inSpec := map[string]bool{}
 	for _, c := range p.Containers {
-		key := names.RequiredPluginsFor(c.Name)
+		inSpec[c.Name] = true
+	}
+	for _, c := range pod.Spec.EphemeralContainers {
+		inSpec[c.Name] = true
+	}
+	for k := range pod.Annotations {
+		if name, ok := strings.CutPrefix(k, names.RequiredPluginsAnnotation+names.RequiredPluginsContainerInfix); ok && !inSpec[name] {
+			delete(pod.Annotations, k)
+		}
+	}
+	keys := []string{names.RequiredPluginsPod}
+	for _, c := range p.Containers {
+		keys = append(keys, names.RequiredPluginsFor(c.Name))
+	}
+	for _, key := range keys {
 		var list []string
 		if v, ok := pod.Annotations[key]; ok {
 			// The validator reads the value as YAML; a JSON list is the form everyone writes.

@@ -71,6 +71,9 @@ type Agent struct {
 	unpinned map[int]int
 	// conditions are the Node conditions this agent last wrote, by type.
 	conditions map[corev1.NodeConditionType]string
+	// runtimeOld: the NRI plugin last reported a runtime without validators (followRuntime).
+	runtimeOld   bool
+	runtimeMTime time.Time
 	// failOpen: the last canary started (the node's NRI validator is not active).
 	failOpen   bool
 	pinned     map[int]int // GPUs containers pinned to a domain hold, by the GPUs' domain
@@ -201,6 +204,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		case r := <-canaries:
 			a.applyCanary(ctx, r)
 		case <-polls:
+			a.followRuntime(ctx)
 			if a.readNRIState() {
 				if err := a.publish(ctx); err != nil {
 					a.o.Log.Error(err, "publish after an NRI state change")
@@ -554,6 +558,31 @@ func (a *Agent) seedFailOpen(ctx context.Context) {
 	for _, c := range node.Status.Conditions {
 		if c.Type == names.ConditionFailClosed && c.Status == corev1.ConditionFalse {
 			a.failOpen = true
+		}
+	}
+}
+
+// followRuntime applies the runtime the NRI plugin reported as soon as its state file says
+// so, not only at the next canary (hours away, or never when the canary is off): a node whose
+// containerd was replaced by one without validators turns fail-open at once. When the
+// runtime validates again, the canary decides (it runs again within 5 minutes while the node
+// is not proven); without a canary the condition goes back to Unknown.
+func (a *Agent) followRuntime(ctx context.Context) {
+	fi, err := os.Stat(a.o.NRIStateFile)
+	if err != nil || fi.ModTime().Equal(a.runtimeMTime) {
+		return
+	}
+	a.runtimeMTime = fi.ModTime()
+	r := a.runtimeVerdict()
+	switch {
+	case r != nil && !a.runtimeOld:
+		a.runtimeOld = true
+		a.applyCanary(ctx, *r)
+	case r == nil && a.runtimeOld:
+		a.runtimeOld = false
+		if a.o.Canary.Image == "" {
+			a.applyCanary(ctx, CanaryResult{Status: corev1.ConditionUnknown, Reason: "RuntimeValidates",
+				Message: "the node's runtime validates NRI adjustments now; no canary is configured to prove the rest of its configuration"})
 		}
 	}
 }

@@ -151,3 +151,46 @@ func TestOldRuntimeIsFailOpenWithoutACanary(t *testing.T) {
 		}
 	}
 }
+
+// TestRuntimeDowngradeTurnsTheNodeFailOpenAtOnce: without a canary configured, a state file
+// that starts reporting a runtime without validators (containerd replaced by an older one)
+// turns the node fail-open at the next poll, and back to Unknown when it validates again.
+func TestRuntimeDowngradeTurnsTheNodeFailOpenAtOnce(t *testing.T) {
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-node01"}})
+	n := names.Default()
+	state := filepath.Join(t.TempDir(), "nri-state.json")
+	write := func(gen int64, failClosed bool) {
+		r := &nristate.Runtime{Name: "containerd", Version: "v2.4.2", NRIVersion: "v0.11.0", FailClosed: true}
+		if !failClosed {
+			r = &nristate.Runtime{Name: "containerd", Version: "v2.1.4", NRIVersion: "v0.8.0", Why: "upgrade to containerd 2.2 or later"}
+		}
+		if _, err := nristate.Write(state, nristate.Doc{Generation: gen, Runtime: r}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(1, true)
+	a := New(Options{Names: n, Node: "gpu-node01", Source: &flakySource{top: seed(t)}, Client: client, Period: time.Hour, Log: logr.Discard(), Metrics: newMetrics(),
+		NRIStateFile: state, StatePoll: 20 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go a.Run(ctx)
+	wait := func(status corev1.ConditionStatus, reason string) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for time.Now().Before(deadline) {
+			if c := condition(t, client, names.ConditionFailClosed); c != nil && c.Status == status && c.Reason == reason {
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		t.Fatalf("condition %+v, want %s/%s", condition(t, client, names.ConditionFailClosed), status, reason)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if c := condition(t, client, names.ConditionFailClosed); c != nil {
+		t.Fatalf("a validating runtime set %+v", c)
+	}
+	write(2, false)
+	wait(corev1.ConditionFalse, names.ReasonRuntimeWithoutValidator)
+	write(3, true)
+	wait(corev1.ConditionUnknown, "RuntimeValidates")
+}

@@ -299,30 +299,48 @@ func TestPluginReconnectsAfterContainerdRestarts(t *testing.T) {
 	}
 }
 
+// waitForLog waits until containerd's log holds at least count lines containing s.
+func (n *node) waitForLog(s string, count int) {
+	n.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for strings.Count(readFile(n.path("containerd.log")), s) < count {
+		if time.Now().After(deadline) {
+			n.t.Fatalf("containerd never logged %q %d times", s, count)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // TestContainerRefusedWhenThePluginHangsOrDiesMidCreate: NRI's adaptation counts a plugin
 // as consulted before calling it, and closes one whose create request times out or whose
 // connection drops, so the default validator alone lets such a container run with the device
 // plugin's GPUs (0,1 here, outside the pod's domain 1). nvdomain's own validator refuses it:
 // a plugin frozen past containerd's request timeout (SIGSTOP: slow, as under a CPU limit),
-// and one killed while containerd waits for its answer. After each, the plugin (thawed, or
-// started again) reconnects and the retried creation gets the domain's GPUs.
+// and one killed while containerd waits for its answer. The refusal is NRI calling the closed
+// plugin's validator, which fails: it names the plugin (a plugin without a validator would
+// let the container through, as on today's containerd with the default validator alone).
+// After each, the plugin (thawed, or started again) reconnects and the retried creation gets
+// the domain's GPUs.
 func TestContainerRefusedWhenThePluginHangsOrDiesMidCreate(t *testing.T) {
 	n := startNode(t)
 	n.startPlugin()
 	for _, tc := range []struct {
 		name    string
-		failure func(pid int)
+		failure func(pid, creates int)
 		recover func()
 		// want are the GPUs of the retry: the first case's container keeps 4,5, so the second
 		// gets 6,7, which also shows that the refused creates left no GPU booked.
 		want []string
 	}{
-		{"frozen past the request timeout", func(int) {}, func() {
+		{"frozen past the request timeout", func(int, int) {}, func() {
 			_ = n.plugin.Process.Signal(syscall.SIGCONT)
 			n.waitForRegistration() // its connection was closed: it connects again in-process
 		}, []string{"/dev/nvidia4", "/dev/nvidia5"}},
-		{"killed mid-create", func(pid int) {
-			time.Sleep(500 * time.Millisecond) // containerd is waiting for the answer
+		{"killed mid-create", func(pid, creates int) {
+			// containerd logs the creation before it asks the plugins; the frozen plugin cannot
+			// answer, so once the line is there containerd is waiting for it.
+			n.waitForLog("CreateContainer within sandbox", creates+1)
+			time.Sleep(200 * time.Millisecond)
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}, func() {
 			_ = n.plugin.Wait()
@@ -337,19 +355,21 @@ func TestContainerRefusedWhenThePluginHangsOrDiesMidCreate(t *testing.T) {
 			if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 				t.Fatal(err)
 			}
+			creates := strings.Count(readFile(n.path("containerd.log")), "CreateContainer within sandbox")
 			done := make(chan error, 1)
 			start := time.Now()
 			go func() {
 				_, err := n.createContainerWith(pod, cfg, "vllm", devicePluginAnswer(names.StrategyCDICRI, 0, 1))
 				done <- err
 			}()
-			tc.failure(pid)
+			tc.failure(pid, creates)
 			err := <-done
 			msg := strings.ReplaceAll(fmt.Sprint(err), `\"`, `"`)
 			if err == nil || !strings.Contains(msg, `validator plugin 10-nvdomain failed`) {
 				t.Fatalf("create with the plugin %s: %v; want the nvdomain validator's refusal", tc.name, err)
 			}
-			t.Logf("refused after %v: %s", time.Since(start).Round(time.Millisecond), tail(msg, 300))
+			i := strings.Index(msg, "validator plugin")
+			t.Logf("refused after %v: %s", time.Since(start).Round(time.Millisecond), msg[i:min(len(msg), i+160)])
 			if out, _ := n.crictl("ps", "-a", "--name", "vllm", "--pod", pod, "-q"); out != "" {
 				t.Fatalf("a container exists after the refusal: %s", out)
 			}

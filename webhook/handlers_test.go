@@ -681,8 +681,8 @@ func TestEveryContainerOfAGPUPodRequiresTheNRIPlugin(t *testing.T) {
 	if got := out.Annotations["required-plugins.noderesource.dev/pod"]; got != `["nvdomain"]` {
 		t.Errorf("the pod requires %q, want the plugin", got)
 	}
-	if got, ok := out.Annotations["required-plugins.noderesource.dev/container.debugger"]; ok {
-		t.Errorf("a key naming no container of the spec was kept: %q", got)
+	if got := out.Annotations["required-plugins.noderesource.dev/container.debugger"]; got != `["nvdomain"]` {
+		t.Errorf("a key written ahead for a debug container lists %q, want the plugin", got)
 	}
 	if again := f.mut.Handle(context.Background(), request(t, out)); len(again.Patches) != 0 {
 		t.Errorf("re-admission patched: %v", again.Patches)

@@ -93,26 +93,20 @@ func StripOwned(pod *corev1.Pod, n names.Names) bool {
 // while the plugin is down, one whose image sets NVIDIA_VISIBLE_DEVICES=all (CUDA base images
 // do) would otherwise start unneutralised and the NVIDIA toolkit would give it every GPU of
 // the node. The pod-scoped key covers the containers the spec does not have yet (kubectl
-// debug's ephemeral ones); a container-scoped key naming no container of the spec is removed,
-// since it could only pre-empt the pod-scoped key for a later ephemeral container. It
-// changes pod in place.
+// debug's ephemeral ones); a container-scoped key already written for a container the spec
+// does not have (a sidecar injected later, or one written to opt a later debug container
+// out) gets the plugin added too, keeping what else it lists. It changes pod in place.
 func RequirePlugin(pod *corev1.Pod, p rules.Pod) {
-	inSpec := map[string]bool{}
-	for _, c := range p.Containers {
-		inSpec[c.Name] = true
-	}
-	for _, c := range pod.Spec.EphemeralContainers {
-		inSpec[c.Name] = true
-	}
-	for k := range pod.Annotations {
-		if name, ok := strings.CutPrefix(k, names.RequiredPluginsAnnotation+names.RequiredPluginsContainerInfix); ok && !inSpec[name] {
-			delete(pod.Annotations, k)
-		}
-	}
 	keys := []string{names.RequiredPluginsPod}
 	for _, c := range p.Containers {
 		keys = append(keys, names.RequiredPluginsFor(c.Name))
 	}
+	for k := range pod.Annotations {
+		if strings.HasPrefix(k, names.RequiredPluginsAnnotation+names.RequiredPluginsContainerInfix) && !slices.Contains(keys, k) {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys[1:]) // a stable patch: map order must not change the annotations' order
 	for _, key := range keys {
 		var list []string
 		if v, ok := pod.Annotations[key]; ok {

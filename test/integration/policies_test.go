@@ -511,6 +511,8 @@ func TestRequiredPluginsAnnotationIsFixed(t *testing.T) {
 	for _, patch := range []string{
 		`{"metadata":{"annotations":{"required-plugins.noderesource.dev/container.vllm":null}}}`,
 		`{"metadata":{"annotations":{"required-plugins.noderesource.dev/container.vllm":"[]"}}}`,
+		// Added later, for a debug container to come: it would beat the pod-scoped key.
+		`{"metadata":{"annotations":{"required-plugins.noderesource.dev/container.dbg":"[]"}}}`,
 	} {
 		if _, err := c.client.CoreV1().Pods("default").Patch(ctx, "required", types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err == nil || !strings.Contains(err.Error(), "fixed at creation") {
 			t.Errorf("%s: %v, want a denial", patch, err)

@@ -3,8 +3,8 @@ package admission
 import (
 	"encoding/json"
 	"slices"
-	"strings"
 	"strconv"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"

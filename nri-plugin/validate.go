@@ -38,9 +38,13 @@ func RuntimeSupport(name, version, reportedNRI string) Runtime {
 	// reads as a pre-release older than v2.2.0: infer from the release alone. The stub's own
 	// inference (what it hands on when the runtime reported no NRI version) uses the whole
 	// string, so the newer of the two answers counts.
+	// Pre-releases (-alpha, -beta, -rc) stay as they are: semver orders them before their
+	// release, and one may embed an older NRI than the release does.
 	v := version
-	if m := releaseVersion.FindStringSubmatch(version); m != nil {
+	if m := releaseVersion.FindStringSubmatch(version); m != nil && !preRelease.MatchString(m[2]) {
 		v = "v" + m[1]
+	} else if !strings.HasPrefix(v, "v") {
+		v = "v" + v
 	}
 	nri, err := api.InferVersionFromRuntime(name, v)
 	if semver.IsValid(reportedNRI) && (err != nil || !semver.IsValid(nri) || semver.Compare(reportedNRI, nri) > 0) {
@@ -66,7 +70,10 @@ func RuntimeSupport(name, version, reportedNRI string) Runtime {
 }
 
 // releaseVersion is the major.minor.patch at the start of a runtime's version.
-var releaseVersion = regexp.MustCompile(`^v?([0-9]+\.[0-9]+\.[0-9]+)`)
+var releaseVersion = regexp.MustCompile(`^v?([0-9]+\.[0-9]+\.[0-9]+)(.*)$`)
+
+// preRelease is a version suffix that marks a pre-release rather than a distribution's build.
+var preRelease = regexp.MustCompile(`^-(alpha|beta|rc)`)
 
 // pluginEvents are the events the plugin handles, without validation.
 var pluginEvents = api.MustParseEventMask("createcontainer", "stopcontainer", "removecontainer", "stoppodsandbox", "removepodsandbox")
@@ -170,7 +177,7 @@ func (p *Plugin) ValidateContainerAdjustment(_ context.Context, req *api.Validat
 		if o, ok := owners.DeviceOwner(id, d.GetPath()); ok && p.ours(o) {
 			continue
 		}
-		if gpuDevice(d.GetPath(), d.GetType(), d.GetMajor()) {
+		if gpuDevice(d.GetPath(), d.GetType(), d.GetMajor(), d.GetMinor()) {
 			o, ok := owners.DeviceOwner(id, d.GetPath())
 			return refuse("foreign-grant", "plugin %s adds device %s, a GPU's; GPUs come only from a %s request, placed by nvdomain", owner(o, ok), d.GetPath(), names.GPUResource)
 		}
@@ -178,7 +185,14 @@ func (p *Plugin) ValidateContainerAdjustment(_ context.Context, req *api.Validat
 	// Device cgroup rules carry no owner, and nvdomain adds only denials: an allow rule that
 	// reaches a GPU or DRM device (or every device) is another plugin's.
 	for _, r := range adj.GetLinux().GetResources().GetDevices() {
-		if r.GetAllow() && r.GetType() != "b" && (r.GetMajor() == nil || r.GetMajor().GetValue() < 0 || gpuMajor(r.GetMajor().GetValue())) {
+		major, minor := int64(-1), int64(-1)
+		if r.GetMajor() != nil {
+			major = r.GetMajor().GetValue()
+		}
+		if r.GetMinor() != nil {
+			minor = r.GetMinor().GetValue()
+		}
+		if r.GetAllow() && r.GetType() != "b" && (major < 0 || (gpuMajor(major) && !sharedMinor(major, minor))) {
 			return refuse("foreign-grant", "another plugin allows device %s in the device cgroup, which reaches GPUs; GPUs come only from a %s request, placed by nvdomain", cgroupRule(r), names.GPUResource)
 		}
 	}
@@ -264,7 +278,7 @@ func (p *Plugin) grantsGPU(name string) bool {
 		return false
 	}
 	for _, n := range append(slices.Clone(dev.ContainerEdits.DeviceNodes), dev.GetSpec().ContainerEdits.DeviceNodes...) {
-		if gpuDevice(n.Path, n.Type, n.Major) {
+		if gpuDevice(n.Path, n.Type, n.Major, n.Minor) {
 			return true
 		}
 	}
@@ -276,10 +290,20 @@ func gpuMajor(major int64) bool {
 	return major == names.GPUDeviceMajor || major == names.DRMDeviceMajor
 }
 
+// sharedMinor is an NVIDIA minor every GPU container shares: nvidiactl (255) and
+// nvidia-modeset (254), which reach no GPU by themselves.
+func sharedMinor(major, minor int64) bool {
+	return major == names.GPUDeviceMajor && (minor == cdispec.ControlMinor || minor == cdispec.ModesetMinor)
+}
+
 // gpuDevice says whether a device node reaches a GPU: a GPU or DRM path, or a character
-// device of the NVIDIA or DRM major wherever it is made (/dev/gpu3 c 195 3 is GPU 3).
-func gpuDevice(path, typ string, major int64) bool {
-	return devhook.Removable(filepath.Clean(path)) || (typ != "b" && gpuMajor(major))
+// device of the NVIDIA or DRM major wherever it is made (/dev/gpu3 c 195 3 is GPU 3), other
+// than the shared control nodes.
+func gpuDevice(path, typ string, major, minor int64) bool {
+	if devhook.Removable(filepath.Clean(path)) {
+		return true
+	}
+	return typ != "b" && gpuMajor(major) && !sharedMinor(major, minor)
 }
 
 func cgroupRule(r *api.LinuxDeviceCgroup) string {

@@ -36,7 +36,9 @@ func TestRuntimeSupport(t *testing.T) {
 		// Distribution builds: the release counts, not the suffix.
 		{"containerd", "v2.2.0-k3s1", true, "v0.10.0", ""},
 		{"containerd", "2.2.0~ds1", true, "v0.10.0", ""},
-		{"containerd", "v2.2.0-rc.1", true, "v0.10.0", ""},
+		// A pre-release may embed an older NRI than its release: taken as the release before.
+		{"containerd", "v2.2.0-rc.1", false, "v0.8.0", ""},
+		{"containerd", "v2.2.0-beta.0", false, "v0.8.0", ""},
 		{"containerd", "v2.1.4-k3s1", false, "v0.8.0", ""},
 		// A newer NRI version the runtime reports wins over the table; an older one (the
 		// stub's inference from a suffixed version) does not.
@@ -127,6 +129,12 @@ func (v *validation) device(path string, major int64, owner string) *validation 
 	return v
 }
 
+func (v *validation) deviceMinor(path string, major, minor int64, owner string) *validation {
+	v.adj.AddDevice(&api.LinuxDevice{Path: path, Type: "c", Major: major, Minor: minor})
+	_ = v.owners.ClaimDevice(v.ctrID, path, owner)
+	return v
+}
+
 func (v *validation) allow(major *api.OptionalInt64) *validation {
 	if v.adj.Linux == nil {
 		v.adj.Linux = &api.LinuxContainerAdjustment{Resources: &api.LinuxResources{}}
@@ -184,6 +192,7 @@ func TestValidatorRefusesWhatThePluginDidNotDecide(t *testing.T) {
 		{"another plugin adds a render node", newValidation("default", false).device("/dev/dri/renderD129", 226, other), "adds device /dev/dri/renderD129"},
 		{"another plugin adds a GPU under another name", newValidation("default", false).device("/dev/gpu3", 195, other), "adds device /dev/gpu3"},
 		{"another plugin adds /dev/fuse", newValidation("default", false).device("/dev/fuse", 10, other), ""},
+		{"another plugin adds /dev/nvidiactl", newValidation("default", false).deviceMinor("/dev/nvidiactl", 195, 255, other), ""},
 		{"the toolkit's management spec", newValidation("default", false).cdi("management.nvidia.com/gpu=all", other), "adds CDI device management.nvidia.com/gpu=all"},
 		{"another vendor's device whose spec brings a GPU node", newValidation("default", false).cdi("vendor.example.com/accel=0", other), "adds CDI device vendor.example.com/accel=0"},
 		{"another plugin allows GPU majors in the cgroup", newValidation("default", false).allow(api.Int64(195)), "allows device c 195:* rwm"},

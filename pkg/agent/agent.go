@@ -74,6 +74,8 @@ type Agent struct {
 	// runtimeOld: the NRI plugin last reported a runtime without validators (followRuntime).
 	runtimeOld   bool
 	runtimeMTime time.Time
+	// canaryNow asks the canary goroutine to run one at once.
+	canaryNow chan struct{}
 	// failOpen: the last canary started (the node's NRI validator is not active).
 	failOpen   bool
 	pinned     map[int]int // GPUs containers pinned to a domain hold, by the GPUs' domain
@@ -91,7 +93,7 @@ func New(o Options) *Agent {
 	if o.StatePoll == 0 {
 		o.StatePoll = time.Second
 	}
-	return &Agent{o: o, publisher: Publisher{Client: o.Client, Names: o.Names, Node: o.Node}, unpinned: map[int]int{}, pinned: map[int]int{}}
+	return &Agent{o: o, publisher: Publisher{Client: o.Client, Names: o.Names, Node: o.Node}, unpinned: map[int]int{}, pinned: map[int]int{}, canaryNow: make(chan struct{}, 1)}
 }
 
 // Ready reports whether the agent has published a good topology at least once.
@@ -173,6 +175,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.loaded(ctx, top)
 	a.seedFailOpen(ctx)
 	a.readNRIState()
+	a.followRuntime(ctx) // before the first publish: no room shows on an old runtime
 	if err := a.publish(ctx); err != nil {
 		a.o.Log.Error(err, "first publish failed; retrying every period")
 	}
@@ -202,6 +205,11 @@ func (a *Agent) Run(ctx context.Context) error {
 			stopCanaries()
 			return a.uninstall(ctx)
 		case r := <-canaries:
+			if a.runtimeOld && r.Reason != names.ReasonRuntimeWithoutValidator {
+				// A canary that started before the runtime turned old: the runtime's verdict
+				// stands until the plugin reports one that validates.
+				continue
+			}
 			a.applyCanary(ctx, r)
 		case <-polls:
 			a.followRuntime(ctx)
@@ -509,8 +517,11 @@ func (a *Agent) startCanaries(ctx context.Context) <-chan CanaryResult {
 			if r.Status != corev1.ConditionTrue {
 				wait = min(wait, canaryRetry)
 			}
-			if !lifecycle.Sleep(ctx, wait) {
+			select {
+			case <-ctx.Done():
 				return
+			case <-time.After(wait):
+			case <-a.canaryNow:
 			}
 		}
 	}()
@@ -558,6 +569,8 @@ func (a *Agent) seedFailOpen(ctx context.Context) {
 	for _, c := range node.Status.Conditions {
 		if c.Type == names.ConditionFailClosed && c.Status == corev1.ConditionFalse {
 			a.failOpen = true
+			// Cleared by followRuntime once the plugin reports a runtime that validates.
+			a.runtimeOld = c.Reason == names.ReasonRuntimeWithoutValidator
 		}
 	}
 }
@@ -568,21 +581,37 @@ func (a *Agent) seedFailOpen(ctx context.Context) {
 // runtime validates again, the canary decides (it runs again within 5 minutes while the node
 // is not proven); without a canary the condition goes back to Unknown.
 func (a *Agent) followRuntime(ctx context.Context) {
+	if a.o.NRIStateFile == "" {
+		return
+	}
 	fi, err := os.Stat(a.o.NRIStateFile)
 	if err != nil || fi.ModTime().Equal(a.runtimeMTime) {
 		return
 	}
+	doc, err := nristate.Read(a.o.NRIStateFile)
+	if err != nil {
+		return // read again at the next poll
+	}
 	a.runtimeMTime = fi.ModTime()
-	r := a.runtimeVerdict()
+	if doc.Runtime == nil {
+		return // written before the plugin registered (a restart): nothing known yet
+	}
 	switch {
-	case r != nil && !a.runtimeOld:
+	case !doc.Runtime.FailClosed && !a.runtimeOld:
 		a.runtimeOld = true
-		a.applyCanary(ctx, *r)
-	case r == nil && a.runtimeOld:
+		a.applyCanary(ctx, CanaryResult{Status: corev1.ConditionFalse, Reason: names.ReasonRuntimeWithoutValidator, Message: kubeevents.Cap(doc.Runtime.Why)})
+	case doc.Runtime.FailClosed && a.runtimeOld:
 		a.runtimeOld = false
 		if a.o.Canary.Image == "" {
 			a.applyCanary(ctx, CanaryResult{Status: corev1.ConditionUnknown, Reason: "RuntimeValidates",
 				Message: "the node's runtime validates NRI adjustments now; no canary is configured to prove the rest of its configuration"})
+			return
+		}
+		// The canary goroutine may be asleep for its full interval after a verdict of True
+		// from before the downgrade: prove the node now.
+		select {
+		case a.canaryNow <- struct{}{}:
+		default:
 		}
 	}
 }

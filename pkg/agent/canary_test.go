@@ -191,6 +191,15 @@ func TestRuntimeDowngradeTurnsTheNodeFailOpenAtOnce(t *testing.T) {
 	}
 	write(2, false)
 	wait(corev1.ConditionFalse, names.ReasonRuntimeWithoutValidator)
-	write(3, true)
+	// A restarted plugin writes its state before it registers: no runtime known yet. The
+	// node stays fail-open.
+	if _, err := nristate.Write(state, nristate.Doc{Generation: 3}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if c := condition(t, client, names.ConditionFailClosed); c == nil || c.Reason != names.ReasonRuntimeWithoutValidator {
+		t.Fatalf("a state file without a runtime changed the verdict: %+v", c)
+	}
+	write(4, true)
 	wait(corev1.ConditionUnknown, "RuntimeValidates")
 }

@@ -29,6 +29,9 @@ const Version = "0.6.0"
 // (nvidia.com/gpu=all).
 const AllDevices = "all"
 
+// ModesetMinor is /dev/nvidia-modeset's minor number.
+const ModesetMinor = 254
+
 // ControlMinor is /dev/nvidiactl's minor number, which every GPU container also gets.
 const ControlMinor = 255
 

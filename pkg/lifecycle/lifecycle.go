@@ -423,10 +423,9 @@ func (d Drainer) lastOne(ctx context.Context) bool {
 			return false
 		}
 	}
-	if err := ignoreNotFound(d.Client.RbacV1().RoleBindings(d.Release.Namespace).Delete(ctx, d.Release.Node(), metav1.DeleteOptions{})); err != nil {
-		d.Log.Error(err, "delete the node RoleBinding")
-		return false
-	}
+	// The Role, not its RoleBinding: the right to delete the Role comes through that binding,
+	// and a binding to a Role that is gone grants nothing. The ClusterRole's garbage collection
+	// takes the RoleBinding (setOwners).
 	if err := ignoreNotFound(d.Client.RbacV1().Roles(d.Release.Namespace).Delete(ctx, d.Release.Node(), metav1.DeleteOptions{})); err != nil {
 		d.Log.Error(err, "delete the node Role")
 		return false

@@ -93,12 +93,11 @@ const self, other = "10-nvdomain", "20-nvidia-container-toolkit"
 // validation builds the request NRI's adaptation sends validators: the pristine container,
 // the merged adjustment, and who owns each adjusted field.
 type validation struct {
-	pod      *api.PodSandbox
-	adj      *api.ContainerAdjustment
-	owners   *api.OwningPlugins
-	ctrName  string
-	ctrID    string
-	required bool
+	pod     *api.PodSandbox
+	adj     *api.ContainerAdjustment
+	owners  *api.OwningPlugins
+	ctrName string
+	ctrID   string
 }
 
 func newValidation(ns string, required bool) *validation {

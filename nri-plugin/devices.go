@@ -142,17 +142,7 @@ func (p *Plugin) readGiven(pod *api.PodSandbox, ctr *api.Container) Given {
 			g.named[gpu] = true
 		}
 	}
-	resolve := func(id string) (int, bool) {
-		if idx, ok := p.uuidToIndex[id]; ok {
-			return idx, true
-		}
-		if idx, err := strconv.Atoi(id); err == nil {
-			if _, ok := p.top.GPU(idx); ok {
-				return idx, true
-			}
-		}
-		return 0, false
-	}
+	resolve := p.gpuIndexLocked
 	untouchable := func(why string) {
 		if g.Untouchable == "" {
 			g.Untouchable = why
@@ -185,7 +175,6 @@ func (p *Plugin) readGiven(pod *api.PodSandbox, ctr *api.Container) Given {
 			}
 		}
 	}
-	minorToIndex := p.minorsLocked(resolve)
 	g.devices = ctr.GetLinux().GetDevices()
 	nvidiaCDI := false
 	for _, name := range cdiNames {
@@ -226,6 +215,7 @@ func (p *Plugin) readGiven(pod *api.PodSandbox, ctr *api.Container) Given {
 	// of the node. Beside a name, an unnamed node is a MIG device's parent or a GPU the same
 	// CDI devices brought.
 	if ctr.Linux != nil && cdiStrategy && nvidiaCDI {
+		minorToIndex := p.minorsLocked() // only here: it reads every CDI spec's devices
 		for _, d := range ctr.Linux.Devices {
 			minor, ok := gpuMinor(d)
 			if !ok {
@@ -300,6 +290,20 @@ func (p *Plugin) readGiven(pod *api.PodSandbox, ctr *api.Container) Given {
 	return g
 }
 
+// gpuIndexLocked maps a GPU id as device plugins and CDI specs write it, a UUID or an index
+// of this node's topology, to its index.
+func (p *Plugin) gpuIndexLocked(id string) (int, bool) {
+	if idx, ok := p.uuidToIndex[id]; ok {
+		return idx, true
+	}
+	if idx, err := strconv.Atoi(id); err == nil {
+		if _, ok := p.top.GPU(idx); ok {
+			return idx, true
+		}
+	}
+	return 0, false
+}
+
 // listsOnlyNodeGPUs says whether v is a list of ids that all name GPUs of this node: the
 // envvar strategy's form, as opposed to "all", the volume-mounts directory or ids from
 // elsewhere.
@@ -343,7 +347,7 @@ func gpuMinor(d *api.LinuxDevice) (int, bool) {
 // NVML's minors (the topology's, when known) are never overridden; specs that contradict
 // each other (one minor for two GPUs, two minors for one GPU: a stale spec beside a new one)
 // are not used at all; a GPU no spec places keeps minor == index where that minor is free.
-func (p *Plugin) minorsLocked(resolve func(string) (int, bool)) map[int]int {
+func (p *Plugin) minorsLocked() map[int]int {
 	if p.cdi == nil {
 		return p.minorToIndex
 	}
@@ -353,7 +357,7 @@ func (p *Plugin) minorsLocked(resolve func(string) (int, bool)) map[int]int {
 		if !ok || kind.Class != names.CDIClassGPU || !p.nvidiaKind(kind) {
 			continue
 		}
-		idx, ok := resolve(id)
+		idx, ok := p.gpuIndexLocked(id)
 		if !ok {
 			continue
 		}
@@ -613,11 +617,7 @@ func (p *Plugin) dropCDIAnnotations(adj *api.ContainerAdjustment, g Given, drop 
 			if id == cdispec.AllDevices {
 				return true
 			}
-			idx, ok := p.uuidToIndex[id]
-			if !ok {
-				n, err := strconv.Atoi(id)
-				idx, ok = n, err == nil
-			}
+			idx, ok := p.gpuIndexLocked(id)
 			return ok && slices.Contains(drop, idx)
 		})
 		switch {

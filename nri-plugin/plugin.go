@@ -901,13 +901,19 @@ func (p *Plugin) SetPassThrough() {
 // names it.
 func requiresThisPlugin(pod *api.PodSandbox) bool {
 	for k, v := range pod.GetAnnotations() {
-		if !strings.HasPrefix(k, names.RequiredPluginsAnnotation) {
-			continue
+		if strings.HasPrefix(k, names.RequiredPluginsAnnotation) && namesThisPlugin(v) {
+			return true
 		}
-		for _, item := range strings.Split(strings.Trim(strings.TrimSpace(v), "[]"), ",") {
-			if strings.Trim(strings.TrimSpace(item), `"'`) == names.NRIPluginName {
-				return true
-			}
+	}
+	return false
+}
+
+// namesThisPlugin says whether a required-plugins list (YAML, written as a JSON list) names
+// this plugin.
+func namesThisPlugin(list string) bool {
+	for _, item := range strings.Split(strings.Trim(strings.TrimSpace(list), "[]"), ",") {
+		if strings.Trim(strings.TrimSpace(item), `"'`) == names.NRIPluginName {
+			return true
 		}
 	}
 	return false

@@ -211,17 +211,8 @@ func TestRealShapedCDISpecs(t *testing.T) {
 // stands against a spec.
 func TestSpecMinorsNeverContradictEachOtherOrNVML(t *testing.T) {
 	specs, _ := filepath.Abs("testdata/cdi")
-	resolve := func(p *Plugin) func(string) (int, bool) {
-		return func(id string) (int, bool) {
-			if idx, ok := p.uuidToIndex[id]; ok {
-				return idx, true
-			}
-			idx, err := strconv.Atoi(id)
-			return idx, err == nil
-		}
-	}
 	p, _, _ := newPlugin(t, func(c *Config) { c.Topology, c.CDISpecDirs = realTopology(t), []string{specs} })
-	if got := p.minorsLocked(resolve(p)); got[realMinor(0)] != 0 || got[realMinor(4)] != 4 || len(got) != 8 {
+	if got := p.minorsLocked(); got[realMinor(0)] != 0 || got[realMinor(4)] != 4 || len(got) != 8 {
 		t.Errorf("from the specs: %v", got)
 	}
 	// A stale spec that names GPU 0 by index and says it is /dev/nvidia0.
@@ -233,7 +224,7 @@ func TestSpecMinorsNeverContradictEachOtherOrNVML(t *testing.T) {
 		t.Fatal(err)
 	}
 	p, _, _ = newPlugin(t, func(c *Config) { c.Topology, c.CDISpecDirs = realTopology(t), []string{stale, filepath.Join(specs)} })
-	if got := p.minorsLocked(resolve(p)); got[0] != 0 || got[4] != 4 {
+	if got := p.minorsLocked(); got[0] != 0 || got[4] != 4 {
 		t.Errorf("contradicting specs were used: %v", got)
 	}
 	// NVML knows GPU 2's minor: the spec's differs and loses.
@@ -241,7 +232,7 @@ func TestSpecMinorsNeverContradictEachOtherOrNVML(t *testing.T) {
 	two := 2
 	top.GPUs[2].Minor = &two
 	p, _, _ = newPlugin(t, func(c *Config) { c.Topology, c.CDISpecDirs = top, []string{specs} })
-	if got := p.minorsLocked(resolve(p)); got[2] != 2 || got[realMinor(0)] != 0 {
+	if got := p.minorsLocked(); got[2] != 2 || got[realMinor(0)] != 0 {
 		t.Errorf("NVML's minor was overridden: %v", got)
 	}
 }

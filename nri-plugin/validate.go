@@ -148,9 +148,14 @@ func (p *Plugin) ValidateContainerAdjustment(_ context.Context, req *api.Validat
 	if owners == nil {
 		owners = &api.OwningPlugins{} // nothing adjusted: its lookups read a nil map
 	}
-	owner := func(o string, ok bool) string {
-		if !ok {
+	// foreign names the owner of a field another plugin (or, unowned, the runtime) set, or
+	// "" when the field is this plugin's.
+	foreign := func(o string, ok bool) string {
+		switch {
+		case !ok:
 			return "the runtime"
+		case p.ours(o):
+			return ""
 		}
 		return o
 	}
@@ -164,22 +169,14 @@ func (p *Plugin) ValidateContainerAdjustment(_ context.Context, req *api.Validat
 		}
 	}
 	for _, d := range adj.GetCDIDevices() {
-		if o, ok := owners.CdiDeviceOwner(id, d.GetName()); ok && p.ours(o) {
-			continue
-		}
-		if p.grantsGPU(d.GetName()) {
-			o, ok := owners.CdiDeviceOwner(id, d.GetName())
+		if by := foreign(owners.CdiDeviceOwner(id, d.GetName())); by != "" && p.grantsGPU(d.GetName()) {
 			return refuse("foreign-grant", "plugin %s adds CDI device %s (the NVIDIA toolkit's NRI plugin does so for a pod annotation %s…); GPUs come only from a %s request, placed by nvdomain. "+
-				"Remove the annotation, or run the pod in a trusted namespace", owner(o, ok), d.GetName(), names.ToolkitCDIAnnotationPrefix, names.GPUResource)
+				"Remove the annotation, or run the pod in a trusted namespace", by, d.GetName(), names.ToolkitCDIAnnotationPrefix, names.GPUResource)
 		}
 	}
 	for _, d := range adj.GetLinux().GetDevices() {
-		if o, ok := owners.DeviceOwner(id, d.GetPath()); ok && p.ours(o) {
-			continue
-		}
-		if gpuDevice(d.GetPath(), d.GetType(), d.GetMajor(), d.GetMinor()) {
-			o, ok := owners.DeviceOwner(id, d.GetPath())
-			return refuse("foreign-grant", "plugin %s adds device %s, a GPU's; GPUs come only from a %s request, placed by nvdomain", owner(o, ok), d.GetPath(), names.GPUResource)
+		if by := foreign(owners.DeviceOwner(id, d.GetPath())); by != "" && gpuDevice(d.GetPath(), d.GetType(), d.GetMajor(), d.GetMinor()) {
+			return refuse("foreign-grant", "plugin %s adds device %s, a GPU's; GPUs come only from a %s request, placed by nvdomain", by, d.GetPath(), names.GPUResource)
 		}
 	}
 	// Device cgroup rules carry no owner, and nvdomain adds only denials: an allow rule that
@@ -200,31 +197,25 @@ func (p *Plugin) ValidateContainerAdjustment(_ context.Context, req *api.Validat
 		if !strings.HasPrefix(k, names.CDIAnnotationPrefix) && !strings.HasPrefix(k, names.ToolkitCDIAnnotationPrefix) {
 			continue
 		}
-		if o, ok := owners.AnnotationOwner(id, k); !ok || !p.ours(o) {
-			return refuse("foreign-grant", "plugin %s sets the annotation %s, from which a runtime injects CDI devices after NRI; GPUs come only from a %s request, placed by nvdomain", owner(o, ok), k, names.GPUResource)
+		if by := foreign(owners.AnnotationOwner(id, k)); by != "" {
+			return refuse("foreign-grant", "plugin %s sets the annotation %s, from which a runtime injects CDI devices after NRI; GPUs come only from a %s request, placed by nvdomain", by, k, names.GPUResource)
 		}
 	}
 	for _, e := range adj.GetEnv() {
 		if e.GetKey() != names.VisibleDevicesEnv {
 			continue
 		}
-		if o, ok := owners.EnvOwner(id, e.GetKey()); ok && p.ours(o) {
-			continue
-		}
 		switch strings.TrimSpace(e.GetValue()) {
 		case "", names.VisibleDevicesNone, names.VisibleDevicesVoid:
 			continue
 		}
-		o, ok := owners.EnvOwner(id, e.GetKey())
-		return refuse("foreign-grant", "plugin %s sets %s=%s; GPUs come only from a %s request, placed by nvdomain", owner(o, ok), names.VisibleDevicesEnv, e.GetValue(), names.GPUResource)
+		if by := foreign(owners.EnvOwner(id, e.GetKey())); by != "" {
+			return refuse("foreign-grant", "plugin %s sets %s=%s; GPUs come only from a %s request, placed by nvdomain", by, names.VisibleDevicesEnv, e.GetValue(), names.GPUResource)
+		}
 	}
 	for _, m := range adj.GetMounts() {
-		if o, ok := owners.MountOwner(id, m.GetDestination()); ok && p.ours(o) {
-			continue
-		}
-		if underVolumeMountsDir(m.GetDestination()) {
-			o, ok := owners.MountOwner(id, m.GetDestination())
-			return refuse("foreign-grant", "plugin %s mounts %s, which names a GPU to the NVIDIA toolkit; GPUs come only from a %s request, placed by nvdomain", owner(o, ok), m.GetDestination(), names.GPUResource)
+		if by := foreign(owners.MountOwner(id, m.GetDestination())); by != "" && underVolumeMountsDir(m.GetDestination()) {
+			return refuse("foreign-grant", "plugin %s mounts %s, which names a GPU to the NVIDIA toolkit; GPUs come only from a %s request, placed by nvdomain", by, m.GetDestination(), names.GPUResource)
 		}
 	}
 	return nil
@@ -234,15 +225,7 @@ func (p *Plugin) ValidateContainerAdjustment(_ context.Context, req *api.Validat
 // the effective required-plugins annotation (container-scoped, else pod-scoped) names it.
 func requiredHere(pod *api.PodSandbox, container string) bool {
 	v, ok := nriplugin.GetEffectiveAnnotation(pod, names.RequiredPluginsAnnotation, container)
-	if !ok {
-		return false
-	}
-	for _, item := range strings.Split(strings.Trim(strings.TrimSpace(v), "[]"), ",") {
-		if strings.Trim(strings.TrimSpace(item), `"'`) == names.NRIPluginName {
-			return true
-		}
-	}
-	return false
+	return ok && namesThisPlugin(v)
 }
 
 // underVolumeMountsDir says whether a mount destination names a GPU to the NVIDIA toolkit:

@@ -72,8 +72,9 @@ type Agent struct {
 	// conditions are the Node conditions this agent last wrote, by type.
 	conditions map[corev1.NodeConditionType]string
 	// runtimeOld: the NRI plugin last reported a runtime without validators (followRuntime).
-	runtimeOld   bool
-	runtimeMTime time.Time
+	runtimeOld bool
+	// pluginRuntime is the runtime the state file last reported (readNRIState).
+	pluginRuntime *nristate.Runtime
 	// canaryNow asks the canary goroutine to run one at once.
 	canaryNow chan struct{}
 	// failOpen: the last canary started (the node's NRI validator is not active).
@@ -212,8 +213,9 @@ func (a *Agent) Run(ctx context.Context) error {
 			}
 			a.applyCanary(ctx, r)
 		case <-polls:
+			changed := a.readNRIState()
 			a.followRuntime(ctx)
-			if a.readNRIState() {
+			if changed {
 				if err := a.publish(ctx); err != nil {
 					a.o.Log.Error(err, "publish after an NRI state change")
 				}
@@ -246,6 +248,7 @@ func (a *Agent) sync(ctx context.Context) {
 		a.loaded(ctx, top)
 	}
 	a.readNRIState()
+	a.followRuntime(ctx)
 	if err := a.publish(ctx); err != nil {
 		a.o.Log.Error(err, "publish")
 	}
@@ -347,6 +350,10 @@ func (a *Agent) readNRIState() bool {
 		return false
 	}
 	a.stateMTime = fi.ModTime()
+	if doc.Runtime != nil {
+		// A file written before the plugin registered (a restart) says nothing of it.
+		a.pluginRuntime = doc.Runtime
+	}
 	fpChanged := doc.TopologyFingerprint != a.pluginTopology
 	a.pluginTopology = doc.TopologyFingerprint
 	top := a.lastGood
@@ -581,26 +588,13 @@ func (a *Agent) seedFailOpen(ctx context.Context) {
 // runtime validates again, the canary decides (it runs again within 5 minutes while the node
 // is not proven); without a canary the condition goes back to Unknown.
 func (a *Agent) followRuntime(ctx context.Context) {
-	if a.o.NRIStateFile == "" {
-		return
-	}
-	fi, err := os.Stat(a.o.NRIStateFile)
-	if err != nil || fi.ModTime().Equal(a.runtimeMTime) {
-		return
-	}
-	doc, err := nristate.Read(a.o.NRIStateFile)
-	if err != nil {
-		return // read again at the next poll
-	}
-	a.runtimeMTime = fi.ModTime()
-	if doc.Runtime == nil {
-		return // written before the plugin registered (a restart): nothing known yet
-	}
+	r := a.pluginRuntime
 	switch {
-	case !doc.Runtime.FailClosed && !a.runtimeOld:
+	case r == nil:
+	case !r.FailClosed && !a.runtimeOld:
 		a.runtimeOld = true
-		a.applyCanary(ctx, CanaryResult{Status: corev1.ConditionFalse, Reason: names.ReasonRuntimeWithoutValidator, Message: kubeevents.Cap(doc.Runtime.Why)})
-	case doc.Runtime.FailClosed && a.runtimeOld:
+		a.applyCanary(ctx, runtimeResult(r))
+	case r.FailClosed && a.runtimeOld:
 		a.runtimeOld = false
 		if a.o.Canary.Image == "" {
 			a.applyCanary(ctx, CanaryResult{Status: corev1.ConditionUnknown, Reason: "RuntimeValidates",

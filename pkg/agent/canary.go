@@ -178,9 +178,16 @@ func (a *Agent) runtimeVerdict() *CanaryResult {
 	if a.o.NRIStateFile == "" {
 		return nil
 	}
+	// Read here, not from the agent's books: the canary runs in a goroutine of its own.
 	doc, err := nristate.Read(a.o.NRIStateFile)
 	if err != nil || doc.Runtime == nil || doc.Runtime.FailClosed {
 		return nil
 	}
-	return &CanaryResult{Status: corev1.ConditionFalse, Reason: names.ReasonRuntimeWithoutValidator, Message: kubeevents.Cap(doc.Runtime.Why)}
+	r := runtimeResult(doc.Runtime)
+	return &r
+}
+
+// runtimeResult is the verdict on a node whose runtime cannot validate NRI adjustments.
+func runtimeResult(r *nristate.Runtime) CanaryResult {
+	return CanaryResult{Status: corev1.ConditionFalse, Reason: names.ReasonRuntimeWithoutValidator, Message: kubeevents.Cap(r.Why)}
 }

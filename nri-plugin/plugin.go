@@ -163,6 +163,8 @@ type Snapshot struct {
 	RequiringPods int
 	// Runtime is the runtime the plugin registered with (nil before the first registration).
 	Runtime *Runtime
+	// Synchronized: see nristate.Doc.
+	Synchronized bool
 }
 
 // New returns a plugin over the node's topology.
@@ -708,7 +710,8 @@ func (p *Plugin) snapshotLocked() Snapshot {
 	// Wall-clock nanoseconds, forced to increase: a restarted plugin's snapshots are then
 	// newer than anything its predecessor wrote.
 	p.generation = max(time.Now().UnixNano(), p.generation+1)
-	snap := Snapshot{Generation: p.generation, Fingerprint: p.top.Fingerprint(), Assignments: out, PassThrough: p.passThrough.Load(), RequiringPods: len(p.requiring)}
+	snap := Snapshot{Generation: p.generation, Fingerprint: p.top.Fingerprint(), Assignments: out, PassThrough: p.passThrough.Load(), RequiringPods: len(p.requiring),
+		Synchronized: p.syncs.Load() > 0}
 	if p.runtime.Name != "" {
 		r := p.runtime
 		snap.Runtime = &r
@@ -871,11 +874,11 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, ctrs []*
 		p.recordLocked(a)
 		p.stopped[a.ContainerID] = true
 	}
+	p.syncs.Add(1) // before the snapshot, which says the books are the runtime's now
 	all := p.snapshotLocked()
 	p.mu.Unlock()
 	p.log.Info("synchronized", "containers", len(ctrs), "holdingGPUs", len(all.Assignments))
 	p.report.Changed(all)
-	p.syncs.Add(1)
 	p.ready.Store(true)
 	p.metrics.Connected.Set(1)
 	return nil, nil

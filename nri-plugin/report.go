@@ -93,7 +93,7 @@ func (s *StateFile) flush() {
 	s.pending = false
 	s.mu.Unlock()
 	written, err := nristate.Write(s.path, nristate.Doc{Generation: latest.Generation, TopologyFingerprint: latest.Fingerprint, Assignments: latest.Assignments,
-		PassThrough: latest.PassThrough, RequiringPods: latest.RequiringPods, Runtime: latest.Runtime})
+		PassThrough: latest.PassThrough, RequiringPods: latest.RequiringPods, Runtime: latest.Runtime, Synchronized: latest.Synchronized})
 	switch {
 	case err != nil:
 		s.log.Error(err, "write state file", "path", s.path)

@@ -485,16 +485,16 @@ func (a *Agent) uninstall(ctx context.Context) error {
 }
 
 // drained reports whether no pod on the node requires the NRI plugin: its state file says
-// pass-through with none left, or there is no plugin (no state file configured or written).
+// pass-through with none left, written by a plugin that has synchronized with the runtime
+// (a restarted plugin counts no pod until then), or the node runs no plugin (no state file
+// configured). A missing file is not drained: after a reboot /run is empty until the plugin
+// writes, and the node's pods may still require it.
 func (a *Agent) drained() bool {
 	if a.o.NRIStateFile == "" {
 		return true
 	}
 	doc, err := nristate.Read(a.o.NRIStateFile)
-	if errors.Is(err, os.ErrNotExist) {
-		return true
-	}
-	return err == nil && doc.PassThrough && doc.RequiringPods == 0
+	return err == nil && doc.Synchronized && doc.PassThrough && doc.RequiringPods == 0
 }
 
 // canaryRetry is the wait before the next canary while the last was not refused.

@@ -203,3 +203,30 @@ func TestRuntimeDowngradeTurnsTheNodeFailOpenAtOnce(t *testing.T) {
 	write(4, true)
 	wait(corev1.ConditionUnknown, "RuntimeValidates")
 }
+
+// A node is drained for an uninstall only when a plugin that has synchronized with the
+// runtime says pass-through with no pod requiring it: a missing file (a reboot emptied /run)
+// or a restarted plugin that has not synchronized yet counts no pod and proves nothing.
+func TestDrainedNeedsASynchronizedPlugin(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "nri-state.json")
+	a := New(Options{Names: names.Default(), Node: "gpu-node01", NRIStateFile: state, Log: logr.Discard(), Metrics: newMetrics()})
+	for i, tc := range []struct {
+		doc  *nristate.Doc
+		want bool
+	}{
+		{nil, false},
+		{&nristate.Doc{PassThrough: true}, false},
+		{&nristate.Doc{PassThrough: true, Synchronized: true, RequiringPods: 1}, false},
+		{&nristate.Doc{PassThrough: true, Synchronized: true}, true},
+	} {
+		if tc.doc != nil {
+			tc.doc.Generation = int64(i + 1)
+			if _, err := nristate.Write(state, *tc.doc); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := a.drained(); got != tc.want {
+			t.Errorf("%+v: drained %v, want %v", tc.doc, got, tc.want)
+		}
+	}
+}

@@ -402,7 +402,9 @@ func (d Drainer) lastOne(ctx context.Context) bool {
 	// The DaemonSets first (their pods stop serving; the node-scope policy still bounds what
 	// their credentials may do), then the Role that lets node pods create and delete pods,
 	// then the ClusterRole, which takes the ServiceAccount, the bindings and the node-scope
-	// policy with it (setOwners).
+	// policy with it (setOwners). Deleting the DaemonSets deletes this very pod, whose
+	// SIGTERM ends ctx: the rest runs on a context of its own, since a ClusterRole left behind
+	// could never be deleted by a later try (listing pods needs the Role, which is gone).
 	for _, name := range d.Release.NodeDaemonSets() {
 		ds, err := d.Client.AppsV1().DaemonSets(d.Release.Namespace).Get(ctx, name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
@@ -423,6 +425,15 @@ func (d Drainer) lastOne(ctx context.Context) bool {
 			return false
 		}
 	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	// A release installed again meanwhile recreated a DaemonSet: its Role and ClusterRole stay.
+	// Asked while the Role still grants reading DaemonSets.
+	for _, name := range d.Release.NodeDaemonSets() {
+		if ds, err := d.Client.AppsV1().DaemonSets(d.Release.Namespace).Get(ctx, name, metav1.GetOptions{}); err == nil && ds.DeletionTimestamp == nil {
+			return false
+		}
+	}
 	// The Role, not its RoleBinding: the right to delete the Role comes through that binding,
 	// and a binding to a Role that is gone grants nothing. The ClusterRole's garbage collection
 	// takes the RoleBinding (setOwners).
@@ -430,15 +441,15 @@ func (d Drainer) lastOne(ctx context.Context) bool {
 		d.Log.Error(err, "delete the node Role")
 		return false
 	}
-	// A release installed again meanwhile recreated a DaemonSet: its ClusterRole stays.
-	for _, name := range d.Release.NodeDaemonSets() {
-		if ds, err := d.Client.AppsV1().DaemonSets(d.Release.Namespace).Get(ctx, name, metav1.GetOptions{}); err == nil && ds.DeletionTimestamp == nil {
+	for {
+		err := ignoreNotFound(d.Client.RbacV1().ClusterRoles().Delete(ctx, d.Release.Node(), metav1.DeleteOptions{}))
+		if err == nil {
+			break
+		}
+		d.Log.Error(err, "delete the node ClusterRole; trying again", "clusterrole", d.Release.Node())
+		if !Sleep(ctx, time.Second) {
 			return false
 		}
-	}
-	if err := ignoreNotFound(d.Client.RbacV1().ClusterRoles().Delete(ctx, d.Release.Node(), metav1.DeleteOptions{})); err != nil {
-		d.Log.Error(err, "delete the node ClusterRole", "clusterrole", d.Release.Node())
-		return false
 	}
 	d.Log.Info("every node is drained: deleted the node DaemonSets and their RBAC; nvdomain is gone")
 	return true

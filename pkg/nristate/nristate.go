@@ -53,6 +53,10 @@ type Doc struct {
 	RequiringPods int  `json:"requiringPods,omitempty"`
 	// Runtime is the runtime the plugin registered with, nil before its first registration.
 	Runtime *Runtime `json:"runtime,omitempty"`
+	// Synchronized: the plugin process that wrote the file has synchronized with the runtime
+	// at least once, so RequiringPods counts the pods that run (before that it counts only
+	// the creations it saw, none after a restart).
+	Synchronized bool `json:"synchronized,omitempty"`
 }
 
 // Runtime is a container runtime as the NRI plugin saw it at registration, and what it

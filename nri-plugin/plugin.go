@@ -185,7 +185,13 @@ func New(cfg Config, log logr.Logger, m *Metrics, r Reporter) (*Plugin, error) {
 		infoLabels: map[string][]prometheus.Labels{}, generation: cfg.LastGeneration}
 	p.setTopologyLocked(cfg.Topology)
 	if len(cfg.CDISpecDirs) > 0 {
-		c, err := cdi.NewCache(cdi.WithSpecDirs(cfg.CDISpecDirs...), cdi.WithAutoRefresh(true))
+		// Auto-refresh is turned on through Configure, which holds the cache's lock: NewCache
+		// with it starts the directory watcher before its own first refresh, without the
+		// lock, and the two refreshes race (CDI v1.1.1, cache.go configure).
+		c, err := cdi.NewCache(cdi.WithSpecDirs(cfg.CDISpecDirs...), cdi.WithAutoRefresh(false))
+		if err == nil {
+			err = c.Configure(cdi.WithAutoRefresh(true))
+		}
 		if err != nil {
 			// A broken spec file elsewhere must not stop the plugin: the nodes found in the
 			// container still say which GPUs it holds.

@@ -56,6 +56,8 @@ type ProcessOptions struct {
 	DRA           bool
 	DRAKubeletDir string
 	DRACDI        string
+	// DRABlocks publishes each domain's aligned blocks beside its GPUs (dra.Options.Blocks).
+	DRABlocks bool
 	// Release, Namespace, DaemonSet and Pod place this pod in its Helm release for the
 	// uninstall protocol (package lifecycle); with DaemonSet empty the agent never uninstalls.
 	// HookDir and ContainerdConfDir are where the chart's init containers put the OCI hook
@@ -165,7 +167,7 @@ func RunProcess(ctx context.Context, o ProcessOptions, log logr.Logger) error {
 		}
 		mode, _ := o.draCDI() // validated above
 		d, err := dra.Start(ctx, dra.Options{Node: o.Node, Client: client, KubeletDir: o.DRAKubeletDir, CDI: mode, CDISpecDir: o.CDISpecDir,
-			Topology: top, Log: log.WithName("dra"), Fatal: func(err error) { cancel(err) }})
+			Topology: top, Blocks: o.DRABlocks, Log: log.WithName("dra"), Fatal: func(err error) { cancel(err) }})
 		if err != nil {
 			return err
 		}
@@ -192,7 +194,7 @@ func RunProcess(ctx context.Context, o ProcessOptions, log logr.Logger) error {
 		}()
 	}
 	log.Info("starting", "version", version.Version, "node", o.Node, "source", src.Describe(), "period", o.Period, "devicePlugin", o.DevicePlugin, "deviceListStrategies", o.DeviceListStrategies,
-		"dra", o.DRA, "draKubeletDir", o.DRAKubeletDir, "draCDI", o.DRACDI)
+		"dra", o.DRA, "draKubeletDir", o.DRAKubeletDir, "draCDI", o.DRACDI, "draBlocks", o.DRABlocks)
 	if err := a.Run(ctx); err != nil {
 		return err
 	}

@@ -1,7 +1,9 @@
 package dra
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -12,58 +14,217 @@ import (
 	"github.com/nvdomain/nvdomain/pkg/topology"
 )
 
-// MaxDevicesPerSlice is the most devices one ResourceSlice may list (resource.k8s.io/v1,
-// without taints, counters or list attributes, none of which nvdomain uses).
-const MaxDevicesPerSlice = resourceapi.ResourceSliceMaxDevices
+// MaxDevicesPerSlice is the most devices one ResourceSlice may list when none consumes
+// counters (resource.k8s.io/v1); MaxDevicesPerSliceWithBlocks when some do.
+const (
+	MaxDevicesPerSlice           = resourceapi.ResourceSliceMaxDevices
+	MaxDevicesPerSliceWithBlocks = resourceapi.ResourceSliceMaxDevicesWithAdvancedFeatures
+)
 
-// Devices is the ResourceSlice form of a topology: one device per GPU, named gpu-<index>, in
-// index order (the allocator takes the first solution it finds, so the order is also its
-// preference), with the attributes a claim may select or constrain on and the GPU's memory as
-// a capacity. A GPU in no NVLink domain has no nvswitchDomain attribute, so a claim that
-// matches on it never gets that GPU; plain GPU requests still do.
-func Devices(top *topology.Topology) []resourceapi.Device {
-	out := make([]resourceapi.Device, 0, len(top.GPUs))
+// maxDeviceName is the longest device name (a DNS label); a block of GPUs whose indexes
+// have three digits could exceed it, and is then not published.
+const maxDeviceName = 63
+
+// maxCountersPerSet is the most GPUs one domain's counter set (and so one block) can cover.
+const maxCountersPerSet = resourceapi.ResourceSliceMaxCountersPerCounterSet
+
+// Publish says what the driver publishes besides one device per GPU.
+type Publish struct {
+	// Blocks publishes the aligned blocks of each domain as devices that share per-GPU
+	// counters with the GPUs (partitionable devices, KEP-4815: beta and on by default in
+	// Kubernetes 1.36; on 1.34/1.35 the DRAPartitionableDevices gate must be on in the
+	// apiserver and the scheduler, or the apiserver drops the counters and the driver falls
+	// back to GPUs alone).
+	Blocks bool
+}
+
+// Devices is the ResourceSlice form of a topology, in the order the allocator should prefer
+// them (it takes the first solution it finds, walking devices in slice order):
+//
+//   - one device per GPU, named gpu-<index>, with the attributes a claim may select or
+//     constrain on and the GPU's memory as a capacity. GPUs in no NVLink domain come first
+//     (they have no nvswitchDomain attribute, so a claim that matches on it never gets them,
+//     and a plain one-GPU pod should take them before it breaks into a domain); then the
+//     domains, smallest first (among domains of one size the last first, the other end from
+//     the blocks), each from its highest index down, so plain pods fill domains from the end
+//     that blocks are taken from last;
+//   - with p.Blocks, for every domain (smallest first) and every power of two b from 2 up to
+//     the domain's size (at most names.DRAMaxBlockSize), the blocks of b GPUs at offsets that
+//     are multiples of b in the domain's index order, lowest offset first: the buddy-style
+//     blocks classic mode's chooser prefers. A block is named gpus-<i>-<j>-…, has the domain
+//     attributes and blockSize = b, and consumes one counter per GPU from its domain's counter
+//     set, as each GPU's own device does, so the allocator never hands out two devices that
+//     overlap.
+//
+// Counters returns the counter sets the devices consume.
+func Devices(top *topology.Topology, p Publish) []resourceapi.Device {
+	out := make([]resourceapi.Device, 0, len(top.GPUs)*2)
 	for _, g := range top.GPUs {
-		attrs := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
-			attr(names.DRAAttrIndex): {IntValue: ptr.To(int64(g.Index))},
+		if g.Domain == nil {
+			out = append(out, gpuDevice(top, g, p))
 		}
-		if g.Domain != nil {
-			d, _ := top.Domain(*g.Domain)
-			attrs[attr(names.DRAAttrDomain)] = resourceapi.DeviceAttribute{IntValue: ptr.To(int64(d.ID))}
-			attrs[attr(names.DRAAttrDomainSize)] = resourceapi.DeviceAttribute{IntValue: ptr.To(int64(d.Size()))}
+	}
+	doms := domainsBySize(top)
+	for _, d := range singlesOrder(doms) {
+		for i := len(d.GPUs) - 1; i >= 0; i-- {
+			g, _ := top.GPU(d.GPUs[i])
+			out = append(out, gpuDevice(top, g, p))
 		}
-		if g.UUID != "" {
-			attrs[attr(names.DRAAttrUUID)] = resourceapi.DeviceAttribute{StringValue: ptr.To(g.UUID)}
+	}
+	if !p.Blocks {
+		return out
+	}
+	for _, d := range doms {
+		if !blocksFor(d) {
+			continue
 		}
-		if g.Product != "" {
-			attrs[attr(names.DRAAttrProduct)] = resourceapi.DeviceAttribute{StringValue: ptr.To(truncate(g.Product))}
-		}
-		if g.Fabric != nil {
-			attrs[attr(names.DRAAttrClique)] = resourceapi.DeviceAttribute{StringValue: ptr.To(fmt.Sprintf("%s.%d", g.Fabric.ClusterUUID, g.Fabric.CliqueID))}
-		}
-		dev := resourceapi.Device{Name: names.DRADeviceName(g.Index), Attributes: attrs}
-		if g.MemoryMiB > 0 {
-			dev.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
-				attr(names.DRACapacityMemory): {Value: *resource.NewQuantity(int64(g.MemoryMiB)*1024*1024, resource.BinarySI)},
+		for b := 2; b <= min(d.Size(), names.DRAMaxBlockSize); b *= 2 {
+			for off := 0; off+b <= d.Size(); off += b {
+				if gpus := d.GPUs[off : off+b]; len(names.DRABlockName(gpus)) <= maxDeviceName {
+					out = append(out, blockDevice(top, d, gpus))
+				}
 			}
 		}
-		out = append(out, dev)
 	}
 	return out
 }
 
-// Resources is what the node publishes: one pool named after the node, its devices split
-// into slices of at most MaxDevicesPerSlice. A node without GPUs publishes one empty slice,
-// which tells the scheduler the driver runs and has nothing, rather than nothing at all.
-func Resources(node string, top *topology.Topology) resourceslice.DriverResources {
-	devices := Devices(top)
-	var slices []resourceslice.Slice
-	for len(devices) > MaxDevicesPerSlice {
-		slices = append(slices, resourceslice.Slice{Devices: devices[:MaxDevicesPerSlice]})
-		devices = devices[MaxDevicesPerSlice:]
+// Counters are the shared counter sets of the devices Devices publishes with p.Blocks: one
+// per domain that has blocks, named domain-<id>, with one counter of value 1 per GPU.
+func Counters(top *topology.Topology) []resourceapi.CounterSet {
+	var out []resourceapi.CounterSet
+	for _, d := range top.Domains {
+		if !blocksFor(d) {
+			continue
+		}
+		cs := resourceapi.CounterSet{Name: names.DRACounterSet(d.ID), Counters: map[string]resourceapi.Counter{}}
+		for _, g := range d.GPUs {
+			cs.Counters[names.DRADeviceName(g)] = resourceapi.Counter{Value: resource.MustParse("1")}
+		}
+		out = append(out, cs)
 	}
-	slices = append(slices, resourceslice.Slice{Devices: devices})
-	return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{node: {Slices: slices}}}
+	return out
+}
+
+// blocksFor says whether a domain gets blocks: it has at least two GPUs and one counter set
+// can count them.
+func blocksFor(d topology.Domain) bool { return d.Size() >= 2 && d.Size() <= maxCountersPerSet }
+
+// domainsBySize orders domains smallest first, then by id.
+func domainsBySize(top *topology.Topology) []topology.Domain {
+	doms := slices.Clone(top.Domains)
+	slices.SortStableFunc(doms, func(a, b topology.Domain) int {
+		return cmp.Or(cmp.Compare(a.Size(), b.Size()), cmp.Compare(a.ID, b.ID))
+	})
+	return doms
+}
+
+// singlesOrder is the order of domains for single GPUs: smallest first, and among domains of
+// one size the last first, the other end from the blocks.
+func singlesOrder(doms []topology.Domain) []topology.Domain {
+	out := slices.Clone(doms)
+	slices.SortStableFunc(out, func(a, b topology.Domain) int {
+		return cmp.Or(cmp.Compare(a.Size(), b.Size()), cmp.Compare(b.ID, a.ID))
+	})
+	return out
+}
+
+func gpuDevice(top *topology.Topology, g topology.GPU, p Publish) resourceapi.Device {
+	attrs := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+		attr(names.DRAAttrIndex): {IntValue: ptr.To(int64(g.Index))},
+	}
+	var dom *topology.Domain
+	if g.Domain != nil {
+		d, _ := top.Domain(*g.Domain)
+		dom = &d
+		attrs[attr(names.DRAAttrDomain)] = resourceapi.DeviceAttribute{IntValue: ptr.To(int64(d.ID))}
+		attrs[attr(names.DRAAttrDomainSize)] = resourceapi.DeviceAttribute{IntValue: ptr.To(int64(d.Size()))}
+	}
+	if g.UUID != "" {
+		attrs[attr(names.DRAAttrUUID)] = resourceapi.DeviceAttribute{StringValue: ptr.To(g.UUID)}
+	}
+	if g.Product != "" {
+		attrs[attr(names.DRAAttrProduct)] = resourceapi.DeviceAttribute{StringValue: ptr.To(truncate(g.Product))}
+	}
+	if g.Fabric != nil {
+		attrs[attr(names.DRAAttrClique)] = resourceapi.DeviceAttribute{StringValue: ptr.To(fmt.Sprintf("%s.%d", g.Fabric.ClusterUUID, g.Fabric.CliqueID))}
+	}
+	dev := resourceapi.Device{Name: names.DRADeviceName(g.Index), Attributes: attrs}
+	if g.MemoryMiB > 0 {
+		dev.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+			attr(names.DRACapacityMemory): {Value: *resource.NewQuantity(int64(g.MemoryMiB)*1024*1024, resource.BinarySI)},
+		}
+	}
+	if p.Blocks && dom != nil && blocksFor(*dom) {
+		dev.ConsumesCounters = consumes(*dom, []int{g.Index})
+	}
+	return dev
+}
+
+func blockDevice(top *topology.Topology, d topology.Domain, gpus []int) resourceapi.Device {
+	attrs := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+		attr(names.DRAAttrDomain):     {IntValue: ptr.To(int64(d.ID))},
+		attr(names.DRAAttrDomainSize): {IntValue: ptr.To(int64(d.Size()))},
+		attr(names.DRAAttrBlockSize):  {IntValue: ptr.To(int64(len(gpus)))},
+		attr(names.DRAAttrIndex):      {IntValue: ptr.To(int64(gpus[0]))},
+	}
+	first, _ := top.GPU(gpus[0])
+	if first.Product != "" {
+		attrs[attr(names.DRAAttrProduct)] = resourceapi.DeviceAttribute{StringValue: ptr.To(truncate(first.Product))}
+	}
+	if first.Fabric != nil {
+		attrs[attr(names.DRAAttrClique)] = resourceapi.DeviceAttribute{StringValue: ptr.To(fmt.Sprintf("%s.%d", first.Fabric.ClusterUUID, first.Fabric.CliqueID))}
+	}
+	var mem int64
+	for _, i := range gpus {
+		g, _ := top.GPU(i)
+		mem += int64(g.MemoryMiB)
+	}
+	dev := resourceapi.Device{Name: names.DRABlockName(gpus), Attributes: attrs, ConsumesCounters: consumes(d, gpus)}
+	if mem > 0 {
+		dev.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+			attr(names.DRACapacityMemory): {Value: *resource.NewQuantity(mem*1024*1024, resource.BinarySI)},
+		}
+	}
+	return dev
+}
+
+func consumes(d topology.Domain, gpus []int) []resourceapi.DeviceCounterConsumption {
+	c := resourceapi.DeviceCounterConsumption{CounterSet: names.DRACounterSet(d.ID), Counters: map[string]resourceapi.Counter{}}
+	for _, g := range gpus {
+		c.Counters[names.DRADeviceName(g)] = resourceapi.Counter{Value: resource.MustParse("1")}
+	}
+	return []resourceapi.DeviceCounterConsumption{c}
+}
+
+// Resources is what the node publishes: one pool named after the node. Devices come in
+// slices of at most MaxDevicesPerSlice (MaxDevicesPerSliceWithBlocks with blocks), and the
+// counter sets in slices of their own (the API keeps devices and counters apart), at most
+// ResourceSliceMaxCounterSets each. The allocator walks a pool's slices in name order, which
+// the publisher draws at random, so the preferred order of Devices holds within a slice: with
+// up to 64 devices (any node of up to 32 GPUs) there is one. A node without GPUs publishes
+// one empty slice, which tells the scheduler the driver runs and has nothing, rather than
+// nothing at all.
+func Resources(node string, top *topology.Topology, p Publish) resourceslice.DriverResources {
+	devices := Devices(top, p)
+	per := MaxDevicesPerSlice
+	if p.Blocks {
+		per = MaxDevicesPerSliceWithBlocks
+	}
+	var out []resourceslice.Slice
+	for len(devices) > per {
+		out = append(out, resourceslice.Slice{Devices: devices[:per]})
+		devices = devices[per:]
+	}
+	out = append(out, resourceslice.Slice{Devices: devices})
+	if p.Blocks {
+		for sets := Counters(top); len(sets) > 0; {
+			n := min(len(sets), resourceapi.ResourceSliceMaxCounterSets)
+			out = append(out, resourceslice.Slice{SharedCounters: sets[:n]})
+			sets = sets[n:]
+		}
+	}
+	return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{node: {Slices: out}}}
 }
 
 // attr qualifies an attribute or capacity name with the driver, as claims spell it.

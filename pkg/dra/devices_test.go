@@ -2,6 +2,7 @@ package dra
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -44,9 +45,13 @@ func strAttr(d resourceapi.Device, name string) string {
 }
 
 func TestDevicesCarryTheDomainOfEachGPU(t *testing.T) {
-	devs := Devices(hgx(t))
+	devs := Devices(hgx(t), Publish{})
 	if len(devs) != 9 {
 		t.Fatalf("got %d devices, want 9", len(devs))
+	}
+	byName := map[string]resourceapi.Device{}
+	for _, d := range devs {
+		byName[d.Name] = d
 	}
 	cases := []struct {
 		i          int
@@ -62,9 +67,12 @@ func TestDevicesCarryTheDomainOfEachGPU(t *testing.T) {
 		{8, -1, 0, "", "gpu-8"},
 	}
 	for _, tc := range cases {
-		d := devs[tc.i]
-		if d.Name != tc.deviceName {
-			t.Errorf("device %d is named %q, want %q", tc.i, d.Name, tc.deviceName)
+		d, ok := byName[tc.deviceName]
+		if !ok {
+			t.Fatalf("no device %q among %v", tc.deviceName, byName)
+		}
+		if len(d.ConsumesCounters) != 0 {
+			t.Errorf("%s consumes counters without blocks", d.Name)
 		}
 		dom, hasDom := intAttr(d, names.DRAAttrDomain)
 		size, _ := intAttr(d, names.DRAAttrDomainSize)
@@ -112,7 +120,7 @@ func TestResourcesSplitIntoSlicesOfAtMost128Devices(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		res := Resources("node-a", top)
+		res := Resources("node-a", top, Publish{})
 		pool, ok := res.Pools["node-a"]
 		if !ok || len(res.Pools) != 1 {
 			t.Fatalf("%d GPUs: pools %v, want one named after the node", tc.gpus, res.Pools)
@@ -131,5 +139,164 @@ func TestResourcesSplitIntoSlicesOfAtMost128Devices(t *testing.T) {
 func TestClaimLimitMatchesTheAPI(t *testing.T) {
 	if names.DRAMaxDevicesPerClaim != resourceapi.AllocationResultsMaxSize {
 		t.Errorf("names.DRAMaxDevicesPerClaim = %d, resource.k8s.io/v1 allows %d", names.DRAMaxDevicesPerClaim, resourceapi.AllocationResultsMaxSize)
+	}
+}
+
+// With blocks, the devices come in the allocator's preferred order: the GPU in no domain,
+// the domains' GPUs (the last domain of a size first, each from its highest index), then the
+// blocks, smallest domain first, lowest offset first; every device of a domain consumes the
+// counters of exactly its GPUs, so no two overlapping devices can both be allocated.
+func TestBlocksShareCountersWithTheirGPUs(t *testing.T) {
+	top := hgx(t)
+	devs := Devices(top, Publish{Blocks: true})
+	var order []string
+	for _, d := range devs {
+		order = append(order, d.Name)
+	}
+	want := []string{"gpu-8", "gpu-7", "gpu-6", "gpu-5", "gpu-4", "gpu-3", "gpu-2", "gpu-1", "gpu-0",
+		"gpus-0-1", "gpus-2-3", "gpus-0-1-2-3", "gpus-4-5", "gpus-6-7", "gpus-4-5-6-7"}
+	if fmt.Sprint(order) != fmt.Sprint(want) {
+		t.Fatalf("devices in order %v, want %v", order, want)
+	}
+	for _, d := range devs {
+		gpus, ok := names.ParseDRADeviceGPUs(d.Name)
+		if !ok {
+			t.Fatalf("%s: not a name ParseDRADeviceGPUs reads", d.Name)
+		}
+		bs, isBlock := intAttr(d, names.DRAAttrBlockSize)
+		if isBlock != (len(gpus) > 1) || (isBlock && bs != int64(len(gpus))) {
+			t.Errorf("%s: blockSize %d (present %v) for %d GPUs", d.Name, bs, isBlock, len(gpus))
+		}
+		dom, inDomain := intAttr(d, names.DRAAttrDomain)
+		if !inDomain {
+			if len(d.ConsumesCounters) != 0 {
+				t.Errorf("%s: a GPU in no domain consumes counters", d.Name)
+			}
+			continue
+		}
+		if len(d.ConsumesCounters) != 1 || d.ConsumesCounters[0].CounterSet != names.DRACounterSet(int(dom)) {
+			t.Fatalf("%s: consumes %+v, want the counters of domain-%d", d.Name, d.ConsumesCounters, dom)
+		}
+		var got []string
+		for c, q := range d.ConsumesCounters[0].Counters {
+			if q.Value.Value() != 1 {
+				t.Errorf("%s: counter %s = %s, want 1", d.Name, c, q.Value.String())
+			}
+			got = append(got, c)
+		}
+		var wantCounters []string
+		for _, g := range gpus {
+			wantCounters = append(wantCounters, names.DRADeviceName(g))
+		}
+		slices.Sort(got)
+		slices.Sort(wantCounters)
+		if !slices.Equal(got, wantCounters) {
+			t.Errorf("%s consumes %v, want %v", d.Name, got, wantCounters)
+		}
+		if isBlock {
+			mem := d.Capacity[resourceapi.QualifiedName(names.QualifiedAttribute(names.DRACapacityMemory))]
+			if mem.Value.Value() != int64(len(gpus))*81559*1024*1024 {
+				t.Errorf("%s: memory %s, want the sum of its GPUs'", d.Name, mem.Value.String())
+			}
+		}
+	}
+	sets := Counters(top)
+	if len(sets) != 2 || sets[0].Name != "domain-0" || len(sets[0].Counters) != 4 || sets[1].Name != "domain-1" || len(sets[1].Counters) != 4 {
+		t.Errorf("counter sets %+v, want domain-0 and domain-1 of 4 GPUs each", sets)
+	}
+}
+
+// Blocks are aligned within a domain whatever its size and however its indexes run, never
+// larger than DRAMaxBlockSize, and every name stays a DNS label.
+func TestBlocksOfUnevenDomains(t *testing.T) {
+	cases := []struct {
+		name    string
+		domains [][]int
+		gpus    int
+		blocks  []string
+	}{
+		{"six GPUs: three pairs and one four", [][]int{{0, 1, 2, 3, 4, 5}}, 6, []string{"gpus-0-1", "gpus-2-3", "gpus-4-5", "gpus-0-1-2-3"}},
+		{"interleaved indexes", [][]int{{0, 2, 4, 6}, {1, 3, 5, 7}}, 8, []string{"gpus-0-2", "gpus-4-6", "gpus-0-2-4-6", "gpus-1-3", "gpus-5-7", "gpus-1-3-5-7"}},
+		{"a pair before an eight", [][]int{{0, 1, 2, 3, 4, 5, 6, 7}, {8, 9}}, 10, []string{"gpus-8-9", "gpus-0-1", "gpus-2-3", "gpus-4-5", "gpus-6-7", "gpus-0-1-2-3", "gpus-4-5-6-7", "gpus-0-1-2-3-4-5-6-7"}},
+		{"GPUs in no domain have no blocks", nil, 4, nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var gpus []topology.GPU
+			for i := range tc.gpus {
+				gpus = append(gpus, topology.GPU{Index: i})
+			}
+			top, err := topology.FromDomains(names.SourceSimulated, gpus, tc.domains, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, d := range Devices(top, Publish{Blocks: true}) {
+				if _, ok := intAttr(d, names.DRAAttrBlockSize); ok {
+					got = append(got, d.Name)
+				}
+			}
+			if fmt.Sprint(got) != fmt.Sprint(tc.blocks) {
+				t.Errorf("blocks %v, want %v", got, tc.blocks)
+			}
+		})
+	}
+	// 32 GPUs of 3-digit indexes in one domain: blocks up to 16, names within 63 characters.
+	var gpus []topology.GPU
+	var dom []int
+	for i := range 32 {
+		gpus = append(gpus, topology.GPU{Index: 100 + i})
+		dom = append(dom, 100+i)
+	}
+	top, err := topology.FromDomains(names.SourceSimulated, gpus, [][]int{dom}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	largest := 0
+	for _, d := range Devices(top, Publish{Blocks: true}) {
+		if len(d.Name) > 63 {
+			t.Errorf("device name %q is %d characters", d.Name, len(d.Name))
+		}
+		if bs, ok := intAttr(d, names.DRAAttrBlockSize); ok {
+			largest = max(largest, int(bs))
+		}
+	}
+	if largest != 8 {
+		t.Errorf("largest block %d: a 16-block of 3-digit indexes has a name over 63 characters and must be left out, an 8-block kept", largest)
+	}
+}
+
+// With blocks, device slices hold at most 64 devices and the counter sets come in slices of
+// their own, at most 8 sets each.
+func TestResourcesWithBlocksSplitDevicesAndCounters(t *testing.T) {
+	var gpus []topology.GPU
+	var doms [][]int
+	for d := range 10 {
+		var dom []int
+		for i := range 8 {
+			gpus = append(gpus, topology.GPU{Index: d*8 + i})
+			dom = append(dom, d*8+i)
+		}
+		doms = append(doms, dom)
+	}
+	top, err := topology.FromDomains(names.SourceSimulated, gpus, doms, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := Resources("big", top, Publish{Blocks: true}).Pools["big"]
+	var devs, sets []int
+	for _, s := range pool.Slices {
+		if len(s.Devices) > 0 && len(s.SharedCounters) > 0 {
+			t.Fatal("a slice holds devices and counters")
+		}
+		if len(s.SharedCounters) > 0 {
+			sets = append(sets, len(s.SharedCounters))
+		} else {
+			devs = append(devs, len(s.Devices))
+		}
+	}
+	// 80 GPUs + 10 × (4 + 2 + 1) blocks = 150 devices.
+	if fmt.Sprint(devs) != "[64 64 22]" || fmt.Sprint(sets) != "[8 2]" {
+		t.Errorf("device slices %v, counter slices %v; want [64 64 22] and [8 2]", devs, sets)
 	}
 }

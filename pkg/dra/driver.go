@@ -44,7 +44,11 @@ type Options struct {
 	CDISpecDir string
 	// Topology is the node's topology at start; SetTopology replaces it.
 	Topology *topology.Topology
-	Log      logr.Logger
+	// Blocks publishes each domain's aligned blocks beside its GPUs (Publish.Blocks). When
+	// the apiserver drops the counters (partitionable devices off, as by default before 1.36)
+	// the driver publishes the GPUs alone, says so, and goes on.
+	Blocks bool
+	Log    logr.Logger
 	// Fatal receives an error the driver cannot recover from (a gRPC server that died, slices
 	// the apiserver refuses as invalid). The agent cancels its main context with it: the
 	// process ends and the pod restarts, rather than staying Ready with no DRA service.
@@ -88,6 +92,9 @@ type Driver struct {
 
 	mu        sync.Mutex
 	published *resourceslice.DriverResources
+	top       *topology.Topology
+	// noBlocks is set once the apiserver dropped the blocks' counters.
+	noBlocks bool
 	// registered is what the kubelet last said about the registration. The helper keeps the
 	// same status without a lock, so the driver records its own copy as the call passes.
 	registered atomic.Bool
@@ -158,9 +165,16 @@ func (d *Driver) recordRegistration(ctx context.Context, req any, info *grpc.Una
 // SetTopology publishes the devices of a (new) topology; the ResourceSlices change only when
 // the devices do.
 func (d *Driver) SetTopology(ctx context.Context, top *topology.Topology) error {
-	res := Resources(d.o.Node, top)
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.top = top
+	return d.publishLocked(ctx)
+}
+
+// publishLocked publishes the current topology's devices; d.mu is held.
+func (d *Driver) publishLocked(ctx context.Context) error {
+	top := d.top
+	res := Resources(d.o.Node, top, Publish{Blocks: d.o.Blocks && !d.noBlocks})
 	d.state.SetTopology(top)
 	if d.published != nil && apiequality.Semantic.DeepEqual(*d.published, res) {
 		return nil

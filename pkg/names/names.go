@@ -501,11 +501,26 @@ const (
 	// DRADriver is the DRA driver name: ResourceSlices' spec.driver, the domain of every device
 	// attribute and capacity, and the vendor of the CDI devices the driver writes.
 	DRADriver = "gpu.nvdomain.io"
-	// DRADeviceClass selects every device of DRADriver; it maps the extended resource
-	// nvidia.com/gpu onto DRA on nodes that do not advertise it, so plain GPU pods run there.
+	// DRADeviceClass selects the single GPUs of DRADriver (not its blocks); it maps the
+	// extended resource nvidia.com/gpu onto DRA on nodes that do not advertise it, so plain GPU
+	// pods run there.
 	DRADeviceClass = "gpu.nvdomain.io"
-	// DRADevicePrefix starts a device's name in a ResourceSlice: gpu-<index>.
+	// DRABlockDeviceClass selects the aligned blocks of DRADriver: one device that stands for
+	// 2, 4, 8 or 16 GPUs of one domain (pkg/dra). The nvdomain-tp-<k> templates ask for one.
+	DRABlockDeviceClass = "gpu-block.nvdomain.io"
+	// DRADevicePrefix starts a GPU's device name in a ResourceSlice: gpu-<index>.
 	DRADevicePrefix = "gpu-"
+	// DRABlockPrefix starts a block's device name: gpus-<index>-<index>-…, the block's GPUs
+	// in ascending order, so the name alone says what the block holds.
+	DRABlockPrefix = "gpus-"
+	// DRAMaxBlockSize is the largest block published: its name (16 GPUs of up to 2 digits)
+	// stays a DNS label, and no node has an NVSwitch domain larger than 16 GPUs of its own.
+	DRAMaxBlockSize = 16
+	// DRACounterSetPrefix starts the shared counter set of one domain on a node:
+	// domain-<id>, one counter per GPU (named like the GPU's device) of value 1, which the GPU's
+	// own device and every block holding it consume. The allocator therefore never hands out
+	// two devices that overlap.
+	DRACounterSetPrefix = "domain-"
 	// Device attributes, qualified by the driver (QualifiedAttribute). nvswitchDomain is absent
 	// on GPUs in no domain, so a claim constrained to one domain never gets them.
 	DRAAttrDomain     = "nvswitchDomain"
@@ -514,12 +529,27 @@ const (
 	DRAAttrUUID       = "uuid"
 	DRAAttrProduct    = "productName"
 	DRAAttrClique     = "fabricClique"
+	// DRAAttrBlockSize is a block's GPU count; single GPUs do not have it, which is what the
+	// two DeviceClasses select on.
+	DRAAttrBlockSize = "blockSize"
 	// DRACapacityMemory is the device capacity holding the GPU's memory.
 	DRACapacityMemory = "memory"
 	// DRATemplatePrefix starts the ResourceClaimTemplate of a TP size: nvdomain-tp-<k>.
 	DRATemplatePrefix = "nvdomain-tp-"
 	// DRARequest is the one request of every nvdomain-tp-<k> template: the GPUs.
 	DRARequest = "gpus"
+	// The subrequests of a template's request (its firstAvailable list), most preferred first:
+	// the scheduler scores a node by the first one that fits there, and the allocator tries
+	// them in order on the node it chose.
+	//   - DRASubExact: one block of k GPUs in a domain of exactly k;
+	//   - DRASubNear: one block of k in a domain of at most 2k;
+	//   - DRASubBlock: one block of k in any domain;
+	//   - DRASubAny: k single GPUs that share one domain, aligned or not (what classic mode's
+	//     chooser falls back to as well).
+	DRASubExact = "exact-domain"
+	DRASubNear  = "near-domain"
+	DRASubBlock = "any-block"
+	DRASubAny   = "any-gpus"
 	// DRAPodClaim is the name of the pod's spec.resourceClaims entry the webhook adds, which
 	// the GPU containers' resources.claims reference.
 	DRAPodClaim = "nvdomain-gpus"
@@ -550,6 +580,47 @@ func DRADeviceName(index int) string { return DRADevicePrefix + strconv.Itoa(ind
 
 // ParseDRADeviceName returns the GPU index of a DRADeviceName.
 func ParseDRADeviceName(name string) (int, bool) { return parseIndexed(name, DRADevicePrefix) }
+
+// DRABlockName is the device name of a block of GPUs: gpus-<i>-<j>-…, in the order given.
+func DRABlockName(gpus []int) string {
+	var b strings.Builder
+	b.WriteString(DRABlockPrefix)
+	for i, g := range gpus {
+		if i > 0 {
+			b.WriteByte('-')
+		}
+		b.WriteString(strconv.Itoa(g))
+	}
+	return b.String()
+}
+
+// ParseDRADeviceGPUs returns the GPU indexes a device of DRADriver stands for: one for a
+// GPU (gpu-<index>), the block's for a block (gpus-<i>-<j>-…, at least two, ascending).
+func ParseDRADeviceGPUs(name string) ([]int, bool) {
+	if g, ok := ParseDRADeviceName(name); ok {
+		return []int{g}, true
+	}
+	rest, ok := strings.CutPrefix(name, DRABlockPrefix)
+	if !ok {
+		return nil, false
+	}
+	parts := strings.Split(rest, "-")
+	if len(parts) < 2 || len(parts) > DRAMaxBlockSize {
+		return nil, false
+	}
+	out := make([]int, 0, len(parts))
+	for _, p := range parts {
+		g, ok := parseIndexed(DRADevicePrefix+p, DRADevicePrefix)
+		if !ok || (len(out) > 0 && g <= out[len(out)-1]) {
+			return nil, false
+		}
+		out = append(out, g)
+	}
+	return out, true
+}
+
+// DRACounterSet is the shared counter set of a node's domain: domain-<id>.
+func DRACounterSet(domain int) string { return DRACounterSetPrefix + strconv.Itoa(domain) }
 
 // DRATemplate is the ResourceClaimTemplate for a TP size k: nvdomain-tp-<k>.
 func DRATemplate(k int) string { return DRATemplatePrefix + strconv.Itoa(k) }

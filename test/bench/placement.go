@@ -22,11 +22,21 @@ const (
 	policyNvdomain = "nvdomain"
 	policyRepin    = "nvdomain + re-pin"
 	policyAny      = "any domain with room"
-	// DRA mode: the stock scheduler's allocator, first-found devices, no tightest fit.
+	// DRA mode as the previous release shipped it: the stock scheduler's allocator,
+	// first-found devices, no tightest fit.
 	policyDRA       = "DRA first-found"
 	policyDRASpread = "DRA first-found (spread nodes)"
+	// DRA mode as shipped now: blocks, prioritized lists, slice order and the webhook's hints;
+	// without the hints; with the optional packing profile for plain pods; with spread nodes.
+	policyShipped       = "DRA mode, as shipped"
+	policyShippedNoHint = "DRA mode, as shipped (no hints)"
+	policyShippedPack   = "DRA mode, as shipped + packing profile"
+	policyShippedSpread = "DRA mode, as shipped (spread nodes)"
 	// draHeading names the comparison of DRA mode against classic mode in the report.
-	draHeading = "DRA first-found vs classic tightest fit"
+	draHeading = "DRA mode vs classic tightest fit"
+	// draTargetRatio is the bar for DRA mode as shipped: TP mean wait and jobs never placed
+	// each within 1.1× of classic mode (nvdomain + re-pin) at targetLoad.
+	draTargetRatio = 1.1
 
 	// The bar nvdomain + re-pin is held to: at targetLoad, its mean wait and jobs never placed
 	// each within targetRatio of "any domain with room", with no cross-domain placement.
@@ -46,13 +56,17 @@ func placementPolicies() []placementsim.Policy {
 		placementsim.FirstFit{},
 		placementsim.DRAFirstFound{},
 		placementsim.DRAFirstFound{NodeScore: placementsim.SpreadNode},
+		&placementsim.DRAShipped{Hints: true},
+		&placementsim.DRAShipped{},
+		&placementsim.DRAShipped{Hints: true, PackPlain: true},
+		&placementsim.DRAShipped{Hints: true, NodeScore: placementsim.SpreadNode},
 	}
 }
 
 // draPolicies are the rows of the DRA comparison: classic mode (the webhook's tightest-fit pin,
 // alone and with the re-pin controller, production's default), the ideal domain-aware
 // tightest fit, and DRA mode under both models of node scoring.
-var draPolicies = []string{policyNvdomain, policyRepin, policyAny, policyDRA, policyDRASpread}
+var draPolicies = []string{policyNvdomain, policyRepin, policyAny, policyDRA, policyDRASpread, policyShipped, policyShippedNoHint, policyShippedPack, policyShippedSpread}
 
 // whatIf is a change production does not make by default, run for nvdomain + re-pin at
 // targetLoad to show what would close the rest of its gap to "any domain with room".
@@ -160,10 +174,13 @@ func (b *placementBench) targets() []targetCheck {
 }
 
 // within says whether a is at most targetRatio × b, and prints a/b (0 against 0 is met).
-func within(a, b float64) (string, bool) {
+func within(a, b float64) (string, bool) { return ratioWithin(a, b, targetRatio) }
+
+// ratioWithin is a/b as the report prints it, and whether a is within ratio × b.
+func ratioWithin(a, b, ratio float64) (string, bool) {
 	switch {
 	case b > 0:
-		return fmt.Sprintf("%.2f", a/b), a <= targetRatio*b
+		return fmt.Sprintf("%.2f", a/b), a <= ratio*b
 	case a == 0:
 		return "0 / 0", true
 	default:
@@ -303,15 +320,35 @@ func (b *placementBench) summaryRows() []row {
 			fmt.Sprintf("%.2f / %d", t.repin.MeanWait, t.repin.NeverPlaced), fmt.Sprintf("%.2f / %d", t.any.MeanWait, t.any.NeverPlaced),
 			t.waitRatio + " / " + t.neverRatio})
 	}
-	for _, sc := range b.scenarios {
-		d, c := b.result(sc.Name, policyDRA, targetLoad), b.result(sc.Name, policyRepin, targetLoad)
-		ratio, _ := within(d.TPMeanWait, c.TPMeanWait)
-		rows = append(rows, row{"placement", fmt.Sprintf("%s, %.0f%% load: %s: TP mean wait / TP jobs stranded by fragmentation / utilisation (baseline: classic, %s)",
-			sc.Name, targetLoad*100, draHeading, policyRepin),
-			fmt.Sprintf("%.2f / %.1f%% / %.3f", d.TPMeanWait, d.StrandedPct, d.Utilisation),
-			fmt.Sprintf("%.2f / %.1f%% / %.3f", c.TPMeanWait, c.StrandedPct, c.Utilisation), ratio + " (TP wait)"})
+	for _, t := range b.draTargets() {
+		rows = append(rows, row{"placement", fmt.Sprintf("%s, %.0f%% load: %s: TP mean wait / never placed (%s before: %.2f / %d) (baseline: classic, %s)",
+			t.scenario, targetLoad*100, policyShipped, policyDRA, t.before.TPMeanWait, t.before.NeverPlaced, policyRepin),
+			fmt.Sprintf("%.2f / %d", t.shipped.TPMeanWait, t.shipped.NeverPlaced),
+			fmt.Sprintf("%.2f / %d", t.classic.TPMeanWait, t.classic.NeverPlaced), t.waitRatio + " / " + t.neverRatio})
 	}
 	return rows
+}
+
+// draTarget is DRA mode as shipped against classic mode in one scenario at targetLoad.
+type draTarget struct {
+	scenario                 string
+	shipped, before, classic placementsim.Result
+	waitRatio, neverRatio    string
+	met                      bool
+}
+
+func (b *placementBench) draTargets() []draTarget {
+	var out []draTarget
+	for _, sc := range b.scenarios {
+		t := draTarget{scenario: sc.Name, shipped: b.result(sc.Name, policyShipped, targetLoad),
+			before: b.result(sc.Name, policyDRA, targetLoad), classic: b.result(sc.Name, policyRepin, targetLoad)}
+		var waitOK, neverOK bool
+		t.waitRatio, waitOK = ratioWithin(t.shipped.TPMeanWait, t.classic.TPMeanWait, draTargetRatio)
+		t.neverRatio, neverOK = ratioWithin(float64(t.shipped.NeverPlaced), float64(t.classic.NeverPlaced), draTargetRatio)
+		t.met = waitOK && neverOK
+		out = append(out, t)
+	}
+	return out
 }
 
 // draRows are the DRA comparison per scenario and load: utilisation, TP jobs' mean wait, TP
@@ -432,6 +469,14 @@ func (b *placementBench) markdown(png string) string {
 		w.WriteString(mdRow(r))
 	}
 	fmt.Fprintf(&w, "\n%s\n", b.draReading())
+	fmt.Fprintf(&w, "\n#### Target: %s against classic mode (%s) at %.0f%% load\n\n", policyShipped, policyRepin, targetLoad*100)
+	fmt.Fprintf(&w, "TP mean wait and jobs never placed each within %.1fx.\n\n", draTargetRatio)
+	w.WriteString("| scenario | TP mean wait | ratio | never placed | ratio | before (" + policyDRA + ") | met |\n|---|---|---|---|---|---|---|\n")
+	for _, t := range b.draTargets() {
+		w.WriteString(mdRow([]string{t.scenario, fmt.Sprintf("%.2f vs %.2f", t.shipped.TPMeanWait, t.classic.TPMeanWait), t.waitRatio,
+			fmt.Sprintf("%d vs %d", t.shipped.NeverPlaced, t.classic.NeverPlaced), t.neverRatio,
+			fmt.Sprintf("%.2f / %d", t.before.TPMeanWait, t.before.NeverPlaced), yesNo(t.met)}))
+	}
 	fmt.Fprintf(&w, "\n![utilisation, mean wait and cross-domain placements by scenario, policy and load](%s)\n", png)
 	fmt.Fprintf(&w, "\n### Reading\n\n%s\n\n", b.reading())
 	return w.String()
@@ -449,11 +494,11 @@ func (b *placementBench) reading() string {
 	var out []string
 	maxCross := 0.0
 	for _, r := range b.results {
-		if !slices.Contains([]string{policyNvdomain, policyRepin, policyAny, policyDRA, policyDRASpread}, r.Policy) {
+		if !slices.Contains(draPolicies, r.Policy) {
 			maxCross = max(maxCross, r.CrossDomainPct)
 		}
 	}
-	out = append(out, fmt.Sprintf(`- The five domain-aware policies never give a tensor-parallel job GPUs from two domains; the count-based ones do
+	out = append(out, fmt.Sprintf(`- The domain-aware policies (nvdomain, any domain with room, every DRA row) never give a tensor-parallel job GPUs from two domains; the count-based ones do
   for up to %.0f%% of TP jobs, at PCIe speed.`, maxCross))
 	low := b.scenarios[0].Name
 	r50 := b.result(low, policyNvdomain, 0.5)
@@ -537,43 +582,59 @@ func spliceReport(old string, rows []row, section string) (string, error) {
 	return out.String(), nil
 }
 
-// draModel says what the DRA rows model; placementsim.DRAFirstFound has the details.
-const draModel = `DRA mode as the stock kube-scheduler v1.36 runs it, on the same traces: each TP pod's claim asks for k devices
-with a matchAttribute constraint on the domain, and nothing is pinned at admission.
+// draModel says what the DRA rows model; placementsim.DRAFirstFound and DRAShipped have the
+// details.
+const draModel = `DRA mode as the stock kube-scheduler v1.36 runs it, on the same traces; nothing is pinned at admission.
 
-- **` + policyDRA + `**: every node where one domain has k free GPUs is feasible. The allocator does not score (it
-  returns the first solution it finds), DynamicResources scores only prioritized lists, which the nvdomain
-  templates do not use, and the cpu and memory scores are taken as equal on every node (pods whose cpu and memory
-  requests are small against a GPU node), so the scheduler picks any feasible node at random. On that node the
-  allocator walks the devices in ResourceSlice order (pkg/dra publishes one slice, GPUs by index) and backtracks
-  over first devices, which gives the lowest-index domain with k free GPUs and its k lowest free GPUs. The
-  simulation replays that walk; a unit test checks it against the real allocator
-  (k8s.io/dynamic-resource-allocation/structured) on the slices pkg/dra builds, with and without v1.36's default
-  features. Plain 1-GPU pods go through the DeviceClass's extended-resource mapping: the first free GPU.
+- **` + policyDRA + `**: DRA mode as the previous release shipped it. Each TP pod's claim asks for k devices with a
+  matchAttribute constraint on the domain. Every node where one domain has k free GPUs is feasible. The allocator
+  does not score (it returns the first solution it finds), DynamicResources scores only prioritized lists, which
+  those templates did not use, and the cpu and memory scores are taken as equal on every node (pods whose cpu and
+  memory requests are small against a GPU node), so the scheduler picks any feasible node at random. On that node
+  the allocator walks the devices in ResourceSlice order (GPUs by index) and backtracks over first devices, which
+  gives the lowest-index domain with k free GPUs and its k lowest free GPUs. A unit test checks the replay against
+  the real allocator (k8s.io/dynamic-resource-allocation/structured). Plain 1-GPU pods go through the DeviceClass's
+  extended-resource mapping: the first free GPU.
 - **` + policyDRASpread + `**: the same, for pods whose cpu and memory requests scale with their GPUs, so
   NodeResourcesFit's default LeastAllocated score prefers the node with the most free GPUs.
+- **` + policyShipped + `**: what pkg/dra, webhook/dratemplates and the webhook ship now. Each domain's aligned blocks of
+  2, 4 and 8 GPUs are published beside the GPUs as devices that share per-GPU counters (partitionable devices); GPUs in
+  no domain come first, then the domains smallest first, the blocks lowest offset first and the single GPUs from the
+  other end. A TP pod's claim is a prioritized list: one block of k in a domain of exactly k, of at most 2k, in any
+  domain, then k GPUs of one domain. DynamicResources scores a node by the first subrequest that fits there (8 minus
+  its index, normalised, weight 2). The webhook adds a preferred node affinity (weight 2 once normalised) for up to 8
+  nodes where the allocator would place the pod in the best subrequest class and, in it, in the domain with the
+  fewest free GPUs: for TP pods and plain GPU pods alike, from the ResourceClaims it watches. The allocator's choice on
+  a node is replayed by dra.Predict (production code), which a unit test checks against the real allocator, down to
+  the subrequest, on production's slices, templates and DeviceClasses.
+- **` + policyShippedNoHint + `**: the same without the webhook's hints: what blocks, prioritized lists and slice order
+  do alone.
+- **` + policyShippedPack + `**: as shipped, with the optional scheduler profile of docs/dra.md: NodeResourcesFit scores
+  nvidia.com/gpu with MostAllocated, so a plain pod goes to the node with the fewest free GPUs.
+- **` + policyShippedSpread + `**: as shipped, for pods whose cpu and memory requests scale with their GPUs.
 - The classic rows are the ones above: **` + policyNvdomain + `** (the webhook pins the tightest fit) and **` + policyRepin + `**
   (production's default, with the re-pin controller); **` + policyAny + `** is the ideal tightest fit with no pin.
 - **TP jobs stranded by fragmentation**: the share of TP jobs (after the first tenth of the horizon) that could not
   start on arrival although the cluster had at least k free GPUs, because no domain had k: kept waiting by how free
   GPUs are scattered, not by a lack of them. Every policy tries a job on arrival (a classic job is pinned to a domain
   with room when there is one), so the share compares like with like.
-- Both DRA rows use the simulation's queue (priority, then arrival, retried whenever GPUs free); the scheduler's
-  backoff for unschedulable pods is not modelled, which favours DRA and classic alike.
+- Every DRA row uses the simulation's queue (priority, then arrival, retried whenever GPUs free); the scheduler's
+  backoff for unschedulable pods is not modelled, which favours DRA and classic alike. Admission and scheduling are
+  not concurrent here, so a hint is never stale.
 
 `
 
-// draReading sums the DRA comparison up at targetLoad and at the highest load.
+// draReading sums the DRA comparison up at targetLoad.
 func (b *placementBench) draReading() string {
 	var out []string
 	for _, sc := range b.scenarios {
-		d, s, c, a := b.result(sc.Name, policyDRA, targetLoad), b.result(sc.Name, policyDRASpread, targetLoad),
-			b.result(sc.Name, policyRepin, targetLoad), b.result(sc.Name, policyAny, targetLoad)
-		out = append(out, fmt.Sprintf("- %s at %.0f%% load: TP jobs wait %.2f on average under DRA first-found (%.2f with spread nodes), %.2f under\n"+
-			"  classic mode (%s) and %.2f under the ideal tightest fit; %.1f%% of TP jobs are stranded by fragmentation\n"+
-			"  (%.1f%% spread) against %.1f%% and %.1f%%; utilisation %.3f (%.3f) against %.3f and %.3f.",
-			sc.Name, targetLoad*100, d.TPMeanWait, s.TPMeanWait, c.TPMeanWait, policyRepin, a.TPMeanWait,
-			d.StrandedPct, s.StrandedPct, c.StrandedPct, a.StrandedPct, d.Utilisation, s.Utilisation, c.Utilisation, a.Utilisation))
+		d, sh, nh, c, a := b.result(sc.Name, policyDRA, targetLoad), b.result(sc.Name, policyShipped, targetLoad),
+			b.result(sc.Name, policyShippedNoHint, targetLoad), b.result(sc.Name, policyRepin, targetLoad), b.result(sc.Name, policyAny, targetLoad)
+		out = append(out, fmt.Sprintf("- %s at %.0f%% load: TP jobs wait %.2f on average under DRA mode as shipped (%.2f without the hints,\n"+
+			"  %.2f first-found as before), %.2f under classic mode (%s) and %.2f under the ideal tightest fit; %.1f%% of TP\n"+
+			"  jobs are stranded by fragmentation (%.1f%% before) against %.1f%% and %.1f%%; %d jobs never placed (%d before) against %d and %d.",
+			sc.Name, targetLoad*100, sh.TPMeanWait, nh.TPMeanWait, d.TPMeanWait, c.TPMeanWait, policyRepin, a.TPMeanWait,
+			sh.StrandedPct, d.StrandedPct, c.StrandedPct, a.StrandedPct, sh.NeverPlaced, d.NeverPlaced, c.NeverPlaced, a.NeverPlaced))
 	}
 	return strings.Join(out, "\n")
 }

@@ -18,8 +18,12 @@ import (
 
 	cmv1 "github.com/cert-manager/cert-manager/pkg/apis/certmanager/v1"
 	admissionregv1 "k8s.io/api/admissionregistration/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
+
+	"github.com/nvdomain/nvdomain/pkg/dra"
+	"github.com/nvdomain/nvdomain/pkg/names"
 )
 
 var update = os.Getenv("UPDATE_GOLDEN") == "1"
@@ -367,6 +371,35 @@ func TestPodResourcesSocketOnlyUnderEnvvar(t *testing.T) {
 			strings.Contains(out, "mountPath: /var/lib/kubelet/pod-resources")
 		if flag != tc.want || mount != tc.want {
 			t.Errorf("strategy %q: flag %v, mount %v; want %v", tc.strategy, flag, mount, tc.want)
+		}
+	}
+}
+
+// The chart's DeviceClasses are the driver's own (pkg/dra.DeviceClasses): a selector that
+// drifted would let plain pods take blocks, or leave the templates' blocks unselectable.
+func TestChartDeviceClassesMatchTheDriver(t *testing.T) {
+	out, err := render(t, "--set", "dra.enabled=true", "--show-only", "templates/dra.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := dra.DeviceClasses(names.GPUResource)
+	var got []resourceapi.DeviceClass
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader([]byte(out)), 4096)
+	for {
+		var c resourceapi.DeviceClass
+		if err := dec.Decode(&c); err != nil {
+			break
+		}
+		if c.Kind == "DeviceClass" {
+			got = append(got, c)
+		}
+	}
+	if len(got) != len(want) {
+		t.Fatalf("the chart renders %d DeviceClasses, the driver has %d", len(got), len(want))
+	}
+	for i := range want {
+		if got[i].Name != want[i].Name || !reflect.DeepEqual(got[i].Spec, want[i].Spec) {
+			t.Errorf("DeviceClass %s: chart %+v, driver %s %+v", got[i].Name, got[i].Spec, want[i].Name, want[i].Spec)
 		}
 	}
 }

@@ -147,15 +147,6 @@ func draPod(name string, k int) *corev1.Pod {
 	return p
 }
 
-// deviceClass is the chart's DeviceClass (charts/nvdomain/templates/dra.yaml).
-func deviceClass() *resourceapi.DeviceClass {
-	return &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: names.DRADeviceClass},
-		Spec: resourceapi.DeviceClassSpec{
-			Selectors:            []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: fmt.Sprintf("device.driver == %q", names.DRADriver)}}},
-			ExtendedResourceName: ptr.To(names.GPUResource),
-		}}
-}
-
 // deviceKey names one device of one node's pool.
 type deviceKey struct{ pool, device string }
 
@@ -164,8 +155,10 @@ type deviceKey struct{ pool, device string }
 // It returns the domain of every published device that has one, and how many slices it
 // created.
 func publishDRA(ctx context.Context, client kubernetes.Interface, doc []byte) (map[deviceKey]int64, int, error) {
-	if _, err := client.ResourceV1().DeviceClasses().Create(ctx, deviceClass(), metav1.CreateOptions{}); err != nil {
-		return nil, 0, fmt.Errorf("create the DeviceClass: %w", err)
+	for _, class := range dra.DeviceClasses(names.GPUResource) {
+		if _, err := client.ResourceV1().DeviceClasses().Create(ctx, class, metav1.CreateOptions{}); err != nil {
+			return nil, 0, fmt.Errorf("create the DeviceClass %s: %w", class.Name, err)
+		}
 	}
 	p, err := simulated.NewParser()
 	if err != nil {
@@ -194,7 +187,7 @@ func publishDRA(ctx context.Context, client kubernetes.Interface, doc []byte) (m
 					errs <- err
 					continue
 				}
-				for pool, res := range dra.Resources(nd.Name, top).Pools {
+				for pool, res := range dra.Resources(nd.Name, top, dra.Publish{Blocks: true}).Pools {
 					for i, s := range res.Slices {
 						// What the driver's ResourceSlice controller (k8s.io/dynamic-resource-allocation/resourceslice)
 						// creates for a node-local pool: owned by the node, one generation, the
@@ -202,7 +195,7 @@ func publishDRA(ctx context.Context, client kubernetes.Interface, doc []byte) (m
 						obj := &resourceapi.ResourceSlice{
 							ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%s-%d", nd.Name, names.DRADriver, i),
 								OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: nd.Name, UID: nd.UID, Controller: ptr.To(true)}}},
-							Spec: resourceapi.ResourceSliceSpec{Driver: names.DRADriver, NodeName: ptr.To(nd.Name), Devices: s.Devices,
+							Spec: resourceapi.ResourceSliceSpec{Driver: names.DRADriver, NodeName: ptr.To(nd.Name), Devices: s.Devices, SharedCounters: s.SharedCounters,
 								Pool: resourceapi.ResourcePool{Name: pool, Generation: 1, ResourceSliceCount: int64(len(res.Slices))}},
 						}
 						if _, err := client.ResourceV1().ResourceSlices().Create(ctx, obj, metav1.CreateOptions{}); err != nil {

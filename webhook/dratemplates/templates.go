@@ -14,6 +14,7 @@ package dratemplates
 import (
 	"cmp"
 	"flag"
+	"fmt"
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
@@ -21,6 +22,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/nvdomain/nvdomain/pkg/dra"
 	"github.com/nvdomain/nvdomain/pkg/names"
 )
 
@@ -51,16 +53,61 @@ func TemplateSizes(allowed []int) []int {
 	return slices.Compact(out)
 }
 
-// Desired is the template for TP size k in a namespace.
+// Desired is the template for TP size k in a namespace: one request, DRARequest.
+//
+// For k a power of two from 2 to names.DRAMaxBlockSize it is a prioritized list
+// (firstAvailable, GA in Kubernetes 1.36), most preferred first: one aligned block of k GPUs
+// (pkg/dra) in a domain of exactly k, then in a domain of at most 2k, then in any domain, and
+// last k single GPUs of one domain, aligned or not. The scheduler's DynamicResources plugin
+// scores each node by the first subrequest that fits there, so the pod goes to the tightest
+// class of domain that has room, and on that node the allocator takes the first such block
+// in slice order, which the driver publishes smallest domain first and lowest offset first:
+// classic mode's buddy-style choice, with a one-device search instead of a search over k
+// devices. The last subrequest keeps a pod placeable on nodes whose free GPUs form no whole
+// block (or whose driver publishes no blocks, as on clusters without partitionable devices).
+//
+// For other k (1, or a size that is not a power of two) it asks for k single GPUs of one
+// domain, as every template did before blocks.
+//
+// Every template constrains its devices to one value of the domain attribute; a block
+// satisfies that by itself.
 func Desired(namespace string, k int) *resourceapi.ResourceClaimTemplate {
+	req := resourceapi.DeviceRequest{Name: names.DRARequest}
+	if dra.TemplateBlocks(k) {
+		sel := func(cond string) []resourceapi.DeviceSelector {
+			return []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: cond}}}
+		}
+		block := func(name, cond string) resourceapi.DeviceSubRequest {
+			return resourceapi.DeviceSubRequest{Name: name, DeviceClassName: names.DRABlockDeviceClass,
+				AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1, Selectors: sel(cond)}
+		}
+		a := func(name string) string {
+			return fmt.Sprintf("device.attributes[%q].%s", names.DRADriver, name)
+		}
+		has := func(name string) string {
+			return fmt.Sprintf("%q in device.attributes[%q]", name, names.DRADriver)
+		}
+		isBlock := fmt.Sprintf("%s && %s == %d", has(names.DRAAttrBlockSize), a(names.DRAAttrBlockSize), k)
+		domainAtMost := func(n int) string {
+			return fmt.Sprintf("%s && %s && %s <= %d", isBlock, has(names.DRAAttrDomainSize), a(names.DRAAttrDomainSize), n)
+		}
+		req.FirstAvailable = []resourceapi.DeviceSubRequest{
+			block(names.DRASubExact, domainAtMost(k)),
+			block(names.DRASubNear, domainAtMost(2*k)),
+			block(names.DRASubBlock, isBlock),
+			{Name: names.DRASubAny, DeviceClassName: names.DRADeviceClass, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: int64(k)},
+		}
+	} else {
+		req.Exactly = &resourceapi.ExactDeviceRequest{
+			DeviceClassName: names.DRADeviceClass, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: int64(k),
+		}
+	}
 	return &resourceapi.ResourceClaimTemplate{
 		TypeMeta: metav1.TypeMeta{APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "ResourceClaimTemplate"},
 		ObjectMeta: metav1.ObjectMeta{Name: names.DRATemplate(k), Namespace: namespace,
 			Labels: map[string]string{names.DRAManagedByLabel: names.DRAManagedByValue}},
 		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
-			Requests: []resourceapi.DeviceRequest{{Name: names.DRARequest, Exactly: &resourceapi.ExactDeviceRequest{
-				DeviceClassName: names.DRADeviceClass, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: int64(k),
-			}}},
+			Requests: []resourceapi.DeviceRequest{req},
 			Constraints: []resourceapi.DeviceConstraint{{
 				MatchAttribute: ptr.To(resourceapi.FullyQualifiedName(names.QualifiedAttribute(names.DRAAttrDomain))),
 			}},
@@ -73,20 +120,67 @@ func Desired(namespace string, k int) *resourceapi.ResourceClaimTemplate {
 // controller does not know, and a blind comparison would replace templates forever.
 func specMatches(got, want *resourceapi.ResourceClaimTemplate) bool {
 	g, w := got.Spec.Spec.Devices, want.Spec.Spec.Devices
-	if len(g.Requests) != 1 || len(g.Constraints) != 1 || len(g.Config) != 0 || len(got.Spec.Spec.Devices.Requests[0].FirstAvailable) != 0 {
+	if len(g.Requests) != len(w.Requests) || len(g.Constraints) != len(w.Constraints) || len(g.Config) != 0 {
 		return false
 	}
-	gr, wr := g.Requests[0], w.Requests[0]
-	if gr.Name != wr.Name || gr.Exactly == nil {
-		return false
+	for i := range w.Requests {
+		gr, wr := g.Requests[i], w.Requests[i]
+		if gr.Name != wr.Name || (gr.Exactly == nil) != (wr.Exactly == nil) || len(gr.FirstAvailable) != len(wr.FirstAvailable) {
+			return false
+		}
+		if wr.Exactly != nil && !sameAsk(askOf(*gr.Exactly), askOf(*wr.Exactly)) {
+			return false
+		}
+		for j := range wr.FirstAvailable {
+			gs, ws := gr.FirstAvailable[j], wr.FirstAvailable[j]
+			if gs.Name != ws.Name || !sameAsk(subAsk(gs), subAsk(ws)) {
+				return false
+			}
+		}
 	}
-	ge, we := gr.Exactly, wr.Exactly
-	if ge.DeviceClassName != we.DeviceClassName || ge.AllocationMode != we.AllocationMode || ge.Count != we.Count ||
-		len(ge.Selectors) != 0 || ptr.Deref(ge.AdminAccess, false) || len(ge.Tolerations) != 0 || ge.Capacity != nil {
-		return false
+	for i := range w.Constraints {
+		gc, wc := g.Constraints[i], w.Constraints[i]
+		if !slices.Equal(gc.Requests, wc.Requests) || gc.DistinctAttribute != nil || ptr.Deref(gc.MatchAttribute, "") != ptr.Deref(wc.MatchAttribute, "") {
+			return false
+		}
 	}
-	gc := g.Constraints[0]
-	return len(gc.Requests) == 0 && gc.DistinctAttribute == nil && ptr.Deref(gc.MatchAttribute, "") == ptr.Deref(w.Constraints[0].MatchAttribute, "")
+	return true
+}
+
+// ask is what one request or subrequest asks for, in the fields the templates set or that
+// would change what the claim gets.
+type ask struct {
+	class     string
+	mode      resourceapi.DeviceAllocationMode
+	count     int64
+	selectors []string
+	odd       bool // admin access, tolerations or capacity requests: never in a template
+}
+
+func askOf(e resourceapi.ExactDeviceRequest) ask {
+	return ask{class: e.DeviceClassName, mode: e.AllocationMode, count: e.Count, selectors: exprs(e.Selectors),
+		odd: ptr.Deref(e.AdminAccess, false) || len(e.Tolerations) != 0 || e.Capacity != nil}
+}
+
+func subAsk(s resourceapi.DeviceSubRequest) ask {
+	return ask{class: s.DeviceClassName, mode: s.AllocationMode, count: s.Count, selectors: exprs(s.Selectors),
+		odd: len(s.Tolerations) != 0 || s.Capacity != nil}
+}
+
+func sameAsk(a, b ask) bool {
+	return a.class == b.class && a.mode == b.mode && a.count == b.count && slices.Equal(a.selectors, b.selectors) && !a.odd && !b.odd
+}
+
+func exprs(sels []resourceapi.DeviceSelector) []string {
+	out := make([]string, 0, len(sels))
+	for _, s := range sels {
+		if s.CEL == nil {
+			out = append(out, "\x00not CEL")
+			continue
+		}
+		out = append(out, s.CEL.Expression)
+	}
+	return out
 }
 
 func managed(t *resourceapi.ResourceClaimTemplate) bool {

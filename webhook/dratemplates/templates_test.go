@@ -35,17 +35,54 @@ func namesOf(ts []*resourceapi.ResourceClaimTemplate) []string {
 	return out
 }
 
-func TestDesiredAsksForKGPUsOfOneDomain(t *testing.T) {
-	d := Desired("ml", 4)
-	req := d.Spec.Spec.Devices.Requests[0].Exactly
-	if d.Name != "nvdomain-tp-4" || d.Namespace != "ml" || req.Count != 4 || req.DeviceClassName != "gpu.nvdomain.io" || req.AllocationMode != resourceapi.DeviceAllocationModeExactCount {
-		t.Errorf("template %s/%s asks %+v", d.Namespace, d.Name, req)
+// A power-of-two size asks for a block first, by domain class, then for k GPUs of one
+// domain; other sizes ask for k GPUs of one domain only. Every template constrains its devices
+// to one domain.
+func TestDesiredAsksForOneDomain(t *testing.T) {
+	cases := []struct {
+		k    int
+		subs []string // nil: one exact request of k GPUs
+	}{
+		{1, nil},
+		{2, []string{names.DRASubExact, names.DRASubNear, names.DRASubBlock, names.DRASubAny}},
+		{4, []string{names.DRASubExact, names.DRASubNear, names.DRASubBlock, names.DRASubAny}},
+		{6, nil},
+		{16, []string{names.DRASubExact, names.DRASubNear, names.DRASubBlock, names.DRASubAny}},
+		{32, nil},
 	}
-	if c := d.Spec.Spec.Devices.Constraints; len(c) != 1 || ptr.Deref(c[0].MatchAttribute, "") != "gpu.nvdomain.io/nvswitchDomain" || len(c[0].Requests) != 0 {
-		t.Errorf("constraints = %+v, want one matchAttribute on gpu.nvdomain.io/nvswitchDomain", c)
-	}
-	if d.Labels[names.DRAManagedByLabel] != "nvdomain" {
-		t.Errorf("labels = %v", d.Labels)
+	for _, tc := range cases {
+		d := Desired("ml", tc.k)
+		if d.Name != names.DRATemplate(tc.k) || d.Namespace != "ml" || d.Labels[names.DRAManagedByLabel] != "nvdomain" {
+			t.Errorf("template %s/%s labels %v", d.Namespace, d.Name, d.Labels)
+		}
+		if c := d.Spec.Spec.Devices.Constraints; len(c) != 1 || ptr.Deref(c[0].MatchAttribute, "") != "gpu.nvdomain.io/nvswitchDomain" || len(c[0].Requests) != 0 {
+			t.Errorf("k=%d: constraints = %+v, want one matchAttribute on gpu.nvdomain.io/nvswitchDomain", tc.k, c)
+		}
+		reqs := d.Spec.Spec.Devices.Requests
+		if len(reqs) != 1 || reqs[0].Name != names.DRARequest {
+			t.Fatalf("k=%d: requests %+v", tc.k, reqs)
+		}
+		if tc.subs == nil {
+			e := reqs[0].Exactly
+			if e == nil || e.Count != int64(tc.k) || e.DeviceClassName != names.DRADeviceClass || e.AllocationMode != resourceapi.DeviceAllocationModeExactCount || len(reqs[0].FirstAvailable) != 0 {
+				t.Errorf("k=%d: request %+v, want exactly %d GPUs", tc.k, reqs[0], tc.k)
+			}
+			continue
+		}
+		var got []string
+		for i, sub := range reqs[0].FirstAvailable {
+			got = append(got, sub.Name)
+			last := i == len(reqs[0].FirstAvailable)-1
+			switch {
+			case last && (sub.DeviceClassName != names.DRADeviceClass || sub.Count != int64(tc.k) || len(sub.Selectors) != 0):
+				t.Errorf("k=%d: last subrequest %+v, want %d GPUs of the GPU class", tc.k, sub, tc.k)
+			case !last && (sub.DeviceClassName != names.DRABlockDeviceClass || sub.Count != 1 || len(sub.Selectors) != 1):
+				t.Errorf("k=%d: subrequest %+v, want one block with a selector", tc.k, sub)
+			}
+		}
+		if !slices.Equal(got, tc.subs) || reqs[0].Exactly != nil {
+			t.Errorf("k=%d: subrequests %v, want %v", tc.k, got, tc.subs)
+		}
 	}
 }
 
@@ -99,7 +136,7 @@ func TestPlan(t *testing.T) {
 func TestReconcilerKeepsTemplatesCorrect(t *testing.T) {
 	scheme := clientgoscheme.Scheme
 	edited := Desired("ml", 4)
-	edited.Spec.Spec.Devices.Requests[0].Exactly.Count = 1
+	edited.Spec.Spec.Devices.Requests[0].FirstAvailable[3].Count = 1 // any 1 GPU, not 4
 	edited.UID = "old"
 	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(ns("ml"), ns("kube-system"), edited).Build()
 	r := &Reconciler{Options: Options{Enabled: true, Sizes: []int{2, 4, 3}, ExcludedNamespaces: []string{"kube-system"}}, Client: c, Log: logr.Discard()}
@@ -116,7 +153,12 @@ func TestReconcilerKeepsTemplatesCorrect(t *testing.T) {
 	}
 	got := map[string]int64{}
 	for _, tpl := range list.Items {
-		got[tpl.Namespace+"/"+tpl.Name] = tpl.Spec.Spec.Devices.Requests[0].Exactly.Count
+		req := tpl.Spec.Spec.Devices.Requests[0]
+		if req.Exactly != nil {
+			got[tpl.Namespace+"/"+tpl.Name] = req.Exactly.Count
+		} else {
+			got[tpl.Namespace+"/"+tpl.Name] = req.FirstAvailable[len(req.FirstAvailable)-1].Count
+		}
 	}
 	want := map[string]int64{"ml/nvdomain-tp-2": 2, "ml/nvdomain-tp-3": 3, "ml/nvdomain-tp-4": 4}
 	if len(got) != len(want) {

@@ -114,7 +114,7 @@ func TestDRAFirstFoundNodeChoice(t *testing.T) {
 // Over whole traces, every TP job DRA starts gets GPUs of one domain.
 func TestDRAFirstFoundNeverCrossesDomains(t *testing.T) {
 	for _, sc := range Scenarios() {
-		for _, p := range []DRAFirstFound{{}, {NodeScore: SpreadNode}} {
+		for _, p := range []Policy{DRAFirstFound{}, DRAFirstFound{NodeScore: SpreadNode}, &DRAShipped{}, &DRAShipped{Hints: true}, &DRAShipped{Hints: true, PackPlain: true}} {
 			t.Run(sc.Name+"/"+p.Name(), func(t *testing.T) {
 				horizon := 200 * 512 / float64(sc.GPUs())
 				jobs, err := sc.Trace(5, 1.1, horizon)
@@ -142,8 +142,8 @@ func TestDRAFirstFoundNeverCrossesDomains(t *testing.T) {
 }
 
 // firstFound is what the real structured allocator (the one kube-scheduler v1.36 links)
-// returns for an nvdomain claim template of k GPUs on the slice pkg/dra publishes for the
-// node, for random sets of GPUs in use on every node shape. The allocator is run with no
+// returns for the earlier nvdomain claim template of k GPUs (k devices under matchAttribute) on
+// the slice the earlier pkg/dra published for the node (GPUs by index, no blocks), for random sets of GPUs in use on every node shape. The allocator is run with no
 // optional features (its "stable" implementation) and with the features v1.36 turns on by
 // default, which select another implementation.
 func TestFirstFoundMatchesAllocator(t *testing.T) {
@@ -154,9 +154,7 @@ func TestFirstFoundMatchesAllocator(t *testing.T) {
 		{"no features", structured.Features{}},
 		{"v1.36 defaults", structured.Features{AdminAccess: true, PrioritizedList: true, DeviceTaints: true, PartitionableDevices: true}},
 	}
-	class := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: names.DRADeviceClass},
-		Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
-			Expression: fmt.Sprintf("device.driver == %q", names.DRADriver)}}}}}
+	class := dra.DeviceClasses("")[0]
 	rng := rand.New(rand.NewPCG(11, 12))
 	for _, ft := range features {
 		for _, kind := range []NodeKind{HGX8, Split2x4, Bridged4x2} {
@@ -165,7 +163,7 @@ func TestFirstFoundMatchesAllocator(t *testing.T) {
 					n := newNode(kind, 0)
 					slice := nodeSlice(t, n)
 					claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "ns", UID: "uid"},
-						Spec: dratemplates.Desired("ns", k).Spec.Spec}
+						Spec: firstFoundClaim(k)}
 					for trial := range 40 {
 						for g := range n.used {
 							n.used[g] = rng.IntN(3) == 0
@@ -217,26 +215,41 @@ func nodeSlice(t *testing.T, n *Node) *resourceapi.ResourceSlice {
 	if err != nil {
 		t.Fatalf("topology: %v", err)
 	}
-	pool := dra.Resources(n.name, top).Pools[n.name]
+	pool := dra.Resources(n.name, top, dra.Publish{}).Pools[n.name]
 	if len(pool.Slices) != 1 {
 		t.Fatalf("%d slices for 8 GPUs", len(pool.Slices))
 	}
+	devices := slices.Clone(pool.Slices[0].Devices)
+	slices.SortFunc(devices, func(a, b resourceapi.Device) int {
+		x, _ := names.ParseDRADeviceName(a.Name)
+		y, _ := names.ParseDRADeviceName(b.Name)
+		return x - y
+	})
 	return &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: n.name + "-slice"}, Spec: resourceapi.ResourceSliceSpec{
-		Driver: names.DRADriver, NodeName: ptr.To(n.name), Devices: pool.Slices[0].Devices,
+		Driver: names.DRADriver, NodeName: ptr.To(n.name), Devices: devices,
 		Pool: resourceapi.ResourcePool{Name: n.name, Generation: 1, ResourceSliceCount: 1}}}
 }
 
-type classLister struct{ class *resourceapi.DeviceClass }
-
-func (l classLister) List() ([]*resourceapi.DeviceClass, error) {
-	return []*resourceapi.DeviceClass{l.class}, nil
+// firstFoundClaim is the earlier template's claim: k GPUs sharing one domain.
+func firstFoundClaim(k int) resourceapi.ResourceClaimSpec {
+	return resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
+		Requests: []resourceapi.DeviceRequest{{Name: names.DRARequest, Exactly: &resourceapi.ExactDeviceRequest{
+			DeviceClassName: names.DRADeviceClass, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: int64(k)}}},
+		Constraints: []resourceapi.DeviceConstraint{{MatchAttribute: ptr.To(resourceapi.FullyQualifiedName(names.QualifiedAttribute(names.DRAAttrDomain)))}},
+	}}
 }
 
+type classLister []*resourceapi.DeviceClass
+
+func (l classLister) List() ([]*resourceapi.DeviceClass, error) { return l, nil }
+
 func (l classLister) Get(name string) (*resourceapi.DeviceClass, error) {
-	if name != l.class.Name {
-		return nil, apierrors.NewNotFound(resourceapi.Resource("deviceclasses"), name)
+	for _, c := range l {
+		if c.Name == name {
+			return c, nil
+		}
 	}
-	return l.class, nil
+	return nil, apierrors.NewNotFound(resourceapi.Resource("deviceclasses"), name)
 }
 
 // The fragmentation first-found costs on one split node: a TP=4 job frees domain 0 while a
@@ -273,5 +286,134 @@ func TestStrandedByFirstFound(t *testing.T) {
 				t.Errorf("TP mean wait %g, want %g", r.TPMeanWait, want)
 			}
 		})
+	}
+}
+
+// The shipped model (dra.Predict, which DRAShipped and the webhook's hints use) is what the real structured allocator
+// returns for the production template of k GPUs (webhook/dratemplates) on the slices
+// production publishes (pkg/dra with blocks: devices, then the counter sets in a slice of their
+// own) and the production DeviceClasses, for random sets of GPUs in use on every node shape,
+// down to the subrequest chosen, which is what DynamicResources scores. A one-GPU job is a
+// plain pod's request: one device of the GPU class, no constraint. The in-use GPUs are
+// allocated single GPUs, so the allocator must work out from the counters which blocks they
+// break.
+func TestShippedMatchesAllocator(t *testing.T) {
+	features := structured.Features{AdminAccess: true, PrioritizedList: true, DeviceTaints: true, PartitionableDevices: true}
+	classes := classLister(dra.DeviceClasses(names.GPUResource))
+	rng := rand.New(rand.NewPCG(13, 14))
+	for _, kind := range []NodeKind{HGX8, Split2x4, Bridged4x2} {
+		for _, k := range []int{1, 2, 4, 8} {
+			t.Run(fmt.Sprintf("kind %d/k=%d", kind, k), func(t *testing.T) {
+				n := newNode(kind, 0)
+				rs := shippedSlices(t, n)
+				spec := dratemplates.Desired("ns", k).Spec.Spec
+				if k == 1 {
+					spec = resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: "plain",
+						Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: names.DRADeviceClass, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1}}}}}
+				}
+				claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "ns", UID: "uid"}, Spec: spec}
+				found := map[int]int{}
+				for trial := range 60 {
+					for g := range n.used {
+						n.used[g] = rng.IntN(3) == 0
+					}
+					fit, _ := shippedAllocate(n, k)
+					wantSub, want := fit.Sub, fit.GPUs
+					inUse := sets.New[structured.DeviceID]()
+					for g, u := range n.used {
+						if u {
+							inUse.Insert(structured.MakeDeviceID(names.DRADriver, n.name, names.DRADeviceName(g)))
+						}
+					}
+					alloc, err := structured.NewAllocator(context.Background(), features, structured.AllocatedState{AllocatedDevices: inUse},
+						classes, rs, cel.NewCache(10, cel.Features{}))
+					if err != nil {
+						t.Fatalf("allocator: %v", err)
+					}
+					res, err := alloc.Allocate(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name}}, []*resourceapi.ResourceClaim{claim})
+					if err != nil {
+						t.Fatalf("allocate: %v", err)
+					}
+					var got []int
+					gotSub := -1
+					if len(res) == 1 {
+						for _, d := range res[0].Devices.Results {
+							gs, ok := names.ParseDRADeviceGPUs(d.Device)
+							if !ok {
+								t.Fatalf("device %q", d.Device)
+							}
+							got = append(got, gs...)
+							if _, sub, ok := strings.Cut(d.Request, "/"); ok {
+								gotSub = slices.IndexFunc(spec.Devices.Requests[0].FirstAvailable, func(s resourceapi.DeviceSubRequest) bool { return s.Name == sub })
+							}
+						}
+					}
+					if !slices.Equal(got, want) || (want != nil && gotSub != wantSub) {
+						t.Fatalf("trial %d, in use %v: allocator chose %v (subrequest %d), the model %v (subrequest %d)", trial, n.used, got, gotSub, want, wantSub)
+					}
+					found[wantSub]++
+				}
+				t.Logf("subrequests taken: %v", found)
+			})
+		}
+	}
+}
+
+// shippedSlices are the ResourceSlices production publishes for a simulated node, blocks on.
+func shippedSlices(t *testing.T, n *Node) []*resourceapi.ResourceSlice {
+	t.Helper()
+	gpus := make([]topology.GPU, len(n.used))
+	for i := range gpus {
+		gpus[i] = topology.GPU{Index: i, MemoryMiB: 81559}
+	}
+	top, err := topology.FromDomains("simulated", gpus, n.Domains, nil)
+	if err != nil {
+		t.Fatalf("topology: %v", err)
+	}
+	pool := dra.Resources(n.name, top, dra.Publish{Blocks: true}).Pools[n.name]
+	var out []*resourceapi.ResourceSlice
+	for i, s := range pool.Slices {
+		out = append(out, &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-slice-%d", n.name, i)}, Spec: resourceapi.ResourceSliceSpec{
+			Driver: names.DRADriver, NodeName: ptr.To(n.name), Devices: s.Devices, SharedCounters: s.SharedCounters,
+			Pool: resourceapi.ResourcePool{Name: n.name, Generation: 1, ResourceSliceCount: int64(len(pool.Slices))}}})
+	}
+	if len(out) != 2 {
+		t.Fatalf("%d slices for an 8-GPU node with blocks, want the devices' and the counters'", len(out))
+	}
+	return out
+}
+
+// The webhook's hint names the nodes where the allocator's choice is tightest: on two HGX
+// nodes, one with 6 GPUs busy and one empty, a TP=2 pod is hinted to the busy one, where it
+// takes the last free pair; without hints either node may be chosen.
+func TestShippedHintTakesTheTightestNode(t *testing.T) {
+	mk := func() []*Node { return []*Node{node(HGX8, 0), node(HGX8, 1, 0, 1, 2, 3, 4, 5)} }
+	for _, tc := range []struct {
+		p        *DRAShipped
+		wantOnly bool
+	}{{&DRAShipped{Hints: true}, true}, {&DRAShipped{}, false}} {
+		count := map[int]int{}
+		rng := rand.New(rand.NewPCG(5, 6))
+		for i := range 200 {
+			nodes := mk()
+			j := &Job{ID: i, Size: 2}
+			if !tc.p.Admit(j, nodes) {
+				t.Fatal("refused")
+			}
+			ni, gs, ok := tc.p.Place(j, nodes, rng)
+			if !ok || !oneDomain(nodes[ni], gs) {
+				t.Fatalf("placed %v on %d (%v)", gs, ni, ok)
+			}
+			if ni == 1 && !slices.Equal(gs, []int{6, 7}) {
+				t.Fatalf("on the busy node it took %v, want the free block 6-7", gs)
+			}
+			count[ni]++
+		}
+		if tc.wantOnly && count[1] != 200 {
+			t.Errorf("%s: the busy node got %d of 200, want all", tc.p.Name(), count[1])
+		}
+		if !tc.wantOnly && (count[0] < 50 || count[1] < 50) {
+			t.Errorf("%s: %v; without hints both nodes score alike", tc.p.Name(), count)
+		}
 	}
 }

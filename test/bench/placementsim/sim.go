@@ -14,6 +14,7 @@ import (
 	"slices"
 	"sort"
 
+	"github.com/nvdomain/nvdomain/pkg/dra"
 	"github.com/nvdomain/nvdomain/pkg/placement"
 )
 
@@ -37,6 +38,8 @@ type Node struct {
 	// (pkg/placement) orders nodes the way a reader of the trace would.
 	name string
 	used [8]bool
+	// published is what the DRA driver publishes for the node (DRAShipped), built on first use.
+	published []dra.Slot
 }
 
 func newNode(k NodeKind, index int) *Node {

@@ -1,0 +1,44 @@
+package dra
+
+import (
+	"fmt"
+
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
+)
+
+// The DeviceClasses' selectors. A block has the blockSize attribute and a GPU does not;
+// `in` tests the attribute without reading it, so neither expression fails on a device that
+// lacks it (a CEL error would make the allocator fail the whole claim, not skip the device).
+var (
+	// GPUClassSelector selects the driver's single GPUs.
+	GPUClassSelector = fmt.Sprintf("device.driver == %q && !(%q in device.attributes[%q])", names.DRADriver, names.DRAAttrBlockSize, names.DRADriver)
+	// BlockClassSelector selects the driver's aligned blocks.
+	BlockClassSelector = fmt.Sprintf("device.driver == %q && %q in device.attributes[%q]", names.DRADriver, names.DRAAttrBlockSize, names.DRADriver)
+)
+
+// DeviceClasses are the driver's two classes, as the chart installs them
+// (charts/nvdomain/templates/dra.yaml; test/chart checks the two agree): gpu.nvdomain.io for
+// single GPUs, which maps extendedResourceName (nvidia.com/gpu; empty for none) onto DRA so
+// that plain GPU pods run on DRA nodes, and gpu-block.nvdomain.io for blocks, which only the
+// nvdomain-tp-<k> templates ask for. A plain pod asking for 2 nvidia.com/gpu therefore gets
+// two GPUs, never a block standing for 2 (or 8).
+func DeviceClasses(extendedResourceName string) []*resourceapi.DeviceClass {
+	gpu := &resourceapi.DeviceClass{
+		TypeMeta:   metav1.TypeMeta{APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "DeviceClass"},
+		ObjectMeta: metav1.ObjectMeta{Name: names.DRADeviceClass},
+		Spec:       resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: GPUClassSelector}}}},
+	}
+	if extendedResourceName != "" {
+		gpu.Spec.ExtendedResourceName = ptr.To(extendedResourceName)
+	}
+	block := &resourceapi.DeviceClass{
+		TypeMeta:   metav1.TypeMeta{APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "DeviceClass"},
+		ObjectMeta: metav1.ObjectMeta{Name: names.DRABlockDeviceClass},
+		Spec:       resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: BlockClassSelector}}}},
+	}
+	return []*resourceapi.DeviceClass{gpu, block}
+}

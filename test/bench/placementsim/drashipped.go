@@ -1,0 +1,185 @@
+package placementsim
+
+import (
+	"math/rand/v2"
+	"slices"
+
+	resourceapi "k8s.io/api/resource/v1"
+
+	"github.com/nvdomain/nvdomain/pkg/dra"
+	"github.com/nvdomain/nvdomain/pkg/placement"
+	"github.com/nvdomain/nvdomain/pkg/topology"
+)
+
+// DRAShipped is DRA mode as nvdomain ships it, on the stock kube-scheduler v1.36:
+//
+//   - Devices. Each node publishes what pkg/dra publishes (dra.Devices, production code, in its
+//     order): its GPUs, GPUs in no domain first, then domains smallest first, each from its
+//     highest index down; then each domain's aligned blocks of 2, 4 and 8 GPUs, smallest domain
+//     first, lowest offset first. Blocks and GPUs share per-GPU counters, so a device is free
+//     when all its GPUs are.
+//   - Claims. A TP pod of k GPUs asks for nvdomain-tp-<k> (webhook/dratemplates, production):
+//     a prioritized list of one block of k in a domain of exactly k, then of at most 2k, then in
+//     any domain, then k single GPUs of one domain. On a node the allocator tries the
+//     subrequests in that order and, for each, walks the devices in slice order and takes the
+//     first that fits (for the last, the first-found search of DRAFirstFound over the GPUs in
+//     their published order). TestShippedMatchesAllocator checks this replay against the real
+//     allocator on the slices and templates production builds.
+//   - Node choice. DynamicResources scores each feasible node by the first subrequest that fits
+//     there (8 minus its index), normalised to 0-100 by the best node and weighted 2; with
+//     RandomNode the cpu and memory scores are equal everywhere, with SpreadNode
+//     NodeResourcesFit's LeastAllocated adds the node's share of free GPUs (0-100, weight 1).
+//     The scheduler takes one of the top-scored nodes at random.
+//   - Plain one-GPU pods ask for nvidia.com/gpu, which the DeviceClass maps onto one device of
+//     the GPU class: the first free GPU in slice order, on a random feasible node (no
+//     prioritized list, so no DynamicResources score).
+type DRAShipped struct {
+	NodeScore NodeScore
+	// Hints is the webhook's preferred node affinity (pkg/clusterview DRAHint, production
+	// logic): at admission, up to 8 nodes where the allocator would place the pod in the best
+	// subrequest class and, in it, in the domain with the fewest free GPUs. Pods admitted
+	// with room nowhere get none. A hinted node scores 100 more (NodeAffinity, weight 2,
+	// normalised) than the others.
+	Hints bool
+	// PackPlain is the optional scheduler profile of docs/dra.md: NodeResourcesFit scores
+	// nvidia.com/gpu with MostAllocated, which in 1.36 counts the DRA devices behind the
+	// extended resource, so a plain pod goes to the node with the fewest free GPUs. TP pods ask
+	// for a claim, not the extended resource, and are not scored by it.
+	PackPlain bool
+	hint      map[int][]int
+}
+
+func (p *DRAShipped) Name() string {
+	n := "DRA mode, as shipped"
+	if !p.Hints {
+		n += " (no hints)"
+	}
+	if p.PackPlain {
+		n += " + packing profile"
+	}
+	if p.NodeScore == SpreadNode {
+		n += " (spread nodes)"
+	}
+	return n
+}
+
+// FitKey implements Policy: with no pin, jobs of one size fit in the same places; with hints
+// each job is its own group, since its hint ranks the nodes.
+func (p *DRAShipped) FitKey(j *Job) int {
+	if p.Hints {
+		return 1000 + j.ID
+	}
+	return j.Size
+}
+
+// Admit rejects a job larger than every domain, as the webhook does, and takes its hint.
+func (p *DRAShipped) Admit(j *Job, nodes []*Node) bool {
+	if j.Size > largestDomain(nodes) {
+		return false
+	}
+	if p.Hints {
+		if p.hint == nil {
+			p.hint = map[int][]int{}
+		}
+		p.hint[j.ID] = tightestNodes(nodes, j.Size, placement.MaxHintNodes)
+	}
+	return true
+}
+
+// tightestNodes are up to limit nodes whose predicted fit (dra.Predict) is the tightest
+// (dra.Fit.Tighter), in node order.
+func tightestNodes(nodes []*Node, k, limit int) []int {
+	var best dra.Fit
+	var out []int
+	for i, n := range nodes {
+		f, ok := shippedAllocate(n, k)
+		if !ok {
+			continue
+		}
+		switch {
+		case len(out) > 0 && best.Tighter(f):
+			continue
+		case len(out) == 0 || f.Tighter(best):
+			best, out = f, out[:0]
+		}
+		if len(out) < limit {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+func (p *DRAShipped) Place(j *Job, nodes []*Node, rng *rand.Rand) (int, []int, bool) {
+	type cand struct {
+		node int
+		fit  dra.Fit
+	}
+	var cands []cand
+	bestSub := -1
+	for i, n := range nodes {
+		f, ok := shippedAllocate(n, j.Size)
+		if !ok {
+			continue
+		}
+		cands = append(cands, cand{i, f})
+		if f.Sub >= 0 && (bestSub < 0 || f.Sub < bestSub) {
+			bestSub = f.Sub
+		}
+	}
+	if len(cands) == 0 {
+		return 0, nil, false
+	}
+	var top []cand
+	best := -1
+	for _, c := range cands {
+		n := nodes[c.node]
+		score := 0
+		if c.fit.Sub >= 0 {
+			// DynamicResources: 8-i, normalised by the best node (8-bestSub), weight 2.
+			score = 2 * (100 * (resourceapi.FirstAvailableDeviceRequestMaxSize - c.fit.Sub) / (resourceapi.FirstAvailableDeviceRequestMaxSize - bestSub))
+		}
+		if p.NodeScore == SpreadNode {
+			score += 100 * n.free() / len(n.used)
+		}
+		if p.PackPlain && c.fit.Sub < 0 {
+			score += 100 * (len(n.used) - n.free()) / len(n.used)
+		}
+		if slices.Contains(p.hint[j.ID], c.node) {
+			score += 2 * 100
+		}
+		switch {
+		case score < best:
+			continue
+		case score > best:
+			top, best = top[:0], score
+		}
+		top = append(top, c)
+	}
+	c := top[rng.IntN(len(top))]
+	delete(p.hint, j.ID)
+	return c.node, c.fit.GPUs, true
+}
+
+// slots is what pkg/dra publishes for a simulated node, in slice order; the node keeps it,
+// since its shape never changes.
+func slots(n *Node) []dra.Slot {
+	if n.published != nil {
+		return n.published
+	}
+	gpus := make([]topology.GPU, len(n.used))
+	for i := range gpus {
+		gpus[i] = topology.GPU{Index: i, MemoryMiB: 81559}
+	}
+	top, err := topology.FromDomains("simulated", gpus, n.Domains, nil)
+	if err != nil {
+		panic(err)
+	}
+	n.published = dra.Slots(top)
+	return n.published
+}
+
+// shippedAllocate is the allocator on one node for a job of k GPUs (dra.Predict, production
+// code): one-GPU jobs are plain pods, larger ones TP pods.
+func shippedAllocate(n *Node, k int) (dra.Fit, bool) {
+	return dra.Predict(slots(n), n.inUse, k, k > 1)
+}

@@ -39,7 +39,8 @@ type PreparedClaim struct {
 }
 
 // PreparedDevice is one GPU prepared for a claim, with what it takes to answer the kubelet
-// again and to rebuild the claim's CDI spec without the topology.
+// again and to rebuild the claim's CDI spec without the topology. A block gives one entry
+// per GPU, each naming the block as its Device.
 type PreparedDevice struct {
 	// Requests are the claim's request names the device was allocated for.
 	Requests []string `json:"requests"`
@@ -59,9 +60,9 @@ func NewCheckpoint() *Checkpoint {
 	return &Checkpoint{APIVersion: CheckpointAPIVersion, Kind: CheckpointKind, Claims: map[types.UID]PreparedClaim{}}
 }
 
-// HolderOf returns the claim that holds a device, other than except; admin-access claims
-// hold nothing.
-func (c *Checkpoint) HolderOf(pool, device string, except types.UID) (types.UID, PreparedClaim, bool) {
+// HolderOf returns the claim that holds a GPU of a pool, other than except, whether through
+// the GPU's own device or a block; admin-access claims hold nothing.
+func (c *Checkpoint) HolderOf(pool string, gpu int, except types.UID) (types.UID, PreparedClaim, bool) {
 	uids := make([]types.UID, 0, len(c.Claims))
 	for uid := range c.Claims {
 		uids = append(uids, uid)
@@ -72,7 +73,7 @@ func (c *Checkpoint) HolderOf(pool, device string, except types.UID) (types.UID,
 			continue
 		}
 		for _, d := range c.Claims[uid].Devices {
-			if d.Pool == pool && d.Device == device && !d.AdminAccess {
+			if d.Pool == pool && d.GPU == gpu && !d.AdminAccess {
 				return uid, c.Claims[uid], true
 			}
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -201,14 +202,28 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 			out[claim.UID] = kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s/%s: %w", claim.Namespace, claim.Name, err)}
 			continue
 		}
-		res := kubeletplugin.PrepareResult{Devices: []kubeletplugin.Device{}}
-		for _, dev := range devices {
-			res.Devices = append(res.Devices, kubeletplugin.Device{Requests: dev.Requests, PoolName: dev.Pool, DeviceName: dev.Device, CDIDeviceIDs: dev.CDIDeviceIDs})
-		}
+		res := kubeletplugin.PrepareResult{Devices: kubeletDevices(devices)}
 		d.o.Log.V(1).Info("prepared claim", "claim", claim.Namespace+"/"+claim.Name, "uid", claim.UID, "devices", res.Devices)
 		out[claim.UID] = res
 	}
 	return out, nil
+}
+
+// kubeletDevices is what the kubelet is told of prepared GPUs: one entry per allocated
+// device, with the CDI devices of all its GPUs (a block has several).
+func kubeletDevices(devices []PreparedDevice) []kubeletplugin.Device {
+	out := []kubeletplugin.Device{}
+	index := map[[2]string]int{}
+	for _, dev := range devices {
+		key := [2]string{dev.Pool, dev.Device}
+		if i, ok := index[key]; ok {
+			out[i].CDIDeviceIDs = append(out[i].CDIDeviceIDs, dev.CDIDeviceIDs...)
+			continue
+		}
+		index[key] = len(out)
+		out = append(out, kubeletplugin.Device{Requests: dev.Requests, PoolName: dev.Pool, DeviceName: dev.Device, CDIDeviceIDs: slices.Clone(dev.CDIDeviceIDs)})
+	}
+	return out
 }
 
 // UnprepareResourceClaims implements kubeletplugin.DRAPlugin.

@@ -36,27 +36,31 @@ func PrepareDevices(node string, claim *resourceapi.ResourceClaim, top *topology
 		if r.Pool != node {
 			return nil, fmt.Errorf("claim %s/%s: device %s was allocated from pool %q, but this node's pool is %q", claim.Namespace, claim.Name, r.Device, r.Pool, node)
 		}
-		idx, ok := names.ParseDRADeviceName(r.Device)
+		gpus, ok := names.ParseDRADeviceGPUs(r.Device)
 		if !ok {
-			return nil, fmt.Errorf("claim %s/%s: device %q is not a device this driver publishes (gpu-<index>)", claim.Namespace, claim.Name, r.Device)
+			return nil, fmt.Errorf("claim %s/%s: device %q is not a device this driver publishes (gpu-<index> or gpus-<index>-…)", claim.Namespace, claim.Name, r.Device)
 		}
-		gpu, ok := top.GPU(idx)
-		if !ok {
-			return nil, fmt.Errorf("claim %s/%s: device %s is not among this node's %d GPUs; the topology changed after the claim was allocated: delete the pod so that it is allocated again", claim.Namespace, claim.Name, r.Device, len(top.GPUs))
-		}
-		d := PreparedDevice{Requests: []string{r.Request}, Pool: r.Pool, Device: r.Device, GPU: gpu.Index, Minor: gpu.DeviceMinor(), UUID: gpu.UUID,
-			AdminAccess: r.AdminAccess != nil && *r.AdminAccess}
-		switch mode {
-		case CDINVIDIA:
-			id := gpu.UUID
-			if id == "" {
-				id = fmt.Sprint(gpu.Index)
+		// A block stands for its GPUs: each is prepared, and the kubelet gets all their CDI
+		// devices for the one allocated device (Driver.PrepareResourceClaims groups them).
+		for _, idx := range gpus {
+			gpu, ok := top.GPU(idx)
+			if !ok {
+				return nil, fmt.Errorf("claim %s/%s: device %s holds GPU %d, which is not among this node's %d GPUs; the topology changed after the claim was allocated: delete the pod so that it is allocated again", claim.Namespace, claim.Name, r.Device, idx, len(top.GPUs))
 			}
-			d.CDIDeviceIDs = []string{NVIDIAKind.Device(id)}
-		default:
-			d.CDIDeviceIDs = []string{CDIKind.Device(CDIDeviceID(claim.UID, gpu.Index))}
+			d := PreparedDevice{Requests: []string{r.Request}, Pool: r.Pool, Device: r.Device, GPU: gpu.Index, Minor: gpu.DeviceMinor(), UUID: gpu.UUID,
+				AdminAccess: r.AdminAccess != nil && *r.AdminAccess}
+			switch mode {
+			case CDINVIDIA:
+				id := gpu.UUID
+				if id == "" {
+					id = fmt.Sprint(gpu.Index)
+				}
+				d.CDIDeviceIDs = []string{NVIDIAKind.Device(id)}
+			default:
+				d.CDIDeviceIDs = []string{CDIKind.Device(CDIDeviceID(claim.UID, gpu.Index))}
+			}
+			out = append(out, d)
 		}
-		out = append(out, d)
 	}
 	return out, nil
 }
@@ -113,9 +117,9 @@ func (s *State) Prepare(_ context.Context, claim *resourceapi.ResourceClaim) ([]
 		if d.AdminAccess {
 			continue
 		}
-		if uid, holder, taken := cp.HolderOf(d.Pool, d.Device, claim.UID); taken {
-			return nil, fmt.Errorf("claim %s/%s: GPU %s is already prepared for claim %s/%s (uid %s); it cannot go to two pods: wait until that pod ends",
-				claim.Namespace, claim.Name, d.Device, holder.Namespace, holder.Name, uid)
+		if uid, holder, taken := cp.HolderOf(d.Pool, d.GPU, claim.UID); taken {
+			return nil, fmt.Errorf("claim %s/%s: GPU %d (device %s) is already prepared for claim %s/%s (uid %s); it cannot go to two pods: wait until that pod ends",
+				claim.Namespace, claim.Name, d.GPU, d.Device, holder.Namespace, holder.Name, uid)
 		}
 	}
 	if err := s.writeSpec(claim.UID, devices); err != nil {

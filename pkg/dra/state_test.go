@@ -218,7 +218,7 @@ func TestAGPUIsNeverPreparedForTwoClaims(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := s.Prepare(ctx, claim("u2", 5, 6))
-	if err == nil || !strings.Contains(err.Error(), "GPU gpu-5 is already prepared for claim default/llama-u1") {
+	if err == nil || !strings.Contains(err.Error(), "GPU 5 (device gpu-5) is already prepared for claim default/llama-u1") {
 		t.Fatalf("Prepare of a held GPU = %v", err)
 	}
 	// A monitoring pod with admin access may share it.
@@ -308,5 +308,50 @@ func TestParseCDIDevice(t *testing.T) {
 		if ok != tc.ok || (ok && (c != tc.claim || g != tc.gpu || u != tc.uuid)) {
 			t.Errorf("ParseCDIDevice(%q) = %q %d %q %v, want %q %d %q %v", tc.name, c, g, u, ok, tc.claim, tc.gpu, tc.uuid, tc.ok)
 		}
+	}
+}
+
+// A block is prepared as its GPUs: one kubelet device with the CDI devices of all of them, and
+// a GPU held through a block is held for single-GPU claims too, and the other way round.
+func TestBlocksArePreparedAsTheirGPUs(t *testing.T) {
+	s, _, _ := newState(t, CDINvdomain)
+	ctx := context.Background()
+	block := claim("b1")
+	block.Status.Allocation.Devices.Results = []resourceapi.DeviceRequestAllocationResult{{
+		Request: "gpus/exact-domain", Driver: names.DRADriver, Pool: node, Device: names.DRABlockName([]int{4, 5, 6, 7})}}
+	devs, err := s.Prepare(ctx, block)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gpus []int
+	for _, d := range devs {
+		gpus = append(gpus, d.GPU)
+		if d.Device != "gpus-4-5-6-7" {
+			t.Errorf("GPU %d prepared as device %q", d.GPU, d.Device)
+		}
+	}
+	if !slices.Equal(gpus, []int{4, 5, 6, 7}) {
+		t.Fatalf("block prepared as GPUs %v", gpus)
+	}
+	kd := kubeletDevices(devs)
+	if len(kd) != 1 || kd[0].DeviceName != "gpus-4-5-6-7" || len(kd[0].CDIDeviceIDs) != 4 || kd[0].Requests[0] != "gpus/exact-domain" {
+		t.Errorf("the kubelet is told %+v, want one device with 4 CDI devices", kd)
+	}
+	if _, err := s.Prepare(ctx, claim("u2", 6)); err == nil || !strings.Contains(err.Error(), "GPU 6 (device gpu-6) is already prepared for claim default/llama-b1") {
+		t.Errorf("a single GPU of a prepared block: %v", err)
+	}
+	if err := s.Unprepare(ctx, "b1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Prepare(ctx, claim("u2", 6)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Prepare(ctx, block); err == nil || !strings.Contains(err.Error(), "GPU 6 (device gpus-4-5-6-7) is already prepared for claim default/llama-u2") {
+		t.Errorf("a block holding a prepared GPU: %v", err)
+	}
+	bad := claim("b2")
+	bad.Status.Allocation.Devices.Results = []resourceapi.DeviceRequestAllocationResult{{Request: "gpus", Driver: names.DRADriver, Pool: node, Device: "gpus-7-4"}}
+	if _, err := s.Prepare(ctx, bad); err == nil || !strings.Contains(err.Error(), "not a device this driver publishes") {
+		t.Errorf("a block name out of order: %v", err)
 	}
 }

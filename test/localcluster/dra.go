@@ -462,8 +462,8 @@ func (c *Cluster) readPodResources(ctx context.Context, rep *DRAReport) error {
 		for _, ctr := range pod.Containers {
 			for _, dr := range ctr.DynamicResources {
 				for _, res := range dr.ClaimResources {
-					if g, ok := names.ParseDRADeviceName(res.DeviceName); ok && res.DriverName == names.DRADriver {
-						rep.PodResources[pod.Name] = append(rep.PodResources[pod.Name], g)
+					if gs, ok := names.ParseDRADeviceGPUs(res.DeviceName); ok && res.DriverName == names.DRADriver {
+						rep.PodResources[pod.Name] = append(rep.PodResources[pod.Name], gs...)
 					}
 					if rep.PodResourcesCDI == "" && len(res.CdiDevices) > 0 {
 						rep.PodResourcesCDI = fmt.Sprintf("%s/%s claim %s device %s: CDI %s", pod.Name, ctr.Name, dr.ClaimName, res.DeviceName, res.CdiDevices[0].Name)
@@ -526,8 +526,8 @@ func (c *Cluster) recordClaim(ctx context.Context, cs *kubernetes.Clientset, p *
 			continue
 		}
 		for _, r := range claim.Status.Allocation.Devices.Results {
-			if g, ok := names.ParseDRADeviceName(r.Device); ok && r.Driver == names.DRADriver {
-				gpus = append(gpus, g)
+			if gs, ok := names.ParseDRADeviceGPUs(r.Device); ok && r.Driver == names.DRADriver {
+				gpus = append(gpus, gs...)
 			}
 		}
 	}

@@ -324,23 +324,35 @@ func (w *claimWatcher) observe(c *resourceapi.ResourceClaim, deleted bool) {
 		pools := map[string]bool{}
 		doms := map[int64]bool{}
 		for _, r := range alloc.Devices.Results {
-			key := deviceKey{r.Pool, r.Device}
-			keys = append(keys, key)
-			pools[r.Pool] = true
-			if d, ok := w.domains[key]; ok {
-				doms[d] = true
-			} else {
-				w.invalid = append(w.invalid, fmt.Sprintf("%s got %s/%s, a device in no domain", name, r.Pool, r.Device))
+			// A block stands for its GPUs: each is counted and checked as the GPU's own device.
+			gpus, ok := names.ParseDRADeviceGPUs(r.Device)
+			if !ok {
+				w.invalid = append(w.invalid, fmt.Sprintf("%s got %s/%s, not a device the driver publishes", name, r.Pool, r.Device))
+				continue
 			}
-			if other, ok := w.holder[key]; ok {
-				w.over = append(w.over, fmt.Sprintf("%s/%s allocated to %s while %s holds it", r.Pool, r.Device, name, other))
+			for _, g := range gpus {
+				key := deviceKey{r.Pool, names.DRADeviceName(g)}
+				keys = append(keys, key)
+				pools[r.Pool] = true
+				if d, ok := w.domains[key]; ok {
+					doms[d] = true
+				} else {
+					w.invalid = append(w.invalid, fmt.Sprintf("%s got %s/%s, a device in no domain", name, r.Pool, r.Device))
+				}
+				if other, ok := w.holder[key]; ok {
+					w.over = append(w.over, fmt.Sprintf("%s/%s allocated to %s while %s holds it", r.Pool, key.device, name, other))
+				}
+				w.holder[key] = name
 			}
-			w.holder[key] = name
 		}
 		want := int64(0)
 		for _, r := range c.Spec.Devices.Requests {
-			if r.Exactly != nil {
+			switch {
+			case r.Exactly != nil:
 				want += r.Exactly.Count
+			case len(r.FirstAvailable) > 0:
+				// The templates' last subrequest asks for the k GPUs one by one.
+				want += r.FirstAvailable[len(r.FirstAvailable)-1].Count
 			}
 		}
 		if int64(len(keys)) != want || len(pools) != 1 || len(doms) != 1 {

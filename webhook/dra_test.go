@@ -10,12 +10,15 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
 	decision "github.com/nvdomain/nvdomain/pkg/admission"
 	"github.com/nvdomain/nvdomain/pkg/clusterview"
 	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/topology"
 )
 
 // draNode is a node as a DRA agent publishes it: size labels and the mode label, no domain
@@ -271,5 +274,82 @@ func TestParseMode(t *testing.T) {
 	}
 	if _, err := decision.ParseMode("both"); err == nil || !strings.Contains(err.Error(), "use classic, dra or mixed") {
 		t.Errorf("decision.ParseMode(both) = %v", err)
+	}
+}
+
+// withTopology adds the agent's topology annotation to a DRA node: 8 GPUs in the domains.
+func withTopology(t *testing.T, nd *corev1.Node, domains [][]int) *corev1.Node {
+	t.Helper()
+	gpus := make([]topology.GPU, 8)
+	for i := range gpus {
+		gpus[i] = topology.GPU{Index: i}
+	}
+	top, err := topology.FromDomains(names.SourceSimulated, gpus, domains, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, err := json.Marshal(top)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if nd.Annotations == nil {
+		nd.Annotations = map[string]string{}
+	}
+	nd.Annotations[n.TopologyAnnotation()] = string(doc)
+	return nd
+}
+
+// draHintOf returns the hostnames of the pod's DRA hint term, or nil.
+func draHintOf(p *corev1.Pod) []string {
+	if p.Spec.Affinity == nil || p.Spec.Affinity.NodeAffinity == nil {
+		return nil
+	}
+	var out []string
+	for _, term := range p.Spec.Affinity.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution {
+		for _, e := range term.Preference.MatchExpressions {
+			if e.Key == corev1.LabelHostname && term.Weight == decision.HintWeight {
+				out = append(out, e.Values...)
+			}
+		}
+	}
+	return out
+}
+
+// In DRA mode the webhook names, as a preference only, the DRA nodes where the allocator
+// would place the pod tightest: a TP pod and a plain GPU pod alike, once (a re-admission adds
+// nothing), never as a requirement.
+func TestDRAPodsGetTheTightestNodesAsAPreference(t *testing.T) {
+	hgx := [][]int{{0, 1, 2, 3, 4, 5, 6, 7}}
+	f := newModeFixture(t, decision.ModeDRA,
+		withTopology(t, draNode("dra-empty", []int{8}, nil), hgx),
+		withTopology(t, draNode("dra-busy", []int{8}, nil), hgx))
+	busy := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "ml", UID: "c1"}}
+	busy.Status.Allocation = &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{
+		{Request: "gpus", Driver: names.DRADriver, Pool: "dra-busy", Device: "gpus-0-1-2-3"}}}}
+	f.view.UpsertClaim(busy)
+
+	for _, tc := range []struct {
+		name string
+		pod  *corev1.Pod
+	}{
+		{"TP=2", pod(true, 2, "--tensor-parallel-size", "2")},
+		{"plain 1 GPU", pod(false, 1)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, mresp, vresp := f.admit(t, tc.pod)
+			if !mresp.Allowed || !vresp.Allowed {
+				t.Fatalf("mutate %+v validate %+v", mresp.Result, vresp.Result)
+			}
+			if got := draHintOf(out); len(got) != 1 || got[0] != "dra-busy" {
+				t.Errorf("hint %v, want [dra-busy] (its half-used domain is the tightest fit)", got)
+			}
+			if a := out.Spec.Affinity.NodeAffinity; a.RequiredDuringSchedulingIgnoredDuringExecution != nil {
+				t.Errorf("a DRA pod got a required node affinity: %+v", a.RequiredDuringSchedulingIgnoredDuringExecution)
+			}
+			again := f.mut.Handle(context.Background(), request(t, out))
+			if !again.Allowed || len(again.Patches) != 0 {
+				t.Errorf("re-admission patched: %v", again.Patches)
+			}
+		})
 	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -116,7 +117,14 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 	}
 	byObject := map[client.Object]cache.ByObject{
 		&corev1.Pod{}:  {Transform: clusterview.StripPod(so.Handlers.Names)},
-		&corev1.Node{}: {Transform: clusterview.StripNode},
+		&corev1.Node{}: {Transform: clusterview.StripNode(so.Handlers.Names)},
+	}
+	// In DRA and mixed mode the view follows the GPUs ResourceClaims hold on DRA nodes, for
+	// the scheduling hint (clusterview.DRAHint). Classic mode does not watch claims, so it
+	// runs on clusters that do not serve resource.k8s.io.
+	watchClaims := so.Handlers.Mode != decision.ModeClassic
+	if watchClaims {
+		byObject[&resourceapi.ResourceClaim{}] = cache.ByObject{Transform: clusterview.StripClaim}
 	}
 	if so.Repin.Enabled {
 		// The re-pin controller walks a stranded pod's owners up to the top-level one through
@@ -147,7 +155,7 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 		return nil, nil, fmt.Errorf("create manager: %w", err)
 	}
 	view := clusterview.New(so.Handlers.Names)
-	synced, err := feedView(mgr.GetCache(), view)
+	synced, err := feedView(mgr.GetCache(), view, watchClaims)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -231,8 +239,8 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 	return mgr, view, nil
 }
 
-// feedView connects node and pod informers to the view.
-func feedView(c cache.Cache, view *clusterview.View) ([]toolscache.ResourceEventHandlerRegistration, error) {
+// feedView connects node and pod informers to the view, and with claims the ResourceClaim one.
+func feedView(c cache.Cache, view *clusterview.View, claims bool) ([]toolscache.ResourceEventHandlerRegistration, error) {
 	ctx := context.Background()
 	nodes, err := c.GetInformer(ctx, &corev1.Node{})
 	if err != nil {
@@ -266,7 +274,33 @@ func feedView(c cache.Cache, view *clusterview.View) ([]toolscache.ResourceEvent
 	if err != nil {
 		return nil, err
 	}
-	return []toolscache.ResourceEventHandlerRegistration{nreg, preg}, nil
+	regs := []toolscache.ResourceEventHandlerRegistration{nreg, preg}
+	if !claims {
+		return regs, nil
+	}
+	rcs, err := c.GetInformer(ctx, &resourceapi.ResourceClaim{})
+	if err != nil {
+		return nil, fmt.Errorf("ResourceClaim informer: %w", err)
+	}
+	creg, err := rcs.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { upsertClaim(view, obj) },
+		UpdateFunc: func(_, obj any) { upsertClaim(view, obj) },
+		DeleteFunc: func(obj any) {
+			if c, ok := tombstone(obj).(*resourceapi.ResourceClaim); ok {
+				view.DeleteClaim(c.UID)
+			}
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	return append(regs, creg), nil
+}
+
+func upsertClaim(view *clusterview.View, obj any) {
+	if c, ok := obj.(*resourceapi.ResourceClaim); ok {
+		view.UpsertClaim(c)
+	}
 }
 
 func upsertNode(view *clusterview.View, obj any) {

@@ -99,7 +99,11 @@ func (m *Decider) mutate(pod *corev1.Pod, seed uint64, admission string) (*corev
 	case OutcomeDRA:
 		// A dry run gets the same answer and creates nothing: the templates come from the
 		// dratemplates controller, not from admission.
-		out = RewriteForDRA(work, plan.Pod, n)
+		out = HintDRA(RewriteForDRA(work, plan.Pod, n), plan.Decision.Hint)
+	case OutcomeNonTPUnpinned:
+		if m.Options.Mode == ModeDRA {
+			out = HintDRA(work, plan.Decision.Hint)
+		}
 	}
 	// Every GPU container the node side must see requires the NRI plugin; in DRA mode the
 	// allocator's choice for an ordinary GPU pod needs no rewriting, so those do not wait for it.
@@ -254,8 +258,12 @@ func (m *Decider) plan(pod *corev1.Pod, seed uint64, admission string) PinPlan {
 			return plan
 		}
 	case m.Options.Mode == ModeDRA || !m.pinsNonTP():
-		// In DRA mode other GPU pods get nvidia.com/gpu through the DeviceClass, unpinned.
+		// In DRA mode other GPU pods get nvidia.com/gpu through the DeviceClass, unpinned,
+		// with the hint where the allocator would give them GPUs tightest.
 		plan.Outcome = OutcomeNonTPUnpinned
+		if m.Options.Mode == ModeDRA {
+			plan.Decision.Hint = m.View.DRAHint(pod, p.DomainGPUs(), false)
+		}
 		return plan
 	}
 	if p.TP && p.PinnedDomain() < 0 && m.Options.Mode != ModeClassic && m.Options.toDRA(m.View, pod) {
@@ -267,6 +275,7 @@ func (m *Decider) plan(pod *corev1.Pod, seed uint64, admission string) PinPlan {
 				plan.Outcome, plan.Err = OutcomeNoDomain, err
 			} else {
 				plan.Outcome = OutcomeDRA
+				plan.Decision.Hint = m.View.DRAHint(pod, p.GPUs, true)
 			}
 		}
 		return plan

@@ -88,6 +88,58 @@ func RewriteForDRA(pod *corev1.Pod, p rules.Pod, n names.Names) *corev1.Pod {
 	return out
 }
 
+// HintDRA returns a copy of a pod bound for DRA nodes with a preferred node affinity for the
+// hinted nodes (clusterview.DRAHint: where the allocator would place it tightest now), or the
+// pod itself when there is no hint or it has one already: admission stays idempotent when the
+// apiserver calls the webhook again. It is a preference only, like classic mode's hint
+// (HintWeight); the allocator still decides where the pod may run, so a stale hint costs a
+// looser placement, never a wrong one. DynamicResources scores nodes by the template's
+// subrequest too, and the hinted nodes are of the best subrequest, so the two agree.
+func HintDRA(pod *corev1.Pod, hint []string) *corev1.Pod {
+	t, ok := hintTerm(hint)
+	if !ok {
+		return pod
+	}
+	if a := pod.Spec.Affinity; a != nil && a.NodeAffinity != nil && hasHint(a.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution) {
+		return pod
+	}
+	out := pod.DeepCopy()
+	if out.Spec.Affinity == nil {
+		out.Spec.Affinity = &corev1.Affinity{}
+	}
+	if out.Spec.Affinity.NodeAffinity == nil {
+		out.Spec.Affinity.NodeAffinity = &corev1.NodeAffinity{}
+	}
+	na := out.Spec.Affinity.NodeAffinity
+	na.PreferredDuringSchedulingIgnoredDuringExecution = append(na.PreferredDuringSchedulingIgnoredDuringExecution, t)
+	return out
+}
+
+// hintTerm is the DRA hint's preferred term: the hinted nodes by hostname, at HintWeight.
+func hintTerm(hint []string) (corev1.PreferredSchedulingTerm, bool) {
+	hosts := slices.DeleteFunc(slices.Clone(hint), func(h string) bool { return h == "" })
+	slices.Sort(hosts)
+	hosts = slices.Compact(hosts)
+	if len(hosts) == 0 {
+		return corev1.PreferredSchedulingTerm{}, false
+	}
+	hosts = hosts[:min(len(hosts), placement.MaxHintNodes)]
+	return corev1.PreferredSchedulingTerm{Weight: HintWeight, Preference: corev1.NodeSelectorTerm{
+		MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: hosts}},
+	}}, true
+}
+
+// hasHint reports whether the preferred terms hold a hint of nvdomain's shape already.
+func hasHint(terms []corev1.PreferredSchedulingTerm) bool {
+	for _, t := range terms {
+		e := t.Preference.MatchExpressions
+		if t.Weight == HintWeight && len(e) == 1 && e[0].Key == corev1.LabelHostname && e[0].Operator == corev1.NodeSelectorOpIn && len(t.Preference.MatchFields) == 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // keepOffDRA adds `nvdomain-mode NotIn [dra]` to every required node selector term of a pod
 // pinned classically in mixed mode: DRA nodes publish no domain resources, so the pod could
 // not run there anyway, and the expression makes the scheduler say so plainly.

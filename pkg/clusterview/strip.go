@@ -107,21 +107,33 @@ func nvidiaOnly(rl corev1.ResourceList) corev1.ResourceList {
 
 // StripNode is a cache transform that keeps a node's name, labels, taints, whether it is
 // cordoned, its Ready condition (without the heartbeat times, which change every few
-// seconds and are not read) and its extended resources.
-func StripNode(obj any) (any, error) {
-	node, ok := obj.(*corev1.Node)
-	if !ok {
-		return obj, nil
+// seconds and are not read) and its extended resources; on a DRA node also the agent's
+// topology annotation, from which the view replays the DRA allocator (DRAHint).
+func StripNode(n names.Names) func(any) (any, error) {
+	return func(obj any) (any, error) {
+		node, ok := obj.(*corev1.Node)
+		if !ok {
+			return obj, nil
+		}
+		return stripNode(n, node), nil
 	}
+}
+
+func stripNode(n names.Names, node *corev1.Node) *corev1.Node {
 	out := &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: node.Name, UID: node.UID, ResourceVersion: node.ResourceVersion, Labels: node.Labels},
 		Spec:       corev1.NodeSpec{Taints: node.Spec.Taints, Unschedulable: node.Spec.Unschedulable},
 		Status:     corev1.NodeStatus{Allocatable: nvidiaOnly(node.Status.Allocatable), Capacity: nvidiaOnly(node.Status.Capacity)},
+	}
+	if node.Labels[n.ModeLabel()] == names.ModeDRA {
+		if t, ok := node.Annotations[n.TopologyAnnotation()]; ok {
+			out.Annotations = map[string]string{n.TopologyAnnotation(): t}
+		}
 	}
 	for _, c := range node.Status.Conditions {
 		if c.Type == corev1.NodeReady {
 			out.Status.Conditions = []corev1.NodeCondition{{Type: c.Type, Status: c.Status, Reason: c.Reason}}
 		}
 	}
-	return out, nil
+	return out
 }

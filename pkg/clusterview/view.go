@@ -25,6 +25,7 @@ import (
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/klog/v2"
 
+	"github.com/nvdomain/nvdomain/pkg/dra"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/placement"
 	"github.com/nvdomain/nvdomain/pkg/rules"
@@ -97,6 +98,10 @@ type View struct {
 	taintSets map[string]taintSet
 	// advertised[resource] counts nodes advertising a non-zero nvidia.com/ resource.
 	advertised map[string]int
+	// claims are the allocated ResourceClaims holding GPUs of nvdomain's DRA driver, and
+	// draUsed, per DRA node, how many of them hold each GPU (drahint.go).
+	claims  map[types.UID]claimUse
+	draUsed map[string]map[int]int
 	// gpuNodesWithoutDomains counts nodes with GPUs but no NVLink domain (auto mode).
 	gpuNodes, gpuNodesWithoutDomains int
 
@@ -200,6 +205,11 @@ type node struct {
 	// dra marks a DRA node (dra.go): no capacity, its domain sizes from its labels.
 	dra      bool
 	draSizes map[int]int
+	// draTopo is a DRA node's topology annotation, draSlots the devices its driver publishes
+	// (read from it) and draGPUs its GPU count, for DRAHint (drahint.go).
+	draTopo  string
+	draSlots []dra.Slot
+	draGPUs  int
 }
 
 type podEntry struct {
@@ -238,6 +248,8 @@ func New(n names.Names) *View {
 		hist:        map[string]map[int]map[capFree]*histBucket{},
 		taintSets:   map[string]taintSet{},
 		advertised:  map[string]int{},
+		claims:      map[types.UID]claimUse{},
+		draUsed:     map[string]map[int]int{},
 	}
 }
 
@@ -261,6 +273,10 @@ func (v *View) UpsertNode(obj *corev1.Node) {
 	v.markDRA(nd, obj)
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	if nd.dra {
+		nd.draTopo = obj.Annotations[v.names.TopologyAnnotation()]
+		nd.draSlots, nd.draGPUs = draTopology(nd.draTopo, v.nodes[obj.Name])
+	}
 	v.gen.Add(1)
 	if old, ok := v.nodes[obj.Name]; !ok || !sameShape(old, nd) {
 		v.nodeGen.Add(1)

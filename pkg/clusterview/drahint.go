@@ -1,0 +1,169 @@
+package clusterview
+
+import (
+	"encoding/json"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+
+	"github.com/nvdomain/nvdomain/pkg/dra"
+	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/placement"
+	"github.com/nvdomain/nvdomain/pkg/topology"
+)
+
+// DRA nodes' occupancy, for the webhook's scheduling hint in DRA mode (docs/dra.md). The
+// scheduler's allocator takes the first devices that fit and scores nodes only by the
+// template's subrequest, so on its own it breaks whole domains on an empty node as readily as
+// it fills a used one. The webhook knows better: from the node's topology (the agent's
+// topology annotation, which StripNode keeps on DRA nodes) and the GPUs the ResourceClaims
+// hold (allocation results of the driver, for TP claims and the claims the scheduler makes
+// for plain nvidia.com/gpu pods alike), it replays the allocator on every DRA node the pod may
+// use (dra.Predict) and names the nodes where the pod would land tightest: a preferred node
+// affinity, never a requirement, so a stale hint costs a looser placement, never a pod left
+// Pending.
+
+// claimUse is the GPUs one allocated claim holds on one node.
+type claimUse struct {
+	node string
+	gpus []int
+}
+
+// UpsertClaim records the GPUs of nvdomain's driver a claim's allocation holds (none while it
+// is not allocated). Admin-access results hold nothing: they share a GPU with its holder.
+func (v *View) UpsertClaim(c *resourceapi.ResourceClaim) {
+	var use claimUse
+	if a := c.Status.Allocation; a != nil {
+		for _, r := range a.Devices.Results {
+			if r.Driver != names.DRADriver || (r.AdminAccess != nil && *r.AdminAccess) {
+				continue
+			}
+			gs, ok := names.ParseDRADeviceGPUs(r.Device)
+			if !ok {
+				continue
+			}
+			use.node = r.Pool // the driver's pool is its node
+			use.gpus = append(use.gpus, gs...)
+		}
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.dropClaimLocked(c.UID)
+	if len(use.gpus) == 0 {
+		return
+	}
+	v.claims[c.UID] = use
+	used := v.draUsed[use.node]
+	if used == nil {
+		used = map[int]int{}
+		v.draUsed[use.node] = used
+	}
+	for _, g := range use.gpus {
+		used[g]++
+	}
+}
+
+// DeleteClaim forgets a claim.
+func (v *View) DeleteClaim(uid types.UID) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.dropClaimLocked(uid)
+}
+
+func (v *View) dropClaimLocked(uid types.UID) {
+	use, ok := v.claims[uid]
+	if !ok {
+		return
+	}
+	delete(v.claims, uid)
+	used := v.draUsed[use.node]
+	for _, g := range use.gpus {
+		if used[g]--; used[g] <= 0 {
+			delete(used, g)
+		}
+	}
+	if len(used) == 0 {
+		delete(v.draUsed, use.node)
+	}
+}
+
+// DRAHint names up to placement.MaxHintNodes DRA nodes the pod may use (labels, name, hard
+// taints; cordoned and NotReady nodes are left out) where the allocator would place k GPUs
+// best: the template's most preferred subrequest for a TP pod (tp), then the fewest GPUs left
+// free in the domain it takes them from. Nodes whose topology the view does not know (no
+// topology annotation yet) are left out. nil when no DRA node has room now.
+func (v *View) DRAHint(pod *corev1.Pod, k int, tp bool) []string {
+	if k <= 0 {
+		return nil
+	}
+	req := nodeaffinity.GetRequiredNodeAffinity(pod)
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	var best dra.Fit
+	var out []string
+	for name, nd := range v.nodes {
+		if !nd.dra || nd.draSlots == nil || nd.draGPUs-len(v.draUsed[name]) < k || !eligible(pod, req, nd) || !available(pod, nd) {
+			continue
+		}
+		used := v.draUsed[name]
+		f, ok := dra.Predict(nd.draSlots, func(g int) bool { return used[g] > 0 }, k, tp)
+		switch {
+		case !ok || (len(out) > 0 && best.Tighter(f)):
+			continue
+		case len(out) == 0 || f.Tighter(best):
+			best, out = f, out[:0]
+		}
+		if len(out) < placement.MaxHintNodes {
+			out = append(out, nodeHostname(nd))
+		}
+	}
+	return out
+}
+
+// nodeHostname is the node's kubernetes.io/hostname label, which the hint's preferred term
+// matches on (the node's name when it has none).
+func nodeHostname(nd *node) string {
+	if h := nd.obj.Labels[corev1.LabelHostname]; h != "" {
+		return h
+	}
+	return nd.obj.Name
+}
+
+// draTopology reads a DRA node's published devices from its topology annotation: the slots
+// dra.Predict walks and the node's GPU count. raw is the annotation; reuse is the node's
+// previous version, whose slots are kept when the annotation did not change (nodes are
+// updated every few seconds; the topology rarely).
+func draTopology(raw string, reuse *node) ([]dra.Slot, int) {
+	if reuse != nil && reuse.dra && reuse.draTopo == raw {
+		return reuse.draSlots, reuse.draGPUs
+	}
+	if raw == "" {
+		return nil, 0
+	}
+	var top topology.Topology
+	if err := json.Unmarshal([]byte(raw), &top); err != nil {
+		return nil, 0
+	}
+	return dra.Slots(&top), len(top.GPUs)
+}
+
+// StripClaim is a cache transform that keeps what UpsertClaim reads of a ResourceClaim: its
+// identity and the driver, pool and device of each allocated result.
+func StripClaim(obj any) (any, error) {
+	c, ok := obj.(*resourceapi.ResourceClaim)
+	if !ok {
+		return obj, nil
+	}
+	out := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: c.Name, Namespace: c.Namespace, UID: c.UID, ResourceVersion: c.ResourceVersion}}
+	if a := c.Status.Allocation; a != nil {
+		out.Status.Allocation = &resourceapi.AllocationResult{}
+		for _, r := range a.Devices.Results {
+			out.Status.Allocation.Devices.Results = append(out.Status.Allocation.Devices.Results, resourceapi.DeviceRequestAllocationResult{
+				Driver: r.Driver, Pool: r.Pool, Device: r.Device, AdminAccess: r.AdminAccess})
+		}
+	}
+	return out, nil
+}

@@ -155,6 +155,7 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 		return nil, nil, fmt.Errorf("create manager: %w", err)
 	}
 	view := clusterview.New(so.Handlers.Names)
+	view.SetDRABlocks(so.DRATemplates.Blocks)
 	synced, err := feedView(mgr.GetCache(), view, watchClaims)
 	if err != nil {
 		return nil, nil, err

@@ -38,7 +38,7 @@ func main() {
 	flag.StringVar(&o.CDISpecDir, "cdi-spec-dir", "/var/run/cdi", "where the device plugin, or the DRA driver, writes its CDI specs (a directory in containerd's cdi_spec_dirs)")
 	flag.BoolVar(&o.DRA, "dra", false, "run the DRA driver "+names.DRADriver+" for this node (docs/dra.md): publish its GPUs as ResourceSlice devices, prepare claims, label the node "+names.DefaultLabelPrefix+"/nvdomain-mode=dra and publish no per-domain extended resources; excludes --device-plugin")
 	flag.StringVar(&o.DRAKubeletDir, "dra-kubelet-dir", dra.DefaultKubeletDir, "the kubelet's --root-dir, where the DRA driver registers (plugins_registry) and keeps its socket and checkpoint (plugins/"+names.DRADriver+")")
-	flag.BoolVar(&o.DRABlocks, "dra-blocks", true, "with --dra, publish each NVSwitch domain's aligned blocks of 2-16 GPUs as devices sharing per-GPU counters with the GPUs (partitionable devices; the driver falls back to GPUs alone where the apiserver drops the counters)")
+	flag.BoolVar(&o.DRABlocks, "dra-blocks", false, "with --dra, publish each NVSwitch domain's aligned blocks of 2-16 GPUs as devices sharing per-GPU counters with the GPUs (partitionable devices; the driver falls back to GPUs alone where the apiserver drops the counters)")
 	flag.StringVar(&o.DRACDI, "dra-cdi", "auto", "CDI devices of prepared claims: nvdomain (the driver writes per-claim specs; simulated GPUs), nvidia (nvidia.com/gpu=<uuid> from nvidia-ctk's spec), or auto (nvdomain for --source simulated, else nvidia)")
 	flag.StringVar(&o.Release, "release", "", "the Helm release this pod belongs to (uninstall protocol)")
 	flag.StringVar(&o.Namespace, "namespace", os.Getenv("POD_NAMESPACE"), "this pod's namespace")

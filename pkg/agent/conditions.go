@@ -17,26 +17,7 @@ import (
 // lastTransitionTime when the status does not change. The patch is strategic (conditions
 // merge by type), so the kubelet's conditions and other writers' stay as they are.
 func (p *Publisher) SetCondition(ctx context.Context, cond corev1.NodeCondition) error {
-	now := metav1.Now()
-	cond.LastHeartbeatTime, cond.LastTransitionTime = now, now
-	cond.Message = kubeevents.Cap(cond.Message)
-	node, err := p.Client.CoreV1().Nodes().Get(ctx, p.Node, metav1.GetOptions{})
-	if err != nil {
-		return fmt.Errorf("get node %s: %w", p.Node, err)
-	}
-	for _, c := range node.Status.Conditions {
-		if c.Type == cond.Type && c.Status == cond.Status {
-			cond.LastTransitionTime = c.LastTransitionTime
-		}
-	}
-	body, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{cond}}})
-	if err != nil {
-		return fmt.Errorf("node condition %s: %w", cond.Type, err)
-	}
-	if _, err := p.Client.CoreV1().Nodes().Patch(ctx, p.Node, types.StrategicMergePatchType, body, metav1.PatchOptions{FieldManager: "nvdomain-agent"}, "status"); err != nil {
-		return fmt.Errorf("set condition %s on node %s: %w", cond.Type, p.Node, err)
-	}
-	return nil
+	return kubeevents.SetNodeCondition(ctx, p.Client, p.Node, "nvdomain-agent", cond)
 }
 
 // condition sets a condition when it differs from the last one this agent wrote (the period

@@ -136,8 +136,8 @@ func nodeHostname(nd *node) string {
 // dra.Predict walks and the node's GPU count. raw is the annotation; reuse is the node's
 // previous version, whose slots are kept when the annotation did not change (nodes are
 // updated every few seconds; the topology rarely).
-func draTopology(raw string, reuse *node) ([]dra.Slot, int) {
-	if reuse != nil && reuse.dra && reuse.draTopo == raw {
+func draTopology(raw string, reuse *node, blocks bool) ([]dra.Slot, int) {
+	if reuse != nil && reuse.dra && reuse.draTopo == raw && reuse.draBlocks == blocks {
 		return reuse.draSlots, reuse.draGPUs
 	}
 	if raw == "" {
@@ -147,7 +147,16 @@ func draTopology(raw string, reuse *node) ([]dra.Slot, int) {
 	if err := json.Unmarshal([]byte(raw), &top); err != nil {
 		return nil, 0
 	}
-	return dra.Slots(&top), len(top.GPUs)
+	return dra.Slots(&top, dra.Publish{Blocks: blocks}), len(top.GPUs)
+}
+
+// SetDRABlocks says whether DRA nodes publish blocks (the chart's dra.blocks: the agents'
+// and the webhook's --dra-blocks), which DRAHint's replay of the allocator must know. Call it
+// before the informers start.
+func (v *View) SetDRABlocks(on bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.draBlocks = on
 }
 
 // StripClaim is a cache transform that keeps what UpsertClaim reads of a ResourceClaim: its

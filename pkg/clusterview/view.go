@@ -102,6 +102,8 @@ type View struct {
 	// draUsed, per DRA node, how many of them hold each GPU (drahint.go).
 	claims  map[types.UID]claimUse
 	draUsed map[string]map[int]int
+	// draBlocks: DRA nodes publish blocks (SetDRABlocks).
+	draBlocks bool
 	// gpuNodesWithoutDomains counts nodes with GPUs but no NVLink domain (auto mode).
 	gpuNodes, gpuNodesWithoutDomains int
 
@@ -207,9 +209,10 @@ type node struct {
 	draSizes map[int]int
 	// draTopo is a DRA node's topology annotation, draSlots the devices its driver publishes
 	// (read from it) and draGPUs its GPU count, for DRAHint (drahint.go).
-	draTopo  string
-	draSlots []dra.Slot
-	draGPUs  int
+	draTopo   string
+	draSlots  []dra.Slot
+	draGPUs   int
+	draBlocks bool
 }
 
 type podEntry struct {
@@ -275,7 +278,8 @@ func (v *View) UpsertNode(obj *corev1.Node) {
 	defer v.mu.Unlock()
 	if nd.dra {
 		nd.draTopo = obj.Annotations[v.names.TopologyAnnotation()]
-		nd.draSlots, nd.draGPUs = draTopology(nd.draTopo, v.nodes[obj.Name])
+		nd.draSlots, nd.draGPUs = draTopology(nd.draTopo, v.nodes[obj.Name], v.draBlocks)
+		nd.draBlocks = v.draBlocks
 	}
 	v.gen.Add(1)
 	if old, ok := v.nodes[obj.Name]; !ok || !sameShape(old, nd) {

@@ -39,51 +39,53 @@ type Publish struct {
 }
 
 // Devices is the ResourceSlice form of a topology, in the order the allocator should prefer
-// them (it takes the first solution it finds, walking devices in slice order):
+// them (it takes the first solution it finds, walking devices in slice order). Blocks come
+// first: a TP claim asks for a block, and every device the allocator walks past costs a CEL
+// evaluation on every node the scheduler filters.
 //
-//   - one device per GPU, named gpu-<index>, with the attributes a claim may select or
-//     constrain on and the GPU's memory as a capacity. GPUs in no NVLink domain come first
-//     (they have no nvswitchDomain attribute, so a claim that matches on it never gets them,
-//     and a plain one-GPU pod should take them before it breaks into a domain); then the
-//     domains, smallest first (among domains of one size the last first, the other end from
-//     the blocks), each from its highest index down, so plain pods fill domains from the end
-//     that blocks are taken from last;
 //   - with p.Blocks, for every domain (smallest first) and every power of two b from 2 up to
 //     the domain's size (at most names.DRAMaxBlockSize), the blocks of b GPUs at offsets that
 //     are multiples of b in the domain's index order, lowest offset first: the buddy-style
 //     blocks classic mode's chooser prefers. A block is named gpus-<i>-<j>-…, has the domain
 //     attributes and blockSize = b, and consumes one counter per GPU from its domain's counter
 //     set, as each GPU's own device does, so the allocator never hands out two devices that
-//     overlap.
+//     overlap;
+//   - one device per GPU, named gpu-<index>, with the attributes a claim may select or
+//     constrain on and the GPU's memory as a capacity. GPUs in no NVLink domain come first
+//     (they have no nvswitchDomain attribute, so a claim that matches on it never gets them,
+//     and a plain one-GPU pod should take them before it breaks into a domain); then the
+//     domains, smallest first (among domains of one size the last first, the other end from
+//     the blocks), each from its highest index down, so plain pods fill domains from the end
+//     that blocks are taken from last.
 //
+// A device holding an unhealthy GPU carries the NoSchedule taint names.DRATaintUnhealthy.
 // Counters returns the counter sets the devices consume.
 func Devices(top *topology.Topology, p Publish) []resourceapi.Device {
 	out := make([]resourceapi.Device, 0, len(top.GPUs)*2)
+	doms := domainsBySize(top)
+	if p.Blocks {
+		for _, d := range doms {
+			if !blocksFor(d) {
+				continue
+			}
+			for b := 2; b <= min(d.Size(), names.DRAMaxBlockSize); b *= 2 {
+				for off := 0; off+b <= d.Size(); off += b {
+					if gpus := d.GPUs[off : off+b]; len(names.DRABlockName(gpus)) <= maxDeviceName {
+						out = append(out, blockDevice(top, d, gpus))
+					}
+				}
+			}
+		}
+	}
 	for _, g := range top.GPUs {
 		if g.Domain == nil {
 			out = append(out, gpuDevice(top, g, p))
 		}
 	}
-	doms := domainsBySize(top)
 	for _, d := range singlesOrder(doms) {
 		for i := len(d.GPUs) - 1; i >= 0; i-- {
 			g, _ := top.GPU(d.GPUs[i])
 			out = append(out, gpuDevice(top, g, p))
-		}
-	}
-	if !p.Blocks {
-		return out
-	}
-	for _, d := range doms {
-		if !blocksFor(d) {
-			continue
-		}
-		for b := 2; b <= min(d.Size(), names.DRAMaxBlockSize); b *= 2 {
-			for off := 0; off+b <= d.Size(); off += b {
-				if gpus := d.GPUs[off : off+b]; len(names.DRABlockName(gpus)) <= maxDeviceName {
-					out = append(out, blockDevice(top, d, gpus))
-				}
-			}
 		}
 	}
 	return out
@@ -158,7 +160,20 @@ func gpuDevice(top *topology.Topology, g topology.GPU, p Publish) resourceapi.De
 	if p.Blocks && dom != nil && blocksFor(*dom) {
 		dev.ConsumesCounters = consumes(*dom, []int{g.Index})
 	}
+	dev.Taints = unhealthyTaint(g)
 	return dev
+}
+
+// unhealthyTaint is the NoSchedule taint of a device holding an unhealthy GPU: no new claim
+// gets it (the allocator skips tainted devices a claim does not tolerate) while claims that
+// hold it already keep it.
+func unhealthyTaint(gpus ...topology.GPU) []resourceapi.DeviceTaint {
+	for _, g := range gpus {
+		if g.Unhealthy != "" {
+			return []resourceapi.DeviceTaint{{Key: names.DRATaintUnhealthy, Effect: resourceapi.DeviceTaintEffectNoSchedule}}
+		}
+	}
+	return nil
 }
 
 func blockDevice(top *topology.Topology, d topology.Domain, gpus []int) resourceapi.Device {
@@ -176,11 +191,13 @@ func blockDevice(top *topology.Topology, d topology.Domain, gpus []int) resource
 		attrs[attr(names.DRAAttrClique)] = resourceapi.DeviceAttribute{StringValue: ptr.To(fmt.Sprintf("%s.%d", first.Fabric.ClusterUUID, first.Fabric.CliqueID))}
 	}
 	var mem int64
+	var held []topology.GPU
 	for _, i := range gpus {
 		g, _ := top.GPU(i)
 		mem += int64(g.MemoryMiB)
+		held = append(held, g)
 	}
-	dev := resourceapi.Device{Name: names.DRABlockName(gpus), Attributes: attrs, ConsumesCounters: consumes(d, gpus)}
+	dev := resourceapi.Device{Name: names.DRABlockName(gpus), Attributes: attrs, ConsumesCounters: consumes(d, gpus), Taints: unhealthyTaint(held...)}
 	if mem > 0 {
 		dev.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
 			attr(names.DRACapacityMemory): {Value: *resource.NewQuantity(mem*1024*1024, resource.BinarySI)},

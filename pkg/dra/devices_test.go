@@ -142,9 +142,9 @@ func TestClaimLimitMatchesTheAPI(t *testing.T) {
 	}
 }
 
-// With blocks, the devices come in the allocator's preferred order: the GPU in no domain,
-// the domains' GPUs (the last domain of a size first, each from its highest index), then the
-// blocks, smallest domain first, lowest offset first; every device of a domain consumes the
+// With blocks, the devices come in the allocator's preferred order: the blocks, smallest
+// domain first, lowest offset first, then the GPU in no domain and the domains' GPUs (the last
+// domain of a size first, each from its highest index); every device of a domain consumes the
 // counters of exactly its GPUs, so no two overlapping devices can both be allocated.
 func TestBlocksShareCountersWithTheirGPUs(t *testing.T) {
 	top := hgx(t)
@@ -153,8 +153,8 @@ func TestBlocksShareCountersWithTheirGPUs(t *testing.T) {
 	for _, d := range devs {
 		order = append(order, d.Name)
 	}
-	want := []string{"gpu-8", "gpu-7", "gpu-6", "gpu-5", "gpu-4", "gpu-3", "gpu-2", "gpu-1", "gpu-0",
-		"gpus-0-1", "gpus-2-3", "gpus-0-1-2-3", "gpus-4-5", "gpus-6-7", "gpus-4-5-6-7"}
+	want := []string{"gpus-0-1", "gpus-2-3", "gpus-0-1-2-3", "gpus-4-5", "gpus-6-7", "gpus-4-5-6-7",
+		"gpu-8", "gpu-7", "gpu-6", "gpu-5", "gpu-4", "gpu-3", "gpu-2", "gpu-1", "gpu-0"}
 	if fmt.Sprint(order) != fmt.Sprint(want) {
 		t.Fatalf("devices in order %v, want %v", order, want)
 	}

@@ -9,12 +9,12 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
 	resourceapi "k8s.io/api/resource/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
@@ -49,7 +49,14 @@ type Options struct {
 	// the apiserver drops the counters (partitionable devices off, as by default before 1.36)
 	// the driver publishes the GPUs alone, says so, and goes on.
 	Blocks bool
-	Log    logr.Logger
+	// Metrics records the driver's series; nil records nothing.
+	Metrics *Metrics
+	// HousekeepingPeriod is how often stale checkpoint entries and a device plugin on the node
+	// are looked for (DefaultHousekeepingPeriod when 0).
+	HousekeepingPeriod time.Duration
+	// ModeLabel is the node mode label's key, for messages.
+	ModeLabel string
+	Log       logr.Logger
 	// Fatal receives an error the driver cannot recover from (a gRPC server that died, slices
 	// the apiserver refuses as invalid). The agent cancels its main context with it: the
 	// process ends and the pod restarts, rather than staying Ready with no DRA service.
@@ -96,6 +103,10 @@ type Driver struct {
 	top       *topology.Topology
 	// noBlocks is set once the apiserver dropped the blocks' counters.
 	noBlocks bool
+	// withdrawn is set while a device plugin advertises nvidia.com/gpu on the node: the driver
+	// then publishes no devices. conditionSet: the Node condition was written once.
+	withdrawn    bool
+	conditionSet bool
 	// registered is what the kubelet last said about the registration. The helper keeps the
 	// same status without a lock, so the driver records its own copy as the call passes.
 	registered atomic.Bool
@@ -136,6 +147,11 @@ func Start(ctx context.Context, o Options) (*Driver, error) {
 		helper.Stop()
 		return nil, err
 	}
+	period := o.HousekeepingPeriod
+	if period <= 0 {
+		period = DefaultHousekeepingPeriod
+	}
+	go d.housekeeping(ctx, period)
 	return d, nil
 }
 
@@ -176,6 +192,9 @@ func (d *Driver) SetTopology(ctx context.Context, top *topology.Topology) error 
 func (d *Driver) publishLocked(ctx context.Context) error {
 	top := d.top
 	res := Resources(d.o.Node, top, Publish{Blocks: d.o.Blocks && !d.noBlocks})
+	if d.withdrawn {
+		res = Resources(d.o.Node, &topology.Topology{Source: top.Source}, Publish{})
+	}
 	d.state.SetTopology(top)
 	if d.published != nil && apiequality.Semantic.DeepEqual(*d.published, res) {
 		return nil
@@ -184,6 +203,14 @@ func (d *Driver) publishLocked(ctx context.Context) error {
 		return fmt.Errorf("publish ResourceSlices: %w", err)
 	}
 	d.published = &res
+	tainted := 0
+	for _, g := range top.GPUs {
+		if g.Unhealthy != "" {
+			tainted++
+			d.o.Log.Info("publishing an unhealthy GPU with a NoSchedule device taint", "gpu", g.Index, "why", g.Unhealthy)
+		}
+	}
+	d.o.Metrics.published(d.withdrawn, tainted)
 	d.o.Log.Info("publishing GPUs as DRA devices", "driver", names.DRADriver, "pool", d.o.Node, "devices", len(top.GPUs), "domains", len(top.Domains))
 	return nil
 }
@@ -196,7 +223,9 @@ func (d *Driver) State() *State { return d.state }
 func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
 	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
 	for _, claim := range claims {
-		devices, err := d.state.Prepare(ctx, claim)
+		start := time.Now()
+		devices, err := d.prepare(ctx, claim)
+		d.o.Metrics.request("prepare", time.Since(start).Seconds(), err)
 		if err != nil {
 			d.o.Log.Error(err, "prepare claim", "claim", claim.Namespace+"/"+claim.Name, "uid", claim.UID)
 			out[claim.UID] = kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s/%s: %w", claim.Namespace, claim.Name, err)}
@@ -230,7 +259,10 @@ func kubeletDevices(devices []PreparedDevice) []kubeletplugin.Device {
 func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
 	out := make(map[types.UID]error, len(claims))
 	for _, claim := range claims {
-		if err := d.state.Unprepare(ctx, claim.UID); err != nil {
+		start := time.Now()
+		err := d.state.Unprepare(ctx, claim.UID)
+		d.o.Metrics.request("unprepare", time.Since(start).Seconds(), err)
+		if err != nil {
 			out[claim.UID] = fmt.Errorf("unprepare claim %s: %w", claim.String(), err)
 			continue
 		}
@@ -238,17 +270,4 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 		out[claim.UID] = nil
 	}
 	return out, nil
-}
-
-// HandleError implements kubeletplugin.DRAPlugin. The helper calls it for background errors:
-// a dead gRPC server is unrecoverable, and so are slices the apiserver refuses as invalid or
-// whose fields it drops, which retrying never fixes; those end the process through
-// Options.Fatal. Everything else is logged and retried.
-func (d *Driver) HandleError(_ context.Context, err error, msg string) {
-	var dropped *resourceslice.DroppedFieldsError
-	fatal := !errors.Is(err, kubeletplugin.ErrRecoverable) || errors.As(err, &dropped) || apierrors.IsInvalid(err)
-	d.o.Log.Error(err, msg, "fatal", fatal)
-	if fatal && d.o.Fatal != nil {
-		d.o.Fatal(fmt.Errorf("DRA driver: %s: %w", msg, err))
-	}
 }

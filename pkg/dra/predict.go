@@ -1,6 +1,8 @@
 package dra
 
 import (
+	"slices"
+
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/topology"
 )
@@ -12,14 +14,16 @@ type Slot struct {
 	Block      int
 	Domain     int
 	DomainSize int
+	// Tainted: the device holds an unhealthy GPU; no claim of nvdomain's gets it.
+	Tainted bool
 }
 
-// Slots are the devices Devices publishes with blocks, in slice order.
-func Slots(top *topology.Topology) []Slot {
+// Slots are the devices Devices publishes, in slice order.
+func Slots(top *topology.Topology, p Publish) []Slot {
 	var out []Slot
-	for _, d := range Devices(top, Publish{Blocks: true}) {
+	for _, d := range Devices(top, p) {
 		gs, _ := names.ParseDRADeviceGPUs(d.Name)
-		s := Slot{GPUs: gs, Domain: -1}
+		s := Slot{GPUs: gs, Domain: -1, Tainted: len(d.Taints) > 0}
 		if a, ok := d.Attributes[attr(names.DRAAttrDomain)]; ok && a.IntValue != nil {
 			s.Domain = int(*a.IntValue)
 		}
@@ -35,6 +39,9 @@ func Slots(top *topology.Topology) []Slot {
 }
 
 func (s Slot) free(used func(int) bool) bool {
+	if s.Tainted {
+		return false
+	}
 	for _, g := range s.GPUs {
 		if used(g) {
 			return false
@@ -46,27 +53,47 @@ func (s Slot) free(used func(int) bool) bool {
 // Fit is where the scheduler's allocator would put a claim on one node.
 type Fit struct {
 	// Sub is the index of the template's subrequest that fits (what DynamicResources
-	// scores), -1 for a plain pod's request, which has none.
+	// scores), -1 for a request without subrequests: a plain pod's, or a template's when the
+	// node publishes no blocks (the templates then ask for k GPUs directly).
 	Sub int
 	// GPUs are the GPUs the allocator takes, and Free the free GPUs of their domain before
 	// it does (0 for GPUs in no domain: nothing is broken up by taking them).
 	GPUs []int
 	Free int
+	// Class is how far the domain is from the pod's size: 0 for a domain of at most k GPUs, 1
+	// of at most 2k, 2 larger. The allocator on one node takes the smallest class first (the
+	// slice lists domains smallest first); between nodes only the hint sees it.
+	Class int
 }
 
-// Tighter reports whether f is a better place than g: a more preferred subrequest, then
-// fewer GPUs left free in the domain, the tightest fit of classic mode.
+// Tighter reports whether f is a better place than g: a more preferred subrequest, then a
+// domain nearer the pod's size, then fewer GPUs left free in the domain: classic mode's
+// tightest fit.
 func (f Fit) Tighter(g Fit) bool {
 	if f.Sub != g.Sub {
 		return f.Sub < g.Sub
 	}
+	if f.Class != g.Class {
+		return f.Class < g.Class
+	}
 	return f.Free < g.Free
+}
+
+func classOf(domainSize, k int) int {
+	switch {
+	case domainSize <= k:
+		return 0
+	case domainSize <= 2*k:
+		return 1
+	}
+	return 2
 }
 
 // Predict is the structured allocator's choice on one node, replayed over the node's slots in
 // slice order with used saying which GPUs are allocated: for a TP pod of k GPUs (tp), its
-// nvdomain-tp-<k> template (webhook/dratemplates: blocks by domain class, then k GPUs of one
-// domain); for a plain pod, k GPUs of the GPU class with no constraint. ok is false when the
+// nvdomain-tp-<k> template (webhook/dratemplates: a block, then k GPUs of one domain, when the
+// node publishes blocks; else k GPUs of one domain); for a plain pod, k GPUs of the GPU class
+// with no constraint. ok is false when the
 // node has no room. TestShippedMatchesAllocator (test/bench/placementsim) checks the replay
 // against the real allocator on production's slices and templates.
 func Predict(slots []Slot, used func(int) bool, k int, tp bool) (Fit, bool) {
@@ -82,21 +109,22 @@ func Predict(slots []Slot, used func(int) bool, k int, tp bool) (Fit, bool) {
 		}
 		return Fit{}, false
 	}
-	if TemplateBlocks(k) {
-		for sub, limit := range []int{k, 2 * k, int(^uint(0) >> 1)} {
-			for _, s := range slots {
-				if s.Block == k && s.DomainSize <= limit && s.free(used) {
-					return Fit{Sub: sub, GPUs: s.GPUs, Free: domainFree(slots, used, s.Domain)}, true
-				}
+	blocks := slices.ContainsFunc(slots, func(s Slot) bool { return s.Block > 0 })
+	if blocks && TemplateBlocks(k) {
+		for _, s := range slots {
+			if s.Block == k && s.free(used) {
+				return Fit{Sub: 0, GPUs: s.GPUs, Free: domainFree(slots, used, s.Domain), Class: classOf(s.DomainSize, k)}, true
 			}
 		}
 		if gs := firstFound(slots, used, k); gs != nil {
-			return Fit{Sub: 3, GPUs: gs, Free: domainFree(slots, used, domainOf(slots, gs[0]))}, true
+			d := domainOf(slots, gs[0])
+			return Fit{Sub: 1, GPUs: gs, Free: domainFree(slots, used, d), Class: classOf(domainSize(slots, d), k)}, true
 		}
 		return Fit{}, false
 	}
 	if gs := firstFound(slots, used, k); gs != nil {
-		return Fit{Sub: 0, GPUs: gs, Free: domainFree(slots, used, domainOf(slots, gs[0]))}, true
+		d := domainOf(slots, gs[0])
+		return Fit{Sub: -1, GPUs: gs, Free: domainFree(slots, used, d), Class: classOf(domainSize(slots, d), k)}, true
 	}
 	return Fit{}, false
 }
@@ -136,6 +164,15 @@ func domainOf(slots []Slot, gpu int) int {
 		}
 	}
 	return -1
+}
+
+func domainSize(slots []Slot, domain int) int {
+	for _, s := range slots {
+		if s.Block == 0 && s.Domain == domain {
+			return s.DomainSize
+		}
+	}
+	return 0
 }
 
 func domainFree(slots []Slot, used func(int) bool, domain int) int {

@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/go-logr/logr"
 	resourceapi "k8s.io/api/resource/v1"
@@ -76,11 +79,32 @@ type State struct {
 
 	mu  sync.Mutex
 	top *topology.Topology
+	// unprepared records when claims were last unprepared, for UnpreparedAt: a Prepare that
+	// the kubelet sends after the claim's Unprepare (its pod gone) must not hold GPUs again.
+	unprepared map[types.UID]time.Time
+	now        func() time.Time
+}
+
+// unpreparedMemory is how long an unprepared claim's UID is remembered.
+const unpreparedMemory = 10 * time.Minute
+
+// HeldError is Prepare's refusal of a GPU that another checkpointed claim holds.
+type HeldError struct {
+	Claim  *resourceapi.ResourceClaim // the claim being prepared
+	Device PreparedDevice
+	UID    types.UID
+	Holder PreparedClaim
+}
+
+func (e *HeldError) Error() string {
+	return fmt.Sprintf("claim %s/%s: GPU %d (device %s) is already prepared for claim %s/%s (uid %s); it cannot go to two pods: wait until that pod ends",
+		e.Claim.Namespace, e.Claim.Name, e.Device.GPU, e.Device.Device, e.Holder.Namespace, e.Holder.Name, e.UID)
 }
 
 // NewState returns the state of a node whose checkpoint lives in dataDir.
 func NewState(node string, top *topology.Topology, mode CDIMode, cdiDir, dataDir string, log logr.Logger) *State {
-	return &State{node: node, mode: mode, cdiDir: cdiDir, checkpointPath: filepath.Join(dataDir, CheckpointFile), log: log, top: top}
+	return &State{node: node, mode: mode, cdiDir: cdiDir, checkpointPath: filepath.Join(dataDir, CheckpointFile), log: log, top: top,
+		unprepared: map[types.UID]time.Time{}, now: time.Now}
 }
 
 // SetTopology replaces the topology that allocated device names are resolved against.
@@ -104,6 +128,9 @@ func (s *State) Prepare(_ context.Context, claim *resourceapi.ResourceClaim) ([]
 		return nil, err
 	}
 	if pc, ok := cp.Claims[claim.UID]; ok {
+		if err := s.restorable(claim, pc); err != nil {
+			return nil, err
+		}
 		if err := s.ensureSpec(claim.UID, pc.Devices); err != nil {
 			return nil, err
 		}
@@ -118,8 +145,7 @@ func (s *State) Prepare(_ context.Context, claim *resourceapi.ResourceClaim) ([]
 			continue
 		}
 		if uid, holder, taken := cp.HolderOf(d.Pool, d.GPU, claim.UID); taken {
-			return nil, fmt.Errorf("claim %s/%s: GPU %d (device %s) is already prepared for claim %s/%s (uid %s); it cannot go to two pods: wait until that pod ends",
-				claim.Namespace, claim.Name, d.GPU, d.Device, holder.Namespace, holder.Name, uid)
+			return nil, &HeldError{Claim: claim, Device: d, UID: uid, Holder: holder}
 		}
 	}
 	if err := s.writeSpec(claim.UID, devices); err != nil {
@@ -144,11 +170,58 @@ func (s *State) Unprepare(_ context.Context, uid types.UID) error {
 	if err := s.removeSpec(uid); err != nil {
 		return err
 	}
+	s.unprepared[uid] = s.now()
+	for u, at := range s.unprepared {
+		if s.now().Sub(at) > unpreparedMemory {
+			delete(s.unprepared, u)
+		}
+	}
 	if _, ok := cp.Claims[uid]; !ok {
 		return nil
 	}
 	delete(cp.Claims, uid)
 	return WriteCheckpoint(s.checkpointPath, cp)
+}
+
+// UnpreparedAt says when a claim was last unprepared, within the last unpreparedMemory.
+func (s *State) UnpreparedAt(uid types.UID) (time.Time, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	at, ok := s.unprepared[uid]
+	return at, ok && s.now().Sub(at) <= unpreparedMemory
+}
+
+// restorable checks a checkpointed claim against the claim's current allocation before it is
+// restored: the same devices of this node's pool, prepared in the CDI mode the driver runs
+// in now. A checkpoint written for another allocation (the claim was deallocated and
+// allocated again while the driver was down) or by a driver in another CDI mode would hand
+// the container GPUs the scheduler did not give it, or CDI devices the runtime cannot
+// resolve.
+func (s *State) restorable(claim *resourceapi.ResourceClaim, pc PreparedClaim) error {
+	want := map[string]bool{}
+	if a := claim.Status.Allocation; a != nil {
+		for _, r := range a.Devices.Results {
+			if r.Driver == names.DRADriver && r.Pool == s.node {
+				want[r.Device] = true
+			}
+		}
+	}
+	have := map[string]bool{}
+	for _, d := range pc.Devices {
+		have[d.Device] = true
+		for _, id := range d.CDIDeviceIDs {
+			kind, _, _ := cdispec.ParseName(id)
+			if (s.mode == CDINVIDIA) != (kind == NVIDIAKind) {
+				return fmt.Errorf("claim %s/%s: the checkpoint prepared it with CDI device %s, but the driver now runs with --dra-cdi=%s: delete the pod so that the claim is prepared again in this mode",
+					claim.Namespace, claim.Name, id, s.mode)
+			}
+		}
+	}
+	if !maps.Equal(want, have) {
+		return fmt.Errorf("claim %s/%s (uid %s): the checkpoint holds devices %v of an earlier allocation, but the claim is now allocated %v on this node: delete the pod so that the claim is prepared afresh",
+			claim.Namespace, claim.Name, claim.UID, slices.Sorted(maps.Keys(have)), slices.Sorted(maps.Keys(want)))
+	}
+	return nil
 }
 
 // Prepared returns a copy of the checkpoint's claims, for tests and diagnostics.

@@ -1,4 +1,4 @@
-// Package kubeevents records Kubernetes Events for nvdomain's node-side components. They
+// Package kubeevents records Kubernetes Events and sets Node conditions for nvdomain's node-side components. They
 // write Events on Pods and Nodes from background workers, so a plain create with a short
 // timeout is enough; an Event that cannot be written is logged by the caller, never retried
 // forever.
@@ -6,6 +6,7 @@ package kubeevents
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 	"unicode/utf8"
@@ -90,6 +91,32 @@ func Record(ctx context.Context, c kubernetes.Interface, e Event) error {
 	defer cancel()
 	if _, err := c.CoreV1().Events(ns).Create(cctx, ev, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("record %s event on %s %s: %w", e.Reason, e.Object.Kind, e.Object.Name, err)
+	}
+	return nil
+}
+
+// SetNodeCondition writes one condition of type cond.Type on a Node's status, keeping its
+// lastTransitionTime when the status does not change. The patch is strategic (conditions
+// merge by type), so the kubelet's conditions and other writers' stay as they are.
+func SetNodeCondition(ctx context.Context, c kubernetes.Interface, node, fieldManager string, cond corev1.NodeCondition) error {
+	now := metav1.Now()
+	cond.LastHeartbeatTime, cond.LastTransitionTime = now, now
+	cond.Message = Cap(cond.Message)
+	obj, err := c.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("get node %s: %w", node, err)
+	}
+	for _, have := range obj.Status.Conditions {
+		if have.Type == cond.Type && have.Status == cond.Status {
+			cond.LastTransitionTime = have.LastTransitionTime
+		}
+	}
+	body, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{cond}}})
+	if err != nil {
+		return fmt.Errorf("node condition %s: %w", cond.Type, err)
+	}
+	if _, err := c.CoreV1().Nodes().Patch(ctx, node, types.StrategicMergePatchType, body, metav1.PatchOptions{FieldManager: fieldManager}, "status"); err != nil {
+		return fmt.Errorf("set condition %s on node %s: %w", cond.Type, node, err)
 	}
 	return nil
 }

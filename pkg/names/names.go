@@ -208,6 +208,12 @@ const (
 	// ReasonRuntimeWithoutValidator is ConditionFailClosed's reason on a node whose runtime
 	// cannot validate NRI adjustments (containerd before 2.2), as the NRI plugin reported it.
 	ReasonRuntimeWithoutValidator = "RuntimeWithoutValidator"
+	// ConditionDRADevices is True while the DRA driver publishes the node's GPUs, and False
+	// while it withdraws them (ReasonDevicePluginOnDRANode: a device plugin advertises
+	// nvidia.com/gpu on the node, and the two would hand out the same GPUs).
+	ConditionDRADevices         = "NvdomainDRADevices"
+	ReasonDevicePluginOnDRANode = "DevicePluginOnDRANode"
+	ReasonDRADevicesPublished   = "Published"
 )
 
 // NRI's default validator refuses a container that a plugin its pod requires did not see.
@@ -529,6 +535,9 @@ const (
 	DRAAttrUUID       = "uuid"
 	DRAAttrProduct    = "productName"
 	DRAAttrClique     = "fabricClique"
+	// DRATaintUnhealthy is the device taint (effect NoSchedule) the driver puts on the devices
+	// of an unhealthy GPU and on every block holding it.
+	DRATaintUnhealthy = DRADriver + "/unhealthy"
 	// DRAAttrBlockSize is a block's GPU count; single GPUs do not have it, which is what the
 	// two DeviceClasses select on.
 	DRAAttrBlockSize = "blockSize"
@@ -541,14 +550,11 @@ const (
 	// The subrequests of a template's request (its firstAvailable list), most preferred first:
 	// the scheduler scores a node by the first one that fits there, and the allocator tries
 	// them in order on the node it chose.
-	//   - DRASubExact: one block of k GPUs in a domain of exactly k;
-	//   - DRASubNear: one block of k in a domain of at most 2k;
-	//   - DRASubBlock: one block of k in any domain;
+	//   - DRASubBlock: one aligned block of k GPUs (the driver lists blocks smallest domain
+	//     first, so the allocator takes the one in the domain nearest the pod's size);
 	//   - DRASubAny: k single GPUs that share one domain, aligned or not (what classic mode's
 	//     chooser falls back to as well).
-	DRASubExact = "exact-domain"
-	DRASubNear  = "near-domain"
-	DRASubBlock = "any-block"
+	DRASubBlock = "block"
 	DRASubAny   = "any-gpus"
 	// DRAPodClaim is the name of the pod's spec.resourceClaims entry the webhook adds, which
 	// the GPU containers' resources.claims reference.

@@ -37,6 +37,10 @@ type GPU struct {
 	// Minor is the minor number of the GPU's device node /dev/nvidia<minor>, which the driver
 	// assigns and which need not equal Index; nil when the source does not know it.
 	Minor *int `json:"minor,omitempty"`
+	// Unhealthy says why the GPU or its NVLink fabric is unusable (an XID or ECC error, a
+	// Fabric Manager or NVSwitch fault; the simulated document's health field); empty when
+	// healthy. The DRA driver taints the GPU's devices (docs/dra.md).
+	Unhealthy string `json:"unhealthy,omitempty"`
 }
 
 // DeviceMinor is the GPU's device-node minor number: Minor when known, else Index, which is

@@ -31,6 +31,7 @@ const (
 	policyShipped       = "DRA mode, as shipped"
 	policyShippedNoHint = "DRA mode, as shipped (no hints)"
 	policyShippedPack   = "DRA mode, as shipped + packing profile"
+	policyShippedBlocks = "DRA mode, as shipped + blocks"
 	policyShippedSpread = "DRA mode, as shipped (spread nodes)"
 	// draHeading names the comparison of DRA mode against classic mode in the report.
 	draHeading = "DRA mode vs classic tightest fit"
@@ -58,6 +59,7 @@ func placementPolicies() []placementsim.Policy {
 		placementsim.DRAFirstFound{NodeScore: placementsim.SpreadNode},
 		&placementsim.DRAShipped{Hints: true},
 		&placementsim.DRAShipped{},
+		&placementsim.DRAShipped{Hints: true, Blocks: true},
 		&placementsim.DRAShipped{Hints: true, PackPlain: true},
 		&placementsim.DRAShipped{Hints: true, NodeScore: placementsim.SpreadNode},
 	}
@@ -66,7 +68,7 @@ func placementPolicies() []placementsim.Policy {
 // draPolicies are the rows of the DRA comparison: classic mode (the webhook's tightest-fit pin,
 // alone and with the re-pin controller, production's default), the ideal domain-aware
 // tightest fit, and DRA mode under both models of node scoring.
-var draPolicies = []string{policyNvdomain, policyRepin, policyAny, policyDRA, policyDRASpread, policyShipped, policyShippedNoHint, policyShippedPack, policyShippedSpread}
+var draPolicies = []string{policyNvdomain, policyRepin, policyAny, policyDRA, policyDRASpread, policyShipped, policyShippedNoHint, policyShippedBlocks, policyShippedPack, policyShippedSpread}
 
 // whatIf is a change production does not make by default, run for nvdomain + re-pin at
 // targetLoad to show what would close the rest of its gap to "any domain with room".
@@ -597,16 +599,17 @@ const draModel = `DRA mode as the stock kube-scheduler v1.36 runs it, on the sam
   extended-resource mapping: the first free GPU.
 - **` + policyDRASpread + `**: the same, for pods whose cpu and memory requests scale with their GPUs, so
   NodeResourcesFit's default LeastAllocated score prefers the node with the most free GPUs.
-- **` + policyShipped + `**: what pkg/dra, webhook/dratemplates and the webhook ship now. Each domain's aligned blocks of
-  2, 4 and 8 GPUs are published beside the GPUs as devices that share per-GPU counters (partitionable devices); GPUs in
-  no domain come first, then the domains smallest first, the blocks lowest offset first and the single GPUs from the
-  other end. A TP pod's claim is a prioritized list: one block of k in a domain of exactly k, of at most 2k, in any
-  domain, then k GPUs of one domain. DynamicResources scores a node by the first subrequest that fits there (8 minus
-  its index, normalised, weight 2). The webhook adds a preferred node affinity (weight 2 once normalised) for up to 8
-  nodes where the allocator would place the pod in the best subrequest class and, in it, in the domain with the
-  fewest free GPUs: for TP pods and plain GPU pods alike, from the ResourceClaims it watches. The allocator's choice on
-  a node is replayed by dra.Predict (production code), which a unit test checks against the real allocator, down to
-  the subrequest, on production's slices, templates and DeviceClasses.
+- **` + policyShipped + `**: what pkg/dra, webhook/dratemplates and the webhook ship now, with the chart's defaults. The
+  driver lists the GPUs in the order the allocator should prefer them: GPUs in no domain first, then the domains
+  smallest first, each from its highest index. The webhook adds a preferred node affinity (weight 2 once normalised)
+  for up to 8 nodes where the allocator would place the pod in the domain nearest its size and, among those, in the
+  domain with the fewest free GPUs: for TP pods and plain GPU pods alike, from the ResourceClaims it watches. The
+  allocator's choice on a node is replayed by dra.Predict (production code), which a unit test checks against the real
+  allocator on production's slices, templates and DeviceClasses, with and without blocks.
+- **` + policyShippedBlocks + `**: as shipped with the chart's dra.blocks: each domain's aligned blocks of 2, 4 and 8 GPUs
+  are published before the GPUs as devices that share per-GPU counters (partitionable devices), and a TP pod's claim
+  is a prioritized list: one block of k, then k GPUs of one domain. DynamicResources scores a node by the first
+  subrequest that fits there (8 minus its index, normalised, weight 2).
 - **` + policyShippedNoHint + `**: the same without the webhook's hints: what blocks, prioritized lists and slice order
   do alone.
 - **` + policyShippedPack + `**: as shipped, with the optional scheduler profile of docs/dra.md: NodeResourcesFit scores

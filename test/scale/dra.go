@@ -187,7 +187,7 @@ func publishDRA(ctx context.Context, client kubernetes.Interface, doc []byte) (m
 					errs <- err
 					continue
 				}
-				for pool, res := range dra.Resources(nd.Name, top, dra.Publish{Blocks: true}).Pools {
+				for pool, res := range dra.Resources(nd.Name, top, dra.Publish{}).Pools {
 					for i, s := range res.Slices {
 						// What the driver's ResourceSlice controller (k8s.io/dynamic-resource-allocation/resourceslice)
 						// creates for a node-local pool: owned by the node, one generation, the

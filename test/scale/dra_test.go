@@ -80,7 +80,7 @@ func TestClaimWatcher(t *testing.T) {
 	}
 	claim := func(name string, k int64, devices ...deviceKey) *resourceapi.ResourceClaim {
 		c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name},
-			Spec: dratemplates.Desired("ns", int(k)).Spec.Spec}
+			Spec: dratemplates.Desired("ns", int(k), false).Spec.Spec}
 		if len(devices) > 0 {
 			c.Status.Allocation = &resourceapi.AllocationResult{}
 			for _, d := range devices {

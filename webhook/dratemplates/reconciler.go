@@ -62,7 +62,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			existing = append(existing, t)
 		}
 	}
-	a := Plan(ns, r.Options.Sizes, r.Options.ExcludedNamespaces, existing)
+	a := Plan(ns, r.Options.Sizes, r.Options.ExcludedNamespaces, r.Options.Blocks, existing)
 	if a.Empty() {
 		return reconcile.Result{}, nil
 	}

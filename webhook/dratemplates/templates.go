@@ -34,10 +34,13 @@ type Options struct {
 	// claim. ExcludedNamespaces get none (--exclude-namespaces).
 	Sizes              []int
 	ExcludedNamespaces []string
+	// Blocks makes the templates of power-of-two sizes ask for a block first (--dra-blocks).
+	Blocks bool
 }
 
 // AddFlags registers the controller's switch; sizes and namespaces are the webhook's own.
 func (o *Options) AddFlags(fs *flag.FlagSet) {
+	fs.BoolVar(&o.Blocks, "dra-blocks", o.Blocks, "the templates of power-of-two TP sizes ask for one aligned block first (the DRA driver must publish blocks: the chart's dra.blocks sets both); off, they ask for k GPUs of one domain")
 	fs.BoolVar(&o.Enabled, "dra-templates", o.Enabled, "keep the ResourceClaimTemplates nvdomain-tp-<k> of the allowed TP sizes in every namespace not excluded (DRA node pools; runs on the elected leader)")
 }
 
@@ -55,46 +58,36 @@ func TemplateSizes(allowed []int) []int {
 
 // Desired is the template for TP size k in a namespace: one request, DRARequest.
 //
-// For k a power of two from 2 to names.DRAMaxBlockSize it is a prioritized list
-// (firstAvailable, GA in Kubernetes 1.36), most preferred first: one aligned block of k GPUs
-// (pkg/dra) in a domain of exactly k, then in a domain of at most 2k, then in any domain, and
-// last k single GPUs of one domain, aligned or not. The scheduler's DynamicResources plugin
-// scores each node by the first subrequest that fits there, so the pod goes to the tightest
-// class of domain that has room, and on that node the allocator takes the first such block
-// in slice order, which the driver publishes smallest domain first and lowest offset first:
-// classic mode's buddy-style choice, with a one-device search instead of a search over k
-// devices. The last subrequest keeps a pod placeable on nodes whose free GPUs form no whole
-// block (or whose driver publishes no blocks, as on clusters without partitionable devices).
+// With blocks (--dra-blocks, the chart's dra.blocks, which also makes the driver publish
+// them), for k a power of two from 2 to names.DRAMaxBlockSize it is a prioritized list
+// (firstAvailable, GA in Kubernetes 1.36): one aligned block of k GPUs (pkg/dra), else k single
+// GPUs of one domain, aligned or not. The driver lists blocks first, smallest domain first and
+// lowest offset first, so the allocator's first fit is classic mode's buddy-style choice on
+// that node, in a one-device search instead of a search over k devices; the last subrequest
+// keeps a pod placeable on nodes whose free GPUs form no whole block (or whose driver
+// publishes no blocks, as on clusters without partitionable devices). Which node is the
+// webhook's hint (clusterview.DRAHint): DynamicResources scores only the subrequest, and each
+// subrequest the allocator walks costs a CEL evaluation per device on every node it filters,
+// so the template keeps to two (finer subrequests by domain size placed no better in the
+// simulation and cost the scheduler about twice as much).
 //
-// For other k (1, or a size that is not a power of two) it asks for k single GPUs of one
-// domain, as every template did before blocks.
+// Otherwise (blocks off, the default, or k 1 or not a power of two) it asks for k single GPUs
+// of one domain. Blocks are off by default because the scheduler's allocator pays for the
+// counters they share with the GPUs on every node it filters: 4x the scheduler's CPU per pod
+// in the 50-node smoke run, for placement the simulation could not tell apart from GPUs alone
+// with the hint (docs/benchmarks.md).
 //
 // Every template constrains its devices to one value of the domain attribute; a block
 // satisfies that by itself.
-func Desired(namespace string, k int) *resourceapi.ResourceClaimTemplate {
+func Desired(namespace string, k int, blocks bool) *resourceapi.ResourceClaimTemplate {
 	req := resourceapi.DeviceRequest{Name: names.DRARequest}
-	if dra.TemplateBlocks(k) {
-		sel := func(cond string) []resourceapi.DeviceSelector {
-			return []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: cond}}}
-		}
-		block := func(name, cond string) resourceapi.DeviceSubRequest {
-			return resourceapi.DeviceSubRequest{Name: name, DeviceClassName: names.DRABlockDeviceClass,
-				AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1, Selectors: sel(cond)}
-		}
-		a := func(name string) string {
-			return fmt.Sprintf("device.attributes[%q].%s", names.DRADriver, name)
-		}
-		has := func(name string) string {
-			return fmt.Sprintf("%q in device.attributes[%q]", name, names.DRADriver)
-		}
-		isBlock := fmt.Sprintf("%s && %s == %d", has(names.DRAAttrBlockSize), a(names.DRAAttrBlockSize), k)
-		domainAtMost := func(n int) string {
-			return fmt.Sprintf("%s && %s && %s <= %d", isBlock, has(names.DRAAttrDomainSize), a(names.DRAAttrDomainSize), n)
-		}
+	if blocks && dra.TemplateBlocks(k) {
+		// The block class selects only devices with blockSize, so the request's selector
+		// reads it without a guard.
 		req.FirstAvailable = []resourceapi.DeviceSubRequest{
-			block(names.DRASubExact, domainAtMost(k)),
-			block(names.DRASubNear, domainAtMost(2*k)),
-			block(names.DRASubBlock, isBlock),
+			{Name: names.DRASubBlock, DeviceClassName: names.DRABlockDeviceClass, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1,
+				Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+					Expression: fmt.Sprintf("device.attributes[%q].%s == %d", names.DRADriver, names.DRAAttrBlockSize, k)}}}},
 			{Name: names.DRASubAny, DeviceClassName: names.DRADeviceClass, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: int64(k)},
 		}
 	} else {
@@ -205,7 +198,7 @@ func (a Actions) Empty() bool {
 // missing ones are created, ones whose spec differs are replaced (the name is nvdomain's,
 // whoever wrote it), ones without the managed-by label get it, and managed ones of a size no
 // longer in sizes are deleted. A namespace that is excluded or being deleted needs nothing.
-func Plan(ns *corev1.Namespace, sizes []int, excluded []string, existing []resourceapi.ResourceClaimTemplate) Actions {
+func Plan(ns *corev1.Namespace, sizes []int, excluded []string, blocks bool, existing []resourceapi.ResourceClaimTemplate) Actions {
 	var a Actions
 	if ns.DeletionTimestamp != nil || ns.Status.Phase == corev1.NamespaceTerminating || slices.Contains(excluded, ns.Name) {
 		return a
@@ -216,7 +209,7 @@ func Plan(ns *corev1.Namespace, sizes []int, excluded []string, existing []resou
 	}
 	want := TemplateSizes(sizes)
 	for _, k := range want {
-		desired := Desired(ns.Name, k)
+		desired := Desired(ns.Name, k, blocks)
 		cur, ok := have[desired.Name]
 		switch {
 		case !ok:

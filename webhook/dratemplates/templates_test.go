@@ -44,14 +44,14 @@ func TestDesiredAsksForOneDomain(t *testing.T) {
 		subs []string // nil: one exact request of k GPUs
 	}{
 		{1, nil},
-		{2, []string{names.DRASubExact, names.DRASubNear, names.DRASubBlock, names.DRASubAny}},
-		{4, []string{names.DRASubExact, names.DRASubNear, names.DRASubBlock, names.DRASubAny}},
+		{2, []string{names.DRASubBlock, names.DRASubAny}},
+		{4, []string{names.DRASubBlock, names.DRASubAny}},
 		{6, nil},
-		{16, []string{names.DRASubExact, names.DRASubNear, names.DRASubBlock, names.DRASubAny}},
+		{16, []string{names.DRASubBlock, names.DRASubAny}},
 		{32, nil},
 	}
 	for _, tc := range cases {
-		d := Desired("ml", tc.k)
+		d := Desired("ml", tc.k, true)
 		if d.Name != names.DRATemplate(tc.k) || d.Namespace != "ml" || d.Labels[names.DRAManagedByLabel] != "nvdomain" {
 			t.Errorf("template %s/%s labels %v", d.Namespace, d.Name, d.Labels)
 		}
@@ -87,12 +87,12 @@ func TestDesiredAsksForOneDomain(t *testing.T) {
 }
 
 func TestPlan(t *testing.T) {
-	edited := Desired("ml", 4)
+	edited := Desired("ml", 4, false)
 	edited.Spec.Spec.Devices.Constraints = nil // someone dropped the one-domain constraint
-	unlabelled := Desired("ml", 2)
+	unlabelled := Desired("ml", 2, false)
 	unlabelled.Labels = nil
-	stale := Desired("ml", 16) // 16 no longer allowed below
-	foreign := Desired("ml", 8)
+	stale := Desired("ml", 16, false) // 16 no longer allowed below
+	foreign := Desired("ml", 8, false)
 	foreign.Name = "team-template" // not nvdomain's name: never touched
 	terminating := ns("old")
 	terminating.Status.Phase = corev1.NamespaceTerminating
@@ -112,7 +112,7 @@ func TestPlan(t *testing.T) {
 		create, relabel, replace, delete []string
 	}{
 		{"new namespace: one per size up to 32", ns("ml"), sizes, nil, all(2, 4, 8, 16, 32), nil, nil, nil},
-		{"complete", ns("ml"), []int{2, 4}, []resourceapi.ResourceClaimTemplate{*Desired("ml", 2), *Desired("ml", 4)}, nil, nil, nil, nil},
+		{"complete", ns("ml"), []int{2, 4}, []resourceapi.ResourceClaimTemplate{*Desired("ml", 2, false), *Desired("ml", 4, false)}, nil, nil, nil, nil},
 		{"edited spec is replaced, label put back, stale size removed", ns("ml"), []int{2, 4},
 			[]resourceapi.ResourceClaimTemplate{*edited, *unlabelled, *stale, *foreign}, all(4), all(2), all(4), all(16)},
 		{"excluded namespace", ns("kube-system"), sizes, nil, nil, nil, nil, nil},
@@ -120,7 +120,7 @@ func TestPlan(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			a := Plan(tc.ns, tc.sizes, []string{"kube-system"}, tc.existing)
+			a := Plan(tc.ns, tc.sizes, []string{"kube-system"}, false, tc.existing)
 			for what, pair := range map[string][2][]string{
 				"create": {namesOf(a.Create), tc.create}, "relabel": {namesOf(a.Relabel), tc.relabel},
 				"replace": {namesOf(a.Replace), tc.replace}, "delete": {namesOf(a.Delete), tc.delete},
@@ -135,8 +135,8 @@ func TestPlan(t *testing.T) {
 
 func TestReconcilerKeepsTemplatesCorrect(t *testing.T) {
 	scheme := clientgoscheme.Scheme
-	edited := Desired("ml", 4)
-	edited.Spec.Spec.Devices.Requests[0].FirstAvailable[3].Count = 1 // any 1 GPU, not 4
+	edited := Desired("ml", 4, false)
+	edited.Spec.Spec.Devices.Requests[0].Exactly.Count = 1
 	edited.UID = "old"
 	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(ns("ml"), ns("kube-system"), edited).Build()
 	r := &Reconciler{Options: Options{Enabled: true, Sizes: []int{2, 4, 3}, ExcludedNamespaces: []string{"kube-system"}}, Client: c, Log: logr.Discard()}

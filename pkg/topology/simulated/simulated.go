@@ -135,6 +135,7 @@ type wireGPU struct {
 	Product   string `json:"product"`
 	MemoryMiB uint64 `json:"memoryMiB"`
 	NUMANode  *int   `json:"numaNode"`
+	Health    string `json:"health"`
 }
 
 type wireDomain struct {
@@ -213,7 +214,11 @@ func buildNode(n wireNode) (*topology.Topology, error) {
 				return nil, &PathError{fmt.Sprintf("gpus[%d].index", i), fmt.Sprintf("GPU %d is already declared by gpus[%d]", g.Index, prev)}
 			}
 			at[g.Index] = i
-			gpus = append(gpus, topology.GPU{Index: g.Index, UUID: g.UUID, PCIBusID: g.PCIBusID, Product: g.Product, MemoryMiB: g.MemoryMiB, NUMANode: g.NUMANode})
+			gpu := topology.GPU{Index: g.Index, UUID: g.UUID, PCIBusID: g.PCIBusID, Product: g.Product, MemoryMiB: g.MemoryMiB, NUMANode: g.NUMANode}
+			if g.Health != "" && g.Health != "healthy" {
+				gpu.Unhealthy = g.Health
+			}
+			gpus = append(gpus, gpu)
 		}
 	}
 	for i := range gpus {

@@ -114,7 +114,7 @@ func TestDRAFirstFoundNodeChoice(t *testing.T) {
 // Over whole traces, every TP job DRA starts gets GPUs of one domain.
 func TestDRAFirstFoundNeverCrossesDomains(t *testing.T) {
 	for _, sc := range Scenarios() {
-		for _, p := range []Policy{DRAFirstFound{}, DRAFirstFound{NodeScore: SpreadNode}, &DRAShipped{}, &DRAShipped{Hints: true}, &DRAShipped{Hints: true, PackPlain: true}} {
+		for _, p := range []Policy{DRAFirstFound{}, DRAFirstFound{NodeScore: SpreadNode}, &DRAShipped{}, &DRAShipped{Hints: true}, &DRAShipped{Hints: true, Blocks: true}, &DRAShipped{Hints: true, PackPlain: true}} {
 			t.Run(sc.Name+"/"+p.Name(), func(t *testing.T) {
 				horizon := 200 * 512 / float64(sc.GPUs())
 				jobs, err := sc.Trace(5, 1.1, horizon)
@@ -301,66 +301,68 @@ func TestShippedMatchesAllocator(t *testing.T) {
 	features := structured.Features{AdminAccess: true, PrioritizedList: true, DeviceTaints: true, PartitionableDevices: true}
 	classes := classLister(dra.DeviceClasses(names.GPUResource))
 	rng := rand.New(rand.NewPCG(13, 14))
-	for _, kind := range []NodeKind{HGX8, Split2x4, Bridged4x2} {
-		for _, k := range []int{1, 2, 4, 8} {
-			t.Run(fmt.Sprintf("kind %d/k=%d", kind, k), func(t *testing.T) {
-				n := newNode(kind, 0)
-				rs := shippedSlices(t, n)
-				spec := dratemplates.Desired("ns", k).Spec.Spec
-				if k == 1 {
-					spec = resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: "plain",
-						Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: names.DRADeviceClass, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1}}}}}
-				}
-				claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "ns", UID: "uid"}, Spec: spec}
-				found := map[int]int{}
-				for trial := range 60 {
-					for g := range n.used {
-						n.used[g] = rng.IntN(3) == 0
+	for _, blocks := range []bool{false, true} {
+		for _, kind := range []NodeKind{HGX8, Split2x4, Bridged4x2} {
+			for _, k := range []int{1, 2, 4, 8} {
+				t.Run(fmt.Sprintf("blocks %v/kind %d/k=%d", blocks, kind, k), func(t *testing.T) {
+					n := newNode(kind, 0)
+					rs := shippedSlices(t, n, blocks)
+					spec := dratemplates.Desired("ns", k, blocks).Spec.Spec
+					if k == 1 {
+						spec = resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: "plain",
+							Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: names.DRADeviceClass, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1}}}}}
 					}
-					fit, _ := shippedAllocate(n, k)
-					wantSub, want := fit.Sub, fit.GPUs
-					inUse := sets.New[structured.DeviceID]()
-					for g, u := range n.used {
-						if u {
-							inUse.Insert(structured.MakeDeviceID(names.DRADriver, n.name, names.DRADeviceName(g)))
+					claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "ns", UID: "uid"}, Spec: spec}
+					found := map[int]int{}
+					for trial := range 60 {
+						for g := range n.used {
+							n.used[g] = rng.IntN(3) == 0
 						}
-					}
-					alloc, err := structured.NewAllocator(context.Background(), features, structured.AllocatedState{AllocatedDevices: inUse},
-						classes, rs, cel.NewCache(10, cel.Features{}))
-					if err != nil {
-						t.Fatalf("allocator: %v", err)
-					}
-					res, err := alloc.Allocate(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name}}, []*resourceapi.ResourceClaim{claim})
-					if err != nil {
-						t.Fatalf("allocate: %v", err)
-					}
-					var got []int
-					gotSub := -1
-					if len(res) == 1 {
-						for _, d := range res[0].Devices.Results {
-							gs, ok := names.ParseDRADeviceGPUs(d.Device)
-							if !ok {
-								t.Fatalf("device %q", d.Device)
-							}
-							got = append(got, gs...)
-							if _, sub, ok := strings.Cut(d.Request, "/"); ok {
-								gotSub = slices.IndexFunc(spec.Devices.Requests[0].FirstAvailable, func(s resourceapi.DeviceSubRequest) bool { return s.Name == sub })
+						fit, _ := shippedAllocate(n, k, blocks)
+						wantSub, want := fit.Sub, fit.GPUs
+						inUse := sets.New[structured.DeviceID]()
+						for g, u := range n.used {
+							if u {
+								inUse.Insert(structured.MakeDeviceID(names.DRADriver, n.name, names.DRADeviceName(g)))
 							}
 						}
+						alloc, err := structured.NewAllocator(context.Background(), features, structured.AllocatedState{AllocatedDevices: inUse},
+							classes, rs, cel.NewCache(10, cel.Features{}))
+						if err != nil {
+							t.Fatalf("allocator: %v", err)
+						}
+						res, err := alloc.Allocate(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name}}, []*resourceapi.ResourceClaim{claim})
+						if err != nil {
+							t.Fatalf("allocate: %v", err)
+						}
+						var got []int
+						gotSub := -1
+						if len(res) == 1 {
+							for _, d := range res[0].Devices.Results {
+								gs, ok := names.ParseDRADeviceGPUs(d.Device)
+								if !ok {
+									t.Fatalf("device %q", d.Device)
+								}
+								got = append(got, gs...)
+								if _, sub, ok := strings.Cut(d.Request, "/"); ok {
+									gotSub = slices.IndexFunc(spec.Devices.Requests[0].FirstAvailable, func(s resourceapi.DeviceSubRequest) bool { return s.Name == sub })
+								}
+							}
+						}
+						if !slices.Equal(got, want) || (want != nil && gotSub != wantSub) {
+							t.Fatalf("trial %d, in use %v: allocator chose %v (subrequest %d), the model %v (subrequest %d)", trial, n.used, got, gotSub, want, wantSub)
+						}
+						found[wantSub]++
 					}
-					if !slices.Equal(got, want) || (want != nil && gotSub != wantSub) {
-						t.Fatalf("trial %d, in use %v: allocator chose %v (subrequest %d), the model %v (subrequest %d)", trial, n.used, got, gotSub, want, wantSub)
-					}
-					found[wantSub]++
-				}
-				t.Logf("subrequests taken: %v", found)
-			})
+					t.Logf("subrequests taken: %v", found)
+				})
+			}
 		}
 	}
 }
 
 // shippedSlices are the ResourceSlices production publishes for a simulated node, blocks on.
-func shippedSlices(t *testing.T, n *Node) []*resourceapi.ResourceSlice {
+func shippedSlices(t *testing.T, n *Node, blocks bool) []*resourceapi.ResourceSlice {
 	t.Helper()
 	gpus := make([]topology.GPU, len(n.used))
 	for i := range gpus {
@@ -370,15 +372,15 @@ func shippedSlices(t *testing.T, n *Node) []*resourceapi.ResourceSlice {
 	if err != nil {
 		t.Fatalf("topology: %v", err)
 	}
-	pool := dra.Resources(n.name, top, dra.Publish{Blocks: true}).Pools[n.name]
+	pool := dra.Resources(n.name, top, dra.Publish{Blocks: blocks}).Pools[n.name]
 	var out []*resourceapi.ResourceSlice
 	for i, s := range pool.Slices {
 		out = append(out, &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-slice-%d", n.name, i)}, Spec: resourceapi.ResourceSliceSpec{
 			Driver: names.DRADriver, NodeName: ptr.To(n.name), Devices: s.Devices, SharedCounters: s.SharedCounters,
 			Pool: resourceapi.ResourcePool{Name: n.name, Generation: 1, ResourceSliceCount: int64(len(pool.Slices))}}})
 	}
-	if len(out) != 2 {
-		t.Fatalf("%d slices for an 8-GPU node with blocks, want the devices' and the counters'", len(out))
+	if want := map[bool]int{false: 1, true: 2}[blocks]; len(out) != want {
+		t.Fatalf("%d slices for an 8-GPU node (blocks %v), want %d", len(out), blocks, want)
 	}
 	return out
 }
@@ -404,8 +406,8 @@ func TestShippedHintTakesTheTightestNode(t *testing.T) {
 			if !ok || !oneDomain(nodes[ni], gs) {
 				t.Fatalf("placed %v on %d (%v)", gs, ni, ok)
 			}
-			if ni == 1 && !slices.Equal(gs, []int{6, 7}) {
-				t.Fatalf("on the busy node it took %v, want the free block 6-7", gs)
+			if ni == 1 && !slices.Equal(gs, []int{7, 6}) {
+				t.Fatalf("on the busy node it took %v, want the last two GPUs, 7 and 6", gs)
 			}
 			count[ni]++
 		}

@@ -46,13 +46,19 @@ type DRAShipped struct {
 	// extended resource, so a plain pod goes to the node with the fewest free GPUs. TP pods ask
 	// for a claim, not the extended resource, and are not scored by it.
 	PackPlain bool
-	hint      map[int][]int
+	// Blocks: the driver publishes blocks and the templates ask for one first (dra.blocks, off
+	// by default).
+	Blocks bool
+	hint   map[int][]int
 }
 
 func (p *DRAShipped) Name() string {
 	n := "DRA mode, as shipped"
 	if !p.Hints {
 		n += " (no hints)"
+	}
+	if p.Blocks {
+		n += " + blocks"
 	}
 	if p.PackPlain {
 		n += " + packing profile"
@@ -81,18 +87,18 @@ func (p *DRAShipped) Admit(j *Job, nodes []*Node) bool {
 		if p.hint == nil {
 			p.hint = map[int][]int{}
 		}
-		p.hint[j.ID] = tightestNodes(nodes, j.Size, placement.MaxHintNodes)
+		p.hint[j.ID] = tightestNodes(nodes, j.Size, placement.MaxHintNodes, p.Blocks)
 	}
 	return true
 }
 
 // tightestNodes are up to limit nodes whose predicted fit (dra.Predict) is the tightest
 // (dra.Fit.Tighter), in node order.
-func tightestNodes(nodes []*Node, k, limit int) []int {
+func tightestNodes(nodes []*Node, k, limit int, blocks bool) []int {
 	var best dra.Fit
 	var out []int
 	for i, n := range nodes {
-		f, ok := shippedAllocate(n, k)
+		f, ok := shippedAllocate(n, k, blocks)
 		if !ok {
 			continue
 		}
@@ -117,7 +123,7 @@ func (p *DRAShipped) Place(j *Job, nodes []*Node, rng *rand.Rand) (int, []int, b
 	var cands []cand
 	bestSub := -1
 	for i, n := range nodes {
-		f, ok := shippedAllocate(n, j.Size)
+		f, ok := shippedAllocate(n, j.Size, p.Blocks)
 		if !ok {
 			continue
 		}
@@ -162,7 +168,7 @@ func (p *DRAShipped) Place(j *Job, nodes []*Node, rng *rand.Rand) (int, []int, b
 
 // slots is what pkg/dra publishes for a simulated node, in slice order; the node keeps it,
 // since its shape never changes.
-func slots(n *Node) []dra.Slot {
+func slots(n *Node, blocks bool) []dra.Slot {
 	if n.published != nil {
 		return n.published
 	}
@@ -174,12 +180,12 @@ func slots(n *Node) []dra.Slot {
 	if err != nil {
 		panic(err)
 	}
-	n.published = dra.Slots(top)
+	n.published = dra.Slots(top, dra.Publish{Blocks: blocks})
 	return n.published
 }
 
 // shippedAllocate is the allocator on one node for a job of k GPUs (dra.Predict, production
 // code): one-GPU jobs are plain pods, larger ones TP pods.
-func shippedAllocate(n *Node, k int) (dra.Fit, bool) {
-	return dra.Predict(slots(n), n.inUse, k, k > 1)
+func shippedAllocate(n *Node, k int, blocks bool) (dra.Fit, bool) {
+	return dra.Predict(slots(n, blocks), n.inUse, k, k > 1)
 }

@@ -1,0 +1,219 @@
+package dra
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+
+	"github.com/nvdomain/nvdomain/pkg/kubeevents"
+	"github.com/nvdomain/nvdomain/pkg/names"
+)
+
+// DefaultHousekeepingPeriod is how often the driver looks for stale checkpoint entries and for
+// a device plugin on its node.
+const DefaultHousekeepingPeriod = 30 * time.Second
+
+// The driver's day-2 guards, beside Prepare and Unprepare:
+//
+//   - Stale checkpoint entries. The checkpoint refuses a GPU another prepared claim holds, and
+//     only an Unprepare removes an entry; a pod force-deleted with its claim, or a kubelet that
+//     lost track of a claim, leaves an entry that would refuse its GPUs for ever (NVIDIA's
+//     driver: kubernetes-sigs/dra-driver-nvidia-gpu #1278). An entry is stale when its claim is
+//     gone, has another UID, is not allocated, or its allocation lists none of the entry's
+//     devices on this node. Prepare checks the holder on a conflict; housekeeping checks every
+//     entry each period.
+//   - A Prepare after its Unprepare (#1162): a claim unprepared in the last ten minutes is
+//     prepared again only while it is reserved for a pod and not being deleted.
+//   - A device plugin on a DRA node. When the Node advertises nvidia.com/gpu, the scheduler
+//     gives those GPUs to plain pods while claims take the same GPUs from the driver. The
+//     driver withdraws its devices (publishes none) with a Warning Event and the Node
+//     condition NvdomainDRADevices=False until the resource is gone.
+
+// staleHolder reports why a checkpointed claim no longer holds its GPUs ("" while it does, or
+// when the apiserver cannot tell now: an entry is only dropped on the apiserver's word).
+func (d *Driver) staleHolder(ctx context.Context, uid types.UID, pc PreparedClaim) string {
+	c, err := d.o.Client.ResourceV1().ResourceClaims(pc.Namespace).Get(ctx, pc.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return "the claim is gone"
+	case err != nil:
+		return ""
+	case c.UID != uid:
+		return fmt.Sprintf("the claim was re-created (uid %s)", c.UID)
+	case c.Status.Allocation == nil:
+		return "the claim is no longer allocated"
+	}
+	held := map[string]bool{}
+	for _, r := range c.Status.Allocation.Devices.Results {
+		if r.Driver == names.DRADriver && r.Pool == d.o.Node {
+			held[r.Device] = true
+		}
+	}
+	for _, dev := range pc.Devices {
+		if held[dev.Device] {
+			return ""
+		}
+	}
+	return "the claim's allocation no longer lists its devices on this node"
+}
+
+// prepare prepares one claim with the day-2 guards: a recent Unprepare, a stale holder.
+func (d *Driver) prepare(ctx context.Context, claim *resourceapi.ResourceClaim) ([]PreparedDevice, error) {
+	if at, ok := d.state.UnpreparedAt(claim.UID); ok && (claim.DeletionTimestamp != nil || len(claim.Status.ReservedFor) == 0) {
+		return nil, fmt.Errorf("claim %s/%s was unprepared at %s and is no longer reserved for a pod: this Prepare came after its Unprepare, and is refused so that no GPU is held for a pod that is gone",
+			claim.Namespace, claim.Name, at.Format(time.RFC3339))
+	}
+	devs, err := d.state.Prepare(ctx, claim)
+	var held *HeldError
+	if !errors.As(err, &held) {
+		return devs, err
+	}
+	why := d.staleHolder(ctx, held.UID, held.Holder)
+	if why == "" {
+		return nil, err
+	}
+	d.o.Log.Info("dropping a stale checkpoint entry that blocked a claim", "holder", held.Holder.Namespace+"/"+held.Holder.Name, "uid", held.UID, "why", why,
+		"claim", claim.Namespace+"/"+claim.Name)
+	if uerr := d.state.Unprepare(ctx, held.UID); uerr != nil {
+		return nil, fmt.Errorf("%w (its holder is stale: %s, but removing it failed: %v)", err, why, uerr)
+	}
+	d.o.Metrics.stale("conflict", 1)
+	return d.state.Prepare(ctx, claim)
+}
+
+// housekeeping runs every period until ctx ends: stale entries, then the device plugin check.
+func (d *Driver) housekeeping(ctx context.Context, period time.Duration) {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		d.Housekeep(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Housekeep runs one round of housekeeping.
+func (d *Driver) Housekeep(ctx context.Context) {
+	claims, err := d.state.Prepared()
+	if err != nil {
+		d.o.Log.Error(err, "read the DRA checkpoint for housekeeping")
+	}
+	removed := 0
+	for uid, pc := range claims {
+		why := d.staleHolder(ctx, uid, pc)
+		if why == "" {
+			continue
+		}
+		if err := d.state.Unprepare(ctx, uid); err != nil {
+			d.o.Log.Error(err, "remove a stale checkpoint entry", "claim", pc.Namespace+"/"+pc.Name, "uid", uid)
+			continue
+		}
+		removed++
+		d.o.Log.Info("removed a stale checkpoint entry", "claim", pc.Namespace+"/"+pc.Name, "uid", uid, "why", why)
+	}
+	d.o.Metrics.stale("cleanup", removed)
+	d.checkDevicePlugin(ctx)
+}
+
+// checkDevicePlugin withdraws the driver's devices while the Node advertises nvidia.com/gpu.
+func (d *Driver) checkDevicePlugin(ctx context.Context) {
+	node, err := d.o.Client.CoreV1().Nodes().Get(ctx, d.o.Node, metav1.GetOptions{})
+	if err != nil {
+		d.o.Log.Error(err, "read the node for the device plugin check")
+		return
+	}
+	q, ok := node.Status.Capacity[names.GPUResource]
+	foreign := ok && !q.IsZero()
+	d.mu.Lock()
+	changed := foreign != d.withdrawn
+	d.withdrawn = foreign
+	var perr error
+	if changed && d.top != nil {
+		perr = d.publishLocked(ctx)
+	}
+	d.mu.Unlock()
+	if perr != nil {
+		d.o.Log.Error(perr, "republish after the device plugin check")
+	}
+	if !changed && d.conditionSet {
+		return
+	}
+	cond := corev1.NodeCondition{Type: names.ConditionDRADevices, Status: corev1.ConditionTrue, Reason: names.ReasonDRADevicesPublished,
+		Message: fmt.Sprintf("the DRA driver %s publishes this node's GPUs", names.DRADriver)}
+	if foreign {
+		cond = corev1.NodeCondition{Type: names.ConditionDRADevices, Status: corev1.ConditionFalse, Reason: names.ReasonDevicePluginOnDRANode,
+			Message: fmt.Sprintf("the node advertises %s=%s from a device plugin, which would hand out the same GPUs as the DRA driver %s: its devices are withdrawn until the device plugin is removed from this DRA node (uninstall NVIDIA's device plugin here, or label the node %s=classic)",
+				names.GPUResource, q.String(), names.DRADriver, d.o.ModeLabel)}
+		d.event(ctx, corev1.EventTypeWarning, names.ReasonDevicePluginOnDRANode, cond.Message)
+	} else if changed {
+		d.event(ctx, corev1.EventTypeNormal, names.ReasonDRADevicesPublished, "no device plugin advertises "+names.GPUResource+" any more: the DRA driver publishes the node's GPUs again")
+	}
+	if err := kubeevents.SetNodeCondition(ctx, d.o.Client, d.o.Node, "nvdomain-dra", cond); err != nil {
+		d.o.Log.Error(err, "set the DRA devices condition")
+		return
+	}
+	d.conditionSet = true
+}
+
+func (d *Driver) event(ctx context.Context, typ, reason, msg string) {
+	if err := kubeevents.Record(ctx, d.o.Client, kubeevents.Event{Object: kubeevents.NodeRef(d.o.Node), Type: typ, Reason: reason, Message: msg,
+		Component: "nvdomain-dra", Host: d.o.Node}); err != nil {
+		d.o.Log.Error(err, "record an event")
+	}
+}
+
+// HandleError implements kubeletplugin.DRAPlugin. The helper calls it for background errors.
+// A dead gRPC server is unrecoverable and ends the process through Options.Fatal: the pod
+// restarts rather than staying Ready with no DRA service. ResourceSlices the apiserver refuses
+// or whose fields it drops are not: retrying does not fix them, but Prepare and Unprepare must
+// go on for the claims already on the node. They are reported (an Event on the Node, the
+// nvdomain_dra_slice_errors_total metric), and dropped fields with blocks on (partitionable
+// devices off in the apiserver) make the driver publish the GPUs alone.
+func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
+	var dropped *resourceslice.DroppedFieldsError
+	switch {
+	case errors.As(err, &dropped):
+		d.o.Metrics.sliceError("dropped-fields")
+		d.mu.Lock()
+		fallback := d.o.Blocks && !d.noBlocks
+		d.noBlocks = true
+		d.mu.Unlock()
+		text := fmt.Sprintf("the apiserver dropped fields of the DRA driver's ResourceSlices (%v)", err)
+		if fallback {
+			text += ": it does not serve partitionable devices (enable the DRAPartitionableDevices feature gate on Kubernetes 1.34/1.35), so the driver publishes the GPUs without blocks; TP claims take k GPUs of one domain"
+			go func() {
+				d.mu.Lock()
+				defer d.mu.Unlock()
+				if err := d.publishLocked(context.WithoutCancel(ctx)); err != nil {
+					d.o.Log.Error(err, "publish the GPUs without blocks")
+				}
+			}()
+		}
+		d.o.Log.Error(err, msg, "fallbackToGPUsAlone", fallback)
+		d.event(ctx, corev1.EventTypeWarning, "ResourceSliceFieldsDropped", text)
+	case apierrors.IsInvalid(err):
+		d.o.Metrics.sliceError("invalid")
+		d.o.Log.Error(err, msg)
+		d.event(ctx, corev1.EventTypeWarning, "ResourceSliceInvalid", fmt.Sprintf("the apiserver refused the DRA driver's ResourceSlices: %v; prepared claims are still served", err))
+	case !errors.Is(err, kubeletplugin.ErrRecoverable):
+		d.o.Log.Error(err, msg, "fatal", true)
+		if d.o.Fatal != nil {
+			d.o.Fatal(fmt.Errorf("DRA driver: %s: %w", msg, err))
+		}
+	default:
+		d.o.Metrics.sliceError("other")
+		d.o.Log.Error(err, msg)
+	}
+}

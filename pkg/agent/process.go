@@ -166,8 +166,12 @@ func RunProcess(ctx context.Context, o ProcessOptions, log logr.Logger) error {
 			return nil
 		}
 		mode, _ := o.draCDI() // validated above
+		dm, err := dra.NewMetrics(reg)
+		if err != nil {
+			return err
+		}
 		d, err := dra.Start(ctx, dra.Options{Node: o.Node, Client: client, KubeletDir: o.DRAKubeletDir, CDI: mode, CDISpecDir: o.CDISpecDir,
-			Topology: top, Blocks: o.DRABlocks, Log: log.WithName("dra"), Fatal: func(err error) { cancel(err) }})
+			Topology: top, Blocks: o.DRABlocks, Metrics: dm, ModeLabel: o.Names.ModeLabel(), Log: log.WithName("dra"), Fatal: func(err error) { cancel(err) }})
 		if err != nil {
 			return err
 		}

@@ -91,16 +91,18 @@ func (d *Driver) prepare(ctx context.Context, claim *resourceapi.ResourceClaim) 
 }
 
 // housekeeping runs every period until ctx ends: stale entries, then the device plugin check.
+// The first round comes one period after the start, once the kubelet has had the time to
+// prepare again what it holds.
 func (d *Driver) housekeeping(ctx context.Context, period time.Duration) {
 	t := time.NewTicker(period)
 	defer t.Stop()
 	for {
-		d.Housekeep(ctx)
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+		d.Housekeep(ctx)
 	}
 }
 

@@ -1,0 +1,241 @@
+package dra
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
+)
+
+// startDriver starts a driver over a fake apiserver holding the node and objs, with
+// housekeeping left to the test (Housekeep).
+func startDriver(t *testing.T, objs ...k8sruntime.Object) (*Driver, *fake.Clientset, *Metrics) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	dir := shortDir(t)
+	all := []k8sruntime.Object{&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, UID: "node-uid"}}}
+	cs := fake.NewClientset(append(all, objs...)...)
+	m, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := Start(ctx, Options{Node: node, Client: cs, KubeletDir: dir, CDI: CDINvdomain, CDISpecDir: dir + "/cdi", Topology: hgx(t),
+		Log: logr.Discard(), Metrics: m, HousekeepingPeriod: time.Hour, ModeLabel: names.Default().ModeLabel()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Stop)
+	return d, cs, m
+}
+
+var errTransient = errors.New("connection refused")
+
+func preparedUIDs(t *testing.T, d *Driver) []string {
+	t.Helper()
+	claims, err := d.State().Prepared()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for uid := range claims {
+		out = append(out, string(uid))
+	}
+	slices.Sort(out)
+	return out
+}
+
+// A checkpoint entry whose claim is gone, was re-created or no longer holds its GPUs is
+// dropped within one housekeeping round; one whose claim still holds them stays.
+func TestHousekeepingDropsStaleEntries(t *testing.T) {
+	live, gone, recreated, moved := claim("live", 0), claim("gone", 1), claim("recr", 2), claim("moved", 3)
+	d, cs, m := startDriver(t)
+	ctx := context.Background()
+	for _, c := range []*resourceapi.ResourceClaim{live, gone, recreated, moved} {
+		if _, err := cs.ResourceV1().ResourceClaims(c.Namespace).Create(ctx, c, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := d.prepare(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The pod of "gone" was force-deleted and its claim with it; "recr" is a new claim of the
+	// same name; "moved" was deallocated and allocated other GPUs.
+	if err := cs.ResourceV1().ResourceClaims(gone.Namespace).Delete(ctx, gone.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cs.ResourceV1().ResourceClaims(recreated.Namespace).Delete(ctx, recreated.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	again := claim("recr-2", 2)
+	again.Name = recreated.Name
+	if _, err := cs.ResourceV1().ResourceClaims(again.Namespace).Create(ctx, again, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	other := claim("moved", 6)
+	if _, err := cs.ResourceV1().ResourceClaims(other.Namespace).Update(ctx, other, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	d.Housekeep(ctx)
+	if got := preparedUIDs(t, d); !slices.Equal(got, []string{"live"}) {
+		t.Errorf("after housekeeping the checkpoint holds %v, want [live]", got)
+	}
+	if got := testutil.ToFloat64(m.StaleRemoved.WithLabelValues("cleanup")); got != 3 {
+		t.Errorf("nvdomain_dra_stale_claims_removed_total{found=cleanup} = %v, want 3", got)
+	}
+	// A claim the apiserver cannot be asked about stays: only its word drops an entry.
+	cs.PrependReactor("get", "resourceclaims", func(_ k8stesting.Action) (bool, k8sruntime.Object, error) {
+		return true, nil, errTransient
+	})
+	if err := cs.ResourceV1().ResourceClaims(live.Namespace).Delete(ctx, live.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	d.Housekeep(ctx)
+	if got := preparedUIDs(t, d); !slices.Equal(got, []string{"live"}) {
+		t.Errorf("with the apiserver unreachable the checkpoint holds %v, want [live] kept", got)
+	}
+}
+
+// A GPU held by a checkpointed claim that is gone is taken over at once by the next claim
+// that gets it, instead of refusing it for ever; one held by a live claim is still refused.
+func TestPrepareDropsAStaleHolderOnConflict(t *testing.T) {
+	holder := claim("holder", 5)
+	d, cs, m := startDriver(t, holder)
+	ctx := context.Background()
+	if _, err := d.prepare(ctx, holder); err != nil {
+		t.Fatal(err)
+	}
+	next := claim("next", 5)
+	if _, err := d.prepare(ctx, next); err == nil || !strings.Contains(err.Error(), "already prepared for claim default/llama-holder") {
+		t.Fatalf("a GPU of a live holder: %v", err)
+	}
+	if err := cs.ResourceV1().ResourceClaims(holder.Namespace).Delete(ctx, holder.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.prepare(ctx, next); err != nil {
+		t.Fatalf("the holder's claim is gone, yet: %v", err)
+	}
+	if got := preparedUIDs(t, d); !slices.Equal(got, []string{"next"}) {
+		t.Errorf("checkpoint %v, want [next]", got)
+	}
+	if got := testutil.ToFloat64(m.StaleRemoved.WithLabelValues("conflict")); got != 1 {
+		t.Errorf("stale removed on conflict = %v, want 1", got)
+	}
+}
+
+// A Prepare that arrives after its claim's Unprepare is refused unless the claim is reserved
+// for a pod again; a checkpointed claim is restored only for the allocation it was prepared for.
+func TestPrepareAfterUnprepareAndRestoreAgainstTheAllocation(t *testing.T) {
+	d, _, _ := startDriver(t)
+	ctx := context.Background()
+	c := claim("u1", 4)
+	if _, err := d.prepare(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.State().Unprepare(ctx, c.UID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.prepare(ctx, c); err == nil || !strings.Contains(err.Error(), "came after its Unprepare") {
+		t.Errorf("a Prepare after the Unprepare of an unreserved claim: %v", err)
+	}
+	c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: "p", UID: "pod-uid"}}
+	if _, err := d.prepare(ctx, c); err != nil {
+		t.Errorf("a claim reserved for a pod again: %v", err)
+	}
+	// The checkpoint says GPU 4; the claim is now allocated GPU 6.
+	c.Status.Allocation.Devices.Results[0].Device = names.DRADeviceName(6)
+	if _, err := d.prepare(ctx, c); err == nil || !strings.Contains(err.Error(), "of an earlier allocation") {
+		t.Errorf("restore against another allocation: %v", err)
+	}
+}
+
+// While the Node advertises nvidia.com/gpu (a device plugin runs there too), the driver
+// publishes no devices, says why on the Node and in an Event, and publishes them again once
+// the resource is gone. An unhealthy GPU's devices carry the NoSchedule taint.
+func TestDevicesWithdrawnBesideADevicePluginAndTaintedWhenUnhealthy(t *testing.T) {
+	d, cs, m := startDriver(t)
+	ctx := context.Background()
+	waitFor(t, "the node's 9 GPUs published", func() bool { return len(sliceDevices(ctx, t, cs)) == 9 })
+	nd, err := cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nd.Status.Capacity = corev1.ResourceList{names.GPUResource: resource.MustParse("8")}
+	if _, err := cs.CoreV1().Nodes().UpdateStatus(ctx, nd, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	d.Housekeep(ctx)
+	waitFor(t, "the devices withdrawn", func() bool { return len(sliceDevices(ctx, t, cs)) == 0 })
+	cond := func() corev1.NodeCondition {
+		nd, err := cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range nd.Status.Conditions {
+			if c.Type == names.ConditionDRADevices {
+				return c
+			}
+		}
+		return corev1.NodeCondition{}
+	}
+	if c := cond(); c.Status != corev1.ConditionFalse || c.Reason != names.ReasonDevicePluginOnDRANode || !strings.Contains(c.Message, "nvidia.com/gpu=8") {
+		t.Errorf("condition %+v", c)
+	}
+	evs, err := cs.CoreV1().Events("default").List(ctx, metav1.ListOptions{})
+	if err != nil || !slices.ContainsFunc(evs.Items, func(e corev1.Event) bool {
+		return e.Reason == names.ReasonDevicePluginOnDRANode && e.Type == corev1.EventTypeWarning
+	}) {
+		t.Errorf("no %s Warning Event (%v)", names.ReasonDevicePluginOnDRANode, err)
+	}
+	if testutil.ToFloat64(m.Withdrawn) != 1 {
+		t.Error("nvdomain_dra_devices_withdrawn is not 1")
+	}
+	nd.Status.Capacity = nil
+	if _, err := cs.CoreV1().Nodes().UpdateStatus(ctx, nd, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	d.Housekeep(ctx)
+	waitFor(t, "the devices published again", func() bool { return len(sliceDevices(ctx, t, cs)) == 9 })
+	if c := cond(); c.Status != corev1.ConditionTrue {
+		t.Errorf("condition after the device plugin went: %+v", c)
+	}
+
+	sick := hgx(t)
+	sick.GPUs[3].Unhealthy = "XID 79: GPU has fallen off the bus"
+	if err := d.SetTopology(ctx, sick); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "gpu-3 tainted", func() bool {
+		list, err := cs.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range list.Items {
+			for _, dev := range s.Spec.Devices {
+				tainted := len(dev.Taints) == 1 && dev.Taints[0].Key == names.DRATaintUnhealthy && dev.Taints[0].Effect == resourceapi.DeviceTaintEffectNoSchedule
+				if (dev.Name == "gpu-3") != tainted {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	if testutil.ToFloat64(m.Tainted) != 1 {
+		t.Error("nvdomain_dra_unhealthy_gpus is not 1")
+	}
+}

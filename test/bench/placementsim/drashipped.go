@@ -69,14 +69,9 @@ func (p *DRAShipped) Name() string {
 	return n
 }
 
-// FitKey implements Policy: with no pin, jobs of one size fit in the same places; with hints
-// each job is its own group, since its hint ranks the nodes.
-func (p *DRAShipped) FitKey(j *Job) int {
-	if p.Hints {
-		return 1000 + j.ID
-	}
-	return j.Size
-}
+// FitKey implements Policy: with no pin, jobs of one size fit in the same places (a hint only
+// ranks the nodes that fit).
+func (p *DRAShipped) FitKey(j *Job) int { return j.Size }
 
 // Admit rejects a job larger than every domain, as the webhook does, and takes its hint.
 func (p *DRAShipped) Admit(j *Job, nodes []*Node) bool {

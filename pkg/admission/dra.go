@@ -117,13 +117,10 @@ func HintDRA(pod *corev1.Pod, hint []string) *corev1.Pod {
 
 // hintTerm is the DRA hint's preferred term: the hinted nodes by hostname, at HintWeight.
 func hintTerm(hint []string) (corev1.PreferredSchedulingTerm, bool) {
-	hosts := slices.DeleteFunc(slices.Clone(hint), func(h string) bool { return h == "" })
-	slices.Sort(hosts)
-	hosts = slices.Compact(hosts)
+	hosts := hintHosts(hint)
 	if len(hosts) == 0 {
 		return corev1.PreferredSchedulingTerm{}, false
 	}
-	hosts = hosts[:min(len(hosts), placement.MaxHintNodes)]
 	return corev1.PreferredSchedulingTerm{Weight: HintWeight, Preference: corev1.NodeSelectorTerm{
 		MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: hosts}},
 	}}, true

@@ -168,24 +168,25 @@ const HintWeight = 20
 // nothing where the pod may run, so that it reads on its own and names the domain it is about.
 // ok is false when there is no hint (the pod waits: no node has room now).
 func tightestNodes(key string, k int, hint []string) (corev1.PreferredSchedulingTerm, bool) {
-	hosts := make([]string, 0, len(hint))
-	for _, h := range hint {
-		if h != "" {
-			hosts = append(hosts, h)
-		}
-	}
-	slices.Sort(hosts)
-	hosts = slices.Compact(hosts)
+	hosts := hintHosts(hint)
 	if len(hosts) == 0 {
 		return corev1.PreferredSchedulingTerm{}, false
 	}
-	hosts = hosts[:min(len(hosts), placement.MaxHintNodes)]
 	return corev1.PreferredSchedulingTerm{Weight: HintWeight, Preference: corev1.NodeSelectorTerm{
 		MatchExpressions: []corev1.NodeSelectorRequirement{
 			{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: hosts},
 			{Key: key, Operator: corev1.NodeSelectorOpGt, Values: []string{strconv.Itoa(k - 1)}},
 		},
 	}}, true
+}
+
+// hintHosts are a hint's hostnames as the preferred term lists them: sorted, without blanks
+// or repeats, at most placement.MaxHintNodes.
+func hintHosts(hint []string) []string {
+	hosts := slices.DeleteFunc(slices.Clone(hint), func(h string) bool { return h == "" })
+	slices.Sort(hosts)
+	hosts = slices.Compact(hosts)
+	return hosts[:min(len(hosts), placement.MaxHintNodes)]
 }
 
 func hasPreference(terms []corev1.PreferredSchedulingTerm, key string) bool {

@@ -109,7 +109,7 @@ func (v *View) DRAHint(pod *corev1.Pod, k int, tp bool) []string {
 			continue
 		}
 		used := v.draUsed[name]
-		f, ok := dra.Predict(nd.draSlots, func(g int) bool { return used[g] > 0 }, k, tp)
+		f, ok := dra.Predict(nd.draSlots, func(g int) bool { return used[g] > 0 }, k, tp, v.draBlocks)
 		switch {
 		case !ok || (len(out) > 0 && best.Tighter(f)):
 			continue

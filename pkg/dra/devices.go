@@ -36,6 +36,10 @@ type Publish struct {
 	// apiserver and the scheduler, or the apiserver drops the counters and the driver falls
 	// back to GPUs alone).
 	Blocks bool
+	// WithholdUnhealthy leaves unhealthy GPUs (and blocks holding them) out instead of
+	// tainting them: for apiservers without device taints (DRADeviceTaints, beta and on from
+	// 1.36), which drop the taint and would publish the GPU as schedulable.
+	WithholdUnhealthy bool
 }
 
 // Devices is the ResourceSlice form of a topology, in the order the allocator should prefer
@@ -77,15 +81,17 @@ func Devices(top *topology.Topology, p Publish) []resourceapi.Device {
 			}
 		}
 	}
+	keep := func(g topology.GPU) bool { return !p.WithholdUnhealthy || g.Unhealthy == "" }
 	for _, g := range top.GPUs {
-		if g.Domain == nil {
+		if g.Domain == nil && keep(g) {
 			out = append(out, gpuDevice(top, g, p))
 		}
 	}
 	for _, d := range singlesOrder(doms) {
 		for i := len(d.GPUs) - 1; i >= 0; i-- {
-			g, _ := top.GPU(d.GPUs[i])
-			out = append(out, gpuDevice(top, g, p))
+			if g, _ := top.GPU(d.GPUs[i]); keep(g) {
+				out = append(out, gpuDevice(top, g, p))
+			}
 		}
 	}
 	return out
@@ -225,7 +231,8 @@ func consumes(d topology.Domain, gpus []int) []resourceapi.DeviceCounterConsumpt
 func Resources(node string, top *topology.Topology, p Publish) resourceslice.DriverResources {
 	devices := Devices(top, p)
 	per := MaxDevicesPerSlice
-	if p.Blocks {
+	// The API allows 64 devices per slice once any consumes counters or carries a taint.
+	if p.Blocks || slices.ContainsFunc(devices, func(d resourceapi.Device) bool { return len(d.Taints) > 0 }) {
 		per = MaxDevicesPerSliceWithBlocks
 	}
 	var out []resourceslice.Slice

@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/types"
@@ -101,12 +102,17 @@ type Driver struct {
 	mu        sync.Mutex
 	published *resourceslice.DriverResources
 	top       *topology.Topology
-	// noBlocks is set once the apiserver dropped the blocks' counters.
-	noBlocks bool
+	// noBlocks is set once the apiserver dropped the blocks' counters, noTaints once it
+	// dropped a device taint (unhealthy GPUs are then withheld).
+	noBlocks, noTaints bool
 	// withdrawn is set while a device plugin advertises nvidia.com/gpu on the node: the driver
 	// then publishes no devices. conditionSet: the Node condition was written once.
-	withdrawn    bool
-	conditionSet bool
+	withdrawn bool
+	// lastCondition is the NvdomainDRADevices status last written ("" for none).
+	lastCondition corev1.ConditionStatus
+	// suspects are the checkpoint entries the last housekeeping round found stale; an entry
+	// is removed when two rounds in a row find it so. Only the housekeeping goroutine uses it.
+	suspects map[types.UID]bool
 	// registered is what the kubelet last said about the registration. The helper keeps the
 	// same status without a lock, so the driver records its own copy as the call passes.
 	registered atomic.Bool
@@ -143,6 +149,9 @@ func Start(ctx context.Context, o Options) (*Driver, error) {
 		return nil, fmt.Errorf("start the DRA kubelet plugin %s: %w", names.DRADriver, err)
 	}
 	d.helper = helper
+	// A device plugin already on the node is found before the first publish, so its GPUs are
+	// never offered twice, not even for one housekeeping period after a restart.
+	d.withdrawn = d.devicePluginOnNode(ctx)
 	if err := d.SetTopology(ctx, o.Topology); err != nil {
 		helper.Stop()
 		return nil, err
@@ -191,7 +200,10 @@ func (d *Driver) SetTopology(ctx context.Context, top *topology.Topology) error 
 // publishLocked publishes the current topology's devices; d.mu is held.
 func (d *Driver) publishLocked(ctx context.Context) error {
 	top := d.top
-	res := Resources(d.o.Node, top, Publish{Blocks: d.o.Blocks && !d.noBlocks})
+	if top == nil || d.helper == nil {
+		return nil // not started yet: Start publishes
+	}
+	res := Resources(d.o.Node, top, Publish{Blocks: d.o.Blocks && !d.noBlocks, WithholdUnhealthy: d.noTaints})
 	if d.withdrawn {
 		res = Resources(d.o.Node, &topology.Topology{Source: top.Source}, Publish{})
 	}

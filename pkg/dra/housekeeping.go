@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -72,21 +73,24 @@ func (d *Driver) prepare(ctx context.Context, claim *resourceapi.ResourceClaim) 
 		return nil, fmt.Errorf("claim %s/%s was unprepared at %s and is no longer reserved for a pod: this Prepare came after its Unprepare, and is refused so that no GPU is held for a pod that is gone",
 			claim.Namespace, claim.Name, at.Format(time.RFC3339))
 	}
-	devs, err := d.state.Prepare(ctx, claim)
-	var held *HeldError
-	if !errors.As(err, &held) {
-		return devs, err
+	// Each round drops one stale holder; a block can overlap as many holders as it has GPUs.
+	for range names.DRAMaxBlockSize * names.DRAMaxDevicesPerClaim {
+		devs, err := d.state.Prepare(ctx, claim)
+		var held *HeldError
+		if !errors.As(err, &held) {
+			return devs, err
+		}
+		why := d.staleHolder(ctx, held.UID, held.Holder)
+		if why == "" {
+			return nil, err
+		}
+		d.o.Log.Info("dropping a stale checkpoint entry that blocked a claim", "holder", held.Holder.Namespace+"/"+held.Holder.Name, "uid", held.UID, "why", why,
+			"claim", claim.Namespace+"/"+claim.Name)
+		if uerr := d.state.Unprepare(ctx, held.UID); uerr != nil {
+			return nil, fmt.Errorf("%w (its holder is stale: %s, but removing it failed: %v)", err, why, uerr)
+		}
+		d.o.Metrics.stale("conflict", 1)
 	}
-	why := d.staleHolder(ctx, held.UID, held.Holder)
-	if why == "" {
-		return nil, err
-	}
-	d.o.Log.Info("dropping a stale checkpoint entry that blocked a claim", "holder", held.Holder.Namespace+"/"+held.Holder.Name, "uid", held.UID, "why", why,
-		"claim", claim.Namespace+"/"+claim.Name)
-	if uerr := d.state.Unprepare(ctx, held.UID); uerr != nil {
-		return nil, fmt.Errorf("%w (its holder is stale: %s, but removing it failed: %v)", err, why, uerr)
-	}
-	d.o.Metrics.stale("conflict", 1)
 	return d.state.Prepare(ctx, claim)
 }
 
@@ -113,9 +117,16 @@ func (d *Driver) Housekeep(ctx context.Context) {
 		d.o.Log.Error(err, "read the DRA checkpoint for housekeeping")
 	}
 	removed := 0
+	suspects := map[types.UID]bool{}
 	for uid, pc := range claims {
 		why := d.staleHolder(ctx, uid, pc)
 		if why == "" {
+			continue
+		}
+		// Stale in two rounds in a row: a force-deleted pod's containers get a period to stop,
+		// and a read racing a claim's re-preparation is not acted on.
+		suspects[uid] = true
+		if !d.suspects[uid] {
 			continue
 		}
 		if err := d.state.Unprepare(ctx, uid); err != nil {
@@ -125,11 +136,24 @@ func (d *Driver) Housekeep(ctx context.Context) {
 		removed++
 		d.o.Log.Info("removed a stale checkpoint entry", "claim", pc.Namespace+"/"+pc.Name, "uid", uid, "why", why)
 	}
+	d.suspects = suspects
 	d.o.Metrics.stale("cleanup", removed)
 	d.checkDevicePlugin(ctx)
 }
 
+// devicePluginOnNode reports whether the Node advertises nvidia.com/gpu (false when it cannot
+// be read).
+func (d *Driver) devicePluginOnNode(ctx context.Context) bool {
+	node, err := d.o.Client.CoreV1().Nodes().Get(ctx, d.o.Node, metav1.GetOptions{})
+	if err != nil {
+		return false
+	}
+	q, ok := node.Status.Capacity[names.GPUResource]
+	return ok && !q.IsZero()
+}
+
 // checkDevicePlugin withdraws the driver's devices while the Node advertises nvidia.com/gpu.
+// What was published and the condition last written are retried until they match.
 func (d *Driver) checkDevicePlugin(ctx context.Context) {
 	node, err := d.o.Client.CoreV1().Nodes().Get(ctx, d.o.Node, metav1.GetOptions{})
 	if err != nil {
@@ -140,16 +164,18 @@ func (d *Driver) checkDevicePlugin(ctx context.Context) {
 	foreign := ok && !q.IsZero()
 	d.mu.Lock()
 	changed := foreign != d.withdrawn
+	was := d.withdrawn
 	d.withdrawn = foreign
 	var perr error
 	if changed && d.top != nil {
-		perr = d.publishLocked(ctx)
+		if perr = d.publishLocked(ctx); perr != nil {
+			d.withdrawn = was // retried next round
+		}
 	}
+	last := d.lastCondition
 	d.mu.Unlock()
 	if perr != nil {
 		d.o.Log.Error(perr, "republish after the device plugin check")
-	}
-	if !changed && d.conditionSet {
 		return
 	}
 	cond := corev1.NodeCondition{Type: names.ConditionDRADevices, Status: corev1.ConditionTrue, Reason: names.ReasonDRADevicesPublished,
@@ -158,15 +184,22 @@ func (d *Driver) checkDevicePlugin(ctx context.Context) {
 		cond = corev1.NodeCondition{Type: names.ConditionDRADevices, Status: corev1.ConditionFalse, Reason: names.ReasonDevicePluginOnDRANode,
 			Message: fmt.Sprintf("the node advertises %s=%s from a device plugin, which would hand out the same GPUs as the DRA driver %s: its devices are withdrawn until the device plugin is removed from this DRA node (uninstall NVIDIA's device plugin here, or label the node %s=classic)",
 				names.GPUResource, q.String(), names.DRADriver, d.o.ModeLabel)}
+	}
+	if last == cond.Status {
+		return
+	}
+	if foreign {
 		d.event(ctx, corev1.EventTypeWarning, names.ReasonDevicePluginOnDRANode, cond.Message)
-	} else if changed {
+	} else if last == corev1.ConditionFalse {
 		d.event(ctx, corev1.EventTypeNormal, names.ReasonDRADevicesPublished, "no device plugin advertises "+names.GPUResource+" any more: the DRA driver publishes the node's GPUs again")
 	}
 	if err := kubeevents.SetNodeCondition(ctx, d.o.Client, d.o.Node, "nvdomain-dra", cond); err != nil {
 		d.o.Log.Error(err, "set the DRA devices condition")
 		return
 	}
-	d.conditionSet = true
+	d.mu.Lock()
+	d.lastCondition = cond.Status
+	d.mu.Unlock()
 }
 
 func (d *Driver) event(ctx context.Context, typ, reason, msg string) {
@@ -188,22 +221,30 @@ func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
 	switch {
 	case errors.As(err, &dropped):
 		d.o.Metrics.sliceError("dropped-fields")
+		features := dropped.DisabledFeatures()
 		d.mu.Lock()
-		fallback := d.o.Blocks && !d.noBlocks
-		d.noBlocks = true
+		fallback := slices.Contains(features, "DRAPartitionableDevices") && d.o.Blocks && !d.noBlocks
+		withhold := slices.Contains(features, "DRADeviceTaints") && !d.noTaints
+		d.noBlocks = d.noBlocks || fallback
+		d.noTaints = d.noTaints || withhold
 		d.mu.Unlock()
 		text := fmt.Sprintf("the apiserver dropped fields of the DRA driver's ResourceSlices (%v)", err)
 		if fallback {
-			text += ": it does not serve partitionable devices (enable the DRAPartitionableDevices feature gate on Kubernetes 1.34/1.35), so the driver publishes the GPUs without blocks; TP claims take k GPUs of one domain"
+			text += "; it does not serve partitionable devices (enable the DRAPartitionableDevices feature gate on Kubernetes 1.34/1.35), so the driver publishes the GPUs without blocks; TP claims take k GPUs of one domain"
+		}
+		if withhold {
+			text += "; it does not serve device taints (DRADeviceTaints, on by default from 1.36), so unhealthy GPUs are left out of the slices instead of tainted"
+		}
+		if fallback || withhold {
 			go func() {
 				d.mu.Lock()
 				defer d.mu.Unlock()
 				if err := d.publishLocked(context.WithoutCancel(ctx)); err != nil {
-					d.o.Log.Error(err, "publish the GPUs without blocks")
+					d.o.Log.Error(err, "republish after dropped fields")
 				}
 			}()
 		}
-		d.o.Log.Error(err, msg, "fallbackToGPUsAlone", fallback)
+		d.o.Log.Error(err, msg, "fallbackToGPUsAlone", fallback, "withholdUnhealthy", withhold)
 		d.event(ctx, corev1.EventTypeWarning, "ResourceSliceFieldsDropped", text)
 	case apierrors.IsInvalid(err):
 		d.o.Metrics.sliceError("invalid")

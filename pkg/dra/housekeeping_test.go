@@ -13,11 +13,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
 
 	"github.com/nvdomain/nvdomain/pkg/names"
 )
@@ -92,8 +95,12 @@ func TestHousekeepingDropsStaleEntries(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.Housekeep(ctx)
+	if got := preparedUIDs(t, d); len(got) != 4 {
+		t.Errorf("after one round the checkpoint holds %v; an entry goes only when two rounds in a row find it stale", got)
+	}
+	d.Housekeep(ctx)
 	if got := preparedUIDs(t, d); !slices.Equal(got, []string{"live"}) {
-		t.Errorf("after housekeeping the checkpoint holds %v, want [live]", got)
+		t.Errorf("after two rounds the checkpoint holds %v, want [live]", got)
 	}
 	if got := testutil.ToFloat64(m.StaleRemoved.WithLabelValues("cleanup")); got != 3 {
 		t.Errorf("nvdomain_dra_stale_claims_removed_total{found=cleanup} = %v, want 3", got)
@@ -105,6 +112,7 @@ func TestHousekeepingDropsStaleEntries(t *testing.T) {
 	if err := cs.ResourceV1().ResourceClaims(live.Namespace).Delete(ctx, live.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	d.Housekeep(ctx)
 	d.Housekeep(ctx)
 	if got := preparedUIDs(t, d); !slices.Equal(got, []string{"live"}) {
 		t.Errorf("with the apiserver unreachable the checkpoint holds %v, want [live] kept", got)
@@ -237,5 +245,55 @@ func TestDevicesWithdrawnBesideADevicePluginAndTaintedWhenUnhealthy(t *testing.T
 	})
 	if testutil.ToFloat64(m.Tainted) != 1 {
 		t.Error("nvdomain_dra_unhealthy_gpus is not 1")
+	}
+}
+
+// Found at start, a device plugin's GPUs are never offered: the first publish is empty.
+func TestDevicePluginFoundBeforeTheFirstPublish(t *testing.T) {
+	nd := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, UID: "node-uid"},
+		Status: corev1.NodeStatus{Capacity: corev1.ResourceList{names.GPUResource: resource.MustParse("8")}}}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	dir := shortDir(t)
+	cs := fake.NewClientset(nd)
+	d, err := Start(ctx, Options{Node: node, Client: cs, KubeletDir: dir, CDI: CDINvdomain, CDISpecDir: dir + "/cdi", Topology: hgx(t),
+		Log: logr.Discard(), HousekeepingPeriod: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Stop()
+	time.Sleep(500 * time.Millisecond)
+	if devs := sliceDevices(ctx, t, cs); len(devs) != 0 {
+		t.Errorf("published %v beside a device plugin", devs)
+	}
+}
+
+// Dropped device taints withhold unhealthy GPUs; dropped counters turn blocks off; neither
+// ends the process, and an invalid slice does not either.
+func TestDroppedFieldsFallBackByFeature(t *testing.T) {
+	taint := []resourceapi.DeviceTaint{{Key: names.DRATaintUnhealthy, Effect: resourceapi.DeviceTaintEffectNoSchedule}}
+	withTaint := resourceapi.ResourceSlice{Spec: resourceapi.ResourceSliceSpec{Devices: []resourceapi.Device{{Name: "gpu-0", Taints: taint}}}}
+	withoutTaint := resourceapi.ResourceSlice{Spec: resourceapi.ResourceSliceSpec{Devices: []resourceapi.Device{{Name: "gpu-0"}}}}
+	counters := resourceapi.ResourceSlice{Spec: resourceapi.ResourceSliceSpec{SharedCounters: []resourceapi.CounterSet{{Name: "domain-0"}}}}
+	cases := []struct {
+		name               string
+		err                error
+		noBlocks, noTaints bool
+	}{
+		{"taints dropped", &resourceslice.DroppedFieldsError{DesiredSlice: &withTaint, ActualSlice: &withoutTaint}, false, true},
+		{"counters dropped", &resourceslice.DroppedFieldsError{DesiredSlice: &counters, ActualSlice: &resourceapi.ResourceSlice{}}, true, false},
+		{"invalid", apierrors.NewInvalid(schema.GroupKind{Group: "resource.k8s.io", Kind: "ResourceSlice"}, "s", nil), false, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var fatal error
+			d := &Driver{o: Options{Node: node, Client: fake.NewClientset(), Blocks: true, Log: logr.Discard(), Fatal: func(err error) { fatal = err }}}
+			d.HandleError(context.Background(), tc.err, "publish")
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			if fatal != nil || d.noBlocks != tc.noBlocks || d.noTaints != tc.noTaints {
+				t.Errorf("fatal %v, noBlocks %v, noTaints %v; want no fatal, %v, %v", fatal, d.noBlocks, d.noTaints, tc.noBlocks, tc.noTaints)
+			}
+		})
 	}
 }

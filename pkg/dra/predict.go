@@ -1,8 +1,6 @@
 package dra
 
 import (
-	"slices"
-
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/topology"
 )
@@ -91,12 +89,12 @@ func classOf(domainSize, k int) int {
 
 // Predict is the structured allocator's choice on one node, replayed over the node's slots in
 // slice order with used saying which GPUs are allocated: for a TP pod of k GPUs (tp), its
-// nvdomain-tp-<k> template (webhook/dratemplates: a block, then k GPUs of one domain, when the
-// node publishes blocks; else k GPUs of one domain); for a plain pod, k GPUs of the GPU class
-// with no constraint. ok is false when the
+// nvdomain-tp-<k> template (webhook/dratemplates: with blocks, a block, then k GPUs of one
+// domain; else k GPUs of one domain); for a plain pod, k GPUs of the GPU class with no
+// constraint. ok is false when the
 // node has no room. TestShippedMatchesAllocator (test/bench/placementsim) checks the replay
 // against the real allocator on production's slices and templates.
-func Predict(slots []Slot, used func(int) bool, k int, tp bool) (Fit, bool) {
+func Predict(slots []Slot, used func(int) bool, k int, tp, blocks bool) (Fit, bool) {
 	if !tp {
 		var gs []int
 		for _, s := range slots {
@@ -109,7 +107,6 @@ func Predict(slots []Slot, used func(int) bool, k int, tp bool) (Fit, bool) {
 		}
 		return Fit{}, false
 	}
-	blocks := slices.ContainsFunc(slots, func(s Slot) bool { return s.Block > 0 })
 	if blocks && TemplateBlocks(k) {
 		for _, s := range slots {
 			if s.Block == k && s.free(used) {

@@ -182,5 +182,5 @@ func slots(n *Node, blocks bool) []dra.Slot {
 // shippedAllocate is the allocator on one node for a job of k GPUs (dra.Predict, production
 // code): one-GPU jobs are plain pods, larger ones TP pods.
 func shippedAllocate(n *Node, k int, blocks bool) (dra.Fit, bool) {
-	return dra.Predict(slots(n, blocks), n.inUse, k, k > 1)
+	return dra.Predict(slots(n, blocks), n.inUse, k, k > 1, blocks)
 }

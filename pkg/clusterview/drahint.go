@@ -135,9 +135,9 @@ func nodeHostname(nd *node) string {
 // draTopology reads a DRA node's published devices from its topology annotation: the slots
 // dra.Predict walks and the node's GPU count. raw is the annotation; reuse is the node's
 // previous version, whose slots are kept when the annotation did not change (nodes are
-// updated every few seconds; the topology rarely).
+// updated every few seconds; the topology rarely; blocks is fixed before the informers start).
 func draTopology(raw string, reuse *node, blocks bool) ([]dra.Slot, int) {
-	if reuse != nil && reuse.dra && reuse.draTopo == raw && reuse.draBlocks == blocks {
+	if reuse != nil && reuse.dra && reuse.draTopo == raw {
 		return reuse.draSlots, reuse.draGPUs
 	}
 	if raw == "" {

@@ -209,10 +209,9 @@ type node struct {
 	draSizes map[int]int
 	// draTopo is a DRA node's topology annotation, draSlots the devices its driver publishes
 	// (read from it) and draGPUs its GPU count, for DRAHint (drahint.go).
-	draTopo   string
-	draSlots  []dra.Slot
-	draGPUs   int
-	draBlocks bool
+	draTopo  string
+	draSlots []dra.Slot
+	draGPUs  int
 }
 
 type podEntry struct {
@@ -279,7 +278,6 @@ func (v *View) UpsertNode(obj *corev1.Node) {
 	if nd.dra {
 		nd.draTopo = obj.Annotations[v.names.TopologyAnnotation()]
 		nd.draSlots, nd.draGPUs = draTopology(nd.draTopo, v.nodes[obj.Name], v.draBlocks)
-		nd.draBlocks = v.draBlocks
 	}
 	v.gen.Add(1)
 	if old, ok := v.nodes[obj.Name]; !ok || !sameShape(old, nd) {

@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
@@ -148,8 +149,15 @@ func (d *Driver) devicePluginOnNode(ctx context.Context) bool {
 	if err != nil {
 		return false
 	}
+	_, foreign := advertisedGPUs(node)
+	return foreign
+}
+
+// advertisedGPUs is the Node's nvidia.com/gpu capacity, and whether it is non-zero: what a
+// device plugin on the node advertises.
+func advertisedGPUs(node *corev1.Node) (resource.Quantity, bool) {
 	q, ok := node.Status.Capacity[names.GPUResource]
-	return ok && !q.IsZero()
+	return q, ok && !q.IsZero()
 }
 
 // checkDevicePlugin withdraws the driver's devices while the Node advertises nvidia.com/gpu.
@@ -160,8 +168,7 @@ func (d *Driver) checkDevicePlugin(ctx context.Context) {
 		d.o.Log.Error(err, "read the node for the device plugin check")
 		return
 	}
-	q, ok := node.Status.Capacity[names.GPUResource]
-	foreign := ok && !q.IsZero()
+	q, foreign := advertisedGPUs(node)
 	d.mu.Lock()
 	changed := foreign != d.withdrawn
 	was := d.withdrawn

@@ -6,7 +6,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -169,31 +168,7 @@ func TestFirstFoundMatchesAllocator(t *testing.T) {
 							n.used[g] = rng.IntN(3) == 0
 						}
 						want := firstFound(n, k)
-						inUse := sets.New[structured.DeviceID]()
-						for g, u := range n.used {
-							if u {
-								inUse.Insert(structured.MakeDeviceID(names.DRADriver, n.name, names.DRADeviceName(g)))
-							}
-						}
-						alloc, err := structured.NewAllocator(context.Background(), ft.f, structured.AllocatedState{AllocatedDevices: inUse},
-							classLister{class}, []*resourceapi.ResourceSlice{slice}, cel.NewCache(10, cel.Features{}))
-						if err != nil {
-							t.Fatalf("allocator: %v", err)
-						}
-						res, err := alloc.Allocate(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name}}, []*resourceapi.ResourceClaim{claim})
-						if err != nil {
-							t.Fatalf("allocate: %v", err)
-						}
-						var got []int
-						if len(res) == 1 {
-							for _, d := range res[0].Devices.Results {
-								i, err := strconv.Atoi(strings.TrimPrefix(d.Device, names.DRADevicePrefix))
-								if err != nil {
-									t.Fatalf("device %q: %v", d.Device, err)
-								}
-								got = append(got, i)
-							}
-						}
+						got, _ := allocateOn(t, ft.f, classLister{class}, []*resourceapi.ResourceSlice{slice}, n, claim)
 						if !slices.Equal(got, want) {
 							t.Fatalf("trial %d, in use %v: allocator chose %v, firstFound %v", trial, n.used, got, want)
 						}
@@ -320,34 +295,10 @@ func TestShippedMatchesAllocator(t *testing.T) {
 						}
 						fit, _ := shippedAllocate(n, k, blocks)
 						wantSub, want := fit.Sub, fit.GPUs
-						inUse := sets.New[structured.DeviceID]()
-						for g, u := range n.used {
-							if u {
-								inUse.Insert(structured.MakeDeviceID(names.DRADriver, n.name, names.DRADeviceName(g)))
-							}
-						}
-						alloc, err := structured.NewAllocator(context.Background(), features, structured.AllocatedState{AllocatedDevices: inUse},
-							classes, rs, cel.NewCache(10, cel.Features{}))
-						if err != nil {
-							t.Fatalf("allocator: %v", err)
-						}
-						res, err := alloc.Allocate(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name}}, []*resourceapi.ResourceClaim{claim})
-						if err != nil {
-							t.Fatalf("allocate: %v", err)
-						}
-						var got []int
+						got, sub := allocateOn(t, features, classes, rs, n, claim)
 						gotSub := -1
-						if len(res) == 1 {
-							for _, d := range res[0].Devices.Results {
-								gs, ok := names.ParseDRADeviceGPUs(d.Device)
-								if !ok {
-									t.Fatalf("device %q", d.Device)
-								}
-								got = append(got, gs...)
-								if _, sub, ok := strings.Cut(d.Request, "/"); ok {
-									gotSub = slices.IndexFunc(spec.Devices.Requests[0].FirstAvailable, func(s resourceapi.DeviceSubRequest) bool { return s.Name == sub })
-								}
-							}
+						if sub != "" {
+							gotSub = slices.IndexFunc(spec.Devices.Requests[0].FirstAvailable, func(s resourceapi.DeviceSubRequest) bool { return s.Name == sub })
 						}
 						if !slices.Equal(got, want) || (want != nil && gotSub != wantSub) {
 							t.Fatalf("trial %d, in use %v: allocator chose %v (subrequest %d), the model %v (subrequest %d)", trial, n.used, got, gotSub, want, wantSub)
@@ -361,7 +312,8 @@ func TestShippedMatchesAllocator(t *testing.T) {
 	}
 }
 
-// shippedSlices are the ResourceSlices production publishes for a simulated node, blocks on.
+// shippedSlices are the ResourceSlices production publishes for a simulated node, with or
+// without blocks.
 func shippedSlices(t *testing.T, n *Node, blocks bool) []*resourceapi.ResourceSlice {
 	t.Helper()
 	gpus := make([]topology.GPU, len(n.used))
@@ -418,4 +370,41 @@ func TestShippedHintTakesTheTightestNode(t *testing.T) {
 			t.Errorf("%s: %v; without hints both nodes score alike", tc.p.Name(), count)
 		}
 	}
+}
+
+// allocateOn runs the real structured allocator for one claim on node n, whose in-use GPUs
+// are allocated single-GPU devices, and returns the GPUs it chose (a block as its GPUs) and
+// the subrequest it took ("" for a request without subrequests); nil GPUs when it finds none.
+func allocateOn(t *testing.T, f structured.Features, classes classLister, rs []*resourceapi.ResourceSlice, n *Node, claim *resourceapi.ResourceClaim) ([]int, string) {
+	t.Helper()
+	inUse := sets.New[structured.DeviceID]()
+	for g, u := range n.used {
+		if u {
+			inUse.Insert(structured.MakeDeviceID(names.DRADriver, n.name, names.DRADeviceName(g)))
+		}
+	}
+	alloc, err := structured.NewAllocator(context.Background(), f, structured.AllocatedState{AllocatedDevices: inUse},
+		classes, rs, cel.NewCache(10, cel.Features{}))
+	if err != nil {
+		t.Fatalf("allocator: %v", err)
+	}
+	res, err := alloc.Allocate(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name}}, []*resourceapi.ResourceClaim{claim})
+	if err != nil {
+		t.Fatalf("allocate: %v", err)
+	}
+	var got []int
+	sub := ""
+	if len(res) == 1 {
+		for _, d := range res[0].Devices.Results {
+			gs, ok := names.ParseDRADeviceGPUs(d.Device)
+			if !ok {
+				t.Fatalf("device %q", d.Device)
+			}
+			got = append(got, gs...)
+			if _, s, ok := strings.Cut(d.Request, "/"); ok {
+				sub = s
+			}
+		}
+	}
+	return got, sub
 }

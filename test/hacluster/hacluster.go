@@ -55,6 +55,8 @@ const (
 	Port      = 9443
 	ProbePort = 8081
 	PprofPort = 6060
+	// SchedulerPort is kube-scheduler's secure port under Options.SchedulerDebug.
+	SchedulerPort = 10259
 )
 
 // WebhookPackage is the Go package of nvdomain's webhook process.
@@ -217,6 +219,11 @@ type Options struct {
 	// kubelet would; otherwise the cluster does it (which lists every pod five times a second:
 	// fine for tens of pods, not for thousands).
 	KwokFinishesDeletions bool
+	// SchedulerDebug serves kube-scheduler's /metrics and /debug/pprof/ on loopback, at
+	// Cluster.SchedulerURL, to anonymous clients (test/schedprof reads them). The port is
+	// inside the test's private network namespace, and the scheduler's other paths stay
+	// closed (no authorizer is configured).
+	SchedulerDebug bool
 }
 
 // Replica is one webhook process.
@@ -262,6 +269,8 @@ type Cluster struct {
 	CertDir  string
 	CACert   []byte
 	Replicas []*Replica
+	// SchedulerURL is kube-scheduler's debug address under Options.SchedulerDebug, else empty.
+	SchedulerURL string
 
 	webhookBin  string
 	mu          sync.Mutex
@@ -388,8 +397,18 @@ func Start(t testing.TB, o Options) *Cluster {
 	if !o.Unregistered {
 		c.RegisterWebhooks()
 	}
-	c.StartProcess("kube-scheduler", filepath.Join(assets, "kube-scheduler"),
-		append([]string{"--kubeconfig=" + c.Kubeconfig, "--leader-elect=false", "--secure-port=0", "--v=1"}, o.SchedulerArgs...)...)
+	schedArgs := []string{"--kubeconfig=" + c.Kubeconfig, "--leader-elect=false", "--secure-port=0", "--v=1"}
+	if o.SchedulerDebug {
+		// Serving needs a certificate: the scheduler makes a self-signed one in cert-dir.
+		// Anonymous requests are authenticated by default (the scheduler's delegating
+		// authentication without a kubeconfig); always-allow paths skip authorization for
+		// exactly the two that profiling needs.
+		schedArgs = []string{"--kubeconfig=" + c.Kubeconfig, "--leader-elect=false", "--v=1",
+			"--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", SchedulerPort), "--cert-dir=" + filepath.Join(c.LogDir, "scheduler-certs"),
+			"--profiling=true", "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics,/debug/pprof/*"}
+		c.SchedulerURL = fmt.Sprintf("https://127.0.0.1:%d", SchedulerPort)
+	}
+	c.StartProcess("kube-scheduler", filepath.Join(assets, "kube-scheduler"), append(schedArgs, o.SchedulerArgs...)...)
 	c.StartProcess("kube-controller-manager", filepath.Join(assets, "kube-controller-manager"),
 		append([]string{"--kubeconfig=" + c.Kubeconfig, "--controllers=" + strings.Join(o.Controllers, ","), "--leader-elect=false",
 			"--secure-port=0", "--concurrent-replicaset-syncs=10"}, o.ControllerManagerArgs...)...)

@@ -86,7 +86,7 @@ func RunDRA(t testing.TB, cfg Config) DRAReport {
 		// The resourceclaim controller makes pods' claims from their templates and releases
 		// them when the pods end; the scheduler cannot allocate a claim that does not exist.
 		Controllers:   []string{"replicaset", "garbagecollector", "resourceclaim-controller"},
-		SchedulerArgs: schedulerArgs,
+		SchedulerArgs: schedulerArgs, SchedulerDebug: true,
 		// Its client allows 20 requests a second by default, and each DRA pod costs it about
 		// four (create the claim, record it in the pod's status, and when the pod ends release
 		// and delete it): 5 pods a second at most, its limit and not the scheduler's. Raised
@@ -475,6 +475,7 @@ func (r DRAReport) Markdown(heading, command string) string {
 		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", row[0], row[1], row[2], row[3])
 	}
 	fmt.Fprintf(&b, "\n%s\n", r.reading())
+	b.WriteString(SchedulerMarkdown([]Phase{r.Classic, r.DRA}))
 	for _, p := range []Phase{r.Classic, r.DRA} {
 		for _, s := range append(slices.Clone(p.OverCommits), p.Violations...)[:min(5, len(p.OverCommits)+len(p.Violations))] {
 			fmt.Fprintf(&b, "\n- %s: %s", p.Name, s)

@@ -49,6 +49,7 @@ import (
 
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/test/hacluster"
+	"github.com/nvdomain/nvdomain/test/schedprof"
 )
 
 //go:embed stages.yaml
@@ -92,6 +93,27 @@ func Full() Config {
 func Smoke() Config {
 	return Config{HGX: 30, Split: 15, PCIe: 5, Pods: 300, Rate: 30, Lifetime: 2 * time.Second,
 		Mix: [4]int{40, 30, 20, 10}, Settle: 2 * time.Minute}
+}
+
+// FromEnv changes the stream from NVDOMAIN_SCALE_PODS and NVDOMAIN_SCALE_RATE (pods a second)
+// where they are set: a shorter run while profiling, or a faster one to find the rate the
+// machine sustains.
+func (c *Config) FromEnv() error {
+	if v := os.Getenv("NVDOMAIN_SCALE_PODS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			return fmt.Errorf("NVDOMAIN_SCALE_PODS=%q: want a positive number of pods", v)
+		}
+		c.Pods = n
+	}
+	if v := os.Getenv("NVDOMAIN_SCALE_RATE"); v != "" {
+		r, err := strconv.ParseFloat(v, 64)
+		if err != nil || r <= 0 {
+			return fmt.Errorf("NVDOMAIN_SCALE_RATE=%q: want a positive rate in pods a second", v)
+		}
+		c.Rate = r
+	}
+	return nil
 }
 
 // Nodes is the number of nodes.
@@ -202,6 +224,19 @@ type Phase struct {
 	OverCommits, Violations []string
 	// Usage of the webhook replicas (webhook runs), kube-scheduler and kwok.
 	Usage []Usage
+	// Scheduler is where kube-scheduler's CPU went while the stream was created (nil when
+	// the cluster does not serve the scheduler's debug endpoints).
+	Scheduler *SchedulerUse `json:",omitempty"`
+}
+
+// SchedulerUse is kube-scheduler's CPU profile over a run's stream, read by area, and what
+// its counters grew by from the first creation until every pod was bound (or Settle passed).
+type SchedulerUse struct {
+	Profile  schedprof.Summary
+	Counters schedprof.Counters
+	// ProfilePath is the raw profile (`go tool pprof -top <path>`), kept under
+	// $NVDOMAIN_SCALE_PROFILES when set, else in the run's log directory.
+	ProfilePath string
 }
 
 // Report is a whole scale run.
@@ -225,7 +260,7 @@ func Run(t testing.TB, cfg Config) Report {
 		Replicas: 2, WebhookArgs: []string{"--tp-sizes=1,2,4,8"}, AlsoBuild: []string{fleetPackage},
 		// The run without the webhook comes first: no configurations, no replicas yet.
 		Unregistered: true, ReplicasLater: true, KwokFinishesDeletions: true,
-		SchedulerArgs: schedulerArgs,
+		SchedulerArgs: schedulerArgs, SchedulerDebug: true,
 	})
 	ctx := context.Background()
 	f := startFleet(t, c, cfg, start)
@@ -717,6 +752,8 @@ func runPhase(t testing.TB, c *hacluster.Cluster, cfg Config, name, ns string, w
 		}
 	}
 
+	prof := startSchedulerProfile(ctx, t, c, ns, time.Duration(float64(len(sizes))/cfg.Rate*float64(time.Second)))
+
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 256)
@@ -758,6 +795,7 @@ func runPhase(t testing.TB, c *hacluster.Cluster, cfg Config, name, ns string, w
 		ph.Usage = append(ph.Usage, u)
 	}
 	sort.Slice(ph.Usage, func(i, j int) bool { return ph.Usage[i].Name < ph.Usage[j].Name })
+	ph.Scheduler = prof.finish(ctx, t)
 	cancel()
 
 	w.mu.Lock()
@@ -799,6 +837,70 @@ func runPhase(t testing.TB, c *hacluster.Cluster, cfg Config, name, ns string, w
 	}
 	ph.Violations = v
 	return ph
+}
+
+// schedulerProfile is a profile of kube-scheduler being taken while a stream runs.
+type schedulerProfile struct {
+	client *schedprof.Client
+	before schedprof.Counters
+	path   string
+	done   chan error
+	data   []byte
+}
+
+// startSchedulerProfile starts a CPU profile of kube-scheduler for d, the time the stream
+// takes to create, and reads its counters; nil when the cluster does not serve the
+// scheduler's debug endpoints.
+func startSchedulerProfile(ctx context.Context, t testing.TB, c *hacluster.Cluster, ns string, d time.Duration) *schedulerProfile {
+	t.Helper()
+	if c.SchedulerURL == "" {
+		return nil
+	}
+	p := &schedulerProfile{client: schedprof.New(c.SchedulerURL), done: make(chan error, 1)}
+	if err := p.client.Ready(ctx, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	if p.before, err = p.client.Metrics(ctx); err != nil {
+		t.Fatal(err)
+	}
+	dir := os.Getenv("NVDOMAIN_SCALE_PROFILES")
+	if dir == "" {
+		dir = c.LogDir
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p.path = filepath.Join(dir, "kube-scheduler-"+ns+".pprof")
+	go func() {
+		data, err := p.client.CPUProfile(ctx, d)
+		p.data = data
+		p.done <- err
+	}()
+	return p
+}
+
+// finish waits for the profile, reads the counters again and summarises both.
+func (p *schedulerProfile) finish(ctx context.Context, t testing.TB) *SchedulerUse {
+	t.Helper()
+	if p == nil {
+		return nil
+	}
+	after, err := p.client.Metrics(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-p.done; err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p.path, p.data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sum, err := schedprof.Summarize(p.data, 15)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &SchedulerUse{Profile: sum, Counters: after.Sub(p.before), ProfilePath: p.path}
 }
 
 // pinViolations checks every pod of a run. With the webhook: each carries the domain
@@ -939,6 +1041,7 @@ func (r Report) Markdown(heading, command string) string {
 	fmt.Fprintf(&b, "Latency from creation to binding is reported, not a target: with the webhook it includes both admission calls, and\n")
 	fmt.Fprintf(&b, "the scheduler has more to do for a pinned pod (a domain resource to fit, the pin's required and the hint's preferred\n")
 	fmt.Fprintf(&b, "node affinity to evaluate against every node), while every process here competes for the same cores.\n")
+	b.WriteString(SchedulerMarkdown(r.Phases))
 	for _, p := range r.Phases {
 		for _, s := range append(slices.Clone(p.OverCommits), p.Violations...)[:min(5, len(p.OverCommits)+len(p.Violations))] {
 			fmt.Fprintf(&b, "\n- %s: %s", p.Name, s)
@@ -975,4 +1078,103 @@ func ratioCell(x, y float64) string {
 		return ""
 	}
 	return fmt.Sprintf("%.2f", x/y)
+}
+
+// SchedulerMarkdown is where kube-scheduler's CPU went in each phase that was profiled: its
+// CPU per pod scheduled, its scheduling attempts by result, the profile's areas (plugins at
+// their extension points, and the rest of its work) and the functions with the most CPU of
+// their own. Empty when no phase was profiled.
+func SchedulerMarkdown(phases []Phase) string {
+	var ps []Phase
+	for _, p := range phases {
+		if p.Scheduler != nil {
+			ps = append(ps, p)
+		}
+	}
+	if len(ps) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	head := func(first string) {
+		fmt.Fprintf(&b, "| %s |", first)
+		for _, p := range ps {
+			fmt.Fprintf(&b, " %s |", p.Name)
+		}
+		b.WriteString("\n|---|")
+		for range ps {
+			b.WriteString("---|")
+		}
+		b.WriteString("\n")
+	}
+	b.WriteString("\n**Where kube-scheduler's CPU went.** A CPU profile of kube-scheduler over each stream's creation (its\n")
+	b.WriteString("`/debug/pprof/profile`), each sample given to the outermost scheduler plugin on its stack and the extension point the\n")
+	b.WriteString("framework called it at, or else to the part of the scheduler it ran in (test/schedprof); the scheduler's own\n")
+	b.WriteString("counters (`/metrics`) from the first creation until every pod was bound.\n\n")
+	head("")
+	row := func(name string, cell func(Phase) string) {
+		fmt.Fprintf(&b, "| %s |", name)
+		for _, p := range ps {
+			fmt.Fprintf(&b, " %s |", cell(p))
+		}
+		b.WriteString("\n")
+	}
+	row("kube-scheduler CPU per pod scheduled", func(p Phase) string {
+		for _, u := range p.Usage {
+			if u.Name == "kube-scheduler" && p.Scheduled > 0 {
+				return fmt.Sprintf("%.2f ms", u.CPU.Seconds()*1000/float64(p.Scheduled))
+			}
+		}
+		return "-"
+	})
+	row("CPU sampled by the profile (over its window)", func(p Phase) string {
+		return fmt.Sprintf("%.1f s (%s)", p.Scheduler.Profile.Total.Seconds(), p.Scheduler.Profile.Duration.Round(time.Second))
+	})
+	for _, res := range []string{"scheduled", "unschedulable", "error"} {
+		row("scheduling attempts: "+res, func(p Phase) string { return strconv.Itoa(int(p.Scheduler.Counters.Attempts[res])) })
+	}
+	for _, res := range []string{"hint_used", "hint_not_used", "no_hint"} {
+		row("opportunistic batching: "+res, func(p Phase) string { return strconv.Itoa(int(p.Scheduler.Counters.Batch[res])) })
+	}
+	for _, pt := range []string{"PreFilter", "Filter", "PreScore", "Score", "Reserve", "PreBind", "Bind"} {
+		row("extension point "+pt+", all cycles", func(p Phase) string {
+			return fmt.Sprintf("%.2f s", p.Scheduler.Counters.PointSeconds[pt])
+		})
+	}
+	// The areas: every one that holds at least 1 % in some phase, largest first by the last.
+	seen := map[string]bool{}
+	var areas []string
+	for i := len(ps) - 1; i >= 0; i-- {
+		for _, a := range ps[i].Scheduler.Profile.Areas {
+			if a.Share >= 0.01 && !seen[a.Name] {
+				seen[a.Name] = true
+				areas = append(areas, a.Name)
+			}
+		}
+	}
+	find := func(list []schedprof.Area, name string) schedprof.Area {
+		for _, a := range list {
+			if a.Name == name {
+				return a
+			}
+		}
+		return schedprof.Area{}
+	}
+	b.WriteString("\n")
+	head("area (profile): CPU, share")
+	for _, name := range areas {
+		row(name, func(p Phase) string {
+			a := find(p.Scheduler.Profile.Areas, name)
+			return fmt.Sprintf("%.2f s, %.1f %%", a.CPU.Seconds(), 100*a.Share)
+		})
+	}
+	b.WriteString("\n")
+	for _, p := range ps {
+		fmt.Fprintf(&b, "Top functions by own CPU, %s (`go tool pprof -top %s`):\n\n| function | CPU | share |\n|---|---|---|\n",
+			p.Name, filepath.Base(p.Scheduler.ProfilePath))
+		for _, a := range p.Scheduler.Profile.Top[:min(10, len(p.Scheduler.Profile.Top))] {
+			fmt.Fprintf(&b, "| `%s` | %.2f s | %.1f %% |\n", a.Name, a.CPU.Seconds(), 100*a.Share)
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
 }

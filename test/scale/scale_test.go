@@ -69,6 +69,9 @@ func TestScaleSmoke(t *testing.T) {
 // for the bench runner (test/bench -only scale).
 func BenchmarkScale(b *testing.B) {
 	cfg := Full()
+	if err := cfg.FromEnv(); err != nil {
+		b.Fatal(err)
+	}
 	for b.Loop() {
 		rep := Run(b, cfg)
 		b.Logf("\n%s", rep.Markdown("### scale", "make scale"))

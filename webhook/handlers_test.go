@@ -327,20 +327,38 @@ func FuzzHandlers(f *testing.F) {
 	})
 }
 
+// The size terms that a pin writes are those that tell apart the sizes its domain id has on the
+// nodes the pod may use: on the seed node alone, whose two domains are both of 4, none do; with
+// an HGX node whose domain 0 is 8, "below 8" does for a TP=2 pod pinned to id 0 (a domain of 4
+// over one of 8), while "below 4" (none is) and "below 16" (all are) score every node alike;
+// a pair of 2 adds "below 4".
 func TestPinnedPodPrefersTheSmallestDomainThatHoldsIt(t *testing.T) {
-	f := newFixture(t, decision.NonTPAuto, seedNode())
-	out, _, _ := f.admit(t, pod(true, 2))
-	pref := out.Spec.Affinity.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution
-	got := describeTerms(pref)
-	want := "60:gpu.nvidia.com/nvswitch-domain-0 Lt 4,30:gpu.nvidia.com/nvswitch-domain-0 Lt 8,10:gpu.nvidia.com/nvswitch-domain-0 Lt 16," +
-		"20:kubernetes.io/hostname In gpu-node01&gpu.nvidia.com/nvswitch-domain-0 Gt 1"
-	if strings.Join(got, ",") != want {
-		t.Fatalf("preferred terms = %v, want %s", got, want)
-	}
-	// Idempotent: the preference is not added twice.
-	again := f.mut.Handle(context.Background(), request(t, out))
-	if len(again.Patches) != 0 {
-		t.Fatalf("re-admission patched: %v", again.Patches)
+	hint := "20:kubernetes.io/hostname In gpu-node01&gpu.nvidia.com/nvswitch-domain-0 Gt 1"
+	for _, c := range []struct {
+		name  string
+		nodes []*corev1.Node
+		want  string
+	}{
+		{"one size: no size term", []*corev1.Node{seedNode()}, hint},
+		{"4 and 8: the term that splits them", []*corev1.Node{seedNode(), node("hgx", []int{8}, nil, nil)},
+			"30:gpu.nvidia.com/nvswitch-domain-0 Lt 8," + hint},
+		{"2, 4 and 8: two terms", []*corev1.Node{seedNode(), node("hgx", []int{8}, nil, nil), node("pair", []int{2}, nil, nil)},
+			"60:gpu.nvidia.com/nvswitch-domain-0 Lt 4,30:gpu.nvidia.com/nvswitch-domain-0 Lt 8," + hint},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t, decision.NonTPAuto, c.nodes...)
+			f.view.UpsertPod(bound("pair", 0, 2, "taken")) // the pair has no room: the seed node is the tightest fit
+			out, _, _ := f.admit(t, pod(true, 2))
+			got := describeTerms(out.Spec.Affinity.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution)
+			if strings.Join(got, ",") != c.want {
+				t.Fatalf("preferred terms = %v, want %s", got, c.want)
+			}
+			// Idempotent: nothing is added on a second admission, whatever was left out.
+			again := f.mut.Handle(context.Background(), request(t, out))
+			if len(again.Patches) != 0 {
+				t.Fatalf("re-admission patched: %v", again.Patches)
+			}
+		})
 	}
 }
 
@@ -403,7 +421,7 @@ func TestReviewAndPlanMatchTheHandlers(t *testing.T) {
 			}
 			judged := tc.pod
 			if plan.Outcome == decision.OutcomePinned {
-				judged = decision.Pin(tc.pod, plan.Pod, plan.Domain, plan.Decision.Hint, n)
+				judged = decision.Pin(tc.pod, plan.Pod, plan.Domain, decision.PreferenceOf(plan.Decision), n)
 			}
 			vs, ws := f.val.Review(judged)
 			if len(vs) != tc.denials {
@@ -495,10 +513,17 @@ func TestHintNamesTheTightestNodes(t *testing.T) {
 		{name: "the other domain id when it is the tighter", k: 2, domain: "1",
 			nodes: []*corev1.Node{node("x", []int{4, 4}, nil, nil), node("y", []int{4, 4}, nil, nil)},
 			bound: []*corev1.Pod{bound("x", 0, 1, "a"), bound("y", 1, 2, "b")}, want: []string{"y"}},
-		{name: "at most eight", k: 4, domain: "0", nodes: ten,
+		{name: "at most eight", k: 2, domain: "0", nodes: ten,
 			want: []string{"gpu-00", "gpu-01", "gpu-02", "gpu-03", "gpu-04", "gpu-05", "gpu-06", "gpu-07"}},
-		{name: "the hostname label, not the node name", k: 4, domain: "0",
+		{name: "the hostname label, not the node name", k: 2, domain: "0",
 			nodes: []*corev1.Node{withHost(node("node-a.example", []int{4}, nil, nil), "host-a")}, want: []string{"host-a"}},
+		// Every free domain of 4 is as tight for a TP=4 pod as the hinted ones.
+		{name: "a pod that fills a domain of its own size: no hint", k: 4, domain: "0", nodes: ten, want: nil},
+		{name: "but a hint when the id also has a size between k and 2k", k: 4, domain: "0",
+			nodes: []*corev1.Node{node("a", []int{4}, nil, nil), node("b", []int{6}, nil, nil)}, want: []string{"a"}},
+		{name: "and when the tightest fit is half of a larger domain", k: 4, domain: "0",
+			nodes: []*corev1.Node{node("full4", []int{4}, nil, nil), node("half8", []int{8}, nil, nil), node("whole8", []int{8}, nil, nil)},
+			bound: []*corev1.Pod{bound("full4", 0, 1, "x"), bound("half8", 0, 4, "y")}, want: []string{"half8"}},
 		{name: "no room now: no hint", k: 4,
 			nodes: []*corev1.Node{node("full", []int{4, 4}, nil, nil)},
 			bound: []*corev1.Pod{bound("full", 0, 2, "a"), bound("full", 1, 1, "b")}, want: nil},
@@ -561,10 +586,10 @@ func TestPinIsIdempotentWithTheHint(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			p := c.pod()
-			once := decision.Pin(p, rulesInspect(p), 1, c.hints[0], n)
+			once := decision.Pin(p, rulesInspect(p), 1, decision.Preference{Hint: c.hints[0]}, n)
 			out := once
 			for _, h := range c.hints[1:] {
-				out = decision.Pin(out, rulesInspect(out), 1, h, n)
+				out = decision.Pin(out, rulesInspect(out), 1, decision.Preference{Hint: h}, n)
 			}
 			got := strings.Join(describeTerms(out.Spec.Affinity.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution), ",")
 			if got != c.want {
@@ -580,7 +605,7 @@ func TestPinIsIdempotentWithTheHint(t *testing.T) {
 	for i := range 12 {
 		many = append(many, fmt.Sprintf("h%02d", 11-i))
 	}
-	out := decision.Pin(pod(true, 2), rulesInspect(pod(true, 2)), 0, many, n)
+	out := decision.Pin(pod(true, 2), rulesInspect(pod(true, 2)), 0, decision.Preference{Hint: many}, n)
 	if got := hintOf(t, out); len(got) != placement.MaxHintNodes || got[0] != "h00" || got[7] != "h07" {
 		t.Errorf("hint of 12 names: %q", got)
 	}
@@ -823,7 +848,7 @@ func TestUnpinUndoesPin(t *testing.T) {
 		NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "zone", Operator: corev1.NodeSelectorOpIn, Values: []string{"a"}}}}}}}}
 	for _, bare := range []*corev1.Pod{pod(true, 4), orig} {
 		p := rulesInspect(bare)
-		pinned := decision.Pin(bare, p, 1, []string{"gpu-node01"}, n)
+		pinned := decision.Pin(bare, p, 1, decision.Preference{Hint: []string{"gpu-node01"}}, n)
 		if got := decision.Unpin(pinned, n); !equality.Semantic.DeepEqual(got, bare) {
 			t.Errorf("Unpin(Pin(pod)) differs from the pod:\n got %+v\nwant %+v", got.Spec, bare.Spec)
 		}

@@ -95,7 +95,7 @@ func (m *Decider) mutate(pod *corev1.Pod, seed uint64, admission string) (*corev
 		// A pod pinned already (re-admitted, or pinned by hand) gets no hint: Pin adds
 		// nothing to a pod that has nvdomain's preferred terms. In mixed mode it is also kept
 		// off DRA nodes, which publish no domain resources.
-		out = m.keepOffDRA(Pin(work, plan.Pod, plan.Domain, plan.Decision.Hint, n))
+		out = m.keepOffDRA(Pin(work, plan.Pod, plan.Domain, PreferenceOf(plan.Decision), n))
 	case OutcomeDRA:
 		// A dry run gets the same answer and creates nothing: the templates come from the
 		// dratemplates controller, not from admission.

@@ -17,13 +17,18 @@ import (
 // Pin returns a copy of pod pinned to domain d: every container that asks for nvidia.com/gpu
 // also asks for the same number of nvidia.com/nvswitch-domain-<d>, every required
 // nodeSelectorTerm gains `gpu.nvidia.com/nvswitch-domain-<d> Gt k-1` (terms are ORed, so the
-// expression goes into each; the user's own expressions stay), preferred terms favour nodes
-// where domain <d> is small for the pod and, when hint names some, the nodes where it is the
-// tightest fit now (tightestNodes), and the annotations of pkg/names record the choice. The
-// user's own preferred terms stay. Pinning an already pinned pod changes nothing, whatever the
-// hint, which makes admission idempotent: the preferred terms are added once, together, the
-// first time (docs/scheduler.md).
-func Pin(pod *corev1.Pod, p rules.Pod, d int, hint []string, n names.Names) *corev1.Pod {
+// expression goes into each; the user's own expressions stay), and the annotations of
+// pkg/names record the choice. A pod not pinned before also gets preferred terms
+// (docs/scheduler.md): for nodes where domain <d> is small for the pod, only those that tell
+// apart the sizes pref.Sizes says the id has (smallestDomainFirst), and, when pref.Hint names
+// some, for the nodes where it is the tightest fit now (tightestNodes) unless every fit the
+// size terms rank first is as tight (hintNeeded). Every term costs the scheduler a match on
+// every node it scores, so a term that scores all the pod's nodes alike is left out
+// (docs/benchmarks.md, section 5). The user's own preferred terms stay. Pinning an already
+// pinned pod (its containers ask for the domain already: re-admitted, or pinned by hand)
+// adds nothing, whatever pref says, which makes admission idempotent.
+func Pin(pod *corev1.Pod, p rules.Pod, d int, pref Preference, n names.Names) *corev1.Pod {
+	fresh := p.PinnedDomain() < 0
 	out := pod.DeepCopy()
 	res := corev1.ResourceName(n.DomainResource(d))
 	perContainer := map[string]int{}
@@ -54,10 +59,13 @@ func Pin(pod *corev1.Pod, p rules.Pod, d int, hint []string, n names.Names) *cor
 	key := n.DomainSizeLabel(d)
 	expr := corev1.NodeSelectorRequirement{Key: key, Operator: corev1.NodeSelectorOpGt, Values: []string{strconv.Itoa(k - 1)}}
 	na := requireOnEveryTerm(out, expr)
-	if !hasPreference(na.PreferredDuringSchedulingIgnoredDuringExecution, key) {
-		na.PreferredDuringSchedulingIgnoredDuringExecution = append(na.PreferredDuringSchedulingIgnoredDuringExecution, smallestDomainFirst(key, k)...)
-		if t, ok := tightestNodes(key, k, hint); ok {
+	if fresh && !hasPreference(na.PreferredDuringSchedulingIgnoredDuringExecution, key) {
+		na.PreferredDuringSchedulingIgnoredDuringExecution = append(na.PreferredDuringSchedulingIgnoredDuringExecution, smallestDomainFirst(key, k, pref.Sizes)...)
+		if t, ok := tightestNodes(key, k, pref.Hint); ok && pref.hintNeeded(k) {
 			na.PreferredDuringSchedulingIgnoredDuringExecution = append(na.PreferredDuringSchedulingIgnoredDuringExecution, t)
+		}
+		if len(na.PreferredDuringSchedulingIgnoredDuringExecution) == 0 {
+			na.PreferredDuringSchedulingIgnoredDuringExecution = nil
 		}
 	}
 
@@ -127,20 +135,73 @@ func RequirePlugin(pod *corev1.Pod, p rules.Pod) {
 	}
 }
 
+// Preference is what the webhook's decision tells a pin's preferred terms.
+type Preference struct {
+	// Hint names the nodes where the pinned domain is the tightest fit now (Decision.Hint).
+	Hint []string
+	// Sizes are the capacities the pinned id has on the nodes the pod may use, where it is
+	// large enough (Decision.Sizes). Nil when unknown: every size term is written.
+	Sizes []int
+	// Capacity and LeftOver are the tightest fit's (Decision.Capacity, Decision.LeftOver),
+	// when there is a hint.
+	Capacity, LeftOver int
+}
+
+// PreferenceOf is what dec tells a pin.
+func PreferenceOf(dec placement.Decision) Preference {
+	return Preference{Hint: dec.Hint, Sizes: dec.Sizes, Capacity: dec.Capacity, LeftOver: dec.LeftOver}
+}
+
+// hintNeeded reports whether the hint can place a pod of k GPUs tighter than the size terms
+// alone: not when the tightest fit fills a domain of exactly k GPUs and the id has no other
+// size the top size term takes in ([k, 2k)), since then every node that term ranks first and
+// that has room is an equally tight fit (a TP=8 pod on an 8-GPU NVSwitch island, a TP=4 pod
+// on a 4-GPU half). Pods of one size pinned to one id then have the same spec, which the
+// scheduler's opportunistic batching can reuse a cycle for.
+func (p Preference) hintNeeded(k int) bool {
+	if p.Sizes == nil || p.LeftOver != 0 || p.Capacity != k {
+		return true
+	}
+	for _, s := range p.Sizes {
+		if s > k && s < 2*k {
+			return true
+		}
+	}
+	return false
+}
+
 // smallestDomainFirst asks the scheduler to prefer nodes where the pinned domain id is small
 // for the pod: the required expression lets a 2-GPU pod pinned to id 0 land on any node whose
 // domain 0 has 2 free GPUs, including an HGX node whose domain 0 is a whole 8-GPU NVSwitch
 // island, and once small pods are spread over the large islands a TP=8 pod finds none whole.
 // The weights add up, so a domain of [k, 2k) GPUs scores 100, [2k, 4k) 40 and [4k, 8k) 10.
-func smallestDomainFirst(key string, k int) []corev1.PreferredSchedulingTerm {
+// With sizes (the capacities the id has where the pod may run, large enough for it), a term
+// is written only when some of them are below its bound and some not: a term that every
+// one of the pod's nodes matches, or none does, adds the same to every score and changes no
+// ranking (the scheduler rescales NodeAffinity's scores so that the best node gets 100), yet
+// costs a match on every node scored. Nil sizes write all three.
+func smallestDomainFirst(key string, k int, sizes []int) []corev1.PreferredSchedulingTerm {
 	var out []corev1.PreferredSchedulingTerm
 	for i, w := range []int32{60, 30, 10} {
 		below := k << (i + 1)
+		if sizes != nil && !splits(sizes, below) {
+			continue
+		}
 		out = append(out, corev1.PreferredSchedulingTerm{Weight: w, Preference: corev1.NodeSelectorTerm{
 			MatchExpressions: []corev1.NodeSelectorRequirement{{Key: key, Operator: corev1.NodeSelectorOpLt, Values: []string{strconv.Itoa(below)}}},
 		}})
 	}
 	return out
+}
+
+// splits reports whether some of sizes are below bound and some are not.
+func splits(sizes []int, bound int) bool {
+	below, above := false, false
+	for _, s := range sizes {
+		below = below || s < bound
+		above = above || s >= bound
+	}
+	return below && above
 }
 
 // HintWeight is the weight of tightestNodes' term. With smallestDomainFirst's weights a node

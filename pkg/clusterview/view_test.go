@@ -63,9 +63,9 @@ func TestSeedScenario(t *testing.T) {
 		k    int
 		want placement.Decision
 	}{
-		{2, placement.Decision{Domain: 0, Fits: true, LeftOver: 2}},
-		{2, placement.Decision{Domain: 0, Fits: true, LeftOver: 0}},
-		{2, placement.Decision{Domain: 1, Fits: true, LeftOver: 2}},
+		{2, placement.Decision{Domain: 0, Fits: true, LeftOver: 2, Capacity: 4, Sizes: []int{4}}},
+		{2, placement.Decision{Domain: 0, Fits: true, LeftOver: 0, Capacity: 4, Sizes: []int{4}}},
+		{2, placement.Decision{Domain: 1, Fits: true, LeftOver: 2, Capacity: 4, Sizes: []int{4}}},
 	}
 	for i, s := range steps {
 		got, err := v.ChooseDomain(newTP(), s.k, 0)

@@ -33,14 +33,34 @@ type Decision struct {
 	// Node is the node of the tightest fit (Fits), or the first node by name whose domain is
 	// large enough (!Fits). Informational: the scheduler, not the webhook, picks the node.
 	Node string
-	// LeftOver is Free-k on Node when Fits.
-	LeftOver int
+	// LeftOver is Free-k on Node when Fits, and Capacity the size of that domain.
+	LeftOver, Capacity int
 	// Hint names up to MaxHintNodes of the nodes where the chosen domain is the tightest fit
 	// now, smallest names first, as the caller named them (the webhook passes the nodes'
 	// kubernetes.io/hostname labels); nil unless Fits. The webhook turns it into a preferred
 	// node affinity term, so that the scheduler, which otherwise picks at random among nodes
 	// its affinity scores alike, packs the pod where the chooser would.
 	Hint []string
+	// Sizes are the capacities the chosen domain id has, each once and smallest first, on the
+	// nodes the pod may use where it is large enough for the pod (available or not): what
+	// the webhook's size preferences can tell apart (admission.Pin writes only the terms
+	// that split them). Empty when no node has the id large enough.
+	Sizes []int
+}
+
+// sizesOf is Decision.Sizes for domain id d.
+func (c *DomainChooser) sizesOf(d int) []int {
+	var out []int
+	for _, pool := range []map[int]*fallback{c.bigEnough, c.standby} {
+		if fb := pool[d]; fb != nil {
+			for _, s := range fb.sizes {
+				if i, found := slices.BinarySearch(out, s); !found {
+					out = slices.Insert(out, i, s)
+				}
+			}
+		}
+	}
+	return out
 }
 
 // MaxHintNodes bounds Decision.Hint: enough names that concurrent admissions (other webhook
@@ -142,6 +162,14 @@ type tie struct {
 type fallback struct {
 	capacity int
 	node     string
+	// sizes are the distinct capacities of the id's domains, sorted: a handful at most.
+	sizes []int
+}
+
+func (fb *fallback) addSize(capacity int) {
+	if i, found := slices.BinarySearch(fb.sizes, capacity); !found {
+		fb.sizes = slices.Insert(fb.sizes, i, capacity)
+	}
 }
 
 // NewDomainChooser starts a decision for a pod of k GPUs. Ties go to the lowest domain id.
@@ -218,6 +246,7 @@ func (c *DomainChooser) ConsiderNodes(cand Candidate, nodes int, hint ...string)
 		pool[cand.Domain] = fb
 	}
 	fb.capacity += cand.Capacity * nodes
+	fb.addSize(cand.Capacity)
 	if earlierName(cand.Node, fb.node) {
 		fb.node = cand.Node
 	}
@@ -383,10 +412,10 @@ func (c *DomainChooser) Decide() (Decision, error) {
 		if t.hint.n > 0 {
 			hint = slices.Clone(t.hint.Names())
 		}
-		return Decision{Domain: d, Fits: true, Node: t.sample, LeftOver: c.fit.Free - c.k, Hint: hint}, nil
+		return Decision{Domain: d, Fits: true, Node: t.sample, LeftOver: c.fit.Free - c.k, Capacity: c.fit.Capacity, Hint: hint, Sizes: c.sizesOf(d)}, nil
 	}
 	if best := c.waitIn(); best >= 0 {
-		return Decision{Domain: best, Node: c.lineOf()[best].node}, nil
+		return Decision{Domain: best, Node: c.lineOf()[best].node, Sizes: c.sizesOf(best)}, nil
 	}
 	on := slices.Sorted(slices.Values(c.largestOn))
 	more := 0

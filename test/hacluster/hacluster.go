@@ -24,6 +24,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -491,6 +492,42 @@ func (c *Cluster) Process(name string) *exec.Cmd {
 		}
 	}
 	return nil
+}
+
+// ControlPlanePids are the pids of the kube-apiserver and etcd that envtest started for this
+// test process (its children), by name, for reading their CPU time; a process not found is
+// left out.
+func ControlPlanePids() map[string]int {
+	out := map[string]int{}
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return out
+	}
+	self := os.Getpid()
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces, so read around its parentheses.
+		open, end := bytes.IndexByte(stat, '('), bytes.LastIndexByte(stat, ')')
+		if open < 0 || end < open {
+			continue
+		}
+		comm := string(stat[open+1 : end])
+		fields := strings.Fields(string(stat[end+1:]))
+		if len(fields) < 2 || (comm != "kube-apiserver" && comm != "etcd") {
+			continue
+		}
+		if ppid, err := strconv.Atoi(fields[1]); err == nil && ppid == self {
+			out[comm] = pid
+		}
+	}
+	return out
 }
 
 // Log returns the end of a process's log (LogDir/<name>.log).

@@ -445,7 +445,7 @@ func ignoreExists(err error) error {
 
 // DRARows are the report as a table: what, classic mode, DRA mode, and their ratio.
 func (r DRAReport) DRARows() [][4]string {
-	return phaseRows(r.Classic, r.DRA, []string{"kube-scheduler", "kube-controller-manager", "kwok"})
+	return phaseRows(r.Classic, r.DRA, []string{"kube-scheduler", "kube-apiserver", "etcd", "kube-controller-manager", "kwok"})
 }
 
 // Markdown is the report as the section of docs/benchmarks.md under heading.

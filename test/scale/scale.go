@@ -24,6 +24,7 @@ import (
 	_ "embed"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -214,8 +215,12 @@ type Phase struct {
 	// Throughput is Scheduled over Span, in pods per second.
 	Throughput float64
 	// P50, P99 and Max are of the time from a pod's create request to its binding, as a
-	// watch sees it.
-	P50, P99, Max time.Duration
+	// watch sees it; AdmitP50 and AdmitP99 of the create request alone (both admission
+	// webhooks and the apiserver's storage), SchedP50 and SchedP99 of the rest (the
+	// scheduler's queue, its cycle, the binding, and the watch that sees it).
+	P50, P99, Max      time.Duration
+	AdmitP50, AdmitP99 time.Duration
+	SchedP50, SchedP99 time.Duration
 	// PeakGPUs is the most nvidia.com/gpu bound at once.
 	PeakGPUs int64
 	// OverCommits lists every moment a node's bound pods asked for more of a resource than
@@ -305,7 +310,8 @@ type fleet struct {
 	published time.Duration
 	// caps are the nodes' NVIDIA resources as the scheduler sees them.
 	caps map[string]corev1.ResourceList
-	// procs are the processes whose usage the runs read: kube-scheduler and kwok.
+	// procs are the processes whose usage the runs read: kube-scheduler, kube-apiserver, etcd
+	// and kwok.
 	procs map[string]int
 }
 
@@ -378,6 +384,7 @@ options:
 		t.Fatal(err)
 	}
 	f.procs = map[string]int{"kube-scheduler": c.Process("kube-scheduler").Process.Pid, "kwok": kwok.Process.Pid}
+	maps.Copy(f.procs, hacluster.ControlPlanePids())
 	return f
 }
 
@@ -608,12 +615,14 @@ type watcher struct {
 
 	mu        sync.Mutex
 	createdAt map[string]time.Time
-	boundAt   map[string]time.Time
-	holding   map[string]held
-	used      map[string]map[corev1.ResourceName]int64
-	gpus      int64
-	peakGPUs  int64
-	over      []string
+	// admittedAt is when each create request returned: admission and storage behind it.
+	admittedAt map[string]time.Time
+	boundAt    map[string]time.Time
+	holding    map[string]held
+	used       map[string]map[corev1.ResourceName]int64
+	gpus       int64
+	peakGPUs   int64
+	over       []string
 }
 
 type held struct {
@@ -622,7 +631,7 @@ type held struct {
 }
 
 func newWatcher(caps map[string]corev1.ResourceList) *watcher {
-	return &watcher{capacity: caps, createdAt: map[string]time.Time{}, boundAt: map[string]time.Time{},
+	return &watcher{capacity: caps, createdAt: map[string]time.Time{}, admittedAt: map[string]time.Time{}, boundAt: map[string]time.Time{},
 		holding: map[string]held{}, used: map[string]map[corev1.ResourceName]int64{}}
 }
 
@@ -630,6 +639,12 @@ func (w *watcher) creating(name string, at time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.createdAt[name] = at
+}
+
+func (w *watcher) admitted(name string, at time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.admittedAt[name] = at
 }
 
 // nvidiaRequests is what the scheduler counts a pod as holding of each NVIDIA resource: the
@@ -752,7 +767,7 @@ func runPhase(t testing.TB, c *hacluster.Cluster, cfg Config, name, ns string, w
 		}
 	}
 
-	prof := startSchedulerProfile(ctx, t, c, ns, time.Duration(float64(len(sizes))/cfg.Rate*float64(time.Second)))
+	prof := startSchedulerProfile(ctx, t, c, ns)
 
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -767,6 +782,9 @@ func runPhase(t testing.TB, c *hacluster.Cluster, cfg Config, name, ns string, w
 			p := mkPod(fmt.Sprintf("tp%d-%05d", k, i), k)
 			w.creating(p.Name, time.Now())
 			_, err := client.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{})
+			if err == nil {
+				w.admitted(p.Name, time.Now())
+			}
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -799,11 +817,21 @@ func runPhase(t testing.TB, c *hacluster.Cluster, cfg Config, name, ns string, w
 	cancel()
 
 	w.mu.Lock()
-	var lat []time.Duration
+	var lat, adm, sched []time.Duration
 	last := first
+	for pod, c := range w.createdAt {
+		if a, ok := w.admittedAt[pod]; ok {
+			adm = append(adm, a.Sub(c))
+		}
+	}
 	for pod, b := range w.boundAt {
 		if c, ok := w.createdAt[pod]; ok {
 			lat = append(lat, b.Sub(c))
+		}
+		// A watch can see the binding before the create call returns; that pod waited for
+		// the scheduler not at all.
+		if a, ok := w.admittedAt[pod]; ok {
+			sched = append(sched, max(0, b.Sub(a)))
 		}
 		if b.After(last) {
 			last = b
@@ -817,6 +845,8 @@ func runPhase(t testing.TB, c *hacluster.Cluster, cfg Config, name, ns string, w
 	if n := len(lat); n > 0 {
 		ph.P50, ph.P99, ph.Max = lat[n/2], lat[min(n-1, n*99/100)], lat[n-1]
 	}
+	ph.AdmitP50, ph.AdmitP99 = percentiles(adm)
+	ph.SchedP50, ph.SchedP99 = percentiles(sched)
 	ph.Span = last.Sub(first)
 	if ph.Span > 0 {
 		ph.Throughput = float64(ph.Scheduled) / ph.Span.Seconds()
@@ -844,19 +874,23 @@ type schedulerProfile struct {
 	client *schedprof.Client
 	before schedprof.Counters
 	path   string
+	stop   chan struct{}
 	done   chan error
 	data   []byte
 }
 
-// startSchedulerProfile starts a CPU profile of kube-scheduler for d, the time the stream
-// takes to create, and reads its counters; nil when the cluster does not serve the
-// scheduler's debug endpoints.
-func startSchedulerProfile(ctx context.Context, t testing.TB, c *hacluster.Cluster, ns string, d time.Duration) *schedulerProfile {
+// profileWindow is the length of each of the CPU profiles a run's profile is merged from.
+const profileWindow = 5 * time.Second
+
+// startSchedulerProfile starts profiling kube-scheduler's CPU, in windows of profileWindow
+// until finish, and reads its counters; nil when the cluster does not serve the scheduler's
+// debug endpoints.
+func startSchedulerProfile(ctx context.Context, t testing.TB, c *hacluster.Cluster, ns string) *schedulerProfile {
 	t.Helper()
 	if c.SchedulerURL == "" {
 		return nil
 	}
-	p := &schedulerProfile{client: schedprof.New(c.SchedulerURL), done: make(chan error, 1)}
+	p := &schedulerProfile{client: schedprof.New(c.SchedulerURL), stop: make(chan struct{}), done: make(chan error, 1)}
 	if err := p.client.Ready(ctx, time.Minute); err != nil {
 		t.Fatal(err)
 	}
@@ -873,14 +907,14 @@ func startSchedulerProfile(ctx context.Context, t testing.TB, c *hacluster.Clust
 	}
 	p.path = filepath.Join(dir, "kube-scheduler-"+ns+".pprof")
 	go func() {
-		data, err := p.client.CPUProfile(ctx, d)
+		data, err := p.client.CPUProfileUntil(ctx, p.stop, profileWindow)
 		p.data = data
 		p.done <- err
 	}()
 	return p
 }
 
-// finish waits for the profile, reads the counters again and summarises both.
+// finish ends the profile (within a window), reads the counters again and summarises both.
 func (p *schedulerProfile) finish(ctx context.Context, t testing.TB) *SchedulerUse {
 	t.Helper()
 	if p == nil {
@@ -890,6 +924,7 @@ func (p *schedulerProfile) finish(ctx context.Context, t testing.TB) *SchedulerU
 	if err != nil {
 		t.Fatal(err)
 	}
+	close(p.stop)
 	if err := <-p.done; err != nil {
 		t.Fatal(err)
 	}
@@ -997,7 +1032,7 @@ func (r Report) Rows() [][4]string {
 		}
 		return Usage{}, false
 	}
-	for _, who := range []string{"kube-scheduler", "kwok"} {
+	for _, who := range []string{"kube-scheduler", "kube-apiserver", "etcd", "kwok"} {
 		bu, _ := use(b, who)
 		wu, _ := use(w, who)
 		rows = append(rows, [4]string{who + " CPU time", fmt.Sprintf("%.1f s", bu.CPU.Seconds()), fmt.Sprintf("%.1f s", wu.CPU.Seconds()), ratioCell(wu.CPU.Seconds(), bu.CPU.Seconds())})
@@ -1066,10 +1101,21 @@ func streamRows(a, b Phase, peakLabel, overLabel, violLabel string) [][4]string 
 		{"create to scheduled, p50", ms(a.P50), ms(b.P50), ratioCell(float64(b.P50), float64(a.P50))},
 		{"create to scheduled, p99", ms(a.P99), ms(b.P99), ratioCell(float64(b.P99), float64(a.P99))},
 		{"create to scheduled, max", ms(a.Max), ms(b.Max), ""},
+		{"of which the create request (admission), p50 / p99", ms(a.AdmitP50) + " / " + ms(a.AdmitP99), ms(b.AdmitP50) + " / " + ms(b.AdmitP99), ratioCell(float64(b.AdmitP99), float64(a.AdmitP99))},
+		{"of which created to scheduled, p50 / p99", ms(a.SchedP50) + " / " + ms(a.SchedP99), ms(b.SchedP50) + " / " + ms(b.SchedP99), ratioCell(float64(b.SchedP99), float64(a.SchedP99))},
 		{peakLabel, strconv.FormatInt(a.PeakGPUs, 10), strconv.FormatInt(b.PeakGPUs, 10), ""},
 		{overLabel, strconv.Itoa(len(a.OverCommits)), strconv.Itoa(len(b.OverCommits)), ""},
 		{violLabel, strconv.Itoa(len(a.Violations)), strconv.Itoa(len(b.Violations)), ""},
 	}
+}
+
+// percentiles are the median and 99th percentile of ds (zero when empty); ds is sorted.
+func percentiles(ds []time.Duration) (p50, p99 time.Duration) {
+	slices.Sort(ds)
+	if n := len(ds); n > 0 {
+		return ds[n/2], ds[min(n-1, n*99/100)]
+	}
+	return 0, 0
 }
 
 // ratioCell is x/y for a table cell, empty when y is 0.
@@ -1106,10 +1152,10 @@ func SchedulerMarkdown(phases []Phase) string {
 		}
 		b.WriteString("\n")
 	}
-	b.WriteString("\n**Where kube-scheduler's CPU went.** A CPU profile of kube-scheduler over each stream's creation (its\n")
-	b.WriteString("`/debug/pprof/profile`), each sample given to the outermost scheduler plugin on its stack and the extension point the\n")
-	b.WriteString("framework called it at, or else to the part of the scheduler it ran in (test/schedprof); the scheduler's own\n")
-	b.WriteString("counters (`/metrics`) from the first creation until every pod was bound.\n\n")
+	b.WriteString("\n**Where kube-scheduler's CPU went.** A CPU profile of kube-scheduler over each whole stream, from the first creation\n")
+	b.WriteString("until every pod was bound (its `/debug/pprof/profile` in windows of 5 s, merged), each sample given to the outermost\n")
+	b.WriteString("scheduler plugin on its stack and the extension point the framework called it at, or else to the part of the\n")
+	b.WriteString("scheduler it ran in (test/schedprof); and the scheduler's own counters (`/metrics`) over the same time.\n\n")
 	head("")
 	row := func(name string, cell func(Phase) string) {
 		fmt.Fprintf(&b, "| %s |", name)

@@ -81,6 +81,43 @@ func (c *Client) CPUProfile(ctx context.Context, d time.Duration) ([]byte, error
 	return c.get(ctx, fmt.Sprintf("/debug/pprof/profile?seconds=%d", max(1, int(d.Round(time.Second).Seconds()))))
 }
 
+// CPUProfileUntil records the scheduler's CPU in windows of chunk until stop is closed (the
+// window under way when it closes is finished) and returns the windows merged into one
+// profile: a run whose end is not known in advance is covered whole, overshooting by less
+// than one window.
+func (c *Client) CPUProfileUntil(ctx context.Context, stop <-chan struct{}, chunk time.Duration) ([]byte, error) {
+	var parts []*profile.Profile
+	for {
+		data, err := c.CPUProfile(ctx, chunk)
+		if err != nil {
+			return nil, err
+		}
+		p, err := profile.Parse(bytes.NewReader(data))
+		if err != nil {
+			return nil, fmt.Errorf("parse the CPU profile: %w", err)
+		}
+		parts = append(parts, p)
+		select {
+		case <-stop:
+			merged, err := profile.Merge(parts)
+			if err != nil {
+				return nil, fmt.Errorf("merge %d CPU profiles: %w", len(parts), err)
+			}
+			// Merge keeps one window's length; the whole is their sum.
+			merged.DurationNanos = 0
+			for _, p := range parts {
+				merged.DurationNanos += p.DurationNanos
+			}
+			var buf bytes.Buffer
+			if err := merged.Write(&buf); err != nil {
+				return nil, fmt.Errorf("write the merged CPU profile: %w", err)
+			}
+			return buf.Bytes(), nil
+		default:
+		}
+	}
+}
+
 // Counters are the scheduler's cumulative counters that explain its CPU.
 type Counters struct {
 	// Attempts are scheduling cycles by result: scheduled, unschedulable, error

@@ -215,3 +215,30 @@ func TestClient(t *testing.T) {
 		t.Errorf("a refused path: %v", err)
 	}
 }
+
+// A profile taken until a stop covers every window, merged: samples add up, and so do the
+// windows' lengths.
+func TestCPUProfileUntil(t *testing.T) {
+	one := profileOf(t, map[string]time.Duration{strings.Join([]string{par, walk, fw, fit}, " > "): 100 * time.Millisecond})
+	stop := make(chan struct{})
+	calls := 0
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls++
+		if calls == 3 {
+			close(stop) // the run ends during the third window
+		}
+		_, _ = w.Write(one)
+	}))
+	defer srv.Close()
+	data, err := New(srv.URL).CPUProfileUntil(context.Background(), stop, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := Summarize(data, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if calls != 3 || s.Total != 300*time.Millisecond || s.Duration != 30*time.Second {
+		t.Errorf("%d windows: %v of CPU over %v, want 3 windows, 300ms over 30s", calls, s.Total, s.Duration)
+	}
+}

@@ -25,7 +25,11 @@ type pinAffinity struct {
 
 type affinityKey struct {
 	gpus, domain, size int
-	hinted             bool
+	// hint: 0 the pod has no hint, 1 its hint names another node, 2 this one.
+	hint int
+	// What else of the decision the pin's terms depend on (admission.Preference).
+	sizes              string
+	capacity, leftOver int
 }
 
 var (
@@ -33,20 +37,29 @@ var (
 	affinityCache = map[affinityKey]pinAffinity{}
 )
 
-// affinityOf is the node affinity of a pod of gpus GPUs pinned to domain id domain, judged on
-// a node whose domain id has size GPUs and which the webhook's hint names (hinted) or not. The
-// pod is pinned by the webhook's own Pin, and its terms are matched by the helpers the
-// scheduler's NodeAffinity plugin calls (k8s.io/component-helpers), so the simulation follows
-// the weights and expressions production writes rather than a copy of them. The answer
-// depends on these four only, so it is worked out once per combination.
-func affinityOf(gpus, domain, size int, hinted bool) pinAffinity {
-	key := affinityKey{gpus, domain, size, hinted}
+// affinityOf is the node affinity of a pod of gpus GPUs pinned to domain id domain by the
+// decision pref, judged on a node whose domain id has size GPUs and which the decision's hint
+// names (hinted) or not. The pod is pinned by the webhook's own Pin, and its terms are matched
+// by the helpers the scheduler's NodeAffinity plugin calls (k8s.io/component-helpers), so the
+// simulation follows the weights and expressions production writes rather than a copy of
+// them. The answer depends on these only, so it is worked out once per combination.
+func affinityOf(gpus, domain, size int, hinted bool, pref decision.Preference) pinAffinity {
+	key := affinityKey{gpus: gpus, domain: domain, size: size, sizes: fmt.Sprint(pref.Sizes), capacity: pref.Capacity, leftOver: pref.LeftOver}
+	switch {
+	case len(pref.Hint) > 0 && hinted:
+		key.hint = 2
+	case len(pref.Hint) > 0:
+		key.hint = 1
+	}
+	if pref.Sizes == nil {
+		key.sizes = "unknown"
+	}
 	affinityMu.Lock()
 	defer affinityMu.Unlock()
 	if a, ok := affinityCache[key]; ok {
 		return a
 	}
-	a, err := judgeAffinity(key)
+	a, err := judgeAffinity(key, pref.Sizes)
 	if err != nil {
 		// Pin writes terms the helpers always parse; anything else is a bug in this file.
 		panic(err)
@@ -55,7 +68,7 @@ func affinityOf(gpus, domain, size int, hinted bool) pinAffinity {
 	return a
 }
 
-func judgeAffinity(key affinityKey) (pinAffinity, error) {
+func judgeAffinity(key affinityKey, sizes []int) (pinAffinity, error) {
 	n := names.Default()
 	q := *resource.NewQuantity(int64(key.gpus), resource.DecimalSI)
 	pod := &corev1.Pod{
@@ -65,12 +78,15 @@ func judgeAffinity(key affinityKey) (pinAffinity, error) {
 			Requests: corev1.ResourceList{names.GPUResource: q},
 		}}}},
 	}
-	// The hint names this node or another one.
-	hint := []string{"other"}
-	if key.hinted {
-		hint = []string{"node"}
+	// The hint, if any, names this node or another one.
+	pref := decision.Preference{Sizes: sizes, Capacity: key.capacity, LeftOver: key.leftOver}
+	switch key.hint {
+	case 1:
+		pref.Hint = []string{"other"}
+	case 2:
+		pref.Hint = []string{"node"}
 	}
-	pinned := decision.Pin(pod, rules.Inspect(pod, n), key.domain, hint, n)
+	pinned := decision.Pin(pod, rules.Inspect(pod, n), key.domain, pref, n)
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node", Labels: map[string]string{
 		n.DomainSizeLabel(key.domain): strconv.Itoa(key.size),
 		corev1.LabelHostname:          "node",
@@ -80,7 +96,7 @@ func judgeAffinity(key affinityKey) (pinAffinity, error) {
 		return pinAffinity{}, fmt.Errorf("required affinity of a pod of %d GPUs pinned to domain %d: %w", key.gpus, key.domain, err)
 	}
 	var preferred []corev1.PreferredSchedulingTerm
-	if na := pinned.Spec.Affinity.NodeAffinity; na != nil {
+	if na := pinned.Spec.Affinity.NodeAffinity; na != nil && len(na.PreferredDuringSchedulingIgnoredDuringExecution) > 0 {
 		preferred = na.PreferredDuringSchedulingIgnoredDuringExecution
 	}
 	terms, err := nodeaffinity.NewPreferredSchedulingTerms(preferred)

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"sort"
 
+	decision "github.com/nvdomain/nvdomain/pkg/admission"
 	"github.com/nvdomain/nvdomain/pkg/dra"
 	"github.com/nvdomain/nvdomain/pkg/placement"
 )
@@ -551,8 +552,9 @@ type Nvdomain struct {
 	// line holds, per domain id, the GPUs of the jobs pinned to it and not started: what the
 	// webhook's view finds waiting there (clusterview's applyPending).
 	line map[int]int
-	// hint holds the hint the webhook wrote into a job admitted with room, until it starts.
-	hint map[int][]string
+	// pref holds what the webhook's decision told a job's pin (its hint, when admitted with
+	// room, and the sizes its id has), until it starts.
+	pref map[int]decision.Preference
 	// seed overrides the admission seed in tests that need to know where a job is pinned
 	// (a zero seed is the chooser's deterministic rule); nil is production's per-request hash.
 	seed func(id, attempt int) uint64
@@ -614,7 +616,7 @@ func (p *Nvdomain) decide(j *Job, nodes []*Node) (placement.Decision, error) {
 	}
 	p.pinned[j.ID] = dec.Domain
 	p.line[dec.Domain] += j.Size
-	p.hint[j.ID] = dec.Hint
+	p.pref[j.ID] = decision.PreferenceOf(dec)
 	return dec, nil
 }
 
@@ -665,15 +667,15 @@ func (p *Nvdomain) ready() {
 	if p.line == nil {
 		p.line = map[int]int{}
 	}
-	if p.hint == nil {
-		p.hint = map[int][]string{}
+	if p.pref == nil {
+		p.pref = map[int]decision.Preference{}
 	}
 }
 
 func (p *Nvdomain) Place(j *Job, nodes []*Node, rng *rand.Rand) (int, []int, bool) {
 	p.ready()
 	d := p.pinned[j.ID]
-	hint := p.hint[j.ID]
+	pref := p.pref[j.ID]
 	var best []int
 	var bestScore int64 = -1
 	for i, n := range nodes {
@@ -684,7 +686,7 @@ func (p *Nvdomain) Place(j *Job, nodes []*Node, rng *rand.Rand) (int, []int, boo
 		if free < j.Size {
 			continue
 		}
-		a := affinityOf(j.Size, d, len(n.Domains[d]), slices.Contains(hint, n.name))
+		a := affinityOf(j.Size, d, len(n.Domains[d]), slices.Contains(pref.Hint, n.name), pref)
 		if !a.fits {
 			continue
 		}
@@ -711,7 +713,7 @@ func (p *Nvdomain) Place(j *Job, nodes []*Node, rng *rand.Rand) (int, []int, boo
 		return 0, nil, false
 	}
 	p.line[d] -= j.Size
-	delete(p.hint, j.ID)
+	delete(p.pref, j.ID)
 	return ni, gs, true
 }
 

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	decision "github.com/nvdomain/nvdomain/pkg/admission"
 )
 
 func allPolicies() []Policy {
@@ -418,7 +420,7 @@ func TestPinnedSmallJobsPreferSmallDomains(t *testing.T) {
 			p := &Nvdomain{WhatIf: c.what, pinned: map[int]int{0: c.pin}}
 			seen := map[int]bool{}
 			for seed := range uint64(64) {
-				p.hint = map[int][]string{0: c.hint}
+				p.pref = map[int]decision.Preference{0: {Hint: c.hint}}
 				ni, gs, ok := p.Place(&Job{ID: 0, Size: c.k}, c.nodes, rand.New(rand.NewPCG(seed, 1)))
 				if !ok {
 					continue
@@ -466,7 +468,7 @@ func TestAffinityScoresBySize(t *testing.T) {
 				if hinted && c.fits {
 					want.score += 20
 				}
-				if got := affinityOf(c.k, d, c.size, hinted); got != want {
+				if got := affinityOf(c.k, d, c.size, hinted, decision.Preference{Hint: []string{"some"}}); got != want {
 					t.Errorf("%d GPUs pinned to id %d, domain of %d, hinted %v: fits %v score %d, want %v %d", c.k, d, c.size, hinted, got.fits, got.score, want.fits, want.score)
 				}
 			}

@@ -14,12 +14,15 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/nvdomain/nvdomain/pkg/dra"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/placement"
 	"github.com/nvdomain/nvdomain/pkg/rules"
+	"github.com/nvdomain/nvdomain/pkg/topology"
 )
 
 // StatusAPIVersion and StatusKind identify the document `nvdomain status -o json` prints.
@@ -41,6 +44,11 @@ type StatusList struct {
 	// no node yet): the scheduler does not try them, their pin was chosen at creation and
 	// cannot follow the room, and a bare one cannot be moved once ungated.
 	Gated []string `json:"gated,omitempty"`
+	// Warnings are what keeps GPUs from pods beyond the table, each with its fix: an
+	// unhealthy GPU (the DRA driver taints its devices, so no new claim lands there), a DRA
+	// node whose driver withdrew its devices (a device plugin advertises nvidia.com/gpu
+	// there), another DeviceClass that maps nvdomain's extendedResourceName.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // DomainStatus is one domain of one node.
@@ -119,6 +127,11 @@ func newStatus(f ClusterFactory, streams IOStreams) *cobra.Command {
              plugin); no: it started, and the node gets no TP pods (docs/node-side.md);
              no: old runtime: containerd before 2.2, which cannot refuse a container
              whose plugin is down, slow or crashed; unknown: no verdict yet
+
+Under the table, a WARNING line for each unhealthy GPU, each DRA node whose driver withdrew
+its devices, and each other DeviceClass that maps nvdomain's extendedResourceName (the
+scheduler then uses only the newer class: pods asking for nvidia.com/gpu get no GPUs on the
+other driver's nodes); -o json lists them under "warnings".
 
 Usage is counted the way nvdomain's webhook counts it, from the domain resources of bound,
 non-terminal pods that are not being deleted. Pods of every namespace are counted; -n shows
@@ -201,9 +214,16 @@ func (o *StatusOptions) Run(ctx context.Context) error {
 		return err
 	}
 	list := o.statusList(s)
-	if len(list.Items) == 0 && o.Output != outputJSON {
-		_, err := fmt.Fprintln(o.ErrOut, o.emptyMessage())
+	classes, err := deviceClassWarnings(ctx, o.client)
+	if err != nil {
 		return err
+	}
+	list.Warnings = append(list.Warnings, classes...)
+	if len(list.Items) == 0 && o.Output != outputJSON {
+		if _, err := fmt.Fprintln(o.ErrOut, o.emptyMessage()); err != nil {
+			return err
+		}
+		return writeWarnings(o.Out, list.Warnings)
 	}
 	switch o.Output {
 	case outputJSON:
@@ -219,7 +239,67 @@ func (o *StatusOptions) Run(ctx context.Context) error {
 		_, err = fmt.Fprintf(o.Out, "\n%d pinned pod(s) held by scheduling gates, not counted above: %s. Their domain was chosen at creation and is not chosen again when the gates go; a bare one that finds it full waits (run such work as a Job or Deployment, or in DRA mode). `kubectl nvdomain explain POD` says more.\n",
 			len(list.Gated), strings.Join(list.Gated, ", "))
 	}
+	if err == nil {
+		err = writeWarnings(o.Out, list.Warnings)
+	}
 	return err
+}
+
+func writeWarnings(w io.Writer, warnings []string) error {
+	for _, msg := range warnings {
+		if _, err := fmt.Fprintf(w, "\nWARNING: %s\n", msg); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// deviceClassWarnings lists the DeviceClasses and names any that maps nvdomain's
+// extendedResourceName too (dra.ExtendedResourceConflicts). A cluster that serves no
+// resource.k8s.io/v1 has none; one that refuses the list gets a warning saying what is missing.
+func deviceClassWarnings(ctx context.Context, c kubernetes.Interface) ([]string, error) {
+	list, err := c.ResourceV1().DeviceClasses().List(ctx, metav1.ListOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, nil
+	case apierrors.IsForbidden(err):
+		return []string{"cannot list DeviceClasses (resource.k8s.io), so a second class mapping nvidia.com/gpu would go unseen: grant list on deviceclasses to check for one"}, nil
+	case err != nil:
+		return nil, fmt.Errorf("list DeviceClasses: %w", err)
+	}
+	var ours *resourceapi.DeviceClass
+	for i := range list.Items {
+		if list.Items[i].Name == names.DRADeviceClass {
+			ours = &list.Items[i]
+		}
+	}
+	if ours == nil || ours.Spec.ExtendedResourceName == nil {
+		return nil, nil
+	}
+	return dra.ExtendedResourceConflicts(list.Items, *ours.Spec.ExtendedResourceName), nil
+}
+
+// nodeWarnings are a node's unhealthy GPUs (from the agent's topology annotation) and a
+// withdrawal of its DRA devices (the driver's NvdomainDRADevices condition).
+func nodeWarnings(n names.Names, node *corev1.Node) []string {
+	var out []string
+	if doc, ok := node.Annotations[n.TopologyAnnotation()]; ok {
+		var top topology.Topology
+		if err := top.UnmarshalJSON([]byte(doc)); err == nil {
+			for _, g := range top.GPUs {
+				if g.Unhealthy != "" {
+					out = append(out, fmt.Sprintf("node %s: GPU %d is unhealthy (%s): in DRA mode its devices carry the NoSchedule taint %s, so no new claim gets it; replace or reset the GPU, and its source (NVML, or the simulated topology's health field) clears it",
+						node.Name, g.Index, g.Unhealthy, names.DRATaintUnhealthy))
+				}
+			}
+		}
+	}
+	for _, c := range node.Status.Conditions {
+		if c.Type == names.ConditionDRADevices && c.Status == corev1.ConditionFalse {
+			out = append(out, fmt.Sprintf("node %s: the DRA driver publishes none of its GPUs (%s: %s)", node.Name, c.Reason, c.Message))
+		}
+	}
+	return out
 }
 
 func (o *StatusOptions) emptyMessage() string {
@@ -281,6 +361,7 @@ func (o *StatusOptions) statusList(s *snapshot) StatusList {
 		if (o.Node != "" && node.Name != o.Node) || (o.selector != nil && !o.selector.Matches(labels.Set(node.Labels))) {
 			continue
 		}
+		list.Warnings = append(list.Warnings, nodeWarnings(s.names, node)...)
 		free := s.view.Free(node.Name)
 		for _, d := range domainsOf(s.names, node) {
 			k := key{node.Name, d.id}

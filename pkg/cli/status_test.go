@@ -7,9 +7,13 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
 
 	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/topology"
 )
 
 // statusCluster: gpu-a has two 4-GPU domains, one held by a running TP=4 pod; gpu-b two
@@ -199,5 +203,52 @@ func TestStatusNamesAnOldRuntime(t *testing.T) {
 	}
 	if !strings.Contains(out, "gpu-old  0       2     0          2     0     0        0         no     no: old runtime") {
 		t.Errorf("status printed\n%s", out)
+	}
+}
+
+// What keeps GPUs from pods beyond the table is listed under it, with its fix: an unhealthy
+// GPU, a DRA node whose driver withdrew its devices, and another DeviceClass mapping
+// nvidia.com/gpu (the scheduler then uses only the newer one). Without a conflict, or with no
+// class of ours, nothing is said of classes.
+func TestStatusWarnings(t *testing.T) {
+	sick := func(n *corev1.Node) {
+		top, err := topology.FromDomains(names.SourceSimulated, []topology.GPU{{Index: 0}, {Index: 1, Unhealthy: "XID 79: fallen off the bus"}}, [][]int{{0, 1}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		doc, _ := json.Marshal(top)
+		n.Annotations[nm.TopologyAnnotation()] = string(doc)
+	}
+	withdrawn := func(n *corev1.Node) {
+		n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{Type: names.ConditionDRADevices, Status: corev1.ConditionFalse,
+			Reason: names.ReasonDevicePluginOnDRANode, Message: "the node advertises 8 nvidia.com/gpu from a device plugin"})
+	}
+	class := func(name string, created int64) *resourceapi.DeviceClass {
+		return &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: name, CreationTimestamp: metav1.Unix(created, 0)},
+			Spec: resourceapi.DeviceClassSpec{ExtendedResourceName: ptr.To(names.GPUResource)}}
+	}
+	objs := []runtime.Object{gpuNode("gpu-sick", [][]int{{0, 1}}, sick, withdrawn), class(names.DRADeviceClass, 10), class("gpu.nvidia.com", 20)}
+	code, out, errOut := runFake(t, "", objs, "status")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{
+		"WARNING: node gpu-sick: GPU 1 is unhealthy (XID 79: fallen off the bus)",
+		"WARNING: node gpu-sick: the DRA driver publishes none of its GPUs (DevicePluginOnDRANode: the node advertises 8 nvidia.com/gpu from a device plugin)",
+		"WARNING: DeviceClass gpu.nvidia.com maps extendedResourceName nvidia.com/gpu too, as gpu.nvdomain.io does: the scheduler uses only gpu.nvidia.com",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status lacks %q:\n%s", want, out)
+		}
+	}
+	_, js, _ := runFake(t, "", objs, "status", "-o", "json")
+	var list StatusList
+	if err := json.Unmarshal([]byte(js), &list); err != nil || len(list.Warnings) != 3 {
+		t.Errorf("-o json warnings %q (%v)", list.Warnings, err)
+	}
+	// A healthy node, and our class alone: nothing to say.
+	_, out, _ = runFake(t, "", []runtime.Object{gpuNode("gpu-a", [][]int{{0, 1}}), class(names.DRADeviceClass, 10)}, "status")
+	if strings.Contains(out, "WARNING") {
+		t.Errorf("warnings on a healthy cluster:\n%s", out)
 	}
 }

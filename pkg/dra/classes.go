@@ -42,3 +42,50 @@ func DeviceClasses(extendedResourceName string) []*resourceapi.DeviceClass {
 	}
 	return []*resourceapi.DeviceClass{gpu, block}
 }
+
+// ExtendedResourceConflicts names every DeviceClass other than ours (names.DRADeviceClass)
+// that maps the same extendedResourceName, one sentence each with the fix. The scheduler maps
+// a name to one class only, the newest (ties: the lower name; k8s.io/dynamic-resource-
+// allocation/deviceclass/extendedresourcecache), so while two claim it every pod asking for
+// it is given devices of the winner's driver alone and cannot run on the other driver's
+// nodes: NVIDIA's DRA driver's chart maps nvidia.com/gpu too. Nil when ours is not among
+// classes, maps nothing, or nobody else maps its name.
+func ExtendedResourceConflicts(classes []resourceapi.DeviceClass, extendedResourceName string) []string {
+	if extendedResourceName == "" {
+		return nil
+	}
+	var ours *resourceapi.DeviceClass
+	var others []resourceapi.DeviceClass
+	for i, c := range classes {
+		if c.Spec.ExtendedResourceName == nil || *c.Spec.ExtendedResourceName != extendedResourceName {
+			continue
+		}
+		if c.Name == names.DRADeviceClass {
+			ours = &classes[i]
+		} else {
+			others = append(others, c)
+		}
+	}
+	if ours == nil {
+		return nil
+	}
+	var out []string
+	for _, c := range others {
+		winner := names.DRADeviceClass
+		if newerClass(c, *ours) {
+			winner = c.Name
+		}
+		out = append(out, fmt.Sprintf("DeviceClass %s maps extendedResourceName %s too, as %s does: the scheduler uses only %s for it, so pods asking for %s get no GPUs on the other driver's nodes; remove the field from one class (nvdomain's chart: --set dra.extendedResourceName=\"\")",
+			c.Name, extendedResourceName, names.DRADeviceClass, winner, extendedResourceName))
+	}
+	return out
+}
+
+// newerClass is the scheduler's choice between two classes mapping one name: the newer, or on
+// equal creation times the lower name.
+func newerClass(a, b resourceapi.DeviceClass) bool {
+	if ta, tb := a.CreationTimestamp.UnixNano(), b.CreationTimestamp.UnixNano(); ta != tb {
+		return ta > tb
+	}
+	return a.Name < b.Name
+}

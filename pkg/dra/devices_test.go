@@ -3,9 +3,12 @@ package dra
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/topology"
@@ -298,5 +301,46 @@ func TestResourcesWithBlocksSplitDevicesAndCounters(t *testing.T) {
 	// 80 GPUs + 10 × (4 + 2 + 1) blocks = 150 devices.
 	if fmt.Sprint(devs) != "[64 64 22]" || fmt.Sprint(sets) != "[8 2]" {
 		t.Errorf("device slices %v, counter slices %v; want [64 64 22] and [8 2]", devs, sets)
+	}
+}
+
+// Another class mapping nvidia.com/gpu is named, with the class the scheduler uses for the name
+// (the newer; on equal times the lower name); a class mapping another name, or ours alone, is not.
+func TestExtendedResourceConflicts(t *testing.T) {
+	at := func(sec int64) metav1.Time { return metav1.Unix(sec, 0) }
+	class := func(name, ext string, created int64) resourceapi.DeviceClass {
+		c := resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: name, CreationTimestamp: at(created)}}
+		if ext != "" {
+			c.Spec.ExtendedResourceName = ptr.To(ext)
+		}
+		return c
+	}
+	ours := func(created int64) resourceapi.DeviceClass { return class(names.DRADeviceClass, names.GPUResource, created) }
+	for _, tc := range []struct {
+		name    string
+		classes []resourceapi.DeviceClass
+		mapped  string
+		want    []string // the winner named in each message, in order
+	}{
+		{"ours alone", []resourceapi.DeviceClass{ours(10), class("mig.nvidia.com", "", 20)}, names.GPUResource, nil},
+		{"another name", []resourceapi.DeviceClass{ours(10), class("gpu.example.com", "example.com/gpu", 20)}, names.GPUResource, nil},
+		{"NVIDIA's newer class wins", []resourceapi.DeviceClass{ours(10), class("gpu.nvidia.com", names.GPUResource, 20)}, names.GPUResource, []string{"gpu.nvidia.com"}},
+		{"ours newer", []resourceapi.DeviceClass{ours(30), class("gpu.nvidia.com", names.GPUResource, 20)}, names.GPUResource, []string{names.DRADeviceClass}},
+		{"equal times: the lower name", []resourceapi.DeviceClass{ours(10), class("a.example.com", names.GPUResource, 10), class("z.example.com", names.GPUResource, 10)},
+			names.GPUResource, []string{"a.example.com", names.DRADeviceClass}},
+		{"we map nothing", []resourceapi.DeviceClass{class("gpu.nvidia.com", names.GPUResource, 20)}, "", nil},
+		{"ours not installed: no conflict of ours", []resourceapi.DeviceClass{class("gpu.nvidia.com", names.GPUResource, 20)}, names.GPUResource, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := ExtendedResourceConflicts(tc.classes, tc.mapped)
+			if len(got) != len(tc.want) {
+				t.Fatalf("%d conflicts, want %d: %q", len(got), len(tc.want), got)
+			}
+			for i, msg := range got {
+				if !strings.Contains(msg, "the scheduler uses only "+tc.want[i]+" for it") || !strings.Contains(msg, "dra.extendedResourceName") {
+					t.Errorf("message %q: want the winner %s and the fix", msg, tc.want[i])
+				}
+			}
+		})
 	}
 }

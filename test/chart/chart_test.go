@@ -6,6 +6,7 @@ package chart
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -19,11 +20,16 @@ import (
 	cmv1 "github.com/cert-manager/cert-manager/pkg/apis/certmanager/v1"
 	admissionregv1 "k8s.io/api/admissionregistration/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
 	"github.com/nvdomain/nvdomain/pkg/dra"
 	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/test/hacluster"
 )
 
 var update = os.Getenv("UPDATE_GOLDEN") == "1"
@@ -401,5 +407,55 @@ func TestChartDeviceClassesMatchTheDriver(t *testing.T) {
 		if got[i].Name != want[i].Name || !reflect.DeepEqual(got[i].Spec, want[i].Spec) {
 			t.Errorf("DeviceClass %s: chart %+v, driver %s %+v", got[i].Name, got[i].Spec, want[i].Name, want[i].Spec)
 		}
+	}
+}
+
+// The chart refuses to install a DeviceClass mapping extendedResourceName when another class
+// in the cluster maps the same name (NVIDIA's DRA driver's chart maps nvidia.com/gpu): helm
+// with --dry-run=server runs the chart's lookup against a real kube-apiserver (envtest), as
+// install and upgrade do. With the mapping turned off, or no such class, it renders.
+func TestChartRefusesASecondClassForTheExtendedResource(t *testing.T) {
+	assets, err := hacluster.Assets()
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := &envtest.Environment{BinaryAssetsDirectory: assets}
+	cfg, err := env.Start()
+	if err != nil {
+		t.Fatalf("start envtest: %v", err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	user, err := env.AddUser(envtest.User{Name: "chart-test", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc, err := user.KubeConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, kc, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	server := func(args ...string) (string, error) {
+		return render(t, append([]string{"--dry-run=server", "--kubeconfig", kubeconfig, "--set", "dra.enabled=true", "--show-only", "templates/dra.yaml"}, args...)...)
+	}
+	if _, err := server(); err != nil {
+		t.Fatalf("no other class: %v", err)
+	}
+	client := kubernetes.NewForConfigOrDie(cfg)
+	nvidia := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "gpu.nvidia.com"},
+		Spec: resourceapi.DeviceClassSpec{ExtendedResourceName: ptr.To(names.GPUResource)}}
+	if _, err := client.ResourceV1().DeviceClasses().Create(context.Background(), nvidia, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = server()
+	for _, want := range []string{"dra.extendedResourceName: DeviceClass gpu.nvidia.com already maps extendedResourceName nvidia.com/gpu", `--set dra.extendedResourceName=""`} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("with gpu.nvidia.com mapping nvidia.com/gpu: %v, want %q", err, want)
+		}
+	}
+	if out, err := server("--set", "dra.extendedResourceName="); err != nil || strings.Contains(out, "extendedResourceName:") {
+		t.Errorf("with the mapping off: %v\n%s", err, out)
 	}
 }

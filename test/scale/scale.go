@@ -96,8 +96,8 @@ func Smoke() Config {
 		Mix: [4]int{40, 30, 20, 10}, Settle: 2 * time.Minute}
 }
 
-// FromEnv changes the stream from NVDOMAIN_SCALE_PODS and NVDOMAIN_SCALE_RATE (pods a second)
-// where they are set: a shorter run while profiling, or a faster one to find the rate the
+// FromEnv changes the stream from NVDOMAIN_SCALE_PODS, NVDOMAIN_SCALE_RATE (pods a second) and
+// NVDOMAIN_SCALE_LIFETIME where they are set: a shorter run while profiling, or a faster one to find the rate the
 // machine sustains.
 func (c *Config) FromEnv() error {
 	if v := os.Getenv("NVDOMAIN_SCALE_PODS"); v != "" {
@@ -106,6 +106,13 @@ func (c *Config) FromEnv() error {
 			return fmt.Errorf("NVDOMAIN_SCALE_PODS=%q: want a positive number of pods", v)
 		}
 		c.Pods = n
+	}
+	if v := os.Getenv("NVDOMAIN_SCALE_LIFETIME"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return fmt.Errorf("NVDOMAIN_SCALE_LIFETIME=%q: want a positive duration such as 10s", v)
+		}
+		c.Lifetime = d
 	}
 	if v := os.Getenv("NVDOMAIN_SCALE_RATE"); v != "" {
 		r, err := strconv.ParseFloat(v, 64)

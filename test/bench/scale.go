@@ -50,8 +50,15 @@ func runScaleOnly(outPath string) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r[0], r[1], r[2], r[3])
 	}
 	_ = tw.Flush()
-	fmt.Printf("\nthroughput ratio %.2f (target >= 0.9); webhook replica peak RSS %.0f MiB (target <= 256 MiB); (total %s)\n",
-		rep.ThroughputRatio(), float64(rep.MaxReplicaRSS())/(1<<20), time.Since(start).Round(time.Second))
+	if rows := rep.StressRows(); rows != nil {
+		fmt.Fprintf(tw, "\nAT %.0f/s\tNO WEBHOOK\tNVDOMAIN\tRATIO\n", rep.Config.StressRate)
+		for _, r := range rows {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r[0], r[1], r[2], r[3])
+		}
+		_ = tw.Flush()
+	}
+	fmt.Printf("\nthroughput ratio %.2f, at the stress rate %.2f (target >= 0.9); webhook replica peak RSS %.0f MiB (target <= 256 MiB); (total %s)\n",
+		rep.ThroughputRatio(), rep.StressThroughputRatio(), float64(rep.MaxReplicaRSS())/(1<<20), time.Since(start).Round(time.Second))
 	if outPath == "" {
 		return nil
 	}
@@ -82,10 +89,21 @@ func scaleRows(rep scale.Report) []row {
 			cpu = max(cpu, u.CPU.Seconds())
 		}
 	}
-	return []row{
+	perPod := func(p scale.Phase) string { return fmt.Sprintf("%.2f ms", float64(p.SchedulerCPUPerPod().Microseconds())/1000) }
+	var cpuRatio string
+	if b.SchedulerCPUPerPod() > 0 {
+		cpuRatio = fmt.Sprintf("%.2f", float64(w.SchedulerCPUPerPod())/float64(b.SchedulerCPUPerPod()))
+	}
+	rows := []row{
 		{"scale", what + ": pods scheduled per second (baseline: no webhook)", fmt.Sprintf("%.1f", w.Throughput), fmt.Sprintf("%.1f", b.Throughput), fmt.Sprintf("%.2f", rep.ThroughputRatio())},
-		{"scale", what + ": create to scheduled, p50 / p99", ms(w.P50) + " / " + ms(w.P99), ms(b.P50) + " / " + ms(b.P99), ""},
+		{"scale", what + ": kube-scheduler CPU per pod scheduled", perPod(w), perPod(b), cpuRatio},
+		{"scale", what + ": create to scheduled, p50 / p99", ms(w.P50) + " / " + ms(w.P99), ms(b.P50) + " / " + ms(b.P99), fmt.Sprintf("%.2f", float64(w.P99)/float64(max(b.P99, 1)))},
 		{"scale", what + ": webhook replica peak RSS / CPU time (the larger replica)", fmt.Sprintf("%.0f MiB / %.1f s", float64(rep.MaxReplicaRSS())/(1<<20), cpu), "", ""},
 		{"scale", what + ": over-commits, pods not pinned to one domain of their size", fmt.Sprintf("%d, %d", len(w.OverCommits), len(w.Violations)), fmt.Sprintf("%d, -", len(b.OverCommits)), ""},
 	}
+	if sb, sw := rep.StressBaseline(), rep.StressWebhook(); sb.Name != "" && sw.Name != "" {
+		rows = append(rows, row{"scale", fmt.Sprintf("%d kwok nodes, %d TP pods at %.0f/s (stress): pods scheduled per second (baseline: no webhook)", c.Nodes(), c.StressPods, c.StressRate),
+			fmt.Sprintf("%.1f", sw.Throughput), fmt.Sprintf("%.1f", sb.Throughput), fmt.Sprintf("%.2f", rep.StressThroughputRatio())})
+	}
+	return rows
 }

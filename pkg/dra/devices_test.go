@@ -315,7 +315,9 @@ func TestExtendedResourceConflicts(t *testing.T) {
 		}
 		return c
 	}
-	ours := func(created int64) resourceapi.DeviceClass { return class(names.DRADeviceClass, names.GPUResource, created) }
+	ours := func(created int64) resourceapi.DeviceClass {
+		return class(names.DRADeviceClass, names.GPUResource, created)
+	}
 	for _, tc := range []struct {
 		name    string
 		classes []resourceapi.DeviceClass

@@ -89,7 +89,9 @@ func scaleRows(rep scale.Report) []row {
 			cpu = max(cpu, u.CPU.Seconds())
 		}
 	}
-	perPod := func(p scale.Phase) string { return fmt.Sprintf("%.2f ms", float64(p.SchedulerCPUPerPod().Microseconds())/1000) }
+	perPod := func(p scale.Phase) string {
+		return fmt.Sprintf("%.2f ms", float64(p.SchedulerCPUPerPod().Microseconds())/1000)
+	}
 	var cpuRatio string
 	if b.SchedulerCPUPerPod() > 0 {
 		cpuRatio = fmt.Sprintf("%.2f", float64(w.SchedulerCPUPerPod())/float64(b.SchedulerCPUPerPod()))

@@ -1120,7 +1120,9 @@ func phaseTable(b, w Phase) [][4]string {
 		}
 		return Usage{}, false
 	}
-	perPod := func(p Phase) string { return fmt.Sprintf("%.2f ms", float64(p.SchedulerCPUPerPod().Microseconds())/1000) }
+	perPod := func(p Phase) string {
+		return fmt.Sprintf("%.2f ms", float64(p.SchedulerCPUPerPod().Microseconds())/1000)
+	}
 	rows = append(rows, [4]string{"kube-scheduler CPU per pod scheduled", perPod(b), perPod(w),
 		ratioCell(float64(w.SchedulerCPUPerPod()), float64(b.SchedulerCPUPerPod()))})
 	for _, who := range []string{"kube-scheduler", "kube-apiserver", "etcd", "kwok"} {

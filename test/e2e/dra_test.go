@@ -134,8 +134,70 @@ func TestSeedScenariosInDRAMode(t *testing.T) {
 		t.Errorf("ResourceSlices: %s", rep.Slices)
 	}
 
+	checkDRADay2(ctx, t, c, rep)
+
 	c.Stop()
 	if _, err := os.Stat(c.Dir); err == nil {
 		t.Errorf("work dir %s left", c.Dir)
+	}
+}
+
+// checkDRADay2 runs the DRA driver's day-2 scenarios (localcluster.RunDRADay2) and checks
+// what each must show.
+func checkDRADay2(ctx context.Context, t *testing.T, c *localcluster.Cluster, rep *localcluster.DRAReport) {
+	t.Helper()
+	d2, err := c.RunDRADay2(ctx, os.Stderr, rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inDomain := func(what string, p localcluster.PodResult, k int) int {
+		t.Helper()
+		d, err := rep.DomainOf(p.GPUs)
+		if len(p.GPUs) != k || err != nil {
+			t.Errorf("%s: pod %q holds GPUs %v (%v), want %d of one domain", what, p.Name, p.GPUs, err, k)
+			return -1
+		}
+		return d
+	}
+	// (h) after a kubelet restart between Prepare and Unprepare, the replacement runs and the
+	// checkpoint holds exactly the claims allocated on the node: the deleted pod's was unprepared.
+	inDomain("(h) replacement", d2.Replacement, 4)
+	if len(d2.Allocated) != 2 || !slices.Equal(d2.CheckpointClaims, d2.Allocated) {
+		t.Errorf("(h) checkpoint claims %v, allocated %v: want the same two", d2.CheckpointClaims, d2.Allocated)
+	}
+	// (i) a stale entry (claim deleted, kubelet lost track) is dropped by housekeeping: two
+	// rounds of 30 s at most, plus the time the checkpoint takes to be read back.
+	if d2.StaleRemoved <= 0 || d2.StaleRemoved > 75*time.Second {
+		t.Errorf("(i) the stale entry of %s went after %s, want within two housekeeping periods", d2.StaleClaim, d2.StaleRemoved)
+	}
+	inDomain("(i) after the stale entry", d2.AfterStale, 2)
+	// (j) a device plugin on the DRA node: no device published, the condition and the Event say
+	// why, a TP pod waits; once it is gone the 8 GPUs come back and the pod runs.
+	if d2.WithdrawnDevices != 0 || !strings.HasPrefix(d2.Condition, "False DevicePluginOnDRANode") || !strings.Contains(d2.Event, "Warning") {
+		t.Errorf("(j) withdrawn: %d devices, condition %q, event %q", d2.WithdrawnDevices, d2.Condition, d2.Event)
+	}
+	if !strings.Contains(d2.WithdrawnPending, "cannot allocate all claims") {
+		t.Errorf("(j) a TP pod while withdrawn: %q, want the allocator's message", d2.WithdrawnPending)
+	}
+	if d2.Republished != 8 {
+		t.Errorf("(j) %d devices published after the device plugin left, want 8", d2.Republished)
+	}
+	inDomain("(j) after the withdrawal", d2.AfterWithdrawal, 2)
+	// (k) GPU 5 unhealthy: tainted; a TP=4 pod lands in domain 0, the other waits until the GPU
+	// is healthy again, then runs in domain 1; nvdomain status says why.
+	if d2.Taint != "gpu.nvdomain.io/unhealthy:NoSchedule" {
+		t.Errorf("(k) gpu-5 taint %q", d2.Taint)
+	}
+	if d := inDomain("(k) TP=4 beside the unhealthy GPU", d2.HealthyTP4, 4); d != 0 {
+		t.Errorf("(k) TP=4 ran in domain %d, want 0 (domain 1 holds the unhealthy GPU 5)", d)
+	}
+	if !strings.Contains(d2.UnhealthyPending, "cannot allocate all claims") {
+		t.Errorf("(k) second TP=4: %q, want the allocator's message", d2.UnhealthyPending)
+	}
+	if d := inDomain("(k) TP=4 once GPU 5 is healthy", d2.Recovered, 4); d != 1 {
+		t.Errorf("(k) the waiting TP=4 ran in domain %d, want 1", d)
+	}
+	if !strings.Contains(d2.Status, "GPU 5 is unhealthy (XID 79: GPU has fallen off the bus)") {
+		t.Errorf("(k) nvdomain status does not name the unhealthy GPU:\n%s", d2.Status)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/nvdomain/nvdomain/pkg/cdispec"
@@ -210,12 +212,59 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
 `, port, healthz, c.path("c.sock"))
+	if c.o.Mode == ModeDRA {
+		// The DRA day-2 scenarios change the simulated topology's ConfigMap, which reaches
+		// the agent's volume at the kubelet's next sync of the pod (every minute by default).
+		cfg += "syncFrequency: 10s\n"
+	}
 	if err := os.WriteFile(c.path("kubelet.yaml"), []byte(cfg), 0o644); err != nil {
 		return err
 	}
-	return c.start("kubelet", filepath.Join(c.K8sBin, "kubelet"), nil,
-		"--config="+c.path("kubelet.yaml"), "--kubeconfig="+c.Kubeconfig, "--root-dir="+c.path("kubelet"),
-		"--cert-dir="+c.path("kubelet", "pki"), "--hostname-override="+NodeName, "--v=1")
+	return c.start("kubelet", filepath.Join(c.K8sBin, "kubelet"), nil, c.kubeletArgs()...)
+}
+
+func (c *Cluster) kubeletArgs() []string {
+	return []string{"--config=" + c.path("kubelet.yaml"), "--kubeconfig=" + c.Kubeconfig, "--root-dir=" + c.path("kubelet"),
+		"--cert-dir=" + c.path("kubelet", "pki"), "--hostname-override=" + NodeName, "--v=1"}
+}
+
+// RestartKubelet stops the kubelet (SIGTERM to its process group, as systemd stops it; the
+// containers keep running), runs whileDown, and starts it again with the same flags, its log
+// appended to the first one's, in the first one's place in the teardown order. It returns once
+// the node is Ready again.
+func (c *Cluster) RestartKubelet(ctx context.Context, whileDown func() error) error {
+	var p *proc
+	for _, q := range c.procs {
+		if q.name == "kubelet" {
+			p = q
+		}
+	}
+	if p == nil || p.cmd.Process == nil {
+		return errors.New("the cluster runs no kubelet")
+	}
+	start, _ := procStart(p.cmd.Process.Pid)
+	procRef{Name: p.name, PID: p.cmd.Process.Pid, Start: start, cmd: p.cmd}.stop(30 * time.Second)
+	if whileDown != nil {
+		if err := whileDown(); err != nil {
+			return err
+		}
+	}
+	logf, err := os.OpenFile(c.path("logs", "kubelet.log"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(filepath.Join(c.K8sBin, "kubelet"), c.kubeletArgs()...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return fmt.Errorf("start the kubelet again: %w", err)
+	}
+	p.cmd = cmd
+	if c.o.Keep {
+		_ = c.recordState()
+	}
+	return c.waitNodeReady(ctx)
 }
 
 func (c *Cluster) waitNodeReady(ctx context.Context) error {

@@ -478,9 +478,7 @@ func (c *Cluster) readPodResources(ctx context.Context, rep *DRAReport) error {
 
 // createTP4 creates a TP=4 pod like manifests/examples/tp4.yaml under another name.
 func (c *Cluster) createTP4(ctx context.Context, cs *kubernetes.Clientset, name string) error {
-	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", Labels: tpLabels(name)}, Spec: tpPodSpec(4)}
-	_, err := cs.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{})
-	return err
+	return c.createTP(ctx, cs, name, 4)
 }
 
 // waitUnschedulable waits for the scheduler to report a pod Unschedulable and returns why.

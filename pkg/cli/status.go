@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -105,6 +106,9 @@ type StatusOptions struct {
 	names     names.Names
 	namespace string // only pods of this namespace are listed, when the user named one
 	selector  labels.Selector
+	// draHeld is, per DRA node, the GPUs the driver's allocated ResourceClaims hold there and
+	// the pods each claim is reserved for (Run; nil where claims cannot be listed).
+	draHeld map[string]map[int][]string
 }
 
 func newStatus(f ClusterFactory, streams IOStreams) *cobra.Command {
@@ -115,7 +119,8 @@ func newStatus(f ClusterFactory, streams IOStreams) *cobra.Command {
 		Long: `Lists one row per node and NVSwitch domain:
 
   SIZE       the domain's GPUs, as the agent publishes them
-  GPUS USED  GPUs held there: bound pods pinned to the domain, and unpinned containers
+  GPUS USED  GPUs held there: bound pods pinned to the domain, and unpinned containers;
+             on a DRA node, the GPUs of the domain that allocated ResourceClaims hold
   FREE       GPUs the scheduler can still give to pods pinned to this domain id
   PODS       bound pods pinned to the domain on this node
   WAITING    pods pinned to this domain id, not bound yet, that may run on this node
@@ -211,6 +216,9 @@ func (o *StatusOptions) Run(ctx context.Context) error {
 	}
 	s, err := loadSnapshot(ctx, o.client, o.names)
 	if err != nil {
+		return err
+	}
+	if o.draHeld, err = draClaimsHeld(ctx, o.client); err != nil {
 		return err
 	}
 	list := o.statusList(s)
@@ -363,9 +371,15 @@ func (o *StatusOptions) statusList(s *snapshot) StatusList {
 		}
 		list.Warnings = append(list.Warnings, nodeWarnings(s.names, node)...)
 		free := s.view.Free(node.Name)
+		dra := node.Labels[s.names.ModeLabel()] == names.ModeDRA
 		for _, d := range domainsOf(s.names, node) {
 			k := key{node.Name, d.id}
 			f := max(0, min(free[d.id], d.size))
+			if dra {
+				// A DRA node publishes no domain resources: the allocator counts the driver's
+				// devices, so what is used is what the allocated claims hold there.
+				f, pods[k] = draDomainUse(o.draHeld[node.Name], d, o.namespace)
+			}
 			list.Items = append(list.Items, DomainStatus{
 				Node: node.Name, Domain: d.id, Size: d.size, Used: d.size - f, Free: f,
 				GPUs: orEmpty(d.gpus), Pods: orEmpty(pods[k]), Waiting: orEmpty(waiting[k]), Stranded: orEmpty(stranded[k]),
@@ -376,6 +390,65 @@ func (o *StatusOptions) statusList(s *snapshot) StatusList {
 		}
 	}
 	return list
+}
+
+// draClaimsHeld lists the ResourceClaims and returns, per node, the GPUs of nvdomain's driver
+// their allocations hold and, per GPU, the pods (namespace/name) each claim is reserved for.
+// A cluster that serves no resource.k8s.io/v1, or refuses the list, has none to show.
+func draClaimsHeld(ctx context.Context, c kubernetes.Interface) (map[string]map[int][]string, error) {
+	list, err := c.ResourceV1().ResourceClaims(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
+	switch {
+	case apierrors.IsNotFound(err), apierrors.IsForbidden(err):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("list ResourceClaims: %w", err)
+	}
+	out := map[string]map[int][]string{}
+	for _, rc := range list.Items {
+		if rc.Status.Allocation == nil {
+			continue
+		}
+		var holders []string
+		for _, ref := range rc.Status.ReservedFor {
+			if ref.Resource == "pods" {
+				holders = append(holders, rc.Namespace+"/"+ref.Name)
+			}
+		}
+		for _, r := range rc.Status.Allocation.Devices.Results {
+			gpus, ok := names.ParseDRADeviceGPUs(r.Device)
+			if r.Driver != names.DRADriver || !ok {
+				continue
+			}
+			if out[r.Pool] == nil {
+				out[r.Pool] = map[int][]string{}
+			}
+			for _, g := range gpus {
+				out[r.Pool][g] = append(out[r.Pool][g], holders...)
+			}
+		}
+	}
+	return out, nil
+}
+
+// draDomainUse is a DRA node's domain as its allocated claims hold it: the GPUs left free and
+// the pods holding some (of namespace ns, when set), each once and sorted.
+func draDomainUse(held map[int][]string, d nodeDomain, ns string) (int, []string) {
+	used := 0
+	var pods []string
+	for _, g := range d.gpus {
+		holders, ok := held[g]
+		if !ok {
+			continue
+		}
+		used++
+		for _, p := range holders {
+			if (ns == "" || strings.HasPrefix(p, ns+"/")) && !slices.Contains(pods, p) {
+				pods = append(pods, p)
+			}
+		}
+	}
+	slices.Sort(pods)
+	return max(0, d.size-used), pods
 }
 
 func orEmpty[T any](s []T) []T {

@@ -10,6 +10,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
 	"github.com/nvdomain/nvdomain/pkg/names"
@@ -250,5 +251,41 @@ func TestStatusWarnings(t *testing.T) {
 	_, out, _ = runFake(t, "", []runtime.Object{gpuNode("gpu-a", [][]int{{0, 1}}), class(names.DRADeviceClass, 10)}, "status")
 	if strings.Contains(out, "WARNING") {
 		t.Errorf("warnings on a healthy cluster:\n%s", out)
+	}
+}
+
+// A DRA node publishes no domain resources: its rows count the GPUs that allocated claims of
+// nvdomain's driver hold there, and name the pods the claims are reserved for; a claim of
+// another driver, or not allocated, holds nothing.
+func TestStatusCountsClaimsOnDRANodes(t *testing.T) {
+	draNode := gpuNode("dra-a", [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}}, withLabel(nm.ModeLabel(), names.ModeDRA))
+	draNode.Status.Allocatable = corev1.ResourceList{}
+	claim := func(name, driver string, devices ...string) *resourceapi.ResourceClaim {
+		rc := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ml"}}
+		var results []resourceapi.DeviceRequestAllocationResult
+		for _, d := range devices {
+			results = append(results, resourceapi.DeviceRequestAllocationResult{Request: "gpus", Driver: driver, Pool: "dra-a", Device: d})
+		}
+		if len(results) > 0 {
+			rc.Status.Allocation = &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: results}}
+		}
+		rc.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: name + "-pod", UID: "u-" + types.UID(name)}}
+		return rc
+	}
+	objs := []runtime.Object{draNode,
+		claim("tp2", names.DRADriver, "gpu-4", "gpu-5"),
+		claim("other-driver", "net.example.com", "gpu-0"),
+		claim("pending", names.DRADriver)}
+	code, out, errOut := runFake(t, "", objs, "status", "-o", "wide")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{
+		"dra-a  0       4     0          4     0     0        0         no     unknown      0,1,2,3   <none>",
+		"dra-a  1       4     2          2     1     0        0         no     unknown      4,5,6,7   ml/tp2-pod",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status lacks %q:\n%s", want, out)
+		}
 	}
 }

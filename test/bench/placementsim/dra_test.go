@@ -314,7 +314,7 @@ func TestShippedMatchesAllocator(t *testing.T) {
 
 // shippedSlices are the ResourceSlices production publishes for a simulated node, with or
 // without blocks.
-func shippedSlices(t *testing.T, n *Node, blocks bool) []*resourceapi.ResourceSlice {
+func shippedSlices(t testing.TB, n *Node, blocks bool) []*resourceapi.ResourceSlice {
 	t.Helper()
 	gpus := make([]topology.GPU, len(n.used))
 	for i := range gpus {

@@ -25,10 +25,14 @@ import (
 // size terms rank first is as tight (hintNeeded). Every term costs the scheduler a match on
 // every node it scores, so a term that scores all the pod's nodes alike is left out
 // (docs/benchmarks.md, section 5). The user's own preferred terms stay. Pinning an already
-// pinned pod (its containers ask for the domain already: re-admitted, or pinned by hand)
-// adds nothing, whatever pref says, which makes admission idempotent.
+// pinned pod (its containers ask for the domain already and nvdomain's annotations say so:
+// re-admitted) adds nothing, whatever pref says, which makes admission idempotent; a pod
+// pinned by hand gets the preferences once, with the annotations that then mark it.
 func Pin(pod *corev1.Pod, p rules.Pod, d int, pref Preference, n names.Names) *corev1.Pod {
-	fresh := p.PinnedDomain() < 0
+	// A pod pinned by nvdomain already (re-admitted, or a pin copied from a template that kept
+	// its room) has its preferences; a pod pinned by hand, whose annotations nvdomain did not
+	// write, gets them now, as it did before the terms were pruned.
+	fresh := p.PinnedDomain() < 0 || !pinnedByNvdomain(pod, n)
 	out := pod.DeepCopy()
 	res := corev1.ResourceName(n.DomainResource(d))
 	perContainer := map[string]int{}
@@ -216,6 +220,14 @@ func splits(sizes []int, bound int) bool {
 // scheduler's normalisation: NodeAffinity scales its scores so the best node gets 100, so a
 // hinted node of the best class leads its class by 100 - 100·100/120 = 17 points, 33 at
 // NodeAffinity's default plugin weight of 2.
+//
+// The scheduler scales NodeAffinity's scores by the best node's, not by their range, so the
+// terms a pin leaves out because they score every node alike (smallestDomainFirst) widen the
+// gaps NodeAffinity opens against the other score plugins: with no size term, a hinted node
+// leads by 100 points (200 at the default weight) rather than 17 (33). The hint then outweighs
+// the cpu and memory scores, as intended, and also a pod's own soft preferences that other
+// plugins score (preferred pod anti-affinity, ScheduleAnyway topology spread); a pod that
+// must spread says so with required terms.
 const HintWeight = 20
 
 // tightestNodes is the scheduling hint: a preferred term for the nodes (by their

@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
 
 	"github.com/nvdomain/nvdomain/pkg/dra"
 	"github.com/nvdomain/nvdomain/pkg/names"
@@ -78,6 +79,9 @@ type DomainStatus struct {
 	// publishes.
 	Stale    bool `json:"stale"`
 	Mismatch bool `json:"mismatch"`
+	// UsageUnknown marks a DRA node's domain whose use could not be read (the ResourceClaims
+	// could not be listed): Used and Free then mean nothing.
+	UsageUnknown bool `json:"usageUnknown,omitempty"`
 	// FailClosed is the node's NvdomainFailClosed condition: "yes" once its fail-closed
 	// canary was refused, "no" when it started (containerd does not enforce NRI's required
 	// plugins there), "unknown" before a verdict or without the canary.
@@ -218,10 +222,14 @@ func (o *StatusOptions) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if o.draHeld, err = draClaimsHeld(ctx, o.client); err != nil {
+	var claimsWarning string
+	if o.draHeld, claimsWarning, err = draClaimsHeld(ctx, o.client); err != nil {
 		return err
 	}
 	list := o.statusList(s)
+	if claimsWarning != "" && slices.ContainsFunc(list.Items, func(it DomainStatus) bool { return it.UsageUnknown }) {
+		list.Warnings = append(list.Warnings, claimsWarning)
+	}
 	classes, err := deviceClassWarnings(ctx, o.client)
 	if err != nil {
 		return err
@@ -296,7 +304,7 @@ func nodeWarnings(n names.Names, node *corev1.Node) []string {
 		if err := top.UnmarshalJSON([]byte(doc)); err == nil {
 			for _, g := range top.GPUs {
 				if g.Unhealthy != "" {
-					out = append(out, fmt.Sprintf("node %s: GPU %d is unhealthy (%s): in DRA mode its devices carry the NoSchedule taint %s, so no new claim gets it; replace or reset the GPU, and its source (NVML, or the simulated topology's health field) clears it",
+					out = append(out, fmt.Sprintf("node %s: GPU %d is unhealthy (%s): on a DRA node its devices carry the NoSchedule taint %s (or are left out, where the apiserver drops device taints), so no new claim gets it; classic mode does not keep pods off it; replace or reset the GPU, and its source (NVML, or the simulated topology's health field) clears it",
 						node.Name, g.Index, g.Unhealthy, names.DRATaintUnhealthy))
 				}
 			}
@@ -375,17 +383,23 @@ func (o *StatusOptions) statusList(s *snapshot) StatusList {
 		for _, d := range domainsOf(s.names, node) {
 			k := key{node.Name, d.id}
 			f := max(0, min(free[d.id], d.size))
+			unknown := false
 			if dra {
 				// A DRA node publishes no domain resources: the allocator counts the driver's
 				// devices, so what is used is what the allocated claims hold there.
-				f, pods[k] = draDomainUse(o.draHeld[node.Name], d, o.namespace)
+				if o.draHeld == nil {
+					f, unknown = d.size, true
+				} else {
+					f, pods[k] = draDomainUse(o.draHeld[node.Name], d, o.namespace)
+				}
 			}
 			list.Items = append(list.Items, DomainStatus{
 				Node: node.Name, Domain: d.id, Size: d.size, Used: d.size - f, Free: f,
 				GPUs: orEmpty(d.gpus), Pods: orEmpty(pods[k]), Waiting: orEmpty(waiting[k]), Stranded: orEmpty(stranded[k]),
-				Stale:      node.Labels[s.names.TopologyStaleLabel()] == "true",
-				Mismatch:   node.Labels[s.names.TopologyMismatchLabel()] == "true",
-				FailClosed: failClosedOf(node),
+				Stale:        node.Labels[s.names.TopologyStaleLabel()] == "true",
+				Mismatch:     node.Labels[s.names.TopologyMismatchLabel()] == "true",
+				FailClosed:   failClosedOf(node),
+				UsageUnknown: unknown,
 			})
 		}
 	}
@@ -393,15 +407,19 @@ func (o *StatusOptions) statusList(s *snapshot) StatusList {
 }
 
 // draClaimsHeld lists the ResourceClaims and returns, per node, the GPUs of nvdomain's driver
-// their allocations hold and, per GPU, the pods (namespace/name) each claim is reserved for.
-// A cluster that serves no resource.k8s.io/v1, or refuses the list, has none to show.
-func draClaimsHeld(ctx context.Context, c kubernetes.Interface) (map[string]map[int][]string, error) {
+// their allocations hold and, per GPU, the pods (namespace/name) each claim is reserved for;
+// admin-access results (monitoring beside the holder) hold nothing. A cluster that serves no
+// resource.k8s.io/v1 has no claims; one that refuses the list returns nil and the warning
+// that says why the DRA rows' usage is unknown.
+func draClaimsHeld(ctx context.Context, c kubernetes.Interface) (map[string]map[int][]string, string, error) {
 	list, err := c.ResourceV1().ResourceClaims(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
 	switch {
-	case apierrors.IsNotFound(err), apierrors.IsForbidden(err):
-		return nil, nil
+	case apierrors.IsNotFound(err):
+		return map[string]map[int][]string{}, "", nil
+	case apierrors.IsForbidden(err):
+		return nil, "cannot list ResourceClaims (resource.k8s.io), so the GPUs used on DRA nodes are unknown (shown as ?): grant list on resourceclaims in all namespaces", nil
 	case err != nil:
-		return nil, fmt.Errorf("list ResourceClaims: %w", err)
+		return nil, "", fmt.Errorf("list ResourceClaims: %w", err)
 	}
 	out := map[string]map[int][]string{}
 	for _, rc := range list.Items {
@@ -416,7 +434,7 @@ func draClaimsHeld(ctx context.Context, c kubernetes.Interface) (map[string]map[
 		}
 		for _, r := range rc.Status.Allocation.Devices.Results {
 			gpus, ok := names.ParseDRADeviceGPUs(r.Device)
-			if r.Driver != names.DRADriver || !ok {
+			if r.Driver != names.DRADriver || !ok || ptr.Deref(r.AdminAccess, false) {
 				continue
 			}
 			if out[r.Pool] == nil {
@@ -427,7 +445,7 @@ func draClaimsHeld(ctx context.Context, c kubernetes.Interface) (map[string]map[
 			}
 		}
 	}
-	return out, nil
+	return out, "", nil
 }
 
 // draDomainUse is a DRA node's domain as its allocated claims hold it: the GPUs left free and
@@ -466,7 +484,11 @@ func writeStatusTable(w io.Writer, list StatusList, wide bool) error {
 	}
 	fmt.Fprintln(tw, header)
 	for _, it := range list.Items {
-		row := []string{it.Node, strconv.Itoa(it.Domain), strconv.Itoa(it.Size), strconv.Itoa(it.Used), strconv.Itoa(it.Free),
+		used, free := strconv.Itoa(it.Used), strconv.Itoa(it.Free)
+		if it.UsageUnknown {
+			used, free = "?", "?"
+		}
+		row := []string{it.Node, strconv.Itoa(it.Domain), strconv.Itoa(it.Size), used, free,
 			strconv.Itoa(len(it.Pods)), strconv.Itoa(len(it.Waiting)), strconv.Itoa(len(it.Stranded)), staleText(it), it.FailClosed}
 		if wide {
 			row = append(row, kubectlNone(names.FormatGPUList(it.GPUs)), kubectlNone(podNames(it)))

@@ -1,16 +1,23 @@
 package cli
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"reflect"
 	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 
 	"github.com/nvdomain/nvdomain/pkg/names"
@@ -272,10 +279,12 @@ func TestStatusCountsClaimsOnDRANodes(t *testing.T) {
 		rc.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: name + "-pod", UID: "u-" + types.UID(name)}}
 		return rc
 	}
+	monitor := claim("dcgm", names.DRADriver, "gpu-0")
+	monitor.Status.Allocation.Devices.Results[0].AdminAccess = ptr.To(true)
 	objs := []runtime.Object{draNode,
 		claim("tp2", names.DRADriver, "gpu-4", "gpu-5"),
 		claim("other-driver", "net.example.com", "gpu-0"),
-		claim("pending", names.DRADriver)}
+		claim("pending", names.DRADriver), monitor}
 	code, out, errOut := runFake(t, "", objs, "status", "-o", "wide")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
@@ -286,6 +295,20 @@ func TestStatusCountsClaimsOnDRANodes(t *testing.T) {
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("status lacks %q:\n%s", want, out)
+		}
+	}
+	// A user who may not list claims sees the DRA rows as unknown, and why.
+	client := fake.NewClientset(objs...)
+	client.PrependReactor("list", "resourceclaims", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewForbidden(schema.GroupResource{Group: "resource.k8s.io", Resource: "resourceclaims"}, "", errors.New("no"))
+	})
+	var buf, errb bytes.Buffer
+	if code := run(context.Background(), CommandName, []string{"status"}, IOStreams{In: strings.NewReader(""), Out: &buf, ErrOut: &errb}, &fakeFactory{client: client}); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	for _, want := range []string{"dra-a  1       4     ?          ?", "WARNING: cannot list ResourceClaims"} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("forbidden claims: status lacks %q:\n%s", want, buf.String())
 		}
 	}
 }

@@ -111,6 +111,14 @@ func (v *View) ChooseDomain(pod *corev1.Pod, k int, seed uint64) (placement.Deci
 		// Rare, so spend a scan to name the nodes in the message.
 		return dec, v.impossibleLocked(pod, k)
 	}
+	if v.loweredNodes > 0 || !dec.Fits {
+		// The pin's size terms match the size labels, and the chooser saw capacities: while
+		// some node's differ (GPUs held by unpinned containers), the sizes it saw are not the
+		// labels', so the pin writes every term. A pod that waits is placed later, when nodes
+		// of other sizes may have joined (an autoscaler adds them for it): it gets every
+		// term too.
+		dec.Sizes = nil
+	}
 	return dec, err
 }
 

@@ -14,6 +14,7 @@ package clusterview
 import (
 	"maps"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -106,6 +107,9 @@ type View struct {
 	draBlocks bool
 	// gpuNodesWithoutDomains counts nodes with GPUs but no NVLink domain (auto mode).
 	gpuNodes, gpuNodesWithoutDomains int
+	// loweredNodes counts nodes whose domain capacity differs from their size labels
+	// (node.lowered): while any does, decisions carry no Sizes (ChooseDomain).
+	loweredNodes int
 
 	// matchHook, when set (tests), runs each time RepinInputs matches waiters to nodes.
 	matchHook func()
@@ -204,6 +208,9 @@ type node struct {
 	hist      map[int]*histEntry // this node's entry in hist, per domain
 	resources []string           // non-zero nvidia.com/ resources
 	hasGPUs   bool
+	// lowered: some domain's allocatable differs from its size label (the agent lowers it by
+	// the GPUs unpinned containers hold, in account mode), so its capacity is not its size.
+	lowered bool
 	// dra marks a DRA node (dra.go): no capacity, its domain sizes from its labels.
 	dra      bool
 	draSizes map[int]int
@@ -273,6 +280,9 @@ func (v *View) UpsertNode(obj *corev1.Node) {
 		}
 	}
 	v.markDRA(nd, obj)
+	if !nd.dra {
+		nd.lowered = v.capacityLowered(obj, nd.capacity)
+	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if nd.dra {
@@ -295,7 +305,27 @@ func (v *View) UpsertNode(obj *corev1.Node) {
 			v.gpuNodesWithoutDomains++
 		}
 	}
+	if nd.lowered {
+		v.loweredNodes++
+	}
 	v.refreshHistLocked(obj.Name)
+}
+
+// capacityLowered reports whether a node's domain capacities (allocatable) differ from the
+// sizes its labels publish, a domain labelled but offering nothing included.
+func (v *View) capacityLowered(obj *corev1.Node, capacity map[int]int) bool {
+	labelled := 0
+	for key, val := range obj.Labels {
+		id, ok := v.names.ParseDomainSizeLabel(key)
+		if !ok {
+			continue
+		}
+		labelled++
+		if size, err := strconv.Atoi(val); err != nil || capacity[id] != size {
+			return true
+		}
+	}
+	return labelled != len(capacity)
 }
 
 // DeleteNode forgets a node.
@@ -358,6 +388,9 @@ func (v *View) removeNodeLocked(name string) {
 		if len(nd.capacity) == 0 {
 			v.gpuNodesWithoutDomains--
 		}
+	}
+	if nd.lowered {
+		v.loweredNodes--
 	}
 	delete(v.nodes, name)
 }

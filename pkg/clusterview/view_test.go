@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"reflect"
 	"runtime"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -32,7 +34,13 @@ func gpuNode(name string, domains []int, labels map[string]string, taints ...cor
 		total = 4
 	}
 	alloc["nvidia.com/gpu"] = *resource.NewQuantity(int64(total), resource.DecimalSI)
+	// The agent's size labels, as it publishes them beside the capacities.
 	l := map[string]string{"kubernetes.io/hostname": name}
+	for id, size := range domains {
+		if size > 0 {
+			l[n.DomainSizeLabel(id)] = strconv.Itoa(size)
+		}
+	}
 	for k, v := range labels {
 		l[k] = v
 	}
@@ -414,3 +422,34 @@ func TestLeavingDeadline(t *testing.T) {
 }
 
 func ptrInt64(v int64) *int64 { return &v }
+
+// A decision tells the pin the sizes its domain id has only while every node's capacities are
+// its size labels: a node whose allocatable the agent lowered (GPUs held by unpinned
+// containers) turns them off, as does a pod that waits (it is placed later, maybe beside
+// nodes that are not there yet).
+func TestDecisionSizesOnlyWhenCapacitiesAreSizes(t *testing.T) {
+	v := New(n)
+	v.UpsertNode(gpuNode("hgx", []int{8}, nil))
+	v.UpsertNode(gpuNode("split", []int{4, 4}, nil))
+	dec, err := v.ChooseDomain(newTP(), 2, 0)
+	if err != nil || !slices.Equal(dec.Sizes, []int{4, 8}) {
+		t.Fatalf("sizes %v (%v), want [4 8]", dec.Sizes, err)
+	}
+	lowered := gpuNode("hgx", []int{6}, nil)
+	lowered.Labels[n.DomainSizeLabel(0)] = "8" // 2 of its 8 GPUs held by unpinned containers
+	v.UpsertNode(lowered)
+	if dec, _ := v.ChooseDomain(newTP(), 2, 0); dec.Sizes != nil {
+		t.Errorf("sizes %v beside a lowered node, want none", dec.Sizes)
+	}
+	v.UpsertNode(gpuNode("hgx", []int{8}, nil))
+	if dec, _ := v.ChooseDomain(newTP(), 2, 0); !slices.Equal(dec.Sizes, []int{4, 8}) {
+		t.Errorf("sizes %v once the node is whole again, want [4 8]", dec.Sizes)
+	}
+	v.DeleteNode("hgx")
+	for i := range 3 {
+		v.UpsertPod(pinnedPod("split", i%2, 4))
+	}
+	if dec, err := v.ChooseDomain(newTP(), 4, 0); err != nil || dec.Fits || dec.Sizes != nil {
+		t.Errorf("a pod that waits: %+v (%v), want no room and no sizes", dec, err)
+	}
+}

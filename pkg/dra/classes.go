@@ -75,7 +75,7 @@ func ExtendedResourceConflicts(classes []resourceapi.DeviceClass, extendedResour
 		if newerClass(c, *ours) {
 			winner = c.Name
 		}
-		out = append(out, fmt.Sprintf("DeviceClass %s maps extendedResourceName %s too, as %s does: the scheduler uses only %s for it, so pods asking for %s get no GPUs on the other driver's nodes; remove the field from one class (nvdomain's chart: --set dra.extendedResourceName=\"\")",
+		out = append(out, fmt.Sprintf("DeviceClass %s maps extendedResourceName %s too, as %s does: the scheduler uses only %s for it, so pods asking for %s get no GPUs on the other driver's nodes; remove the field from one class (nvdomain's chart: --set dra.extendedResourceName=\"\"), then restart kube-scheduler or change the remaining class (an annotation will do): the scheduler drops the name from both classes when either loses it",
 			c.Name, extendedResourceName, names.DRADeviceClass, winner, extendedResourceName))
 	}
 	return out

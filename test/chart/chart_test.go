@@ -458,4 +458,9 @@ func TestChartRefusesASecondClassForTheExtendedResource(t *testing.T) {
 	if out, err := server("--set", "dra.extendedResourceName="); err != nil || strings.Contains(out, "extendedResourceName:") {
 		t.Errorf("with the mapping off: %v\n%s", err, out)
 	}
+	// An upgrade is not refused (both classes exist already; refusing fixes nothing and would
+	// block security upgrades): NOTES.txt warns instead (helm lint renders it).
+	if _, err := server("--is-upgrade"); err != nil {
+		t.Errorf("an upgrade with the conflict is refused: %v", err)
+	}
 }

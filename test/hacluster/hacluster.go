@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -56,8 +57,6 @@ const (
 	Port      = 9443
 	ProbePort = 8081
 	PprofPort = 6060
-	// SchedulerPort is kube-scheduler's secure port under Options.SchedulerDebug.
-	SchedulerPort = 10259
 )
 
 // WebhookPackage is the Go package of nvdomain's webhook process.
@@ -404,10 +403,14 @@ func Start(t testing.TB, o Options) *Cluster {
 		// Anonymous requests are authenticated by default (the scheduler's delegating
 		// authentication without a kubeconfig); always-allow paths skip authorization for
 		// exactly the two that profiling needs.
+		port, err := freeLoopbackPort()
+		if err != nil {
+			t.Fatal(err)
+		}
 		schedArgs = []string{"--kubeconfig=" + c.Kubeconfig, "--leader-elect=false", "--v=1",
-			"--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", SchedulerPort), "--cert-dir=" + filepath.Join(c.LogDir, "scheduler-certs"),
+			"--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", port), "--cert-dir=" + filepath.Join(c.LogDir, "scheduler-certs"),
 			"--profiling=true", "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics,/debug/pprof/*"}
-		c.SchedulerURL = fmt.Sprintf("https://127.0.0.1:%d", SchedulerPort)
+		c.SchedulerURL = fmt.Sprintf("https://127.0.0.1:%d", port)
 	}
 	c.StartProcess("kube-scheduler", filepath.Join(assets, "kube-scheduler"), append(schedArgs, o.SchedulerArgs...)...)
 	c.StartProcess("kube-controller-manager", filepath.Join(assets, "kube-controller-manager"),
@@ -492,6 +495,16 @@ func (c *Cluster) Process(name string) *exec.Cmd {
 		}
 	}
 	return nil
+}
+
+// freeLoopbackPort is a port on 127.0.0.1 that nothing listens on now.
+func freeLoopbackPort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("find a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // ControlPlanePids are the pids of the kube-apiserver and etcd that envtest started for this

@@ -213,12 +213,19 @@ func waitUntil(ctx context.Context, timeout time.Duration, what string, cond fun
 
 // Kubectl runs the cluster's kubectl and returns stdout and stderr.
 func (c *Cluster) Kubectl(args ...string) (string, string, error) {
-	cmd := exec.Command(filepath.Join(c.K8sBin, "kubectl"), append([]string{"--kubeconfig", c.Kubeconfig}, args...)...)
+	// No call may hang the run: `delete --wait` and `rollout status` wait for ever by default,
+	// and a test that times out does not get to stop the cluster it started.
+	ctx, cancel := context.WithTimeout(context.Background(), kubectlTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(c.K8sBin, "kubectl"), append([]string{"--kubeconfig", c.Kubeconfig}, args...)...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
 	return out.String(), errb.String(), err
 }
+
+// kubectlTimeout bounds every kubectl call the cluster makes.
+const kubectlTimeout = 3 * time.Minute
 
 // The kubelet sets these when protectKernelDefaults is false (and refuses to start here when
 // it is true); they are put back on Stop.

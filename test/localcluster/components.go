@@ -264,6 +264,21 @@ func (c *Cluster) RestartKubelet(ctx context.Context, whileDown func() error) er
 	if c.o.Keep {
 		_ = c.recordState()
 	}
+	// The node still reads Ready from before the stop until its lease runs out: wait for a
+	// heartbeat of the new kubelet, and for the unreachable taint a long stop leaves to go.
+	restarted := time.Now().Add(-time.Second)
+	err = waitUntil(ctx, 90*time.Second, "a Ready heartbeat from the restarted kubelet", func() bool {
+		out, _, err := c.Kubectl("get", "node", NodeName, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status} {.status.conditions[?(@.type=="Ready")].lastHeartbeatTime} {.spec.taints}`)
+		f := strings.Fields(out)
+		if err != nil || len(f) < 2 || f[0] != "True" || strings.Contains(out, "unreachable") {
+			return false
+		}
+		at, err := time.Parse(time.RFC3339, f[1])
+		return err == nil && !at.Before(restarted.Truncate(time.Second))
+	})
+	if err != nil {
+		return fmt.Errorf("%w; kubelet log: %s", err, c.Log("kubelet", 3000))
+	}
 	return c.waitNodeReady(ctx)
 }
 

@@ -360,33 +360,56 @@ func (c *Cluster) nodeEvent(reason string) string {
 	return strings.TrimSpace(lines[len(lines)-1])
 }
 
-// setGPUHealth rewrites the simulated topology's ConfigMap with one GPU's health ("" for
-// healthy), listing the node's GPUs one by one so that the field has a place; the kubelet
-// projects it into the agent's volume and the agent republishes.
+// setGPUHealth sets one GPU's health ("" for healthy) in the node's entry of the simulated
+// topology's ConfigMap, keeping the rest of the document; an entry that counts its GPUs
+// (gpuCount) gets them listed one by one, so that the field has a place. The kubelet projects
+// the ConfigMap into the agent's volume and the agent republishes.
 func (c *Cluster) setGPUHealth(ctx context.Context, cs *kubernetes.Clientset, gpu int, health string) error {
-	type wireGPU struct {
-		Index  int    `json:"index"`
-		Health string `json:"health,omitempty"`
-	}
-	var gpus []wireGPU
-	for i := range 8 {
-		g := wireGPU{Index: i}
-		if i == gpu {
-			g.Health = health
-		}
-		gpus = append(gpus, g)
-	}
-	doc := map[string]any{"nodes": []any{map[string]any{
-		"name": NodeName, "product": "NVIDIA H100 80GB HBM3", "memoryMiB": 81559, "gpus": gpus,
-		"domains": []any{map[string]any{"id": 0, "gpus": []int{0, 1, 2, 3}}, map[string]any{"id": 1, "gpus": []int{4, 5, 6, 7}}},
-	}}}
-	data, err := json.Marshal(doc)
-	if err != nil {
-		return err
-	}
 	cm, err := cs.CoreV1().ConfigMaps("nvdomain-system").Get(ctx, "nvdomain-topology", metav1.GetOptions{})
 	if err != nil {
 		return fmt.Errorf("the simulated topology's ConfigMap: %w", err)
+	}
+	var doc struct {
+		Nodes []map[string]any `json:"nodes"`
+	}
+	if err := json.Unmarshal([]byte(cm.Data["topology.json"]), &doc); err != nil {
+		return fmt.Errorf("the simulated topology: %w", err)
+	}
+	found := false
+	for _, nd := range doc.Nodes {
+		if nd["name"] != NodeName {
+			continue
+		}
+		found = true
+		var gpus []map[string]any
+		if list, ok := nd["gpus"].([]any); ok {
+			for _, g := range list {
+				if m, ok := g.(map[string]any); ok {
+					gpus = append(gpus, m)
+				}
+			}
+		} else if count, ok := nd["gpuCount"].(float64); ok {
+			for i := range int(count) {
+				gpus = append(gpus, map[string]any{"index": i})
+			}
+		}
+		delete(nd, "gpuCount")
+		for _, g := range gpus {
+			if idx, ok := g["index"].(float64); ok && int(idx) == gpu {
+				delete(g, "health")
+				if health != "" {
+					g["health"] = health
+				}
+			}
+		}
+		nd["gpus"] = gpus
+	}
+	if !found {
+		return fmt.Errorf("the simulated topology has no node %s", NodeName)
+	}
+	data, err := json.Marshal(doc)
+	if err != nil {
+		return err
 	}
 	cm.Data["topology.json"] = string(data)
 	if _, err := cs.CoreV1().ConfigMaps("nvdomain-system").Update(ctx, cm, metav1.UpdateOptions{}); err != nil {

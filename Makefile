@@ -119,10 +119,12 @@ bench-placement:
 bench-admission: host-deps k8s-assets
 	$(GO) run ./test/bench -only admission
 
-## scale: 1,000 kwok nodes published by the agent, 5,000 TP pods created at 25/s without the
-## webhook and then with two replicas (about 10 minutes); prints the table and rewrites the
-## scale section and rows of docs/benchmarks.md. Root. `make test` runs a 50-node smoke version
-## (TestScaleSmoke).
+## scale: 1,000 kwok nodes published by the agent, 5,000 TP pods created at 25/s and 4,000 at
+## 50/s (the stress rate), each stream without the webhook and then with two replicas (about
+## 12 minutes), with kube-scheduler profiled throughout (where its CPU goes, by plugin);
+## prints the tables and rewrites the scale section and rows of docs/benchmarks.md; the raw
+## profiles stay in bin/profiles/ (`go tool pprof -top bin/profiles/<file>`). Root. `make
+## test` runs a 50-node smoke version (TestScaleSmoke).
 scale: k8s-assets kwok-assets
 	$(GO) run ./test/bench -only scale
 

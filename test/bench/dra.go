@@ -31,7 +31,7 @@ func runDRAOnly(outPath string) error {
 	defer os.Remove(tmp.Name())
 	start := time.Now()
 	cmd := exec.Command("go", "test", "-run", "^$", "-bench", "^BenchmarkDRA$", "-benchtime", "1x", "-timeout", "30m", "-v", "./test/scale/")
-	cmd.Env = append(os.Environ(), "NVDOMAIN_DRA_REPORT="+tmp.Name())
+	cmd.Env = append(os.Environ(), "NVDOMAIN_DRA_REPORT="+tmp.Name(), "NVDOMAIN_SCALE_PROFILES="+profileDir())
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("go test -bench BenchmarkDRA ./test/scale/: %w", err)

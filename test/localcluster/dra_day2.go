@@ -360,27 +360,40 @@ func (c *Cluster) nodeEvent(reason string) string {
 	return strings.TrimSpace(lines[len(lines)-1])
 }
 
-// setGPUHealth sets one GPU's health ("" for healthy) in the node's entry of the simulated
-// topology's ConfigMap, keeping the rest of the document; an entry that counts its GPUs
-// (gpuCount) gets them listed one by one, so that the field has a place. The kubelet projects
-// the ConfigMap into the agent's volume and the agent republishes.
+// setGPUHealth sets one GPU's health ("" for healthy) in the simulated topology's ConfigMap
+// (withGPUHealth). The kubelet projects the ConfigMap into the agent's volume and the agent
+// republishes.
 func (c *Cluster) setGPUHealth(ctx context.Context, cs *kubernetes.Clientset, gpu int, health string) error {
 	cm, err := cs.CoreV1().ConfigMaps("nvdomain-system").Get(ctx, "nvdomain-topology", metav1.GetOptions{})
 	if err != nil {
 		return fmt.Errorf("the simulated topology's ConfigMap: %w", err)
 	}
+	data, err := withGPUHealth([]byte(cm.Data["topology.json"]), NodeName, gpu, health)
+	if err != nil {
+		return err
+	}
+	cm.Data["topology.json"] = string(data)
+	if _, err := cs.CoreV1().ConfigMaps("nvdomain-system").Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("update the simulated topology: %w", err)
+	}
+	return nil
+}
+
+// withGPUHealth is a simulated topology document with one GPU's health set ("" for healthy)
+// in node's entry, the rest kept; an entry that counts its GPUs (gpuCount) gets them listed one
+// by one, so that the field has a place.
+func withGPUHealth(in []byte, node string, gpu int, health string) ([]byte, error) {
 	var doc struct {
 		Nodes []map[string]any `json:"nodes"`
 	}
-	if err := json.Unmarshal([]byte(cm.Data["topology.json"]), &doc); err != nil {
-		return fmt.Errorf("the simulated topology: %w", err)
+	if err := json.Unmarshal(in, &doc); err != nil {
+		return nil, fmt.Errorf("the simulated topology: %w", err)
 	}
-	found := false
+	set := false
 	for _, nd := range doc.Nodes {
-		if nd["name"] != NodeName {
+		if nd["name"] != node {
 			continue
 		}
-		found = true
 		var gpus []map[string]any
 		if list, ok := nd["gpus"].([]any); ok {
 			for _, g := range list {
@@ -390,12 +403,13 @@ func (c *Cluster) setGPUHealth(ctx context.Context, cs *kubernetes.Clientset, gp
 			}
 		} else if count, ok := nd["gpuCount"].(float64); ok {
 			for i := range int(count) {
-				gpus = append(gpus, map[string]any{"index": i})
+				gpus = append(gpus, map[string]any{"index": float64(i)}) // as JSON decodes numbers
 			}
 		}
 		delete(nd, "gpuCount")
 		for _, g := range gpus {
 			if idx, ok := g["index"].(float64); ok && int(idx) == gpu {
+				set = true
 				delete(g, "health")
 				if health != "" {
 					g["health"] = health
@@ -404,16 +418,8 @@ func (c *Cluster) setGPUHealth(ctx context.Context, cs *kubernetes.Clientset, gp
 		}
 		nd["gpus"] = gpus
 	}
-	if !found {
-		return fmt.Errorf("the simulated topology has no node %s", NodeName)
+	if !set {
+		return nil, fmt.Errorf("the simulated topology has no GPU %d on node %s", gpu, node)
 	}
-	data, err := json.Marshal(doc)
-	if err != nil {
-		return err
-	}
-	cm.Data["topology.json"] = string(data)
-	if _, err := cs.CoreV1().ConfigMaps("nvdomain-system").Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("update the simulated topology: %w", err)
-	}
-	return nil
+	return json.Marshal(doc)
 }

@@ -61,6 +61,7 @@ func (so *ServerOptions) AddFlags(fs *flag.FlagSet) (complete func() error) {
 	fs.DurationVar(&cr.Validity, "cert-validity", cr.Validity, "validity of a renewed serving certificate (the CA lives ten times longer)")
 	fs.DurationVar(&cr.RenewBefore, "cert-renew-before", cr.RenewBefore, "renew the serving certificate this long before it expires")
 	fs.DurationVar(&cr.Interval, "cert-check-interval", cr.Interval, "how often the elected replica checks the certificate")
+	pools := fs.String("pools-configmap", "", "namespace/name of the ConfigMap whose topology.json declares GPU pools that scale from zero (docs/pools.md); empty: none")
 	namesFromFlags := names.BindFlags(fs)
 	return func() error {
 		var err error
@@ -72,6 +73,9 @@ func (so *ServerOptions) AddFlags(fs *flag.FlagSet) (complete func() error) {
 		}
 		if so.Handlers.Mode, err = decision.ParseMode(*mode); err != nil {
 			return fmt.Errorf("--mode: %w", err)
+		}
+		if so.Pools, err = ParsePoolsConfigMap(*pools); err != nil {
+			return fmt.Errorf("--pools-configmap: %w", err)
 		}
 		if so.Handlers.Names, err = namesFromFlags(); err != nil {
 			return err
@@ -134,6 +138,6 @@ func (so ServerOptions) Summary() map[string]any {
 		"resourcePrefix": so.Handlers.Names.ResourcePrefix(), "repin": so.Repin.Enabled, "repinAfter": so.Repin.After.String(),
 		"leaderElection": so.LeaderElection, "leaderElectionNamespace": so.LeaderElectionNamespace, "shutdownDelay": so.ShutdownDelay.String(),
 		"certSecret": so.CertRotation.Secret, "certValidity": so.CertRotation.Validity.String(), "certRenewBefore": so.CertRotation.RenewBefore.String(),
-		"mode": so.Handlers.Mode, "draTemplates": so.DRATemplates.Enabled,
+		"mode": so.Handlers.Mode, "draTemplates": so.DRATemplates.Enabled, "pools": so.Pools.Namespace + "/" + so.Pools.Name,
 	}
 }

@@ -26,7 +26,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}, []string{"reason"}),
 		Warnings: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nvdomain_webhook_warnings_total",
-			Help: "Admission warnings returned, by kind (unadvertised-resource, split-inventory).",
+			Help: "Admission warnings returned, by kind (unadvertised-resource, split-inventory, waiting-for-pool).",
 		}, []string{"kind"}),
 		Decision: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "nvdomain_webhook_decision_seconds",

@@ -75,6 +75,9 @@ type ServerOptions struct {
 	// mode in every namespace; it runs on the elected leader too. Its sizes and excluded
 	// namespaces are the handlers'.
 	DRATemplates dratemplates.Options
+	// Pools names the ConfigMap that declares GPU pools that scale from zero (docs/pools.md);
+	// empty: none.
+	Pools PoolsConfigMap
 	// PprofAddr serves net/http/pprof there; empty disables it.
 	PprofAddr string
 	// AdmissionOverride, when set, answers on both webhook paths instead of nvdomain's
@@ -131,6 +134,7 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 		// metadata-only informers, started on its first read and stripped to what it reads.
 		maps.Copy(byObject, prepin.OwnerCache())
 	}
+	so.Pools.watchPools(byObject)
 	mgr, err := manager.New(cfg, manager.Options{
 		Scheme: scheme,
 		Logger: log,
@@ -159,6 +163,19 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 	synced, err := feedView(mgr.GetCache(), view, watchClaims)
 	if err != nil {
 		return nil, nil, err
+	}
+	if so.Pools.Name != "" {
+		pf, err := newPoolsFeed(so.Pools, view, so.Handlers.Names, reg, log.WithName("pools"))
+		if err != nil {
+			return nil, nil, err
+		}
+		preg, err := pf.feed(mgr.GetCache())
+		if err != nil {
+			return nil, nil, err
+		}
+		// Ready only once the pools are known too: a replica that had not read them would
+		// reject the pods that wait for a pool as impossible.
+		synced = append(synced, preg)
 	}
 	metrics, err := NewMetrics(reg)
 	if err != nil {

@@ -358,7 +358,7 @@ func (v *Decider) domainViolations(pod *corev1.Pod, p rules.Pod) []rules.Violati
 }
 
 // Warning is an admission warning: a request no current node can satisfy. Kind names the
-// case for the webhook's metric (unadvertised-resource, split-inventory); Text is what kubectl
+// case for the webhook's metric (unadvertised-resource, split-inventory, waiting-for-pool); Text is what kubectl
 // shows.
 type Warning struct{ Kind, Text string }
 
@@ -382,8 +382,20 @@ func (v *Decider) warnings(pod *corev1.Pod, p rules.Pod) []Warning {
 	}
 	adv := v.View.Advertisers()
 	var out []Warning
+	// A pod pinned to a domain only a declared pool offers waits for the autoscaler: say so,
+	// and do not also warn that no node advertises what the pool's nodes will.
+	var poolWill map[string]bool
+	if d := p.PinnedDomain(); p.TP && d >= 0 {
+		if pool := v.View.WaitsForPool(pod, d, p.DomainGPUs()); pool != "" {
+			res := v.Options.Names.DomainResource(d)
+			poolWill = map[string]bool{res: true, names.GPUResource: true}
+			out = append(out, Warning{"waiting-for-pool", fmt.Sprintf(
+				"no node offers this now: no node it may run on has NVSwitch domain %d with %d GPUs; waiting for pool %s to scale up (its autoscaler must know that a new node offers %s: see `nvdomain pools`)",
+				d, p.DomainGPUs(), pool, res)})
+		}
+	}
 	for _, res := range sortedKeys(asked) {
-		if adv[res] > 0 {
+		if adv[res] > 0 || poolWill[res] {
 			continue
 		}
 		text := fmt.Sprintf("%s: no node advertises %s, so this pod cannot be scheduled until one does", asked[res], res)

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
@@ -22,6 +23,9 @@ import (
 type ConfigMapSource struct {
 	Namespace, Name, Node string
 	Parser                *simulated.Parser
+	// NodeLabels reads the node's labels, for a node the document declares through a pool's
+	// nodeSelector rather than by name (one an autoscaler added); nil: by name only.
+	NodeLabels func(ctx context.Context) (map[string]string, error)
 
 	mu      sync.Mutex
 	data    *string
@@ -37,6 +41,15 @@ type ConfigMapSource struct {
 // NewConfigMapSource starts an informer on the one ConfigMap and waits for its first sync.
 func NewConfigMapSource(ctx context.Context, client kubernetes.Interface, namespace, name, node string, p *simulated.Parser) (*ConfigMapSource, error) {
 	s := &ConfigMapSource{Namespace: namespace, Name: name, Node: node, Parser: p, changes: make(chan struct{}, 1)}
+	if node != "" {
+		s.NodeLabels = func(ctx context.Context) (map[string]string, error) {
+			nd, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+			if err != nil {
+				return nil, fmt.Errorf("read node %s's labels to match the document's pools: %w", node, err)
+			}
+			return nd.Labels, nil
+		}
+	}
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String()
@@ -95,7 +108,19 @@ func (s *ConfigMapSource) Load(ctx context.Context) (*topology.Topology, error) 
 	if err != nil {
 		return nil, err
 	}
-	top, err := doc.ForNode(s.Node)
+	var top *topology.Topology
+	if len(doc.Pools) == 0 || s.NodeLabels == nil || slices.ContainsFunc(doc.Nodes, func(n simulated.Node) bool { return n.Name == s.Node }) {
+		top, err = doc.ForNode(s.Node)
+	} else {
+		// Node labels are read only when a pool may be what describes the node, one GET per
+		// load (at start, on a document change, at the agent's resync): a node's pool labels
+		// are set when it registers (Karpenter and the Cluster Autoscaler put them on at
+		// creation), and a label changed later is picked up at the next load.
+		var labels map[string]string
+		if labels, err = s.NodeLabels(ctx); err == nil {
+			top, err = doc.ForNodeLabels(s.Node, labels)
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("ConfigMap %s/%s key %s: %w", s.Namespace, s.Name, simulated.ConfigMapKey, err)
 	}

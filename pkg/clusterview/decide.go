@@ -2,6 +2,7 @@ package clusterview
 
 import (
 	"cmp"
+	"errors"
 	"maps"
 	"slices"
 	"sort"
@@ -96,6 +97,9 @@ func (v *View) ChooseDomain(pod *corev1.Pod, k int, seed uint64) (placement.Deci
 			hosts = sample.Names()
 		}
 		ch.ConsiderNodes(b.candidate(), b.nodes, hosts...)
+	}
+	if len(v.pools) > 0 {
+		v.considerPoolsLocked(ch, pod, nodeaffinity.GetRequiredNodeAffinity(pod))
 	}
 	for d, gpus := range waiting {
 		ch.Queue(d, gpus)
@@ -471,7 +475,12 @@ func (v *View) impossibleLocked(pod *corev1.Pod, k int) error {
 			ch.Consider(placement.Candidate{Node: name, Domain: d, Capacity: c})
 		}
 	}
+	v.considerPoolsLocked(ch, pod, req)
 	_, err := ch.Decide()
+	var ie *placement.ImpossibleError
+	if errors.As(err, &ie) {
+		ie.Pools = v.poolNamesLocked()
+	}
 	return err
 }
 
@@ -486,6 +495,11 @@ func (v *View) LargestDomain() int {
 		}
 		for _, c := range nd.draSizes {
 			m = max(m, c)
+		}
+	}
+	for _, p := range v.pools {
+		for _, d := range p.domains {
+			m = max(m, d.size)
 		}
 	}
 	return m

@@ -73,6 +73,8 @@ type View struct {
 
 	mu    sync.RWMutex
 	nodes map[string]*node
+	// pools are the declared GPU pools (pools.go): shapes of nodes an autoscaler may add.
+	pools []Pool
 	// used[node][domain] is the GPUs of domain held by bound, non-terminal pods, pods being
 	// deleted included (see UpsertPod). It is kept apart from nodes so that pod and node
 	// events may arrive in any order.

@@ -22,6 +22,11 @@ type Candidate struct {
 	// domains prove that the pod could run some day, but they are neither room nor a line to
 	// wait in while any available node has a domain large enough.
 	Unavailable bool
+	// Pool names the declared GPU pool (docs/pools.md) a candidate stands for: a node shape
+	// an autoscaler can add, with no node now. Its domains are a line to wait in only when
+	// no available node has a domain large enough, and the pod is then waiting for the pool
+	// to scale up (Decision.Pool); Node is ignored.
+	Pool string
 }
 
 // Decision is the chosen domain id.
@@ -46,12 +51,15 @@ type Decision struct {
 	// the webhook's size preferences can tell apart (admission.Pin writes only the terms
 	// that split them). Empty when no node has the id large enough.
 	Sizes []int
+	// Pool names the declared pool the pod waits for, when no node the pod may use has a
+	// domain large enough now but the pool's nodes will (!Fits).
+	Pool string
 }
 
 // sizesOf is Decision.Sizes for domain id d.
 func (c *DomainChooser) sizesOf(d int) []int {
 	var out []int
-	for _, pool := range []map[int]*fallback{c.bigEnough, c.standby} {
+	for _, pool := range []map[int]*fallback{c.bigEnough, c.standby, c.pools} {
 		if fb := pool[d]; fb != nil {
 			for _, s := range fb.sizes {
 				if i, found := slices.BinarySearch(out, s); !found {
@@ -105,11 +113,32 @@ type ImpossibleError struct {
 	// LargestOn lists up to maxNamedNodes nodes with that domain, sorted; More counts the rest.
 	LargestOn []string
 	More      int
+	// Pools lists every declared pool, sorted (nil: none is declared), and PoolLargest is
+	// the largest domain of those the pod may run on, in PoolLargestIn (sorted).
+	Pools         []string
+	PoolLargest   int
+	PoolLargestIn []string
 }
 
 const maxNamedNodes = 5
 
 func (e *ImpossibleError) Error() string {
+	return e.nodes() + e.pools()
+}
+
+// pools is what the message says of the declared pools, when there are any: a pod the
+// autoscaler could have run must not be told only that no node exists now.
+func (e *ImpossibleError) pools() string {
+	switch {
+	case len(e.Pools) == 0:
+		return ""
+	case e.PoolLargest == 0:
+		return fmt.Sprintf("; no declared pool this pod can run on has one either (declared: %s; check the pod's node selector against the pools' nodeSelector)", strings.Join(e.Pools, ", "))
+	}
+	return fmt.Sprintf("; nor will a declared pool: the largest domain a pool this pod can run on offers is %d, in %s", e.PoolLargest, strings.Join(e.PoolLargestIn, ", "))
+}
+
+func (e *ImpossibleError) nodes() string {
 	if e.Largest == 0 {
 		return fmt.Sprintf("no node this pod can run on has an NVSwitch domain; a tensor-parallel pod of %d GPUs needs %d GPUs joined by NVLink on one node", e.GPUs, e.GPUs)
 	}
@@ -145,6 +174,13 @@ type DomainChooser struct {
 	// standby is bigEnough over unavailable nodes: the ids a pod waits for only when no
 	// available node has a domain large enough (its only large node is rebooting, say).
 	standby map[int]*fallback
+	// pools is bigEnough over declared pools (Candidate.Pool), with the pool's name as node:
+	// the ids a pod waits for when no available node has a domain large enough, for an
+	// autoscaler to add a node of that pool.
+	pools map[int]*fallback
+	// poolLargest is the largest domain of any pool fed, in poolLargestIn.
+	poolLargest   int
+	poolLargestIn []string
 	// waiting is the GPUs of pods already waiting for each domain id (Queue), less the GPUs
 	// about to free there (Leaving); it may be negative.
 	waiting map[int]int
@@ -174,7 +210,7 @@ func (fb *fallback) addSize(capacity int) {
 
 // NewDomainChooser starts a decision for a pod of k GPUs. Ties go to the lowest domain id.
 func NewDomainChooser(k int) *DomainChooser {
-	return &DomainChooser{k: k, bigEnough: map[int]*fallback{}, standby: map[int]*fallback{}, ties: map[int]*tie{}}
+	return &DomainChooser{k: k, bigEnough: map[int]*fallback{}, standby: map[int]*fallback{}, pools: map[int]*fallback{}, ties: map[int]*tie{}}
 }
 
 // Spread makes the chooser break ties between equally tight domain ids with a pick weighted
@@ -226,6 +262,10 @@ func (c *DomainChooser) ConsiderNodes(cand Candidate, nodes int, hint ...string)
 	if nodes <= 0 {
 		return
 	}
+	if cand.Pool != "" {
+		c.considerPool(cand)
+		return
+	}
 	if cand.Capacity > c.largest {
 		c.largest = cand.Capacity
 		c.largestOn = c.largestOn[:0]
@@ -271,6 +311,30 @@ func (c *DomainChooser) ConsiderNodes(cand Candidate, nodes int, hint ...string)
 	}
 	for _, h := range hint {
 		t.hint.Add(h)
+	}
+}
+
+func (c *DomainChooser) considerPool(cand Candidate) {
+	if cand.Capacity > c.poolLargest {
+		c.poolLargest = cand.Capacity
+		c.poolLargestIn = c.poolLargestIn[:0]
+	}
+	if cand.Capacity == c.poolLargest && cand.Capacity > 0 && !slices.Contains(c.poolLargestIn, cand.Pool) {
+		c.poolLargestIn = append(c.poolLargestIn, cand.Pool)
+	}
+	if cand.Capacity < c.k {
+		return
+	}
+	fb := c.pools[cand.Domain]
+	if fb == nil {
+		fb = &fallback{node: cand.Pool}
+		c.pools[cand.Domain] = fb
+	}
+	// One node's domain: how many nodes the pool will have is the autoscaler's to decide.
+	fb.capacity += cand.Capacity
+	fb.addSize(cand.Capacity)
+	if earlierName(cand.Pool, fb.node) {
+		fb.node = cand.Pool
 	}
 }
 
@@ -381,11 +445,17 @@ func (c *DomainChooser) waitIn() int {
 	return best
 }
 
-// lineOf is where a pod that has no room waits: the ids of available nodes large enough,
-// or, when there are none, those of unavailable ones.
+// lineOf is where a pod that has no room waits: the ids of available nodes large enough;
+// when there are none, those of the declared pools, whose nodes an autoscaler adds for the
+// pod; when no pool fits either, those of unavailable nodes (cordoned, NotReady), which may
+// come back. A pool goes before an unavailable node because the autoscaler acts on a pending
+// pod while a cordoned node may be on its way out.
 func (c *DomainChooser) lineOf() map[int]*fallback {
-	if len(c.bigEnough) > 0 {
+	switch {
+	case len(c.bigEnough) > 0:
 		return c.bigEnough
+	case len(c.pools) > 0:
+		return c.pools
 	}
 	return c.standby
 }
@@ -415,6 +485,9 @@ func (c *DomainChooser) Decide() (Decision, error) {
 		return Decision{Domain: d, Fits: true, Node: t.sample, LeftOver: c.fit.Free - c.k, Capacity: c.fit.Capacity, Hint: hint, Sizes: c.sizesOf(d)}, nil
 	}
 	if best := c.waitIn(); best >= 0 {
+		if len(c.bigEnough) == 0 && len(c.pools) > 0 {
+			return Decision{Domain: best, Pool: c.pools[best].node, Sizes: c.sizesOf(best)}, nil
+		}
 		return Decision{Domain: best, Node: c.lineOf()[best].node, Sizes: c.sizesOf(best)}, nil
 	}
 	on := slices.Sorted(slices.Values(c.largestOn))
@@ -423,7 +496,8 @@ func (c *DomainChooser) Decide() (Decision, error) {
 		more = len(on) - maxNamedNodes
 		on = on[:maxNamedNodes]
 	}
-	return Decision{}, &ImpossibleError{GPUs: c.k, Largest: c.largest, LargestOn: on, More: more}
+	return Decision{}, &ImpossibleError{GPUs: c.k, Largest: c.largest, LargestOn: on, More: more,
+		PoolLargest: c.poolLargest, PoolLargestIn: slices.Sorted(slices.Values(c.poolLargestIn))}
 }
 
 // ChooseDomain is DomainChooser over a slice.

@@ -1,8 +1,10 @@
 package placement
 
 import (
+	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"slices"
 	"testing"
 )
@@ -217,5 +219,75 @@ func TestNodeSampleKeepsTheSmallest(t *testing.T) {
 	want := slices.Sorted(slices.Values(names))[:MaxHintNodes]
 	if !slices.Equal(a.Names(), want) || !slices.Equal(b.Names(), want) {
 		t.Errorf("kept %v and %v, want %v", a.Names(), b.Names(), want)
+	}
+}
+
+func TestDeclaredPoolsAreALineToWaitIn(t *testing.T) {
+	cases := []struct {
+		name  string
+		k     int
+		cands []Candidate
+		want  Decision
+		err   string
+	}{
+		{"no node: the pod waits for the pool", 4,
+			[]Candidate{{Pool: "hgx", Domain: 0, Capacity: 8, Free: 8}},
+			Decision{Domain: 0, Pool: "hgx", Sizes: []int{8}}, ""},
+		{"only small nodes: the pod waits for the pool's domain", 8,
+			[]Candidate{{Node: "split", Domain: 0, Capacity: 4, Free: 4}, {Pool: "hgx", Domain: 0, Capacity: 8, Free: 8}},
+			Decision{Domain: 0, Pool: "hgx", Sizes: []int{8}}, ""},
+		{"a node with room wins over any pool", 4,
+			[]Candidate{{Pool: "hgx", Domain: 0, Capacity: 8, Free: 8}, {Node: "split", Domain: 1, Capacity: 4, Free: 4}},
+			Decision{Domain: 1, Fits: true, Node: "split", Capacity: 4, Sizes: []int{4}}, ""},
+		{"a full node large enough is the line, not the pool", 4,
+			[]Candidate{{Pool: "hgx", Domain: 0, Capacity: 8, Free: 8}, {Node: "split", Domain: 1, Capacity: 4}},
+			Decision{Domain: 1, Node: "split", Sizes: []int{4}}, ""},
+		{"a pool before a cordoned node", 4,
+			[]Candidate{{Node: "cordoned", Domain: 1, Capacity: 4, Free: 4, Unavailable: true}, {Pool: "hgx", Domain: 0, Capacity: 8, Free: 8}},
+			Decision{Domain: 0, Pool: "hgx", Sizes: []int{8}}, ""},
+		{"two pools: the one that offers the most", 4,
+			[]Candidate{{Pool: "b-split", Domain: 0, Capacity: 4}, {Pool: "b-split", Domain: 1, Capacity: 4}, {Pool: "a-hgx", Domain: 0, Capacity: 8}},
+			Decision{Domain: 0, Pool: "a-hgx", Sizes: []int{4, 8}}, ""},
+		{"no pool large enough", 8,
+			[]Candidate{{Node: "split", Domain: 0, Capacity: 4, Free: 4}, {Pool: "small", Domain: 0, Capacity: 4}, {Pool: "also-small", Domain: 0, Capacity: 2}},
+			Decision{}, "no node has an NVSwitch domain of 8 GPUs; largest is 4 on node split; nor will a declared pool: the largest domain a pool this pod can run on offers is 4, in small"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dec, err := ChooseDomain(tc.k, tc.cands)
+			if tc.err != "" {
+				var ie *ImpossibleError
+				if !errors.As(err, &ie) {
+					t.Fatalf("err = %v, want an ImpossibleError", err)
+				}
+				ie.Pools = []string{"also-small", "small"}
+				if got := ie.Error(); got != tc.err {
+					t.Fatalf("message\n got %q\nwant %q", got, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(dec, tc.want) {
+				t.Fatalf("decision = %+v, want %+v", dec, tc.want)
+			}
+		})
+	}
+}
+
+func TestImpossibleMessageNamesThePools(t *testing.T) {
+	cases := []struct {
+		e    ImpossibleError
+		want string
+	}{
+		{ImpossibleError{GPUs: 4}, "no node this pod can run on has an NVSwitch domain; a tensor-parallel pod of 4 GPUs needs 4 GPUs joined by NVLink on one node"},
+		{ImpossibleError{GPUs: 4, Pools: []string{"hgx", "split"}},
+			"no node this pod can run on has an NVSwitch domain; a tensor-parallel pod of 4 GPUs needs 4 GPUs joined by NVLink on one node; no declared pool this pod can run on has one either (declared: hgx, split; check the pod's node selector against the pools' nodeSelector)"},
+	}
+	for _, tc := range cases {
+		if got := tc.e.Error(); got != tc.want {
+			t.Errorf("got  %q\nwant %q", got, tc.want)
+		}
 	}
 }

@@ -16,7 +16,7 @@ func usedSet(gpus ...int) func(int) bool {
 
 func TestChooseDomain(t *testing.T) {
 	seed := func(free0, free1 int) []Candidate {
-		return []Candidate{{"gpu-node01", 0, 4, free0, false}, {"gpu-node01", 1, 4, free1, false}}
+		return []Candidate{{Node: "gpu-node01", Domain: 0, Capacity: 4, Free: free0}, {Node: "gpu-node01", Domain: 1, Capacity: 4, Free: free1}}
 	}
 	cases := []struct {
 		name  string
@@ -30,14 +30,14 @@ func TestChooseDomain(t *testing.T) {
 		{"third TP=2 moves to the other domain", 2, seed(0, 4), Decision{Domain: 1, Fits: true, Node: "gpu-node01", LeftOver: 2, Capacity: 4, Sizes: []int{4}}, ""},
 		{"TP=4 when only 2+2 are free waits for a domain", 4, seed(2, 2), Decision{Domain: 0, Node: "gpu-node01", Sizes: []int{4}}, ""},
 		{"TP=8 is impossible on 4-GPU domains", 8, seed(4, 4), Decision{}, "no node has an NVSwitch domain of 8 GPUs; largest is 4 on node gpu-node01"},
-		{"tightest fit across nodes keeps the whole 8-GPU domain", 4, []Candidate{{"hgx-8", 0, 8, 8, false}, {"split", 0, 4, 4, false}, {"split", 1, 4, 4, false}},
+		{"tightest fit across nodes keeps the whole 8-GPU domain", 4, []Candidate{{Node: "hgx-8", Domain: 0, Capacity: 8, Free: 8}, {Node: "split", Domain: 0, Capacity: 4, Free: 4}, {Node: "split", Domain: 1, Capacity: 4, Free: 4}},
 			Decision{Domain: 0, Fits: true, Node: "split", LeftOver: 0, Capacity: 4, Sizes: []int{4, 8}}, ""},
-		{"TP=8 goes to the only 8-GPU domain", 8, []Candidate{{"split", 0, 4, 4, false}, {"split", 1, 4, 4, false}, {"hgx-8", 0, 8, 8, false}},
+		{"TP=8 goes to the only 8-GPU domain", 8, []Candidate{{Node: "split", Domain: 0, Capacity: 4, Free: 4}, {Node: "split", Domain: 1, Capacity: 4, Free: 4}, {Node: "hgx-8", Domain: 0, Capacity: 8, Free: 8}},
 			Decision{Domain: 0, Fits: true, Node: "hgx-8", LeftOver: 0, Capacity: 8, Sizes: []int{8}}, ""},
-		{"wait on the domain id with the most capacity", 4, []Candidate{{"a", 0, 4, 0, false}, {"a", 1, 8, 2, false}, {"b", 1, 8, 0, false}, {"b", 0, 4, 1, false}},
+		{"wait on the domain id with the most capacity", 4, []Candidate{{Node: "a", Domain: 0, Capacity: 4, Free: 0}, {Node: "a", Domain: 1, Capacity: 8, Free: 2}, {Node: "b", Domain: 1, Capacity: 8, Free: 0}, {Node: "b", Domain: 0, Capacity: 4, Free: 1}},
 			Decision{Domain: 1, Node: "a", Sizes: []int{8}}, ""},
 		{"no domain at all", 2, nil, Decision{}, "no node this pod can run on has an NVSwitch domain"},
-		{"largest names several nodes", 8, []Candidate{{"c", 0, 4, 4, false}, {"a", 1, 4, 4, false}, {"b", 0, 2, 2, false}, {"a", 0, 4, 4, false}},
+		{"largest names several nodes", 8, []Candidate{{Node: "c", Domain: 0, Capacity: 4, Free: 4}, {Node: "a", Domain: 1, Capacity: 4, Free: 4}, {Node: "b", Domain: 0, Capacity: 2, Free: 2}, {Node: "a", Domain: 0, Capacity: 4, Free: 4}},
 			Decision{}, "no node has an NVSwitch domain of 8 GPUs; largest is 4 on nodes a, c"},
 		{"non-positive k", 0, seed(4, 4), Decision{}, "at least 1 GPU"},
 	}
@@ -63,7 +63,7 @@ func TestChooseDomain(t *testing.T) {
 func TestImpossibleErrorCapsTheNodeList(t *testing.T) {
 	var cands []Candidate
 	for i := range 9 {
-		cands = append(cands, Candidate{fmt.Sprintf("node-%d", i), 0, 4, 4, false})
+		cands = append(cands, Candidate{Node: fmt.Sprintf("node-%d", i), Capacity: 4, Free: 4})
 	}
 	_, err := ChooseDomain(8, cands)
 	var ie *ImpossibleError
@@ -244,7 +244,7 @@ func TestChooseDomainProperties(t *testing.T) {
 		for node := range 1 + rng.IntN(12) {
 			for d := range 1 + rng.IntN(3) {
 				capacity := []int{2, 4, 8}[rng.IntN(3)]
-				cands = append(cands, Candidate{fmt.Sprintf("n%02d", node), d, capacity, rng.IntN(capacity + 1), false})
+				cands = append(cands, Candidate{Node: fmt.Sprintf("n%02d", node), Domain: d, Capacity: capacity, Free: rng.IntN(capacity + 1)})
 			}
 		}
 		k := []int{1, 2, 4, 8}[rng.IntN(4)]

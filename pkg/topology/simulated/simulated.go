@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -39,6 +40,70 @@ const ConfigMapKey = "topology.json"
 type Document struct {
 	// Nodes in document order.
 	Nodes []Node
+	// Pools in document order: the shapes of nodes that may appear (docs/pools.md).
+	Pools []Pool
+}
+
+// Pool is a GPU pool that may have no node now: the labels its nodes carry and the topology
+// each of them has.
+type Pool struct {
+	Name         string
+	NodeSelector map[string]string
+	// Topology is the shape of one node of the pool, with GPU UUIDs derived from the pool's
+	// name; ForNodeLabels gives a node of the pool its own.
+	Topology *topology.Topology
+	wire     wireNode
+}
+
+// Matches reports whether a node with these labels belongs to the pool.
+func (p *Pool) Matches(labels map[string]string) bool {
+	for k, v := range p.NodeSelector {
+		if got, ok := labels[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}
+
+// ForNodeLabels returns the topology declared for the named node: its entry under nodes, or
+// else that of the first pool whose nodeSelector its labels match, with UUIDs of its own (a
+// node an autoscaler adds has a name nobody could list in advance).
+func (d *Document) ForNodeLabels(name string, labels map[string]string) (*topology.Topology, error) {
+	for _, n := range d.Nodes {
+		if n.Name == name {
+			return n.Topology, nil
+		}
+	}
+	for i := range d.Pools {
+		if p := &d.Pools[i]; p.Matches(labels) {
+			w := p.wire
+			w.Name = name
+			top, err := buildNode(w)
+			if err != nil {
+				// Parse built the same shape under the pool's name already.
+				return nil, fmt.Errorf("pools[%d]: %w", i, err)
+			}
+			return top, nil
+		}
+	}
+	if len(d.Pools) == 0 {
+		return d.ForNode(name)
+	}
+	pools := make([]string, len(d.Pools))
+	for i, p := range d.Pools {
+		pools[i] = fmt.Sprintf("%s (%s)", p.Name, formatSelector(p.NodeSelector))
+	}
+	_, err := d.ForNode(name)
+	return nil, fmt.Errorf("%w, and its labels match no pool: %s", err, strings.Join(pools, ", "))
+}
+
+// formatSelector renders labels as k=v,k=v, sorted.
+func formatSelector(sel map[string]string) string {
+	keys := slices.Sorted(maps.Keys(sel))
+	for i, k := range keys {
+		keys[i] = k + "=" + sel[k]
+	}
+	return strings.Join(keys, ",")
 }
 
 // Node is one node's simulated topology.
@@ -117,6 +182,12 @@ func NewParser() (*Parser, error) {
 
 type wireDoc struct {
 	Nodes []wireNode `json:"nodes"`
+	Pools []wirePool `json:"pools"`
+}
+
+type wirePool struct {
+	wireNode
+	NodeSelector map[string]string `json:"nodeSelector"`
 }
 
 type wireNode struct {
@@ -161,6 +232,9 @@ func (p *Parser) Parse(data []byte) (*Document, error) {
 	if err := json.Unmarshal(data, &w); err != nil {
 		return nil, Errors{{Msg: fmt.Sprintf("decode: %v", err)}}
 	}
+	if len(w.Nodes) == 0 && len(w.Pools) == 0 {
+		return nil, Errors{{Msg: "the document declares nothing: list nodes under \"nodes\", or GPU pools that scale from zero under \"pools\""}}
+	}
 	var errs Errors
 	doc := &Document{}
 	seen := map[string]int{}
@@ -182,6 +256,32 @@ func (p *Parser) Parse(data []byte) (*Document, error) {
 			continue
 		}
 		doc.Nodes = append(doc.Nodes, Node{Name: n.Name, Topology: top})
+	}
+	pools := map[string]int{}
+	for i, wp := range w.Pools {
+		path := fmt.Sprintf("pools[%d]", i)
+		if prev, dup := pools[wp.Name]; dup {
+			errs = append(errs, &PathError{path + ".name", fmt.Sprintf("pool %q is already declared by pools[%d]; give each pool its own name", wp.Name, prev)})
+			continue
+		}
+		pools[wp.Name] = i
+		top, err := buildNode(wp.wireNode)
+		if err != nil {
+			var pe *PathError
+			if errors.As(err, &pe) {
+				errs = append(errs, &PathError{joinPath(path, pe.Path), pe.Msg})
+			} else {
+				errs = append(errs, &PathError{path, err.Error()})
+			}
+			continue
+		}
+		if len(top.Domains) == 0 {
+			// A pool exists here to be waited for by tensor-parallel pods; one without a
+			// domain would admit none and only mislead the operator.
+			errs = append(errs, &PathError{path + ".domains", "a pool needs at least one NVLink domain (e.g. [{\"gpus\":[0,1,2,3,4,5,6,7]}]); a pool without one gives tensor-parallel pods nothing to wait for"})
+			continue
+		}
+		doc.Pools = append(doc.Pools, Pool{Name: wp.Name, NodeSelector: wp.NodeSelector, Topology: top, wire: wp.wireNode})
 	}
 	if len(errs) > 0 {
 		return nil, errs

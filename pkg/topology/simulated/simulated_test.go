@@ -127,7 +127,21 @@ func TestInvalidDocumentsNameTheJSONPath(t *testing.T) {
 			"nodes[0].domains[0].gpus: minItems: got 1, want 2"},
 		{"schema: bad node name", `{"nodes":[{"name":"GPU_Node","gpuCount":2}]}`,
 			"nodes[0].name: "},
-		{"schema: missing nodes", `{}`, "missing property 'nodes'"},
+		{"nothing declared", `{}`, "the document declares nothing"},
+		{"schema: pool without selector", `{"pools":[{"name":"hgx","gpuCount":8,"domains":[{"gpus":[0,1]}]}]}`,
+			"pools[0]: missing property 'nodeSelector'"},
+		{"schema: pool with an empty selector", `{"pools":[{"name":"hgx","nodeSelector":{},"gpuCount":8,"domains":[{"gpus":[0,1]}]}]}`,
+			"pools[0].nodeSelector: minProperties"},
+		{"schema: pool label value not a label value", `{"pools":[{"name":"hgx","nodeSelector":{"pool":"a b"},"gpuCount":8,"domains":[{"gpus":[0,1]}]}]}`,
+			"pools[0].nodeSelector.pool: "},
+		{"schema: pool name not a DNS label", `{"pools":[{"name":"HGX","nodeSelector":{"pool":"a"},"gpuCount":8,"domains":[{"gpus":[0,1]}]}]}`,
+			"pools[0].name: "},
+		{"pool without a domain", `{"pools":[{"name":"hgx","nodeSelector":{"pool":"a"},"gpuCount":8}]}`,
+			"pools[0].domains: a pool needs at least one NVLink domain"},
+		{"pool GPU not declared", `{"pools":[{"name":"hgx","nodeSelector":{"pool":"a"},"gpuCount":4,"domains":[{"gpus":[0,9]}]}]}`,
+			"pools[0].domains[0].gpus[1]: "},
+		{"duplicate pool", `{"pools":[{"name":"hgx","nodeSelector":{"pool":"a"},"gpuCount":2,"domains":[{"gpus":[0,1]}]},{"name":"hgx","nodeSelector":{"pool":"b"},"gpuCount":2,"domains":[{"gpus":[0,1]}]}]}`,
+			"pools[1].name: pool \"hgx\" is already declared by pools[0]"},
 		{"syntax", "{\n  \"nodes\": [\n    {\"name\": \"a\",, }\n  ]\n}", "invalid JSON at line 3, column 19"},
 		{"truncated", `{"nodes":[{"name":"a"`, "invalid JSON"},
 	}
@@ -174,4 +188,60 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestForNodeLabelsGivesAPoolNodeThePoolsShape(t *testing.T) {
+	p, err := NewParser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, err := p.Parse([]byte(`{"nodes":[{"name":"listed","gpuCount":2,"domains":[{"gpus":[0,1]}]}],
+	 "pools":[
+	  {"name":"split","nodeSelector":{"karpenter.sh/nodepool":"split"},"gpuCount":8,"domains":[{"gpus":[0,1,2,3]},{"gpus":[4,5,6,7]}]},
+	  {"name":"hgx","nodeSelector":{"karpenter.sh/nodepool":"hgx","tier":"a"},"gpuCount":8,"domains":[{"gpus":[0,1,2,3,4,5,6,7]}]}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(doc.Pools) != 2 || doc.Pools[1].Topology.MaxDomainSize() != 8 {
+		t.Fatalf("pools = %+v", doc.Pools)
+	}
+	cases := []struct {
+		name    string
+		labels  map[string]string
+		domains []int // sizes
+		err     string
+	}{
+		{"listed", map[string]string{"karpenter.sh/nodepool": "hgx", "tier": "a"}, []int{2}, ""},
+		{"hgx-abc12", map[string]string{"karpenter.sh/nodepool": "hgx", "tier": "a", "other": "x"}, []int{8}, ""},
+		{"split-x", map[string]string{"karpenter.sh/nodepool": "split"}, []int{4, 4}, ""},
+		{"hgx-partial", map[string]string{"karpenter.sh/nodepool": "hgx"}, nil, "labels match no pool: split (karpenter.sh/nodepool=split), hgx (karpenter.sh/nodepool=hgx,tier=a)"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			top, err := doc.ForNodeLabels(tc.name, tc.labels)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("err = %v, want %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var sizes []int
+			for _, d := range top.Domains {
+				sizes = append(sizes, d.Size())
+			}
+			if !slices.Equal(sizes, tc.domains) {
+				t.Fatalf("domain sizes = %v, want %v", sizes, tc.domains)
+			}
+		})
+	}
+	// Two nodes of one pool get UUIDs of their own, and one node the same UUIDs every time.
+	a, _ := doc.ForNodeLabels("hgx-1", map[string]string{"karpenter.sh/nodepool": "hgx", "tier": "a"})
+	b, _ := doc.ForNodeLabels("hgx-2", map[string]string{"karpenter.sh/nodepool": "hgx", "tier": "a"})
+	a2, _ := doc.ForNodeLabels("hgx-1", map[string]string{"karpenter.sh/nodepool": "hgx", "tier": "a"})
+	if a.GPUs[0].UUID == b.GPUs[0].UUID || a.GPUs[0].UUID != a2.GPUs[0].UUID {
+		t.Fatalf("UUIDs: hgx-1 %s, hgx-2 %s, hgx-1 again %s", a.GPUs[0].UUID, b.GPUs[0].UUID, a2.GPUs[0].UUID)
+	}
 }

@@ -1,0 +1,141 @@
+package clusterview
+
+import (
+	"slices"
+	"strconv"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/placement"
+	"github.com/nvdomain/nvdomain/pkg/topology/simulated"
+)
+
+// Pool is a declared GPU pool (docs/pools.md) as the view counts it: potential capacity that
+// an autoscaler adds when a pod waits for it. Build it with PoolsOf.
+type Pool struct {
+	Name string
+	// node stands for any node of the pool: the pool's nodeSelector labels plus the domain
+	// labels its agent will publish, which is what a pinned pod's required affinity matches.
+	node    *corev1.Node
+	domains []poolDomain
+}
+
+type poolDomain struct{ id, size int }
+
+// Labels are the labels every node of the pool will carry once its agent has published it.
+func (p Pool) Labels() map[string]string { return p.node.Labels }
+
+// Domains lists the pool's domain ids and their sizes, by id.
+func (p Pool) Domains() (ids, sizes []int) {
+	for _, d := range p.domains {
+		ids, sizes = append(ids, d.id), append(sizes, d.size)
+	}
+	return ids, sizes
+}
+
+// PoolsOf turns a document's pools into the view's: each pool's node labels are its
+// nodeSelector plus the domain labels pkg/agent's Desire writes for its shape.
+func PoolsOf(doc *simulated.Document, n names.Names) []Pool {
+	if doc == nil {
+		return nil
+	}
+	out := make([]Pool, 0, len(doc.Pools))
+	for _, sp := range doc.Pools {
+		labels := map[string]string{}
+		for k, val := range sp.NodeSelector {
+			labels[k] = val
+		}
+		top := sp.Topology
+		labels[n.DomainCountLabel()] = strconv.Itoa(len(top.Domains))
+		labels[n.DomainMaxLabel()] = strconv.Itoa(top.MaxDomainSize())
+		p := Pool{Name: sp.Name, node: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "pool/" + sp.Name, Labels: labels}}}
+		for _, d := range top.Domains {
+			labels[n.DomainSizeLabel(d.ID)] = strconv.Itoa(d.Size())
+			p.domains = append(p.domains, poolDomain{d.ID, d.Size()})
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// SetPools replaces the declared pools. A pod that waits for a pool is not changed by it:
+// pools only make a pod that no node can hold now admissible, with a domain id to wait in.
+func (v *View) SetPools(pools []Pool) {
+	v.mu.Lock()
+	v.pools = slices.Clone(pools)
+	v.mu.Unlock()
+	v.nodeGen.Add(1)
+	v.gen.Add(1)
+}
+
+// Pools returns the declared pools.
+func (v *View) Pools() []Pool {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	return slices.Clone(v.pools)
+}
+
+// considerPoolsLocked feeds the chooser the domains of every pool whose nodes the pod may run
+// on (its node selector and required affinity against the pool's labels; a pod bound to a
+// node by name waits for no pool). Taints are not declared for a pool, so they are not
+// checked: a pod that does not tolerate the pool's taints waits for it in vain, as it would
+// for a node (docs/pools.md).
+func (v *View) considerPoolsLocked(ch *placement.DomainChooser, pod *corev1.Pod, req nodeaffinity.RequiredNodeAffinity) {
+	if pod.Spec.NodeName != "" {
+		return
+	}
+	for i := range v.pools {
+		p := &v.pools[i]
+		if ok, _ := req.Match(p.node); !ok {
+			continue
+		}
+		for _, d := range p.domains {
+			ch.Consider(placement.Candidate{Pool: p.Name, Domain: d.id, Capacity: d.size, Free: d.size})
+		}
+	}
+}
+
+// poolNamesLocked lists the declared pools' names, sorted (nil when none).
+func (v *View) poolNamesLocked() []string {
+	if len(v.pools) == 0 {
+		return nil
+	}
+	out := make([]string, len(v.pools))
+	for i, p := range v.pools {
+		out[i] = p.Name
+	}
+	slices.Sort(out)
+	return out
+}
+
+// WaitsForPool names the declared pool a pod pinned to domain d (k GPUs) waits for: none of
+// the nodes it may run on, available or not, has domain d large enough, and a pool it may
+// run on does. "" otherwise (including a pod that waits for room on a node).
+func (v *View) WaitsForPool(pod *corev1.Pod, d, k int) string {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	if len(v.pools) == 0 {
+		return ""
+	}
+	req := nodeaffinity.GetRequiredNodeAffinity(pod)
+	for _, nd := range v.nodes {
+		if c, ok := nd.capacity[d]; ok && c >= k && eligible(pod, req, nd) {
+			return ""
+		}
+	}
+	for i := range v.pools {
+		p := &v.pools[i]
+		if ok, _ := req.Match(p.node); !ok {
+			continue
+		}
+		for _, pd := range p.domains {
+			if pd.id == d && pd.size >= k {
+				return p.Name
+			}
+		}
+	}
+	return ""
+}

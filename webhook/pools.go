@@ -1,0 +1,129 @@
+package webhook
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	toolscache "k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/nvdomain/nvdomain/pkg/clusterview"
+	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/topology/simulated"
+)
+
+// PoolsConfigMap names the ConfigMap that declares the GPU pools (docs/pools.md): a
+// simulated-topology document whose "pools" the webhook counts as capacity an autoscaler adds.
+type PoolsConfigMap struct{ Namespace, Name string }
+
+// ParsePoolsConfigMap reads namespace/name; empty means no pools.
+func ParsePoolsConfigMap(s string) (PoolsConfigMap, error) {
+	if s == "" {
+		return PoolsConfigMap{}, nil
+	}
+	ns, name, ok := strings.Cut(s, "/")
+	if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+		return PoolsConfigMap{}, fmt.Errorf("%q: give namespace/name, e.g. nvdomain-system/nvdomain-pools", s)
+	}
+	return PoolsConfigMap{ns, name}, nil
+}
+
+// watchPools adds to byObject the informer on the pools ConfigMap alone.
+func (p PoolsConfigMap) watchPools(byObject map[client.Object]cache.ByObject) {
+	if p.Name == "" {
+		return
+	}
+	byObject[&corev1.ConfigMap{}] = cache.ByObject{Namespaces: map[string]cache.Config{
+		p.Namespace: {FieldSelector: fields.OneTermEqualSelector("metadata.name", p.Name)},
+	}}
+}
+
+// poolsFeed keeps the view's pools equal to the ConfigMap's. A document that fails to parse
+// leaves the pools the last good one declared (a typo in an edit must not turn every
+// waiting pod's pool into an impossible request) and is reported in the log and in
+// nvdomain_webhook_pools_valid; a deleted ConfigMap declares no pools.
+type poolsFeed struct {
+	cm     PoolsConfigMap
+	view   *clusterview.View
+	names  names.Names
+	parser *simulated.Parser
+	log    logr.Logger
+	valid  prometheus.Gauge
+	count  prometheus.Gauge
+}
+
+func newPoolsFeed(cm PoolsConfigMap, view *clusterview.View, n names.Names, reg prometheus.Registerer, log logr.Logger) (*poolsFeed, error) {
+	p, err := simulated.NewParser()
+	if err != nil {
+		return nil, err
+	}
+	f := &poolsFeed{cm: cm, view: view, names: n, parser: p, log: log,
+		valid: prometheus.NewGauge(prometheus.GaugeOpts{Name: "nvdomain_webhook_pools_valid",
+			Help: "1 while the pools ConfigMap parses (or is absent), 0 while the webhook keeps the pools of its last good version."}),
+		count: prometheus.NewGauge(prometheus.GaugeOpts{Name: "nvdomain_webhook_pools",
+			Help: "GPU pools the webhook counts as capacity an autoscaler adds (docs/pools.md)."}),
+	}
+	for _, c := range []prometheus.Collector{f.valid, f.count} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register pool metrics: %w", err)
+		}
+	}
+	f.valid.Set(1)
+	return f, nil
+}
+
+// apply sets the view's pools from the ConfigMap, nil when it is gone.
+func (f *poolsFeed) apply(cm *corev1.ConfigMap) {
+	if cm == nil {
+		f.view.SetPools(nil)
+		f.count.Set(0)
+		f.valid.Set(1)
+		f.log.Info("pools ConfigMap deleted: no pools declared", "configMap", f.cm.Namespace+"/"+f.cm.Name)
+		return
+	}
+	data, ok := cm.Data[simulated.ConfigMapKey]
+	if !ok {
+		f.valid.Set(0)
+		f.log.Error(nil, "pools ConfigMap has no "+simulated.ConfigMapKey+" key; keeping the pools declared before", "configMap", f.cm.Namespace+"/"+f.cm.Name)
+		return
+	}
+	doc, err := f.parser.Parse([]byte(data))
+	if err != nil {
+		f.valid.Set(0)
+		f.log.Error(err, "pools ConfigMap does not parse; keeping the pools declared before", "configMap", f.cm.Namespace+"/"+f.cm.Name)
+		return
+	}
+	pools := clusterview.PoolsOf(doc, f.names)
+	f.view.SetPools(pools)
+	f.valid.Set(1)
+	f.count.Set(float64(len(pools)))
+	f.log.Info("pools declared", "configMap", f.cm.Namespace+"/"+f.cm.Name, "pools", len(pools))
+}
+
+// feed registers the ConfigMap's handler on the cache.
+func (f *poolsFeed) feed(c cache.Cache) (toolscache.ResourceEventHandlerRegistration, error) {
+	inf, err := c.GetInformer(context.Background(), &corev1.ConfigMap{})
+	if err != nil {
+		return nil, fmt.Errorf("pools ConfigMap informer: %w", err)
+	}
+	set := func(obj any) {
+		if cm, ok := obj.(*corev1.ConfigMap); ok && cm.Name == f.cm.Name && cm.Namespace == f.cm.Namespace {
+			f.apply(cm)
+		}
+	}
+	return inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    set,
+		UpdateFunc: func(_, obj any) { set(obj) },
+		DeleteFunc: func(obj any) {
+			if cm, ok := tombstone(obj).(*corev1.ConfigMap); ok && cm.Name == f.cm.Name && cm.Namespace == f.cm.Namespace {
+				f.apply(nil)
+			}
+		},
+	})
+}

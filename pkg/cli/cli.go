@@ -103,7 +103,7 @@ func newRoot(name string, streams IOStreams, f ClusterFactory) *cobra.Command {
 	if name == PluginBinaryName {
 		root.Annotations = map[string]string{cobra.CommandDisplayNameAnnotation: pluginDisplayName}
 	}
-	root.AddCommand(newTopology(streams.In), newCheckConfig(streams.In), newCerts(), newNode(), newUninstall(f, streams), newStatus(f, streams), newExplain(f, streams), &cobra.Command{
+	root.AddCommand(newTopology(streams.In), newCheckConfig(streams.In), newPools(streams.In), newCerts(), newNode(), newUninstall(f, streams), newStatus(f, streams), newExplain(f, streams), &cobra.Command{
 		Use:   "version",
 		Short: "Print the version",
 		Args:  cobra.NoArgs,

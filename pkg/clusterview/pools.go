@@ -2,12 +2,12 @@ package clusterview
 
 import (
 	"slices"
-	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 
+	"github.com/nvdomain/nvdomain/pkg/autoscaler"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/placement"
 	"github.com/nvdomain/nvdomain/pkg/topology/simulated"
@@ -36,24 +36,16 @@ func (p Pool) Domains() (ids, sizes []int) {
 	return ids, sizes
 }
 
-// PoolsOf turns a document's pools into the view's: each pool's node labels are its
-// nodeSelector plus the domain labels pkg/agent's Desire writes for its shape.
+// PoolsOf turns a document's pools into the view's, each pool's node labels those
+// autoscaler.Labels says its nodes will carry.
 func PoolsOf(doc *simulated.Document, n names.Names) []Pool {
 	if doc == nil {
 		return nil
 	}
 	out := make([]Pool, 0, len(doc.Pools))
 	for _, sp := range doc.Pools {
-		labels := map[string]string{}
-		for k, val := range sp.NodeSelector {
-			labels[k] = val
-		}
-		top := sp.Topology
-		labels[n.DomainCountLabel()] = strconv.Itoa(len(top.Domains))
-		labels[n.DomainMaxLabel()] = strconv.Itoa(top.MaxDomainSize())
-		p := Pool{Name: sp.Name, node: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "pool/" + sp.Name, Labels: labels}}}
-		for _, d := range top.Domains {
-			labels[n.DomainSizeLabel(d.ID)] = strconv.Itoa(d.Size())
+		p := Pool{Name: sp.Name, node: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "pool/" + sp.Name, Labels: autoscaler.Labels(sp, n)}}}
+		for _, d := range sp.Topology.Domains {
 			p.domains = append(p.domains, poolDomain{d.ID, d.Size()})
 		}
 		out = append(out, p)

@@ -1,0 +1,69 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+
+	"github.com/spf13/cobra"
+
+	"github.com/nvdomain/nvdomain/pkg/autoscaler"
+	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/topology/simulated"
+)
+
+func newPools(stdin io.Reader) *cobra.Command {
+	var target string
+	var o autoscaler.Options
+	cmd := &cobra.Command{
+		Use:   "pools FILE --for karpenter|aws",
+		Short: "Print what an autoscaler must know of the declared GPU pools (FILE - reads stdin)",
+		Long: `Reads a document with the GPU pools that scale from zero (the chart's pools value, the
+pools ConfigMap's topology.json; docs/pools.md) and prints what the autoscaler must be told
+so that it adds a node for a tensor-parallel pod that waits for a pool:
+
+  --for karpenter  a NodeOverlay per pool with the domain resources its nodes offer (Karpenter
+                   runs with --feature-gates NodeOverlay=true), and, as a comment, the labels
+                   the NodePool's template must put on its nodes;
+  --for aws        the Cluster Autoscaler's node-template tags for the pool's Auto Scaling group.
+
+--gpu-capacity adds nvidia.com/gpu to the capacity, for instance types the provider does
+not know the GPUs of (a cloud provider counts them for its GPU instance types).
+
+  nvdomain pools pools.json --for karpenter | kubectl apply -f -`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			data, err := readInput(args[0], stdin)
+			if err != nil {
+				return err
+			}
+			p, err := simulated.NewParser()
+			if err != nil {
+				return err
+			}
+			doc, err := p.Parse(data)
+			if err != nil {
+				return fmt.Errorf("%s: %w", args[0], err)
+			}
+			if len(doc.Pools) == 0 {
+				return fmt.Errorf("%s declares no pools: add them under \"pools\" (docs/pools.md)", args[0])
+			}
+			n := names.Default()
+			switch target {
+			case "karpenter":
+				out, err := autoscaler.Karpenter(doc, n, o)
+				if err != nil {
+					return err
+				}
+				_, err = cmd.OutOrStdout().Write(out)
+				return err
+			case "aws":
+				_, err := cmd.OutOrStdout().Write(autoscaler.AWS(doc, n, o))
+				return err
+			}
+			return fmt.Errorf("--for %q: use karpenter or aws", target)
+		},
+	}
+	cmd.Flags().StringVar(&target, "for", "karpenter", "the autoscaler: karpenter or aws (Cluster Autoscaler on AWS)")
+	cmd.Flags().BoolVar(&o.GPUs, "gpu-capacity", false, "add nvidia.com/gpu to the capacity, for instance types whose GPUs the provider does not know")
+	return cmd
+}

@@ -139,3 +139,18 @@ func overlays(t *testing.T, stream string) map[string]any {
 	}
 	return out
 }
+
+// `helm upgrade --reuse-values` from a release that had no pools value renders with no
+// .Values.pools at all (the old release's values, not the new chart's defaults); setting it
+// to null removes it the same way.
+func TestUpgradeFromBeforePoolsRenders(t *testing.T) {
+	for _, args := range [][]string{{"--set", "pools=null"}, {"--set", "pools=null", "-f", filepath.Join(root(), "charts", "nvdomain", "ci", "simulated-values.yaml")}} {
+		out, err := render(t, args...)
+		if err != nil {
+			t.Fatalf("%v: %v", args, err)
+		}
+		if strings.Contains(out, "--pools-configmap") {
+			t.Errorf("%v: a release without pools got --pools-configmap", args)
+		}
+	}
+}

@@ -23,7 +23,7 @@ IMAGE_ENV   := NVDOMAIN_IMAGE=$(IMAGE) NVDOMAIN_IMAGE_ARCHIVE=$(IMAGE_ARCHIVE)
 # marks deprecated, which only adds compiler noise.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all build image test unit e2e host-deps k8s-assets containerd-assets helm-assets kwok-assets lint fmt vet staticcheck cover fuzz bench bench-placement bench-admission bench-dra scale demo down clean
+.PHONY: all build image test unit e2e host-deps k8s-assets containerd-assets helm-assets kwok-assets karpenter-assets lint fmt vet staticcheck cover fuzz bench bench-placement bench-admission bench-dra scale demo down clean
 
 all: build
 
@@ -70,7 +70,13 @@ helm-assets:
 kwok-assets:
 	test/tools/build-kwok.sh >/dev/null
 
-unit: host-deps k8s-assets containerd-assets helm-assets kwok-assets
+# The autoscaler tier (test/autoscale) runs Karpenter's kwok provider, built the same way into
+# bin/karpenter/<version> (about 2 minutes cold, with the Go 1.27 toolchain it needs fetched
+# from the module proxy once).
+karpenter-assets:
+	test/tools/build-karpenter.sh >/dev/null
+
+unit: host-deps k8s-assets containerd-assets helm-assets kwok-assets karpenter-assets
 	KUBEBUILDER_ASSETS=$(K8S_ASSETS) $(GO) test -race -count=1 -timeout 20m ./...
 
 ## e2e: the seed scenarios on a real single-node cluster (kubelet + containerd with NRI) with

@@ -386,12 +386,12 @@ func (v *Decider) warnings(pod *corev1.Pod, p rules.Pod) []Warning {
 	// and do not also warn that no node advertises what the pool's nodes will.
 	var poolWill map[string]bool
 	if d := p.PinnedDomain(); p.TP && d >= 0 {
-		if pool := v.View.WaitsForPool(pod, d, p.DomainGPUs()); pool != "" {
+		if pools := v.View.WaitsForPool(pod, d, p.DomainGPUs()); len(pools) > 0 {
 			res := v.Options.Names.DomainResource(d)
 			poolWill = map[string]bool{res: true, names.GPUResource: true}
 			out = append(out, Warning{"waiting-for-pool", fmt.Sprintf(
 				"no node offers this now: no node it may run on has NVSwitch domain %d with %d GPUs; waiting for pool %s to scale up (its autoscaler must know that a new node offers %s: see `nvdomain pools`)",
-				d, p.DomainGPUs(), pool, res)})
+				d, p.DomainGPUs(), strings.Join(pools, " or "), res)})
 		}
 	}
 	for _, res := range sortedKeys(asked) {

@@ -45,6 +45,8 @@ type ExplainOptions struct {
 	// manifest is judged by the settings the cluster's webhook runs with.
 	TPSizes   string
 	NonTPPods string
+	// Pools is the ConfigMap (namespace/name) declaring the GPU pools; empty: none.
+	Pools string
 
 	IOStreams
 	namesFromFlags func() (names.Names, error)
@@ -92,6 +94,7 @@ good domain ids per request; explain shows the lowest.`,
 	fs.StringVarP(&o.Filename, "filename", "f", "", "manifest to judge as the webhook would (- reads stdin)")
 	fs.StringVar(&o.TPSizes, "tp-sizes", o.TPSizes, "the webhook's --tp-sizes: allowed tensor-parallel sizes")
 	fs.StringVar(&o.NonTPPods, "non-tp-pods", o.NonTPPods, "the webhook's --non-tp-pods: pin, account or auto")
+	fs.StringVar(&o.Pools, "pools-configmap", DefaultPoolsConfigMap, "namespace/name of the ConfigMap declaring the GPU pools that scale from zero (the chart's <release>-pools in its namespace); empty: none")
 	f.AddFlags(fs)
 	o.namesFromFlags = addNamesFlags(cmd)
 	return cmd
@@ -162,7 +165,7 @@ func (o *ExplainOptions) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s, err := loadSnapshot(ctx, o.client, o.admission.Names)
+	s, err := loadSnapshot(ctx, o.client, o.admission.Names, o.Pools)
 	if err != nil {
 		return err
 	}
@@ -268,7 +271,7 @@ func (o *ExplainOptions) explainPod(ctx context.Context, pod *corev1.Pod, events
 	if pending {
 		// Only a waiting pod needs the whole cluster: the re-pin plan weighs it against every
 		// other waiter and every node.
-		s, err := loadSnapshot(ctx, o.client, n)
+		s, err := loadSnapshot(ctx, o.client, n, o.Pools)
 		if err != nil {
 			return err
 		}
@@ -432,6 +435,13 @@ func (o *ExplainOptions) whyPending(ctx context.Context, s *snapshot, pod *corev
 		}
 		line("%s", repin.GatedNote(gates, d, metav1.GetControllerOfNoCopy(pod) == nil))
 		return nil
+	}
+	if pools := s.view.WaitsForPool(pod, d, p.DomainGPUs()); len(pools) > 0 {
+		line("it waits for pool %s to scale up: no node it may run on has domain %d with %d GPUs now, and the pool's nodes will; the autoscaler adds one for it (it must know that the pool's nodes offer %s: `nvdomain pools`). If no node comes, check the autoscaler's events on the pod and the pool's NodePool or node group", strings.Join(pools, " or "), d, p.DomainGPUs(), o.admission.Names.DomainResource(d))
+		return nil
+	}
+	if s.poolsWarning != "" {
+		line("%s", s.poolsWarning)
 	}
 	w, pos, ok := s.waiter(string(pod.UID))
 	if !ok {

@@ -1,12 +1,19 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"io"
+	"strings"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/spf13/cobra"
 
 	"github.com/nvdomain/nvdomain/pkg/autoscaler"
+	"github.com/nvdomain/nvdomain/pkg/clusterview"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/topology/simulated"
 )
@@ -66,4 +73,39 @@ not know the GPUs of (a cloud provider counts them for its GPU instance types).
 	cmd.Flags().StringVar(&target, "for", "karpenter", "the autoscaler: karpenter or aws (Cluster Autoscaler on AWS)")
 	cmd.Flags().BoolVar(&o.GPUs, "gpu-capacity", false, "add nvidia.com/gpu to the capacity, for instance types whose GPUs the provider does not know")
 	return cmd
+}
+
+// DefaultPoolsConfigMap is where the chart's default release keeps the declared pools.
+const DefaultPoolsConfigMap = "nvdomain-system/nvdomain-pools"
+
+// loadPools reads the declared pools from the ConfigMap ref (namespace/name) as the webhook
+// does. A missing ConfigMap declares none; one the user may not read, or that does not parse,
+// declares none too, with a warning saying so (status and explain then cannot tell a pod that
+// waits for a pool from one that waits for nothing).
+func loadPools(ctx context.Context, c kubernetes.Interface, n names.Names, ref string) ([]clusterview.Pool, string, error) {
+	if ref == "" {
+		return nil, "", nil
+	}
+	ns, name, ok := strings.Cut(ref, "/")
+	if !ok || ns == "" || name == "" {
+		return nil, "", fmt.Errorf("--pools-configmap %q: give namespace/name, e.g. %s", ref, DefaultPoolsConfigMap)
+	}
+	cm, err := c.CoreV1().ConfigMaps(ns).Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, "", nil
+	case apierrors.IsForbidden(err):
+		return nil, fmt.Sprintf("cannot read the declared GPU pools (ConfigMap %s): pods waiting for a pool to scale up look like pods waiting for nothing; grant get on that ConfigMap, or pass --pools-configmap", ref), nil
+	case err != nil:
+		return nil, "", fmt.Errorf("get the pools ConfigMap %s: %w", ref, err)
+	}
+	p, err := simulated.NewParser()
+	if err != nil {
+		return nil, "", err
+	}
+	doc, err := p.Parse([]byte(cm.Data[simulated.ConfigMapKey]))
+	if err != nil {
+		return nil, fmt.Sprintf("the declared GPU pools (ConfigMap %s, key %s) do not parse, and the webhook keeps the last version that did: %v", ref, simulated.ConfigMapKey, err), nil
+	}
+	return clusterview.PoolsOf(doc, n), "", nil
 }

@@ -36,10 +36,13 @@ type snapshot struct {
 	waiters []placement.Waiter
 	// plan is the re-pin plan's verdict per waiter, by pod UID.
 	plan map[string]placement.RepinDecision
+	// poolsWarning says why the declared pools could not be read ("" when they were, or
+	// when none are declared).
+	poolsWarning string
 }
 
 // loadSnapshot lists the cluster's nodes and non-terminal pods.
-func loadSnapshot(ctx context.Context, c kubernetes.Interface, n names.Names) (*snapshot, error) {
+func loadSnapshot(ctx context.Context, c kubernetes.Interface, n names.Names, pools string) (*snapshot, error) {
 	var nodes []corev1.Node
 	for cont := ""; ; {
 		list, err := c.CoreV1().Nodes().List(ctx, metav1.ListOptions{Limit: listPageSize, Continue: cont})
@@ -65,7 +68,14 @@ func loadSnapshot(ctx context.Context, c kubernetes.Interface, n names.Names) (*
 			break
 		}
 	}
-	return newSnapshot(n, nodes, pods), nil
+	s := newSnapshot(n, nodes, pods)
+	declared, warning, err := loadPools(ctx, c, n, pools)
+	if err != nil {
+		return nil, err
+	}
+	s.view.SetPools(declared)
+	s.poolsWarning = warning
+	return s, nil
 }
 
 // newSnapshot feeds the webhook's view with the nodes and pods and plans the re-pins.

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -51,6 +52,20 @@ type StatusList struct {
 	// node whose driver withdrew its devices (a device plugin advertises nvidia.com/gpu
 	// there), another DeviceClass that maps nvdomain's extendedResourceName.
 	Warnings []string `json:"warnings,omitempty"`
+	// Pools are the declared GPU pools that scale from zero (docs/pools.md), with the pods
+	// waiting for each to add a node: pinned pods no node they may run on can hold now.
+	Pools []PoolStatus `json:"pools,omitempty"`
+}
+
+// PoolStatus is one declared pool.
+type PoolStatus struct {
+	Name string `json:"name"`
+	// NodeSelector is the labels its nodes carry, k=v,k=v.
+	NodeSelector string `json:"nodeSelector"`
+	// Domains are the domain sizes a node of the pool has, by id.
+	Domains []int `json:"domains"`
+	// Waiting are the pods waiting for the pool to scale up, namespace/name.
+	Waiting []string `json:"waiting"`
 }
 
 // DomainStatus is one domain of one node.
@@ -101,6 +116,8 @@ type StatusOptions struct {
 	Output   string
 	Node     string
 	Selector string
+	// Pools is the ConfigMap (namespace/name) declaring the GPU pools; empty: none.
+	Pools string
 
 	IOStreams
 	namesFromFlags func() (names.Names, error)
@@ -160,6 +177,7 @@ only that namespace's pods in PODS, WAITING and STRANDED (the GPU counts stay th
 	fs.StringVarP(&o.Output, "output", "o", outputTable, "output format: wide (adds the domain's GPUs and the pod names) or json")
 	fs.StringVar(&o.Node, "node", "", "show only this node")
 	fs.StringVarP(&o.Selector, "selector", "l", "", "show only nodes matching this label selector, e.g. nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3")
+	fs.StringVar(&o.Pools, "pools-configmap", DefaultPoolsConfigMap, "namespace/name of the ConfigMap declaring the GPU pools that scale from zero (the chart's <release>-pools in its namespace); empty: none")
 	f.AddFlags(fs)
 	o.namesFromFlags = addNamesFlags(cmd)
 	return cmd
@@ -218,7 +236,7 @@ func (o *StatusOptions) Run(ctx context.Context) error {
 			return fmt.Errorf("get node %s: %w", o.Node, err)
 		}
 	}
-	s, err := loadSnapshot(ctx, o.client, o.names)
+	s, err := loadSnapshot(ctx, o.client, o.names, o.Pools)
 	if err != nil {
 		return err
 	}
@@ -239,6 +257,9 @@ func (o *StatusOptions) Run(ctx context.Context) error {
 		if _, err := fmt.Fprintln(o.ErrOut, o.emptyMessage()); err != nil {
 			return err
 		}
+		if err := writePools(o.Out, list.Pools); err != nil {
+			return err
+		}
 		return writeWarnings(o.Out, list.Warnings)
 	}
 	switch o.Output {
@@ -254,6 +275,9 @@ func (o *StatusOptions) Run(ctx context.Context) error {
 	if err == nil && len(list.Gated) > 0 {
 		_, err = fmt.Fprintf(o.Out, "\n%d pinned pod(s) held by scheduling gates, not counted above: %s. Their domain was chosen at creation and is not chosen again when the gates go; a bare one that finds it full waits (run such work as a Job or Deployment, or in DRA mode). `kubectl nvdomain explain POD` says more.\n",
 			len(list.Gated), strings.Join(list.Gated, ", "))
+	}
+	if err == nil {
+		err = writePools(o.Out, list.Pools)
 	}
 	if err == nil {
 		err = writeWarnings(o.Out, list.Warnings)
@@ -332,6 +356,10 @@ func (o *StatusOptions) emptyMessage() string {
 // node still counts for the re-pin plan, since a waiter's room may be on a node not shown.
 func (o *StatusOptions) statusList(s *snapshot) StatusList {
 	list := StatusList{APIVersion: StatusAPIVersion, Kind: StatusKind, Items: []DomainStatus{}}
+	list.Pools = o.poolStatus(s)
+	if s.poolsWarning != "" {
+		list.Warnings = append(list.Warnings, s.poolsWarning)
+	}
 	type key struct {
 		node   string
 		domain int
@@ -474,6 +502,61 @@ func orEmpty[T any](s []T) []T {
 		return []T{}
 	}
 	return s
+}
+
+// poolStatus lists the declared pools and the pods waiting for each.
+func (o *StatusOptions) poolStatus(s *snapshot) []PoolStatus {
+	pools := s.view.Pools()
+	if len(pools) == 0 {
+		return nil
+	}
+	out := make([]PoolStatus, len(pools))
+	at := map[string]int{}
+	for i, p := range pools {
+		_, sizes := p.Domains()
+		out[i] = PoolStatus{Name: p.Name, NodeSelector: formatSelector(p.NodeSelector()), Domains: sizes, Waiting: []string{}}
+		at[p.Name] = i
+	}
+	for _, p := range s.waiting {
+		if o.namespace != "" && p.Namespace != o.namespace {
+			continue
+		}
+		rp := rules.Inspect(p, s.names)
+		for _, pool := range s.view.WaitsForPool(p, rp.PinnedDomain(), rp.DomainGPUs()) {
+			out[at[pool]].Waiting = append(out[at[pool]].Waiting, podKey(p))
+		}
+	}
+	return out
+}
+
+func formatSelector(sel map[string]string) string {
+	keys := slices.Sorted(maps.Keys(sel))
+	for i, k := range keys {
+		keys[i] = k + "=" + sel[k]
+	}
+	return strings.Join(keys, ",")
+}
+
+// writePools prints the declared pools under the table.
+func writePools(w io.Writer, pools []PoolStatus) error {
+	if len(pools) == 0 {
+		return nil
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "POOL\tNODE SELECTOR\tDOMAINS\tWAITING FOR IT")
+	for _, p := range pools {
+		sizes := make([]string, len(p.Domains))
+		for i, s := range p.Domains {
+			sizes[i] = strconv.Itoa(s)
+		}
+		waiting := "-"
+		if len(p.Waiting) > 0 {
+			waiting = strings.Join(p.Waiting, ", ")
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", p.Name, p.NodeSelector, strings.Join(sizes, ","), waiting)
+	}
+	return tw.Flush()
 }
 
 func writeStatusTable(w io.Writer, list StatusList, wide bool) error {

@@ -16,7 +16,8 @@ import (
 // Pool is a declared GPU pool (docs/pools.md) as the view counts it: potential capacity that
 // an autoscaler adds when a pod waits for it. Build it with PoolsOf.
 type Pool struct {
-	Name string
+	Name     string
+	selector map[string]string
 	// node stands for any node of the pool: the pool's nodeSelector labels plus the domain
 	// labels its agent will publish, which is what a pinned pod's required affinity matches.
 	node    *corev1.Node
@@ -27,6 +28,9 @@ type poolDomain struct{ id, size int }
 
 // Labels are the labels every node of the pool will carry once its agent has published it.
 func (p Pool) Labels() map[string]string { return p.node.Labels }
+
+// NodeSelector is the labels that make a node one of the pool's.
+func (p Pool) NodeSelector() map[string]string { return p.selector }
 
 // Domains lists the pool's domain ids and their sizes, by id.
 func (p Pool) Domains() (ids, sizes []int) {
@@ -44,7 +48,7 @@ func PoolsOf(doc *simulated.Document, n names.Names) []Pool {
 	}
 	out := make([]Pool, 0, len(doc.Pools))
 	for _, sp := range doc.Pools {
-		p := Pool{Name: sp.Name, node: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "pool/" + sp.Name, Labels: autoscaler.Labels(sp, n)}}}
+		p := Pool{Name: sp.Name, selector: sp.NodeSelector, node: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "pool/" + sp.Name, Labels: autoscaler.Labels(sp, n)}}}
 		for _, d := range sp.Topology.Domains {
 			p.domains = append(p.domains, poolDomain{d.ID, d.Size()})
 		}
@@ -103,21 +107,23 @@ func (v *View) poolNamesLocked() []string {
 	return out
 }
 
-// WaitsForPool names the declared pool a pod pinned to domain d (k GPUs) waits for: none of
-// the nodes it may run on, available or not, has domain d large enough, and a pool it may
-// run on does. "" otherwise (including a pod that waits for room on a node).
-func (v *View) WaitsForPool(pod *corev1.Pod, d, k int) string {
+// WaitsForPool names the declared pools a pod pinned to domain d (k GPUs) waits for, in
+// declaration order: none of the nodes it may run on, available or not, has domain d large
+// enough, and these pools it may run on do (the autoscaler picks among them). Nil otherwise,
+// including for a pod that waits for room on a node.
+func (v *View) WaitsForPool(pod *corev1.Pod, d, k int) []string {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	if len(v.pools) == 0 {
-		return ""
+	if len(v.pools) == 0 || pod.Spec.NodeName != "" {
+		return nil
 	}
 	req := nodeaffinity.GetRequiredNodeAffinity(pod)
 	for _, nd := range v.nodes {
 		if c, ok := nd.capacity[d]; ok && c >= k && eligible(pod, req, nd) {
-			return ""
+			return nil
 		}
 	}
+	var out []string
 	for i := range v.pools {
 		p := &v.pools[i]
 		if ok, _ := req.Match(p.node); !ok {
@@ -125,9 +131,10 @@ func (v *View) WaitsForPool(pod *corev1.Pod, d, k int) string {
 		}
 		for _, pd := range p.domains {
 			if pd.id == d && pd.size >= k {
-				return p.Name
+				out = append(out, p.Name)
+				break
 			}
 		}
 	}
-	return ""
+	return out
 }

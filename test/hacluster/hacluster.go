@@ -463,11 +463,20 @@ func (c *Cluster) UnregisterWebhooks() {
 // kills it when the test ends.
 func (c *Cluster) StartProcess(name, path string, args ...string) *exec.Cmd {
 	c.T.Helper()
+	return c.StartProcessEnv(name, path, nil, args...)
+}
+
+// StartProcessEnv is StartProcess with env added to the test's environment.
+func (c *Cluster) StartProcessEnv(name, path string, env []string, args ...string) *exec.Cmd {
+	c.T.Helper()
 	logf, err := os.Create(filepath.Join(c.LogDir, name+".log"))
 	if err != nil {
 		c.T.Fatal(err)
 	}
 	cmd := exec.Command(path, args...)
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		logf.Close()

@@ -56,6 +56,13 @@ import (
 //go:embed stages.yaml
 var stages string
 
+// KwokStages is the kwok stage configuration of the scale run (stages.yaml), for other tiers
+// that keep fake nodes with kwok: pods run for lifetime unless their lifetime annotation says
+// otherwise.
+func KwokStages(lifetime time.Duration) string {
+	return strings.ReplaceAll(stages, "LIFETIME_MS", strconv.FormatInt(lifetime.Milliseconds(), 10))
+}
+
 // TPSizes are the pod sizes of Config.Mix, in order.
 var TPSizes = [4]int{1, 2, 4, 8}
 
@@ -383,7 +390,7 @@ func startFleet(t testing.TB, c *hacluster.Cluster, cfg Config, start time.Time)
 		t.Fatal(err)
 	}
 	kwokConfig := filepath.Join(c.LogDir, "kwok.yaml")
-	kwokDoc := strings.ReplaceAll(stages, "LIFETIME_MS", strconv.FormatInt(cfg.Lifetime.Milliseconds(), 10))
+	kwokDoc := KwokStages(cfg.Lifetime)
 	if cfg.KwokPodWorkers > 0 {
 		// kwok does not default a KwokConfiguration read from a file: every option its
 		// defaulting sets (kwok v0.8.0, SetObjectDefaults_KwokConfiguration) is spelled out,

@@ -1,0 +1,540 @@
+// Package autoscale runs a real autoscaler against nvdomain: Karpenter's kwok provider (a real
+// Karpenter whose cloud provider creates kwok nodes), built from the Go module proxy
+// (test/tools/build-karpenter.sh), with NodeOverlay on, against the real control plane and
+// two webhook replicas (test/hacluster). A GPU pool starts at zero nodes; the nodes Karpenter
+// adds are kept by kwok and published by the real nvdomain-agent, one process per node, which
+// gives each the pool's simulated shape by its labels. docs/pools.md describes the flow.
+package autoscale
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/nvdomain/nvdomain/pkg/autoscaler"
+	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/rules"
+	"github.com/nvdomain/nvdomain/pkg/topology/simulated"
+	"github.com/nvdomain/nvdomain/test/hacluster"
+	"github.com/nvdomain/nvdomain/test/scale"
+)
+
+var n = names.Default()
+
+// The pool: nodes of 8 GPUs in two NVLink domains of 4 (an HGX board split in two), at zero
+// nodes when the test starts. Karpenter labels its nodes karpenter.sh/nodepool.
+const (
+	poolName = "split"
+	// reserved is declared but has no NodePool: a pod that selects it waits for it for ever,
+	// which `nvdomain status` and `explain` must say.
+	poolDoc = `{"pools":[
+	 {"name":"split","nodeSelector":{"karpenter.sh/nodepool":"split"},"gpuCount":8,"product":"NVIDIA H100 80GB HBM3","domains":[{"gpus":[0,1,2,3]},{"gpus":[4,5,6,7]}]},
+	 {"name":"reserved","nodeSelector":{"nvdomain.test/pool":"reserved"},"gpuCount":8,"domains":[{"gpus":[0,1,2,3,4,5,6,7]}]}]}`
+	ns = "inference"
+)
+
+func TestKarpenterScalesAPoolFromZeroForTPPods(t *testing.T) {
+	karpDir := buildKarpenter(t)
+	kwokDir, err := hacluster.KwokDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	agentBin, err := hacluster.Build("./cmd/nvdomain-agent", "./cmd/nvdomain")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cliBin, err := hacluster.Build("./cmd/nvdomain")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := hacluster.Start(t, hacluster.Options{
+		Replicas: 2, WebhookArgs: []string{"--pools-configmap=" + hacluster.Namespace + "/nvdomain-pools", "--tp-sizes=2,4,8"},
+		KwokFinishesDeletions: true, Controllers: []string{"replicaset", "deployment", "garbagecollector"},
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	dyn := dynamic.NewForConfigOrDie(c.Config)
+
+	// The declared pool, for the webhook and for the simulated agents.
+	for _, name := range []string{"nvdomain-pools", "nvdomain-topology"} {
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: hacluster.Namespace}, Data: map[string]string{simulated.ConfigMapKey: poolDoc}}
+		if _, err := c.Client.CoreV1().ConfigMaps(hacluster.Namespace).Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	// Karpenter's API, the NodePool and its NodeClass, and the NodeOverlay `nvdomain pools`
+	// prints for the pool.
+	if _, err := envtest.InstallCRDs(c.Config, envtest.CRDInstallOptions{Paths: []string{filepath.Join(karpDir, "crds")}}); err != nil {
+		t.Fatal(err)
+	}
+	doc := parsePools(t)
+	overlays, err := autoscaler.Karpenter(doc, n, autoscaler.Options{GPUs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	applyYAML(ctx, t, dyn, nodeClassAndPool(t, doc.Pools[0]))
+	applyYAML(ctx, t, dyn, string(overlays))
+
+	kwokConfig := filepath.Join(c.LogDir, "kwok.yaml")
+	if err := os.WriteFile(kwokConfig, []byte(scale.KwokStages(time.Hour)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.StartProcess("kwok", filepath.Join(kwokDir, "kwok"), "--kubeconfig="+c.Kubeconfig, "--manage-all-nodes", "--config="+kwokConfig, "--node-ip=192.0.2.200")
+	nodeSide := startNodeSide(ctx, t, c, agentBin)
+	c.StartProcessEnv("karpenter", filepath.Join(karpDir, "karpenter-kwok"), []string{
+		"KUBECONFIG=" + c.Kubeconfig, "SYSTEM_NAMESPACE=kube-system", "DISABLE_LEADER_ELECTION=true",
+		"FEATURE_GATES=NodeOverlay=true", "METRICS_PORT=18090", "HEALTH_PROBE_PORT=18091",
+		"BATCH_MAX_DURATION=2s", "BATCH_IDLE_DURATION=500ms", "LOG_LEVEL=debug",
+	})
+
+	// The webhook has read the pool: a TP pod is admitted with the pool's warning while no
+	// node exists, and a pod no pool fits is rejected naming the pool.
+	warnings := &warningRecorder{}
+	wcfg := rest.CopyConfig(c.Config)
+	wcfg.WarningHandler = warnings
+	wclient := kubernetes.NewForConfigOrDie(wcfg)
+	var warned string
+	if err := poll(ctx, 200*time.Millisecond, func() (bool, error) {
+		warnings.reset()
+		_, err := wclient.CoreV1().Pods(ns).Create(ctx, tpPod("probe", 4), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if err != nil {
+			return false, nil // the replicas have not read the pool yet: rejected as impossible
+		}
+		warned = warnings.find("waiting for pool " + poolName)
+		return warned != "", nil
+	}); err != nil {
+		t.Fatalf("no TP pod was admitted with the pool's warning: %v (last warnings %q)\n%s", err, warnings.all(), c.ReplicaLogs())
+	}
+	t.Logf("admission warning: %s", warned)
+	tooBig := tpPod("too-big", 8)
+	tooBig.Spec.NodeSelector = map[string]string{"karpenter.sh/nodepool": poolName}
+	_, err = c.Client.CoreV1().Pods(ns).Create(ctx, tooBig, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	if err == nil || !strings.Contains(err.Error(), "nor will a declared pool: the largest domain a pool this pod can run on offers is 4, in split") {
+		t.Fatalf("TP=8 against a pool of 4-GPU domains: %v", err)
+	}
+	// A pod for the pool no autoscaler serves: admitted, and it waits.
+	orphan := tpPod("orphan", 8)
+	orphan.Spec.NodeSelector = map[string]string{"nvdomain.test/pool": "reserved"}
+	if _, err := c.Client.CoreV1().Pods(ns).Create(ctx, orphan, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	// A TP=4 Deployment of two replicas: admitted, pinned, Pending until Karpenter adds nodes.
+	if nodes, err := c.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); err != nil || len(nodes.Items) != 0 {
+		t.Fatalf("the pool should start at zero nodes: %v", err)
+	}
+	created := time.Now()
+	dep := deployment("llama", 2)
+	if _, err := c.Client.AppsV1().Deployments(ns).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var pods []corev1.Pod
+	if err := poll(ctx, 200*time.Millisecond, func() (bool, error) {
+		l, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=llama"})
+		if err != nil {
+			return false, err
+		}
+		pods = l.Items
+		return len(pods) == 2, nil
+	}); err != nil {
+		t.Fatalf("the Deployment's pods were not created: %v", err)
+	}
+	for _, p := range pods {
+		if d := rules.Inspect(&p, n).PinnedDomain(); d < 0 || p.Spec.NodeName != "" {
+			t.Fatalf("pod %s: pinned to %d, node %q; want pinned and Pending", p.Name, d, p.Spec.NodeName)
+		}
+	}
+
+	// Karpenter adds nodes of the pool; the agents publish them; the scheduler binds each pod
+	// into one domain of its pinned id.
+	scheduled := map[string]time.Duration{}
+	if err := poll(ctx, 200*time.Millisecond, func() (bool, error) {
+		l, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=llama"})
+		if err != nil {
+			return false, err
+		}
+		for _, p := range l.Items {
+			if p.Spec.NodeName != "" {
+				if _, seen := scheduled[p.Name]; !seen {
+					scheduled[p.Name] = time.Since(created)
+				}
+			}
+		}
+		pods = l.Items
+		return len(scheduled) == 2 && len(l.Items) == 2, nil
+	}); err != nil {
+		t.Fatalf("the pods did not schedule onto nodes Karpenter added: %v\n%s\nkarpenter log:\n%s\nscheduler log:\n%s", err, describe(ctx, c, dyn),
+			c.Log("karpenter", 6000), c.Log("kube-scheduler", 3000))
+	}
+	held := map[string]bool{}
+	for _, p := range pods {
+		nd, err := c.Client.CoreV1().Nodes().Get(ctx, p.Spec.NodeName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := rules.Inspect(&p, n).PinnedDomain()
+		if nd.Labels["karpenter.sh/nodepool"] != poolName || nd.Labels[n.DomainSizeLabel(d)] != "4" {
+			t.Fatalf("pod %s on node %s (labels %v): not a published node of pool %s with domain %d of 4 GPUs", p.Name, nd.Name, nd.Labels, poolName, d)
+		}
+		key := fmt.Sprintf("%s/%d", nd.Name, d)
+		if held[key] {
+			t.Fatalf("two TP=4 pods share domain %d of node %s", d, nd.Name)
+		}
+		held[key] = true
+		t.Logf("pod %s: created → scheduled %s, node %s, domain %d", p.Name, scheduled[p.Name].Round(time.Millisecond), nd.Name, d)
+	}
+	report := map[string]any{"createdToScheduled": scheduled, "nodes": nodeSide.count()}
+
+	// status and explain say which pod waits for which pool.
+	var st struct {
+		Pools []struct {
+			Name    string   `json:"name"`
+			Waiting []string `json:"waiting"`
+		} `json:"pools"`
+	}
+	out := runCLI(t, cliBin, c, "status", "-o", "json")
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("status -o json: %v\n%s", err, out)
+	}
+	waitingFor := map[string][]string{}
+	for _, p := range st.Pools {
+		waitingFor[p.Name] = p.Waiting
+	}
+	if len(st.Pools) != 2 || len(waitingFor[poolName]) != 0 || !slices.Equal(waitingFor["reserved"], []string{ns + "/orphan"}) {
+		t.Fatalf("status pools: %+v", st.Pools)
+	}
+	if out := runCLI(t, cliBin, c, "explain", "-n", ns, "orphan"); !strings.Contains(out, "it waits for pool reserved to scale up: no node it may run on has domain 0 with 8 GPUs now") {
+		t.Fatalf("explain orphan:\n%s", out)
+	}
+	if out := runCLI(t, cliBin, c, "status"); !strings.Contains(out, "reserved  nvdomain.test/pool=reserved  8        inference/orphan") {
+		t.Fatalf("status:\n%s", out)
+	}
+
+	// Scale-down: with the pods gone, Karpenter removes the empty nodes.
+	gone := time.Now()
+	scaled := dep.DeepCopy()
+	if _, err := c.Client.AppsV1().Deployments(ns).Patch(ctx, scaled.Name, types.MergePatchType, []byte(`{"spec":{"replicas":0}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Client.CoreV1().Pods(ns).Delete(ctx, "orphan", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := poll(ctx, 500*time.Millisecond, func() (bool, error) {
+		l, err := c.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		return len(l.Items) == 0, nil
+	}); err != nil {
+		t.Fatalf("Karpenter did not remove the empty nodes: %v\n%s\nkarpenter log:\n%s", err, describe(ctx, c, dyn), c.Log("karpenter", 6000))
+	}
+	report["scaledDownAfter"] = time.Since(gone).Round(time.Millisecond).String()
+	summary, _ := json.Marshal(report)
+	t.Logf("autoscale: %s", summary)
+	fmt.Printf("autoscale: TP=4 pods created → scheduled %v on %d nodes Karpenter added; nodes removed %s after scale-down\n",
+		durations(scheduled), nodeSide.count(), report["scaledDownAfter"])
+}
+
+// runCLI runs the nvdomain CLI against the cluster and returns its output.
+func runCLI(t *testing.T, bin string, c *hacluster.Cluster, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(bin, append(args, "--kubeconfig="+c.Kubeconfig, "--pools-configmap="+hacluster.Namespace+"/nvdomain-pools")...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("nvdomain %v: %v\n%s", args, err, out)
+	}
+	return string(out)
+}
+
+func durations(m map[string]time.Duration) []string {
+	var out []string
+	for _, d := range m {
+		out = append(out, d.Round(time.Millisecond).String())
+	}
+	slices.Sort(out)
+	return out
+}
+
+// buildKarpenter builds (once per version) Karpenter's kwok provider and its CRDs.
+func buildKarpenter(t *testing.T) string {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(hacluster.RepoRoot(), "test", "tools", "build-karpenter.sh"))
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("build karpenter: %v\n%s", err, stderr.String())
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func parsePools(t *testing.T) *simulated.Document {
+	t.Helper()
+	p, err := simulated.NewParser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, err := p.Parse([]byte(poolDoc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return doc
+}
+
+// nodeClassAndPool is the pool's NodePool, whose template carries the domain labels `nvdomain
+// pools` names (a pinned pod's affinity asks for them), and its kwok NodeClass. Consolidation
+// removes an empty node 5 s after it empties.
+func nodeClassAndPool(t *testing.T, p simulated.Pool) string {
+	t.Helper()
+	labels, err := json.Marshal(autoscaler.DomainLabels(p, n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf(`apiVersion: karpenter.kwok.sh/v1alpha1
+kind: KWOKNodeClass
+metadata:
+  name: default
+---
+apiVersion: karpenter.sh/v1
+kind: NodePool
+metadata:
+  name: %s
+spec:
+  template:
+    metadata:
+      labels: %s
+    spec:
+      requirements:
+        - {key: kubernetes.io/arch, operator: In, values: [amd64]}
+        - {key: kubernetes.io/os, operator: In, values: [linux]}
+        - {key: karpenter.sh/capacity-type, operator: In, values: [on-demand]}
+      nodeClassRef: {group: karpenter.kwok.sh, kind: KWOKNodeClass, name: default}
+      expireAfter: Never
+  disruption:
+    consolidationPolicy: WhenEmptyOrUnderutilized
+    consolidateAfter: 5s
+  limits:
+    cpu: 1000
+`, poolName, labels)
+}
+
+// applyYAML creates every object of a multi-document YAML stream.
+func applyYAML(ctx context.Context, t *testing.T, dyn dynamic.Interface, stream string) {
+	t.Helper()
+	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(stream), 4096)
+	for {
+		var obj map[string]any
+		if err := dec.Decode(&obj); err != nil {
+			break
+		}
+		if len(obj) == 0 {
+			continue
+		}
+		u := &unstructured.Unstructured{Object: obj}
+		gv, err := schema.ParseGroupVersion(u.GetAPIVersion())
+		if err != nil {
+			t.Fatal(err)
+		}
+		gvr := gv.WithResource(strings.ToLower(u.GetKind()) + plural(u.GetKind()))
+		if err := poll(ctx, 200*time.Millisecond, func() (bool, error) {
+			_, err := dyn.Resource(gvr).Create(ctx, u, metav1.CreateOptions{})
+			if apierrors.IsNotFound(err) {
+				return false, nil // the CRD's resource is not served yet
+			}
+			return err == nil, err
+		}); err != nil {
+			t.Fatalf("create %s %s: %v", u.GetKind(), u.GetName(), err)
+		}
+	}
+}
+
+func plural(kind string) string {
+	if strings.HasSuffix(kind, "s") {
+		return "es"
+	}
+	return "s"
+}
+
+func tpPod(name string, gpus int64) *corev1.Pod {
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Spec: podSpec(gpus)}
+	p.Labels = map[string]string{"tensor-parallel": "true"}
+	return p
+}
+
+func podSpec(gpus int64) corev1.PodSpec {
+	return corev1.PodSpec{
+		TerminationGracePeriodSeconds: ptr.To[int64](0),
+		Containers: []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai",
+			Args: []string{"--tensor-parallel-size", fmt.Sprint(gpus)},
+			Resources: corev1.ResourceRequirements{
+				Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1"), corev1.ResourceMemory: resource.MustParse("1Gi")},
+				Limits:   corev1.ResourceList{names.GPUResource: *resource.NewQuantity(gpus, resource.DecimalSI)}}}},
+	}
+}
+
+func deployment(name string, replicas int32) *appsv1.Deployment {
+	labels := map[string]string{"app": name, "tensor-parallel": "true"}
+	return &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To(replicas),
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": name}},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: podSpec(4)},
+		},
+	}
+}
+
+// nodeSide plays what a GPU node's own software does once it registers: the device plugin
+// advertises its 8 GPUs as nvidia.com/gpu, and nvdomain's agent (the real binary, one process
+// per node) publishes its domains from the simulated topology, finding the pool's shape by the
+// node's labels.
+type nodeSide struct {
+	mu      sync.Mutex
+	started map[string]bool
+}
+
+func (s *nodeSide) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.started)
+}
+
+func startNodeSide(ctx context.Context, t *testing.T, c *hacluster.Cluster, agentBin string) *nodeSide {
+	t.Helper()
+	s := &nodeSide{started: map[string]bool{}}
+	go func() {
+		tick := time.NewTicker(200 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			l, err := c.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+			if err != nil {
+				continue
+			}
+			for _, nd := range l.Items {
+				s.mu.Lock()
+				seen := s.started[nd.Name]
+				s.mu.Unlock()
+				if seen || nd.Labels["karpenter.sh/nodepool"] == "" {
+					continue
+				}
+				patch := []byte(`{"status":{"capacity":{"nvidia.com/gpu":"8"},"allocatable":{"nvidia.com/gpu":"8"}}}`)
+				if _, err := c.Client.CoreV1().Nodes().PatchStatus(ctx, nd.Name, patch); err != nil {
+					continue
+				}
+				s.mu.Lock()
+				s.started[nd.Name] = true
+				s.mu.Unlock()
+				c.StartProcess("agent-"+nd.Name, agentBin, "--node-name="+nd.Name, "--source=simulated",
+					"--configmap="+hacluster.Namespace+"/nvdomain-topology", "--kubeconfig="+c.Kubeconfig,
+					"--probe-bind-address=", "--nri-state-file=", "--period=5s", "--require-fail-closed=false")
+			}
+		}
+	}()
+	return s
+}
+
+// describe is what a failure needs: the NodeClaims, nodes and pods.
+func describe(ctx context.Context, c *hacluster.Cluster, dyn dynamic.Interface) string {
+	var b strings.Builder
+	claims, err := dyn.Resource(schema.GroupVersionResource{Group: "karpenter.sh", Version: "v1", Resource: "nodeclaims"}).List(ctx, metav1.ListOptions{})
+	if err == nil {
+		for _, cl := range claims.Items {
+			st, _ := json.Marshal(cl.Object["status"])
+			fmt.Fprintf(&b, "nodeclaim %s: %s\n", cl.GetName(), st)
+		}
+	}
+	if nodes, err := c.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); err == nil {
+		for _, nd := range nodes.Items {
+			fmt.Fprintf(&b, "node %s: labels %v taints %v allocatable %v\n", nd.Name, nd.Labels, nd.Spec.Taints, nd.Status.Allocatable)
+		}
+	}
+	if pods, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{}); err == nil {
+		for _, p := range pods.Items {
+			var cond []string
+			for _, pc := range p.Status.Conditions {
+				cond = append(cond, fmt.Sprintf("%s=%s %s", pc.Type, pc.Status, pc.Message))
+			}
+			fmt.Fprintf(&b, "pod %s: node %q phase %s %v\n", p.Name, p.Spec.NodeName, p.Status.Phase, cond)
+		}
+	}
+	return b.String()
+}
+
+func poll(ctx context.Context, every time.Duration, f func() (bool, error)) error {
+	for {
+		ok, err := f()
+		if err != nil {
+			return err
+		}
+		if ok {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(every):
+		}
+	}
+}
+
+// warningRecorder keeps the admission warnings the apiserver returns.
+type warningRecorder struct {
+	mu sync.Mutex
+	ws []string
+}
+
+func (w *warningRecorder) HandleWarningHeader(_ int, _ string, text string) {
+	w.mu.Lock()
+	w.ws = append(w.ws, text)
+	w.mu.Unlock()
+}
+
+func (w *warningRecorder) reset() { w.mu.Lock(); w.ws = nil; w.mu.Unlock() }
+
+func (w *warningRecorder) all() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.ws)
+}
+
+func (w *warningRecorder) find(sub string) string {
+	for _, s := range w.all() {
+		if strings.Contains(s, sub) {
+			return s
+		}
+	}
+	return ""
+}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"time"
 
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -29,6 +30,11 @@ type Checkpoint struct {
 	Kind       string `json:"kind"`
 	// Claims are keyed by claim UID.
 	Claims map[types.UID]PreparedClaim `json:"claims"`
+	// Unprepared are the claims unprepared in the last UnpreparedMemory, keyed by claim UID:
+	// a Prepare the kubelet sends after a claim's Unprepare for the same pods (NVIDIA's driver
+	// #1162) is refused by them, across the driver's restarts. Written by drivers since the
+	// field exists; older checkpoints have none.
+	Unprepared map[types.UID]Tombstone `json:"unprepared,omitempty"`
 }
 
 // PreparedClaim is one claim's GPUs.
@@ -36,6 +42,17 @@ type PreparedClaim struct {
 	Namespace string           `json:"namespace"`
 	Name      string           `json:"name"`
 	Devices   []PreparedDevice `json:"devices"`
+	// Consumers are the pods the claim was reserved for when it was prepared (status.
+	// reservedFor), which its tombstone keeps.
+	Consumers []types.UID `json:"consumers,omitempty"`
+}
+
+// Tombstone is an unprepared claim: when, and the pods it was reserved for by then. A later
+// Prepare of the claim is for a pod that is gone unless the claim is now reserved for a pod
+// outside Consumers.
+type Tombstone struct {
+	At        time.Time   `json:"at"`
+	Consumers []types.UID `json:"consumers,omitempty"`
 }
 
 // PreparedDevice is one GPU prepared for a claim, with what it takes to answer the kubelet

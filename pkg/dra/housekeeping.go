@@ -68,12 +68,9 @@ func (d *Driver) staleHolder(ctx context.Context, uid types.UID, pc PreparedClai
 	return "the claim's allocation no longer lists its devices on this node"
 }
 
-// prepare prepares one claim with the day-2 guards: a recent Unprepare, a stale holder.
+// prepare prepares one claim with the day-2 guards: a recent Unprepare (State.Prepare's
+// LateError), a stale holder.
 func (d *Driver) prepare(ctx context.Context, claim *resourceapi.ResourceClaim) ([]PreparedDevice, error) {
-	if at, ok := d.state.UnpreparedAt(claim.UID); ok && (claim.DeletionTimestamp != nil || len(claim.Status.ReservedFor) == 0) {
-		return nil, fmt.Errorf("claim %s/%s was unprepared at %s and is no longer reserved for a pod: this Prepare came after its Unprepare, and is refused so that no GPU is held for a pod that is gone",
-			claim.Namespace, claim.Name, at.Format(time.RFC3339))
-	}
 	// Each round drops one stale holder; a block can overlap as many holders as it has GPUs.
 	for range names.DRAMaxBlockSize * names.DRAMaxDevicesPerClaim {
 		devs, err := d.state.Prepare(ctx, claim)

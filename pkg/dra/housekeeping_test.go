@@ -161,6 +161,7 @@ func TestPrepareAfterUnprepareAndRestoreAgainstTheAllocation(t *testing.T) {
 	if _, err := d.prepare(ctx, c); err == nil || !strings.Contains(err.Error(), "came after its Unprepare") {
 		t.Errorf("a Prepare after the Unprepare of an unreserved claim: %v", err)
 	}
+	// Reserved for a new pod, the claim is prepared again.
 	c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: "p", UID: "pod-uid"}}
 	if _, err := d.prepare(ctx, c); err != nil {
 		t.Errorf("a claim reserved for a pod again: %v", err)

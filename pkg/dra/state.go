@@ -79,14 +79,57 @@ type State struct {
 
 	mu  sync.Mutex
 	top *topology.Topology
-	// unprepared records when claims were last unprepared, for UnpreparedAt: a Prepare that
-	// the kubelet sends after the claim's Unprepare (its pod gone) must not hold GPUs again.
-	unprepared map[types.UID]time.Time
-	now        func() time.Time
+	now func() time.Time
 }
 
-// unpreparedMemory is how long an unprepared claim's UID is remembered.
-const unpreparedMemory = 10 * time.Minute
+// UnpreparedMemory is how long the checkpoint keeps an unprepared claim's tombstone: far
+// longer than the kubelet takes to send a late Prepare (it reads the claim, then serialises
+// the call behind the Unprepare), short enough that the checkpoint stays small.
+const UnpreparedMemory = 10 * time.Minute
+
+// LateError is Prepare's refusal of a claim unprepared in the last UnpreparedMemory that is
+// not reserved for any pod it was not reserved for then: the Prepare is for a pod that is
+// gone (the kubelet sent it after the Unprepare), and preparing would hold GPUs for nobody.
+type LateError struct {
+	Claim *resourceapi.ResourceClaim
+	At    time.Time
+}
+
+func (e *LateError) Error() string {
+	return fmt.Sprintf("claim %s/%s was unprepared at %s and is reserved for no pod it was not reserved for then: this Prepare came after its Unprepare, and is refused so that no GPU is held for a pod that is gone",
+		e.Claim.Namespace, e.Claim.Name, e.At.Format(time.RFC3339))
+}
+
+// consumerPods are the pods a claim is reserved for.
+func consumerPods(claim *resourceapi.ResourceClaim) []types.UID {
+	var out []types.UID
+	for _, r := range claim.Status.ReservedFor {
+		if r.Resource == "pods" && r.APIGroup == "" {
+			out = append(out, r.UID)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// late reports whether a Prepare of claim comes after its Unprepare: a tombstone from the last
+// UnpreparedMemory, and the claim being deleted, reserved for nobody, or reserved only for
+// pods the tombstone lists (a pod that is new since the Unprepare is a real consumer).
+func (s *State) late(cp *Checkpoint, claim *resourceapi.ResourceClaim) (time.Time, bool) {
+	ts, ok := cp.Unprepared[claim.UID]
+	if !ok || s.now().Sub(ts.At) > UnpreparedMemory {
+		return time.Time{}, false
+	}
+	if claim.DeletionTimestamp != nil {
+		return ts.At, true
+	}
+	for _, uid := range consumerPods(claim) {
+		if !slices.Contains(ts.Consumers, uid) {
+			return time.Time{}, false
+		}
+	}
+	return ts.At, true
+}
 
 // HeldError is Prepare's refusal of a GPU that another checkpointed claim holds.
 type HeldError struct {
@@ -103,8 +146,7 @@ func (e *HeldError) Error() string {
 
 // NewState returns the state of a node whose checkpoint lives in dataDir.
 func NewState(node string, top *topology.Topology, mode CDIMode, cdiDir, dataDir string, log logr.Logger) *State {
-	return &State{node: node, mode: mode, cdiDir: cdiDir, checkpointPath: filepath.Join(dataDir, CheckpointFile), log: log, top: top,
-		unprepared: map[types.UID]time.Time{}, now: time.Now}
+	return &State{node: node, mode: mode, cdiDir: cdiDir, checkpointPath: filepath.Join(dataDir, CheckpointFile), log: log, top: top, now: time.Now}
 }
 
 // SetTopology replaces the topology that allocated device names are resolved against.
@@ -119,13 +161,17 @@ func (s *State) SetTopology(top *topology.Topology) {
 // (its CDI spec is written again if it is gone, as after a reboot that cleared a tmpfs);
 // otherwise the devices are computed, the CDI spec is written, and only then the checkpoint,
 // so a checkpointed claim always has its spec. A GPU that another claim holds is refused:
-// the driver is the last line of defence against a device given twice.
+// the driver is the last line of defence against a device given twice. A Prepare that comes
+// after the claim's Unprepare for the same pods is refused too (*LateError).
 func (s *State) Prepare(_ context.Context, claim *resourceapi.ResourceClaim) ([]PreparedDevice, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	cp, err := ReadCheckpoint(s.checkpointPath)
 	if err != nil {
 		return nil, err
+	}
+	if at, late := s.late(cp, claim); late {
+		return nil, &LateError{Claim: claim, At: at}
 	}
 	if pc, ok := cp.Claims[claim.UID]; ok {
 		if err := s.restorable(claim, pc); err != nil {
@@ -151,15 +197,18 @@ func (s *State) Prepare(_ context.Context, claim *resourceapi.ResourceClaim) ([]
 	if err := s.writeSpec(claim.UID, devices); err != nil {
 		return nil, err
 	}
-	cp.Claims[claim.UID] = PreparedClaim{Namespace: claim.Namespace, Name: claim.Name, Devices: devices}
+	cp.Claims[claim.UID] = PreparedClaim{Namespace: claim.Namespace, Name: claim.Name, Devices: devices, Consumers: consumerPods(claim)}
+	delete(cp.Unprepared, claim.UID)
 	if err := WriteCheckpoint(s.checkpointPath, cp); err != nil {
 		return nil, err
 	}
 	return devices, nil
 }
 
-// Unprepare forgets a claim: its CDI spec goes, then its checkpoint entry. A claim the driver
-// does not know is not an error; the kubelet may ask again after a restart.
+// Unprepare forgets a claim: its CDI spec goes, then its checkpoint entry, which leaves a
+// tombstone with the pods it was prepared for (see LateError); tombstones older than
+// UnpreparedMemory go in the same write. A claim the driver does not know is not an error;
+// the kubelet may ask again after a restart.
 func (s *State) Unprepare(_ context.Context, uid types.UID) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -170,25 +219,34 @@ func (s *State) Unprepare(_ context.Context, uid types.UID) error {
 	if err := s.removeSpec(uid); err != nil {
 		return err
 	}
-	s.unprepared[uid] = s.now()
-	for u, at := range s.unprepared {
-		if s.now().Sub(at) > unpreparedMemory {
-			delete(s.unprepared, u)
+	pc, known := cp.Claims[uid]
+	_, tombstoned := cp.Unprepared[uid]
+	if !known && tombstoned {
+		return nil // a repeated Unprepare: the first one's tombstone and time stand
+	}
+	for u, ts := range cp.Unprepared {
+		if s.now().Sub(ts.At) > UnpreparedMemory {
+			delete(cp.Unprepared, u)
 		}
 	}
-	if _, ok := cp.Claims[uid]; !ok {
-		return nil
+	if cp.Unprepared == nil {
+		cp.Unprepared = map[types.UID]Tombstone{}
 	}
+	cp.Unprepared[uid] = Tombstone{At: s.now(), Consumers: pc.Consumers}
 	delete(cp.Claims, uid)
 	return WriteCheckpoint(s.checkpointPath, cp)
 }
 
-// UnpreparedAt says when a claim was last unprepared, within the last unpreparedMemory.
+// UnpreparedAt says when a claim was last unprepared, within the last UnpreparedMemory.
 func (s *State) UnpreparedAt(uid types.UID) (time.Time, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	at, ok := s.unprepared[uid]
-	return at, ok && s.now().Sub(at) <= unpreparedMemory
+	cp, err := ReadCheckpoint(s.checkpointPath)
+	if err != nil {
+		return time.Time{}, false
+	}
+	ts, ok := cp.Unprepared[uid]
+	return ts.At, ok && s.now().Sub(ts.At) <= UnpreparedMemory
 }
 
 // restorable checks a checkpointed claim against the claim's current allocation before it is

@@ -2,12 +2,14 @@ package dra
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr"
 	resourceapi "k8s.io/api/resource/v1"
@@ -346,12 +348,81 @@ func TestBlocksArePreparedAsTheirGPUs(t *testing.T) {
 	if _, err := s.Prepare(ctx, claim("u2", 6)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Prepare(ctx, block); err == nil || !strings.Contains(err.Error(), "GPU 6 (device gpus-4-5-6-7) is already prepared for claim default/llama-u2") {
+	// The same block for a new claim (the unprepared one's own late Prepare is LateError's).
+	again := block.DeepCopy()
+	again.UID = "b3"
+	if _, err := s.Prepare(ctx, again); err == nil || !strings.Contains(err.Error(), "GPU 6 (device gpus-4-5-6-7) is already prepared for claim default/llama-u2") {
 		t.Errorf("a block holding a prepared GPU: %v", err)
 	}
 	bad := claim("b2")
 	bad.Status.Allocation.Devices.Results = []resourceapi.DeviceRequestAllocationResult{{Request: "gpus", Driver: names.DRADriver, Pool: node, Device: "gpus-7-4"}}
 	if _, err := s.Prepare(ctx, bad); err == nil || !strings.Contains(err.Error(), "not a device this driver publishes") {
 		t.Errorf("a block name out of order: %v", err)
+	}
+}
+
+// A Prepare that comes after the claim's Unprepare is refused while the claim is reserved only
+// for the pods it was prepared for (NVIDIA's #1162: the kubelet read the claim before the
+// Unprepare and sent the Prepare after it, for a pod that is gone), across a restart of the
+// driver (the tombstone is in the checkpoint), and allowed for a new pod; tombstones expire.
+func TestLatePrepareIsRefusedByTheCheckpointsTombstone(t *testing.T) {
+	dir := t.TempDir()
+	now := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
+	newState := func() *State {
+		s := NewState(node, hgx(t), CDINvdomain, t.TempDir(), dir, logr.Discard())
+		s.now = func() time.Time { return now }
+		return s
+	}
+	ctx := context.Background()
+	reserved := func(c *resourceapi.ResourceClaim, pods ...string) *resourceapi.ResourceClaim {
+		c = c.DeepCopy()
+		c.Status.ReservedFor = nil
+		for _, p := range pods {
+			c.Status.ReservedFor = append(c.Status.ReservedFor, resourceapi.ResourceClaimConsumerReference{Resource: "pods", Name: p, UID: types.UID(p)})
+		}
+		return c
+	}
+	shared := reserved(claim("shared", 2), "pod-a", "pod-b")
+	cases := []struct {
+		name  string
+		claim *resourceapi.ResourceClaim
+		after time.Duration
+		late  bool
+	}{
+		{"the same pods", shared, time.Second, true},
+		{"one of the same pods", reserved(shared, "pod-b"), time.Second, true},
+		{"reserved for nobody", reserved(shared), time.Second, true},
+		{"a new pod beside an old one", reserved(shared, "pod-a", "pod-c"), time.Second, false},
+		{"a new pod", reserved(shared, "pod-c"), time.Second, false},
+		{"the same pods, after the tombstone expired", shared, UnpreparedMemory + time.Second, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			now = time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
+			if err := os.RemoveAll(filepath.Join(dir, CheckpointFile)); err != nil {
+				t.Fatal(err)
+			}
+			s := newState()
+			if _, err := s.Prepare(ctx, shared); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Unprepare(ctx, shared.UID); err != nil {
+				t.Fatal(err)
+			}
+			// A repeated Unprepare keeps the first one's tombstone.
+			if err := s.Unprepare(ctx, shared.UID); err != nil {
+				t.Fatal(err)
+			}
+			now = now.Add(tc.after)
+			// The driver restarted in between: only the checkpoint remembers.
+			_, err := newState().Prepare(ctx, tc.claim)
+			var le *LateError
+			if got := errors.As(err, &le); got != tc.late {
+				t.Fatalf("late = %v (%v), want %v", got, err, tc.late)
+			}
+			if !tc.late && err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }

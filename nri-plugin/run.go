@@ -78,7 +78,16 @@ func LoadTopology(ctx context.Context, o RunOptions) (*topology.Topology, error)
 	if err := o.Topology.Validate(false); err != nil {
 		return nil, err
 	}
-	src, err := o.Topology.Open(o.NodeName)
+	// A simulated document may describe this node through a pool (a node an autoscaler
+	// added): its labels are read then, and only then, through the API.
+	labels := func(ctx context.Context) (map[string]string, error) {
+		cs, err := kubeClient(o.Kubeconfig)
+		if err != nil {
+			return nil, fmt.Errorf("read node %s's labels for the simulated topology's pools: %w", o.NodeName, err)
+		}
+		return source.KubeNodeLabels(cs, o.NodeName)(ctx)
+	}
+	src, err := o.Topology.Open(o.NodeName, labels)
 	if err != nil {
 		return nil, err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
@@ -47,7 +48,10 @@ func (p PoolsConfigMap) watchPools(byObject map[client.Object]cache.ByObject) {
 // poolsFeed keeps the view's pools equal to the ConfigMap's. A document that fails to parse
 // leaves the pools the last good one declared (a typo in an edit must not turn every
 // waiting pod's pool into an impossible request) and is reported in the log and in
-// nvdomain_webhook_pools_valid; a deleted ConfigMap declares no pools.
+// nvdomain_webhook_pools_valid; a deleted ConfigMap declares no pools. A replica that has
+// never read a good version of a ConfigMap that exists is not ready (Ready): it would reject
+// the pods the other replicas admit for a pool, so a rollout onto a broken ConfigMap stops at
+// its first new replica, and an install with one fails its --wait.
 type poolsFeed struct {
 	cm     PoolsConfigMap
 	view   *clusterview.View
@@ -56,6 +60,31 @@ type poolsFeed struct {
 	log    logr.Logger
 	valid  prometheus.Gauge
 	count  prometheus.Gauge
+
+	mu sync.Mutex
+	// good: a version parsed (or the ConfigMap was deleted) since the start; bad: the
+	// latest version did not parse.
+	good, bad bool
+	lastErr   error
+}
+
+// Ready fails while the ConfigMap exists and no version of it has parsed in this process.
+func (f *poolsFeed) Ready() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.bad && !f.good {
+		return fmt.Errorf("the pools ConfigMap %s/%s does not parse, and this replica has no earlier version to keep: %v", f.cm.Namespace, f.cm.Name, f.lastErr)
+	}
+	return nil
+}
+
+func (f *poolsFeed) outcome(err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.bad, f.lastErr = err != nil, err
+	if err == nil {
+		f.good = true
+	}
 }
 
 func newPoolsFeed(cm PoolsConfigMap, view *clusterview.View, n names.Names, reg prometheus.Registerer, log logr.Logger) (*poolsFeed, error) {
@@ -84,21 +113,25 @@ func (f *poolsFeed) apply(cm *corev1.ConfigMap) {
 		f.view.SetPools(nil)
 		f.count.Set(0)
 		f.valid.Set(1)
+		f.outcome(nil)
 		f.log.Info("pools ConfigMap deleted: no pools declared", "configMap", f.cm.Namespace+"/"+f.cm.Name)
 		return
 	}
 	data, ok := cm.Data[simulated.ConfigMapKey]
 	if !ok {
 		f.valid.Set(0)
+		f.outcome(fmt.Errorf("no %s key", simulated.ConfigMapKey))
 		f.log.Error(nil, "pools ConfigMap has no "+simulated.ConfigMapKey+" key; keeping the pools declared before", "configMap", f.cm.Namespace+"/"+f.cm.Name)
 		return
 	}
 	doc, err := f.parser.Parse([]byte(data))
 	if err != nil {
 		f.valid.Set(0)
+		f.outcome(err)
 		f.log.Error(err, "pools ConfigMap does not parse; keeping the pools declared before", "configMap", f.cm.Namespace+"/"+f.cm.Name)
 		return
 	}
+	f.outcome(nil)
 	pools := clusterview.PoolsOf(doc, f.names)
 	f.view.SetPools(pools)
 	f.valid.Set(1)

@@ -102,6 +102,31 @@ func TestPodsWaitForADeclaredPool(t *testing.T) {
 	}
 }
 
+// A replica whose first read of the ConfigMap does not parse is not ready; once one version
+// parsed, a bad edit keeps it and the replica stays ready.
+func TestPoolsFeedReadiness(t *testing.T) {
+	f := newFixture(t, decision.NonTPAuto)
+	pf, err := newPoolsFeed(PoolsConfigMap{"nvdomain-system", "nvdomain-pools"}, f.view, n, prometheus.NewRegistry(), logr.Discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pf.Ready(); err != nil {
+		t.Fatalf("no ConfigMap yet: %v", err)
+	}
+	pf.apply(poolsConfigMap(`{"pools":[{"name":"hgx","gpuCount":8,"domains":[{"gpus":[0,9]}]}]}`))
+	if err := pf.Ready(); err == nil || !strings.Contains(err.Error(), "does not parse, and this replica has no earlier version") {
+		t.Fatalf("a first version that does not parse: %v", err)
+	}
+	pf.apply(poolsConfigMap(poolsDoc))
+	if err := pf.Ready(); err != nil {
+		t.Fatalf("after a good version: %v", err)
+	}
+	pf.apply(poolsConfigMap(`not json`))
+	if err := pf.Ready(); err != nil || len(f.view.Pools()) != 2 {
+		t.Fatalf("a bad edit after a good version: %v, %d pools", err, len(f.view.Pools()))
+	}
+}
+
 // A bad edit keeps the pools of the last good version; a deleted ConfigMap declares none.
 func TestPoolsFeedKeepsTheLastGoodVersion(t *testing.T) {
 	f, pf := newPoolsFixture(t)

@@ -164,6 +164,7 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 	if err != nil {
 		return nil, nil, err
 	}
+	var pools *poolsFeed
 	if so.Pools.Name != "" {
 		pf, err := newPoolsFeed(so.Pools, view, so.Handlers.Names, reg, log.WithName("pools"))
 		if err != nil {
@@ -176,6 +177,7 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 		// Ready only once the pools are known too: a replica that had not read them would
 		// reject the pods that wait for a pool as impossible.
 		synced = append(synced, preg)
+		pools = pf
 	}
 	metrics, err := NewMetrics(reg)
 	if err != nil {
@@ -243,6 +245,11 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 	}
 	if err := mgr.AddReadyzCheck("draining", so.Drain.Check); err != nil {
 		return nil, nil, err
+	}
+	if pools != nil {
+		if err := mgr.AddReadyzCheck("pools", func(*http.Request) error { return pools.Ready() }); err != nil {
+			return nil, nil, err
+		}
 	}
 	if err := mgr.AddReadyzCheck("cluster-view", func(*http.Request) error {
 		for _, s := range synced {

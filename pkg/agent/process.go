@@ -209,7 +209,7 @@ func RunProcess(ctx context.Context, o ProcessOptions, log logr.Logger) error {
 }
 
 func buildSource(ctx context.Context, o ProcessOptions, client kubernetes.Interface) (source.Source, error) {
-	src, err := o.Topology.Open(o.Node)
+	src, err := o.Topology.Open(o.Node, source.KubeNodeLabels(client, o.Node))
 	if err != nil || src != nil {
 		return src, err
 	}

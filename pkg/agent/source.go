@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"fmt"
-	"slices"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/nvdomain/nvdomain/pkg/topology"
 	"github.com/nvdomain/nvdomain/pkg/topology/simulated"
+	"github.com/nvdomain/nvdomain/pkg/topology/source"
 )
 
 // ConfigMapSource watches one ConfigMap through the API (the simulated topology, which stands
@@ -25,7 +25,7 @@ type ConfigMapSource struct {
 	Parser                *simulated.Parser
 	// NodeLabels reads the node's labels, for a node the document declares through a pool's
 	// nodeSelector rather than by name (one an autoscaler added); nil: by name only.
-	NodeLabels func(ctx context.Context) (map[string]string, error)
+	NodeLabels source.NodeLabels
 
 	mu      sync.Mutex
 	data    *string
@@ -42,13 +42,7 @@ type ConfigMapSource struct {
 func NewConfigMapSource(ctx context.Context, client kubernetes.Interface, namespace, name, node string, p *simulated.Parser) (*ConfigMapSource, error) {
 	s := &ConfigMapSource{Namespace: namespace, Name: name, Node: node, Parser: p, changes: make(chan struct{}, 1)}
 	if node != "" {
-		s.NodeLabels = func(ctx context.Context) (map[string]string, error) {
-			nd, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
-			if err != nil {
-				return nil, fmt.Errorf("read node %s's labels to match the document's pools: %w", node, err)
-			}
-			return nd.Labels, nil
-		}
+		s.NodeLabels = source.KubeNodeLabels(client, node)
 	}
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
@@ -108,19 +102,7 @@ func (s *ConfigMapSource) Load(ctx context.Context) (*topology.Topology, error) 
 	if err != nil {
 		return nil, err
 	}
-	var top *topology.Topology
-	if len(doc.Pools) == 0 || s.NodeLabels == nil || slices.ContainsFunc(doc.Nodes, func(n simulated.Node) bool { return n.Name == s.Node }) {
-		top, err = doc.ForNode(s.Node)
-	} else {
-		// Node labels are read only when a pool may be what describes the node, one GET per
-		// load (at start, on a document change, at the agent's resync): a node's pool labels
-		// are set when it registers (Karpenter and the Cluster Autoscaler put them on at
-		// creation), and a label changed later is picked up at the next load.
-		var labels map[string]string
-		if labels, err = s.NodeLabels(ctx); err == nil {
-			top, err = doc.ForNodeLabels(s.Node, labels)
-		}
-	}
+	top, err := source.Resolve(ctx, doc, s.Node, s.NodeLabels)
 	if err != nil {
 		return nil, fmt.Errorf("ConfigMap %s/%s key %s: %w", s.Namespace, s.Name, simulated.ConfigMapKey, err)
 	}

@@ -111,6 +111,9 @@ func Karpenter(doc *simulated.Document, n names.Names, o Options) ([]byte, error
 		for _, line := range strings.Split(strings.TrimRight(string(patch), "\n"), "\n") {
 			b.WriteString("#   " + line + "\n")
 		}
+		if len(p.Taints) > 0 {
+			fmt.Fprintf(&b, "# and its spec.template.spec.taints must be the pool's declared taints (%s): the webhook sends only pods that tolerate them.\n", formatTaints(p.Taints))
+		}
 		no := nodeOverlay{APIVersion: "karpenter.sh/v1alpha1", Kind: "NodeOverlay",
 			Metadata: overlayMeta{Name: OverlayName(p.Name), Labels: map[string]string{"app.kubernetes.io/managed-by": "nvdomain"}},
 			Spec:     nodeOverlaySpec{Capacity: Capacity(p, n, o.GPUs)}}
@@ -145,8 +148,19 @@ func AWS(doc *simulated.Document, n names.Names, o Options) []byte {
 		for _, k := range slices.Sorted(maps.Keys(capacity)) {
 			fmt.Fprintf(&b, "k8s.io/cluster-autoscaler/node-template/resources/%s=%d\n", k, capacity[k])
 		}
+		for _, t := range p.Taints {
+			fmt.Fprintf(&b, "k8s.io/cluster-autoscaler/node-template/taint/%s=%s:%s\n", t.Key, t.Value, t.Effect)
+		}
 	}
 	return []byte(b.String())
+}
+
+func formatTaints(ts []simulated.Taint) string {
+	out := make([]string, len(ts))
+	for i, t := range ts {
+		out[i] = t.Key + "=" + t.Value + ":" + t.Effect
+	}
+	return strings.Join(out, ", ")
 }
 
 func formatLabels(sel map[string]string) string {

@@ -14,7 +14,7 @@ import (
 var n = names.Default()
 
 const doc = `{"pools":[
- {"name":"hgx","nodeSelector":{"karpenter.sh/nodepool":"hgx"},"gpuCount":8,"domains":[{"gpus":[0,1,2,3,4,5,6,7]}]},
+ {"name":"hgx","nodeSelector":{"karpenter.sh/nodepool":"hgx"},"taints":[{"key":"nvidia.com/gpu","value":"present","effect":"NoSchedule"}],"gpuCount":8,"domains":[{"gpus":[0,1,2,3,4,5,6,7]}]},
  {"name":"split","nodeSelector":{"karpenter.sh/nodepool":"split","zone":"a"},"gpuCount":8,"domains":[{"gpus":[4,5,6,7]},{"gpus":[0,1,2,3]}]}]}`
 
 func parse(t *testing.T) *simulated.Document {
@@ -99,6 +99,7 @@ func TestAWSTags(t *testing.T) {
 		"k8s.io/cluster-autoscaler/node-template/label/karpenter.sh/nodepool=hgx\n",
 		"k8s.io/cluster-autoscaler/node-template/label/" + n.DomainSizeLabel(0) + "=8\n",
 		"k8s.io/cluster-autoscaler/node-template/resources/" + n.DomainResource(1) + "=4\n",
+		"k8s.io/cluster-autoscaler/node-template/taint/nvidia.com/gpu=present:NoSchedule\n",
 	} {
 		if !strings.Contains(got, line) {
 			t.Errorf("missing %q in\n%s", line, got)

@@ -179,6 +179,12 @@ What could not be read is printed as warnings; --strict turns them into an error
 						tops = append(tops, namedTopology{Node: n.Name, Topology: n.Topology})
 					}
 				}
+				// A pool's shape prints under "pool/<name>" (--node pool/<name> picks one).
+				for _, p := range doc.Pools {
+					if name := "pool/" + p.Name; node == "" || name == node {
+						tops = append(tops, namedTopology{Node: name, Topology: p.Topology})
+					}
+				}
 				if len(tops) == 0 {
 					_, err := doc.ForNode(node)
 					return err

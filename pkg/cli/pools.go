@@ -21,6 +21,7 @@ import (
 func newPools(stdin io.Reader) *cobra.Command {
 	var target string
 	var o autoscaler.Options
+	var namesFromFlags func() (names.Names, error)
 	cmd := &cobra.Command{
 		Use:   "pools FILE --for karpenter|aws",
 		Short: "Print what an autoscaler must know of the declared GPU pools (FILE - reads stdin)",
@@ -54,7 +55,10 @@ not know the GPUs of (a cloud provider counts them for its GPU instance types).
 			if len(doc.Pools) == 0 {
 				return fmt.Errorf("%s declares no pools: add them under \"pools\" (docs/pools.md)", args[0])
 			}
-			n := names.Default()
+			n, err := namesFromFlags()
+			if err != nil {
+				return fmt.Errorf("--label-prefix/--resource-prefix: %w", err)
+			}
 			switch target {
 			case "karpenter":
 				out, err := autoscaler.Karpenter(doc, n, o)
@@ -72,6 +76,8 @@ not know the GPUs of (a cloud provider counts them for its GPU instance types).
 	}
 	cmd.Flags().StringVar(&target, "for", "karpenter", "the autoscaler: karpenter or aws (Cluster Autoscaler on AWS)")
 	cmd.Flags().BoolVar(&o.GPUs, "gpu-capacity", false, "add nvidia.com/gpu to the capacity, for instance types whose GPUs the provider does not know")
+	// The labels and resources must be spelled as the cluster's webhook and agents spell them.
+	namesFromFlags = addNamesFlags(cmd)
 	return cmd
 }
 

@@ -360,6 +360,7 @@ func (o *StatusOptions) statusList(s *snapshot) StatusList {
 	if s.poolsWarning != "" {
 		list.Warnings = append(list.Warnings, s.poolsWarning)
 	}
+	list.Warnings = append(list.Warnings, poolShapeWarnings(s)...)
 	type key struct {
 		node   string
 		domain int
@@ -527,6 +528,40 @@ func (o *StatusOptions) poolStatus(s *snapshot) []PoolStatus {
 		}
 	}
 	return out
+}
+
+// poolShapeWarnings names the nodes that carry a pool's nodeSelector labels but publish other
+// domains than the pool declares: pods waiting for the pool are pinned to domain ids from the
+// declared shape, which such nodes may not have (docs/pools.md).
+func poolShapeWarnings(s *snapshot) []string {
+	var out []string
+	for _, p := range s.view.Pools() {
+		want := p.Labels()
+		for i := range s.nodes {
+			nd := &s.nodes[i]
+			if _, published := nd.Labels[s.names.DomainCountLabel()]; !published || !selects(p.NodeSelector(), nd.Labels) {
+				continue
+			}
+			for k, v := range want {
+				if nd.Labels[k] != v {
+					_, sizes := p.Domains()
+					out = append(out, fmt.Sprintf("node %s carries pool %s's labels (%s) but publishes %s=%q where the pool declares %q (domain sizes %v): pods waiting for the pool are pinned to domain ids its nodes may not have; declare the shape `nvdomain topology discover` finds on a node of the pool",
+						nd.Name, p.Name, formatSelector(p.NodeSelector()), k, nd.Labels[k], v, sizes))
+					break
+				}
+			}
+		}
+	}
+	return out
+}
+
+func selects(sel, labels map[string]string) bool {
+	for k, v := range sel {
+		if got, ok := labels[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
 }
 
 func formatSelector(sel map[string]string) string {

@@ -1,6 +1,7 @@
 package clusterview
 
 import (
+	"maps"
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
@@ -18,6 +19,7 @@ import (
 type Pool struct {
 	Name     string
 	selector map[string]string
+	taints   []corev1.Taint
 	// node stands for any node of the pool: the pool's nodeSelector labels plus the domain
 	// labels its agent will publish, which is what a pinned pod's required affinity matches.
 	node    *corev1.Node
@@ -48,7 +50,11 @@ func PoolsOf(doc *simulated.Document, n names.Names) []Pool {
 	}
 	out := make([]Pool, 0, len(doc.Pools))
 	for _, sp := range doc.Pools {
-		p := Pool{Name: sp.Name, selector: sp.NodeSelector, node: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "pool/" + sp.Name, Labels: autoscaler.Labels(sp, n)}}}
+		var taints []corev1.Taint
+		for _, t := range sp.Taints {
+			taints = append(taints, corev1.Taint{Key: t.Key, Value: t.Value, Effect: corev1.TaintEffect(t.Effect)})
+		}
+		p := Pool{Name: sp.Name, selector: sp.NodeSelector, taints: taints, node: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "pool/" + sp.Name, Labels: autoscaler.Labels(sp, n)}}}
 		for _, d := range sp.Topology.Domains {
 			p.domains = append(p.domains, poolDomain{d.ID, d.Size()})
 		}
@@ -59,13 +65,34 @@ func PoolsOf(doc *simulated.Document, n names.Names) []Pool {
 
 // SetPools replaces the declared pools. A pod that waits for a pool is not changed by it:
 // pools only make a pod that no node can hold now admissible, with a domain id to wait in.
+// The same pools again (an informer resync) change nothing, so the re-pin controller does not
+// look again at workloads it gave up on.
 func (v *View) SetPools(pools []Pool) {
 	v.mu.Lock()
+	defer v.mu.Unlock()
+	if slices.EqualFunc(v.pools, pools, samePool) {
+		return
+	}
 	v.pools = slices.Clone(pools)
-	v.mu.Unlock()
 	v.nodeGen.Add(1)
 	v.gen.Add(1)
 }
+
+func samePool(a, b Pool) bool {
+	return a.Name == b.Name && maps.Equal(a.node.Labels, b.node.Labels) && slices.Equal(a.domains, b.domains) &&
+		slices.EqualFunc(a.taints, b.taints, func(x, y corev1.Taint) bool { return x.MatchTaint(&y) && x.Value == y.Value })
+}
+
+// admits reports whether a pod may run on the pool's nodes: labels and taints.
+func (p *Pool) admits(pod *corev1.Pod, req nodeaffinity.RequiredNodeAffinity) bool {
+	if ok, _ := req.Match(p.node); !ok {
+		return false
+	}
+	return tolerates(p.taints, pod.Spec.Tolerations)
+}
+
+// Taints are the pool's declared taints.
+func (p Pool) Taints() []corev1.Taint { return p.taints }
 
 // Pools returns the declared pools.
 func (v *View) Pools() []Pool {
@@ -75,17 +102,16 @@ func (v *View) Pools() []Pool {
 }
 
 // considerPoolsLocked feeds the chooser the domains of every pool whose nodes the pod may run
-// on (its node selector and required affinity against the pool's labels; a pod bound to a
-// node by name waits for no pool). Taints are not declared for a pool, so they are not
-// checked: a pod that does not tolerate the pool's taints waits for it in vain, as it would
-// for a node (docs/pools.md).
+// on: its node selector and required affinity against the pool's labels, its tolerations
+// against the pool's declared taints (an autoscaler adds no node for a pod that does not
+// tolerate them); a pod bound to a node by name waits for no pool.
 func (v *View) considerPoolsLocked(ch *placement.DomainChooser, pod *corev1.Pod, req nodeaffinity.RequiredNodeAffinity) {
 	if pod.Spec.NodeName != "" {
 		return
 	}
 	for i := range v.pools {
 		p := &v.pools[i]
-		if ok, _ := req.Match(p.node); !ok {
+		if !p.admits(pod, req) {
 			continue
 		}
 		for _, d := range p.domains {
@@ -118,15 +144,17 @@ func (v *View) WaitsForPool(pod *corev1.Pod, d, k int) []string {
 		return nil
 	}
 	req := nodeaffinity.GetRequiredNodeAffinity(pod)
+	// As the chooser: a cordoned or NotReady node the pod does not tolerate is not what it
+	// waits for while a pool offers the domain.
 	for _, nd := range v.nodes {
-		if c, ok := nd.capacity[d]; ok && c >= k && eligible(pod, req, nd) {
+		if c, ok := nd.capacity[d]; ok && c >= k && eligible(pod, req, nd) && available(pod, nd) {
 			return nil
 		}
 	}
 	var out []string
 	for i := range v.pools {
 		p := &v.pools[i]
-		if ok, _ := req.Match(p.node); !ok {
+		if !p.admits(pod, req) {
 			continue
 		}
 		for _, pd := range p.domains {

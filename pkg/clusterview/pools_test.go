@@ -18,7 +18,7 @@ func testPools(t *testing.T) []Pool {
 	}
 	doc, err := p.Parse([]byte(`{"pools":[
 	 {"name":"split","nodeSelector":{"pool":"split"},"gpuCount":8,"domains":[{"gpus":[0,1,2,3]},{"gpus":[4,5,6,7]}]},
-	 {"name":"hgx","nodeSelector":{"pool":"hgx"},"gpuCount":8,"domains":[{"gpus":[0,1,2,3,4,5,6,7]}]}]}`))
+	 {"name":"hgx","nodeSelector":{"pool":"hgx"},"taints":[{"key":"nvidia.com/gpu","effect":"NoSchedule"}],"gpuCount":8,"domains":[{"gpus":[0,1,2,3,4,5,6,7]}]}]}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,10 +39,13 @@ func TestWaitsForPool(t *testing.T) {
 		pod   *corev1.Pod
 		want  []string
 	}{
-		{"no node: both pools offer domain 0 of 4", nil, pinnedPod("", 0, 4), []string{"split", "hgx"}},
+		{"no node: both pools offer domain 0 of 4", nil, tolerating(pinnedPod("", 0, 4)), []string{"split", "hgx"}},
+		{"hgx's taint keeps a pod that does not tolerate it", nil, pinnedPod("", 0, 4), []string{"split"}},
 		{"domain 1 of 4: split only", nil, pinnedPod("", 1, 4), []string{"split"}},
-		{"domain 0 of 8: hgx only", nil, pinnedPod("", 0, 8), []string{"hgx"}},
-		{"a selector narrows to its pool", nil, selecting("hgx", 0, 4), []string{"hgx"}},
+		{"domain 0 of 8: hgx only", nil, tolerating(pinnedPod("", 0, 8)), []string{"hgx"}},
+		{"domain 0 of 8, not tolerating hgx's taint: none", nil, pinnedPod("", 0, 8), nil},
+		{"a selector narrows to its pool", nil, tolerating(selecting("hgx", 0, 4)), []string{"hgx"}},
+		{"a cordoned node with the domain does not count", []*corev1.Node{cordoned(gpuNode("a", []int{4, 4}, nil))}, pinnedPod("", 0, 4), []string{"split"}},
 		{"a full node with the domain is the line, not a pool", []*corev1.Node{gpuNode("a", []int{4, 4}, nil)}, pinnedPod("", 0, 4), nil},
 		{"a node the pod may not use does not count", []*corev1.Node{gpuNode("a", []int{4, 4}, map[string]string{"pool": "other"})}, selecting("split", 0, 4), []string{"split"}},
 		{"a pod bound to a node by name", nil, pinnedPod("gone", 0, 4), nil},
@@ -83,6 +86,11 @@ func TestAPoolWaiterIsNotStranded(t *testing.T) {
 	if got := v.WaitsForPool(w, 1, 4); got != nil {
 		t.Fatalf("with the node there it waits for no pool: %v", got)
 	}
+}
+
+func tolerating(p *corev1.Pod) *corev1.Pod {
+	p.Spec.Tolerations = []corev1.Toleration{{Key: "nvidia.com/gpu", Operator: corev1.TolerationOpExists}}
+	return p
 }
 
 func mustPinned(t *testing.T, p *corev1.Pod) int {

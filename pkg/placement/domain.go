@@ -56,10 +56,15 @@ type Decision struct {
 	Pool string
 }
 
-// sizesOf is Decision.Sizes for domain id d.
-func (c *DomainChooser) sizesOf(d int) []int {
+// sizesOf is Decision.Sizes for domain id d: over the nodes, and over the declared pools
+// only for a pod that waits for one (a pool's sizes are no node's the scheduler scores now).
+func (c *DomainChooser) sizesOf(d int, pools bool) []int {
 	var out []int
-	for _, pool := range []map[int]*fallback{c.bigEnough, c.standby, c.pools} {
+	tiers := []map[int]*fallback{c.bigEnough, c.standby}
+	if pools {
+		tiers = append(tiers, c.pools)
+	}
+	for _, pool := range tiers {
 		if fb := pool[d]; fb != nil {
 			for _, s := range fb.sizes {
 				if i, found := slices.BinarySearch(out, s); !found {
@@ -482,13 +487,13 @@ func (c *DomainChooser) Decide() (Decision, error) {
 		if t.hint.n > 0 {
 			hint = slices.Clone(t.hint.Names())
 		}
-		return Decision{Domain: d, Fits: true, Node: t.sample, LeftOver: c.fit.Free - c.k, Capacity: c.fit.Capacity, Hint: hint, Sizes: c.sizesOf(d)}, nil
+		return Decision{Domain: d, Fits: true, Node: t.sample, LeftOver: c.fit.Free - c.k, Capacity: c.fit.Capacity, Hint: hint, Sizes: c.sizesOf(d, false)}, nil
 	}
 	if best := c.waitIn(); best >= 0 {
 		if len(c.bigEnough) == 0 && len(c.pools) > 0 {
-			return Decision{Domain: best, Pool: c.pools[best].node, Sizes: c.sizesOf(best)}, nil
+			return Decision{Domain: best, Pool: c.pools[best].node, Sizes: c.sizesOf(best, true)}, nil
 		}
-		return Decision{Domain: best, Node: c.lineOf()[best].node, Sizes: c.sizesOf(best)}, nil
+		return Decision{Domain: best, Node: c.lineOf()[best].node, Sizes: c.sizesOf(best, false)}, nil
 	}
 	on := slices.Sorted(slices.Values(c.largestOn))
 	more := 0

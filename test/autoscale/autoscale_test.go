@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -53,7 +54,7 @@ const (
 	// which `nvdomain status` and `explain` must say.
 	poolDoc = `{"pools":[
 	 {"name":"split","nodeSelector":{"karpenter.sh/nodepool":"split"},"gpuCount":8,"product":"NVIDIA H100 80GB HBM3","domains":[{"gpus":[0,1,2,3]},{"gpus":[4,5,6,7]}]},
-	 {"name":"reserved","nodeSelector":{"nvdomain.test/pool":"reserved"},"gpuCount":8,"domains":[{"gpus":[0,1,2,3,4,5,6,7]}]}]}`
+	 {"name":"reserved","nodeSelector":{"karpenter.sh/nodepool":"reserved"},"gpuCount":8,"domains":[{"gpus":[0,1,2,3,4,5,6,7]}]}]}`
 	ns = "inference"
 )
 
@@ -142,7 +143,7 @@ func TestKarpenterScalesAPoolFromZeroForTPPods(t *testing.T) {
 	}
 	// A pod for the pool no autoscaler serves: admitted, and it waits.
 	orphan := tpPod("orphan", 8)
-	orphan.Spec.NodeSelector = map[string]string{"nvdomain.test/pool": "reserved"}
+	orphan.Spec.NodeSelector = map[string]string{"karpenter.sh/nodepool": "reserved"}
 	if _, err := c.Client.CoreV1().Pods(ns).Create(ctx, orphan, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -234,7 +235,7 @@ func TestKarpenterScalesAPoolFromZeroForTPPods(t *testing.T) {
 	if out := runCLI(t, cliBin, c, "explain", "-n", ns, "orphan"); !strings.Contains(out, "it waits for pool reserved to scale up: no node it may run on has domain 0 with 8 GPUs now") {
 		t.Fatalf("explain orphan:\n%s", out)
 	}
-	if out := runCLI(t, cliBin, c, "status"); !strings.Contains(out, "reserved  nvdomain.test/pool=reserved  8        inference/orphan") {
+	if out := runCLI(t, cliBin, c, "status"); !regexp.MustCompile(`(?m)^reserved +karpenter\.sh/nodepool=reserved +8 +inference/orphan$`).MatchString(out) {
 		t.Fatalf("status:\n%s", out)
 	}
 

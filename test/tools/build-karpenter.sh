@@ -4,7 +4,7 @@
 # once per version, and copies its CRDs beside it (crds/). The autoscaler tier (test/autoscale)
 # runs it against the local apiserver. Karpenter v1.15 needs Go 1.26.9 or later; when the local
 # toolchain is older, the Go command fetches GOTOOLCHAIN's from the module proxy (once, into the
-# module cache). Cold: about 4 minutes on 2 cores. Prints the directory on stdout when done.
+# module cache). Cold: about 2 minutes on 2 cores. Prints the directory on stdout when done.
 set -euo pipefail
 
 KARPENTER_VERSION="${KARPENTER_VERSION:-v1.15.0}"

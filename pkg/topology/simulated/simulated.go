@@ -49,10 +49,19 @@ type Document struct {
 type Pool struct {
 	Name         string
 	NodeSelector map[string]string
+	// Taints are the NoSchedule and NoExecute taints the pool's nodes carry.
+	Taints []Taint
 	// Topology is the shape of one node of the pool, with GPU UUIDs derived from the pool's
 	// name; ForNodeLabels gives a node of the pool its own.
 	Topology *topology.Topology
 	wire     wireNode
+}
+
+// Taint is a taint of a pool's nodes.
+type Taint struct {
+	Key    string `json:"key"`
+	Value  string `json:"value"`
+	Effect string `json:"effect"`
 }
 
 // Matches reports whether a node with these labels belongs to the pool.
@@ -97,6 +106,23 @@ func (d *Document) ForNodeLabels(name string, labels map[string]string) (*topolo
 	return nil, fmt.Errorf("%w, and its labels match no pool: %s", err, strings.Join(pools, ", "))
 }
 
+// overlaps reports whether some node could carry both selectors' labels: no key that both
+// name has two values.
+func overlaps(a, b map[string]string) bool {
+	for k, v := range a {
+		if w, ok := b[k]; ok && w != v {
+			return false
+		}
+	}
+	return true
+}
+
+func union(a, b map[string]string) map[string]string {
+	out := maps.Clone(a)
+	maps.Copy(out, b)
+	return out
+}
+
 // formatSelector renders labels as k=v,k=v, sorted.
 func formatSelector(sel map[string]string) string {
 	keys := slices.Sorted(maps.Keys(sel))
@@ -118,6 +144,9 @@ func (d *Document) ForNode(name string) (*topology.Topology, error) {
 		if n.Name == name {
 			return n.Topology, nil
 		}
+	}
+	if len(d.Nodes) == 0 {
+		return nil, fmt.Errorf("node %q is not in the simulated topology, which lists no nodes, only pools; add an entry under nodes[] with this name, or give the node the labels of a pool", name)
 	}
 	// A document for a fleet of fake nodes lists thousands; a few names say enough.
 	const most = 10
@@ -188,6 +217,7 @@ type wireDoc struct {
 type wirePool struct {
 	wireNode
 	NodeSelector map[string]string `json:"nodeSelector"`
+	Taints       []Taint           `json:"taints"`
 }
 
 type wireNode struct {
@@ -275,13 +305,19 @@ func (p *Parser) Parse(data []byte) (*Document, error) {
 			}
 			continue
 		}
-		if len(top.Domains) == 0 {
-			// A pool exists here to be waited for by tensor-parallel pods; one without a
-			// domain would admit none and only mislead the operator.
-			errs = append(errs, &PathError{path + ".domains", "a pool needs at least one NVLink domain (e.g. [{\"gpus\":[0,1,2,3,4,5,6,7]}]); a pool without one gives tensor-parallel pods nothing to wait for"})
-			continue
+		for j, g := range wp.GPUs {
+			if g.UUID != "" {
+				// Every node of the pool would carry the same UUIDs.
+				errs = append(errs, &PathError{fmt.Sprintf("%s.gpus[%d].uuid", path, j), "a pool's nodes get UUIDs of their own (derived from each node's name); remove it"})
+			}
 		}
-		doc.Pools = append(doc.Pools, Pool{Name: wp.Name, NodeSelector: wp.NodeSelector, Topology: top, wire: wp.wireNode})
+		for j := range doc.Pools {
+			if prev := &doc.Pools[j]; overlaps(prev.NodeSelector, wp.NodeSelector) {
+				errs = append(errs, &PathError{path + ".nodeSelector", fmt.Sprintf("a node with labels %s matches both this pool and pools[%d] (%s), so which shape it has would depend on the order: give the pools selectors that exclude each other (a label both name, with different values)",
+					formatSelector(union(prev.NodeSelector, wp.NodeSelector)), pools[prev.Name], prev.Name)})
+			}
+		}
+		doc.Pools = append(doc.Pools, Pool{Name: wp.Name, NodeSelector: wp.NodeSelector, Taints: wp.Taints, Topology: top, wire: wp.wireNode})
 	}
 	if len(errs) > 0 {
 		return nil, errs

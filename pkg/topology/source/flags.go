@@ -79,8 +79,9 @@ func (f Flags) Validate(fileOptional bool) error {
 }
 
 // Open returns the source for node, or nil for simulated without --simulated-file (the
-// caller's own source then). It validates first.
-func (f Flags) Open(node string) (Source, error) {
+// caller's own source then). It validates first. labels, when given, lets a simulated
+// document describe the node through a pool (Resolve).
+func (f Flags) Open(node string, labels NodeLabels) (Source, error) {
 	if err := f.Validate(true); err != nil {
 		return nil, err
 	}
@@ -99,5 +100,5 @@ func (f Flags) Open(node string) (Source, error) {
 	if err != nil {
 		return nil, err
 	}
-	return SimulatedFile{Path: f.SimulatedFile, Node: node, Parser: p}, nil
+	return SimulatedFile{Path: f.SimulatedFile, Node: node, Parser: p, NodeLabels: labels}, nil
 }

@@ -9,6 +9,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"slices"
+	"sync"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
@@ -53,20 +58,27 @@ func (s TopoMatrixFile) Load(context.Context) (*topology.Topology, error) {
 
 func (s TopoMatrixFile) Changes() <-chan struct{} { return nil }
 
-// SimulatedFile reads this node's entry of a simulated-topology document on disk.
+// SimulatedFile reads this node's entry of a simulated-topology document on disk: by name,
+// or, for a node the document does not list, by the pool whose nodeSelector its labels match
+// (NodeLabels; nil: by name only).
 type SimulatedFile struct {
 	Path, Node string
 	Parser     *simulated.Parser
+	NodeLabels NodeLabels
 }
 
 func (s SimulatedFile) Describe() string { return "simulated topology file " + s.Path }
 
-func (s SimulatedFile) Load(context.Context) (*topology.Topology, error) {
+func (s SimulatedFile) Load(ctx context.Context) (*topology.Topology, error) {
 	data, err := os.ReadFile(s.Path)
 	if err != nil {
 		return nil, err
 	}
-	return ForNode(s.Parser, data, s.Node)
+	doc, err := s.Parser.Parse(data)
+	if err != nil {
+		return nil, err
+	}
+	return Resolve(ctx, doc, s.Node, s.NodeLabels)
 }
 
 func (s SimulatedFile) Changes() <-chan struct{} { return nil }
@@ -90,6 +102,44 @@ func (s JSONFile) Load(context.Context) (*topology.Topology, error) {
 }
 
 func (s JSONFile) Changes() <-chan struct{} { return nil }
+
+// NodeLabels reads this node's labels, for a simulated-topology document that describes the
+// node through a pool (a node an autoscaler added, whose name nobody could list).
+type NodeLabels func(ctx context.Context) (map[string]string, error)
+
+// Resolve is a document's topology for node: its entry under nodes, else, when the document
+// declares pools and labels is given, the pool its labels match. Labels are read only then.
+func Resolve(ctx context.Context, doc *simulated.Document, node string, labels NodeLabels) (*topology.Topology, error) {
+	if len(doc.Pools) == 0 || labels == nil || slices.ContainsFunc(doc.Nodes, func(n simulated.Node) bool { return n.Name == node }) {
+		return doc.ForNode(node)
+	}
+	l, err := labels(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return doc.ForNodeLabels(node, l)
+}
+
+// KubeNodeLabels reads node's labels through the API, one GET per call. A failed GET falls
+// back to the labels of the last one that worked: a pool's labels are set when the node
+// registers, and an apiserver hiccup must not turn the node's topology stale.
+func KubeNodeLabels(client kubernetes.Interface, node string) NodeLabels {
+	var mu sync.Mutex
+	var last map[string]string
+	return func(ctx context.Context) (map[string]string, error) {
+		nd, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			if last != nil {
+				return last, nil
+			}
+			return nil, fmt.Errorf("read node %s's labels to match the simulated topology's pools: %w", node, err)
+		}
+		last = nd.Labels
+		return last, nil
+	}
+}
 
 // ForNode parses a simulated-topology document and returns the named node's topology.
 func ForNode(p *simulated.Parser, data []byte, node string) (*topology.Topology, error) {

@@ -3,12 +3,20 @@ package source
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/topology"
 	"github.com/nvdomain/nvdomain/pkg/topology/simulated"
 )
@@ -93,5 +101,54 @@ func TestFlagsNameTheFlagAtFault(t *testing.T) {
 		if got != tc.want {
 			t.Errorf("%v: %q, want %q", tc.args, got, tc.want)
 		}
+	}
+}
+
+// A node the simulated file does not list takes the shape of the pool its labels match (the
+// NRI plugin's path on a node an autoscaler added); a failed label read falls back to the
+// last labels read.
+func TestSimulatedFileResolvesPoolsByLabels(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "topology.json")
+	doc := `{"nodes":[{"name":"listed","gpuCount":2,"domains":[{"gpus":[0,1]}]}],
+	 "pools":[{"name":"split","nodeSelector":{"karpenter.sh/nodepool":"split"},"gpuCount":8,"domains":[{"gpus":[0,1,2,3]},{"gpus":[4,5,6,7]}]}]}`
+	if err := os.WriteFile(path, []byte(doc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cs := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "split-abc", Labels: map[string]string{"karpenter.sh/nodepool": "split"}}})
+	f := Flags{Source: names.SourceSimulated, SimulatedFile: path}
+	src, err := f.Open("split-abc", KubeNodeLabels(cs, "split-abc"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	top, err := src.Load(context.Background())
+	if err != nil || len(top.Domains) != 2 || top.MaxDomainSize() != 4 {
+		t.Fatalf("pool node: %v %+v", err, top)
+	}
+	// The apiserver fails now: the last labels stand.
+	cs.PrependReactor("get", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, errors.New("connection refused")
+	})
+	if top, err := src.Load(context.Background()); err != nil || len(top.Domains) != 2 {
+		t.Fatalf("with the apiserver down: %v", err)
+	}
+	// A listed node is found by name, without reading labels; without labels a pool node is not.
+	if src, _ := f.Open("listed", nil); src != nil {
+		if top, err := src.Load(context.Background()); err != nil || top.MaxDomainSize() != 2 {
+			t.Fatalf("listed node: %v", err)
+		}
+	}
+	noLabels, _ := f.Open("split-abc", nil)
+	if _, err := noLabels.Load(context.Background()); err == nil || !strings.Contains(err.Error(), `node "split-abc" is not in the simulated topology`) {
+		t.Fatalf("a pool node without labels: %v", err)
+	}
+	// A node whose first label read fails gets the error.
+	down := fake.NewClientset()
+	down.PrependReactor("get", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, errors.New("connection refused")
+	})
+	src, _ = f.Open("split-abc", KubeNodeLabels(down, "split-abc"))
+	if _, err := src.Load(context.Background()); err == nil || !strings.Contains(err.Error(), "read node split-abc's labels") {
+		t.Fatalf("first read failing: %v", err)
 	}
 }

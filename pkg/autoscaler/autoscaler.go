@@ -106,7 +106,7 @@ func Karpenter(doc *simulated.Document, n names.Names, o Options) ([]byte, error
 		if err != nil {
 			return nil, fmt.Errorf("pool %s: %w", p.Name, err)
 		}
-		fmt.Fprintf(&b, "# Pool %s: the NodePool whose nodes carry %s must also put these labels on them\n", p.Name, formatLabels(p.NodeSelector))
+		fmt.Fprintf(&b, "# Pool %s: the NodePool whose nodes carry %s must also put these labels on them\n", p.Name, simulated.FormatSelector(p.NodeSelector))
 		b.WriteString("# (a pinned pod's node affinity asks for them; Karpenter only knows the template's labels):\n")
 		for _, line := range strings.Split(strings.TrimRight(string(patch), "\n"), "\n") {
 			b.WriteString("#   " + line + "\n")
@@ -139,7 +139,7 @@ func AWS(doc *simulated.Document, n names.Names, o Options) []byte {
 		if i > 0 {
 			b.WriteString("\n")
 		}
-		fmt.Fprintf(&b, "# Pool %s: tags for the Auto Scaling group of the nodes that carry %s\n", p.Name, formatLabels(p.NodeSelector))
+		fmt.Fprintf(&b, "# Pool %s: tags for the Auto Scaling group of the nodes that carry %s\n", p.Name, simulated.FormatSelector(p.NodeSelector))
 		labels := Labels(p, n)
 		for _, k := range slices.Sorted(maps.Keys(labels)) {
 			fmt.Fprintf(&b, "k8s.io/cluster-autoscaler/node-template/label/%s=%s\n", k, labels[k])
@@ -161,12 +161,4 @@ func formatTaints(ts []simulated.Taint) string {
 		out[i] = t.Key + "=" + t.Value + ":" + t.Effect
 	}
 	return strings.Join(out, ", ")
-}
-
-func formatLabels(sel map[string]string) string {
-	keys := slices.Sorted(maps.Keys(sel))
-	for i, k := range keys {
-		keys[i] = k + "=" + sel[k]
-	}
-	return strings.Join(keys, ",")
 }

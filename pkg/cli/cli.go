@@ -31,7 +31,7 @@ import (
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/topology"
 	"github.com/nvdomain/nvdomain/pkg/topology/nvmltopo"
-	"github.com/nvdomain/nvdomain/pkg/topology/simulated"
+
 	"github.com/nvdomain/nvdomain/pkg/topology/topomatrix"
 )
 
@@ -165,13 +165,9 @@ What could not be read is printed as warnings; --strict turns them into an error
 				}
 				return writeTopologies(cmd.OutOrStdout(), out.format, []namedTopology{{Topology: top}})
 			case names.SourceSimulated:
-				p, err := simulated.NewParser()
+				doc, err := parseSimulated(args[0], data)
 				if err != nil {
 					return err
-				}
-				doc, err := p.Parse(data)
-				if err != nil {
-					return fmt.Errorf("%s: %w", args[0], err)
 				}
 				var tops []namedTopology
 				for _, n := range doc.Nodes {

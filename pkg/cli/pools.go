@@ -44,13 +44,9 @@ not know the GPUs of (a cloud provider counts them for its GPU instance types).
 			if err != nil {
 				return err
 			}
-			p, err := simulated.NewParser()
+			doc, err := parseSimulated(args[0], data)
 			if err != nil {
 				return err
-			}
-			doc, err := p.Parse(data)
-			if err != nil {
-				return fmt.Errorf("%s: %w", args[0], err)
 			}
 			if len(doc.Pools) == 0 {
 				return fmt.Errorf("%s declares no pools: add them under \"pools\" (docs/pools.md)", args[0])
@@ -114,4 +110,17 @@ func loadPools(ctx context.Context, c kubernetes.Interface, n names.Names, ref s
 		return nil, fmt.Sprintf("the declared GPU pools (ConfigMap %s, key %s) do not parse, and the webhook keeps the last version that did: %v", ref, simulated.ConfigMapKey, err), nil
 	}
 	return clusterview.PoolsOf(doc, n), "", nil
+}
+
+// parseSimulated parses a simulated-topology document read from name.
+func parseSimulated(name string, data []byte) (*simulated.Document, error) {
+	p, err := simulated.NewParser()
+	if err != nil {
+		return nil, err
+	}
+	doc, err := p.Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return doc, nil
 }

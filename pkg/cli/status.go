@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -26,6 +25,7 @@ import (
 	"github.com/nvdomain/nvdomain/pkg/placement"
 	"github.com/nvdomain/nvdomain/pkg/rules"
 	"github.com/nvdomain/nvdomain/pkg/topology"
+	"github.com/nvdomain/nvdomain/pkg/topology/simulated"
 )
 
 // StatusAPIVersion and StatusKind identify the document `nvdomain status -o json` prints.
@@ -515,7 +515,7 @@ func (o *StatusOptions) poolStatus(s *snapshot) []PoolStatus {
 	at := map[string]int{}
 	for i, p := range pools {
 		_, sizes := p.Domains()
-		out[i] = PoolStatus{Name: p.Name, NodeSelector: formatSelector(p.NodeSelector()), Domains: sizes, Waiting: []string{}}
+		out[i] = PoolStatus{Name: p.Name, NodeSelector: simulated.FormatSelector(p.NodeSelector()), Domains: sizes, Waiting: []string{}}
 		at[p.Name] = i
 	}
 	for _, p := range s.waiting {
@@ -539,37 +539,20 @@ func poolShapeWarnings(s *snapshot) []string {
 		want := p.Labels()
 		for i := range s.nodes {
 			nd := &s.nodes[i]
-			if _, published := nd.Labels[s.names.DomainCountLabel()]; !published || !selects(p.NodeSelector(), nd.Labels) {
+			if _, published := nd.Labels[s.names.DomainCountLabel()]; !published || !simulated.Selects(p.NodeSelector(), nd.Labels) {
 				continue
 			}
 			for k, v := range want {
 				if nd.Labels[k] != v {
 					_, sizes := p.Domains()
 					out = append(out, fmt.Sprintf("node %s carries pool %s's labels (%s) but publishes %s=%q where the pool declares %q (domain sizes %v): pods waiting for the pool are pinned to domain ids its nodes may not have; declare the shape `nvdomain topology discover` finds on a node of the pool",
-						nd.Name, p.Name, formatSelector(p.NodeSelector()), k, nd.Labels[k], v, sizes))
+						nd.Name, p.Name, simulated.FormatSelector(p.NodeSelector()), k, nd.Labels[k], v, sizes))
 					break
 				}
 			}
 		}
 	}
 	return out
-}
-
-func selects(sel, labels map[string]string) bool {
-	for k, v := range sel {
-		if got, ok := labels[k]; !ok || got != v {
-			return false
-		}
-	}
-	return true
-}
-
-func formatSelector(sel map[string]string) string {
-	keys := slices.Sorted(maps.Keys(sel))
-	for i, k := range keys {
-		keys[i] = k + "=" + sel[k]
-	}
-	return strings.Join(keys, ",")
 }
 
 // writePools prints the declared pools under the table.

@@ -271,13 +271,7 @@ func (c *DomainChooser) ConsiderNodes(cand Candidate, nodes int, hint ...string)
 		c.considerPool(cand)
 		return
 	}
-	if cand.Capacity > c.largest {
-		c.largest = cand.Capacity
-		c.largestOn = c.largestOn[:0]
-	}
-	if cand.Capacity == c.largest && cand.Capacity > 0 && !slices.Contains(c.largestOn, cand.Node) {
-		c.largestOn = append(c.largestOn, cand.Node)
-	}
+	trackLargest(&c.largest, &c.largestOn, cand.Capacity, cand.Node)
 	if cand.Capacity < c.k {
 		return
 	}
@@ -319,14 +313,20 @@ func (c *DomainChooser) ConsiderNodes(cand Candidate, nodes int, hint ...string)
 	}
 }
 
+// trackLargest keeps the largest capacity seen and the names it was seen on, for the message
+// of an impossible pod.
+func trackLargest(largest *int, on *[]string, capacity int, name string) {
+	if capacity > *largest {
+		*largest = capacity
+		*on = (*on)[:0]
+	}
+	if capacity == *largest && capacity > 0 && !slices.Contains(*on, name) {
+		*on = append(*on, name)
+	}
+}
+
 func (c *DomainChooser) considerPool(cand Candidate) {
-	if cand.Capacity > c.poolLargest {
-		c.poolLargest = cand.Capacity
-		c.poolLargestIn = c.poolLargestIn[:0]
-	}
-	if cand.Capacity == c.poolLargest && cand.Capacity > 0 && !slices.Contains(c.poolLargestIn, cand.Pool) {
-		c.poolLargestIn = append(c.poolLargestIn, cand.Pool)
-	}
+	trackLargest(&c.poolLargest, &c.poolLargestIn, cand.Capacity, cand.Pool)
 	if cand.Capacity < c.k {
 		return
 	}

@@ -65,8 +65,11 @@ type Taint struct {
 }
 
 // Matches reports whether a node with these labels belongs to the pool.
-func (p *Pool) Matches(labels map[string]string) bool {
-	for k, v := range p.NodeSelector {
+func (p *Pool) Matches(labels map[string]string) bool { return Selects(p.NodeSelector, labels) }
+
+// Selects reports whether labels carry every label of a selector.
+func Selects(sel, labels map[string]string) bool {
+	for k, v := range sel {
 		if got, ok := labels[k]; !ok || got != v {
 			return false
 		}
@@ -100,7 +103,7 @@ func (d *Document) ForNodeLabels(name string, labels map[string]string) (*topolo
 	}
 	pools := make([]string, len(d.Pools))
 	for i, p := range d.Pools {
-		pools[i] = fmt.Sprintf("%s (%s)", p.Name, formatSelector(p.NodeSelector))
+		pools[i] = fmt.Sprintf("%s (%s)", p.Name, FormatSelector(p.NodeSelector))
 	}
 	_, err := d.ForNode(name)
 	return nil, fmt.Errorf("%w, and its labels match no pool: %s", err, strings.Join(pools, ", "))
@@ -123,8 +126,8 @@ func union(a, b map[string]string) map[string]string {
 	return out
 }
 
-// formatSelector renders labels as k=v,k=v, sorted.
-func formatSelector(sel map[string]string) string {
+// FormatSelector renders labels as k=v,k=v, sorted.
+func FormatSelector(sel map[string]string) string {
 	keys := slices.Sorted(maps.Keys(sel))
 	for i, k := range keys {
 		keys[i] = k + "=" + sel[k]
@@ -277,12 +280,7 @@ func (p *Parser) Parse(data []byte) (*Document, error) {
 		seen[n.Name] = i
 		top, err := buildNode(n)
 		if err != nil {
-			var pe *PathError
-			if errors.As(err, &pe) {
-				errs = append(errs, &PathError{joinPath(path, pe.Path), pe.Msg})
-			} else {
-				errs = append(errs, &PathError{path, err.Error()})
-			}
+			errs = append(errs, under(path, err))
 			continue
 		}
 		doc.Nodes = append(doc.Nodes, Node{Name: n.Name, Topology: top})
@@ -297,12 +295,7 @@ func (p *Parser) Parse(data []byte) (*Document, error) {
 		pools[wp.Name] = i
 		top, err := buildNode(wp.wireNode)
 		if err != nil {
-			var pe *PathError
-			if errors.As(err, &pe) {
-				errs = append(errs, &PathError{joinPath(path, pe.Path), pe.Msg})
-			} else {
-				errs = append(errs, &PathError{path, err.Error()})
-			}
+			errs = append(errs, under(path, err))
 			continue
 		}
 		for j, g := range wp.GPUs {
@@ -314,7 +307,7 @@ func (p *Parser) Parse(data []byte) (*Document, error) {
 		for j := range doc.Pools {
 			if prev := &doc.Pools[j]; overlaps(prev.NodeSelector, wp.NodeSelector) {
 				errs = append(errs, &PathError{path + ".nodeSelector", fmt.Sprintf("a node with labels %s matches both this pool and pools[%d] (%s), so which shape it has would depend on the order: give the pools selectors that exclude each other (a label both name, with different values)",
-					formatSelector(union(prev.NodeSelector, wp.NodeSelector)), pools[prev.Name], prev.Name)})
+					FormatSelector(union(prev.NodeSelector, wp.NodeSelector)), pools[prev.Name], prev.Name)})
 			}
 		}
 		doc.Pools = append(doc.Pools, Pool{Name: wp.Name, NodeSelector: wp.NodeSelector, Taints: wp.Taints, Topology: top, wire: wp.wireNode})
@@ -323,6 +316,15 @@ func (p *Parser) Parse(data []byte) (*Document, error) {
 		return nil, errs
 	}
 	return doc, nil
+}
+
+// under puts an entry's error at the entry's path.
+func under(path string, err error) *PathError {
+	var pe *PathError
+	if errors.As(err, &pe) {
+		return &PathError{joinPath(path, pe.Path), pe.Msg}
+	}
+	return &PathError{path, err.Error()}
 }
 
 func joinPath(a, b string) string {

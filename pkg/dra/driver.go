@@ -133,6 +133,7 @@ func Start(ctx context.Context, o Options) (*Driver, error) {
 		}
 	}
 	d := &Driver{o: o, state: NewState(o.Node, o.Topology, o.CDI, o.CDISpecDir, o.PluginDir(), o.Log)}
+	d.state.SetConsumersLive(d.consumersLive)
 	if err := d.state.RemoveOrphanSpecs(); err != nil {
 		return nil, err
 	}

@@ -33,12 +33,33 @@ const DefaultHousekeepingPeriod = 30 * time.Second
 //     gone, has another UID, is not allocated, or its allocation lists none of the entry's
 //     devices on this node. Prepare checks the holder on a conflict; housekeeping checks every
 //     entry each period.
-//   - A Prepare after its Unprepare (#1162): a claim unprepared in the last ten minutes is
-//     prepared again only while it is reserved for a pod and not being deleted.
+//   - A Prepare after its Unprepare (#1162): a claim unprepared in the last ten minutes (its
+//     tombstone is in the checkpoint) is prepared again only while it is reserved for a live
+//     pod: one that exists with the UID the claim names and is not being deleted (asked of
+//     the apiserver; when it cannot say, a pod the tombstone does not list).
 //   - A device plugin on a DRA node. When the Node advertises nvidia.com/gpu, the scheduler
 //     gives those GPUs to plain pods while claims take the same GPUs from the driver. The
 //     driver withdraws its devices (publishes none) with a Warning Event and the Node
 //     condition NvdomainDRADevices=False until the resource is gone.
+
+// consumersLive reads the pods a claim is reserved for (State.SetConsumersLive).
+func (d *Driver) consumersLive(ctx context.Context, claim *resourceapi.ResourceClaim) (live, known bool) {
+	for _, r := range claim.Status.ReservedFor {
+		if r.Resource != "pods" || r.APIGroup != "" {
+			continue
+		}
+		p, err := d.o.Client.CoreV1().Pods(claim.Namespace).Get(ctx, r.Name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			continue
+		case err != nil:
+			return false, false
+		case p.UID == r.UID && p.DeletionTimestamp == nil:
+			return true, true
+		}
+	}
+	return false, true
+}
 
 // staleHolder reports why a checkpointed claim no longer holds its GPUs ("" while it does, or
 // when the apiserver cannot tell now: an entry is only dropped on the apiserver's word).

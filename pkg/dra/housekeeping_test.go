@@ -149,7 +149,7 @@ func TestPrepareDropsAStaleHolderOnConflict(t *testing.T) {
 // A Prepare that arrives after its claim's Unprepare is refused unless the claim is reserved
 // for a pod again; a checkpointed claim is restored only for the allocation it was prepared for.
 func TestPrepareAfterUnprepareAndRestoreAgainstTheAllocation(t *testing.T) {
-	d, _, _ := startDriver(t)
+	d, cs, _ := startDriver(t)
 	ctx := context.Background()
 	c := claim("u1", 4)
 	if _, err := d.prepare(ctx, c); err != nil {
@@ -161,10 +161,25 @@ func TestPrepareAfterUnprepareAndRestoreAgainstTheAllocation(t *testing.T) {
 	if _, err := d.prepare(ctx, c); err == nil || !strings.Contains(err.Error(), "came after its Unprepare") {
 		t.Errorf("a Prepare after the Unprepare of an unreserved claim: %v", err)
 	}
-	// Reserved for a new pod, the claim is prepared again.
+	// Reserved for a pod that is gone (the late Prepare of #1162: the kubelet read the claim
+	// before the Unprepare), it is refused; for a live pod, prepared again.
 	c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: "p", UID: "pod-uid"}}
+	if _, err := d.prepare(ctx, c); err == nil || !strings.Contains(err.Error(), "reserved for no live pod") {
+		t.Errorf("a Prepare for a pod that is gone: %v", err)
+	}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, Name: "p", UID: "other-uid"}}
+	if _, err := cs.CoreV1().Pods(c.Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.prepare(ctx, c); err == nil || !strings.Contains(err.Error(), "reserved for no live pod") {
+		t.Errorf("a Prepare for a pod re-created under another UID: %v", err)
+	}
+	pod.UID = "pod-uid"
+	if _, err := cs.CoreV1().Pods(c.Namespace).Update(ctx, pod, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := d.prepare(ctx, c); err != nil {
-		t.Errorf("a claim reserved for a pod again: %v", err)
+		t.Errorf("a claim reserved for a live pod again: %v", err)
 	}
 	// The checkpoint says GPU 4; the claim is now allocated GPU 6.
 	c.Status.Allocation.Devices.Results[0].Device = names.DRADeviceName(6)

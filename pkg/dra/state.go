@@ -80,6 +80,22 @@ type State struct {
 	mu  sync.Mutex
 	top *topology.Topology
 	now func() time.Time
+	// consumersLive, when set, asks the apiserver whether any pod a tombstoned claim is
+	// reserved for is still there, the same pod and not being deleted (SetConsumersLive).
+	consumersLive ConsumersLive
+}
+
+// ConsumersLive reports whether any pod a claim is reserved for is live: it exists with the
+// UID the claim names and is not being deleted. known is false when the apiserver could not
+// say (then the tombstone's own record decides).
+type ConsumersLive func(ctx context.Context, claim *resourceapi.ResourceClaim) (live, known bool)
+
+// SetConsumersLive makes a late Prepare be judged by the pods themselves (the driver passes
+// one that reads them through the API).
+func (s *State) SetConsumersLive(f ConsumersLive) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.consumersLive = f
 }
 
 // UnpreparedMemory is how long the checkpoint keeps an unprepared claim's tombstone: far
@@ -88,16 +104,28 @@ type State struct {
 const UnpreparedMemory = 10 * time.Minute
 
 // LateError is Prepare's refusal of a claim unprepared in the last UnpreparedMemory that is
-// not reserved for any pod it was not reserved for then: the Prepare is for a pod that is
-// gone (the kubelet sent it after the Unprepare), and preparing would hold GPUs for nobody.
+// reserved for no live pod (State.late): the Prepare is for a pod that is gone (the kubelet
+// sent it after the Unprepare), and preparing would hold GPUs for nobody.
 type LateError struct {
 	Claim *resourceapi.ResourceClaim
 	At    time.Time
 }
 
 func (e *LateError) Error() string {
-	return fmt.Sprintf("claim %s/%s was unprepared at %s and is reserved for no pod it was not reserved for then: this Prepare came after its Unprepare, and is refused so that no GPU is held for a pod that is gone",
+	return fmt.Sprintf("claim %s/%s was unprepared at %s and is reserved for no live pod (each pod it names is gone, re-created under another UID, or being deleted): this Prepare came after its Unprepare, and is refused so that no GPU is held for a pod that is gone",
 		e.Claim.Namespace, e.Claim.Name, e.At.Format(time.RFC3339))
+}
+
+// mergeUIDs is a ∪ b, sorted.
+func mergeUIDs(a, b []types.UID) []types.UID {
+	out := slices.Clone(a)
+	for _, u := range b {
+		if !slices.Contains(out, u) {
+			out = append(out, u)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // consumerPods are the pods a claim is reserved for.
@@ -113,15 +141,22 @@ func consumerPods(claim *resourceapi.ResourceClaim) []types.UID {
 }
 
 // late reports whether a Prepare of claim comes after its Unprepare: a tombstone from the last
-// UnpreparedMemory, and the claim being deleted, reserved for nobody, or reserved only for
-// pods the tombstone lists (a pod that is new since the Unprepare is a real consumer).
-func (s *State) late(cp *Checkpoint, claim *resourceapi.ResourceClaim) (time.Time, bool) {
+// UnpreparedMemory, and the claim being deleted, or reserved for no live pod. Which pods are
+// live the apiserver says (consumersLive); when it cannot, the tombstone's record does: the
+// claim is reserved for nobody, or only for pods the tombstone lists (a pod that is new since
+// the Unprepare is a real consumer).
+func (s *State) late(ctx context.Context, cp *Checkpoint, claim *resourceapi.ResourceClaim) (time.Time, bool) {
 	ts, ok := cp.Unprepared[claim.UID]
 	if !ok || s.now().Sub(ts.At) > UnpreparedMemory {
 		return time.Time{}, false
 	}
 	if claim.DeletionTimestamp != nil {
 		return ts.At, true
+	}
+	if s.consumersLive != nil {
+		if live, known := s.consumersLive(ctx, claim); known {
+			return ts.At, !live
+		}
 	}
 	for _, uid := range consumerPods(claim) {
 		if !slices.Contains(ts.Consumers, uid) {
@@ -163,14 +198,14 @@ func (s *State) SetTopology(top *topology.Topology) {
 // so a checkpointed claim always has its spec. A GPU that another claim holds is refused:
 // the driver is the last line of defence against a device given twice. A Prepare that comes
 // after the claim's Unprepare for the same pods is refused too (*LateError).
-func (s *State) Prepare(_ context.Context, claim *resourceapi.ResourceClaim) ([]PreparedDevice, error) {
+func (s *State) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) ([]PreparedDevice, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	cp, err := ReadCheckpoint(s.checkpointPath)
 	if err != nil {
 		return nil, err
 	}
-	if at, late := s.late(cp, claim); late {
+	if at, late := s.late(ctx, cp, claim); late {
 		return nil, &LateError{Claim: claim, At: at}
 	}
 	if pc, ok := cp.Claims[claim.UID]; ok {
@@ -179,6 +214,14 @@ func (s *State) Prepare(_ context.Context, claim *resourceapi.ResourceClaim) ([]
 		}
 		if err := s.ensureSpec(claim.UID, pc.Devices); err != nil {
 			return nil, err
+		}
+		// A shared claim prepared again for another pod: its tombstone must know that pod too.
+		if merged := mergeUIDs(pc.Consumers, consumerPods(claim)); len(merged) != len(pc.Consumers) {
+			pc.Consumers = merged
+			cp.Claims[claim.UID] = pc
+			if err := WriteCheckpoint(s.checkpointPath, cp); err != nil {
+				return nil, err
+			}
 		}
 		return pc.Devices, nil
 	}
@@ -235,18 +278,6 @@ func (s *State) Unprepare(_ context.Context, uid types.UID) error {
 	cp.Unprepared[uid] = Tombstone{At: s.now(), Consumers: pc.Consumers}
 	delete(cp.Claims, uid)
 	return WriteCheckpoint(s.checkpointPath, cp)
-}
-
-// UnpreparedAt says when a claim was last unprepared, within the last UnpreparedMemory.
-func (s *State) UnpreparedAt(uid types.UID) (time.Time, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	cp, err := ReadCheckpoint(s.checkpointPath)
-	if err != nil {
-		return time.Time{}, false
-	}
-	ts, ok := cp.Unprepared[uid]
-	return ts.At, ok && s.now().Sub(ts.At) <= UnpreparedMemory
 }
 
 // restorable checks a checkpointed claim against the claim's current allocation before it is

@@ -426,3 +426,36 @@ func TestLatePrepareIsRefusedByTheCheckpointsTombstone(t *testing.T) {
 		})
 	}
 }
+
+// A shared claim restored for a second pod records that pod too, so its late Prepare is known
+// for what it is without the apiserver; with the apiserver, a pod that is live gets its
+// Prepare even when the tombstone lists it (it was reserved before its first Prepare).
+func TestTombstoneConsumersAndLivePods(t *testing.T) {
+	ctx := context.Background()
+	s := NewState(node, hgx(t), CDINvdomain, t.TempDir(), t.TempDir(), logr.Discard())
+	reserved := func(c *resourceapi.ResourceClaim, pods ...string) *resourceapi.ResourceClaim {
+		c = c.DeepCopy()
+		c.Status.ReservedFor = nil
+		for _, p := range pods {
+			c.Status.ReservedFor = append(c.Status.ReservedFor, resourceapi.ResourceClaimConsumerReference{Resource: "pods", Name: p, UID: types.UID(p)})
+		}
+		return c
+	}
+	c := claim("shared", 2)
+	for _, pods := range [][]string{{"pod-a"}, {"pod-a", "pod-b"}} {
+		if _, err := s.Prepare(ctx, reserved(c, pods...)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Unprepare(ctx, c.UID); err != nil {
+		t.Fatal(err)
+	}
+	var le *LateError
+	if _, err := s.Prepare(ctx, reserved(c, "pod-b")); !errors.As(err, &le) {
+		t.Fatalf("the late Prepare of the pod added on restore: %v", err)
+	}
+	s.SetConsumersLive(func(context.Context, *resourceapi.ResourceClaim) (bool, bool) { return true, true })
+	if _, err := s.Prepare(ctx, reserved(c, "pod-b")); err != nil {
+		t.Fatalf("pod-b is live: %v", err)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -71,6 +72,31 @@ type RunOptions struct {
 	// DaemonSet and Namespace name this pod's DaemonSet, whose uninstall mark turns the
 	// plugin pass-through (package lifecycle).
 	DaemonSet, Namespace string
+	// NodeLabels reads the node's labels for a simulated document that describes the node
+	// through a pool; nil: Run sets one that reads them through the API (KubeNodeLabels, one
+	// client for every reload, so a failed read falls back to the last labels).
+	NodeLabels source.NodeLabels
+}
+
+// apiNodeLabels reads the node's labels through the API, with a client made on first use:
+// only a pool node of a simulated document needs one.
+func apiNodeLabels(o RunOptions) source.NodeLabels {
+	var mu sync.Mutex
+	var read source.NodeLabels
+	return func(ctx context.Context) (map[string]string, error) {
+		mu.Lock()
+		if read == nil {
+			cs, err := kubeClient(o.Kubeconfig)
+			if err != nil {
+				mu.Unlock()
+				return nil, fmt.Errorf("read node %s's labels for the simulated topology's pools: no API access (%v); list the node under the document's nodes instead", o.NodeName, err)
+			}
+			read = source.KubeNodeLabels(cs, o.NodeName)
+		}
+		f := read
+		mu.Unlock()
+		return f(ctx)
+	}
 }
 
 // LoadTopology reads the node's topology from the configured source.
@@ -80,12 +106,9 @@ func LoadTopology(ctx context.Context, o RunOptions) (*topology.Topology, error)
 	}
 	// A simulated document may describe this node through a pool (a node an autoscaler
 	// added): its labels are read then, and only then, through the API.
-	labels := func(ctx context.Context) (map[string]string, error) {
-		cs, err := kubeClient(o.Kubeconfig)
-		if err != nil {
-			return nil, fmt.Errorf("read node %s's labels for the simulated topology's pools: %w", o.NodeName, err)
-		}
-		return source.KubeNodeLabels(cs, o.NodeName)(ctx)
+	labels := o.NodeLabels
+	if labels == nil {
+		labels = apiNodeLabels(o)
 	}
 	src, err := o.Topology.Open(o.NodeName, labels)
 	if err != nil {
@@ -103,6 +126,9 @@ func LoadTopology(ctx context.Context, o RunOptions) (*topology.Topology, error)
 func Run(ctx context.Context, o RunOptions, log logr.Logger) error {
 	if err := o.Topology.Validate(false); err != nil {
 		return err
+	}
+	if o.NodeLabels == nil {
+		o.NodeLabels = apiNodeLabels(o)
 	}
 	reg := prometheus.NewRegistry()
 	m, err := NewMetrics(reg)

@@ -58,75 +58,105 @@ type poolsFeed struct {
 	names  names.Names
 	parser *simulated.Parser
 	log    logr.Logger
-	valid  prometheus.Gauge
-	count  prometheus.Gauge
+	PoolMetrics
 
 	mu sync.Mutex
-	// good: a version parsed (or the ConfigMap was deleted) since the start; bad: the
-	// latest version did not parse.
+	// good: this process has a good version to keep: one parsed, or none at all because the
+	// ConfigMap was absent when the informer synced or was deleted since; bad: the latest
+	// version did not parse. synced says whether the informer's first list is done.
 	good, bad bool
 	lastErr   error
+	synced    func() bool
 }
 
-// Ready fails while the ConfigMap exists and no version of it has parsed in this process.
+// PoolMetrics are the pools feed's gauges.
+type PoolMetrics struct {
+	// Valid is 1 while the pools ConfigMap parses (or is absent), 0 while the replica keeps
+	// the pools of an earlier version (or, having none, is not ready).
+	Valid prometheus.Gauge
+	// Count is the pools the replica counts.
+	Count prometheus.Gauge
+}
+
+// NewPoolMetrics registers the pools feed's gauges.
+func NewPoolMetrics(reg prometheus.Registerer) (PoolMetrics, error) {
+	m := PoolMetrics{
+		Valid: prometheus.NewGauge(prometheus.GaugeOpts{Name: "nvdomain_webhook_pools_valid",
+			Help: "1 while the pools ConfigMap parses (or is absent), 0 while the webhook keeps the pools of its last good version."}),
+		Count: prometheus.NewGauge(prometheus.GaugeOpts{Name: "nvdomain_webhook_pools",
+			Help: "GPU pools the webhook counts as capacity an autoscaler adds (docs/pools.md)."}),
+	}
+	for _, c := range []prometheus.Collector{m.Valid, m.Count} {
+		if err := reg.Register(c); err != nil {
+			return PoolMetrics{}, fmt.Errorf("register pool metrics: %w", err)
+		}
+	}
+	m.Valid.Set(1)
+	return m, nil
+}
+
+// Ready fails while this process has no good version to keep: the ConfigMap existed when the
+// informer synced and no version of it has parsed since. A ConfigMap created broken later, or
+// broken by an edit, leaves the replica ready with the pools it had (none, or the last good
+// ones): every replica would otherwise go unready at once, and TP pods could not be created
+// at all.
 func (f *poolsFeed) Ready() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.promoteLocked()
 	if f.bad && !f.good {
 		return fmt.Errorf("the pools ConfigMap %s/%s does not parse, and this replica has no earlier version to keep: %v", f.cm.Namespace, f.cm.Name, f.lastErr)
 	}
 	return nil
 }
 
+// promoteLocked records that the ConfigMap was absent at the informer's first list: synced,
+// and nothing applied during it (the first list's events run before the registration reports
+// synced).
+func (f *poolsFeed) promoteLocked() {
+	if !f.good && !f.bad && f.synced != nil && f.synced() {
+		f.good = true
+	}
+}
+
 func (f *poolsFeed) outcome(err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.promoteLocked()
 	f.bad, f.lastErr = err != nil, err
 	if err == nil {
 		f.good = true
 	}
 }
 
-func newPoolsFeed(cm PoolsConfigMap, view *clusterview.View, n names.Names, reg prometheus.Registerer, log logr.Logger) (*poolsFeed, error) {
+func newPoolsFeed(cm PoolsConfigMap, view *clusterview.View, n names.Names, m PoolMetrics, log logr.Logger) (*poolsFeed, error) {
 	p, err := simulated.NewParser()
 	if err != nil {
 		return nil, err
 	}
-	f := &poolsFeed{cm: cm, view: view, names: n, parser: p, log: log,
-		valid: prometheus.NewGauge(prometheus.GaugeOpts{Name: "nvdomain_webhook_pools_valid",
-			Help: "1 while the pools ConfigMap parses (or is absent), 0 while the webhook keeps the pools of its last good version."}),
-		count: prometheus.NewGauge(prometheus.GaugeOpts{Name: "nvdomain_webhook_pools",
-			Help: "GPU pools the webhook counts as capacity an autoscaler adds (docs/pools.md)."}),
-	}
-	for _, c := range []prometheus.Collector{f.valid, f.count} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("register pool metrics: %w", err)
-		}
-	}
-	f.valid.Set(1)
-	return f, nil
+	return &poolsFeed{cm: cm, view: view, names: n, parser: p, log: log, PoolMetrics: m}, nil
 }
 
 // apply sets the view's pools from the ConfigMap, nil when it is gone.
 func (f *poolsFeed) apply(cm *corev1.ConfigMap) {
 	if cm == nil {
 		f.view.SetPools(nil)
-		f.count.Set(0)
-		f.valid.Set(1)
+		f.Count.Set(0)
+		f.Valid.Set(1)
 		f.outcome(nil)
 		f.log.Info("pools ConfigMap deleted: no pools declared", "configMap", f.cm.Namespace+"/"+f.cm.Name)
 		return
 	}
 	data, ok := cm.Data[simulated.ConfigMapKey]
 	if !ok {
-		f.valid.Set(0)
+		f.Valid.Set(0)
 		f.outcome(fmt.Errorf("no %s key", simulated.ConfigMapKey))
 		f.log.Error(nil, "pools ConfigMap has no "+simulated.ConfigMapKey+" key; keeping the pools declared before", "configMap", f.cm.Namespace+"/"+f.cm.Name)
 		return
 	}
 	doc, err := f.parser.Parse([]byte(data))
 	if err != nil {
-		f.valid.Set(0)
+		f.Valid.Set(0)
 		f.outcome(err)
 		f.log.Error(err, "pools ConfigMap does not parse; keeping the pools declared before", "configMap", f.cm.Namespace+"/"+f.cm.Name)
 		return
@@ -134,8 +164,8 @@ func (f *poolsFeed) apply(cm *corev1.ConfigMap) {
 	f.outcome(nil)
 	pools := clusterview.PoolsOf(doc, f.names)
 	f.view.SetPools(pools)
-	f.valid.Set(1)
-	f.count.Set(float64(len(pools)))
+	f.Valid.Set(1)
+	f.Count.Set(float64(len(pools)))
 	f.log.Info("pools declared", "configMap", f.cm.Namespace+"/"+f.cm.Name, "pools", len(pools))
 }
 
@@ -150,7 +180,7 @@ func (f *poolsFeed) feed(c cache.Cache) (toolscache.ResourceEventHandlerRegistra
 			f.apply(cm)
 		}
 	}
-	return inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+	reg, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
 		AddFunc:    set,
 		UpdateFunc: func(_, obj any) { set(obj) },
 		DeleteFunc: func(obj any) {
@@ -159,4 +189,11 @@ func (f *poolsFeed) feed(c cache.Cache) (toolscache.ResourceEventHandlerRegistra
 			}
 		},
 	})
+	if err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	f.synced = reg.HasSynced
+	f.mu.Unlock()
+	return reg, nil
 }

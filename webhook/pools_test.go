@@ -27,10 +27,7 @@ func poolsConfigMap(data string) *corev1.ConfigMap {
 func newPoolsFixture(t *testing.T, nodes ...*corev1.Node) (*fixture, *poolsFeed) {
 	t.Helper()
 	f := newFixture(t, decision.NonTPAuto, nodes...)
-	pf, err := newPoolsFeed(PoolsConfigMap{"nvdomain-system", "nvdomain-pools"}, f.view, n, prometheus.NewRegistry(), logr.Discard())
-	if err != nil {
-		t.Fatal(err)
-	}
+	pf := newTestFeed(t, f)
 	pf.apply(poolsConfigMap(poolsDoc))
 	return f, pf
 }
@@ -66,7 +63,7 @@ func TestPodsWaitForADeclaredPool(t *testing.T) {
 			p.Spec.NodeSelector = map[string]string{"karpenter.sh/nodepool": "other"}
 			return p
 		}, nil, -1, "",
-			"spec.containers[0].resources.limits[nvidia.com/gpu]: tensor-parallel size 4 cannot run: no node this pod can run on has an NVSwitch domain; a tensor-parallel pod of 4 GPUs needs 4 GPUs joined by NVLink on one node; no declared pool this pod can run on has one either (declared: hgx, split; check the pod's node selector against the pools' nodeSelector); lower the tensor-parallel size, or add nodes with larger NVLink domains"},
+			"spec.containers[0].resources.limits[nvidia.com/gpu]: tensor-parallel size 4 cannot run: no node this pod can run on has an NVSwitch domain; a tensor-parallel pod of 4 GPUs needs 4 GPUs joined by NVLink on one node; no declared pool this pod can run on has one either (declared: hgx, split; check the pod's node selector against the pools' nodeSelector, and its tolerations against their taints); lower the tensor-parallel size, or add nodes with larger NVLink domains"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -102,18 +99,34 @@ func TestPodsWaitForADeclaredPool(t *testing.T) {
 	}
 }
 
-// A replica whose first read of the ConfigMap does not parse is not ready; once one version
-// parsed, a bad edit keeps it and the replica stays ready.
-func TestPoolsFeedReadiness(t *testing.T) {
-	f := newFixture(t, decision.NonTPAuto)
-	pf, err := newPoolsFeed(PoolsConfigMap{"nvdomain-system", "nvdomain-pools"}, f.view, n, prometheus.NewRegistry(), logr.Discard())
+func newTestFeed(t *testing.T, f *fixture) *poolsFeed {
+	t.Helper()
+	m, err := NewPoolMetrics(prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
+	pf, err := newPoolsFeed(PoolsConfigMap{"nvdomain-system", "nvdomain-pools"}, f.view, n, m, logr.Discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pf
+}
+
+// A replica whose ConfigMap, there at its start, does not parse is not ready; once one version
+// parsed, a bad edit keeps it and the replica stays ready. A ConfigMap absent at the start and
+// created broken later leaves every replica ready, with no pools: not all of them unready at
+// once.
+func TestPoolsFeedReadiness(t *testing.T) {
+	const broken = `{"pools":[{"name":"hgx","gpuCount":8,"domains":[{"gpus":[0,9]}]}]}`
+	f := newFixture(t, decision.NonTPAuto)
+	pf := newTestFeed(t, f)
+	synced := false
+	pf.synced = func() bool { return synced }
 	if err := pf.Ready(); err != nil {
 		t.Fatalf("no ConfigMap yet: %v", err)
 	}
-	pf.apply(poolsConfigMap(`{"pools":[{"name":"hgx","gpuCount":8,"domains":[{"gpus":[0,9]}]}]}`))
+	pf.apply(poolsConfigMap(broken)) // during the first list
+	synced = true
 	if err := pf.Ready(); err == nil || !strings.Contains(err.Error(), "does not parse, and this replica has no earlier version") {
 		t.Fatalf("a first version that does not parse: %v", err)
 	}
@@ -125,6 +138,13 @@ func TestPoolsFeedReadiness(t *testing.T) {
 	if err := pf.Ready(); err != nil || len(f.view.Pools()) != 2 {
 		t.Fatalf("a bad edit after a good version: %v, %d pools", err, len(f.view.Pools()))
 	}
+
+	late := newTestFeed(t, newFixture(t, decision.NonTPAuto))
+	late.synced = func() bool { return true } // the first list found no ConfigMap
+	late.apply(poolsConfigMap(broken))
+	if err := late.Ready(); err != nil {
+		t.Fatalf("a ConfigMap created broken after the start: %v", err)
+	}
 }
 
 // A bad edit keeps the pools of the last good version; a deleted ConfigMap declares none.
@@ -134,11 +154,11 @@ func TestPoolsFeedKeepsTheLastGoodVersion(t *testing.T) {
 		t.Fatalf("pools = %d", got)
 	}
 	pf.apply(poolsConfigMap(`{"pools":[{"name":"hgx","gpuCount":8}]}`))
-	if got := len(f.view.Pools()); got != 2 || testutil.ToFloat64(pf.valid) != 0 {
-		t.Fatalf("after a bad edit: pools = %d, valid = %v", got, testutil.ToFloat64(pf.valid))
+	if got := len(f.view.Pools()); got != 2 || testutil.ToFloat64(pf.Valid) != 0 {
+		t.Fatalf("after a bad edit: pools = %d, valid = %v", got, testutil.ToFloat64(pf.Valid))
 	}
 	pf.apply(poolsConfigMap(`{"pools":[{"name":"hgx","nodeSelector":{"pool":"hgx"},"gpuCount":8,"domains":[{"gpus":[0,1,2,3,4,5,6,7]}]}]}`))
-	if got := len(f.view.Pools()); got != 1 || testutil.ToFloat64(pf.valid) != 1 || testutil.ToFloat64(pf.count) != 1 {
+	if got := len(f.view.Pools()); got != 1 || testutil.ToFloat64(pf.Valid) != 1 || testutil.ToFloat64(pf.Count) != 1 {
 		t.Fatalf("after a good edit: pools = %d", got)
 	}
 	pf.apply(nil)

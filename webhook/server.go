@@ -166,7 +166,11 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 	}
 	var pools *poolsFeed
 	if so.Pools.Name != "" {
-		pf, err := newPoolsFeed(so.Pools, view, so.Handlers.Names, reg, log.WithName("pools"))
+		pm, err := NewPoolMetrics(reg)
+		if err != nil {
+			return nil, nil, err
+		}
+		pf, err := newPoolsFeed(so.Pools, view, so.Handlers.Names, pm, log.WithName("pools"))
 		if err != nil {
 			return nil, nil, err
 		}

@@ -31,7 +31,6 @@ import (
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/topology"
 	"github.com/nvdomain/nvdomain/pkg/topology/nvmltopo"
-
 	"github.com/nvdomain/nvdomain/pkg/topology/topomatrix"
 )
 

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -542,8 +543,8 @@ func poolShapeWarnings(s *snapshot) []string {
 			if _, published := nd.Labels[s.names.DomainCountLabel()]; !published || !simulated.Selects(p.NodeSelector(), nd.Labels) {
 				continue
 			}
-			for k, v := range want {
-				if nd.Labels[k] != v {
+			for _, k := range slices.Sorted(maps.Keys(want)) {
+				if v := want[k]; nd.Labels[k] != v {
 					_, sizes := p.Domains()
 					out = append(out, fmt.Sprintf("node %s carries pool %s's labels (%s) but publishes %s=%q where the pool declares %q (domain sizes %v): pods waiting for the pool are pinned to domain ids its nodes may not have; declare the shape `nvdomain topology discover` finds on a node of the pool",
 						nd.Name, p.Name, simulated.FormatSelector(p.NodeSelector()), k, nd.Labels[k], v, sizes))

@@ -79,7 +79,7 @@ func (v *View) SetPools(pools []Pool) {
 }
 
 func samePool(a, b Pool) bool {
-	return a.Name == b.Name && maps.Equal(a.node.Labels, b.node.Labels) && slices.Equal(a.domains, b.domains) &&
+	return a.Name == b.Name && maps.Equal(a.selector, b.selector) && maps.Equal(a.node.Labels, b.node.Labels) && slices.Equal(a.domains, b.domains) &&
 		slices.EqualFunc(a.taints, b.taints, func(x, y corev1.Taint) bool { return x.MatchTaint(&y) && x.Value == y.Value })
 }
 
@@ -134,8 +134,9 @@ func (v *View) poolNamesLocked() []string {
 }
 
 // WaitsForPool names the declared pools a pod pinned to domain d (k GPUs) waits for, in
-// declaration order: none of the nodes it may run on, available or not, has domain d large
-// enough, and these pools it may run on do (the autoscaler picks among them). Nil otherwise,
+// declaration order: none of the available nodes it may run on has domain d large enough
+// (a cordoned or NotReady one does not count, as for the chooser), and these pools it may
+// run on do (the autoscaler picks among them). Nil otherwise,
 // including for a pod that waits for room on a node.
 func (v *View) WaitsForPool(pod *corev1.Pod, d, k int) []string {
 	v.mu.RLock()

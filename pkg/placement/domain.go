@@ -138,7 +138,7 @@ func (e *ImpossibleError) pools() string {
 	case len(e.Pools) == 0:
 		return ""
 	case e.PoolLargest == 0:
-		return fmt.Sprintf("; no declared pool this pod can run on has one either (declared: %s; check the pod's node selector against the pools' nodeSelector)", strings.Join(e.Pools, ", "))
+		return fmt.Sprintf("; no declared pool this pod can run on has one either (declared: %s; check the pod's node selector against the pools' nodeSelector, and its tolerations against their taints)", strings.Join(e.Pools, ", "))
 	}
 	return fmt.Sprintf("; nor will a declared pool: the largest domain a pool this pod can run on offers is %d, in %s", e.PoolLargest, strings.Join(e.PoolLargestIn, ", "))
 }

@@ -283,7 +283,7 @@ func TestImpossibleMessageNamesThePools(t *testing.T) {
 	}{
 		{ImpossibleError{GPUs: 4}, "no node this pod can run on has an NVSwitch domain; a tensor-parallel pod of 4 GPUs needs 4 GPUs joined by NVLink on one node"},
 		{ImpossibleError{GPUs: 4, Pools: []string{"hgx", "split"}},
-			"no node this pod can run on has an NVSwitch domain; a tensor-parallel pod of 4 GPUs needs 4 GPUs joined by NVLink on one node; no declared pool this pod can run on has one either (declared: hgx, split; check the pod's node selector against the pools' nodeSelector)"},
+			"no node this pod can run on has an NVSwitch domain; a tensor-parallel pod of 4 GPUs needs 4 GPUs joined by NVLink on one node; no declared pool this pod can run on has one either (declared: hgx, split; check the pod's node selector against the pools' nodeSelector, and its tolerations against their taints)"},
 	}
 	for _, tc := range cases {
 		if got := tc.e.Error(); got != tc.want {

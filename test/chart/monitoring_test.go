@@ -79,6 +79,9 @@ func exportedMetrics(t *testing.T) exported {
 			if _, err := certrotation.NewMetrics(r); err != nil {
 				return err
 			}
+			if _, err := webhook.NewPoolMetrics(r); err != nil {
+				return err
+			}
 			return certrotation.RegisterServedExpiry(r, filepath.Join(t.TempDir(), "tls.crt"))
 		},
 		"nri":   func(r prometheus.Registerer) error { _, err := nriplugin.NewMetrics(r); return err },

@@ -73,6 +73,8 @@ func TestBadPoolsAreRejectedAtInstall(t *testing.T) {
 		{`[{"name":"HGX","nodeSelector":{"karpenter.sh/nodepool":"hgx"},"gpuCount":8,"domains":[{"gpus":[0,1]}]}]`, "at '/pools/declared/0/name'"},
 		{`[{"name":"hgx","nodeSelector":{"karpenter.sh/nodepool":"not a value"},"gpuCount":8,"domains":[{"gpus":[0,1]}]}]`, "at '/pools/declared/0/nodeSelector/karpenter.sh~1nodepool'"},
 		{`[{"name":"hgx","nodeSelector":{"pool":"hgx"},"gpuCount":8,"domain":[{"gpus":[0,1]}]}]`, "at '/pools/declared/0': additional properties 'domain' not allowed"},
+		{`[{"name":"hgx","nodeSelector":{"pool":"hgx"},"gpus":[{"index":0,"uuid":"GPU-1"},{"index":1}],"domains":[{"gpus":[0,1]}]}]`, "at '/pools/declared/0/gpus/0': additional properties 'uuid' not allowed"},
+		{`[{"name":"hgx","nodeSelector":{"pool":"hgx"},"taints":[{"key":"nvidia.com/gpu","effect":"PreferNoSchedule"}],"gpuCount":2,"domains":[{"gpus":[0,1]}]}]`, "at '/pools/declared/0/taints/0/effect'"},
 	}
 	for _, tc := range cases {
 		_, err := render(t, "--set-json", "pools.declared="+tc.pools)

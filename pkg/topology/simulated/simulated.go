@@ -78,25 +78,36 @@ func Selects(sel, labels map[string]string) bool {
 }
 
 // ForNodeLabels returns the topology declared for the named node: its entry under nodes, or
-// else that of the first pool whose nodeSelector its labels match, with UUIDs of its own (a
-// node an autoscaler adds has a name nobody could list in advance).
+// else that of the pool whose nodeSelector its labels match, with UUIDs of its own (a node an
+// autoscaler adds has a name nobody could list in advance). A node that matches two pools is
+// an error: their shapes may differ.
 func (d *Document) ForNodeLabels(name string, labels map[string]string) (*topology.Topology, error) {
 	for _, n := range d.Nodes {
 		if n.Name == name {
 			return n.Topology, nil
 		}
 	}
+	var match []int
 	for i := range d.Pools {
-		if p := &d.Pools[i]; p.Matches(labels) {
-			w := p.wire
-			w.Name = name
-			top, err := buildNode(w)
-			if err != nil {
-				// Parse built the same shape under the pool's name already.
-				return nil, fmt.Errorf("pools[%d]: %w", i, err)
-			}
-			return top, nil
+		if d.Pools[i].Matches(labels) {
+			match = append(match, i)
 		}
+	}
+	switch {
+	case len(match) > 1:
+		// Parse refuses pools one of which contains the other; pools on disjoint labels can
+		// still both match a node that carries both.
+		return nil, fmt.Errorf("node %q matches the nodeSelector of pools %s and %s, which may have different shapes: remove the labels of one from the node, or give the pools selectors that exclude each other",
+			name, d.Pools[match[0]].Name, d.Pools[match[1]].Name)
+	case len(match) == 1:
+		w := d.Pools[match[0]].wire
+		w.Name = name
+		top, err := buildNode(w)
+		if err != nil {
+			// Parse built the same shape under the pool's name already.
+			return nil, fmt.Errorf("pools[%d]: %w", match[0], err)
+		}
+		return top, nil
 	}
 	if len(d.Pools) == 0 {
 		return d.ForNode(name)
@@ -107,23 +118,6 @@ func (d *Document) ForNodeLabels(name string, labels map[string]string) (*topolo
 	}
 	_, err := d.ForNode(name)
 	return nil, fmt.Errorf("%w, and its labels match no pool: %s", err, strings.Join(pools, ", "))
-}
-
-// overlaps reports whether some node could carry both selectors' labels: no key that both
-// name has two values.
-func overlaps(a, b map[string]string) bool {
-	for k, v := range a {
-		if w, ok := b[k]; ok && w != v {
-			return false
-		}
-	}
-	return true
-}
-
-func union(a, b map[string]string) map[string]string {
-	out := maps.Clone(a)
-	maps.Copy(out, b)
-	return out
 }
 
 // FormatSelector renders labels as k=v,k=v, sorted.
@@ -298,16 +292,10 @@ func (p *Parser) Parse(data []byte) (*Document, error) {
 			errs = append(errs, under(path, err))
 			continue
 		}
-		for j, g := range wp.GPUs {
-			if g.UUID != "" {
-				// Every node of the pool would carry the same UUIDs.
-				errs = append(errs, &PathError{fmt.Sprintf("%s.gpus[%d].uuid", path, j), "a pool's nodes get UUIDs of their own (derived from each node's name); remove it"})
-			}
-		}
 		for j := range doc.Pools {
-			if prev := &doc.Pools[j]; overlaps(prev.NodeSelector, wp.NodeSelector) {
-				errs = append(errs, &PathError{path + ".nodeSelector", fmt.Sprintf("a node with labels %s matches both this pool and pools[%d] (%s), so which shape it has would depend on the order: give the pools selectors that exclude each other (a label both name, with different values)",
-					FormatSelector(union(prev.NodeSelector, wp.NodeSelector)), pools[prev.Name], prev.Name)})
+			if prev := &doc.Pools[j]; Selects(prev.NodeSelector, wp.NodeSelector) || Selects(wp.NodeSelector, prev.NodeSelector) {
+				errs = append(errs, &PathError{path + ".nodeSelector", fmt.Sprintf("every node of one of this pool and pools[%d] (%s) matches the other's nodeSelector too, so which shape such a node has would depend on the order: give each pool a label the other names with another value (e.g. its own karpenter.sh/nodepool)",
+					pools[prev.Name], prev.Name)})
 			}
 		}
 		doc.Pools = append(doc.Pools, Pool{Name: wp.Name, NodeSelector: wp.NodeSelector, Taints: wp.Taints, Topology: top, wire: wp.wireNode})

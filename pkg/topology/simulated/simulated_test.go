@@ -139,9 +139,9 @@ func TestInvalidDocumentsNameTheJSONPath(t *testing.T) {
 		{"pool without a domain", `{"pools":[{"name":"hgx","nodeSelector":{"pool":"a"},"gpuCount":8}]}`,
 			"pools[0]: missing property 'domains'"},
 		{"pool GPU with a UUID", `{"pools":[{"name":"hgx","nodeSelector":{"pool":"a"},"gpus":[{"index":0,"uuid":"GPU-1"},{"index":1}],"domains":[{"gpus":[0,1]}]}]}`,
-			"pools[0].gpus[0].uuid: a pool's nodes get UUIDs of their own"},
-		{"overlapping pools", `{"pools":[{"name":"a","nodeSelector":{"pool":"x"},"gpuCount":2,"domains":[{"gpus":[0,1]}]},{"name":"b","nodeSelector":{"pool":"x","zone":"1"},"gpuCount":2,"domains":[{"gpus":[0,1]}]}]}`,
-			"pools[1].nodeSelector: a node with labels pool=x,zone=1 matches both this pool and pools[0] (a)"},
+			"pools[0].gpus[0]: additional properties 'uuid' not allowed"},
+		{"a pool inside another", `{"pools":[{"name":"a","nodeSelector":{"pool":"x"},"gpuCount":2,"domains":[{"gpus":[0,1]}]},{"name":"b","nodeSelector":{"pool":"x","zone":"1"},"gpuCount":2,"domains":[{"gpus":[0,1]}]}]}`,
+			"pools[1].nodeSelector: every node of one of this pool and pools[0] (a) matches the other's nodeSelector too"},
 		{"pool GPU not declared", `{"pools":[{"name":"hgx","nodeSelector":{"pool":"a"},"gpuCount":4,"domains":[{"gpus":[0,9]}]}]}`,
 			"pools[0].domains[0].gpus[1]: "},
 		{"duplicate pool", `{"pools":[{"name":"hgx","nodeSelector":{"pool":"a"},"gpuCount":2,"domains":[{"gpus":[0,1]}]},{"name":"hgx","nodeSelector":{"pool":"b"},"gpuCount":2,"domains":[{"gpus":[0,1]}]}]}`,
@@ -240,6 +240,16 @@ func TestForNodeLabelsGivesAPoolNodeThePoolsShape(t *testing.T) {
 				t.Fatalf("domain sizes = %v, want %v", sizes, tc.domains)
 			}
 		})
+	}
+	// Pools on disjoint labels parse; a node carrying both is refused.
+	disjoint, err := p.Parse([]byte(`{"pools":[
+	  {"name":"karp","nodeSelector":{"karpenter.sh/nodepool":"a"},"gpuCount":2,"domains":[{"gpus":[0,1]}]},
+	  {"name":"ca","nodeSelector":{"eks.amazonaws.com/nodegroup":"b"},"gpuCount":4,"domains":[{"gpus":[0,1,2,3]}]}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := disjoint.ForNodeLabels("both", map[string]string{"karpenter.sh/nodepool": "a", "eks.amazonaws.com/nodegroup": "b"}); err == nil || !strings.Contains(err.Error(), "matches the nodeSelector of pools karp and ca") {
+		t.Fatalf("a node of two pools: %v", err)
 	}
 	// Two nodes of one pool get UUIDs of their own, and one node the same UUIDs every time.
 	a, _ := doc.ForNodeLabels("hgx-1", map[string]string{"karpenter.sh/nodepool": "hgx", "tier": "a"})

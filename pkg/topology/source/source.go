@@ -12,6 +12,7 @@ import (
 	"slices"
 	"sync"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
@@ -120,9 +121,10 @@ func Resolve(ctx context.Context, doc *simulated.Document, node string, labels N
 	return doc.ForNodeLabels(node, l)
 }
 
-// KubeNodeLabels reads node's labels through the API, one GET per call. A failed GET falls
-// back to the labels of the last one that worked: a pool's labels are set when the node
-// registers, and an apiserver hiccup must not turn the node's topology stale.
+// KubeNodeLabels reads node's labels through the API, one GET per call. A GET that fails for
+// a passing reason (not NotFound, not Forbidden) falls back to the labels of the last one that
+// worked: a pool's labels are set when the node registers, and an apiserver hiccup must not
+// turn the node's topology stale.
 func KubeNodeLabels(client kubernetes.Interface, node string) NodeLabels {
 	var mu sync.Mutex
 	var last map[string]string
@@ -131,7 +133,7 @@ func KubeNodeLabels(client kubernetes.Interface, node string) NodeLabels {
 		mu.Lock()
 		defer mu.Unlock()
 		if err != nil {
-			if last != nil {
+			if last != nil && !apierrors.IsNotFound(err) && !apierrors.IsForbidden(err) {
 				return last, nil
 			}
 			return nil, fmt.Errorf("read node %s's labels to match the simulated topology's pools: %w", node, err)

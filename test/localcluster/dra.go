@@ -50,7 +50,7 @@ func (c *Cluster) installDRA(ctx context.Context, w io.Writer) error {
 	args := []string{"install", "nvdomain", filepath.Join(c.Root, "charts", "nvdomain"), "--kubeconfig", c.Kubeconfig,
 		"-n", "nvdomain-system", "--create-namespace", "-f", filepath.Join(c.Root, "charts", "nvdomain", "ci", "simulated-values.yaml"),
 		"--set", fmt.Sprintf("apiServer.port=%d", c.APIPort),
-		"--set", "image.repository=" + ImageRepository(c.Image), "--set", "image.tag=" + ImageTag(c.Image),
+		"--set-string", "image.repository=" + ImageRepository(c.Image), "--set-string", "image.tag=" + ImageTag(c.Image),
 		"--set", "webhook.replicas=1",
 		"--set", "node.nri.socketPath=" + c.NRISocket,
 		"--set", "node.nri.hookDir=" + c.path("hook"),

@@ -80,9 +80,9 @@ func (c *Cluster) RunLifecycle(ctx context.Context, w io.Writer, rep *Report) (*
 	if err != nil {
 		return lr, err
 	}
-	say("$ helm upgrade nvdomain charts/nvdomain --reuse-values --set image.tag=%s --wait", ImageTag(next.Ref))
+	say("$ helm upgrade nvdomain charts/nvdomain --reuse-values --set-string image.tag=%s --wait", ImageTag(next.Ref))
 	if out, err := exec.CommandContext(ctx, helm, "upgrade", "nvdomain", filepath.Join(c.Root, "charts", "nvdomain"), "--kubeconfig", c.Kubeconfig, "-n", "nvdomain-system",
-		"--reuse-values", "--set", "image.tag="+ImageTag(next.Ref), "--wait", "--timeout", "3m").CombinedOutput(); err != nil {
+		"--reuse-values", "--set-string", "image.tag="+ImageTag(next.Ref), "--wait", "--timeout", "3m").CombinedOutput(); err != nil {
 		return lr, fmt.Errorf("helm upgrade: %v\n%s", err, out)
 	}
 	if err := waitUntil(ctx, 2*time.Minute, "the node pod on the new image, ready", func() bool {

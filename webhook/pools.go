@@ -35,8 +35,11 @@ func ParsePoolsConfigMap(s string) (PoolsConfigMap, error) {
 	return PoolsConfigMap{ns, name}, nil
 }
 
-// watchPools adds to byObject the informer on the pools ConfigMap alone.
-func (p PoolsConfigMap) watchPools(byObject map[client.Object]cache.ByObject) {
+// WatchPools adds to byObject the informer on the pools ConfigMap alone: its namespace, and a
+// field selector on its name, which is what lets the chart's Role name that one ConfigMap
+// (the apiserver authorizes a list or watch with a metadata.name selector as a request for
+// that name).
+func (p PoolsConfigMap) WatchPools(byObject map[client.Object]cache.ByObject) {
 	if p.Name == "" {
 		return
 	}

@@ -134,7 +134,7 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 		// metadata-only informers, started on its first read and stripped to what it reads.
 		maps.Copy(byObject, prepin.OwnerCache())
 	}
-	so.Pools.watchPools(byObject)
+	so.Pools.WatchPools(byObject)
 	mgr, err := manager.New(cfg, manager.Options{
 		Scheme: scheme,
 		Logger: log,

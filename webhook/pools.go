@@ -51,10 +51,8 @@ func (p PoolsConfigMap) WatchPools(byObject map[client.Object]cache.ByObject) {
 // poolsFeed keeps the view's pools equal to the ConfigMap's. A document that fails to parse
 // leaves the pools the last good one declared (a typo in an edit must not turn every
 // waiting pod's pool into an impossible request) and is reported in the log and in
-// nvdomain_webhook_pools_valid; a deleted ConfigMap declares no pools. A replica that has
-// never read a good version of a ConfigMap that exists is not ready (Ready): it would reject
-// the pods the other replicas admit for a pool, so a rollout onto a broken ConfigMap stops at
-// its first new replica, and an install with one fails its --wait.
+// nvdomain_webhook_pools_valid; a deleted ConfigMap declares no pools. A replica that starts
+// on a ConfigMap that does not parse is not ready (Ready).
 type poolsFeed struct {
 	cm     PoolsConfigMap
 	view   *clusterview.View
@@ -140,36 +138,21 @@ func newPoolsFeed(cm PoolsConfigMap, view *clusterview.View, n names.Names, m Po
 	return &poolsFeed{cm: cm, view: view, names: n, parser: p, log: log, PoolMetrics: m}, nil
 }
 
-// apply sets the view's pools from the ConfigMap, nil when it is gone.
+// apply sets the view's pools from the ConfigMap, nil when it is gone. A version that does
+// not parse changes nothing but the gauge and the readiness (Ready).
 func (f *poolsFeed) apply(cm *corev1.ConfigMap) {
-	if cm == nil {
-		f.view.SetPools(nil)
-		f.Count.Set(0)
-		f.Valid.Set(1)
-		f.outcome(nil)
-		f.log.Info("pools ConfigMap deleted: no pools declared", "configMap", f.cm.Namespace+"/"+f.cm.Name)
-		return
-	}
-	data, ok := cm.Data[simulated.ConfigMapKey]
-	if !ok {
-		f.Valid.Set(0)
-		f.outcome(fmt.Errorf("no %s key", simulated.ConfigMapKey))
-		f.log.Error(nil, "pools ConfigMap has no "+simulated.ConfigMapKey+" key; keeping the pools declared before", "configMap", f.cm.Namespace+"/"+f.cm.Name)
-		return
-	}
-	doc, err := f.parser.Parse([]byte(data))
+	ref := f.cm.Namespace + "/" + f.cm.Name
+	pools, err := clusterview.PoolsFromConfigMap(f.parser, cm, f.names)
+	f.outcome(err)
 	if err != nil {
 		f.Valid.Set(0)
-		f.outcome(err)
-		f.log.Error(err, "pools ConfigMap does not parse; keeping the pools declared before", "configMap", f.cm.Namespace+"/"+f.cm.Name)
+		f.log.Error(err, "pools ConfigMap does not parse; keeping the pools declared before", "configMap", ref)
 		return
 	}
-	f.outcome(nil)
-	pools := clusterview.PoolsOf(doc, f.names)
 	f.view.SetPools(pools)
 	f.Valid.Set(1)
 	f.Count.Set(float64(len(pools)))
-	f.log.Info("pools declared", "configMap", f.cm.Namespace+"/"+f.cm.Name, "pools", len(pools))
+	f.log.Info("pools declared", "configMap", ref, "pools", len(pools), "deleted", cm == nil)
 }
 
 // feed registers the ConfigMap's handler on the cache.

@@ -105,11 +105,11 @@ func loadPools(ctx context.Context, c kubernetes.Interface, n names.Names, ref s
 	if err != nil {
 		return nil, "", err
 	}
-	doc, err := p.Parse([]byte(cm.Data[simulated.ConfigMapKey]))
+	pools, err := clusterview.PoolsFromConfigMap(p, cm, n)
 	if err != nil {
 		return nil, fmt.Sprintf("the declared GPU pools (ConfigMap %s, key %s) do not parse, and the webhook keeps the last version that did: %v", ref, simulated.ConfigMapKey, err), nil
 	}
-	return clusterview.PoolsOf(doc, n), "", nil
+	return pools, "", nil
 }
 
 // parseSimulated parses a simulated-topology document read from name.

@@ -515,8 +515,7 @@ func (o *StatusOptions) poolStatus(s *snapshot) []PoolStatus {
 	out := make([]PoolStatus, len(pools))
 	at := map[string]int{}
 	for i, p := range pools {
-		_, sizes := p.Domains()
-		out[i] = PoolStatus{Name: p.Name, NodeSelector: simulated.FormatSelector(p.NodeSelector()), Domains: sizes, Waiting: []string{}}
+		out[i] = PoolStatus{Name: p.Name, NodeSelector: simulated.FormatSelector(p.NodeSelector()), Domains: p.Sizes(), Waiting: []string{}}
 		at[p.Name] = i
 	}
 	for _, p := range s.waiting {
@@ -545,9 +544,8 @@ func poolShapeWarnings(s *snapshot) []string {
 			}
 			for _, k := range slices.Sorted(maps.Keys(want)) {
 				if v := want[k]; nd.Labels[k] != v {
-					_, sizes := p.Domains()
 					out = append(out, fmt.Sprintf("node %s carries pool %s's labels (%s) but publishes %s=%q where the pool declares %q (domain sizes %v): pods waiting for the pool are pinned to domain ids its nodes may not have; declare the shape `nvdomain topology discover` finds on a node of the pool",
-						nd.Name, p.Name, simulated.FormatSelector(p.NodeSelector()), k, nd.Labels[k], v, sizes))
+						nd.Name, p.Name, simulated.FormatSelector(p.NodeSelector()), k, nd.Labels[k], v, p.Sizes()))
 					break
 				}
 			}

@@ -1,6 +1,7 @@
 package clusterview
 
 import (
+	"fmt"
 	"maps"
 	"slices"
 
@@ -34,12 +35,13 @@ func (p Pool) Labels() map[string]string { return p.node.Labels }
 // NodeSelector is the labels that make a node one of the pool's.
 func (p Pool) NodeSelector() map[string]string { return p.selector }
 
-// Domains lists the pool's domain ids and their sizes, by id.
-func (p Pool) Domains() (ids, sizes []int) {
-	for _, d := range p.domains {
-		ids, sizes = append(ids, d.id), append(sizes, d.size)
+// Sizes lists the sizes of the pool's domains, by domain id.
+func (p Pool) Sizes() []int {
+	sizes := make([]int, len(p.domains))
+	for i, d := range p.domains {
+		sizes[i] = d.size
 	}
-	return ids, sizes
+	return sizes
 }
 
 // PoolsOf turns a document's pools into the view's, each pool's node labels those
@@ -63,6 +65,23 @@ func PoolsOf(doc *simulated.Document, n names.Names) []Pool {
 	return out
 }
 
+// PoolsFromConfigMap reads the pools a pools ConfigMap declares under its topology.json key
+// (the webhook's feed and the CLI read it alike); a nil ConfigMap declares none.
+func PoolsFromConfigMap(p *simulated.Parser, cm *corev1.ConfigMap, n names.Names) ([]Pool, error) {
+	if cm == nil {
+		return nil, nil
+	}
+	data, ok := cm.Data[simulated.ConfigMapKey]
+	if !ok {
+		return nil, fmt.Errorf("no %s key", simulated.ConfigMapKey)
+	}
+	doc, err := p.Parse([]byte(data))
+	if err != nil {
+		return nil, err
+	}
+	return PoolsOf(doc, n), nil
+}
+
 // SetPools replaces the declared pools. A pod that waits for a pool is not changed by it:
 // pools only make a pod that no node can hold now admissible, with a domain id to wait in.
 // The same pools again (an informer resync) change nothing, so the re-pin controller does not
@@ -78,9 +97,10 @@ func (v *View) SetPools(pools []Pool) {
 	v.gen.Add(1)
 }
 
+// samePool compares what PoolsOf builds (its taints never carry a TimeAdded).
 func samePool(a, b Pool) bool {
-	return a.Name == b.Name && maps.Equal(a.selector, b.selector) && maps.Equal(a.node.Labels, b.node.Labels) && slices.Equal(a.domains, b.domains) &&
-		slices.EqualFunc(a.taints, b.taints, func(x, y corev1.Taint) bool { return x.MatchTaint(&y) && x.Value == y.Value })
+	return a.Name == b.Name && maps.Equal(a.selector, b.selector) && maps.Equal(a.node.Labels, b.node.Labels) &&
+		slices.Equal(a.domains, b.domains) && slices.Equal(a.taints, b.taints)
 }
 
 // admits reports whether a pod may run on the pool's nodes: labels and taints.
@@ -90,9 +110,6 @@ func (p *Pool) admits(pod *corev1.Pod, req nodeaffinity.RequiredNodeAffinity) bo
 	}
 	return tolerates(p.taints, pod.Spec.Tolerations)
 }
-
-// Taints are the pool's declared taints.
-func (p Pool) Taints() []corev1.Taint { return p.taints }
 
 // Pools returns the declared pools.
 func (v *View) Pools() []Pool {
@@ -145,13 +162,8 @@ func (v *View) WaitsForPool(pod *corev1.Pod, d, k int) []string {
 		return nil
 	}
 	req := nodeaffinity.GetRequiredNodeAffinity(pod)
-	// As the chooser: a cordoned or NotReady node the pod does not tolerate is not what it
-	// waits for while a pool offers the domain.
-	for _, nd := range v.nodes {
-		if c, ok := nd.capacity[d]; ok && c >= k && eligible(pod, req, nd) && available(pod, nd) {
-			return nil
-		}
-	}
+	// The pools first: a handful, where the nodes are many (this runs in the validating
+	// webhook for every pinned pod).
 	var out []string
 	for i := range v.pools {
 		p := &v.pools[i]
@@ -163,6 +175,16 @@ func (v *View) WaitsForPool(pod *corev1.Pod, d, k int) []string {
 				out = append(out, p.Name)
 				break
 			}
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	// As the chooser: a cordoned or NotReady node the pod does not tolerate is not what it
+	// waits for while a pool offers the domain.
+	for _, nd := range v.nodes {
+		if c, ok := nd.capacity[d]; ok && c >= k && eligible(pod, req, nd) && available(pod, nd) {
+			return nil
 		}
 	}
 	return out

@@ -44,10 +44,7 @@ const DefaultHousekeepingPeriod = 30 * time.Second
 
 // consumersLive reads the pods a claim is reserved for (State.SetConsumersLive).
 func (d *Driver) consumersLive(ctx context.Context, claim *resourceapi.ResourceClaim) (live, known bool) {
-	for _, r := range claim.Status.ReservedFor {
-		if r.Resource != "pods" || r.APIGroup != "" {
-			continue
-		}
+	for _, r := range podConsumers(claim) {
 		p, err := d.o.Client.CoreV1().Pods(claim.Namespace).Get(ctx, r.Name, metav1.GetOptions{})
 		switch {
 		case apierrors.IsNotFound(err):

@@ -118,23 +118,27 @@ func (e *LateError) Error() string {
 
 // mergeUIDs is a ∪ b, sorted.
 func mergeUIDs(a, b []types.UID) []types.UID {
-	out := slices.Clone(a)
-	for _, u := range b {
-		if !slices.Contains(out, u) {
-			out = append(out, u)
+	out := append(slices.Clone(a), b...)
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// podConsumers are the pods in a claim's status.reservedFor.
+func podConsumers(claim *resourceapi.ResourceClaim) []resourceapi.ResourceClaimConsumerReference {
+	var out []resourceapi.ResourceClaimConsumerReference
+	for _, r := range claim.Status.ReservedFor {
+		if r.Resource == "pods" && r.APIGroup == "" {
+			out = append(out, r)
 		}
 	}
-	slices.Sort(out)
 	return out
 }
 
-// consumerPods are the pods a claim is reserved for.
+// consumerPods are the UIDs of the pods a claim is reserved for, sorted.
 func consumerPods(claim *resourceapi.ResourceClaim) []types.UID {
 	var out []types.UID
-	for _, r := range claim.Status.ReservedFor {
-		if r.Resource == "pods" && r.APIGroup == "" {
-			out = append(out, r.UID)
-		}
+	for _, r := range podConsumers(claim) {
+		out = append(out, r.UID)
 	}
 	slices.Sort(out)
 	return out

@@ -374,14 +374,6 @@ func TestLatePrepareIsRefusedByTheCheckpointsTombstone(t *testing.T) {
 		return s
 	}
 	ctx := context.Background()
-	reserved := func(c *resourceapi.ResourceClaim, pods ...string) *resourceapi.ResourceClaim {
-		c = c.DeepCopy()
-		c.Status.ReservedFor = nil
-		for _, p := range pods {
-			c.Status.ReservedFor = append(c.Status.ReservedFor, resourceapi.ResourceClaimConsumerReference{Resource: "pods", Name: p, UID: types.UID(p)})
-		}
-		return c
-	}
 	shared := reserved(claim("shared", 2), "pod-a", "pod-b")
 	cases := []struct {
 		name  string
@@ -433,14 +425,6 @@ func TestLatePrepareIsRefusedByTheCheckpointsTombstone(t *testing.T) {
 func TestTombstoneConsumersAndLivePods(t *testing.T) {
 	ctx := context.Background()
 	s := NewState(node, hgx(t), CDINvdomain, t.TempDir(), t.TempDir(), logr.Discard())
-	reserved := func(c *resourceapi.ResourceClaim, pods ...string) *resourceapi.ResourceClaim {
-		c = c.DeepCopy()
-		c.Status.ReservedFor = nil
-		for _, p := range pods {
-			c.Status.ReservedFor = append(c.Status.ReservedFor, resourceapi.ResourceClaimConsumerReference{Resource: "pods", Name: p, UID: types.UID(p)})
-		}
-		return c
-	}
 	c := claim("shared", 2)
 	for _, pods := range [][]string{{"pod-a"}, {"pod-a", "pod-b"}} {
 		if _, err := s.Prepare(ctx, reserved(c, pods...)); err != nil {
@@ -458,4 +442,14 @@ func TestTombstoneConsumersAndLivePods(t *testing.T) {
 	if _, err := s.Prepare(ctx, reserved(c, "pod-b")); err != nil {
 		t.Fatalf("pod-b is live: %v", err)
 	}
+}
+
+// reserved is a copy of c reserved for the named pods (their UIDs are their names).
+func reserved(c *resourceapi.ResourceClaim, pods ...string) *resourceapi.ResourceClaim {
+	c = c.DeepCopy()
+	c.Status.ReservedFor = nil
+	for _, p := range pods {
+		c.Status.ReservedFor = append(c.Status.ReservedFor, resourceapi.ResourceClaimConsumerReference{Resource: "pods", Name: p, UID: types.UID(p)})
+	}
+	return c
 }

@@ -23,6 +23,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
@@ -141,27 +142,73 @@ func TestOlderReleasesValuesStillRender(t *testing.T) {
 	}
 }
 
-func decodeAll(t *testing.T, doc string) (muts []admissionregv1.MutatingWebhookConfiguration, vals []admissionregv1.ValidatingWebhookConfiguration) {
+// apiServer starts a real kube-apiserver (envtest, with RBAC) for the test and returns its
+// admin config and a system:masters kubeconfig file for helm.
+func apiServer(t *testing.T) (*rest.Config, string) {
 	t.Helper()
-	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(doc), 4096)
+	assets, err := hacluster.Assets()
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := &envtest.Environment{BinaryAssetsDirectory: assets}
+	cfg, err := env.Start()
+	if err != nil {
+		t.Fatalf("start envtest: %v", err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	user, err := env.AddUser(envtest.User{Name: "chart-test", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc, err := user.KubeConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, kc, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return cfg, kubeconfig
+}
+
+// documents decodes a multi-document YAML stream into its objects, in order.
+func documents(stream string) []map[string]any {
+	var out []map[string]any
+	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(stream), 4096)
 	for {
 		var raw map[string]any
 		if err := dec.Decode(&raw); err != nil {
-			break
+			return out
 		}
-		b, _ := yaml.Marshal(raw)
+		if len(raw) > 0 {
+			out = append(out, raw)
+		}
+	}
+}
+
+// into converts a decoded object into a typed one.
+func into(t *testing.T, raw map[string]any, obj any) {
+	t.Helper()
+	b, err := yaml.Marshal(raw)
+	if err == nil {
+		err = yaml.Unmarshal(b, obj)
+	}
+	if err != nil {
+		t.Fatalf("decode %v %v: %v", raw["kind"], raw["metadata"], err)
+	}
+}
+
+func decodeAll(t *testing.T, doc string) (muts []admissionregv1.MutatingWebhookConfiguration, vals []admissionregv1.ValidatingWebhookConfiguration) {
+	t.Helper()
+	for _, raw := range documents(doc) {
 		switch raw["kind"] {
 		case "MutatingWebhookConfiguration":
 			var m admissionregv1.MutatingWebhookConfiguration
-			if err := yaml.Unmarshal(b, &m); err != nil {
-				t.Fatal(err)
-			}
+			into(t, raw, &m)
 			muts = append(muts, m)
 		case "ValidatingWebhookConfiguration":
 			var v admissionregv1.ValidatingWebhookConfiguration
-			if err := yaml.Unmarshal(b, &v); err != nil {
-				t.Fatal(err)
-			}
+			into(t, raw, &v)
 			vals = append(vals, v)
 		}
 	}
@@ -415,28 +462,7 @@ func TestChartDeviceClassesMatchTheDriver(t *testing.T) {
 // with --dry-run=server runs the chart's lookup against a real kube-apiserver (envtest), as
 // install and upgrade do. With the mapping turned off, or no such class, it renders.
 func TestChartRefusesASecondClassForTheExtendedResource(t *testing.T) {
-	assets, err := hacluster.Assets()
-	if err != nil {
-		t.Fatal(err)
-	}
-	env := &envtest.Environment{BinaryAssetsDirectory: assets}
-	cfg, err := env.Start()
-	if err != nil {
-		t.Fatalf("start envtest: %v", err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
-	user, err := env.AddUser(envtest.User{Name: "chart-test", Groups: []string{"system:masters"}}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kc, err := user.KubeConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(kubeconfig, kc, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg, kubeconfig := apiServer(t)
 	server := func(args ...string) (string, error) {
 		return render(t, append([]string{"--dry-run=server", "--kubeconfig", kubeconfig, "--set", "dra.enabled=true", "--show-only", "templates/dra.yaml"}, args...)...)
 	}
@@ -449,7 +475,7 @@ func TestChartRefusesASecondClassForTheExtendedResource(t *testing.T) {
 	if _, err := client.ResourceV1().DeviceClasses().Create(context.Background(), nvidia, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	_, err = server()
+	_, err := server()
 	for _, want := range []string{"dra.extendedResourceName: DeviceClass gpu.nvidia.com already maps extendedResourceName nvidia.com/gpu", `--set dra.extendedResourceName=""`} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("with gpu.nvidia.com mapping nvidia.com/gpu: %v, want %q", err, want)

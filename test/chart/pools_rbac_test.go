@@ -11,16 +11,12 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
-	"sigs.k8s.io/yaml"
 
-	"github.com/nvdomain/nvdomain/test/hacluster"
 	"github.com/nvdomain/nvdomain/webhook"
 )
 
@@ -28,16 +24,7 @@ import (
 // names that one ConfigMap, and the webhook's ServiceAccount reads no other ConfigMap: run
 // against a real kube-apiserver with RBAC, as the webhook's identity.
 func TestWebhookReadsItsPoolsConfigMapUnderTheChartsRole(t *testing.T) {
-	assets, err := hacluster.Assets()
-	if err != nil {
-		t.Fatal(err)
-	}
-	env := &envtest.Environment{BinaryAssetsDirectory: assets}
-	cfg, err := env.Start()
-	if err != nil {
-		t.Fatalf("start envtest: %v", err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
+	cfg, _ := apiServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	admin := kubernetes.NewForConfigOrDie(cfg)
@@ -50,25 +37,19 @@ func TestWebhookReadsItsPoolsConfigMapUnderTheChartsRole(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(out), 4096)
-	for {
-		var raw map[string]any
-		if err := dec.Decode(&raw); err != nil {
-			break
-		}
-		b, _ := yaml.Marshal(raw)
+	for _, raw := range documents(out) {
 		switch raw["kind"] {
 		case "ConfigMap":
 			var cm corev1.ConfigMap
-			must(t, yaml.Unmarshal(b, &cm))
+			into(t, raw, &cm)
 			_, err = admin.CoreV1().ConfigMaps(ns).Create(ctx, &cm, metav1.CreateOptions{})
 		case "Role":
 			var r rbacv1.Role
-			must(t, yaml.Unmarshal(b, &r))
+			into(t, raw, &r)
 			_, err = admin.RbacV1().Roles(ns).Create(ctx, &r, metav1.CreateOptions{})
 		case "RoleBinding":
 			var rb rbacv1.RoleBinding
-			must(t, yaml.Unmarshal(b, &rb))
+			into(t, raw, &rb)
 			_, err = admin.RbacV1().RoleBindings(ns).Create(ctx, &rb, metav1.CreateOptions{})
 		}
 		must(t, err)

@@ -93,7 +93,7 @@ func TestChartNodeOverlaysAreTheCLIs(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := overlays(t, out)
+		got := overlays(out)
 		raw, err := os.ReadFile(values)
 		if err != nil {
 			t.Fatal(err)
@@ -119,7 +119,7 @@ func TestChartNodeOverlaysAreTheCLIs(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := overlays(t, string(cli))
+		want := overlays(string(cli))
 		if len(want) != 2 || !reflect.DeepEqual(got, want) {
 			t.Fatalf("gpuCapacity=%v: chart overlays\n%v\nCLI overlays\n%v", gpus, got, want)
 		}
@@ -127,32 +127,12 @@ func TestChartNodeOverlaysAreTheCLIs(t *testing.T) {
 }
 
 // overlays parses the NodeOverlays of a multi-document YAML stream, by name.
-func overlays(t *testing.T, stream string) map[string]any {
-	t.Helper()
+func overlays(stream string) map[string]any {
 	out := map[string]any{}
-	for _, d := range strings.Split(stream, "\n---") {
-		var obj map[string]any
-		if err := yaml.Unmarshal([]byte(d), &obj); err != nil {
-			t.Fatalf("%v in\n%s", err, d)
-		}
+	for _, obj := range documents(stream) {
 		if obj["kind"] == "NodeOverlay" {
 			out[obj["metadata"].(map[string]any)["name"].(string)] = obj
 		}
 	}
 	return out
-}
-
-// `helm upgrade --reuse-values` from a release that had no pools value renders with no
-// .Values.pools at all (the old release's values, not the new chart's defaults); setting it
-// to null removes it the same way.
-func TestUpgradeFromBeforePoolsRenders(t *testing.T) {
-	for _, args := range [][]string{{"--set", "pools=null"}, {"--set", "pools=null", "-f", filepath.Join(root(), "charts", "nvdomain", "ci", "simulated-values.yaml")}} {
-		out, err := render(t, args...)
-		if err != nil {
-			t.Fatalf("%v: %v", args, err)
-		}
-		if strings.Contains(out, "--pools-configmap") {
-			t.Errorf("%v: a release without pools got --pools-configmap", args)
-		}
-	}
 }

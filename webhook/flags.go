@@ -62,6 +62,7 @@ func (so *ServerOptions) AddFlags(fs *flag.FlagSet) (complete func() error) {
 	fs.DurationVar(&cr.RenewBefore, "cert-renew-before", cr.RenewBefore, "renew the serving certificate this long before it expires")
 	fs.DurationVar(&cr.Interval, "cert-check-interval", cr.Interval, "how often the elected replica checks the certificate")
 	pools := fs.String("pools-configmap", "", "namespace/name of the ConfigMap whose topology.json declares GPU pools that scale from zero (docs/pools.md); empty: none")
+	poolsSum := fs.String("pools-checksum", "", "SHA-256 (hex) of the topology.json the release wrote into --pools-configmap: the replica is not ready while that version does not parse and it has no earlier one; a version edited by hand never makes it unready")
 	namesFromFlags := names.BindFlags(fs)
 	return func() error {
 		var err error
@@ -77,6 +78,7 @@ func (so *ServerOptions) AddFlags(fs *flag.FlagSet) (complete func() error) {
 		if so.Pools, err = ParsePoolsConfigMap(*pools); err != nil {
 			return fmt.Errorf("--pools-configmap: %w", err)
 		}
+		so.Pools.Checksum = *poolsSum
 		if so.Handlers.Names, err = namesFromFlags(); err != nil {
 			return err
 		}

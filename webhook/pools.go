@@ -2,6 +2,8 @@ package webhook
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"strings"
 	"sync"
@@ -21,7 +23,8 @@ import (
 
 // PoolsConfigMap names the ConfigMap that declares the GPU pools (docs/pools.md): a
 // simulated-topology document whose "pools" the webhook counts as capacity an autoscaler adds.
-type PoolsConfigMap struct{ Namespace, Name string }
+// Checksum, when set, is the SHA-256 (hex) of the topology.json the release wrote there.
+type PoolsConfigMap struct{ Namespace, Name, Checksum string }
 
 // ParsePoolsConfigMap reads namespace/name; empty means no pools.
 func ParsePoolsConfigMap(s string) (PoolsConfigMap, error) {
@@ -32,7 +35,7 @@ func ParsePoolsConfigMap(s string) (PoolsConfigMap, error) {
 	if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
 		return PoolsConfigMap{}, fmt.Errorf("%q: give namespace/name, e.g. nvdomain-system/nvdomain-pools", s)
 	}
-	return PoolsConfigMap{ns, name}, nil
+	return PoolsConfigMap{Namespace: ns, Name: name}, nil
 }
 
 // WatchPools adds to byObject the informer on the pools ConfigMap alone: its namespace, and a
@@ -68,6 +71,8 @@ type poolsFeed struct {
 	good, bad bool
 	lastErr   error
 	synced    func() bool
+	// lastSum is the SHA-256 of the latest version's topology.json.
+	lastSum string
 }
 
 // PoolMetrics are the pools feed's gauges.
@@ -96,16 +101,17 @@ func NewPoolMetrics(reg prometheus.Registerer) (PoolMetrics, error) {
 	return m, nil
 }
 
-// Ready fails while this process has no good version to keep: the ConfigMap existed when the
-// informer synced and no version of it has parsed since. A ConfigMap created broken later, or
-// broken by an edit, leaves the replica ready with the pools it had (none, or the last good
-// ones): every replica would otherwise go unready at once, and TP pods could not be created
-// at all.
+// Ready fails while this process has no good version to keep (the ConfigMap existed when the
+// informer synced and no version of it has parsed since) and the broken version is the one its
+// release wrote (PoolsConfigMap.Checksum): a broken upgrade then stops its rollout at the first
+// replica. A ConfigMap broken by hand, or created broken later, leaves the replica ready with
+// the pools it had (none, or the last good ones): otherwise every replica restarted after the
+// edit would go unready, and TP pods could not be created at all.
 func (f *poolsFeed) Ready() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.promoteLocked()
-	if f.bad && !f.good {
+	if f.bad && !f.good && f.cm.Checksum != "" && f.lastSum == f.cm.Checksum {
 		return fmt.Errorf("the pools ConfigMap %s/%s does not parse, and this replica has no earlier version to keep: %v", f.cm.Namespace, f.cm.Name, f.lastErr)
 	}
 	return nil
@@ -143,6 +149,14 @@ func newPoolsFeed(cm PoolsConfigMap, view *clusterview.View, n names.Names, m Po
 func (f *poolsFeed) apply(cm *corev1.ConfigMap) {
 	ref := f.cm.Namespace + "/" + f.cm.Name
 	pools, err := clusterview.PoolsFromConfigMap(f.parser, cm, f.names)
+	sum := ""
+	if cm != nil {
+		h := sha256.Sum256([]byte(cm.Data[simulated.ConfigMapKey]))
+		sum = hex.EncodeToString(h[:])
+	}
+	f.mu.Lock()
+	f.lastSum = sum
+	f.mu.Unlock()
 	f.outcome(err)
 	if err != nil {
 		f.Valid.Set(0)

@@ -1,6 +1,8 @@
 package webhook
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"strings"
 	"testing"
 
@@ -18,7 +20,7 @@ import (
 
 const poolsDoc = `{"pools":[
  {"name":"hgx","nodeSelector":{"karpenter.sh/nodepool":"hgx"},"gpuCount":8,"domains":[{"gpus":[0,1,2,3,4,5,6,7]}]},
- {"name":"split","nodeSelector":{"karpenter.sh/nodepool":"split"},"gpuCount":8,"domains":[{"gpus":[0,1,2,3]},{"gpus":[4,5,6,7]}]}]}`
+ {"name":"split","nodeSelector":{"karpenter.sh/nodepool":"split"},"labels":{"kubernetes.io/os":"linux","nvidia.com/gpu.present":"true"},"gpuCount":8,"domains":[{"gpus":[0,1,2,3]},{"gpus":[4,5,6,7]}]}]}`
 
 func poolsConfigMap(data string) *corev1.ConfigMap {
 	return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "nvdomain-system", Name: "nvdomain-pools"}, Data: map[string]string{simulated.ConfigMapKey: data}}
@@ -51,6 +53,11 @@ func TestPodsWaitForADeclaredPool(t *testing.T) {
 		{"a pod selecting the split pool waits for it", func() *corev1.Pod {
 			p := pod(true, 4)
 			p.Spec.NodeSelector = map[string]string{"karpenter.sh/nodepool": "split"}
+			return p
+		}, nil, -1, "waiting for pool split to scale up", ""},
+		{"a pod selecting labels only a pool declares (not its nodeSelector) waits for it", func() *corev1.Pod {
+			p := pod(true, 4)
+			p.Spec.NodeSelector = map[string]string{"kubernetes.io/os": "linux", "nvidia.com/gpu.present": "true"}
 			return p
 		}, nil, -1, "waiting for pool split to scale up", ""},
 		{"a node with room wins: no warning", func() *corev1.Pod { return pod(true, 4) }, []*corev1.Node{seedNode()}, -1, "", ""},
@@ -105,7 +112,7 @@ func newTestFeed(t *testing.T, f *fixture) *poolsFeed {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pf, err := newPoolsFeed(PoolsConfigMap{"nvdomain-system", "nvdomain-pools"}, f.view, n, m, logr.Discard())
+	pf, err := newPoolsFeed(PoolsConfigMap{Namespace: "nvdomain-system", Name: "nvdomain-pools"}, f.view, n, m, logr.Discard())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,6 +127,8 @@ func TestPoolsFeedReadiness(t *testing.T) {
 	const broken = `{"pools":[{"name":"hgx","gpuCount":8,"domains":[{"gpus":[0,9]}]}]}`
 	f := newFixture(t, decision.NonTPAuto)
 	pf := newTestFeed(t, f)
+	sum := sha256.Sum256([]byte(broken))
+	pf.cm.Checksum = hex.EncodeToString(sum[:]) // the release wrote this broken version
 	synced := false
 	pf.synced = func() bool { return synced }
 	if err := pf.Ready(); err != nil {
@@ -140,10 +149,22 @@ func TestPoolsFeedReadiness(t *testing.T) {
 	}
 
 	late := newTestFeed(t, newFixture(t, decision.NonTPAuto))
+	late.cm.Checksum = pf.cm.Checksum
 	late.synced = func() bool { return true } // the first list found no ConfigMap
 	late.apply(poolsConfigMap(broken))
 	if err := late.Ready(); err != nil {
 		t.Fatalf("a ConfigMap created broken after the start: %v", err)
+	}
+
+	// A replica restarted after a hand edit broke the ConfigMap: not the release's version,
+	// so it serves without pools rather than going unready with every other replica.
+	byHand := newTestFeed(t, newFixture(t, decision.NonTPAuto))
+	byHand.cm.Checksum = "0000"
+	byHand.synced = func() bool { return false }
+	byHand.apply(poolsConfigMap(broken))
+	byHand.synced = func() bool { return true }
+	if err := byHand.Ready(); err != nil || len(byHand.view.Pools()) != 0 {
+		t.Fatalf("started on a hand-broken ConfigMap: %v", err)
 	}
 }
 
@@ -177,7 +198,7 @@ func TestParsePoolsConfigMap(t *testing.T) {
 			t.Errorf("%q: err = %v", bad, err)
 		}
 	}
-	if got, err := ParsePoolsConfigMap("ns/name"); err != nil || got != (PoolsConfigMap{"ns", "name"}) {
+	if got, err := ParsePoolsConfigMap("ns/name"); err != nil || got != (PoolsConfigMap{Namespace: "ns", Name: "name"}) {
 		t.Errorf("ns/name = %+v, %v", got, err)
 	}
 }

@@ -258,7 +258,7 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 	if err := mgr.AddReadyzCheck("cluster-view", func(*http.Request) error {
 		for _, s := range synced {
 			if !s.HasSynced() {
-				return errors.New("node and pod informers have not synced yet")
+				return errors.New("the cluster view's informers (nodes, pods, and the claims and pools ConfigMap where configured) have not synced yet")
 			}
 		}
 		return nil

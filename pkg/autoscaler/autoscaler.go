@@ -21,9 +21,11 @@ import (
 )
 
 // Labels are the labels every node of the pool carries once its agent has published it:
-// the pool's nodeSelector and the domain labels pkg/agent's Desire writes for the shape.
+// the pool's declared other labels, its nodeSelector and the domain labels pkg/agent's
+// Desire writes for the shape.
 func Labels(p simulated.Pool, n names.Names) map[string]string {
-	out := make(map[string]string, len(p.NodeSelector)+len(p.Topology.Domains)+2)
+	out := make(map[string]string, len(p.Labels)+len(p.NodeSelector)+len(p.Topology.Domains)+2)
+	maps.Copy(out, p.Labels)
 	maps.Copy(out, p.NodeSelector)
 	out[n.DomainCountLabel()] = strconv.Itoa(len(p.Topology.Domains))
 	out[n.DomainMaxLabel()] = strconv.Itoa(p.Topology.MaxDomainSize())
@@ -33,12 +35,15 @@ func Labels(p simulated.Pool, n names.Names) map[string]string {
 	return out
 }
 
-// DomainLabels are Labels less the pool's own nodeSelector: what a NodePool's template must
-// add so that the autoscaler sees a new node match a pinned pod's affinity.
+// DomainLabels are Labels less the pool's nodeSelector and declared labels (the NodePool
+// has those already): what a NodePool's template must add so that the autoscaler sees a new
+// node match a pinned pod's affinity.
 func DomainLabels(p simulated.Pool, n names.Names) map[string]string {
 	out := Labels(p, n)
-	for k := range p.NodeSelector {
-		delete(out, k)
+	for _, own := range []map[string]string{p.NodeSelector, p.Labels} {
+		for k := range own {
+			delete(out, k)
+		}
 	}
 	return out
 }

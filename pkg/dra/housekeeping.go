@@ -42,8 +42,12 @@ const DefaultHousekeepingPeriod = 30 * time.Second
 //     driver withdraws its devices (publishes none) with a Warning Event and the Node
 //     condition NvdomainDRADevices=False until the resource is gone.
 
-// consumersLive reads the pods a claim is reserved for (State.SetConsumersLive).
+// consumersLive reads the pods a claim is reserved for (State.SetConsumersLive): one is live
+// when it exists with the UID the claim names, is not being deleted and has not ended.
 func (d *Driver) consumersLive(ctx context.Context, claim *resourceapi.ResourceClaim) (live, known bool) {
+	// Bounded: this runs under the state's lock, before a Prepare the kubelet waits for.
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
 	for _, r := range podConsumers(claim) {
 		p, err := d.o.Client.CoreV1().Pods(claim.Namespace).Get(ctx, r.Name, metav1.GetOptions{})
 		switch {
@@ -51,7 +55,7 @@ func (d *Driver) consumersLive(ctx context.Context, claim *resourceapi.ResourceC
 			continue
 		case err != nil:
 			return false, false
-		case p.UID == r.UID && p.DeletionTimestamp == nil:
+		case p.UID == r.UID && p.DeletionTimestamp == nil && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed:
 			return true, true
 		}
 	}

@@ -1,6 +1,8 @@
 package chart
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -8,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	appsv1 "k8s.io/api/apps/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/nvdomain/nvdomain/pkg/autoscaler"
@@ -135,4 +138,35 @@ func overlays(stream string) map[string]any {
 		}
 	}
 	return out
+}
+
+// The webhook's --pools-checksum is the SHA-256 of exactly the topology.json the chart writes
+// into the pools ConfigMap: the replica compares the two to tell the release's own broken
+// version (stop the rollout) from a hand edit (keep serving).
+func TestPoolsChecksumIsTheConfigMaps(t *testing.T) {
+	out, err := render(t, "-f", filepath.Join(root(), "charts", "nvdomain", "ci", "pools-values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var data, sum string
+	for _, obj := range documents(out) {
+		switch obj["kind"] {
+		case "ConfigMap":
+			if obj["metadata"].(map[string]any)["name"] == "nvdomain-pools" {
+				data = obj["data"].(map[string]any)["topology.json"].(string)
+			}
+		case "Deployment":
+			var d appsv1.Deployment
+			into(t, obj, &d)
+			for _, a := range d.Spec.Template.Spec.Containers[0].Args {
+				if v, ok := strings.CutPrefix(a, "--pools-checksum="); ok {
+					sum = v
+				}
+			}
+		}
+	}
+	h := sha256.Sum256([]byte(data))
+	if data == "" || sum != hex.EncodeToString(h[:]) {
+		t.Fatalf("--pools-checksum=%q, sha256 of the ConfigMap's topology.json (%d bytes) is %x", sum, len(data), h)
+	}
 }

@@ -49,6 +49,8 @@ type Document struct {
 type Pool struct {
 	Name         string
 	NodeSelector map[string]string
+	// Labels are other labels the pool's nodes will carry, which pods may select.
+	Labels map[string]string
 	// Taints are the NoSchedule and NoExecute taints the pool's nodes carry.
 	Taints []Taint
 	// Topology is the shape of one node of the pool, with GPU UUIDs derived from the pool's
@@ -214,6 +216,7 @@ type wireDoc struct {
 type wirePool struct {
 	wireNode
 	NodeSelector map[string]string `json:"nodeSelector"`
+	Labels       map[string]string `json:"labels"`
 	Taints       []Taint           `json:"taints"`
 }
 
@@ -298,7 +301,7 @@ func (p *Parser) Parse(data []byte) (*Document, error) {
 					pools[prev.Name], prev.Name)})
 			}
 		}
-		doc.Pools = append(doc.Pools, Pool{Name: wp.Name, NodeSelector: wp.NodeSelector, Taints: wp.Taints, Topology: top, wire: wp.wireNode})
+		doc.Pools = append(doc.Pools, Pool{Name: wp.Name, NodeSelector: wp.NodeSelector, Labels: wp.Labels, Taints: wp.Taints, Topology: top, wire: wp.wireNode})
 	}
 	if len(errs) > 0 {
 		return nil, errs

@@ -11,6 +11,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -129,7 +130,9 @@ func KubeNodeLabels(client kubernetes.Interface, node string) NodeLabels {
 	var mu sync.Mutex
 	var last map[string]string
 	return func(ctx context.Context) (map[string]string, error) {
-		nd, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		get, cancel := context.WithTimeout(ctx, 10*time.Second)
+		nd, err := client.CoreV1().Nodes().Get(get, node, metav1.GetOptions{})
+		cancel()
 		mu.Lock()
 		defer mu.Unlock()
 		if err != nil {

@@ -81,8 +81,18 @@ unit: host-deps k8s-assets containerd-assets helm-assets kwok-assets karpenter-a
 
 ## e2e: the seed scenarios on a real single-node cluster (kubelet + containerd with NRI) with
 ## nvdomain installed by its Helm chart. Root only; runs alone.
+## The whole log goes to bin/e2e.log; the console gets its last 80 lines and, when a test fails,
+## every failure line with the steps just before it, which the tail alone would cut off (the
+## e2e tests report failures only through t.Errorf/t.Fatalf, so `_test.go:N:` marks them).
 e2e: host-deps k8s-assets containerd-assets helm-assets image
-	$(IMAGE_ENV) $(GO) test -tags e2e -count=1 -timeout 30m -v ./test/e2e/ 2>&1 | tail -n 80
+	@mkdir -p $(BIN); log=$(BIN)/e2e.log; rc=0; \
+	$(IMAGE_ENV) $(GO) test -tags e2e -count=1 -timeout 30m -v ./test/e2e/ >$$log 2>&1 || rc=$$?; \
+	tail -n 80 $$log; \
+	if [ $$rc -ne 0 ]; then \
+	  echo "=== e2e failed (exit $$rc); the failures, each with the 25 lines before it (full log: $$log):"; \
+	  grep -n -B25 -E '_test\.go:[0-9]+:|^panic:|^--- FAIL|test timed out' $$log | head -n 600 || true; \
+	fi; \
+	exit $$rc
 
 lint: fmt vet staticcheck
 

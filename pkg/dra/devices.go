@@ -40,6 +40,13 @@ type Publish struct {
 	// tainting them: for apiservers without device taints (DRADeviceTaints, beta and on from
 	// 1.36), which drop the taint and would publish the GPU as schedulable.
 	WithholdUnhealthy bool
+	// Held are the devices prepared claims hold (the checkpoint's). A held device the driver
+	// would not publish now (a block after blocks went off, or a topology change) keeps its
+	// GPUs taken only through the driver: the allocator counts an allocated device's counters
+	// from its slice, so once the device is gone those GPUs look free. Every published device
+	// sharing a GPU with it gets the NoSchedule taint names.DRATaintHeld (or, with
+	// WithholdUnhealthy, is left out) until the claim is unprepared.
+	Held []string
 }
 
 // Devices is the ResourceSlice form of a topology, in the order the allocator should prefer
@@ -62,9 +69,15 @@ type Publish struct {
 //     the blocks), each from its highest index down, so plain pods fill domains from the end
 //     that blocks are taken from last.
 //
-// A device holding an unhealthy GPU carries the NoSchedule taint names.DRATaintUnhealthy.
+// A device holding an unhealthy GPU carries the NoSchedule taint names.DRATaintUnhealthy, one
+// sharing a GPU with a held device that is not published names.DRATaintHeld (p.Held).
 // Counters returns the counter sets the devices consume.
 func Devices(top *topology.Topology, p Publish) []resourceapi.Device {
+	return markHeld(devices(top, p), p)
+}
+
+// devices is Devices without the held taints.
+func devices(top *topology.Topology, p Publish) []resourceapi.Device {
 	out := make([]resourceapi.Device, 0, len(top.GPUs)*2)
 	doms := domainsBySize(top)
 	if p.Blocks {
@@ -95,6 +108,56 @@ func Devices(top *topology.Topology, p Publish) []resourceapi.Device {
 		}
 	}
 	return out
+}
+
+// markHeld taints (or, with p.WithholdUnhealthy, leaves out) the devices that share a GPU
+// with a device in p.Held that devs does not contain.
+func markHeld(devs []resourceapi.Device, p Publish) []resourceapi.Device {
+	if len(p.Held) == 0 {
+		return devs
+	}
+	published := make(map[string]bool, len(devs))
+	for _, d := range devs {
+		published[d.Name] = true
+	}
+	gone := map[int]bool{}
+	for _, name := range p.Held {
+		if published[name] {
+			continue
+		}
+		gs, _ := names.ParseDRADeviceGPUs(name)
+		for _, g := range gs {
+			gone[g] = true
+		}
+	}
+	if len(gone) == 0 {
+		return devs
+	}
+	out := devs[:0]
+	for _, d := range devs {
+		gs, _ := names.ParseDRADeviceGPUs(d.Name)
+		if !slices.ContainsFunc(gs, func(g int) bool { return gone[g] }) {
+			out = append(out, d)
+			continue
+		}
+		if p.WithholdUnhealthy {
+			continue
+		}
+		d.Taints = append(d.Taints, resourceapi.DeviceTaint{Key: names.DRATaintHeld, Effect: resourceapi.DeviceTaintEffectNoSchedule})
+		out = append(out, d)
+	}
+	return out
+}
+
+// HeldTainted counts the devices of devs that carry names.DRATaintHeld.
+func HeldTainted(devs []resourceapi.Device) int {
+	n := 0
+	for _, d := range devs {
+		if slices.ContainsFunc(d.Taints, func(t resourceapi.DeviceTaint) bool { return t.Key == names.DRATaintHeld }) {
+			n++
+		}
+	}
+	return n
 }
 
 // Counters are the shared counter sets of the devices Devices publishes with p.Blocks: one

@@ -346,3 +346,56 @@ func TestExtendedResourceConflicts(t *testing.T) {
 		})
 	}
 }
+
+// A held device the driver no longer publishes leaves its GPUs taken only in the checkpoint:
+// every published device sharing one of them is tainted (or withheld without taints), and
+// nothing else changes.
+func TestDevicesSharingAGPUWithAnUnpublishedHeldDeviceAreTainted(t *testing.T) {
+	heldTaint := func(d resourceapi.Device) bool {
+		return slices.ContainsFunc(d.Taints, func(t resourceapi.DeviceTaint) bool {
+			return t.Key == names.DRATaintHeld && t.Effect == resourceapi.DeviceTaintEffectNoSchedule
+		})
+	}
+	cases := []struct {
+		name     string
+		p        Publish
+		tainted  []string // devices carrying the held taint
+		withheld []string // devices left out
+	}{
+		{"nothing held", Publish{}, nil, nil},
+		{"a published GPU held", Publish{Held: []string{"gpu-2"}}, nil, nil},
+		{"a published block held", Publish{Blocks: true, Held: []string{"gpus-0-1"}}, nil, nil},
+		{"a block held after blocks went off", Publish{Held: []string{"gpus-0-1", "gpu-5"}}, []string{"gpu-0", "gpu-1"}, nil},
+		{"a published block held, without taints", Publish{Blocks: true, WithholdUnhealthy: true, Held: []string{"gpus-0-1"}}, nil, nil},
+		{"a block held after blocks went off, without taints", Publish{WithholdUnhealthy: true, Held: []string{"gpus-4-5-6-7"}}, nil,
+			[]string{"gpu-4", "gpu-5", "gpu-6", "gpu-7"}},
+		{"a device of GPUs the node no longer has", Publish{Held: []string{"gpus-12-13"}}, nil, nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			all := Devices(hgx(t), Publish{Blocks: tc.p.Blocks})
+			got := Devices(hgx(t), tc.p)
+			var tainted, present []string
+			for _, d := range got {
+				present = append(present, d.Name)
+				if heldTaint(d) {
+					tainted = append(tainted, d.Name)
+				}
+			}
+			var withheld []string
+			for _, d := range all {
+				if !slices.Contains(present, d.Name) {
+					withheld = append(withheld, d.Name)
+				}
+			}
+			slices.Sort(tainted)
+			slices.Sort(withheld)
+			if !slices.Equal(tainted, tc.tainted) || !slices.Equal(withheld, tc.withheld) {
+				t.Errorf("tainted %v, withheld %v; want %v, %v", tainted, withheld, tc.tainted, tc.withheld)
+			}
+			if n := HeldTainted(got); n != len(tc.tainted) {
+				t.Errorf("HeldTainted = %d, want %d", n, len(tc.tainted))
+			}
+		})
+	}
+}

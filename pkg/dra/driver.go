@@ -108,6 +108,9 @@ type Driver struct {
 	// withdrawn is set while a device plugin advertises nvidia.com/gpu on the node: the driver
 	// then publishes no devices. conditionSet: the Node condition was written once.
 	withdrawn bool
+	// heldTainted counts the devices the last publish tainted names.DRATaintHeld; while it is
+	// not zero, an Unprepare publishes again.
+	heldTainted int
 	// lastCondition is the NvdomainDRADevices status last written ("" for none).
 	lastCondition corev1.ConditionStatus
 	// suspects are the checkpoint entries the last housekeeping round found stale; an entry
@@ -204,7 +207,7 @@ func (d *Driver) publishLocked(ctx context.Context) error {
 	if top == nil || d.helper == nil {
 		return nil // not started yet: Start publishes
 	}
-	res := Resources(d.o.Node, top, Publish{Blocks: d.o.Blocks && !d.noBlocks, WithholdUnhealthy: d.noTaints})
+	res := Resources(d.o.Node, top, Publish{Blocks: d.o.Blocks && !d.noBlocks, WithholdUnhealthy: d.noTaints, Held: d.heldDevices()})
 	if d.withdrawn {
 		res = Resources(d.o.Node, &topology.Topology{Source: top.Source}, Publish{})
 	}
@@ -216,6 +219,16 @@ func (d *Driver) publishLocked(ctx context.Context) error {
 		return fmt.Errorf("publish ResourceSlices: %w", err)
 	}
 	d.published = &res
+	d.heldTainted = 0
+	for _, p := range res.Pools {
+		for _, sl := range p.Slices {
+			d.heldTainted += HeldTainted(sl.Devices)
+		}
+	}
+	if d.heldTainted > 0 {
+		d.o.Log.Info("publishing the devices that share GPUs with held devices no longer published with a NoSchedule device taint until their claims are unprepared",
+			"taint", names.DRATaintHeld, "devices", d.heldTainted)
+	}
 	tainted := 0
 	for _, g := range top.GPUs {
 		if g.Unhealthy != "" {
@@ -226,6 +239,39 @@ func (d *Driver) publishLocked(ctx context.Context) error {
 	d.o.Metrics.published(d.withdrawn, tainted)
 	d.o.Log.Info("publishing GPUs as DRA devices", "driver", names.DRADriver, "pool", d.o.Node, "devices", len(top.GPUs), "domains", len(top.Domains))
 	return nil
+}
+
+// heldDevices are the devices the checkpoint's claims hold (Publish.Held). An unreadable
+// checkpoint gives none: Prepare refuses every claim then, and the next publish reads it again.
+func (d *Driver) heldDevices() []string {
+	claims, err := d.state.Prepared()
+	if err != nil {
+		d.o.Log.Error(err, "read the DRA checkpoint for the devices prepared claims hold")
+		return nil
+	}
+	var out []string
+	for _, pc := range claims {
+		for _, dev := range pc.Devices {
+			if dev.Pool == d.o.Node && !slices.Contains(out, dev.Device) {
+				out = append(out, dev.Device)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// unprepared republishes after an Unprepare while devices carry the held taint, which may
+// now go.
+func (d *Driver) unprepared(ctx context.Context) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.heldTainted == 0 {
+		return
+	}
+	if err := d.publishLocked(context.WithoutCancel(ctx)); err != nil {
+		d.o.Log.Error(err, "publish the devices again after an Unprepare")
+	}
 }
 
 // State is the driver's claim state.
@@ -282,5 +328,6 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 		d.o.Log.V(1).Info("unprepared claim", "claim", claim.String(), "uid", claim.UID)
 		out[claim.UID] = nil
 	}
+	d.unprepared(ctx)
 	return out, nil
 }

@@ -110,6 +110,7 @@ func (d *Driver) prepare(ctx context.Context, claim *resourceapi.ResourceClaim) 
 			return nil, fmt.Errorf("%w (its holder is stale: %s, but removing it failed: %v)", err, why, uerr)
 		}
 		d.o.Metrics.stale("conflict", 1)
+		d.unprepared(ctx)
 	}
 	return d.state.Prepare(ctx, claim)
 }
@@ -158,6 +159,9 @@ func (d *Driver) Housekeep(ctx context.Context) {
 	}
 	d.suspects = suspects
 	d.o.Metrics.stale("cleanup", removed)
+	if removed > 0 {
+		d.unprepared(ctx)
+	}
 	d.checkDevicePlugin(ctx)
 }
 

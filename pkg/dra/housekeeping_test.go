@@ -18,8 +18,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 
 	"github.com/nvdomain/nvdomain/pkg/names"
@@ -312,4 +314,61 @@ func TestDroppedFieldsFallBackByFeature(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A block a claim holds when blocks fall back (the apiserver dropped the counters) is no
+// longer published, and the allocator would count its GPUs free: the GPUs it holds are
+// published tainted until the claim is unprepared, then untainted.
+func TestGPUsOfAHeldBlockStayTakenAfterBlocksGoOff(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	dir := shortDir(t)
+	held := claim("b1")
+	held.Status.Allocation.Devices.Results = []resourceapi.DeviceRequestAllocationResult{{
+		Request: "gpus/block", Driver: names.DRADriver, Pool: node, Device: names.DRABlockName([]int{0, 1})}}
+	cs := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, UID: "node-uid"}}, held)
+	d, err := Start(ctx, Options{Node: node, Client: cs, KubeletDir: dir, CDI: CDINvdomain, CDISpecDir: dir + "/cdi", Topology: hgx(t),
+		Blocks: true, Log: logr.Discard(), HousekeepingPeriod: time.Hour, ModeLabel: names.Default().ModeLabel()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Stop)
+	if _, err := d.prepare(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	heldTainted := func() []string {
+		list, err := cs.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, s := range list.Items {
+			for _, dev := range s.Spec.Devices {
+				if slices.ContainsFunc(dev.Taints, func(t resourceapi.DeviceTaint) bool { return t.Key == names.DRATaintHeld }) {
+					out = append(out, dev.Name)
+				}
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	waitFor(t, "blocks published", func() bool { return slices.Contains(sliceDevices(ctx, t, cs), "gpus-0-1") })
+	if got := heldTainted(); got != nil {
+		t.Fatalf("tainted %v while the held block is published", got)
+	}
+	// What HandleError does when the apiserver drops the counters.
+	d.mu.Lock()
+	d.noBlocks = true
+	err = d.publishLocked(ctx)
+	d.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "gpu-0 and gpu-1 tainted, no blocks", func() bool {
+		return slices.Equal(heldTainted(), []string{"gpu-0", "gpu-1"}) && !slices.Contains(sliceDevices(ctx, t, cs), "gpus-0-1")
+	})
+	if _, err := d.UnprepareResourceClaims(ctx, []kubeletplugin.NamespacedObject{{NamespacedName: types.NamespacedName{Namespace: held.Namespace, Name: held.Name}, UID: held.UID}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the taints gone with the Unprepare", func() bool { return heldTainted() == nil && len(sliceDevices(ctx, t, cs)) == 9 })
 }

@@ -538,6 +538,12 @@ const (
 	// DRATaintUnhealthy is the device taint (effect NoSchedule) the driver puts on the devices
 	// of an unhealthy GPU and on every block holding it.
 	DRATaintUnhealthy = DRADriver + "/unhealthy"
+	// DRATaintHeld is the device taint (effect NoSchedule) the driver puts on every device it
+	// publishes that shares a GPU with a device a prepared claim holds but the driver no longer
+	// publishes (a block, after blocks were switched off or fell back, or a topology change).
+	// The allocator counts a held device's counters only while the device is in a slice, so
+	// without the taint it would offer those GPUs again; the taint goes with the Unprepare.
+	DRATaintHeld = DRADriver + "/held"
 	// DRAAttrBlockSize is a block's GPU count; single GPUs do not have it, which is what the
 	// two DeviceClasses select on.
 	DRAAttrBlockSize = "blockSize"

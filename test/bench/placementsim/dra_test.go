@@ -316,6 +316,16 @@ func TestShippedMatchesAllocator(t *testing.T) {
 // without blocks.
 func shippedSlices(t testing.TB, n *Node, blocks bool) []*resourceapi.ResourceSlice {
 	t.Helper()
+	out := publishedSlices(t, n, dra.Publish{Blocks: blocks})
+	if want := map[bool]int{false: 1, true: 2}[blocks]; len(out) != want {
+		t.Fatalf("%d slices for an 8-GPU node (blocks %v), want %d", len(out), blocks, want)
+	}
+	return out
+}
+
+// publishedSlices are the ResourceSlices pkg/dra publishes for a simulated node with p.
+func publishedSlices(t testing.TB, n *Node, p dra.Publish) []*resourceapi.ResourceSlice {
+	t.Helper()
 	gpus := make([]topology.GPU, len(n.used))
 	for i := range gpus {
 		gpus[i] = topology.GPU{Index: i, MemoryMiB: 81559}
@@ -324,15 +334,12 @@ func shippedSlices(t testing.TB, n *Node, blocks bool) []*resourceapi.ResourceSl
 	if err != nil {
 		t.Fatalf("topology: %v", err)
 	}
-	pool := dra.Resources(n.name, top, dra.Publish{Blocks: blocks}).Pools[n.name]
+	pool := dra.Resources(n.name, top, p).Pools[n.name]
 	var out []*resourceapi.ResourceSlice
 	for i, s := range pool.Slices {
 		out = append(out, &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-slice-%d", n.name, i)}, Spec: resourceapi.ResourceSliceSpec{
 			Driver: names.DRADriver, NodeName: ptr.To(n.name), Devices: s.Devices, SharedCounters: s.SharedCounters,
 			Pool: resourceapi.ResourcePool{Name: n.name, Generation: 1, ResourceSliceCount: int64(len(pool.Slices))}}})
-	}
-	if want := map[bool]int{false: 1, true: 2}[blocks]; len(out) != want {
-		t.Fatalf("%d slices for an 8-GPU node (blocks %v), want %d", len(out), blocks, want)
 	}
 	return out
 }
@@ -407,4 +414,50 @@ func allocateOn(t *testing.T, f structured.Features, classes classLister, rs []*
 		}
 	}
 	return got, sub
+}
+
+// The real allocator, after blocks went off while a claim holds the block gpus-0-1-2-3 of an
+// HGX node: without the held taint it counts those GPUs free and gives a TP=8 claim all
+// eight (the kubelet's Prepare then fails and the pod sits in ContainerCreating); with the
+// taint pkg/dra publishes (Publish.Held) the claim does not fit, and a TP=4 claim gets 4-7.
+func TestHeldTaintKeepsAnUnpublishedBlocksGPUsFromTheAllocator(t *testing.T) {
+	features := structured.Features{AdminAccess: true, PrioritizedList: true, DeviceTaints: true, PartitionableDevices: true}
+	classes := classLister(dra.DeviceClasses(names.GPUResource))
+	n := newNode(HGX8, 0)
+	held := names.DRABlockName([]int{0, 1, 2, 3})
+	for _, tc := range []struct {
+		name  string
+		p     dra.Publish
+		k     int
+		wantN int
+	}{
+		{"without the held taint, TP=8", dra.Publish{}, 8, 8},
+		{"with it, TP=8", dra.Publish{Held: []string{held}}, 8, 0},
+		{"with it, TP=4", dra.Publish{Held: []string{held}}, 4, 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rs := publishedSlices(t, n, tc.p)
+			alloc, err := structured.NewAllocator(context.Background(), features,
+				structured.AllocatedState{AllocatedDevices: sets.New(structured.MakeDeviceID(names.DRADriver, n.name, held))},
+				classes, rs, cel.NewCache(10, cel.Features{}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "ns", UID: "uid"}, Spec: dratemplates.Desired("ns", tc.k, false).Spec.Spec}
+			res, err := alloc.Allocate(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name}}, []*resourceapi.ResourceClaim{claim})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []int
+			for _, r := range res {
+				for _, d := range r.Devices.Results {
+					gs, _ := names.ParseDRADeviceGPUs(d.Device)
+					got = append(got, gs...)
+				}
+			}
+			if len(got) != tc.wantN || (tc.p.Held != nil && slices.ContainsFunc(got, func(g int) bool { return g < 4 })) {
+				t.Errorf("allocated GPUs %v, want %d GPUs outside the held block", got, tc.wantN)
+			}
+		})
+	}
 }

@@ -91,7 +91,8 @@ func (v *View) dropClaimLocked(uid types.UID) {
 }
 
 // DRAHint names up to placement.MaxHintNodes DRA nodes the pod may use (labels, name, hard
-// taints; cordoned and NotReady nodes are left out) where the allocator would place k GPUs
+// taints; cordoned and NotReady nodes, and nodes whose driver withdrew its devices, are
+// left out) where the allocator would place k GPUs
 // best: the template's most preferred subrequest for a TP pod (tp), then the fewest GPUs left
 // free in the domain it takes them from. Nodes whose topology the view does not know (no
 // topology annotation yet) are left out. nil when no DRA node has room now.
@@ -105,7 +106,7 @@ func (v *View) DRAHint(pod *corev1.Pod, k int, tp bool) []string {
 	var best dra.Fit
 	var out []string
 	for name, nd := range v.nodes {
-		if !nd.dra || nd.draSlots == nil || nd.draGPUs-len(v.draUsed[name]) < k || !eligible(pod, req, nd) || !available(pod, nd) {
+		if !nd.dra || nd.draSlots == nil || nd.draWithdrawn || nd.draGPUs-len(v.draUsed[name]) < k || !eligible(pod, req, nd) || !available(pod, nd) {
 			continue
 		}
 		used := v.draUsed[name]

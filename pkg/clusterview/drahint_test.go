@@ -95,6 +95,19 @@ func TestDRAHintNamesWhereTheAllocatorFitsTightest(t *testing.T) {
 	if got := v.DRAHint(tp, 8, true); !slices.Equal(got, []string{"empty"}) {
 		t.Errorf("TP=8 hint with busy cordoned %v, want [empty]", got)
 	}
+	// A node whose driver withdrew its devices (a device plugin there) is not hinted, and is
+	// again once they are back.
+	withdrawn := draTopoNode(t, "empty", hgx, nil)
+	withdrawn.Status.Conditions = append(withdrawn.Status.Conditions, corev1.NodeCondition{Type: names.ConditionDRADevices, Status: corev1.ConditionFalse, Reason: names.ReasonDevicePluginOnDRANode})
+	v.UpsertNode(stripNode(n, withdrawn))
+	if got := v.DRAHint(tp, 8, true); got != nil {
+		t.Errorf("TP=8 hint %v with busy cordoned and empty withdrawn, want none", got)
+	}
+	withdrawn.Status.Conditions[len(withdrawn.Status.Conditions)-1].Status = corev1.ConditionTrue
+	v.UpsertNode(stripNode(n, withdrawn))
+	if got := v.DRAHint(tp, 8, true); !slices.Equal(got, []string{"empty"}) {
+		t.Errorf("TP=8 hint %v once empty publishes again, want [empty]", got)
+	}
 	picky := newTP()
 	picky.Spec.NodeSelector = map[string]string{"pool": "other"}
 	if got := v.DRAHint(picky, 2, true); got != nil {

@@ -131,8 +131,10 @@ func stripNode(n names.Names, node *corev1.Node) *corev1.Node {
 		}
 	}
 	for _, c := range node.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			out.Status.Conditions = []corev1.NodeCondition{{Type: c.Type, Status: c.Status, Reason: c.Reason}}
+		// Ready, and the DRA driver's NvdomainDRADevices (a node whose devices it withdrew is
+		// not hinted).
+		if c.Type == corev1.NodeReady || c.Type == names.ConditionDRADevices {
+			out.Status.Conditions = append(out.Status.Conditions, corev1.NodeCondition{Type: c.Type, Status: c.Status, Reason: c.Reason})
 		}
 	}
 	return out

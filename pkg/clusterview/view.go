@@ -13,6 +13,7 @@ package clusterview
 
 import (
 	"maps"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -221,6 +222,9 @@ type node struct {
 	draTopo  string
 	draSlots []dra.Slot
 	draGPUs  int
+	// draWithdrawn: the driver publishes none of the node's devices now (its
+	// NvdomainDRADevices condition is False: a device plugin advertises nvidia.com/gpu there).
+	draWithdrawn bool
 }
 
 type podEntry struct {
@@ -290,6 +294,9 @@ func (v *View) UpsertNode(obj *corev1.Node) {
 	if nd.dra {
 		nd.draTopo = obj.Annotations[v.names.TopologyAnnotation()]
 		nd.draSlots, nd.draGPUs = draTopology(nd.draTopo, v.nodes[obj.Name], v.draBlocks)
+		nd.draWithdrawn = slices.ContainsFunc(obj.Status.Conditions, func(c corev1.NodeCondition) bool {
+			return c.Type == names.ConditionDRADevices && c.Status == corev1.ConditionFalse
+		})
 	}
 	v.gen.Add(1)
 	if old, ok := v.nodes[obj.Name]; !ok || !sameShape(old, nd) {
@@ -352,7 +359,7 @@ func (v *View) NodeGeneration() uint64 {
 // agents rewrite on a clock: GPU Feature Discovery's timestamp changes every minute and would
 // make every node look new.
 func sameShape(a, b *node) bool {
-	return a.taintKey == b.taintKey && maps.Equal(a.capacity, b.capacity) && a.dra == b.dra && maps.Equal(a.draSizes, b.draSizes) &&
+	return a.taintKey == b.taintKey && maps.Equal(a.capacity, b.capacity) && a.dra == b.dra && a.draWithdrawn == b.draWithdrawn && maps.Equal(a.draSizes, b.draSizes) &&
 		maps.EqualFunc(stableLabels(a.obj.Labels), stableLabels(b.obj.Labels), func(x, y string) bool { return x == y })
 }
 

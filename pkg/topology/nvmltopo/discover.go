@@ -159,10 +159,64 @@ func describe(i int, dev nvml.Device) (topology.GPU, error) {
 	if numa, ret := dev.GetNumaNodeId(); ret == nvml.SUCCESS && numa >= 0 {
 		gpu.NUMANode = &numa
 	}
-	if fi, ret := dev.GetGpuFabricInfo(); ret == nvml.SUCCESS && fi.State == nvml.GPU_FABRIC_STATE_COMPLETED && fi.ClusterUuid != [16]uint8{} {
+	fi, fret := dev.GetGpuFabricInfo()
+	if fret == nvml.SUCCESS && fi.State == nvml.GPU_FABRIC_STATE_COMPLETED && fi.Status == uint32(nvml.SUCCESS) && fi.ClusterUuid != [16]uint8{} {
 		gpu.Fabric = &topology.Fabric{ClusterUUID: formatUUID(fi.ClusterUuid), CliqueID: fi.CliqueId}
 	}
+	gpu.Unhealthy = health(dev, fi, fret)
 	return gpu, nil
+}
+
+// health says why a GPU should take no new work ("" when nothing NVML reports says so), from
+// what the driver keeps until the GPU is reset, so the agent's every-period rediscovery sees
+// it and sees it clear (topology.GPU.Unhealthy; in DRA mode a NoSchedule device taint):
+//
+//   - the NVLink fabric: on NVSwitch systems Fabric Manager must have trained the GPU's links
+//     and registered it (state completed, status success); until then CUDA cannot start
+//     there, and a TP job would fail or fall back to PCIe;
+//   - row remapping (Ampere and later): a failed remap (no spare row left for an uncorrectable
+//     error) or one pending until the next reset;
+//   - page retirement pending (before Ampere), the same for older GPUs;
+//   - uncorrected ECC errors since the last reset (the volatile count, behind XIDs 48, 94 and
+//     95).
+//
+// A query the GPU does not support says nothing. XIDs themselves are events, not state; the
+// ones that leave a GPU unusable show up here (ECC, remapping, fabric) or make NVML fail to
+// query it at all, which fails discovery.
+func health(dev nvml.Device, fi nvml.GpuFabricInfo, fret nvml.Return) string {
+	if fret == nvml.SUCCESS && fi.State != nvml.GPU_FABRIC_STATE_NOT_SUPPORTED {
+		switch {
+		case fi.State != nvml.GPU_FABRIC_STATE_COMPLETED:
+			return fmt.Sprintf("NVLink fabric not ready (Fabric Manager state %s): check `systemctl status nvidia-fabricmanager` and `nvidia-smi -q | grep -A2 Fabric`", fabricState(fi.State))
+		case fi.Status != uint32(nvml.SUCCESS):
+			return fmt.Sprintf("NVLink fabric registration failed (%v): check the Fabric Manager log and the NVSwitches (`nvidia-smi nvlink -s`)", nvml.Return(fi.Status))
+		}
+	}
+	if _, _, pending, failed, ret := dev.GetRemappedRows(); ret == nvml.SUCCESS {
+		switch {
+		case failed:
+			return "row remapping failed (an uncorrectable memory error with no spare row): drain the node and replace the GPU"
+		case pending:
+			return "row remapping pending: drain the GPU and reset it (`nvidia-smi -r`) to apply it"
+		}
+	}
+	if st, ret := dev.GetRetiredPagesPendingStatus(); ret == nvml.SUCCESS && st == nvml.FEATURE_ENABLED {
+		return "page retirement pending: drain the GPU and reset it (`nvidia-smi -r`) to retire the pages"
+	}
+	if n, ret := dev.GetTotalEccErrors(nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.VOLATILE_ECC); ret == nvml.SUCCESS && n > 0 {
+		return fmt.Sprintf("%d uncorrected ECC errors since the last reset (XID 48/94/95): drain the GPU and reset it (`nvidia-smi -r`)", n)
+	}
+	return ""
+}
+
+func fabricState(s uint8) string {
+	switch s {
+	case nvml.GPU_FABRIC_STATE_NOT_STARTED:
+		return "not started"
+	case nvml.GPU_FABRIC_STATE_IN_PROGRESS:
+		return "in progress"
+	}
+	return strconv.Itoa(int(s))
 }
 
 // walkLinks records GPU i's direct GPU links and returns the switches its active links reach.

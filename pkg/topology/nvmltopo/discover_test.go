@@ -35,6 +35,11 @@ type machine struct {
 	fabric         map[int]nvml.GpuFabricInfo
 	oldDriver      bool // GetNvLinkRemoteDeviceType unsupported, as before R460
 	failUUIDForGPU int
+	// Health answers per GPU; a GPU not listed answers NOT_SUPPORTED (remap, retired pages)
+	// or zero errors (ECC).
+	remap   map[int][2]bool // pending, failed
+	retired map[int]bool
+	ecc     map[int]uint64
 }
 
 func newMachine(srv *server.Server) *machine {
@@ -60,6 +65,27 @@ func (m *machine) lib() nvml.Interface {
 			dev.GetUUIDFunc = func() (string, nvml.Return) { return "", nvml.ERROR_GPU_IS_LOST }
 		}
 		dev.GetNumaNodeIdFunc = func() (int, nvml.Return) { return i / 4, nvml.SUCCESS }
+		dev.GetRemappedRowsFunc = func() (int, int, bool, bool, nvml.Return) {
+			if r, ok := m.remap[i]; ok {
+				return 0, 1, r[0], r[1], nvml.SUCCESS
+			}
+			return 0, 0, false, false, nvml.ERROR_NOT_SUPPORTED
+		}
+		dev.GetRetiredPagesPendingStatusFunc = func() (nvml.EnableState, nvml.Return) {
+			if p, ok := m.retired[i]; ok {
+				if p {
+					return nvml.FEATURE_ENABLED, nvml.SUCCESS
+				}
+				return nvml.FEATURE_DISABLED, nvml.SUCCESS
+			}
+			return 0, nvml.ERROR_NOT_SUPPORTED
+		}
+		dev.GetTotalEccErrorsFunc = func(typ nvml.MemoryErrorType, counter nvml.EccCounterType) (uint64, nvml.Return) {
+			if typ == nvml.MEMORY_ERROR_TYPE_UNCORRECTED && counter == nvml.VOLATILE_ECC {
+				return m.ecc[i], nvml.SUCCESS
+			}
+			return 0, nvml.SUCCESS
+		}
 		dev.GetGpuFabricInfoFunc = func() (nvml.GpuFabricInfo, nvml.Return) {
 			if fi, ok := m.fabric[i]; ok {
 				return fi, nvml.SUCCESS
@@ -270,4 +296,58 @@ func TestRealNVML(t *testing.T) {
 		t.Fatal("NVML succeeded with no GPUs")
 	}
 	t.Logf("real NVML: %d GPUs, %d domains, unlinked %v, warnings %q", len(top.GPUs), len(top.Domains), top.Unlinked, top.Warnings)
+}
+
+// What NVML keeps about a GPU's health until it is reset makes it unhealthy, with the fix in
+// the reason; a GPU that does not support a query, or reports nothing wrong, stays healthy.
+func TestDiscoverReportsUnhealthyGPUs(t *testing.T) {
+	completed := nvml.GpuFabricInfo{ClusterUuid: [16]uint8{1}, State: nvml.GPU_FABRIC_STATE_COMPLETED, Status: uint32(nvml.SUCCESS), CliqueId: 1}
+	cases := []struct {
+		name string
+		set  func(m *machine)
+		want string // substring of GPU 2's reason; "" healthy
+	}{
+		{"healthy, fabric registered", func(m *machine) { m.fabric[2] = completed }, ""},
+		{"no fabric support (PCIe, bridges)", func(m *machine) {
+			m.fabric[2] = nvml.GpuFabricInfo{State: nvml.GPU_FABRIC_STATE_NOT_SUPPORTED}
+		}, ""},
+		{"fabric not trained yet", func(m *machine) {
+			m.fabric[2] = nvml.GpuFabricInfo{State: nvml.GPU_FABRIC_STATE_IN_PROGRESS}
+		}, "NVLink fabric not ready (Fabric Manager state in progress)"},
+		{"fabric registration failed", func(m *machine) {
+			f := completed
+			f.Status = uint32(nvml.ERROR_UNKNOWN)
+			m.fabric[2] = f
+		}, "NVLink fabric registration failed"},
+		{"row remap failed", func(m *machine) { m.remap[2] = [2]bool{false, true} }, "row remapping failed"},
+		{"row remap pending", func(m *machine) { m.remap[2] = [2]bool{true, false} }, "row remapping pending"},
+		{"row remap fine", func(m *machine) { m.remap[2] = [2]bool{false, false} }, ""},
+		{"page retirement pending", func(m *machine) { m.retired[2] = true }, "page retirement pending"},
+		{"uncorrected ECC", func(m *machine) { m.ecc[2] = 3 }, "3 uncorrected ECC errors since the last reset"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			m := hgxH100()
+			m.remap, m.retired, m.ecc = map[int][2]bool{}, map[int]bool{}, map[int]uint64{}
+			tc.set(m)
+			top, err := Discover(context.Background(), m.lib())
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, g := range top.GPUs {
+				switch {
+				case g.Index != 2 && g.Unhealthy != "":
+					t.Errorf("GPU %d unhealthy: %s", g.Index, g.Unhealthy)
+				case g.Index == 2 && tc.want == "" && g.Unhealthy != "":
+					t.Errorf("GPU 2 unhealthy: %s", g.Unhealthy)
+				case g.Index == 2 && !strings.Contains(g.Unhealthy, tc.want):
+					t.Errorf("GPU 2 unhealthy %q, want %q", g.Unhealthy, tc.want)
+				}
+			}
+			// An unhealthy GPU keeps its domain: it is the devices that are tainted.
+			if len(top.Domains) != 1 || top.Domains[0].Size() != 8 {
+				t.Errorf("domains %v", domains(top))
+			}
+		})
+	}
 }

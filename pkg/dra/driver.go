@@ -119,6 +119,9 @@ type Driver struct {
 	// registered is what the kubelet last said about the registration. The helper keeps the
 	// same status without a lock, so the driver records its own copy as the call passes.
 	registered atomic.Bool
+	// stopHousekeeping ends the housekeeping goroutine, which closes housekeepingDone.
+	stopHousekeeping context.CancelFunc
+	housekeepingDone chan struct{}
 }
 
 var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
@@ -164,14 +167,29 @@ func Start(ctx context.Context, o Options) (*Driver, error) {
 	if period <= 0 {
 		period = DefaultHousekeepingPeriod
 	}
-	go d.housekeeping(ctx, period)
+	hctx, stop := context.WithCancel(ctx)
+	d.stopHousekeeping = stop
+	d.housekeepingDone = make(chan struct{})
+	go func() {
+		defer close(d.housekeepingDone)
+		d.housekeeping(hctx, period)
+	}()
 	return d, nil
 }
 
 // Stop stops the gRPC servers and the ResourceSlice publisher. The ResourceSlices stay: a
 // restarting driver finds and updates them, and they go with the Node when it is deleted.
 func (d *Driver) Stop() {
-	if d != nil && d.helper != nil {
+	if d == nil {
+		return
+	}
+	// Housekeeping first: a round after the stop would publish and unprepare for a driver
+	// that no longer serves the kubelet (a restarted agent's new driver owns the checkpoint).
+	if d.stopHousekeeping != nil {
+		d.stopHousekeeping()
+		<-d.housekeepingDone
+	}
+	if d.helper != nil {
 		d.helper.Stop()
 	}
 }

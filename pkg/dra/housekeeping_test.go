@@ -372,3 +372,32 @@ func TestGPUsOfAHeldBlockStayTakenAfterBlocksGoOff(t *testing.T) {
 	}
 	waitFor(t, "the taints gone with the Unprepare", func() bool { return heldTainted() == nil && len(sliceDevices(ctx, t, cs)) == 9 })
 }
+
+// Stop ends housekeeping: no round reads or writes anything for a stopped driver.
+func TestHousekeepingEndsWithStop(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	dir := shortDir(t)
+	cs := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, UID: "node-uid"}})
+	d, err := Start(ctx, Options{Node: node, Client: cs, KubeletDir: dir, CDI: CDINvdomain, CDISpecDir: dir + "/cdi", Topology: hgx(t),
+		Log: logr.Discard(), HousekeepingPeriod: 10 * time.Millisecond, ModeLabel: names.Default().ModeLabel()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodeGets := func() int {
+		n := 0
+		for _, a := range cs.Actions() {
+			if a.GetVerb() == "get" && a.GetResource().Resource == "nodes" {
+				n++
+			}
+		}
+		return n
+	}
+	waitFor(t, "a housekeeping round", func() bool { return nodeGets() >= 3 })
+	d.Stop()
+	before := nodeGets()
+	time.Sleep(100 * time.Millisecond)
+	if after := nodeGets(); after != before {
+		t.Errorf("%d node reads after Stop", after-before)
+	}
+}

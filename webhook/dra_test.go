@@ -350,6 +350,21 @@ func TestDRAPodsGetTheTightestNodesAsAPreference(t *testing.T) {
 			if !again.Allowed || len(again.Patches) != 0 {
 				t.Errorf("re-admission patched: %v", again.Patches)
 			}
+			// A pod whose template carries a hint copied from an earlier pod (kubectl get -o
+			// yaml) gets today's hint in its place, beside the user's own preferences.
+			copied := tc.pod.DeepCopy()
+			copied.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{PreferredDuringSchedulingIgnoredDuringExecution: []corev1.PreferredSchedulingTerm{
+				{Weight: 5, Preference: corev1.NodeSelectorTerm{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "zone", Operator: corev1.NodeSelectorOpIn, Values: []string{"a"}}}}},
+				{Weight: decision.HintWeight, Preference: corev1.NodeSelectorTerm{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{"dra-empty"}}}}},
+			}}}
+			out, mresp, _ = f.admit(t, copied)
+			if !mresp.Allowed {
+				t.Fatalf("mutate %+v", mresp.Result)
+			}
+			terms := out.Spec.Affinity.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution
+			if got := draHintOf(out); len(got) != 1 || got[0] != "dra-busy" || len(terms) != 2 || terms[0].Weight != 5 {
+				t.Errorf("copied stale hint: hint %v, terms %+v; want [dra-busy] in place of [dra-empty], the zone term kept", got, terms)
+			}
 		})
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/utils/ptr"
 
@@ -90,17 +91,26 @@ func RewriteForDRA(pod *corev1.Pod, p rules.Pod, n names.Names) *corev1.Pod {
 
 // HintDRA returns a copy of a pod bound for DRA nodes with a preferred node affinity for the
 // hinted nodes (clusterview.DRAHint: where the allocator would place it tightest now), or the
-// pod itself when there is no hint or it has one already: admission stays idempotent when the
-// apiserver calls the webhook again. It is a preference only, like classic mode's hint
-// (HintWeight); the allocator still decides where the pod may run, so a stale hint costs a
-// looser placement, never a wrong one. DynamicResources scores nodes by the template's
-// subrequest too, and the hinted nodes are of the best subrequest, so the two agree.
+// pod itself when that changes nothing. A term of the hint's shape the pod carries already
+// (HintWeight, one hostname In expression) is replaced: it is nvdomain's from an earlier
+// admission, often copied into a controller's template with `kubectl get -o yaml`, and names
+// the nodes that were tightest then; with no hint now it is dropped. A second call with the
+// same hint gives the same pod, so admission stays idempotent when the apiserver calls the
+// webhook again. It is a preference only, like classic mode's hint (HintWeight); the
+// allocator still decides where the pod may run, so a stale hint costs a looser placement,
+// never a wrong one. DynamicResources scores nodes by the template's subrequest too, and the
+// hinted nodes are of the best subrequest, so the two agree.
 func HintDRA(pod *corev1.Pod, hint []string) *corev1.Pod {
 	t, ok := hintTerm(hint)
-	if !ok {
-		return pod
+	var old []corev1.PreferredSchedulingTerm
+	if a := pod.Spec.Affinity; a != nil && a.NodeAffinity != nil {
+		old = a.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution
 	}
-	if a := pod.Spec.Affinity; a != nil && a.NodeAffinity != nil && hasHint(a.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution) {
+	kept := slices.DeleteFunc(slices.Clone(old), isHintTerm)
+	if ok {
+		kept = append(kept, t)
+	}
+	if apiequality.Semantic.DeepEqual(kept, old) || (len(kept) == 0 && len(old) == 0) {
 		return pod
 	}
 	out := pod.DeepCopy()
@@ -110,8 +120,10 @@ func HintDRA(pod *corev1.Pod, hint []string) *corev1.Pod {
 	if out.Spec.Affinity.NodeAffinity == nil {
 		out.Spec.Affinity.NodeAffinity = &corev1.NodeAffinity{}
 	}
-	na := out.Spec.Affinity.NodeAffinity
-	na.PreferredDuringSchedulingIgnoredDuringExecution = append(na.PreferredDuringSchedulingIgnoredDuringExecution, t)
+	if len(kept) == 0 {
+		kept = nil
+	}
+	out.Spec.Affinity.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution = kept
 	return out
 }
 
@@ -126,15 +138,10 @@ func hintTerm(hint []string) (corev1.PreferredSchedulingTerm, bool) {
 	}}, true
 }
 
-// hasHint reports whether the preferred terms hold a hint of nvdomain's shape already.
-func hasHint(terms []corev1.PreferredSchedulingTerm) bool {
-	for _, t := range terms {
-		e := t.Preference.MatchExpressions
-		if t.Weight == HintWeight && len(e) == 1 && e[0].Key == corev1.LabelHostname && e[0].Operator == corev1.NodeSelectorOpIn && len(t.Preference.MatchFields) == 0 {
-			return true
-		}
-	}
-	return false
+// isHintTerm reports whether a preferred term has the DRA hint's shape.
+func isHintTerm(t corev1.PreferredSchedulingTerm) bool {
+	e := t.Preference.MatchExpressions
+	return t.Weight == HintWeight && len(e) == 1 && e[0].Key == corev1.LabelHostname && e[0].Operator == corev1.NodeSelectorOpIn && len(t.Preference.MatchFields) == 0
 }
 
 // keepOffDRA adds `nvdomain-mode NotIn [dra]` to every required node selector term of a pod

@@ -89,8 +89,8 @@ e2e: host-deps k8s-assets containerd-assets helm-assets image
 	$(IMAGE_ENV) $(GO) test -tags e2e -count=1 -timeout 30m -v ./test/e2e/ >$$log 2>&1 || rc=$$?; \
 	tail -n 80 $$log; \
 	if [ $$rc -ne 0 ]; then \
-	  echo "=== e2e failed (exit $$rc); the failures, each with the 25 lines before it (full log: $$log):"; \
-	  grep -n -B25 -E '_test\.go:[0-9]+:|^panic:|^--- FAIL|test timed out' $$log | head -n 600 || true; \
+	  echo "=== e2e failed (exit $$rc); the failures, each with the 25 lines before it and 10 after (full log: $$log):"; \
+	  grep -n -B25 -A10 -E '_test\.go:[0-9]+:|^panic:|^--- FAIL|test timed out' $$log | head -n 600 || true; \
 	fi; \
 	exit $$rc
 

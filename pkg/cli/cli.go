@@ -203,7 +203,7 @@ What could not be read is printed as warnings; --strict turns them into an error
 			if err := dout.validate(); err != nil {
 				return err
 			}
-			top, err := nvmltopo.Discover(cmd.Context(), nvml.New())
+			top, err := nvmltopo.Discover(cmd.Context(), nvml.New(), nvmltopo.Options{})
 			if err != nil {
 				return err
 			}

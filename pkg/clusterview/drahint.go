@@ -2,6 +2,7 @@ package clusterview
 
 import (
 	"encoding/json"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -117,10 +118,17 @@ func (v *View) DRAHint(pod *corev1.Pod, k int, tp bool) []string {
 		case len(out) == 0 || f.Tighter(best):
 			best, out = f, out[:0]
 		}
+		// Of more ties than the hint names, the first names: every call (the apiserver's
+		// reinvocation, another replica) names the same nodes, not those the map's order
+		// happens to give first.
+		h := nodeHostname(nd)
 		if len(out) < placement.MaxHintNodes {
-			out = append(out, nodeHostname(nd))
+			out = append(out, h)
+		} else if last := slices.Index(out, slices.Max(out)); h < out[last] {
+			out[last] = h
 		}
 	}
+	slices.Sort(out)
 	return out
 }
 

@@ -2,6 +2,7 @@ package clusterview
 
 import (
 	"encoding/json"
+	"fmt"
 	"slices"
 	"testing"
 
@@ -160,4 +161,18 @@ func stripClaimOf(t *testing.T, c *resourceapi.ResourceClaim) *resourceapi.Resou
 		t.Fatal(err)
 	}
 	return out.(*resourceapi.ResourceClaim)
+}
+
+// Of more equally tight nodes than a hint names, every call names the same ones.
+func TestDRAHintIsTheSameAcrossCalls(t *testing.T) {
+	v := New(n)
+	for i := range 20 {
+		v.UpsertNode(draTopoNode(t, fmt.Sprintf("node-%02d", i), [][]int{{0, 1, 2, 3, 4, 5, 6, 7}}, nil))
+	}
+	want := []string{"node-00", "node-01", "node-02", "node-03", "node-04", "node-05", "node-06", "node-07"}
+	for range 20 {
+		if got := v.DRAHint(newTP(), 8, true); !slices.Equal(got, want) {
+			t.Fatalf("hint %v, want %v", got, want)
+		}
+	}
 }

@@ -73,13 +73,22 @@ type Publish struct {
 // sharing a GPU with a held device that is not published names.DRATaintHeld (p.Held).
 // Counters returns the counter sets the devices consume.
 func Devices(top *topology.Topology, p Publish) []resourceapi.Device {
-	return markHeld(devices(top, p), p)
+	devs, _ := markHeld(devices(top, p), p)
+	return devs
+}
+
+// HeldCovered counts the devices Devices taints or leaves out for p.Held: while it is not
+// zero, the driver publishes again after every Unprepare.
+func HeldCovered(top *topology.Topology, p Publish) int {
+	_, n := markHeld(devices(top, p), p)
+	return n
 }
 
 // devices is Devices without the held taints.
 func devices(top *topology.Topology, p Publish) []resourceapi.Device {
 	out := make([]resourceapi.Device, 0, len(top.GPUs)*2)
 	doms := domainsBySize(top)
+	unhealthy := func(i int) bool { g, _ := top.GPU(i); return g.Unhealthy != "" }
 	if p.Blocks {
 		for _, d := range doms {
 			if !blocksFor(d) {
@@ -87,7 +96,10 @@ func devices(top *topology.Topology, p Publish) []resourceapi.Device {
 			}
 			for b := 2; b <= min(d.Size(), names.DRAMaxBlockSize); b *= 2 {
 				for off := 0; off+b <= d.Size(); off += b {
-					if gpus := d.GPUs[off : off+b]; len(names.DRABlockName(gpus)) <= maxDeviceName {
+					gpus := d.GPUs[off : off+b]
+					// Without device taints, a block holding an unhealthy GPU is left out, as
+					// the GPU is: its taint would be dropped.
+					if len(names.DRABlockName(gpus)) <= maxDeviceName && (!p.WithholdUnhealthy || !slices.ContainsFunc(gpus, unhealthy)) {
 						out = append(out, blockDevice(top, d, gpus))
 					}
 				}
@@ -112,9 +124,9 @@ func devices(top *topology.Topology, p Publish) []resourceapi.Device {
 
 // markHeld taints (or, with p.WithholdUnhealthy, leaves out) the devices that share a GPU
 // with a device in p.Held that devs does not contain.
-func markHeld(devs []resourceapi.Device, p Publish) []resourceapi.Device {
+func markHeld(devs []resourceapi.Device, p Publish) ([]resourceapi.Device, int) {
 	if len(p.Held) == 0 {
-		return devs
+		return devs, 0
 	}
 	published := make(map[string]bool, len(devs))
 	for _, d := range devs {
@@ -131,33 +143,23 @@ func markHeld(devs []resourceapi.Device, p Publish) []resourceapi.Device {
 		}
 	}
 	if len(gone) == 0 {
-		return devs
+		return devs, 0
 	}
-	out := devs[:0]
+	out, n := devs[:0], 0
 	for _, d := range devs {
 		gs, _ := names.ParseDRADeviceGPUs(d.Name)
 		if !slices.ContainsFunc(gs, func(g int) bool { return gone[g] }) {
 			out = append(out, d)
 			continue
 		}
+		n++
 		if p.WithholdUnhealthy {
 			continue
 		}
 		d.Taints = append(d.Taints, resourceapi.DeviceTaint{Key: names.DRATaintHeld, Effect: resourceapi.DeviceTaintEffectNoSchedule})
 		out = append(out, d)
 	}
-	return out
-}
-
-// HeldTainted counts the devices of devs that carry names.DRATaintHeld.
-func HeldTainted(devs []resourceapi.Device) int {
-	n := 0
-	for _, d := range devs {
-		if slices.ContainsFunc(d.Taints, func(t resourceapi.DeviceTaint) bool { return t.Key == names.DRATaintHeld }) {
-			n++
-		}
-	}
-	return n
+	return out, n
 }
 
 // Counters are the shared counter sets of the devices Devices publishes with p.Blocks: one

@@ -393,9 +393,33 @@ func TestDevicesSharingAGPUWithAnUnpublishedHeldDeviceAreTainted(t *testing.T) {
 			if !slices.Equal(tainted, tc.tainted) || !slices.Equal(withheld, tc.withheld) {
 				t.Errorf("tainted %v, withheld %v; want %v, %v", tainted, withheld, tc.tainted, tc.withheld)
 			}
-			if n := HeldTainted(got); n != len(tc.tainted) {
-				t.Errorf("HeldTainted = %d, want %d", n, len(tc.tainted))
+			if n := HeldCovered(hgx(t), tc.p); n != len(tc.tainted)+len(tc.withheld) {
+				t.Errorf("HeldCovered = %d, want %d", n, len(tc.tainted)+len(tc.withheld))
 			}
 		})
+	}
+}
+
+// Without device taints a block holding an unhealthy GPU is left out with the GPU, since the
+// apiserver would drop the block's taint and offer the GPU in it.
+func TestBlocksOfAnUnhealthyGPUAreWithheldWithoutTaints(t *testing.T) {
+	top := hgx(t)
+	top.GPUs[3].Unhealthy = "row remapping failed"
+	for _, tc := range []struct {
+		withhold bool
+		want     []string // devices holding GPU 3
+	}{
+		{false, []string{"gpus-2-3", "gpus-0-1-2-3", "gpu-3"}},
+		{true, nil},
+	} {
+		var got []string
+		for _, d := range Devices(top, Publish{Blocks: true, WithholdUnhealthy: tc.withhold}) {
+			if gs, _ := names.ParseDRADeviceGPUs(d.Name); slices.Contains(gs, 3) {
+				got = append(got, d.Name)
+			}
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("withhold %v: devices holding GPU 3 %v, want %v", tc.withhold, got, tc.want)
+		}
 	}
 }

@@ -108,9 +108,13 @@ type Driver struct {
 	// withdrawn is set while a device plugin advertises nvidia.com/gpu on the node: the driver
 	// then publishes no devices. conditionSet: the Node condition was written once.
 	withdrawn bool
-	// heldTainted counts the devices the last publish tainted names.DRATaintHeld; while it is
-	// not zero, an Unprepare publishes again.
-	heldTainted int
+	// heldCovered counts the devices the last publish tainted names.DRATaintHeld or left out
+	// for a held device it does not publish; while it is not zero, an Unprepare publishes
+	// again. publishedNames are the devices of the last publish, lastHeld the last held set
+	// read from the checkpoint.
+	heldCovered    int
+	publishedNames map[string]bool
+	lastHeld       []string
 	// lastCondition is the NvdomainDRADevices status last written ("" for none).
 	lastCondition corev1.ConditionStatus
 	// suspects are the checkpoint entries the last housekeeping round found stale; an entry
@@ -225,7 +229,8 @@ func (d *Driver) publishLocked(ctx context.Context) error {
 	if top == nil || d.helper == nil {
 		return nil // not started yet: Start publishes
 	}
-	res := Resources(d.o.Node, top, Publish{Blocks: d.o.Blocks && !d.noBlocks, WithholdUnhealthy: d.noTaints, Held: d.heldDevices()})
+	pub := Publish{Blocks: d.o.Blocks && !d.noBlocks, WithholdUnhealthy: d.noTaints, Held: d.heldDevices()}
+	res := Resources(d.o.Node, top, pub)
 	if d.withdrawn {
 		res = Resources(d.o.Node, &topology.Topology{Source: top.Source}, Publish{})
 	}
@@ -237,15 +242,17 @@ func (d *Driver) publishLocked(ctx context.Context) error {
 		return fmt.Errorf("publish ResourceSlices: %w", err)
 	}
 	d.published = &res
-	d.heldTainted = 0
+	d.publishedNames = map[string]bool{}
 	for _, p := range res.Pools {
 		for _, sl := range p.Slices {
-			d.heldTainted += HeldTainted(sl.Devices)
+			for _, dev := range sl.Devices {
+				d.publishedNames[dev.Name] = true
+			}
 		}
 	}
-	if d.heldTainted > 0 {
-		d.o.Log.Info("publishing the devices that share GPUs with held devices no longer published with a NoSchedule device taint until their claims are unprepared",
-			"taint", names.DRATaintHeld, "devices", d.heldTainted)
+	if d.heldCovered = HeldCovered(top, pub); d.heldCovered > 0 && !d.withdrawn {
+		d.o.Log.Info("the devices that share GPUs with held devices no longer published carry a NoSchedule device taint (or are left out, without device taints) until their claims are unprepared",
+			"taint", names.DRATaintHeld, "devices", d.heldCovered)
 	}
 	tainted := 0
 	for _, g := range top.GPUs {
@@ -259,36 +266,54 @@ func (d *Driver) publishLocked(ctx context.Context) error {
 	return nil
 }
 
-// heldDevices are the devices the checkpoint's claims hold (Publish.Held). An unreadable
-// checkpoint gives none: Prepare refuses every claim then, and the next publish reads it again.
+// heldDevices are the devices the checkpoint's claims hold (Publish.Held), admin access
+// aside (a monitoring claim shares a GPU with its holder and takes nothing). An unreadable
+// checkpoint gives the set last read, so a passing read error lifts no taint. d.mu is held.
 func (d *Driver) heldDevices() []string {
 	claims, err := d.state.Prepared()
 	if err != nil {
-		d.o.Log.Error(err, "read the DRA checkpoint for the devices prepared claims hold")
-		return nil
+		d.o.Log.Error(err, "read the DRA checkpoint for the devices prepared claims hold; keeping the last set")
+		return d.lastHeld
 	}
 	var out []string
 	for _, pc := range claims {
 		for _, dev := range pc.Devices {
-			if dev.Pool == d.o.Node && !slices.Contains(out, dev.Device) {
+			if dev.Pool == d.o.Node && !dev.AdminAccess && !slices.Contains(out, dev.Device) {
 				out = append(out, dev.Device)
 			}
 		}
 	}
 	slices.Sort(out)
+	d.lastHeld = out
 	return out
 }
 
-// unprepared republishes after an Unprepare while devices carry the held taint, which may
-// now go.
+// unprepared republishes after an Unprepare while devices are tainted or left out for a
+// held device, which may now go.
 func (d *Driver) unprepared(ctx context.Context) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.heldTainted == 0 {
+	if d.heldCovered == 0 {
 		return
 	}
 	if err := d.publishLocked(context.WithoutCancel(ctx)); err != nil {
 		d.o.Log.Error(err, "publish the devices again after an Unprepare")
+	}
+}
+
+// prepared republishes after a Prepare of a device the driver does not publish now: the
+// scheduler allocated it from older slices (blocks went off, or the counters fell back, between
+// the allocation and the Prepare), and the GPUs it holds must be tainted now.
+func (d *Driver) prepared(ctx context.Context, devices []PreparedDevice) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.published == nil || d.withdrawn || !slices.ContainsFunc(devices, func(dev PreparedDevice) bool {
+		return !dev.AdminAccess && !d.publishedNames[dev.Device]
+	}) {
+		return
+	}
+	if err := d.publishLocked(context.WithoutCancel(ctx)); err != nil {
+		d.o.Log.Error(err, "publish the devices again after a Prepare of a device no longer published")
 	}
 }
 
@@ -308,6 +333,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 			out[claim.UID] = kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s/%s: %w", claim.Namespace, claim.Name, err)}
 			continue
 		}
+		d.prepared(ctx, devices)
 		res := kubeletplugin.PrepareResult{Devices: kubeletDevices(devices)}
 		d.o.Log.V(1).Info("prepared claim", "claim", claim.Namespace+"/"+claim.Name, "uid", claim.UID, "devices", res.Devices)
 		out[claim.UID] = res

@@ -371,6 +371,36 @@ func TestGPUsOfAHeldBlockStayTakenAfterBlocksGoOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "the taints gone with the Unprepare", func() bool { return heldTainted() == nil && len(sliceDevices(ctx, t, cs)) == 9 })
+
+	// Allocated from the old slices, prepared after the fallback: the Prepare taints.
+	late := claim("b2")
+	late.Status.Allocation.Devices.Results = []resourceapi.DeviceRequestAllocationResult{{
+		Request: "gpus/block", Driver: names.DRADriver, Pool: node, Device: names.DRABlockName([]int{4, 5})}}
+	if _, err := cs.ResourceV1().ResourceClaims(late.Namespace).Create(ctx, late, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := d.PrepareResourceClaims(ctx, []*resourceapi.ResourceClaim{late})
+	if err != nil || res[late.UID].Err != nil {
+		t.Fatalf("prepare %v %v", err, res[late.UID].Err)
+	}
+	waitFor(t, "gpu-4 and gpu-5 tainted after the Prepare", func() bool { return slices.Equal(heldTainted(), []string{"gpu-4", "gpu-5"}) })
+
+	// Without device taints they are left out instead, and come back with the Unprepare.
+	d.mu.Lock()
+	d.noTaints = true
+	err = d.publishLocked(ctx)
+	d.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "gpu-4 and gpu-5 left out", func() bool {
+		devs := sliceDevices(ctx, t, cs)
+		return len(devs) == 7 && !slices.Contains(devs, "gpu-4") && !slices.Contains(devs, "gpu-5")
+	})
+	if _, err := d.UnprepareResourceClaims(ctx, []kubeletplugin.NamespacedObject{{NamespacedName: types.NamespacedName{Namespace: late.Namespace, Name: late.Name}, UID: late.UID}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "gpu-4 and gpu-5 back with the Unprepare", func() bool { return len(sliceDevices(ctx, t, cs)) == 9 })
 }
 
 // Stop ends housekeeping: no round reads or writes anything for a stopped driver.

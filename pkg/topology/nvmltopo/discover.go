@@ -23,11 +23,18 @@ import (
 	"github.com/nvdomain/nvdomain/pkg/topology"
 )
 
+// Options tune discovery.
+type Options struct {
+	// NoHealth skips the health checks (health): no GPU is marked unhealthy, for a fleet
+	// where a check misjudges its hardware (the agent's --nvml-health=false).
+	NoHealth bool
+}
+
 // Discover initialises NVML, reads every GPU and its NVLinks, and shuts NVML down again.
 // lib is nvml.New() in production and a go-nvml mock in tests. Failures of NVML itself (no
 // driver, no GPUs, a GPU that cannot be queried) are errors; a single link NVML cannot
 // describe is a warning in the result, and that link is left out.
-func Discover(ctx context.Context, lib nvml.Interface) (top *topology.Topology, err error) {
+func Discover(ctx context.Context, lib nvml.Interface, o Options) (top *topology.Topology, err error) {
 	if ret := lib.Init(); ret != nvml.SUCCESS {
 		return nil, initError(ret)
 	}
@@ -57,6 +64,13 @@ func Discover(ctx context.Context, lib nvml.Interface) (top *topology.Topology, 
 		gpu, err := describe(i, dev)
 		if err != nil {
 			return nil, err
+		}
+		if !o.NoHealth {
+			var note string
+			gpu.Unhealthy, note = health(dev)
+			if note != "" {
+				d.warn("GPU %d: %s", i, note)
+			}
 		}
 		devices[i] = dev
 		d.gpus = append(d.gpus, gpu)
@@ -159,54 +173,57 @@ func describe(i int, dev nvml.Device) (topology.GPU, error) {
 	if numa, ret := dev.GetNumaNodeId(); ret == nvml.SUCCESS && numa >= 0 {
 		gpu.NUMANode = &numa
 	}
-	fi, fret := dev.GetGpuFabricInfo()
-	if fret == nvml.SUCCESS && fi.State == nvml.GPU_FABRIC_STATE_COMPLETED && fi.Status == uint32(nvml.SUCCESS) && fi.ClusterUuid != [16]uint8{} {
+	if fi, ret := dev.GetGpuFabricInfo(); ret == nvml.SUCCESS && fi.State == nvml.GPU_FABRIC_STATE_COMPLETED && fi.Status == uint32(nvml.SUCCESS) && fi.ClusterUuid != [16]uint8{} {
 		gpu.Fabric = &topology.Fabric{ClusterUUID: formatUUID(fi.ClusterUuid), CliqueID: fi.CliqueId}
 	}
-	gpu.Unhealthy = health(dev, fi, fret)
 	return gpu, nil
 }
 
-// health says why a GPU should take no new work ("" when nothing NVML reports says so), from
+// health says why a GPU should take no new work (unhealthy; "" when nothing NVML reports
+// says so), and what an operator should know that does not keep work off it (note), from
 // what the driver keeps until the GPU is reset, so the agent's every-period rediscovery sees
-// it and sees it clear (topology.GPU.Unhealthy; in DRA mode a NoSchedule device taint):
+// it and sees it clear (topology.GPU.Unhealthy; in DRA mode a NoSchedule device taint).
+// Unhealthy is kept to the states where new work fails or runs without its NVLinks, since a
+// mark takes the GPU, and every block holding it, out of DRA placement:
 //
 //   - the NVLink fabric: on NVSwitch systems Fabric Manager must have trained the GPU's links
 //     and registered it (state completed, status success); until then CUDA cannot start
-//     there, and a TP job would fail or fall back to PCIe;
-//   - row remapping (Ampere and later): a failed remap (no spare row left for an uncorrectable
-//     error) or one pending until the next reset;
-//   - page retirement pending (before Ampere), the same for older GPUs;
-//   - uncorrected ECC errors since the last reset (the volatile count, behind XIDs 48, 94 and
-//     95).
+//     there (cudaErrorSystemNotReady), and a TP job would fail;
+//   - a failed row remap (Ampere and later): an uncorrectable memory error found no spare
+//     row, and the bad row stays in use.
 //
-// A query the GPU does not support says nothing. XIDs themselves are events, not state; the
-// ones that leave a GPU unusable show up here (ECC, remapping, fabric) or make NVML fail to
-// query it at all, which fails discovery.
-func health(dev nvml.Device, fi nvml.GpuFabricInfo, fret nvml.Return) string {
-	if fret == nvml.SUCCESS && fi.State != nvml.GPU_FABRIC_STATE_NOT_SUPPORTED {
+// Notes, which only warn (the topology's warnings, in the agent's log and Events): a row
+// remap or page retirement pending until the next reset, and uncorrected ECC errors since
+// the last reset. NVML says containment and dynamic page blacklisting keep a pending remap
+// from affecting new work, and DCGM treats these as warnings.
+//
+// A query the GPU does not support says nothing (MIG, vGPU guests, PCIe parts). XIDs are
+// events, not state, and are not watched: the ones that leave a GPU unusable show up here or
+// make NVML fail to query it at all, which fails discovery.
+func health(dev nvml.Device) (unhealthy, note string) {
+	if fi, ret := dev.GetGpuFabricInfo(); ret == nvml.SUCCESS && fi.State != nvml.GPU_FABRIC_STATE_NOT_SUPPORTED {
 		switch {
 		case fi.State != nvml.GPU_FABRIC_STATE_COMPLETED:
-			return fmt.Sprintf("NVLink fabric not ready (Fabric Manager state %s): check `systemctl status nvidia-fabricmanager` and `nvidia-smi -q | grep -A2 Fabric`", fabricState(fi.State))
+			return fmt.Sprintf("NVLink fabric not ready (Fabric Manager state %s): check `systemctl status nvidia-fabricmanager` and `nvidia-smi -q | grep -A2 Fabric`", fabricState(fi.State)), ""
 		case fi.Status != uint32(nvml.SUCCESS):
-			return fmt.Sprintf("NVLink fabric registration failed (%v): check the Fabric Manager log and the NVSwitches (`nvidia-smi nvlink -s`)", nvml.Return(fi.Status))
+			return fmt.Sprintf("NVLink fabric registration failed (%v): check the Fabric Manager log and the NVSwitches (`nvidia-smi nvlink -s`)", nvml.Return(fi.Status)), ""
 		}
 	}
-	if _, _, pending, failed, ret := dev.GetRemappedRows(); ret == nvml.SUCCESS {
-		switch {
-		case failed:
-			return "row remapping failed (an uncorrectable memory error with no spare row): drain the node and replace the GPU"
-		case pending:
-			return "row remapping pending: drain the GPU and reset it (`nvidia-smi -r`) to apply it"
-		}
+	_, _, pending, failed, ret := dev.GetRemappedRows()
+	switch {
+	case ret == nvml.SUCCESS && failed:
+		return "row remapping failed (an uncorrectable memory error with no spare row): drain the node and replace the GPU", ""
+	case ret == nvml.SUCCESS && pending:
+		note = "row remapping pending: reset the GPU (`nvidia-smi -r`) when it is idle to apply it"
 	}
-	if st, ret := dev.GetRetiredPagesPendingStatus(); ret == nvml.SUCCESS && st == nvml.FEATURE_ENABLED {
-		return "page retirement pending: drain the GPU and reset it (`nvidia-smi -r`) to retire the pages"
+	if st, ret := dev.GetRetiredPagesPendingStatus(); ret == nvml.SUCCESS && st == nvml.FEATURE_ENABLED && note == "" {
+		note = "page retirement pending: reset the GPU (`nvidia-smi -r`) when it is idle to retire the pages"
 	}
-	if n, ret := dev.GetTotalEccErrors(nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.VOLATILE_ECC); ret == nvml.SUCCESS && n > 0 {
-		return fmt.Sprintf("%d uncorrected ECC errors since the last reset (XID 48/94/95): drain the GPU and reset it (`nvidia-smi -r`)", n)
+	if n, ret := dev.GetTotalEccErrors(nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.VOLATILE_ECC); ret == nvml.SUCCESS && n > 0 && note == "" {
+		// No count: the warning must not change with every error.
+		note = "uncorrected ECC errors since the last reset (XID 48/94/95): check `nvidia-smi -q -d ECC,ROW_REMAPPER` and reset the GPU when it is idle"
 	}
-	return ""
+	return "", note
 }
 
 func fabricState(s uint8) string {

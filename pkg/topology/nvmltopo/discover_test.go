@@ -202,7 +202,7 @@ func TestDiscover(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			top, err := Discover(context.Background(), tc.m.lib())
+			top, err := Discover(context.Background(), tc.m.lib(), Options{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -226,7 +226,7 @@ func TestDiscover(t *testing.T) {
 func TestDiscoverFillsGPUDetails(t *testing.T) {
 	m := hgxH100()
 	srvUUID := m.srv.Devices[3].(*server.Device).UUID
-	top, err := Discover(context.Background(), m.lib())
+	top, err := Discover(context.Background(), m.lib(), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -237,7 +237,7 @@ func TestDiscoverFillsGPUDetails(t *testing.T) {
 	gb := newMachine(must(server.New(server.WithGPUs(gpus.Multiple(2, gpus.B200_SXM5_180GB)...))))
 	gb.fabric[0] = nvml.GpuFabricInfo{ClusterUuid: [16]uint8{0xab, 0xcd}, CliqueId: 4, State: nvml.GPU_FABRIC_STATE_COMPLETED}
 	gb.fabric[1] = nvml.GpuFabricInfo{ClusterUuid: [16]uint8{0xab, 0xcd}, CliqueId: 4, State: nvml.GPU_FABRIC_STATE_IN_PROGRESS}
-	top, err = Discover(context.Background(), gb.lib())
+	top, err = Discover(context.Background(), gb.lib(), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -273,7 +273,7 @@ func TestDiscoverErrors(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := Discover(context.Background(), tc.lib)
+			_, err := Discover(context.Background(), tc.lib, Options{})
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("error = %v, want it to contain %q", err, tc.want)
 			}
@@ -284,7 +284,7 @@ func TestDiscoverErrors(t *testing.T) {
 // TestRealNVML calls the real library. On a machine without the NVIDIA driver (CI) it must
 // fail with the clear message; on a GPU node it must return a consistent topology.
 func TestRealNVML(t *testing.T) {
-	top, err := Discover(context.Background(), nvml.New())
+	top, err := Discover(context.Background(), nvml.New(), Options{})
 	if err != nil {
 		if !strings.Contains(err.Error(), "NVML:") {
 			t.Fatalf("unclear error: %v", err)
@@ -298,39 +298,47 @@ func TestRealNVML(t *testing.T) {
 	t.Logf("real NVML: %d GPUs, %d domains, unlinked %v, warnings %q", len(top.GPUs), len(top.Domains), top.Unlinked, top.Warnings)
 }
 
-// What NVML keeps about a GPU's health until it is reset makes it unhealthy, with the fix in
-// the reason; a GPU that does not support a query, or reports nothing wrong, stays healthy.
+// What NVML keeps about a GPU's health until it is reset: a fabric Fabric Manager has not
+// registered and a failed row remap make it unhealthy, with the fix in the reason; what only
+// needs a reset at the next chance is a warning; a GPU that does not support a query, or
+// reports nothing wrong, stays healthy; Options.NoHealth skips it all.
 func TestDiscoverReportsUnhealthyGPUs(t *testing.T) {
 	completed := nvml.GpuFabricInfo{ClusterUuid: [16]uint8{1}, State: nvml.GPU_FABRIC_STATE_COMPLETED, Status: uint32(nvml.SUCCESS), CliqueId: 1}
 	cases := []struct {
-		name string
-		set  func(m *machine)
-		want string // substring of GPU 2's reason; "" healthy
+		name     string
+		set      func(m *machine)
+		noHealth bool
+		want     string // substring of GPU 2's reason; "" healthy
+		warn     string // substring of a warning about GPU 2; "" none
 	}{
-		{"healthy, fabric registered", func(m *machine) { m.fabric[2] = completed }, ""},
+		{"healthy, fabric registered", func(m *machine) { m.fabric[2] = completed }, false, "", ""},
 		{"no fabric support (PCIe, bridges)", func(m *machine) {
 			m.fabric[2] = nvml.GpuFabricInfo{State: nvml.GPU_FABRIC_STATE_NOT_SUPPORTED}
-		}, ""},
+		}, false, "", ""},
 		{"fabric not trained yet", func(m *machine) {
 			m.fabric[2] = nvml.GpuFabricInfo{State: nvml.GPU_FABRIC_STATE_IN_PROGRESS}
-		}, "NVLink fabric not ready (Fabric Manager state in progress)"},
+		}, false, "NVLink fabric not ready (Fabric Manager state in progress)", ""},
+		{"fabric not trained yet, health off", func(m *machine) {
+			m.fabric[2] = nvml.GpuFabricInfo{State: nvml.GPU_FABRIC_STATE_NOT_STARTED}
+		}, true, "", ""},
 		{"fabric registration failed", func(m *machine) {
 			f := completed
 			f.Status = uint32(nvml.ERROR_UNKNOWN)
 			m.fabric[2] = f
-		}, "NVLink fabric registration failed"},
-		{"row remap failed", func(m *machine) { m.remap[2] = [2]bool{false, true} }, "row remapping failed"},
-		{"row remap pending", func(m *machine) { m.remap[2] = [2]bool{true, false} }, "row remapping pending"},
-		{"row remap fine", func(m *machine) { m.remap[2] = [2]bool{false, false} }, ""},
-		{"page retirement pending", func(m *machine) { m.retired[2] = true }, "page retirement pending"},
-		{"uncorrected ECC", func(m *machine) { m.ecc[2] = 3 }, "3 uncorrected ECC errors since the last reset"},
+		}, false, "NVLink fabric registration failed", ""},
+		{"row remap failed", func(m *machine) { m.remap[2] = [2]bool{false, true} }, false, "row remapping failed", ""},
+		{"row remap pending", func(m *machine) { m.remap[2] = [2]bool{true, false} }, false, "", "GPU 2: row remapping pending"},
+		{"row remap fine", func(m *machine) { m.remap[2] = [2]bool{false, false} }, false, "", ""},
+		{"page retirement pending", func(m *machine) { m.retired[2] = true }, false, "", "GPU 2: page retirement pending"},
+		{"uncorrected ECC", func(m *machine) { m.ecc[2] = 3 }, false, "", "GPU 2: uncorrected ECC errors since the last reset"},
+		{"uncorrected ECC, health off", func(m *machine) { m.ecc[2] = 3 }, true, "", ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			m := hgxH100()
 			m.remap, m.retired, m.ecc = map[int][2]bool{}, map[int]bool{}, map[int]uint64{}
 			tc.set(m)
-			top, err := Discover(context.Background(), m.lib())
+			top, err := Discover(context.Background(), m.lib(), Options{NoHealth: tc.noHealth})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -343,6 +351,13 @@ func TestDiscoverReportsUnhealthyGPUs(t *testing.T) {
 				case g.Index == 2 && !strings.Contains(g.Unhealthy, tc.want):
 					t.Errorf("GPU 2 unhealthy %q, want %q", g.Unhealthy, tc.want)
 				}
+			}
+			warned := slices.ContainsFunc(top.Warnings, func(w string) bool { return tc.warn != "" && strings.Contains(w, tc.warn) })
+			others := slices.ContainsFunc(top.Warnings, func(w string) bool {
+				return strings.HasPrefix(w, "GPU 2: ") && (tc.warn == "" || !strings.Contains(w, tc.warn))
+			})
+			if warned != (tc.warn != "") || others {
+				t.Errorf("warnings %q, want one with %q", top.Warnings, tc.warn)
 			}
 			// An unhealthy GPU keeps its domain: it is the devices that are tainted.
 			if len(top.Domains) != 1 || top.Domains[0].Size() != 8 {

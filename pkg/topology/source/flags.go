@@ -23,6 +23,8 @@ type Flags struct {
 	TopologyFile   string
 	// NVMLLibrary is libnvidia-ml's path; empty: the usual places, then the loader's search.
 	NVMLLibrary string
+	// NVMLHealth marks GPUs NVML reports broken unhealthy (nvmltopo.Options).
+	NVMLHealth bool
 }
 
 // AddFlags registers the flags on fs, with def as --source's default.
@@ -33,6 +35,7 @@ func (f *Flags) AddFlags(fs *flag.FlagSet, def string) {
 	fs.StringVar(&f.SimulatedFile, "simulated-file", "", "simulated-topology document on disk (--source simulated)")
 	fs.StringVar(&f.TopologyFile, "topology-file", "", "node topology JSON, as `nvdomain topology parse|discover -o json` prints it (--source file)")
 	fs.StringVar(&f.NVMLLibrary, "nvml-library", "", "path of libnvidia-ml.so.1 (--source nvml); empty: the usual driver paths, then the loader's search")
+	fs.BoolVar(&f.NVMLHealth, "nvml-health", true, "mark GPUs unhealthy whose NVLink fabric Fabric Manager has not registered or whose row remap failed (--source nvml); DRA mode then taints their devices")
 }
 
 // Infer sets Source from the one file flag given when Source is empty: the NRI plugin's
@@ -87,7 +90,7 @@ func (f Flags) Open(node string, labels NodeLabels) (Source, error) {
 	}
 	switch f.Source {
 	case names.SourceNVML:
-		return NVML{Lib: nvmltopo.Library(f.NVMLLibrary)}, nil
+		return NVML{Lib: nvmltopo.Library(f.NVMLLibrary), NoHealth: !f.NVMLHealth}, nil
 	case names.SourceTopoMatrix:
 		return TopoMatrixFile{Path: f.TopoMatrixFile}, nil
 	case FromFile:

@@ -33,13 +33,16 @@ type Source interface {
 	Changes() <-chan struct{}
 }
 
-// NVML discovers through NVML on every load.
-type NVML struct{ Lib nvml.Interface }
+// NVML discovers through NVML on every load; NoHealth skips the health checks.
+type NVML struct {
+	Lib      nvml.Interface
+	NoHealth bool
+}
 
 func (s NVML) Describe() string { return "NVML" }
 
 func (s NVML) Load(ctx context.Context) (*topology.Topology, error) {
-	return nvmltopo.Discover(ctx, s.Lib)
+	return nvmltopo.Discover(ctx, s.Lib, nvmltopo.Options{NoHealth: s.NoHealth})
 }
 
 func (s NVML) Changes() <-chan struct{} { return nil }

@@ -161,8 +161,10 @@ func Start(ctx context.Context, o Options) (*Driver, error) {
 	}
 	d.helper = helper
 	// A device plugin already on the node is found before the first publish, so its GPUs are
-	// never offered twice, not even for one housekeeping period after a restart.
-	d.withdrawn = d.devicePluginOnNode(ctx)
+	// never offered twice, not even for one housekeeping period after a restart; and the
+	// NvdomainDRADevices condition is written now, so a node whose device plugin left while
+	// the agent was down is hinted again at once (clusterview skips withdrawn nodes).
+	d.checkDevicePlugin(ctx)
 	if err := d.SetTopology(ctx, o.Topology); err != nil {
 		helper.Stop()
 		return nil, err

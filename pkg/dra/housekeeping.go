@@ -165,17 +165,6 @@ func (d *Driver) Housekeep(ctx context.Context) {
 	d.checkDevicePlugin(ctx)
 }
 
-// devicePluginOnNode reports whether the Node advertises nvidia.com/gpu (false when it cannot
-// be read).
-func (d *Driver) devicePluginOnNode(ctx context.Context) bool {
-	node, err := d.o.Client.CoreV1().Nodes().Get(ctx, d.o.Node, metav1.GetOptions{})
-	if err != nil {
-		return false
-	}
-	_, foreign := advertisedGPUs(node)
-	return foreign
-}
-
 // advertisedGPUs is the Node's nvidia.com/gpu capacity, and whether it is non-zero: what a
 // device plugin on the node advertises.
 func advertisedGPUs(node *corev1.Node) (resource.Quantity, bool) {

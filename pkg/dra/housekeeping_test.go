@@ -431,3 +431,30 @@ func TestHousekeepingEndsWithStop(t *testing.T) {
 		t.Errorf("%d node reads after Stop", after-before)
 	}
 }
+
+// A driver starting on a node whose device plugin left while it was down writes
+// NvdomainDRADevices=True at once, not a housekeeping period later (the webhook does not hint
+// a node while it is False).
+func TestStartClearsAStaleWithdrawnCondition(t *testing.T) {
+	nd := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, UID: "node-uid"}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{
+		{Type: names.ConditionDRADevices, Status: corev1.ConditionFalse, Reason: names.ReasonDevicePluginOnDRANode}}}}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	dir := shortDir(t)
+	cs := fake.NewClientset(nd)
+	d, err := Start(ctx, Options{Node: node, Client: cs, KubeletDir: dir, CDI: CDINvdomain, CDISpecDir: dir + "/cdi", Topology: hgx(t),
+		Log: logr.Discard(), HousekeepingPeriod: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Stop()
+	got, err := cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range got.Status.Conditions {
+		if c.Type == names.ConditionDRADevices && c.Status != corev1.ConditionTrue {
+			t.Errorf("condition after Start %+v, want True", c)
+		}
+	}
+}

@@ -31,22 +31,34 @@ import (
 // housekeeping left to the test (Housekeep).
 func startDriver(t *testing.T, objs ...k8sruntime.Object) (*Driver, *fake.Clientset, *Metrics) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	dir := shortDir(t)
-	all := []k8sruntime.Object{&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, UID: "node-uid"}}}
-	cs := fake.NewClientset(append(all, objs...)...)
 	m, err := NewMetrics(prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
+	d, cs := startOn(t, false, time.Hour, m, append([]k8sruntime.Object{plainNode()}, objs...)...)
+	return d, cs, m
+}
+
+// plainNode is the driver's Node with no device plugin.
+func plainNode() *corev1.Node {
+	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, UID: "node-uid"}}
+}
+
+// startOn starts a driver over a fake apiserver holding objs (the Node among them), with
+// blocks as given, housekeeping every period and metrics m (may be nil); it stops with the test.
+func startOn(t *testing.T, blocks bool, period time.Duration, m *Metrics, objs ...k8sruntime.Object) (*Driver, *fake.Clientset) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	dir := shortDir(t)
+	cs := fake.NewClientset(objs...)
 	d, err := Start(ctx, Options{Node: node, Client: cs, KubeletDir: dir, CDI: CDINvdomain, CDISpecDir: dir + "/cdi", Topology: hgx(t),
-		Log: logr.Discard(), Metrics: m, HousekeepingPeriod: time.Hour, ModeLabel: names.Default().ModeLabel()})
+		Blocks: blocks, Log: logr.Discard(), Metrics: m, HousekeepingPeriod: period, ModeLabel: names.Default().ModeLabel()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(d.Stop)
-	return d, cs, m
+	return d, cs
 }
 
 var errTransient = errors.New("connection refused")
@@ -270,16 +282,8 @@ func TestDevicesWithdrawnBesideADevicePluginAndTaintedWhenUnhealthy(t *testing.T
 func TestDevicePluginFoundBeforeTheFirstPublish(t *testing.T) {
 	nd := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, UID: "node-uid"},
 		Status: corev1.NodeStatus{Capacity: corev1.ResourceList{names.GPUResource: resource.MustParse("8")}}}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	dir := shortDir(t)
-	cs := fake.NewClientset(nd)
-	d, err := Start(ctx, Options{Node: node, Client: cs, KubeletDir: dir, CDI: CDINvdomain, CDISpecDir: dir + "/cdi", Topology: hgx(t),
-		Log: logr.Discard(), HousekeepingPeriod: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Stop()
+	_, cs := startOn(t, false, time.Hour, nil, nd)
+	ctx := context.Background()
 	time.Sleep(500 * time.Millisecond)
 	if devs := sliceDevices(ctx, t, cs); len(devs) != 0 {
 		t.Errorf("published %v beside a device plugin", devs)
@@ -320,19 +324,11 @@ func TestDroppedFieldsFallBackByFeature(t *testing.T) {
 // longer published, and the allocator would count its GPUs free: the GPUs it holds are
 // published tainted until the claim is unprepared, then untainted.
 func TestGPUsOfAHeldBlockStayTakenAfterBlocksGoOff(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	dir := shortDir(t)
 	held := claim("b1")
 	held.Status.Allocation.Devices.Results = []resourceapi.DeviceRequestAllocationResult{{
 		Request: "gpus/block", Driver: names.DRADriver, Pool: node, Device: names.DRABlockName([]int{0, 1})}}
-	cs := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, UID: "node-uid"}}, held)
-	d, err := Start(ctx, Options{Node: node, Client: cs, KubeletDir: dir, CDI: CDINvdomain, CDISpecDir: dir + "/cdi", Topology: hgx(t),
-		Blocks: true, Log: logr.Discard(), HousekeepingPeriod: time.Hour, ModeLabel: names.Default().ModeLabel()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(d.Stop)
+	d, cs := startOn(t, true, time.Hour, nil, plainNode(), held)
+	ctx := context.Background()
 	if _, err := d.prepare(ctx, held); err != nil {
 		t.Fatal(err)
 	}
@@ -359,7 +355,7 @@ func TestGPUsOfAHeldBlockStayTakenAfterBlocksGoOff(t *testing.T) {
 	// What HandleError does when the apiserver drops the counters.
 	d.mu.Lock()
 	d.noBlocks = true
-	err = d.publishLocked(ctx)
+	err := d.publishLocked(ctx)
 	d.mu.Unlock()
 	if err != nil {
 		t.Fatal(err)
@@ -405,15 +401,7 @@ func TestGPUsOfAHeldBlockStayTakenAfterBlocksGoOff(t *testing.T) {
 
 // Stop ends housekeeping: no round reads or writes anything for a stopped driver.
 func TestHousekeepingEndsWithStop(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	dir := shortDir(t)
-	cs := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, UID: "node-uid"}})
-	d, err := Start(ctx, Options{Node: node, Client: cs, KubeletDir: dir, CDI: CDINvdomain, CDISpecDir: dir + "/cdi", Topology: hgx(t),
-		Log: logr.Discard(), HousekeepingPeriod: 10 * time.Millisecond, ModeLabel: names.Default().ModeLabel()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, cs := startOn(t, false, 10*time.Millisecond, nil, plainNode())
 	nodeGets := func() int {
 		n := 0
 		for _, a := range cs.Actions() {
@@ -438,16 +426,8 @@ func TestHousekeepingEndsWithStop(t *testing.T) {
 func TestStartClearsAStaleWithdrawnCondition(t *testing.T) {
 	nd := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, UID: "node-uid"}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{
 		{Type: names.ConditionDRADevices, Status: corev1.ConditionFalse, Reason: names.ReasonDevicePluginOnDRANode}}}}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	dir := shortDir(t)
-	cs := fake.NewClientset(nd)
-	d, err := Start(ctx, Options{Node: node, Client: cs, KubeletDir: dir, CDI: CDINvdomain, CDISpecDir: dir + "/cdi", Topology: hgx(t),
-		Log: logr.Discard(), HousekeepingPeriod: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Stop()
+	_, cs := startOn(t, false, time.Hour, nil, nd)
+	ctx := context.Background()
 	got, err := cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)

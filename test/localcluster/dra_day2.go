@@ -136,7 +136,9 @@ func (c *Cluster) RunDRADay2(ctx context.Context, w io.Writer, rep *DRAReport) (
 		return out, err
 	}
 	say("  force-deleted %s with the kubelet down, its claim %s deleted, the kubelet's dra_manager_state removed; kubelet back", stale[0].Name, out.StaleClaim)
-	if err := waitUntil(ctx, 3*dra.DefaultHousekeepingPeriod, "the driver to drop the stale entry of "+out.StaleClaim, func() bool {
+	// Two rounds find the entry stale (the drop), a round may be in its first period, and a
+	// round whose read of the apiserver fails marks nothing: four periods.
+	if err := waitUntil(ctx, 4*dra.DefaultHousekeepingPeriod, "the driver to drop the stale entry of "+out.StaleClaim, func() bool {
 		cp, err := dra.ReadCheckpoint(checkpoint)
 		return err == nil && !slices.Contains(checkpointUIDs(cp), string(claim.UID))
 	}); err != nil {
@@ -163,7 +165,7 @@ func (c *Cluster) RunDRADay2(ctx context.Context, w io.Writer, rep *DRAReport) (
 		return out, fmt.Errorf("advertise nvidia.com/gpu: %v: %s", err, errOut)
 	}
 	say("$ kubectl patch node %s --subresource=status ... capacity nvidia.com/gpu: 8   # what a device plugin's registration does", NodeName)
-	if err := waitUntil(ctx, 2*dra.DefaultHousekeepingPeriod, "the driver to withdraw its devices", func() bool {
+	if err := waitUntil(ctx, 3*dra.DefaultHousekeepingPeriod, "the driver to withdraw its devices", func() bool {
 		out.WithdrawnDevices = c.sliceDevices()
 		out.Condition = c.nodeCondition(names.ConditionDRADevices)
 		out.Event = c.nodeEvent(names.ReasonDevicePluginOnDRANode)
@@ -185,7 +187,7 @@ func (c *Cluster) RunDRADay2(ctx context.Context, w io.Writer, rep *DRAReport) (
 		return out, fmt.Errorf("withdraw nvidia.com/gpu: %v: %s", err, errOut)
 	}
 	say("$ kubectl patch node %s --subresource=status ... remove nvidia.com/gpu   # the device plugin is gone", NodeName)
-	if err := waitUntil(ctx, 2*dra.DefaultHousekeepingPeriod, "the driver to publish its devices again", func() bool {
+	if err := waitUntil(ctx, 3*dra.DefaultHousekeepingPeriod, "the driver to publish its devices again", func() bool {
 		out.Republished = c.sliceDevices()
 		return out.Republished == 8 && strings.HasPrefix(c.nodeCondition(names.ConditionDRADevices), "True")
 	}); err != nil {

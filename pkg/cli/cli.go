@@ -299,6 +299,11 @@ func writeTable(w io.Writer, tops []namedTopology) error {
 			return err
 		}
 		fmt.Fprintf(w, "unlinked: %s\n", orNone(names.FormatGPUList(top.Unlinked)))
+		for _, g := range top.GPUs {
+			if g.Unhealthy != "" {
+				fmt.Fprintf(w, "unhealthy: GPU %d: %s\n", g.Index, g.Unhealthy)
+			}
+		}
 		for _, msg := range top.Warnings {
 			fmt.Fprintf(w, "warning: %s\n", msg)
 		}

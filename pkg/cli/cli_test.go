@@ -133,6 +133,11 @@ unlinked: none
 	if code != 0 || out != want {
 		t.Fatalf("exit %d, got\n%s\nwant\n%s", code, out, want)
 	}
+	sick := `{"nodes": [{"name": "n", "gpus": [{"index": 0}, {"index": 1, "health": "row remapping failed"}], "domains": [{"id": 0, "gpus": [0, 1]}]}]}`
+	code, out, _ = runCLI(t, sick, "topology", "parse", "--format", "simulated", "-", "-o", "table")
+	if code != 0 || !strings.Contains(out, "unhealthy: GPU 1: row remapping failed\n") || strings.Contains(out, "GPU 0:") {
+		t.Fatalf("exit %d, got\n%s", code, out)
+	}
 	code, out, _ = runCLI(t, "", "topology", "parse", "../topology/topomatrix/testdata/dgx-a100-40gb-12nic-cut.txt", "-o", "table")
 	if code != 0 || !strings.Contains(out, "0       6     0,1,2,3,4,5  1,3") || !strings.Contains(out, "warning: no row for GPU5, GPU6, GPU7") {
 		t.Fatalf("exit %d, got\n%s", code, out)

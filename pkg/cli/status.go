@@ -254,6 +254,11 @@ func (o *StatusOptions) Run(ctx context.Context) error {
 		return err
 	}
 	list.Warnings = append(list.Warnings, classes...)
+	held, err := heldDeviceWarnings(ctx, o.client, o.Node)
+	if err != nil {
+		return err
+	}
+	list.Warnings = append(list.Warnings, held...)
 	if len(list.Items) == 0 && o.Output != outputJSON {
 		if _, err := fmt.Fprintln(o.ErrOut, o.emptyMessage()); err != nil {
 			return err
@@ -318,6 +323,40 @@ func deviceClassWarnings(ctx context.Context, c kubernetes.Interface) ([]string,
 		return nil, nil
 	}
 	return dra.ExtendedResourceConflicts(list.Items, *ours.Spec.ExtendedResourceName), nil
+}
+
+// heldDeviceWarnings name, per node (only node, when set), the DRA devices the driver taints
+// names.DRATaintHeld: a claim holds a device it no longer publishes, and those GPUs take no
+// new claim until it is unprepared. Nothing when ResourceSlices cannot be listed (no DRA API,
+// or not allowed): the rest of the status stands without it.
+func heldDeviceWarnings(ctx context.Context, c kubernetes.Interface, node string) ([]string, error) {
+	list, err := c.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.driver=" + names.DRADriver})
+	switch {
+	case apierrors.IsNotFound(err) || apierrors.IsForbidden(err):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("list ResourceSlices: %w", err)
+	}
+	byNode := map[string][]string{}
+	for _, sl := range list.Items {
+		n := ptr.Deref(sl.Spec.NodeName, "")
+		if sl.Spec.Driver != names.DRADriver || (node != "" && n != node) {
+			continue
+		}
+		for _, d := range sl.Spec.Devices {
+			if slices.ContainsFunc(d.Taints, func(t resourceapi.DeviceTaint) bool { return t.Key == names.DRATaintHeld }) {
+				byNode[n] = append(byNode[n], d.Name)
+			}
+		}
+	}
+	var out []string
+	for _, n := range slices.Sorted(maps.Keys(byNode)) {
+		devs := byNode[n]
+		slices.Sort(devs)
+		out = append(out, fmt.Sprintf("node %s: DRA devices %s carry the NoSchedule taint %s: a prepared claim holds a device the driver no longer publishes (dra.blocks switched off, the apiserver dropped the counters, or the topology changed), so its GPUs take no new claim until that claim is unprepared (its pod ends or is deleted)",
+			n, strings.Join(devs, ", "), names.DRATaintHeld))
+	}
+	return out, nil
 }
 
 // nodeWarnings are a node's unhealthy GPUs (from the agent's topology annotation) and a

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -296,6 +297,17 @@ func TestStatusCountsClaimsOnDRANodes(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("status lacks %q:\n%s", want, out)
 		}
+	}
+	// Devices the driver taints for a held device it no longer publishes are named per node.
+	held := &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: "dra-a-gpu"}, Spec: resourceapi.ResourceSliceSpec{
+		Driver: names.DRADriver, NodeName: ptr.To("dra-a"), Pool: resourceapi.ResourcePool{Name: "dra-a", ResourceSliceCount: 1},
+		Devices: []resourceapi.Device{
+			{Name: "gpu-1", Taints: []resourceapi.DeviceTaint{{Key: names.DRATaintHeld, Effect: resourceapi.DeviceTaintEffectNoSchedule}}},
+			{Name: "gpu-0", Taints: []resourceapi.DeviceTaint{{Key: names.DRATaintHeld, Effect: resourceapi.DeviceTaintEffectNoSchedule}}},
+			{Name: "gpu-2"}}}}
+	code, out, errOut = runFake(t, "", append(slices.Clone(objs), held), "status")
+	if want := "WARNING: node dra-a: DRA devices gpu-0, gpu-1 carry the NoSchedule taint " + names.DRATaintHeld; code != 0 || !strings.Contains(out, want) {
+		t.Errorf("exit %d (%s); status lacks %q:\n%s", code, errOut, want, out)
 	}
 	// A user who may not list claims sees the DRA rows as unknown, and why.
 	client := fake.NewClientset(objs...)

@@ -55,6 +55,8 @@ type Options struct {
 	// HousekeepingPeriod is how often stale checkpoint entries and a device plugin on the node
 	// are looked for (DefaultHousekeepingPeriod when 0).
 	HousekeepingPeriod time.Duration
+	// Now is the clock of housekeeping's grace (time.Now when nil; tests set their own).
+	Now func() time.Time
 	// ModeLabel is the node mode label's key, for messages.
 	ModeLabel string
 	Log       logr.Logger
@@ -117,9 +119,10 @@ type Driver struct {
 	lastHeld       []string
 	// lastCondition is the NvdomainDRADevices status last written ("" for none).
 	lastCondition corev1.ConditionStatus
-	// suspects are the checkpoint entries the last housekeeping round found stale; an entry
-	// is removed when two rounds in a row find it so. Only the housekeeping goroutine uses it.
-	suspects map[types.UID]bool
+	// suspects are the checkpoint entries housekeeping found stale, with when it first did;
+	// an entry is removed when a round StaleGrace later finds it stale still. Only the
+	// housekeeping goroutine uses it.
+	suspects map[types.UID]time.Time
 	// registered is what the kubelet last said about the registration. The helper keeps the
 	// same status without a lock, so the driver records its own copy as the call passes.
 	registered atomic.Bool

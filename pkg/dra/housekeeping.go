@@ -24,6 +24,13 @@ import (
 // a device plugin on its node.
 const DefaultHousekeepingPeriod = 30 * time.Second
 
+// StaleGrace is how long an entry housekeeping found stale waits before it is dropped: the
+// containers of a force-deleted pod get that long to stop (a kubelet that was down kills them
+// within seconds of coming back), and a read that raced the claim's re-preparation is read
+// again. A round that finds a new suspect is followed by one StaleGrace later, so a stale
+// entry goes within one period plus StaleGrace of going stale.
+const StaleGrace = 10 * time.Second
+
 // The driver's day-2 guards, beside Prepare and Unprepare:
 //
 //   - Stale checkpoint entries. The checkpoint refuses a GPU another prepared claim holds, and
@@ -62,19 +69,20 @@ func (d *Driver) consumersLive(ctx context.Context, claim *resourceapi.ResourceC
 	return false, true
 }
 
-// staleHolder reports why a checkpointed claim no longer holds its GPUs ("" while it does, or
-// when the apiserver cannot tell now: an entry is only dropped on the apiserver's word).
-func (d *Driver) staleHolder(ctx context.Context, uid types.UID, pc PreparedClaim) string {
+// staleHolder reports why a checkpointed claim no longer holds its GPUs ("" while it does),
+// and whether the apiserver could tell (known false: it could not be asked now, and "" says
+// nothing; an entry is only dropped on the apiserver's word).
+func (d *Driver) staleHolder(ctx context.Context, uid types.UID, pc PreparedClaim) (why string, known bool) {
 	c, err := d.o.Client.ResourceV1().ResourceClaims(pc.Namespace).Get(ctx, pc.Name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
-		return "the claim is gone"
+		return "the claim is gone", true
 	case err != nil:
-		return ""
+		return "", false
 	case c.UID != uid:
-		return fmt.Sprintf("the claim was re-created (uid %s)", c.UID)
+		return fmt.Sprintf("the claim was re-created (uid %s)", c.UID), true
 	case c.Status.Allocation == nil:
-		return "the claim is no longer allocated"
+		return "the claim is no longer allocated", true
 	}
 	held := map[string]bool{}
 	for _, r := range c.Status.Allocation.Devices.Results {
@@ -84,10 +92,10 @@ func (d *Driver) staleHolder(ctx context.Context, uid types.UID, pc PreparedClai
 	}
 	for _, dev := range pc.Devices {
 		if held[dev.Device] {
-			return ""
+			return "", true
 		}
 	}
-	return "the claim's allocation no longer lists its devices on this node"
+	return "the claim's allocation no longer lists its devices on this node", true
 }
 
 // prepare prepares one claim with the day-2 guards: a recent Unprepare (State.Prepare's
@@ -100,7 +108,7 @@ func (d *Driver) prepare(ctx context.Context, claim *resourceapi.ResourceClaim) 
 		if !errors.As(err, &held) {
 			return devs, err
 		}
-		why := d.staleHolder(ctx, held.UID, held.Holder)
+		why, _ := d.staleHolder(ctx, held.UID, held.Holder)
 		if why == "" {
 			return nil, err
 		}
@@ -115,43 +123,63 @@ func (d *Driver) prepare(ctx context.Context, claim *resourceapi.ResourceClaim) 
 	return d.state.Prepare(ctx, claim)
 }
 
-// housekeeping runs every period until ctx ends: stale entries, then the device plugin check.
-// The first round comes one period after the start, once the kubelet has had the time to
-// prepare again what it holds.
+// housekeeping runs every period until ctx ends: stale entries, then the device plugin check;
+// and StaleGrace after a round that found a new stale entry, to drop it. The first round comes
+// one period after the start, once the kubelet has had the time to prepare again what it
+// holds.
 func (d *Driver) housekeeping(ctx context.Context, period time.Duration) {
 	t := time.NewTicker(period)
 	defer t.Stop()
+	var confirm <-chan time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-confirm:
 		}
-		d.Housekeep(ctx)
+		confirm = nil
+		if d.Housekeep(ctx) {
+			confirm = time.After(StaleGrace)
+		}
 	}
 }
 
-// Housekeep runs one round of housekeeping.
-func (d *Driver) Housekeep(ctx context.Context) {
+// Housekeep runs one round of housekeeping. It reports whether an entry it found stale waits
+// for its grace (StaleGrace) to end, for a round after it to drop.
+func (d *Driver) Housekeep(ctx context.Context) (waiting bool) {
 	claims, err := d.state.Prepared()
 	if err != nil {
 		d.o.Log.Error(err, "read the DRA checkpoint for housekeeping")
 	}
+	now := time.Now
+	if d.o.Now != nil {
+		now = d.o.Now
+	}
 	removed := 0
-	suspects := map[types.UID]bool{}
+	suspects := map[types.UID]time.Time{}
 	for uid, pc := range claims {
-		why := d.staleHolder(ctx, uid, pc)
-		if why == "" {
+		why, known := d.staleHolder(ctx, uid, pc)
+		first, seen := d.suspects[uid]
+		switch {
+		case !known && seen:
+			suspects[uid] = first // asked again next round
 			continue
+		case why == "":
+			continue
+		case !seen:
+			first = now()
 		}
-		// Stale in two rounds in a row: a force-deleted pod's containers get a period to stop,
-		// and a read racing a claim's re-preparation is not acted on.
-		suspects[uid] = true
-		if !d.suspects[uid] {
+		// Stale until the grace is over: a force-deleted pod's containers get the time to
+		// stop, and a read racing a claim's re-preparation is not acted on.
+		if now().Sub(first) < StaleGrace {
+			suspects[uid] = first
+			waiting = true
 			continue
 		}
 		if err := d.state.Unprepare(ctx, uid); err != nil {
 			d.o.Log.Error(err, "remove a stale checkpoint entry", "claim", pc.Namespace+"/"+pc.Name, "uid", uid)
+			suspects[uid] = first
 			continue
 		}
 		removed++
@@ -163,6 +191,7 @@ func (d *Driver) Housekeep(ctx context.Context) {
 		d.unprepared(ctx)
 	}
 	d.checkDevicePlugin(ctx)
+	return waiting
 }
 
 // advertisedGPUs is the Node's nvidia.com/gpu capacity, and whether it is non-zero: what a

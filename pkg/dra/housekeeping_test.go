@@ -78,11 +78,14 @@ func preparedUIDs(t *testing.T, d *Driver) []string {
 }
 
 // A checkpoint entry whose claim is gone, was re-created or no longer holds its GPUs is
-// dropped within one housekeeping round; one whose claim still holds them stays.
+// dropped by the first round StaleGrace after a round found it stale; one whose claim still
+// holds them stays; a round that cannot ask the apiserver neither drops nor forgets.
 func TestHousekeepingDropsStaleEntries(t *testing.T) {
 	live, gone, recreated, moved := claim("live", 0), claim("gone", 1), claim("recr", 2), claim("moved", 3)
 	d, cs, m := startDriver(t)
 	ctx := context.Background()
+	clock := time.Unix(1_800_000_000, 0)
+	d.o.Now = func() time.Time { return clock }
 	for _, c := range []*resourceapi.ResourceClaim{live, gone, recreated, moved} {
 		if _, err := cs.ResourceV1().ResourceClaims(c.Namespace).Create(ctx, c, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -108,13 +111,23 @@ func TestHousekeepingDropsStaleEntries(t *testing.T) {
 	if _, err := cs.ResourceV1().ResourceClaims(other.Namespace).Update(ctx, other, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	if !d.Housekeep(ctx) {
+		t.Error("a round that found stale entries does not ask for the round after their grace")
+	}
+	if got := preparedUIDs(t, d); len(got) != 4 {
+		t.Errorf("after one round the checkpoint holds %v; an entry goes only once its grace is over", got)
+	}
+	clock = clock.Add(StaleGrace / 2)
 	d.Housekeep(ctx)
 	if got := preparedUIDs(t, d); len(got) != 4 {
-		t.Errorf("after one round the checkpoint holds %v; an entry goes only when two rounds in a row find it stale", got)
+		t.Errorf("within the grace the checkpoint holds %v, want all 4", got)
 	}
-	d.Housekeep(ctx)
+	clock = clock.Add(StaleGrace / 2)
+	if d.Housekeep(ctx) {
+		t.Error("nothing waits for its grace once the stale entries went")
+	}
 	if got := preparedUIDs(t, d); !slices.Equal(got, []string{"live"}) {
-		t.Errorf("after two rounds the checkpoint holds %v, want [live]", got)
+		t.Errorf("after the grace the checkpoint holds %v, want [live]", got)
 	}
 	if got := testutil.ToFloat64(m.StaleRemoved.WithLabelValues("cleanup")); got != 3 {
 		t.Errorf("nvdomain_dra_stale_claims_removed_total{found=cleanup} = %v, want 3", got)
@@ -127,9 +140,28 @@ func TestHousekeepingDropsStaleEntries(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.Housekeep(ctx)
+	clock = clock.Add(2 * StaleGrace)
 	d.Housekeep(ctx)
 	if got := preparedUIDs(t, d); !slices.Equal(got, []string{"live"}) {
 		t.Errorf("with the apiserver unreachable the checkpoint holds %v, want [live] kept", got)
+	}
+	// Reachable again: found stale, then a failed read keeps the suspicion, and the next
+	// round after the grace drops it.
+	cs.ReactionChain = cs.ReactionChain[1:]
+	d.Housekeep(ctx)
+	failing := true
+	cs.PrependReactor("get", "resourceclaims", func(_ k8stesting.Action) (bool, k8sruntime.Object, error) {
+		return failing, nil, errTransient
+	})
+	clock = clock.Add(StaleGrace)
+	d.Housekeep(ctx)
+	if got := preparedUIDs(t, d); !slices.Equal(got, []string{"live"}) {
+		t.Errorf("a failed read dropped %v", got)
+	}
+	failing = false
+	d.Housekeep(ctx)
+	if got := preparedUIDs(t, d); len(got) != 0 {
+		t.Errorf("after the grace and a failed read the checkpoint holds %v, want none", got)
 	}
 }
 

@@ -136,8 +136,8 @@ func (c *Cluster) RunDRADay2(ctx context.Context, w io.Writer, rep *DRAReport) (
 		return out, err
 	}
 	say("  force-deleted %s with the kubelet down, its claim %s deleted, the kubelet's dra_manager_state removed; kubelet back", stale[0].Name, out.StaleClaim)
-	// Two rounds find the entry stale (the drop), a round may be in its first period, and a
-	// round whose read of the apiserver fails marks nothing: four periods.
+	// A round finds the entry stale within a period, the round StaleGrace later drops it; a
+	// read of the apiserver that fails puts that off by a period: four periods is ample.
 	if err := waitUntil(ctx, 4*dra.DefaultHousekeepingPeriod, "the driver to drop the stale entry of "+out.StaleClaim, func() bool {
 		cp, err := dra.ReadCheckpoint(checkpoint)
 		return err == nil && !slices.Contains(checkpointUIDs(cp), string(claim.UID))
@@ -145,7 +145,7 @@ func (c *Cluster) RunDRADay2(ctx context.Context, w io.Writer, rep *DRAReport) (
 		return out, err
 	}
 	out.StaleRemoved = time.Since(claimGone)
-	say("  the driver dropped the entry %s after the claim was deleted (housekeeping every %s, two rounds)", out.StaleRemoved.Round(time.Second), dra.DefaultHousekeepingPeriod)
+	say("  the driver dropped the entry %s after the claim was deleted (housekeeping every %s; a stale entry goes %s after a round finds it)", out.StaleRemoved.Round(time.Second), dra.DefaultHousekeepingPeriod, dra.StaleGrace)
 	if err := c.createTP(ctx, cs, "after-stale", 2); err != nil {
 		return out, err
 	}

@@ -254,11 +254,7 @@ func (o *StatusOptions) Run(ctx context.Context) error {
 		return err
 	}
 	list.Warnings = append(list.Warnings, classes...)
-	held, err := heldDeviceWarnings(ctx, o.client, o.Node)
-	if err != nil {
-		return err
-	}
-	list.Warnings = append(list.Warnings, held...)
+	list.Warnings = append(list.Warnings, heldDeviceWarnings(ctx, o.client, o.Node)...)
 	if len(list.Items) == 0 && o.Output != outputJSON {
 		if _, err := fmt.Fprintln(o.ErrOut, o.emptyMessage()); err != nil {
 			return err
@@ -327,26 +323,38 @@ func deviceClassWarnings(ctx context.Context, c kubernetes.Interface) ([]string,
 
 // heldDeviceWarnings name, per node (only node, when set), the DRA devices the driver taints
 // names.DRATaintHeld: a claim holds a device it no longer publishes, and those GPUs take no
-// new claim until it is unprepared. Nothing when ResourceSlices cannot be listed (no DRA API,
-// or not allowed): the rest of the status stands without it.
-func heldDeviceWarnings(ctx context.Context, c kubernetes.Interface, node string) ([]string, error) {
-	list, err := c.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.driver=" + names.DRADriver})
-	switch {
-	case apierrors.IsNotFound(err) || apierrors.IsForbidden(err):
-		return nil, nil
-	case err != nil:
-		return nil, fmt.Errorf("list ResourceSlices: %w", err)
+// new claim until it is unprepared. The slices are read in pages; a cluster without the DRA
+// API has none; a read that fails is a warning of its own, not a failed status.
+func heldDeviceWarnings(ctx context.Context, c kubernetes.Interface, node string) []string {
+	sel := "spec.driver=" + names.DRADriver
+	if node != "" {
+		sel += ",spec.nodeName=" + node
 	}
 	byNode := map[string][]string{}
-	for _, sl := range list.Items {
-		n := ptr.Deref(sl.Spec.NodeName, "")
-		if sl.Spec.Driver != names.DRADriver || (node != "" && n != node) {
-			continue
+	opts := metav1.ListOptions{FieldSelector: sel, Limit: 500}
+	for {
+		list, err := c.ResourceV1().ResourceSlices().List(ctx, opts)
+		switch {
+		case apierrors.IsNotFound(err):
+			return nil
+		case apierrors.IsForbidden(err):
+			return []string{"cannot list ResourceSlices (resource.k8s.io), so DRA devices tainted " + names.DRATaintHeld + " go unseen: grant list on resourceslices to see them"}
+		case err != nil:
+			return []string{fmt.Sprintf("cannot list ResourceSlices, so DRA devices tainted %s go unseen: %v", names.DRATaintHeld, err)}
 		}
-		for _, d := range sl.Spec.Devices {
-			if slices.ContainsFunc(d.Taints, func(t resourceapi.DeviceTaint) bool { return t.Key == names.DRATaintHeld }) {
-				byNode[n] = append(byNode[n], d.Name)
+		for _, sl := range list.Items {
+			n := ptr.Deref(sl.Spec.NodeName, "")
+			if sl.Spec.Driver != names.DRADriver || (node != "" && n != node) {
+				continue
 			}
+			for _, d := range sl.Spec.Devices {
+				if slices.ContainsFunc(d.Taints, func(t resourceapi.DeviceTaint) bool { return t.Key == names.DRATaintHeld }) && !slices.Contains(byNode[n], d.Name) {
+					byNode[n] = append(byNode[n], d.Name)
+				}
+			}
+		}
+		if opts.Continue = list.Continue; opts.Continue == "" {
+			break
 		}
 	}
 	var out []string
@@ -356,7 +364,7 @@ func heldDeviceWarnings(ctx context.Context, c kubernetes.Interface, node string
 		out = append(out, fmt.Sprintf("node %s: DRA devices %s carry the NoSchedule taint %s: a prepared claim holds a device the driver no longer publishes (dra.blocks switched off, the apiserver dropped the counters, or the topology changed), so its GPUs take no new claim until that claim is unprepared (its pod ends or is deleted)",
 			n, strings.Join(devs, ", "), names.DRATaintHeld))
 	}
-	return out, nil
+	return out
 }
 
 // nodeWarnings are a node's unhealthy GPUs (from the agent's topology annotation) and a

@@ -119,10 +119,15 @@ type Driver struct {
 	lastHeld       []string
 	// lastCondition is the NvdomainDRADevices status last written ("" for none).
 	lastCondition corev1.ConditionStatus
-	// suspects are the checkpoint entries housekeeping found stale, with when it first did;
-	// an entry is removed when a round StaleGrace later finds it stale still. Only the
-	// housekeeping goroutine uses it.
-	suspects map[types.UID]time.Time
+	// staleSince are the checkpoint entries found stale (by housekeeping or a Prepare's
+	// conflict), with when that was first seen; an entry is dropped once it has been stale
+	// for StaleGrace with the kubelet up (staleFor). staleMu guards it: housekeeping and the
+	// kubelet's Prepare calls both use it.
+	staleMu    sync.Mutex
+	staleSince map[types.UID]time.Time
+	// lastRegistered is when the kubelet last accepted the registration (Unix nanoseconds):
+	// a kubelet that comes back registers its plugins again, and the grace restarts then.
+	lastRegistered atomic.Int64
 	// registered is what the kubelet last said about the registration. The helper keeps the
 	// same status without a lock, so the driver records its own copy as the call passes.
 	registered atomic.Bool
@@ -163,8 +168,8 @@ func Start(ctx context.Context, o Options) (*Driver, error) {
 		return nil, fmt.Errorf("start the DRA kubelet plugin %s: %w", names.DRADriver, err)
 	}
 	d.helper = helper
-	// A device plugin already on the node is found before the first publish, so its GPUs are
-	// never offered twice, not even for one housekeeping period after a restart; and the
+	// A device plugin already on the node is found before the first publish (when the Node
+	// can be read; if not, the next round finds it), so its GPUs are not offered twice; and the
 	// NvdomainDRADevices condition is written now, so a node whose device plugin left while
 	// the agent was down is hinted again at once (clusterview skips withdrawn nodes).
 	d.checkDevicePlugin(ctx)
@@ -212,6 +217,9 @@ func (d *Driver) recordRegistration(ctx context.Context, req any, info *grpc.Una
 	resp, err := handler(ctx, req)
 	if st, ok := req.(*registerapi.RegistrationStatus); ok && err == nil {
 		d.registered.Store(st.PluginRegistered)
+		if st.PluginRegistered {
+			d.lastRegistered.Store(d.now().UnixNano())
+		}
 		if !st.PluginRegistered {
 			d.o.Log.Error(errors.New(st.Error), "the kubelet refused the DRA driver's registration")
 		}

@@ -24,11 +24,13 @@ import (
 // a device plugin on its node.
 const DefaultHousekeepingPeriod = 30 * time.Second
 
-// StaleGrace is how long an entry housekeeping found stale waits before it is dropped: the
-// containers of a force-deleted pod get that long to stop (a kubelet that was down kills them
-// within seconds of coming back), and a read that raced the claim's re-preparation is read
-// again. A round that finds a new suspect is followed by one StaleGrace later, so a stale
-// entry goes within one period plus StaleGrace of going stale.
+// StaleGrace is how long an entry found stale waits before it is dropped, counted from when
+// it was first found stale or from the kubelet's last registration, whichever is later: the
+// containers of a force-deleted pod get that long to stop, and a kubelet that was down gets
+// that long after it is back (it registers its plugins again first) to kill the orphans it
+// finds. Housekeeping schedules a round for when the grace ends, so a stale entry goes within
+// one period plus StaleGrace of going stale; a Prepare that meets it earlier is refused, and
+// the kubelet retries.
 const StaleGrace = 10 * time.Second
 
 // The driver's day-2 guards, beside Prepare and Unprepare:
@@ -39,7 +41,7 @@ const StaleGrace = 10 * time.Second
 //     driver: kubernetes-sigs/dra-driver-nvidia-gpu #1278). An entry is stale when its claim is
 //     gone, has another UID, is not allocated, or its allocation lists none of the entry's
 //     devices on this node. Prepare checks the holder on a conflict; housekeeping checks every
-//     entry each period.
+//     entry each period. A stale entry is dropped once it has been stale for StaleGrace.
 //   - A Prepare after its Unprepare (#1162): a claim unprepared in the last ten minutes (its
 //     tombstone is in the checkpoint) is prepared again only while it is reserved for a live
 //     pod: one that exists with the UID the claim names and is not being deleted (asked of
@@ -108,14 +110,24 @@ func (d *Driver) prepare(ctx context.Context, claim *resourceapi.ResourceClaim) 
 		if !errors.As(err, &held) {
 			return devs, err
 		}
+		gen := d.state.Prepares(held.UID)
 		why, _ := d.staleHolder(ctx, held.UID, held.Holder)
 		if why == "" {
+			d.notStale(held.UID)
 			return nil, err
+		}
+		if left := d.staleFor(held.UID, d.now()); left > 0 {
+			return nil, fmt.Errorf("%w (its holder is stale: %s; it is dropped once it has been so for %s, so that its containers can stop: %s from now, and the kubelet retries)", err, why, StaleGrace, left.Round(time.Second))
 		}
 		d.o.Log.Info("dropping a stale checkpoint entry that blocked a claim", "holder", held.Holder.Namespace+"/"+held.Holder.Name, "uid", held.UID, "why", why,
 			"claim", claim.Namespace+"/"+claim.Name)
-		if uerr := d.state.Unprepare(ctx, held.UID); uerr != nil {
+		done, uerr := d.state.UnprepareIf(ctx, held.UID, gen)
+		if uerr != nil {
 			return nil, fmt.Errorf("%w (its holder is stale: %s, but removing it failed: %v)", err, why, uerr)
+		}
+		d.notStale(held.UID)
+		if !done {
+			continue // prepared again since the read: the next Prepare says who holds it now
 		}
 		d.o.Metrics.stale("conflict", 1)
 		d.unprepared(ctx)
@@ -124,9 +136,9 @@ func (d *Driver) prepare(ctx context.Context, claim *resourceapi.ResourceClaim) 
 }
 
 // housekeeping runs every period until ctx ends: stale entries, then the device plugin check;
-// and StaleGrace after a round that found a new stale entry, to drop it. The first round comes
-// one period after the start, once the kubelet has had the time to prepare again what it
-// holds.
+// and, when a stale entry waits for its grace, once more when the grace ends. The first round
+// comes one period after the start, once the kubelet has had the time to prepare again what
+// it holds.
 func (d *Driver) housekeeping(ctx context.Context, period time.Duration) {
 	t := time.NewTicker(period)
 	defer t.Stop()
@@ -139,59 +151,120 @@ func (d *Driver) housekeeping(ctx context.Context, period time.Duration) {
 		case <-confirm:
 		}
 		confirm = nil
-		if d.Housekeep(ctx) {
-			confirm = time.After(StaleGrace)
+		if left := d.Housekeep(ctx); left > 0 {
+			confirm = time.After(left)
 		}
 	}
 }
 
-// Housekeep runs one round of housekeeping. It reports whether an entry it found stale waits
-// for its grace (StaleGrace) to end, for a round after it to drop.
-func (d *Driver) Housekeep(ctx context.Context) (waiting bool) {
+// Housekeep runs one round of housekeeping. It returns how long until the first stale entry
+// it leaves is past its grace (0: none waits).
+func (d *Driver) Housekeep(ctx context.Context) (next time.Duration) {
+	defer d.checkDevicePlugin(ctx)
 	claims, err := d.state.Prepared()
 	if err != nil {
 		d.o.Log.Error(err, "read the DRA checkpoint for housekeeping")
-	}
-	now := time.Now
-	if d.o.Now != nil {
-		now = d.o.Now
+		return d.nextGrace(d.now())
 	}
 	removed := 0
-	suspects := map[types.UID]time.Time{}
 	for uid, pc := range claims {
+		now := d.now()
+		gen := d.state.Prepares(uid)
 		why, known := d.staleHolder(ctx, uid, pc)
-		first, seen := d.suspects[uid]
 		switch {
-		case !known && seen:
-			suspects[uid] = first // asked again next round
-			continue
+		case !known:
+			continue // the apiserver could not say: nothing is dropped, nor forgotten
 		case why == "":
-			continue
-		case !seen:
-			first = now()
-		}
-		// Stale until the grace is over: a force-deleted pod's containers get the time to
-		// stop, and a read racing a claim's re-preparation is not acted on.
-		if now().Sub(first) < StaleGrace {
-			suspects[uid] = first
-			waiting = true
+			d.notStale(uid)
 			continue
 		}
-		if err := d.state.Unprepare(ctx, uid); err != nil {
+		if d.staleFor(uid, now) > 0 {
+			continue
+		}
+		done, err := d.state.UnprepareIf(ctx, uid, gen)
+		if err != nil {
 			d.o.Log.Error(err, "remove a stale checkpoint entry", "claim", pc.Namespace+"/"+pc.Name, "uid", uid)
-			suspects[uid] = first
 			continue
 		}
-		removed++
-		d.o.Log.Info("removed a stale checkpoint entry", "claim", pc.Namespace+"/"+pc.Name, "uid", uid, "why", why)
+		d.notStale(uid)
+		if done {
+			removed++
+			d.o.Log.Info("removed a stale checkpoint entry", "claim", pc.Namespace+"/"+pc.Name, "uid", uid, "why", why)
+		}
 	}
-	d.suspects = suspects
+	d.keepStale(claims)
 	d.o.Metrics.stale("cleanup", removed)
 	if removed > 0 {
 		d.unprepared(ctx)
 	}
-	d.checkDevicePlugin(ctx)
-	return waiting
+	return d.nextGrace(d.now())
+}
+
+// staleFor records that uid was found stale at now (the first time counts) and returns how
+// much of its grace is left: StaleGrace from the later of that first time and the kubelet's
+// last registration. 0 when it is over.
+func (d *Driver) staleFor(uid types.UID, now time.Time) time.Duration {
+	d.staleMu.Lock()
+	defer d.staleMu.Unlock()
+	if d.staleSince == nil {
+		d.staleSince = map[types.UID]time.Time{}
+	}
+	first, ok := d.staleSince[uid]
+	if !ok {
+		first = now
+		d.staleSince[uid] = now
+	}
+	return max(0, d.graceEnd(first).Sub(now))
+}
+
+// graceEnd is when the grace of an entry first found stale at first ends.
+func (d *Driver) graceEnd(first time.Time) time.Time {
+	start := first
+	if reg := time.Unix(0, d.lastRegistered.Load()); reg.After(start) {
+		start = reg
+	}
+	return start.Add(StaleGrace)
+}
+
+// notStale forgets that uid was found stale.
+func (d *Driver) notStale(uid types.UID) {
+	d.staleMu.Lock()
+	defer d.staleMu.Unlock()
+	delete(d.staleSince, uid)
+}
+
+// keepStale forgets the stale entries the checkpoint no longer holds.
+func (d *Driver) keepStale(claims map[types.UID]PreparedClaim) {
+	d.staleMu.Lock()
+	defer d.staleMu.Unlock()
+	for uid := range d.staleSince {
+		if _, ok := claims[uid]; !ok {
+			delete(d.staleSince, uid)
+		}
+	}
+}
+
+// nextGrace is how long until the first stale entry's grace ends (0: none waits); at least
+// a second, so a grace that just ended is not polled in a loop.
+func (d *Driver) nextGrace(now time.Time) time.Duration {
+	d.staleMu.Lock()
+	defer d.staleMu.Unlock()
+	var next time.Duration
+	for _, first := range d.staleSince {
+		left := max(time.Second, d.graceEnd(first).Sub(now))
+		if next == 0 || left < next {
+			next = left
+		}
+	}
+	return next
+}
+
+// now is the driver's clock (Options.Now, else time.Now).
+func (d *Driver) now() time.Time {
+	if d.o.Now != nil {
+		return d.o.Now()
+	}
+	return time.Now()
 }
 
 // advertisedGPUs is the Node's nvidia.com/gpu capacity, and whether it is non-zero: what a
@@ -204,6 +277,10 @@ func advertisedGPUs(node *corev1.Node) (resource.Quantity, bool) {
 // checkDevicePlugin withdraws the driver's devices while the Node advertises nvidia.com/gpu.
 // What was published and the condition last written are retried until they match.
 func (d *Driver) checkDevicePlugin(ctx context.Context) {
+	// Bounded: at start it runs before the first publish, and a hung apiserver must not hold
+	// up housekeeping's next round either.
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
 	node, err := d.o.Client.CoreV1().Nodes().Get(ctx, d.o.Node, metav1.GetOptions{})
 	if err != nil {
 		d.o.Log.Error(err, "read the node for the device plugin check")

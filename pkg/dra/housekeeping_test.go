@@ -5,6 +5,8 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -111,8 +113,8 @@ func TestHousekeepingDropsStaleEntries(t *testing.T) {
 	if _, err := cs.ResourceV1().ResourceClaims(other.Namespace).Update(ctx, other, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if !d.Housekeep(ctx) {
-		t.Error("a round that found stale entries does not ask for the round after their grace")
+	if next := d.Housekeep(ctx); next != StaleGrace {
+		t.Errorf("a round that found stale entries asks for the next in %s, want %s (their grace)", next, StaleGrace)
 	}
 	if got := preparedUIDs(t, d); len(got) != 4 {
 		t.Errorf("after one round the checkpoint holds %v; an entry goes only once its grace is over", got)
@@ -123,8 +125,8 @@ func TestHousekeepingDropsStaleEntries(t *testing.T) {
 		t.Errorf("within the grace the checkpoint holds %v, want all 4", got)
 	}
 	clock = clock.Add(StaleGrace / 2)
-	if d.Housekeep(ctx) {
-		t.Error("nothing waits for its grace once the stale entries went")
+	if next := d.Housekeep(ctx); next != 0 {
+		t.Errorf("next round in %s once the stale entries went, want none (0)", next)
 	}
 	if got := preparedUIDs(t, d); !slices.Equal(got, []string{"live"}) {
 		t.Errorf("after the grace the checkpoint holds %v, want [live]", got)
@@ -133,8 +135,10 @@ func TestHousekeepingDropsStaleEntries(t *testing.T) {
 		t.Errorf("nvdomain_dra_stale_claims_removed_total{found=cleanup} = %v, want 3", got)
 	}
 	// A claim the apiserver cannot be asked about stays: only its word drops an entry.
+	var failing atomic.Bool
+	failing.Store(true)
 	cs.PrependReactor("get", "resourceclaims", func(_ k8stesting.Action) (bool, k8sruntime.Object, error) {
-		return true, nil, errTransient
+		return failing.Load(), nil, errTransient
 	})
 	if err := cs.ResourceV1().ResourceClaims(live.Namespace).Delete(ctx, live.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
@@ -147,21 +151,85 @@ func TestHousekeepingDropsStaleEntries(t *testing.T) {
 	}
 	// Reachable again: found stale, then a failed read keeps the suspicion, and the next
 	// round after the grace drops it.
-	cs.ReactionChain = cs.ReactionChain[1:]
+	failing.Store(false)
 	d.Housekeep(ctx)
-	failing := true
-	cs.PrependReactor("get", "resourceclaims", func(_ k8stesting.Action) (bool, k8sruntime.Object, error) {
-		return failing, nil, errTransient
-	})
+	failing.Store(true)
 	clock = clock.Add(StaleGrace)
 	d.Housekeep(ctx)
 	if got := preparedUIDs(t, d); !slices.Equal(got, []string{"live"}) {
 		t.Errorf("a failed read dropped %v", got)
 	}
-	failing = false
+	failing.Store(false)
 	d.Housekeep(ctx)
 	if got := preparedUIDs(t, d); len(got) != 0 {
 		t.Errorf("after the grace and a failed read the checkpoint holds %v, want none", got)
+	}
+}
+
+// preparedOnClock starts a driver holding claim c, prepared, on a clock the test moves.
+func preparedOnClock(t *testing.T, c *resourceapi.ResourceClaim) (*Driver, *fake.Clientset, *time.Time) {
+	t.Helper()
+	d, cs, _ := startDriver(t, c)
+	clock := time.Unix(1_800_000_000, 0)
+	d.o.Now = func() time.Time { return clock }
+	if _, err := d.prepare(context.Background(), c); err != nil {
+		t.Fatal(err)
+	}
+	return d, cs, &clock
+}
+
+// The grace restarts when the kubelet registers again (it came back from a restart): the
+// orphans it finds get the grace to be killed before their GPUs are handed out.
+func TestStaleGraceRestartsWithTheKubeletsRegistration(t *testing.T) {
+	gone := claim("gone", 1)
+	d, cs, clock := preparedOnClock(t, gone)
+	ctx := context.Background()
+	if err := cs.ResourceV1().ResourceClaims(gone.Namespace).Delete(ctx, gone.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	d.Housekeep(ctx)
+	*clock = clock.Add(StaleGrace - time.Second)
+	d.lastRegistered.Store(clock.UnixNano()) // the kubelet is back
+	*clock = clock.Add(2 * time.Second)
+	if next := d.Housekeep(ctx); next != StaleGrace-2*time.Second {
+		t.Errorf("next round in %s, want %s after the registration's grace", next, StaleGrace-2*time.Second)
+	}
+	if got := preparedUIDs(t, d); len(got) != 1 {
+		t.Fatalf("dropped before the grace after the registration: %v", got)
+	}
+	*clock = clock.Add(StaleGrace)
+	d.Housekeep(ctx)
+	if got := preparedUIDs(t, d); len(got) != 0 {
+		t.Errorf("after the grace the checkpoint holds %v", got)
+	}
+}
+
+// A claim prepared again between housekeeping's read of it and the drop is not dropped.
+func TestHousekeepingKeepsAClaimPreparedDuringItsRead(t *testing.T) {
+	c := claim("again", 1)
+	d, cs, clock := preparedOnClock(t, c)
+	ctx := context.Background()
+	dealloc := c.DeepCopy()
+	dealloc.Status.Allocation = nil
+	if _, err := cs.ResourceV1().ResourceClaims(c.Namespace).UpdateStatus(ctx, dealloc, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	d.Housekeep(ctx)
+	*clock = clock.Add(StaleGrace)
+	// The confirming read says "not allocated"; before the drop the claim is allocated the
+	// same GPU again and the kubelet restores it.
+	var once sync.Once
+	cs.PrependReactor("get", "resourceclaims", func(k8stesting.Action) (bool, k8sruntime.Object, error) {
+		once.Do(func() {
+			if _, err := d.state.Prepare(ctx, c); err != nil {
+				t.Errorf("restore: %v", err)
+			}
+		})
+		return true, dealloc, nil
+	})
+	d.Housekeep(ctx)
+	if got := preparedUIDs(t, d); !slices.Equal(got, []string{"again"}) {
+		t.Errorf("checkpoint %v, want [again]: it was prepared again during the round", got)
 	}
 }
 
@@ -181,8 +249,15 @@ func TestPrepareDropsAStaleHolderOnConflict(t *testing.T) {
 	if err := cs.ResourceV1().ResourceClaims(holder.Namespace).Delete(ctx, holder.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	clock := time.Unix(1_800_000_000, 0)
+	d.o.Now = func() time.Time { return clock }
+	// Stale, but within its grace: the holder's containers may still be stopping.
+	if _, err := d.prepare(ctx, next); err == nil || !strings.Contains(err.Error(), "its holder is stale: the claim is gone; it is dropped once it has been so for 10s") {
+		t.Fatalf("a holder stale for no time: %v", err)
+	}
+	clock = clock.Add(StaleGrace)
 	if _, err := d.prepare(ctx, next); err != nil {
-		t.Fatalf("the holder's claim is gone, yet: %v", err)
+		t.Fatalf("the holder's claim is gone for its grace, yet: %v", err)
 	}
 	if got := preparedUIDs(t, d); !slices.Equal(got, []string{"next"}) {
 		t.Errorf("checkpoint %v, want [next]", got)

@@ -83,6 +83,10 @@ type State struct {
 	// consumersLive, when set, asks the apiserver whether any pod a tombstoned claim is
 	// reserved for is still there, the same pod and not being deleted (SetConsumersLive).
 	consumersLive ConsumersLive
+	// prepares counts this process's Prepares of each claim (restores included), so that
+	// housekeeping drops an entry only if no Prepare came between its read of the claim and
+	// the drop (UnprepareIf).
+	prepares map[types.UID]uint64
 }
 
 // ConsumersLive reports whether any pod a claim is reserved for is live: it exists with the
@@ -227,6 +231,7 @@ func (s *State) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) (
 				return nil, err
 			}
 		}
+		s.prepared(claim.UID)
 		return pc.Devices, nil
 	}
 	devices, err := PrepareDevices(s.node, claim, s.top, s.mode)
@@ -249,16 +254,50 @@ func (s *State) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) (
 	if err := WriteCheckpoint(s.checkpointPath, cp); err != nil {
 		return nil, err
 	}
+	s.prepared(claim.UID)
 	return devices, nil
+}
+
+// prepared counts a Prepare of uid; s.mu is held.
+func (s *State) prepared(uid types.UID) {
+	if s.prepares == nil {
+		s.prepares = map[types.UID]uint64{}
+	}
+	s.prepares[uid]++
+}
+
+// Prepares is how many times this process prepared uid (restores included): what
+// UnprepareIf compares.
+func (s *State) Prepares(uid types.UID) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.prepares[uid]
+}
+
+// UnprepareIf unprepares uid only if it was not prepared again since Prepares returned
+// seen: housekeeping read the claim as stale, and a Prepare (a restore of the claim allocated
+// anew) between that read and the drop must win. It reports whether it unprepared.
+func (s *State) UnprepareIf(ctx context.Context, uid types.UID, seen uint64) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.prepares[uid] != seen {
+		return false, nil
+	}
+	return true, s.unprepareLocked(ctx, uid)
 }
 
 // Unprepare forgets a claim: its CDI spec goes, then its checkpoint entry, which leaves a
 // tombstone with the pods it was prepared for (see LateError); tombstones older than
 // UnpreparedMemory go in the same write. A claim the driver does not know is not an error;
 // the kubelet may ask again after a restart.
-func (s *State) Unprepare(_ context.Context, uid types.UID) error {
+func (s *State) Unprepare(ctx context.Context, uid types.UID) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.unprepareLocked(ctx, uid)
+}
+
+// unprepareLocked is Unprepare; s.mu is held.
+func (s *State) unprepareLocked(_ context.Context, uid types.UID) error {
 	cp, err := ReadCheckpoint(s.checkpointPath)
 	if err != nil {
 		return err

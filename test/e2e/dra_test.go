@@ -4,8 +4,6 @@ package e2e
 
 import (
 	"context"
-	"github.com/nvdomain/nvdomain/pkg/dra"
-	"github.com/nvdomain/nvdomain/pkg/names"
 	"os"
 	"slices"
 	"strconv"
@@ -13,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nvdomain/nvdomain/pkg/dra"
+	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/test/localcluster"
 )
 

@@ -110,7 +110,7 @@ func HintDRA(pod *corev1.Pod, hint []string) *corev1.Pod {
 	if ok {
 		kept = append(kept, t)
 	}
-	if apiequality.Semantic.DeepEqual(kept, old) || (len(kept) == 0 && len(old) == 0) {
+	if apiequality.Semantic.DeepEqual(kept, old) { // nil and empty alike
 		return pod
 	}
 	out := pod.DeepCopy()

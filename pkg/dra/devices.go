@@ -73,19 +73,12 @@ type Publish struct {
 // sharing a GPU with a held device that is not published names.DRATaintHeld (p.Held).
 // Counters returns the counter sets the devices consume.
 func Devices(top *topology.Topology, p Publish) []resourceapi.Device {
-	devs, _ := markHeld(devices(top, p), p)
+	devs, _ := markHeld(devicesOf(top, p), p)
 	return devs
 }
 
-// HeldCovered counts the devices Devices taints or leaves out for p.Held: while it is not
-// zero, the driver publishes again after every Unprepare.
-func HeldCovered(top *topology.Topology, p Publish) int {
-	_, n := markHeld(devices(top, p), p)
-	return n
-}
-
-// devices is Devices without the held taints.
-func devices(top *topology.Topology, p Publish) []resourceapi.Device {
+// devicesOf is Devices without the held taints.
+func devicesOf(top *topology.Topology, p Publish) []resourceapi.Device {
 	out := make([]resourceapi.Device, 0, len(top.GPUs)*2)
 	doms := domainsBySize(top)
 	unhealthy := func(i int) bool { g, _ := top.GPU(i); return g.Unhealthy != "" }
@@ -294,7 +287,13 @@ func consumes(d topology.Domain, gpus []int) []resourceapi.DeviceCounterConsumpt
 // one empty slice, which tells the scheduler the driver runs and has nothing, rather than
 // nothing at all.
 func Resources(node string, top *topology.Topology, p Publish) resourceslice.DriverResources {
-	devices := Devices(top, p)
+	res, _ := resources(node, top, p)
+	return res
+}
+
+// resources is Resources, and how many devices it tainted or left out for p.Held (markHeld).
+func resources(node string, top *topology.Topology, p Publish) (resourceslice.DriverResources, int) {
+	devices, covered := markHeld(devicesOf(top, p), p)
 	per := MaxDevicesPerSlice
 	// The API allows 64 devices per slice once any consumes counters or carries a taint.
 	if p.Blocks || slices.ContainsFunc(devices, func(d resourceapi.Device) bool { return len(d.Taints) > 0 }) {
@@ -313,7 +312,7 @@ func Resources(node string, top *topology.Topology, p Publish) resourceslice.Dri
 			sets = sets[n:]
 		}
 	}
-	return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{node: {Slices: out}}}
+	return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{node: {Slices: out}}}, covered
 }
 
 // attr qualifies an attribute or capacity name with the driver, as claims spell it.

@@ -393,8 +393,8 @@ func TestDevicesSharingAGPUWithAnUnpublishedHeldDeviceAreTainted(t *testing.T) {
 			if !slices.Equal(tainted, tc.tainted) || !slices.Equal(withheld, tc.withheld) {
 				t.Errorf("tainted %v, withheld %v; want %v, %v", tainted, withheld, tc.tainted, tc.withheld)
 			}
-			if n := HeldCovered(hgx(t), tc.p); n != len(tc.tainted)+len(tc.withheld) {
-				t.Errorf("HeldCovered = %d, want %d", n, len(tc.tainted)+len(tc.withheld))
+			if _, n := resources(node, hgx(t), tc.p); n != len(tc.tainted)+len(tc.withheld) {
+				t.Errorf("devices covered = %d, want %d", n, len(tc.tainted)+len(tc.withheld))
 			}
 		})
 	}

@@ -112,11 +112,9 @@ type Driver struct {
 	withdrawn bool
 	// heldCovered counts the devices the last publish tainted names.DRATaintHeld or left out
 	// for a held device it does not publish; while it is not zero, an Unprepare publishes
-	// again. publishedNames are the devices of the last publish, lastHeld the last held set
-	// read from the checkpoint.
-	heldCovered    int
-	publishedNames map[string]bool
-	lastHeld       []string
+	// again. lastHeld is the last held set read from the checkpoint.
+	heldCovered int
+	lastHeld    []string
 	// lastCondition is the NvdomainDRADevices status last written ("" for none).
 	lastCondition corev1.ConditionStatus
 	// staleSince are the checkpoint entries found stale (by housekeeping or a Prepare's
@@ -242,10 +240,12 @@ func (d *Driver) publishLocked(ctx context.Context) error {
 	if top == nil || d.helper == nil {
 		return nil // not started yet: Start publishes
 	}
-	pub := Publish{Blocks: d.o.Blocks && !d.noBlocks, WithholdUnhealthy: d.noTaints, Held: d.heldDevices()}
-	res := Resources(d.o.Node, top, pub)
+	var res resourceslice.DriverResources
+	covered := 0
 	if d.withdrawn {
 		res = Resources(d.o.Node, &topology.Topology{Source: top.Source}, Publish{})
+	} else {
+		res, covered = resources(d.o.Node, top, Publish{Blocks: d.o.Blocks && !d.noBlocks, WithholdUnhealthy: d.noTaints, Held: d.heldDevices()})
 	}
 	d.state.SetTopology(top)
 	if d.published != nil && apiequality.Semantic.DeepEqual(*d.published, res) {
@@ -255,15 +255,7 @@ func (d *Driver) publishLocked(ctx context.Context) error {
 		return fmt.Errorf("publish ResourceSlices: %w", err)
 	}
 	d.published = &res
-	d.publishedNames = map[string]bool{}
-	for _, p := range res.Pools {
-		for _, sl := range p.Slices {
-			for _, dev := range sl.Devices {
-				d.publishedNames[dev.Name] = true
-			}
-		}
-	}
-	if d.heldCovered = HeldCovered(top, pub); d.heldCovered > 0 && !d.withdrawn {
+	if d.heldCovered = covered; covered > 0 {
 		d.o.Log.Info("the devices that share GPUs with held devices no longer published carry a NoSchedule device taint (or are left out, without device taints) until their claims are unprepared",
 			"taint", names.DRATaintHeld, "devices", d.heldCovered)
 	}
@@ -304,30 +296,42 @@ func (d *Driver) heldDevices() []string {
 // unprepared republishes after an Unprepare while devices are tainted or left out for a
 // held device, which may now go.
 func (d *Driver) unprepared(ctx context.Context) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.heldCovered == 0 {
-		return
-	}
-	if err := d.publishLocked(context.WithoutCancel(ctx)); err != nil {
-		d.o.Log.Error(err, "publish the devices again after an Unprepare")
-	}
+	d.republishIf(ctx, "an Unprepare", func() bool { return d.heldCovered > 0 })
 }
 
 // prepared republishes after a Prepare of a device the driver does not publish now: the
 // scheduler allocated it from older slices (blocks went off, or the counters fell back, between
 // the allocation and the Prepare), and the GPUs it holds must be tainted now.
 func (d *Driver) prepared(ctx context.Context, devices []PreparedDevice) {
+	d.republishIf(ctx, "a Prepare of a device no longer published", func() bool {
+		return d.published != nil && !d.withdrawn && slices.ContainsFunc(devices, func(dev PreparedDevice) bool {
+			return !dev.AdminAccess && !publishes(d.published, dev.Device)
+		})
+	})
+}
+
+// republishIf publishes again when need, asked under d.mu, says so; after names the event.
+func (d *Driver) republishIf(ctx context.Context, after string, need func() bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.published == nil || d.withdrawn || !slices.ContainsFunc(devices, func(dev PreparedDevice) bool {
-		return !dev.AdminAccess && !d.publishedNames[dev.Device]
-	}) {
+	if !need() {
 		return
 	}
 	if err := d.publishLocked(context.WithoutCancel(ctx)); err != nil {
-		d.o.Log.Error(err, "publish the devices again after a Prepare of a device no longer published")
+		d.o.Log.Error(err, "publish the devices again after "+after)
 	}
+}
+
+// publishes reports whether res holds the device named name.
+func publishes(res *resourceslice.DriverResources, name string) bool {
+	for _, p := range res.Pools {
+		for _, sl := range p.Slices {
+			if slices.ContainsFunc(sl.Devices, func(d resourceapi.Device) bool { return d.Name == name }) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // State is the driver's claim state.

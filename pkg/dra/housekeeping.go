@@ -110,25 +110,19 @@ func (d *Driver) prepare(ctx context.Context, claim *resourceapi.ResourceClaim) 
 		if !errors.As(err, &held) {
 			return devs, err
 		}
-		gen := d.state.Prepares(held.UID)
-		why, _ := d.staleHolder(ctx, held.UID, held.Holder)
-		if why == "" {
-			d.notStale(held.UID)
+		why, left, dropped, uerr := d.dropStale(ctx, held.UID, held.Holder)
+		switch {
+		case why == "":
 			return nil, err
-		}
-		if left := d.staleFor(held.UID, d.now()); left > 0 {
+		case left > 0:
 			return nil, fmt.Errorf("%w (its holder is stale: %s; it is dropped once it has been so for %s, so that its containers can stop: %s from now, and the kubelet retries)", err, why, StaleGrace, left.Round(time.Second))
-		}
-		d.o.Log.Info("dropping a stale checkpoint entry that blocked a claim", "holder", held.Holder.Namespace+"/"+held.Holder.Name, "uid", held.UID, "why", why,
-			"claim", claim.Namespace+"/"+claim.Name)
-		done, uerr := d.state.UnprepareIf(ctx, held.UID, gen)
-		if uerr != nil {
+		case uerr != nil:
 			return nil, fmt.Errorf("%w (its holder is stale: %s, but removing it failed: %v)", err, why, uerr)
-		}
-		d.notStale(held.UID)
-		if !done {
+		case !dropped:
 			continue // prepared again since the read: the next Prepare says who holds it now
 		}
+		d.o.Log.Info("dropped a stale checkpoint entry that blocked a claim", "holder", held.Holder.Namespace+"/"+held.Holder.Name, "uid", held.UID, "why", why,
+			"claim", claim.Namespace+"/"+claim.Name)
 		d.o.Metrics.stale("conflict", 1)
 		d.unprepared(ctx)
 	}
@@ -168,26 +162,11 @@ func (d *Driver) Housekeep(ctx context.Context) (next time.Duration) {
 	}
 	removed := 0
 	for uid, pc := range claims {
-		now := d.now()
-		gen := d.state.Prepares(uid)
-		why, known := d.staleHolder(ctx, uid, pc)
+		why, _, dropped, err := d.dropStale(ctx, uid, pc)
 		switch {
-		case !known:
-			continue // the apiserver could not say: nothing is dropped, nor forgotten
-		case why == "":
-			d.notStale(uid)
-			continue
-		}
-		if d.staleFor(uid, now) > 0 {
-			continue
-		}
-		done, err := d.state.UnprepareIf(ctx, uid, gen)
-		if err != nil {
+		case err != nil:
 			d.o.Log.Error(err, "remove a stale checkpoint entry", "claim", pc.Namespace+"/"+pc.Name, "uid", uid)
-			continue
-		}
-		d.notStale(uid)
-		if done {
+		case dropped:
 			removed++
 			d.o.Log.Info("removed a stale checkpoint entry", "claim", pc.Namespace+"/"+pc.Name, "uid", uid, "why", why)
 		}
@@ -198,6 +177,31 @@ func (d *Driver) Housekeep(ctx context.Context) (next time.Duration) {
 		d.unprepared(ctx)
 	}
 	return d.nextGrace(d.now())
+}
+
+// dropStale looks up a checkpointed claim's holder and drops the entry once it has been stale
+// for its grace, unless it was prepared again since the read (State.UnprepareIf). why is ""
+// while the holder holds its GPUs or the apiserver cannot say (then nothing is recorded or
+// forgotten); left is the grace still to run; dropped says the entry went.
+func (d *Driver) dropStale(ctx context.Context, uid types.UID, pc PreparedClaim) (why string, left time.Duration, dropped bool, err error) {
+	now := d.now()
+	gen := d.state.Prepares(uid)
+	why, known := d.staleHolder(ctx, uid, pc)
+	switch {
+	case !known:
+		return "", 0, false, nil
+	case why == "":
+		d.notStale(uid)
+		return "", 0, false, nil
+	}
+	if left = d.staleFor(uid, now); left > 0 {
+		return why, left, false, nil
+	}
+	if dropped, err = d.state.UnprepareIf(ctx, uid, gen); err != nil {
+		return why, 0, false, err
+	}
+	d.notStale(uid)
+	return why, 0, dropped, nil
 }
 
 // staleFor records that uid was found stale at now (the first time counts) and returns how

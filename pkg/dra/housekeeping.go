@@ -29,8 +29,8 @@ const DefaultHousekeepingPeriod = 30 * time.Second
 // containers of a force-deleted pod get that long to stop, and a kubelet that was down gets
 // that long after it is back (it registers its plugins again first) to kill the orphans it
 // finds. Housekeeping schedules a round for when the grace ends, so a stale entry goes within
-// one period plus StaleGrace of going stale; a Prepare that meets it earlier is refused, and
-// the kubelet retries.
+// one period plus StaleGrace of going stale; a Prepare that meets it earlier waits for the
+// grace within its deadline (waitable), or is refused and retried.
 const StaleGrace = 10 * time.Second
 
 // The driver's day-2 guards, beside Prepare and Unprepare:
@@ -114,6 +114,15 @@ func (d *Driver) prepare(ctx context.Context, claim *resourceapi.ResourceClaim) 
 		switch {
 		case why == "":
 			return nil, err
+		case left > 0 && waitable(ctx, left):
+			// The kubelet requeues a pod whose Prepare failed only at its next resync (a
+			// minute or more), so a grace that ends within the call is waited for here.
+			select {
+			case <-time.After(left):
+				continue
+			case <-ctx.Done():
+				return nil, fmt.Errorf("%w (its holder is stale: %s; it is dropped once it has been so for %s, so that its containers can stop)", err, why, StaleGrace)
+			}
 		case left > 0:
 			return nil, fmt.Errorf("%w (its holder is stale: %s; it is dropped once it has been so for %s, so that its containers can stop: %s from now, and the kubelet retries)", err, why, StaleGrace, left.Round(time.Second))
 		case uerr != nil:
@@ -177,6 +186,14 @@ func (d *Driver) Housekeep(ctx context.Context) (next time.Duration) {
 		d.unprepared(ctx)
 	}
 	return d.nextGrace(d.now())
+}
+
+// waitable reports whether a call bounded by ctx can wait d and still answer: the kubelet
+// gives each NodePrepareResources call a deadline (45 s in 1.36); a call without one does not
+// wait.
+func waitable(ctx context.Context, d time.Duration) bool {
+	deadline, ok := ctx.Deadline()
+	return ok && time.Until(deadline) > d+5*time.Second
 }
 
 // dropStale looks up a checkpointed claim's holder and drops the entry once it has been stale

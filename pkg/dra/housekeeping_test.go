@@ -545,3 +545,28 @@ func TestStartClearsAStaleWithdrawnCondition(t *testing.T) {
 		}
 	}
 }
+
+// A Prepare bounded as the kubelet's are (a deadline) waits out a stale holder's grace and
+// then prepares, since the kubelet would only retry at the pod's next resync.
+func TestPrepareWaitsOutAShortGrace(t *testing.T) {
+	holder := claim("holder", 5)
+	d, cs, _ := startDriver(t, holder)
+	if _, err := d.prepare(context.Background(), holder); err != nil {
+		t.Fatal(err)
+	}
+	if err := cs.ResourceV1().ResourceClaims(holder.Namespace).Delete(context.Background(), holder.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), StaleGrace+20*time.Second)
+	defer cancel()
+	start := time.Now()
+	if _, err := d.prepare(ctx, claim("next", 5)); err != nil {
+		t.Fatalf("a Prepare with time to wait out the grace: %v", err)
+	}
+	if waited := time.Since(start); waited < StaleGrace-time.Second {
+		t.Errorf("prepared after %s, before the holder's grace of %s", waited, StaleGrace)
+	}
+	if got := preparedUIDs(t, d); !slices.Equal(got, []string{"next"}) {
+		t.Errorf("checkpoint %v, want [next]", got)
+	}
+}

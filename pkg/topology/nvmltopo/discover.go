@@ -61,7 +61,7 @@ func Discover(ctx context.Context, lib nvml.Interface, o Options) (top *topology
 		if ret != nvml.SUCCESS {
 			return nil, fmt.Errorf("NVML: open GPU %d: %v", i, ret)
 		}
-		gpu, err := describe(i, dev)
+		gpu, err := describe(i, dev, !o.NoHealth)
 		if err != nil {
 			return nil, err
 		}
@@ -148,7 +148,10 @@ type discovery struct {
 	warnings []string
 }
 
-func describe(i int, dev nvml.Device) (topology.GPU, error) {
+// describe reads a GPU. A fabric clique counts only once Fabric Manager registered the GPU;
+// with the health checks off (strictStatus false) a completed state is enough, for platforms
+// whose status the checks misjudge.
+func describe(i int, dev nvml.Device, strictStatus bool) (topology.GPU, error) {
 	gpu := topology.GPU{Index: i}
 	uuid, ret := dev.GetUUID()
 	if ret != nvml.SUCCESS {
@@ -173,7 +176,7 @@ func describe(i int, dev nvml.Device) (topology.GPU, error) {
 	if numa, ret := dev.GetNumaNodeId(); ret == nvml.SUCCESS && numa >= 0 {
 		gpu.NUMANode = &numa
 	}
-	if fi, ret := dev.GetGpuFabricInfo(); ret == nvml.SUCCESS && fi.State == nvml.GPU_FABRIC_STATE_COMPLETED && fi.Status == uint32(nvml.SUCCESS) && fi.ClusterUuid != [16]uint8{} {
+	if fi, ret := dev.GetGpuFabricInfo(); ret == nvml.SUCCESS && fi.State == nvml.GPU_FABRIC_STATE_COMPLETED && (!strictStatus || fi.Status == uint32(nvml.SUCCESS)) && fi.ClusterUuid != [16]uint8{} {
 		gpu.Fabric = &topology.Fabric{ClusterUUID: formatUUID(fi.ClusterUuid), CliqueID: fi.CliqueId}
 	}
 	return gpu, nil

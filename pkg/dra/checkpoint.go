@@ -45,6 +45,13 @@ type PreparedClaim struct {
 	// Consumers are the pods the claim was reserved for when it was prepared (status.
 	// reservedFor), which its tombstone keeps.
 	Consumers []types.UID `json:"consumers,omitempty"`
+	// Pods names those pods (UID → name; a claim's consumers are in its namespace). An entry
+	// whose claim looks stale is kept while one of them is still bound here and has not ended:
+	// its containers still use the GPUs. A tenant can delete its claim and strip the
+	// finalizer while its pod runs, and a pod deleted while the kubelet is down stays
+	// Terminating with its containers running. Entries written before this field have none
+	// and are judged on the claim alone.
+	Pods map[types.UID]string `json:"pods,omitempty"`
 }
 
 // Tombstone is an unprepared claim: when, and the pods it was reserved for by then. A later

@@ -47,6 +47,12 @@ type Publish struct {
 	// sharing a GPU with it gets the NoSchedule taint names.DRATaintHeld (or, with
 	// WithholdUnhealthy, is left out) until the claim is unprepared.
 	Held []string
+	// Orphaned are held devices whose claims no longer hold them while their pods still run
+	// (a claim deleted with its finalizer stripped, a pod deleted while the kubelet is down):
+	// the allocator sees them free, and a claim it gives them to would wait in Prepare until
+	// the pod ends. They and every device sharing a GPU with them get names.DRATaintHeld
+	// (or are left out) too.
+	Orphaned []string
 }
 
 // Devices is the ResourceSlice form of a topology, in the order the allocator should prefer
@@ -116,9 +122,9 @@ func devicesOf(top *topology.Topology, p Publish) []resourceapi.Device {
 }
 
 // markHeld taints (or, with p.WithholdUnhealthy, leaves out) the devices that share a GPU
-// with a device in p.Held that devs does not contain.
+// with a device in p.Held that devs does not contain, or with one in p.Orphaned.
 func markHeld(devs []resourceapi.Device, p Publish) ([]resourceapi.Device, int) {
-	if len(p.Held) == 0 {
+	if len(p.Held) == 0 && len(p.Orphaned) == 0 {
 		return devs, 0
 	}
 	published := make(map[string]bool, len(devs))
@@ -130,6 +136,12 @@ func markHeld(devs []resourceapi.Device, p Publish) ([]resourceapi.Device, int) 
 		if published[name] {
 			continue
 		}
+		gs, _ := names.ParseDRADeviceGPUs(name)
+		for _, g := range gs {
+			gone[g] = true
+		}
+	}
+	for _, name := range p.Orphaned {
 		gs, _ := names.ParseDRADeviceGPUs(name)
 		for _, g := range gs {
 			gone[g] = true

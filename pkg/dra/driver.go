@@ -115,6 +115,8 @@ type Driver struct {
 	// again. lastHeld is the last held set read from the checkpoint.
 	heldCovered int
 	lastHeld    []string
+	// lastOrphaned are the orphaned devices (Publish.Orphaned) the last publish tainted.
+	lastOrphaned []string
 	// lastCondition is the NvdomainDRADevices status last written ("" for none).
 	lastCondition corev1.ConditionStatus
 	// staleSince are the checkpoint entries found stale (by housekeeping or a Prepare's
@@ -123,6 +125,9 @@ type Driver struct {
 	// kubelet's Prepare calls both use it.
 	staleMu    sync.Mutex
 	staleSince map[types.UID]time.Time
+	// orphans are the checkpoint entries kept although their claims look stale, because a pod
+	// they were prepared for still runs here (podRunning); staleMu guards it too.
+	orphans map[types.UID]bool
 	// lastRegistered is when the kubelet last accepted the registration (Unix nanoseconds):
 	// a kubelet that comes back registers its plugins again, and the grace restarts then.
 	lastRegistered atomic.Int64
@@ -245,7 +250,9 @@ func (d *Driver) publishLocked(ctx context.Context) error {
 	if d.withdrawn {
 		res = Resources(d.o.Node, &topology.Topology{Source: top.Source}, Publish{})
 	} else {
-		res, covered = resources(d.o.Node, top, Publish{Blocks: d.o.Blocks && !d.noBlocks, WithholdUnhealthy: d.noTaints, Held: d.heldDevices()})
+		held, orphaned := d.heldDevices()
+		res, covered = resources(d.o.Node, top, Publish{Blocks: d.o.Blocks && !d.noBlocks, WithholdUnhealthy: d.noTaints, Held: held, Orphaned: orphaned})
+		d.lastOrphaned = orphaned
 	}
 	d.state.SetTopology(top)
 	if d.published != nil && apiequality.Semantic.DeepEqual(*d.published, res) {
@@ -256,8 +263,8 @@ func (d *Driver) publishLocked(ctx context.Context) error {
 	}
 	d.published = &res
 	if d.heldCovered = covered; covered > 0 {
-		d.o.Log.Info("the devices that share GPUs with held devices no longer published carry a NoSchedule device taint (or are left out, without device taints) until their claims are unprepared",
-			"taint", names.DRATaintHeld, "devices", d.heldCovered)
+		d.o.Log.Info("the devices that share GPUs with held devices no longer published, or with devices whose claims are gone while their pods run, carry a NoSchedule device taint (or are left out, without device taints) until their claims are unprepared",
+			"taint", names.DRATaintHeld, "devices", d.heldCovered, "orphaned", d.lastOrphaned)
 	}
 	tainted := 0
 	for _, g := range top.GPUs {
@@ -272,25 +279,43 @@ func (d *Driver) publishLocked(ctx context.Context) error {
 }
 
 // heldDevices are the devices the checkpoint's claims hold (Publish.Held), admin access
-// aside (a monitoring claim shares a GPU with its holder and takes nothing). An unreadable
-// checkpoint gives the set last read, so a passing read error lifts no taint. d.mu is held.
-func (d *Driver) heldDevices() []string {
+// aside (a monitoring claim shares a GPU with its holder and takes nothing), and those of
+// them whose entries are orphans (Publish.Orphaned). An unreadable checkpoint gives the sets
+// last read, so a passing read error lifts no taint. d.mu is held.
+func (d *Driver) heldDevices() (held, orphaned []string) {
 	claims, err := d.state.Prepared()
 	if err != nil {
 		d.o.Log.Error(err, "read the DRA checkpoint for the devices prepared claims hold; keeping the last set")
-		return d.lastHeld
+		return d.lastHeld, d.lastOrphaned
 	}
-	var out []string
-	for _, pc := range claims {
+	d.staleMu.Lock()
+	defer d.staleMu.Unlock()
+	for uid, pc := range claims {
 		for _, dev := range pc.Devices {
-			if dev.Pool == d.o.Node && !dev.AdminAccess && !slices.Contains(out, dev.Device) {
-				out = append(out, dev.Device)
+			if dev.Pool != d.o.Node || dev.AdminAccess {
+				continue
+			}
+			if !slices.Contains(held, dev.Device) {
+				held = append(held, dev.Device)
+			}
+			if d.orphans[uid] && !slices.Contains(orphaned, dev.Device) {
+				orphaned = append(orphaned, dev.Device)
 			}
 		}
 	}
-	slices.Sort(out)
-	d.lastHeld = out
-	return out
+	slices.Sort(held)
+	slices.Sort(orphaned)
+	d.lastHeld = held
+	return held, orphaned
+}
+
+// orphansChanged republishes when the orphaned devices differ from those the last publish
+// tainted.
+func (d *Driver) orphansChanged(ctx context.Context) {
+	d.republishIf(ctx, "a change of the entries kept for running pods", func() bool {
+		_, orphaned := d.heldDevices()
+		return !slices.Equal(orphaned, d.lastOrphaned)
+	})
 }
 
 // unprepared republishes after an Unprepare while devices are tainted or left out for a

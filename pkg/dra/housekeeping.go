@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -100,6 +101,26 @@ func (d *Driver) staleHolder(ctx context.Context, uid types.UID, pc PreparedClai
 	return "the claim's allocation no longer lists its devices on this node", true
 }
 
+// podRunning names a pod a checkpointed claim was prepared for that is still bound to this
+// node and has not ended ("" when none is), and reports whether the apiserver could tell. A
+// pod being deleted counts: its containers run until the kubelet stops them, and a kubelet
+// that is down never does.
+func (d *Driver) podRunning(ctx context.Context, pc PreparedClaim) (pod string, known bool) {
+	for _, uid := range slices.Sorted(maps.Keys(pc.Pods)) {
+		name := pc.Pods[uid]
+		p, err := d.o.Client.CoreV1().Pods(pc.Namespace).Get(ctx, name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			continue
+		case err != nil:
+			return "", false
+		case p.UID == uid && p.Spec.NodeName == d.o.Node && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed:
+			return pc.Namespace + "/" + name, true
+		}
+	}
+	return "", true
+}
+
 // prepare prepares one claim with the day-2 guards: a recent Unprepare (State.Prepare's
 // LateError), a stale holder.
 func (d *Driver) prepare(ctx context.Context, claim *resourceapi.ResourceClaim) ([]PreparedDevice, error) {
@@ -113,6 +134,7 @@ func (d *Driver) prepare(ctx context.Context, claim *resourceapi.ResourceClaim) 
 		why, left, dropped, uerr := d.dropStale(ctx, held.UID, held.Holder)
 		switch {
 		case why == "":
+			d.orphansChanged(ctx) // the holder may be an orphan found just now
 			return nil, err
 		case left > 0 && waitable(ctx, left):
 			// The kubelet requeues a pod whose Prepare failed only at its next resync (a
@@ -185,6 +207,7 @@ func (d *Driver) Housekeep(ctx context.Context) (next time.Duration) {
 	if removed > 0 {
 		d.unprepared(ctx)
 	}
+	d.orphansChanged(ctx)
 	return d.nextGrace(d.now())
 }
 
@@ -209,6 +232,17 @@ func (d *Driver) dropStale(ctx context.Context, uid types.UID, pc PreparedClaim)
 		return "", 0, false, nil
 	case why == "":
 		d.notStale(uid)
+		return "", 0, false, nil
+	}
+	switch pod, known := d.podRunning(ctx, pc); {
+	case !known:
+		return "", 0, false, nil
+	case pod != "":
+		// Its claim looks stale, yet its pod still runs here: the GPUs are in use. The
+		// kubelet unprepares the entry when the pod ends; housekeeping drops it if not.
+		d.orphan(uid)
+		d.o.Log.V(1).Info("keeping a checkpoint entry whose claim looks stale: its pod still runs on this node",
+			"claim", pc.Namespace+"/"+pc.Name, "why", why, "pod", pod)
 		return "", 0, false, nil
 	}
 	if left = d.staleFor(uid, now); left > 0 {
@@ -247,11 +281,24 @@ func (d *Driver) graceEnd(first time.Time) time.Time {
 	return start.Add(StaleGrace)
 }
 
-// notStale forgets that uid was found stale.
+// notStale forgets that uid was found stale (or kept for a running pod).
 func (d *Driver) notStale(uid types.UID) {
 	d.staleMu.Lock()
 	defer d.staleMu.Unlock()
 	delete(d.staleSince, uid)
+	delete(d.orphans, uid)
+}
+
+// orphan records that uid is kept although its claim looks stale: a pod it was prepared for
+// still runs here. Its grace starts again when the pod ends.
+func (d *Driver) orphan(uid types.UID) {
+	d.staleMu.Lock()
+	defer d.staleMu.Unlock()
+	delete(d.staleSince, uid)
+	if d.orphans == nil {
+		d.orphans = map[types.UID]bool{}
+	}
+	d.orphans[uid] = true
 }
 
 // keepStale forgets the stale entries the checkpoint no longer holds.
@@ -261,6 +308,11 @@ func (d *Driver) keepStale(claims map[types.UID]PreparedClaim) {
 	for uid := range d.staleSince {
 		if _, ok := claims[uid]; !ok {
 			delete(d.staleSince, uid)
+		}
+	}
+	for uid := range d.orphans {
+		if _, ok := claims[uid]; !ok {
+			delete(d.orphans, uid)
 		}
 	}
 }

@@ -3,6 +3,7 @@ package dra
 import (
 	"context"
 	"errors"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -430,6 +431,25 @@ func TestDroppedFieldsFallBackByFeature(t *testing.T) {
 // A block a claim holds when blocks fall back (the apiserver dropped the counters) is no
 // longer published, and the allocator would count its GPUs free: the GPUs it holds are
 // published tainted until the claim is unprepared, then untainted.
+// heldTainted are the published devices that carry names.DRATaintHeld, sorted.
+func heldTainted(ctx context.Context, t *testing.T, cs *fake.Clientset) []string {
+	t.Helper()
+	list, err := cs.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, s := range list.Items {
+		for _, dev := range s.Spec.Devices {
+			if slices.ContainsFunc(dev.Taints, func(t resourceapi.DeviceTaint) bool { return t.Key == names.DRATaintHeld }) {
+				out = append(out, dev.Name)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
 func TestGPUsOfAHeldBlockStayTakenAfterBlocksGoOff(t *testing.T) {
 	held := claim("b1")
 	held.Status.Allocation.Devices.Results = []resourceapi.DeviceRequestAllocationResult{{
@@ -439,22 +459,7 @@ func TestGPUsOfAHeldBlockStayTakenAfterBlocksGoOff(t *testing.T) {
 	if _, err := d.prepare(ctx, held); err != nil {
 		t.Fatal(err)
 	}
-	heldTainted := func() []string {
-		list, err := cs.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var out []string
-		for _, s := range list.Items {
-			for _, dev := range s.Spec.Devices {
-				if slices.ContainsFunc(dev.Taints, func(t resourceapi.DeviceTaint) bool { return t.Key == names.DRATaintHeld }) {
-					out = append(out, dev.Name)
-				}
-			}
-		}
-		slices.Sort(out)
-		return out
-	}
+	heldTainted := func() []string { return heldTainted(ctx, t, cs) }
 	waitFor(t, "blocks published", func() bool { return slices.Contains(sliceDevices(ctx, t, cs), "gpus-0-1") })
 	if got := heldTainted(); got != nil {
 		t.Fatalf("tainted %v while the held block is published", got)
@@ -569,4 +574,141 @@ func TestPrepareWaitsOutAShortGrace(t *testing.T) {
 	if got := preparedUIDs(t, d); !slices.Equal(got, []string{"next"}) {
 		t.Errorf("checkpoint %v, want [next]", got)
 	}
+}
+
+// An entry whose claim is gone stays while the pod it was prepared for still runs on this
+// node (a tenant deleted the claim and stripped its finalizer; a pod deleted while the kubelet
+// is down stays Terminating with its containers running), and goes the usual grace after
+// the pod has ended or gone. A pod the apiserver cannot be asked about keeps the entry.
+func TestStaleEntryStaysWhileItsPodRuns(t *testing.T) {
+	now := metav1.Now()
+	pod := func(mut func(*corev1.Pod)) *corev1.Pod {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "vllm-0", UID: "pod-uid"},
+			Spec: corev1.PodSpec{NodeName: node}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+		if mut != nil {
+			mut(p)
+		}
+		return p
+	}
+	for _, tc := range []struct {
+		name    string
+		pod     *corev1.Pod // nil: no pod
+		failing bool        // pod reads fail
+		kept    bool
+	}{
+		{name: "running", pod: pod(nil), kept: true},
+		{name: "terminating", pod: pod(func(p *corev1.Pod) { p.DeletionTimestamp, p.Finalizers = &now, []string{"x"} }), kept: true},
+		{name: "pod read fails", pod: pod(nil), failing: true, kept: true},
+		{name: "gone", kept: false},
+		{name: "failed", pod: pod(func(p *corev1.Pod) { p.Status.Phase = corev1.PodFailed }), kept: false},
+		{name: "succeeded", pod: pod(func(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded }), kept: false},
+		{name: "re-created with another uid", pod: pod(func(p *corev1.Pod) { p.UID = "other" }), kept: false},
+		{name: "bound to another node", pod: pod(func(p *corev1.Pod) { p.Spec.NodeName = "elsewhere" }), kept: false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := claim("held", 2)
+			c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: "vllm-0", UID: "pod-uid"}}
+			d, cs, clock := preparedOnClock(t, c)
+			ctx := context.Background()
+			if tc.pod != nil {
+				if _, err := cs.CoreV1().Pods("default").Create(ctx, tc.pod, metav1.CreateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.failing {
+				cs.PrependReactor("get", "pods", func(k8stesting.Action) (bool, k8sruntime.Object, error) {
+					return true, nil, errTransient
+				})
+			}
+			if err := cs.ResourceV1().ResourceClaims(c.Namespace).Delete(ctx, c.Name, metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			d.Housekeep(ctx)
+			*clock = clock.Add(2 * StaleGrace)
+			d.Housekeep(ctx)
+			if got := len(preparedUIDs(t, d)) == 1; got != tc.kept {
+				t.Errorf("entry kept = %v after the grace, want %v", got, tc.kept)
+			}
+			// Another claim on the same GPU is refused exactly while the entry is kept.
+			other := claim("next", 2)
+			if _, err := cs.ResourceV1().ResourceClaims(other.Namespace).Create(ctx, other, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			_, err := d.prepare(ctx, other)
+			if refused := err != nil; refused != tc.kept {
+				t.Errorf("a second claim on the GPU: err %v, want refused = %v", err, tc.kept)
+			}
+		})
+	}
+}
+
+// The checkpoint names the pods an entry was prepared for, and a shared claim prepared again
+// for another pod adds it.
+func TestCheckpointNamesTheClaimsPods(t *testing.T) {
+	c := claim("shared", 3)
+	c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: "a", UID: "ua"}}
+	d, _, _ := preparedOnClock(t, c)
+	c.Status.ReservedFor = append(c.Status.ReservedFor, resourceapi.ResourceClaimConsumerReference{Resource: "pods", Name: "b", UID: "ub"})
+	if _, err := d.state.Prepare(context.Background(), c); err != nil {
+		t.Fatal(err)
+	}
+	claims, err := d.State().Prepared()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[types.UID]string{"ua": "a", "ub": "b"}
+	if got := claims["shared"].Pods; !maps.Equal(got, want) {
+		t.Errorf("checkpoint pods %v, want %v", got, want)
+	}
+}
+
+// An entry kept for its running pod after its claim went taints the devices that share its
+// GPUs, so the allocator stops handing them out; the taints go when the entry does.
+func TestAnEntryKeptForItsPodTaintsItsGPUs(t *testing.T) {
+	c := claim("orphan")
+	c.Status.Allocation.Devices.Results = []resourceapi.DeviceRequestAllocationResult{{
+		Request: "gpus/block", Driver: names.DRADriver, Pool: node, Device: names.DRABlockName([]int{0, 1})}}
+	c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: "vllm-0", UID: "pod-uid"}}
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "vllm-0", UID: "pod-uid"},
+		Spec: corev1.PodSpec{NodeName: node}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+	d, cs := startOn(t, true, time.Hour, nil, plainNode(), c, p)
+	clock := time.Unix(1_800_000_000, 0)
+	d.o.Now = func() time.Time { return clock }
+	ctx := context.Background()
+	if _, err := d.prepare(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "blocks published", func() bool { return slices.Contains(sliceDevices(ctx, t, cs), "gpus-0-1") })
+	if got := heldTainted(ctx, t, cs); got != nil {
+		t.Fatalf("tainted %v while the claim holds its block", got)
+	}
+	if err := cs.ResourceV1().ResourceClaims(c.Namespace).Delete(ctx, c.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	d.Housekeep(ctx)
+	waitFor(t, "every device on GPU 0 or 1 tainted, no other", func() bool {
+		got := heldTainted(ctx, t, cs)
+		for _, dev := range sliceDevices(ctx, t, cs) {
+			gs, _ := names.ParseDRADeviceGPUs(dev)
+			if slices.Contains(got, dev) != (slices.Contains(gs, 0) || slices.Contains(gs, 1)) {
+				return false
+			}
+		}
+		return slices.Contains(got, "gpu-0") && slices.Contains(got, "gpus-0-1")
+	})
+	// The pod ends; the entry goes after its grace, and the taints with it.
+	p.Status.Phase = corev1.PodSucceeded
+	if _, err := cs.CoreV1().Pods(p.Namespace).UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	d.Housekeep(ctx)
+	if got := preparedUIDs(t, d); len(got) != 1 {
+		t.Fatalf("the entry went at once when its pod ended: %v; it gets the grace", got)
+	}
+	clock = clock.Add(StaleGrace)
+	d.Housekeep(ctx)
+	if got := preparedUIDs(t, d); len(got) != 0 {
+		t.Fatalf("after the grace the checkpoint holds %v", got)
+	}
+	waitFor(t, "the taints gone with the entry", func() bool { return heldTainted(ctx, t, cs) == nil })
 }

@@ -127,6 +127,18 @@ func mergeUIDs(a, b []types.UID) []types.UID {
 	return slices.Compact(out)
 }
 
+// mergePods adds the pods a claim is reserved for to a checkpoint entry's Pods (a copy).
+func mergePods(pods map[types.UID]string, claim *resourceapi.ResourceClaim) map[types.UID]string {
+	out := maps.Clone(pods)
+	for _, r := range podConsumers(claim) {
+		if out == nil {
+			out = map[types.UID]string{}
+		}
+		out[r.UID] = r.Name
+	}
+	return out
+}
+
 // podConsumers are the pods in a claim's status.reservedFor.
 func podConsumers(claim *resourceapi.ResourceClaim) []resourceapi.ResourceClaimConsumerReference {
 	var out []resourceapi.ResourceClaimConsumerReference
@@ -224,8 +236,8 @@ func (s *State) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) (
 			return nil, err
 		}
 		// A shared claim prepared again for another pod: its tombstone must know that pod too.
-		if merged := mergeUIDs(pc.Consumers, consumerPods(claim)); len(merged) != len(pc.Consumers) {
-			pc.Consumers = merged
+		if merged, pods := mergeUIDs(pc.Consumers, consumerPods(claim)), mergePods(pc.Pods, claim); len(merged) != len(pc.Consumers) || len(pods) != len(pc.Pods) {
+			pc.Consumers, pc.Pods = merged, pods
 			cp.Claims[claim.UID] = pc
 			if err := WriteCheckpoint(s.checkpointPath, cp); err != nil {
 				return nil, err
@@ -249,7 +261,7 @@ func (s *State) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) (
 	if err := s.writeSpec(claim.UID, devices); err != nil {
 		return nil, err
 	}
-	cp.Claims[claim.UID] = PreparedClaim{Namespace: claim.Namespace, Name: claim.Name, Devices: devices, Consumers: consumerPods(claim)}
+	cp.Claims[claim.UID] = PreparedClaim{Namespace: claim.Namespace, Name: claim.Name, Devices: devices, Consumers: consumerPods(claim), Pods: mergePods(nil, claim)}
 	delete(cp.Unprepared, claim.UID)
 	if err := WriteCheckpoint(s.checkpointPath, cp); err != nil {
 		return nil, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -299,17 +301,18 @@ func withTopology(t *testing.T, nd *corev1.Node, domains [][]int) *corev1.Node {
 	return nd
 }
 
-// draHintOf returns the hostnames of the pod's DRA hint term, or nil.
+// draHintOf returns the hostnames of the pod's DRA hint term (HintWeight, hostname In, on
+// DRA nodes), or nil.
 func draHintOf(p *corev1.Pod) []string {
 	if p.Spec.Affinity == nil || p.Spec.Affinity.NodeAffinity == nil {
 		return nil
 	}
+	mode := names.Default().ModeLabel()
 	var out []string
 	for _, term := range p.Spec.Affinity.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution {
-		for _, e := range term.Preference.MatchExpressions {
-			if e.Key == corev1.LabelHostname && term.Weight == decision.HintWeight {
-				out = append(out, e.Values...)
-			}
+		e := term.Preference.MatchExpressions
+		if term.Weight == decision.HintWeight && len(e) == 2 && e[0].Key == corev1.LabelHostname && e[1].Key == mode && slices.Equal(e[1].Values, []string{names.ModeDRA}) {
+			out = append(out, e[0].Values...)
 		}
 	}
 	return out
@@ -351,19 +354,33 @@ func TestDRAPodsGetTheTightestNodesAsAPreference(t *testing.T) {
 				t.Errorf("re-admission patched: %v", again.Patches)
 			}
 			// A pod whose template carries a hint copied from an earlier pod (kubectl get -o
-			// yaml) gets today's hint in its place, beside the user's own preferences.
+			// yaml) gets today's hint in its place, beside the user's own preferences, even
+			// one of the same weight on a hostname.
 			copied := tc.pod.DeepCopy()
+			stale := draHintOf(out) // today's shape, naming another node
+			own := corev1.PreferredSchedulingTerm{Weight: decision.HintWeight, Preference: corev1.NodeSelectorTerm{MatchExpressions: []corev1.NodeSelectorRequirement{
+				{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{"dra-empty"}}}}}
+			var hint corev1.PreferredSchedulingTerm
+			for _, term := range out.Spec.Affinity.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution {
+				if term.Weight == decision.HintWeight {
+					hint = *term.DeepCopy()
+				}
+			}
+			if len(stale) != 1 {
+				t.Fatalf("no hint to copy: %v", stale)
+			}
+			hint.Preference.MatchExpressions[0].Values = []string{"dra-empty"}
 			copied.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{PreferredDuringSchedulingIgnoredDuringExecution: []corev1.PreferredSchedulingTerm{
 				{Weight: 5, Preference: corev1.NodeSelectorTerm{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "zone", Operator: corev1.NodeSelectorOpIn, Values: []string{"a"}}}}},
-				{Weight: decision.HintWeight, Preference: corev1.NodeSelectorTerm{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{"dra-empty"}}}}},
+				own, hint,
 			}}}
 			out, mresp, _ = f.admit(t, copied)
 			if !mresp.Allowed {
 				t.Fatalf("mutate %+v", mresp.Result)
 			}
 			terms := out.Spec.Affinity.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution
-			if got := draHintOf(out); len(got) != 1 || got[0] != "dra-busy" || len(terms) != 2 || terms[0].Weight != 5 {
-				t.Errorf("copied stale hint: hint %v, terms %+v; want [dra-busy] in place of [dra-empty], the zone term kept", got, terms)
+			if got := draHintOf(out); len(got) != 1 || got[0] != "dra-busy" || len(terms) != 3 || terms[0].Weight != 5 || !apiequality.Semantic.DeepEqual(terms[1], own) {
+				t.Errorf("copied stale hint: hint %v, terms %+v; want [dra-busy] in place of [dra-empty], the zone term and the user's own hostname term kept", got, terms)
 			}
 		})
 	}

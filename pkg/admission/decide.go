@@ -99,10 +99,10 @@ func (m *Decider) mutate(pod *corev1.Pod, seed uint64, admission string) (*corev
 	case OutcomeDRA:
 		// A dry run gets the same answer and creates nothing: the templates come from the
 		// dratemplates controller, not from admission.
-		out = HintDRA(RewriteForDRA(work, plan.Pod, n), plan.Decision.Hint)
+		out = HintDRA(RewriteForDRA(work, plan.Pod, n), plan.Decision.Hint, n.ModeLabel())
 	case OutcomeNonTPUnpinned:
 		if m.Options.Mode == ModeDRA {
-			out = HintDRA(work, plan.Decision.Hint)
+			out = HintDRA(work, plan.Decision.Hint, n.ModeLabel())
 		}
 	}
 	// Every GPU container the node side must see requires the NRI plugin; in DRA mode the

@@ -91,22 +91,25 @@ func RewriteForDRA(pod *corev1.Pod, p rules.Pod, n names.Names) *corev1.Pod {
 
 // HintDRA returns a copy of a pod bound for DRA nodes with a preferred node affinity for the
 // hinted nodes (clusterview.DRAHint: where the allocator would place it tightest now), or the
-// pod itself when that changes nothing. A term of the hint's shape the pod carries already
-// (HintWeight, one hostname In expression) is replaced: it is nvdomain's from an earlier
-// admission, often copied into a controller's template with `kubectl get -o yaml`, and names
-// the nodes that were tightest then; with no hint now it is dropped. A second call with the
-// same hint gives the same pod, so admission stays idempotent when the apiserver calls the
-// webhook again. It is a preference only, like classic mode's hint (HintWeight); the
-// allocator still decides where the pod may run, so a stale hint costs a looser placement,
-// never a wrong one. DynamicResources scores nodes by the template's subrequest too, and the
-// hinted nodes are of the best subrequest, so the two agree.
-func HintDRA(pod *corev1.Pod, hint []string) *corev1.Pod {
-	t, ok := hintTerm(hint)
+// pod itself when that changes nothing. The term names the hinted nodes by hostname and
+// repeats modeLabel In [dra], which every hinted node carries (only DRA nodes are hinted), so
+// it changes nothing where the term matches and marks the term as nvdomain's: a term of that
+// shape the pod carries already (isHintTerm) is from an earlier admission, often copied into a
+// controller's template with `kubectl get -o yaml`, and names the nodes that were tightest
+// then, so it is replaced (with no hint now, dropped). A term the user wrote lacks the mode
+// expression and is kept whatever its weight. A second call with the same hint gives the same
+// pod, so admission stays idempotent when the apiserver calls the webhook again. It is a
+// preference only, like classic mode's hint (HintWeight); the allocator still decides where
+// the pod may run, so a stale hint costs a looser placement, never a wrong one.
+// DynamicResources scores nodes by the template's subrequest too, and the hinted nodes are of
+// the best subrequest, so the two agree.
+func HintDRA(pod *corev1.Pod, hint []string, modeLabel string) *corev1.Pod {
+	t, ok := hintTerm(hint, modeLabel)
 	var old []corev1.PreferredSchedulingTerm
 	if a := pod.Spec.Affinity; a != nil && a.NodeAffinity != nil {
 		old = a.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution
 	}
-	kept := slices.DeleteFunc(slices.Clone(old), isHintTerm)
+	kept := slices.DeleteFunc(slices.Clone(old), func(t corev1.PreferredSchedulingTerm) bool { return isHintTerm(t, modeLabel) })
 	if ok {
 		kept = append(kept, t)
 	}
@@ -127,21 +130,31 @@ func HintDRA(pod *corev1.Pod, hint []string) *corev1.Pod {
 	return out
 }
 
-// hintTerm is the DRA hint's preferred term: the hinted nodes by hostname, at HintWeight.
-func hintTerm(hint []string) (corev1.PreferredSchedulingTerm, bool) {
+// hintTerm is the DRA hint's preferred term: the hinted nodes by hostname, on DRA nodes, at
+// HintWeight.
+func hintTerm(hint []string, modeLabel string) (corev1.PreferredSchedulingTerm, bool) {
 	hosts := hintHosts(hint)
 	if len(hosts) == 0 {
 		return corev1.PreferredSchedulingTerm{}, false
 	}
 	return corev1.PreferredSchedulingTerm{Weight: HintWeight, Preference: corev1.NodeSelectorTerm{
-		MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: hosts}},
+		MatchExpressions: []corev1.NodeSelectorRequirement{
+			{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: hosts},
+			{Key: modeLabel, Operator: corev1.NodeSelectorOpIn, Values: []string{names.ModeDRA}},
+		},
 	}}, true
 }
 
-// isHintTerm reports whether a preferred term has the DRA hint's shape.
-func isHintTerm(t corev1.PreferredSchedulingTerm) bool {
+// isHintTerm reports whether a preferred term is a DRA hint: a hostname In expression and the
+// mode label In [dra], nothing else. Users do not write nvdomain's mode label into a
+// preference, so a term of the user's own is never taken for one.
+func isHintTerm(t corev1.PreferredSchedulingTerm, modeLabel string) bool {
 	e := t.Preference.MatchExpressions
-	return t.Weight == HintWeight && len(e) == 1 && e[0].Key == corev1.LabelHostname && e[0].Operator == corev1.NodeSelectorOpIn && len(t.Preference.MatchFields) == 0
+	if len(e) != 2 || len(t.Preference.MatchFields) != 0 {
+		return false
+	}
+	return e[0].Key == corev1.LabelHostname && e[0].Operator == corev1.NodeSelectorOpIn &&
+		e[1].Key == modeLabel && e[1].Operator == corev1.NodeSelectorOpIn && slices.Equal(e[1].Values, []string{names.ModeDRA})
 }
 
 // keepOffDRA adds `nvdomain-mode NotIn [dra]` to every required node selector term of a pod

@@ -246,22 +246,25 @@ func (d *Driver) publishLocked(ctx context.Context) error {
 		return nil // not started yet: Start publishes
 	}
 	var res resourceslice.DriverResources
+	var orphaned []string
 	covered := 0
 	if d.withdrawn {
 		res = Resources(d.o.Node, &topology.Topology{Source: top.Source}, Publish{})
 	} else {
-		held, orphaned := d.heldDevices()
+		var held []string
+		held, orphaned = d.heldDevices()
 		res, covered = resources(d.o.Node, top, Publish{Blocks: d.o.Blocks && !d.noBlocks, WithholdUnhealthy: d.noTaints, Held: held, Orphaned: orphaned})
-		d.lastOrphaned = orphaned
 	}
 	d.state.SetTopology(top)
 	if d.published != nil && apiequality.Semantic.DeepEqual(*d.published, res) {
+		d.lastOrphaned = orphaned
 		return nil
 	}
 	if err := d.helper.PublishResources(ctx, res); err != nil {
+		// lastOrphaned stays as it was, so the next orphansChanged tries again.
 		return fmt.Errorf("publish ResourceSlices: %w", err)
 	}
-	d.published = &res
+	d.published, d.lastOrphaned = &res, orphaned
 	if d.heldCovered = covered; covered > 0 {
 		d.o.Log.Info("the devices that share GPUs with held devices no longer published, or with devices whose claims are gone while their pods run, carry a NoSchedule device taint (or are left out, without device taints) until their claims are unprepared",
 			"taint", names.DRATaintHeld, "devices", d.heldCovered, "orphaned", d.lastOrphaned)

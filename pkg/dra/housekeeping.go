@@ -106,6 +106,9 @@ func (d *Driver) staleHolder(ctx context.Context, uid types.UID, pc PreparedClai
 // pod being deleted counts: its containers run until the kubelet stops them, and a kubelet
 // that is down never does.
 func (d *Driver) podRunning(ctx context.Context, pc PreparedClaim) (pod string, known bool) {
+	// Bounded like consumersLive: a Prepare the kubelet waits for may be the caller.
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
 	for _, uid := range slices.Sorted(maps.Keys(pc.Pods)) {
 		name := pc.Pods[uid]
 		p, err := d.o.Client.CoreV1().Pods(pc.Namespace).Get(ctx, name, metav1.GetOptions{})
@@ -240,9 +243,15 @@ func (d *Driver) dropStale(ctx context.Context, uid types.UID, pc PreparedClaim)
 	case pod != "":
 		// Its claim looks stale, yet its pod still runs here: the GPUs are in use. The
 		// kubelet unprepares the entry when the pod ends; housekeeping drops it if not.
-		d.orphan(uid)
-		d.o.Log.V(1).Info("keeping a checkpoint entry whose claim looks stale: its pod still runs on this node",
-			"claim", pc.Namespace+"/"+pc.Name, "why", why, "pod", pod)
+		if d.orphan(uid) {
+			// Once per entry: its GPUs are held outside any claim (and any quota) until
+			// the pod ends.
+			d.o.Log.Info("keeping a checkpoint entry whose claim looks stale: its pod still runs on this node",
+				"claim", pc.Namespace+"/"+pc.Name, "why", why, "pod", pod)
+			d.event(ctx, corev1.EventTypeWarning, "GPUsHeldWithoutClaim", fmt.Sprintf(
+				"pod %s still runs on GPUs prepared for claim %s/%s, but %s; the GPUs stay held (device taint %s) until the pod ends: delete the pod to free them",
+				pod, pc.Namespace, pc.Name, why, names.DRATaintHeld))
+		}
 		return "", 0, false, nil
 	}
 	if left = d.staleFor(uid, now); left > 0 {
@@ -290,15 +299,18 @@ func (d *Driver) notStale(uid types.UID) {
 }
 
 // orphan records that uid is kept although its claim looks stale: a pod it was prepared for
-// still runs here. Its grace starts again when the pod ends.
-func (d *Driver) orphan(uid types.UID) {
+// still runs here. Its grace starts again when the pod ends. It reports whether uid was not
+// recorded so before.
+func (d *Driver) orphan(uid types.UID) bool {
 	d.staleMu.Lock()
 	defer d.staleMu.Unlock()
 	delete(d.staleSince, uid)
 	if d.orphans == nil {
 		d.orphans = map[types.UID]bool{}
 	}
+	was := d.orphans[uid]
 	d.orphans[uid] = true
+	return !was
 }
 
 // keepStale forgets the stale entries the checkpoint no longer holds.

@@ -696,6 +696,15 @@ func TestAnEntryKeptForItsPodTaintsItsGPUs(t *testing.T) {
 		}
 		return slices.Contains(got, "gpu-0") && slices.Contains(got, "gpus-0-1")
 	})
+	evs, err := cs.CoreV1().Events(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(evs.Items, func(e corev1.Event) bool {
+		return e.Reason == "GPUsHeldWithoutClaim" && e.Type == corev1.EventTypeWarning && strings.Contains(e.Message, "default/vllm-0")
+	}) {
+		t.Errorf("no Warning GPUsHeldWithoutClaim naming the pod among %d events", len(evs.Items))
+	}
 	// The pod ends; the entry goes after its grace, and the taints with it.
 	p.Status.Phase = corev1.PodSucceeded
 	if _, err := cs.CoreV1().Pods(p.Namespace).UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {

@@ -99,18 +99,27 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 
 func sliceDevices(ctx context.Context, t *testing.T, cs *fake.Clientset) []string {
 	t.Helper()
+	var out []string
+	for _, d := range publishedDevices(ctx, t, cs) {
+		out = append(out, d.Name)
+	}
+	return out
+}
+
+// publishedDevices are the devices of the driver's ResourceSlices, whose driver, node and
+// pool it checks.
+func publishedDevices(ctx context.Context, t *testing.T, cs *fake.Clientset) []resourceapi.Device {
+	t.Helper()
 	list, err := cs.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out []string
+	var out []resourceapi.Device
 	for _, s := range list.Items {
 		if s.Spec.Driver != names.DRADriver || s.Spec.NodeName == nil || *s.Spec.NodeName != node || s.Spec.Pool.Name != node {
 			t.Errorf("slice %s: driver %s node %v pool %s", s.Name, s.Spec.Driver, s.Spec.NodeName, s.Spec.Pool.Name)
 		}
-		for _, d := range s.Spec.Devices {
-			out = append(out, d.Name)
-		}
+		out = append(out, s.Spec.Devices...)
 	}
 	return out
 }

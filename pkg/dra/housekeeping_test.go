@@ -428,28 +428,22 @@ func TestDroppedFieldsFallBackByFeature(t *testing.T) {
 	}
 }
 
-// A block a claim holds when blocks fall back (the apiserver dropped the counters) is no
-// longer published, and the allocator would count its GPUs free: the GPUs it holds are
-// published tainted until the claim is unprepared, then untainted.
 // heldTainted are the published devices that carry names.DRATaintHeld, sorted.
 func heldTainted(ctx context.Context, t *testing.T, cs *fake.Clientset) []string {
 	t.Helper()
-	list, err := cs.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var out []string
-	for _, s := range list.Items {
-		for _, dev := range s.Spec.Devices {
-			if slices.ContainsFunc(dev.Taints, func(t resourceapi.DeviceTaint) bool { return t.Key == names.DRATaintHeld }) {
-				out = append(out, dev.Name)
-			}
+	for _, dev := range publishedDevices(ctx, t, cs) {
+		if slices.ContainsFunc(dev.Taints, func(t resourceapi.DeviceTaint) bool { return t.Key == names.DRATaintHeld }) {
+			out = append(out, dev.Name)
 		}
 	}
 	slices.Sort(out)
 	return out
 }
 
+// A block a claim holds when blocks fall back (the apiserver dropped the counters) is no
+// longer published, and the allocator would count its GPUs free: the GPUs it holds are
+// published tainted until the claim is unprepared, then untainted.
 func TestGPUsOfAHeldBlockStayTakenAfterBlocksGoOff(t *testing.T) {
 	held := claim("b1")
 	held.Status.Allocation.Devices.Results = []resourceapi.DeviceRequestAllocationResult{{

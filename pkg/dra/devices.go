@@ -131,17 +131,11 @@ func markHeld(devs []resourceapi.Device, p Publish) ([]resourceapi.Device, int) 
 	for _, d := range devs {
 		published[d.Name] = true
 	}
+	// An orphaned device is marked whether or not it is published: its claim no longer
+	// counts its GPUs.
+	unpublished := slices.DeleteFunc(slices.Clone(p.Held), func(name string) bool { return published[name] })
 	gone := map[int]bool{}
-	for _, name := range p.Held {
-		if published[name] {
-			continue
-		}
-		gs, _ := names.ParseDRADeviceGPUs(name)
-		for _, g := range gs {
-			gone[g] = true
-		}
-	}
-	for _, name := range p.Orphaned {
+	for _, name := range slices.Concat(unpublished, p.Orphaned) {
 		gs, _ := names.ParseDRADeviceGPUs(name)
 		for _, g := range gs {
 			gone[g] = true

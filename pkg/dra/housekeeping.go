@@ -65,11 +65,16 @@ func (d *Driver) consumersLive(ctx context.Context, claim *resourceapi.ResourceC
 			continue
 		case err != nil:
 			return false, false
-		case p.UID == r.UID && p.DeletionTimestamp == nil && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed:
+		case p.UID == r.UID && p.DeletionTimestamp == nil && !podEnded(p):
 			return true, true
 		}
 	}
 	return false, true
+}
+
+// podEnded reports whether a pod has reached a terminal phase: its containers are gone.
+func podEnded(p *corev1.Pod) bool {
+	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
 }
 
 // staleHolder reports why a checkpointed claim no longer holds its GPUs ("" while it does),
@@ -117,7 +122,7 @@ func (d *Driver) podRunning(ctx context.Context, pc PreparedClaim) (pod string, 
 			continue
 		case err != nil:
 			return "", false
-		case p.UID == uid && p.Spec.NodeName == d.o.Node && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed:
+		case p.UID == uid && p.Spec.NodeName == d.o.Node && !podEnded(p):
 			return pc.Namespace + "/" + name, true
 		}
 	}

@@ -445,9 +445,7 @@ func heldTainted(ctx context.Context, t *testing.T, cs *fake.Clientset) []string
 // longer published, and the allocator would count its GPUs free: the GPUs it holds are
 // published tainted until the claim is unprepared, then untainted.
 func TestGPUsOfAHeldBlockStayTakenAfterBlocksGoOff(t *testing.T) {
-	held := claim("b1")
-	held.Status.Allocation.Devices.Results = []resourceapi.DeviceRequestAllocationResult{{
-		Request: "gpus/block", Driver: names.DRADriver, Pool: node, Device: names.DRABlockName([]int{0, 1})}}
+	held := blockClaim("b1", 0, 1)
 	d, cs := startOn(t, true, time.Hour, nil, plainNode(), held)
 	ctx := context.Background()
 	if _, err := d.prepare(ctx, held); err != nil {
@@ -475,9 +473,7 @@ func TestGPUsOfAHeldBlockStayTakenAfterBlocksGoOff(t *testing.T) {
 	waitFor(t, "the taints gone with the Unprepare", func() bool { return heldTainted() == nil && len(sliceDevices(ctx, t, cs)) == 9 })
 
 	// Allocated from the old slices, prepared after the fallback: the Prepare taints.
-	late := claim("b2")
-	late.Status.Allocation.Devices.Results = []resourceapi.DeviceRequestAllocationResult{{
-		Request: "gpus/block", Driver: names.DRADriver, Pool: node, Device: names.DRABlockName([]int{4, 5})}}
+	late := blockClaim("b2", 4, 5)
 	if _, err := cs.ResourceV1().ResourceClaims(late.Namespace).Create(ctx, late, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -659,9 +655,7 @@ func TestCheckpointNamesTheClaimsPods(t *testing.T) {
 // An entry kept for its running pod after its claim went taints the devices that share its
 // GPUs, so the allocator stops handing them out; the taints go when the entry does.
 func TestAnEntryKeptForItsPodTaintsItsGPUs(t *testing.T) {
-	c := claim("orphan")
-	c.Status.Allocation.Devices.Results = []resourceapi.DeviceRequestAllocationResult{{
-		Request: "gpus/block", Driver: names.DRADriver, Pool: node, Device: names.DRABlockName([]int{0, 1})}}
+	c := blockClaim("orphan", 0, 1)
 	c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: "vllm-0", UID: "pod-uid"}}
 	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "vllm-0", UID: "pod-uid"},
 		Spec: corev1.PodSpec{NodeName: node}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}

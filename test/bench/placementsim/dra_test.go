@@ -140,6 +140,15 @@ func TestDRAFirstFoundNeverCrossesDomains(t *testing.T) {
 	}
 }
 
+// v136Features are the allocator features kube-scheduler v1.36.3 passes with its default
+// feature gates (dynamicresources.go, AllocatorFeatures): AdminAccess and PrioritizedList are
+// GA; DeviceTaints, PartitionableDevices, ConsumableCapacity, DeviceBindingConditions and
+// ResourceClaimDeviceStatus are beta and on. ConsumableCapacity and DeviceBindingAndStatus are
+// beyond what the "stable" implementation supports, so the scheduler runs "incubating": a test
+// or benchmark that leaves them out measures code the scheduler does not run.
+var v136Features = structured.Features{AdminAccess: true, PrioritizedList: true, DeviceTaints: true,
+	PartitionableDevices: true, ConsumableCapacity: true, DeviceBindingAndStatus: true}
+
 // firstFound is what the real structured allocator (the one kube-scheduler v1.36 links)
 // returns for the earlier nvdomain claim template of k GPUs (k devices under matchAttribute) on
 // the slice the earlier pkg/dra published for the node (GPUs by index, no blocks), for random sets of GPUs in use on every node shape. The allocator is run with no
@@ -151,7 +160,7 @@ func TestFirstFoundMatchesAllocator(t *testing.T) {
 		f    structured.Features
 	}{
 		{"no features", structured.Features{}},
-		{"v1.36 defaults", structured.Features{AdminAccess: true, PrioritizedList: true, DeviceTaints: true, PartitionableDevices: true}},
+		{"v1.36 defaults", v136Features},
 	}
 	class := dra.DeviceClasses("")[0]
 	rng := rand.New(rand.NewPCG(11, 12))
@@ -273,7 +282,7 @@ func TestStrandedByFirstFound(t *testing.T) {
 // allocated single GPUs, so the allocator must work out from the counters which blocks they
 // break.
 func TestShippedMatchesAllocator(t *testing.T) {
-	features := structured.Features{AdminAccess: true, PrioritizedList: true, DeviceTaints: true, PartitionableDevices: true}
+	features := v136Features
 	classes := classLister(dra.DeviceClasses(names.GPUResource))
 	rng := rand.New(rand.NewPCG(13, 14))
 	for _, blocks := range []bool{false, true} {
@@ -421,7 +430,7 @@ func allocateOn(t *testing.T, f structured.Features, classes classLister, rs []*
 // eight (the kubelet's Prepare then fails and the pod sits in ContainerCreating); with the
 // taint pkg/dra publishes (Publish.Held) the claim does not fit, and a TP=4 claim gets 4-7.
 func TestHeldTaintKeepsAnUnpublishedBlocksGPUsFromTheAllocator(t *testing.T) {
-	features := structured.Features{AdminAccess: true, PrioritizedList: true, DeviceTaints: true, PartitionableDevices: true}
+	features := v136Features
 	classes := classLister(dra.DeviceClasses(names.GPUResource))
 	n := newNode(HGX8, 0)
 	held := names.DRABlockName([]int{0, 1, 2, 3})

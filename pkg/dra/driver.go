@@ -176,6 +176,9 @@ func Start(ctx context.Context, o Options) (*Driver, error) {
 	// NvdomainDRADevices condition is written now, so a node whose device plugin left while
 	// the agent was down is hinted again at once (clusterview skips withdrawn nodes).
 	d.checkDevicePlugin(ctx)
+	// And entries kept for pods that still run are marked before the first publish, so their
+	// GPUs are tainted from it on.
+	d.markOrphans(ctx)
 	if err := d.SetTopology(ctx, o.Topology); err != nil {
 		helper.Stop()
 		return nil, err

@@ -248,15 +248,7 @@ func (d *Driver) dropStale(ctx context.Context, uid types.UID, pc PreparedClaim)
 	case pod != "":
 		// Its claim looks stale, yet its pod still runs here: the GPUs are in use. The
 		// kubelet unprepares the entry when the pod ends; housekeeping drops it if not.
-		if d.orphan(uid) {
-			// Once per entry: its GPUs are held outside any claim (and any quota) until
-			// the pod ends.
-			d.o.Log.Info("keeping a checkpoint entry whose claim looks stale: its pod still runs on this node",
-				"claim", pc.Namespace+"/"+pc.Name, "why", why, "pod", pod)
-			d.event(ctx, corev1.EventTypeWarning, "GPUsHeldWithoutClaim", fmt.Sprintf(
-				"pod %s still runs on GPUs prepared for claim %s/%s, but %s; the GPUs stay held (device taint %s) until the pod ends: delete the pod to free them",
-				pod, pc.Namespace, pc.Name, why, names.DRATaintHeld))
-		}
+		d.markOrphan(ctx, uid, pc, why, pod)
 		return "", 0, false, nil
 	}
 	if left = d.staleFor(uid, now); left > 0 {
@@ -267,6 +259,58 @@ func (d *Driver) dropStale(ctx context.Context, uid types.UID, pc PreparedClaim)
 	}
 	d.notStale(uid)
 	return why, 0, dropped, nil
+}
+
+// markOrphan marks uid an orphan: its claim looks stale (why) while pod, one it was prepared
+// for, still runs here. The first time, it says so in the log and in a Warning Event: its GPUs
+// are held outside any claim (and any quota) until the pod ends.
+func (d *Driver) markOrphan(ctx context.Context, uid types.UID, pc PreparedClaim, why, pod string) {
+	if !d.orphan(uid) {
+		return
+	}
+	d.o.Log.Info("keeping a checkpoint entry whose claim looks stale: its pod still runs on this node",
+		"claim", pc.Namespace+"/"+pc.Name, "why", why, "pod", pod)
+	d.event(ctx, corev1.EventTypeWarning, "GPUsHeldWithoutClaim", fmt.Sprintf(
+		"pod %s still runs on GPUs prepared for claim %s/%s, but %s; the GPUs stay held (device taint %s) until the pod ends: delete the pod to free them",
+		pod, pc.Namespace, pc.Name, why, names.DRATaintHeld))
+}
+
+// StartCheckTimeout bounds markOrphans, the check before the first publish: an apiserver that
+// does not answer delays the driver's start by at most this, and leaves the marks to the first
+// housekeeping round.
+const StartCheckTimeout = 10 * time.Second
+
+// markOrphans marks, before the driver's first publish, the checkpoint entries whose claims
+// look stale while a pod they were prepared for still runs here, and drops nothing (the
+// kubelet is given a period to prepare again what it holds). The orphan mark lives in memory:
+// without this pass a restarted driver would publish those GPUs untainted until its first
+// housekeeping round, a period later, and the allocator could hand them to a new claim,
+// whose pod would then wait in Prepare. An entry the apiserver cannot tell about now is left
+// to housekeeping.
+func (d *Driver) markOrphans(ctx context.Context) {
+	claims, err := d.state.Prepared()
+	if err != nil {
+		d.o.Log.Error(err, "read the DRA checkpoint for the start check; housekeeping will mark entries kept for running pods")
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, StartCheckTimeout)
+	defer cancel()
+	for _, uid := range slices.Sorted(maps.Keys(claims)) {
+		if ctx.Err() != nil {
+			return
+		}
+		pc := claims[uid]
+		if len(pc.Pods) == 0 {
+			continue // written before pods were recorded: judged on the claim alone
+		}
+		why, known := d.staleHolder(ctx, uid, pc)
+		if !known || why == "" {
+			continue
+		}
+		if pod, known := d.podRunning(ctx, pc); known && pod != "" {
+			d.markOrphan(ctx, uid, pc, why, pod)
+		}
+	}
 }
 
 // staleFor records that uid was found stale at now (the first time counts) and returns how

@@ -3,6 +3,7 @@ package dra
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -708,4 +709,53 @@ func TestAnEntryKeptForItsPodTaintsItsGPUs(t *testing.T) {
 		t.Fatalf("after the grace the checkpoint holds %v", got)
 	}
 	waitFor(t, "the taints gone with the entry", func() bool { return heldTainted(ctx, t, cs) == nil })
+}
+
+// The orphan mark lives in memory, so a restarted driver checks its checkpoint before its
+// first publish: an entry whose claim is gone while its pod still runs has its GPUs tainted
+// from the first slice on, with no housekeeping round (the period is an hour) and nothing
+// dropped. An entry whose claim still holds its GPUs taints nothing.
+func TestARestartedDriverTaintsAnOrphansGPUsFromItsFirstPublish(t *testing.T) {
+	orphan, live := claim("orphan", 0, 1), claim("live", 2)
+	for i, c := range []*resourceapi.ResourceClaim{orphan, live} {
+		c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: fmt.Sprintf("vllm-%d", i), UID: types.UID(fmt.Sprintf("pod-%d", i))}}
+	}
+	running := func(i int) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: fmt.Sprintf("vllm-%d", i), UID: types.UID(fmt.Sprintf("pod-%d", i))},
+			Spec: corev1.PodSpec{NodeName: node}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	dir := shortDir(t)
+	cs := fake.NewClientset(orphan, live, running(0), running(1), plainNode())
+	opts := Options{Node: node, Client: cs, KubeletDir: dir, CDI: CDINvdomain, CDISpecDir: dir + "/cdi", Topology: hgx(t),
+		Log: logr.Discard(), HousekeepingPeriod: time.Hour, ModeLabel: names.Default().ModeLabel()}
+	first, err := Start(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []*resourceapi.ResourceClaim{orphan, live} {
+		if _, err := first.prepare(ctx, c); err != nil {
+			first.Stop()
+			t.Fatal(err)
+		}
+	}
+	first.Stop()
+	// While the driver is down, the tenant deletes the claim; its pod keeps running.
+	if err := cs.ResourceV1().ResourceClaims(orphan.Namespace).Delete(ctx, orphan.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	second, err := Start(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(second.Stop)
+	// No housekeeping round comes within the hour: the taints can come only from the check
+	// before the first publish.
+	waitFor(t, "gpu-0 and gpu-1 (the orphan's) tainted, not gpu-2 (a live claim's)", func() bool {
+		return slices.Equal(heldTainted(ctx, t, cs), []string{"gpu-0", "gpu-1"})
+	})
+	if got := preparedUIDs(t, second); !slices.Equal(got, []string{"live", "orphan"}) {
+		t.Errorf("the start check changed the checkpoint: %v", got)
+	}
 }

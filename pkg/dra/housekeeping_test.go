@@ -759,3 +759,39 @@ func TestARestartedDriverTaintsAnOrphansGPUsFromItsFirstPublish(t *testing.T) {
 		t.Errorf("the start check changed the checkpoint: %v", got)
 	}
 }
+
+// The taints of an orphan follow it both ways outside housekeeping (the period is an hour):
+// a Prepare that conflicts with it marks it and publishes the taints at once, and the
+// kubelet's Unprepare of it (the pod ended) lifts them at once.
+func TestAnOrphansTaintsComeWithTheConflictAndGoWithTheUnprepare(t *testing.T) {
+	held := claim("held", 0)
+	held.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: "vllm-0", UID: "pod-0"}}
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "vllm-0", UID: "pod-0"},
+		Spec: corev1.PodSpec{NodeName: node}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+	d, cs := startOn(t, false, time.Hour, nil, plainNode(), held, p)
+	ctx := context.Background()
+	if _, err := d.prepare(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	if err := cs.ResourceV1().ResourceClaims(held.Namespace).Delete(ctx, held.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the first slice", func() bool { return len(sliceDevices(ctx, t, cs)) > 0 })
+	if got := heldTainted(ctx, t, cs); got != nil {
+		t.Fatalf("tainted %v before anything looked at the entry", got)
+	}
+	next := claim("next", 0)
+	if _, err := d.prepare(ctx, next); err == nil || !strings.Contains(err.Error(), "already prepared for claim default/llama-held") {
+		t.Fatalf("a second claim on the orphan's GPU: %v", err)
+	}
+	waitFor(t, "gpu-0 tainted after the conflict", func() bool { return slices.Equal(heldTainted(ctx, t, cs), []string{"gpu-0"}) })
+	res, err := d.UnprepareResourceClaims(ctx, []kubeletplugin.NamespacedObject{{NamespacedName: types.NamespacedName{Namespace: held.Namespace, Name: held.Name}, UID: held.UID}})
+	if err != nil || res[held.UID] != nil {
+		t.Fatalf("unprepare: %v, %v", err, res)
+	}
+	waitFor(t, "the taint gone with the Unprepare", func() bool { return heldTainted(ctx, t, cs) == nil })
+	if _, err := d.prepare(ctx, next); err != nil {
+		t.Fatalf("the GPU after the Unprepare: %v", err)
+	}
+}
+

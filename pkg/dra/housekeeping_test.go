@@ -794,4 +794,3 @@ func TestAnOrphansTaintsComeWithTheConflictAndGoWithTheUnprepare(t *testing.T) {
 		t.Fatalf("the GPU after the Unprepare: %v", err)
 	}
 }
-

@@ -28,6 +28,11 @@ type Options struct {
 	// NoHealth skips the health checks (health): no GPU is marked unhealthy, for a fleet
 	// where a check misjudges its hardware (the agent's --nvml-health=false).
 	NoHealth bool
+	// FabricInfo reads a GPU's NVLink fabric state in the layout of
+	// nvmlDeviceGetGpuFabricInfoV version 3; nil reads the driver's (driverFabricInfo).
+	// go-nvml's handler for the versioned call goes to the C library itself, so a go-nvml
+	// mock cannot answer it: tests answer here.
+	FabricInfo func(nvml.Device) (nvml.GpuFabricInfo_v3, nvml.Return)
 }
 
 // Discover initialises NVML, reads every GPU and its NVLinks, and shuts NVML down again.
@@ -51,6 +56,10 @@ func Discover(ctx context.Context, lib nvml.Interface, o Options) (top *topology
 		return nil, fmt.Errorf("NVML: the driver reports no GPUs on this node; check `nvidia-smi -L` and that the container sees /dev/nvidia*")
 	}
 
+	fabric := o.FabricInfo
+	if fabric == nil {
+		fabric = driverFabricInfo(lib)
+	}
 	d := discovery{byBusID: map[string]int{}, links: topology.NewLinks()}
 	devices := make([]nvml.Device, count)
 	for i := range count {
@@ -61,13 +70,14 @@ func Discover(ctx context.Context, lib nvml.Interface, o Options) (top *topology
 		if ret != nvml.SUCCESS {
 			return nil, fmt.Errorf("NVML: open GPU %d: %v", i, ret)
 		}
-		gpu, err := describe(i, dev, !o.NoHealth)
+		fi, fret := fabric(dev)
+		gpu, err := describe(i, dev, fi, fret, !o.NoHealth)
 		if err != nil {
 			return nil, err
 		}
 		if !o.NoHealth {
 			var note string
-			gpu.Unhealthy, note = health(dev)
+			gpu.Unhealthy, note = health(dev, fi, fret)
 			if note != "" {
 				d.warn("GPU %d: %s", i, note)
 			}
@@ -151,7 +161,7 @@ type discovery struct {
 // describe reads a GPU. A fabric clique counts only once Fabric Manager registered the GPU;
 // with the health checks off (strictStatus false) a completed state is enough, for platforms
 // whose status the checks misjudge.
-func describe(i int, dev nvml.Device, strictStatus bool) (topology.GPU, error) {
+func describe(i int, dev nvml.Device, fi nvml.GpuFabricInfo_v3, fret nvml.Return, strictStatus bool) (topology.GPU, error) {
 	gpu := topology.GPU{Index: i}
 	uuid, ret := dev.GetUUID()
 	if ret != nvml.SUCCESS {
@@ -176,7 +186,7 @@ func describe(i int, dev nvml.Device, strictStatus bool) (topology.GPU, error) {
 	if numa, ret := dev.GetNumaNodeId(); ret == nvml.SUCCESS && numa >= 0 {
 		gpu.NUMANode = &numa
 	}
-	if fi, ret := dev.GetGpuFabricInfo(); ret == nvml.SUCCESS && fi.State == nvml.GPU_FABRIC_STATE_COMPLETED && (!strictStatus || fi.Status == uint32(nvml.SUCCESS)) && fi.ClusterUuid != [16]uint8{} {
+	if fret == nvml.SUCCESS && fi.State == nvml.GPU_FABRIC_STATE_COMPLETED && (!strictStatus || fi.Status == uint32(nvml.SUCCESS)) && fi.ClusterUuid != [16]uint8{} {
 		gpu.Fabric = &topology.Fabric{ClusterUUID: formatUUID(fi.ClusterUuid), CliqueID: fi.CliqueId}
 	}
 	return gpu, nil
@@ -192,10 +202,13 @@ func describe(i int, dev nvml.Device, strictStatus bool) (topology.GPU, error) {
 //   - the NVLink fabric: on NVSwitch systems Fabric Manager must have trained the GPU's links
 //     and registered it (state completed, status success); until then CUDA cannot start
 //     there (cudaErrorSystemNotReady), and a TP job would fail;
+//   - on drivers whose versioned fabric query reports health (fabricHealth): an unhealthy
+//     NVLink route, a configuration Fabric Manager refuses, an unhealthy health summary;
 //   - a failed row remap (Ampere and later): an uncorrectable memory error found no spare
 //     row, and the bad row stays in use.
 //
-// Notes, which only warn (the topology's warnings, in the agent's log and Events): a row
+// Notes, which only warn (the topology's warnings, in the agent's log and Events): degraded
+// NVLink bandwidth or a fabric recovery in progress, a row
 // remap or page retirement pending until the next reset, and uncorrected ECC errors since
 // the last reset. NVML says containment and dynamic page blacklisting keep a pending remap
 // from affecting new work, and DCGM treats these as warnings.
@@ -203,20 +216,23 @@ func describe(i int, dev nvml.Device, strictStatus bool) (topology.GPU, error) {
 // A query the GPU does not support says nothing (MIG, vGPU guests, PCIe parts). XIDs are
 // events, not state, and are not watched: the ones that leave a GPU unusable show up here or
 // make NVML fail to query it at all, which fails discovery.
-func health(dev nvml.Device) (unhealthy, note string) {
-	if fi, ret := dev.GetGpuFabricInfo(); ret == nvml.SUCCESS && fi.State != nvml.GPU_FABRIC_STATE_NOT_SUPPORTED {
+func health(dev nvml.Device, fi nvml.GpuFabricInfo_v3, fret nvml.Return) (unhealthy, note string) {
+	if fret == nvml.SUCCESS && fi.State != nvml.GPU_FABRIC_STATE_NOT_SUPPORTED {
 		switch {
 		case fi.State != nvml.GPU_FABRIC_STATE_COMPLETED:
 			return fmt.Sprintf("NVLink fabric not ready (Fabric Manager state %s): check `systemctl status nvidia-fabricmanager` and `nvidia-smi -q | grep -A2 Fabric`", fabricState(fi.State)), ""
 		case fi.Status != uint32(nvml.SUCCESS):
 			return fmt.Sprintf("NVLink fabric registration failed (%v): check the Fabric Manager log and the NVSwitches (`nvidia-smi nvlink -s`)", nvml.Return(fi.Status)), ""
 		}
+		if unhealthy, note = fabricHealth(fi); unhealthy != "" {
+			return unhealthy, ""
+		}
 	}
 	_, _, pending, failed, ret := dev.GetRemappedRows()
 	switch {
 	case ret == nvml.SUCCESS && failed:
 		return "row remapping failed (an uncorrectable memory error with no spare row): drain the node and replace the GPU", ""
-	case ret == nvml.SUCCESS && pending:
+	case ret == nvml.SUCCESS && pending && note == "":
 		note = "row remapping pending: reset the GPU (`nvidia-smi -r`) when it is idle to apply it"
 	}
 	if st, ret := dev.GetRetiredPagesPendingStatus(); ret == nvml.SUCCESS && st == nvml.FEATURE_ENABLED && note == "" {
@@ -227,6 +243,99 @@ func health(dev nvml.Device) (unhealthy, note string) {
 		note = "uncorrected ECC errors since the last reset (XID 48/94/95): check `nvidia-smi -q -d ECC,ROW_REMAPPER` and reset the GPU when it is idle"
 	}
 	return "", note
+}
+
+// fabricField is one field of a fabric HealthMask: its shift and width (a mask, as NVML
+// defines them) are the GPU_FABRIC_HEALTH_MASK_SHIFT_/WIDTH_ constants.
+func fabricField(mask uint32, shift, width int) uint32 {
+	return mask >> uint(shift) & uint32(width)
+}
+
+// fabricHealth reads the health NVML reports for a registered fabric (the versioned query's
+// HealthMask and HealthSummary; zero, "not supported", from drivers without them). What
+// makes new work fail or run without its NVLinks is unhealthy: a summary of unhealthy, an
+// unhealthy route, or a configuration Fabric Manager refuses. What only costs bandwidth or
+// is being recovered is a note: degraded bandwidth (a summary of limited capacity), route or
+// access-timeout recovery in progress, the global Fabric Manager disconnected (multi-node
+// NVLink; the links stay up).
+func fabricHealth(fi nvml.GpuFabricInfo_v3) (unhealthy, note string) {
+	m := fi.HealthMask
+	var bad []string
+	if fabricField(m, nvml.GPU_FABRIC_HEALTH_MASK_SHIFT_ROUTE_UNHEALTHY, nvml.GPU_FABRIC_HEALTH_MASK_WIDTH_ROUTE_UNHEALTHY) == nvml.GPU_FABRIC_HEALTH_MASK_ROUTE_UNHEALTHY_TRUE {
+		bad = append(bad, "an NVLink route is unhealthy")
+	}
+	switch c := fabricField(m, nvml.GPU_FABRIC_HEALTH_MASK_SHIFT_INCORRECT_CONFIGURATION, nvml.GPU_FABRIC_HEALTH_MASK_WIDTH_INCORRECT_CONFIGURATION); c {
+	case nvml.GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_NOT_SUPPORTED, nvml.GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_NONE:
+	default:
+		bad = append(bad, "incorrect configuration: "+fabricConfigProblem(c))
+	}
+	if len(bad) == 0 && fi.HealthSummary == nvml.GPU_FABRIC_HEALTH_SUMMARY_UNHEALTHY {
+		bad = append(bad, "the driver's health summary is unhealthy")
+	}
+	if len(bad) > 0 {
+		return fmt.Sprintf("NVLink fabric unhealthy (%s): check `nvidia-smi -q | grep -A12 Fabric`, the Fabric Manager log and `nvidia-smi nvlink -s`; the GPU takes no new TP work until it is healthy again", strings.Join(bad, "; ")), ""
+	}
+	switch {
+	case fabricField(m, nvml.GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW, nvml.GPU_FABRIC_HEALTH_MASK_WIDTH_DEGRADED_BW) == nvml.GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE,
+		fi.HealthSummary == nvml.GPU_FABRIC_HEALTH_SUMMARY_LIMITED_CAPACITY:
+		return "", "NVLink bandwidth degraded (some links or NVSwitch ports are down): TP work still runs, slower; check `nvidia-smi nvlink -s` and plan a reset or repair"
+	case fabricField(m, nvml.GPU_FABRIC_HEALTH_MASK_SHIFT_ROUTE_RECOVERY, nvml.GPU_FABRIC_HEALTH_MASK_WIDTH_ROUTE_RECOVERY) == nvml.GPU_FABRIC_HEALTH_MASK_ROUTE_RECOVERY_TRUE,
+		fabricField(m, nvml.GPU_FABRIC_HEALTH_MASK_SHIFT_ACCESS_TIMEOUT_RECOVERY, nvml.GPU_FABRIC_HEALTH_MASK_WIDTH_ACCESS_TIMEOUT_RECOVERY) == nvml.GPU_FABRIC_HEALTH_MASK_ACCESS_TIMEOUT_RECOVERY_TRUE:
+		return "", "NVLink fabric recovery in progress (route or access timeout): watch `nvidia-smi -q | grep -A12 Fabric` until it clears"
+	case fabricField(m, nvml.GPU_FABRIC_HEALTH_MASK_SHIFT_GFM_STATE, nvml.GPU_FABRIC_HEALTH_MASK_WIDTH_GFM_STATE) == nvml.GPU_FABRIC_HEALTH_MASK_GFM_STATE_DISCONNECTED:
+		return "", "the global Fabric Manager is disconnected: the NVLinks stay up, but the fabric cannot be reconfigured until it is back"
+	}
+	return "", ""
+}
+
+func fabricConfigProblem(c uint32) string {
+	switch c {
+	case nvml.GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_INCORRECT_SYSGUID:
+		return "incorrect system GUID"
+	case nvml.GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_INCORRECT_CHASSIS_SN:
+		return "incorrect chassis serial number"
+	case nvml.GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_NO_PARTITION:
+		return "no partition"
+	case nvml.GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_INSUFFICIENT_NVLINKS:
+		return "too few NVLinks"
+	case nvml.GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_INCOMPATIBLE_GPU_FW:
+		return "incompatible GPU firmware"
+	case nvml.GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_INVALID_LOCATION:
+		return "invalid location"
+	case nvml.GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_GPU_STATE_INVALID:
+		return "invalid GPU state"
+	}
+	return "code " + strconv.Itoa(int(c))
+}
+
+// driverFabricInfo reads fabric state the newest way the loaded driver offers:
+// nvmlDeviceGetGpuFabricInfoV at version 3 (HealthMask and HealthSummary), else version 2 (the
+// mask), else the deprecated nvmlDeviceGetGpuFabricInfo (state, status and clique only). Each
+// entry point is looked up first: go-nvml links them unresolved, so calling one the driver
+// lacks (R470 and older have neither) would crash the agent; a driver with neither reads as
+// not supported, which is what a GPU without a fabric says.
+func driverFabricInfo(lib nvml.Interface) func(nvml.Device) (nvml.GpuFabricInfo_v3, nvml.Return) {
+	ext := lib.Extensions()
+	versioned := ext.LookupSymbol("nvmlDeviceGetGpuFabricInfoV") == nil
+	legacy := ext.LookupSymbol("nvmlDeviceGetGpuFabricInfo") == nil
+	return func(dev nvml.Device) (nvml.GpuFabricInfo_v3, nvml.Return) {
+		if versioned {
+			h := dev.GetGpuFabricInfoV()
+			v3, ret := h.V3()
+			if ret != nvml.ERROR_ARGUMENT_VERSION_MISMATCH {
+				return v3, ret
+			}
+			v2, ret := h.V2()
+			if ret != nvml.ERROR_ARGUMENT_VERSION_MISMATCH {
+				return nvml.GpuFabricInfo_v3{ClusterUuid: v2.ClusterUuid, Status: v2.Status, CliqueId: v2.CliqueId, State: v2.State, HealthMask: v2.HealthMask}, ret
+			}
+		}
+		if legacy {
+			v1, ret := dev.GetGpuFabricInfo()
+			return nvml.GpuFabricInfo_v3{ClusterUuid: v1.ClusterUuid, Status: v1.Status, CliqueId: v1.CliqueId, State: v1.State}, ret
+		}
+		return nvml.GpuFabricInfo_v3{}, nvml.ERROR_NOT_SUPPORTED
+	}
 }
 
 func fabricState(s uint8) string {

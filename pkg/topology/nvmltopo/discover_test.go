@@ -2,6 +2,7 @@ package nvmltopo
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -32,7 +33,7 @@ func switchBus(s int) string { return fmt.Sprintf("00000000:%02X:00.0", 0x05+s) 
 type machine struct {
 	srv            *server.Server
 	links          map[int][]link
-	fabric         map[int]nvml.GpuFabricInfo
+	fabric         map[int]nvml.GpuFabricInfo_v3
 	oldDriver      bool // GetNvLinkRemoteDeviceType unsupported, as before R460
 	failUUIDForGPU int
 	// Health answers per GPU; a GPU not listed answers NOT_SUPPORTED (remap, retired pages)
@@ -43,7 +44,7 @@ type machine struct {
 }
 
 func newMachine(srv *server.Server) *machine {
-	return &machine{srv: srv, links: map[int][]link{}, fabric: map[int]nvml.GpuFabricInfo{}, failUUIDForGPU: -1}
+	return &machine{srv: srv, links: map[int][]link{}, fabric: map[int]nvml.GpuFabricInfo_v3{}, failUUIDForGPU: -1}
 }
 
 func toBusID(s string) [32]int8 {
@@ -86,12 +87,6 @@ func (m *machine) lib() nvml.Interface {
 			}
 			return 0, nvml.SUCCESS
 		}
-		dev.GetGpuFabricInfoFunc = func() (nvml.GpuFabricInfo, nvml.Return) {
-			if fi, ok := m.fabric[i]; ok {
-				return fi, nvml.SUCCESS
-			}
-			return nvml.GpuFabricInfo{}, nvml.ERROR_NOT_SUPPORTED
-		}
 		links := m.links[i]
 		dev.GetNvLinkStateFunc = func(l int) (nvml.EnableState, nvml.Return) {
 			if l >= len(links) {
@@ -113,6 +108,22 @@ func (m *machine) lib() nvml.Interface {
 		}
 	}
 	return m.srv
+}
+
+// opts are the discovery options that read the machine's fabric answers (Options.FabricInfo:
+// go-nvml's mock cannot answer the versioned fabric query); a GPU not in m.fabric answers
+// NOT_SUPPORTED.
+func (m *machine) opts(noHealth bool) Options {
+	return Options{NoHealth: noHealth, FabricInfo: func(dev nvml.Device) (nvml.GpuFabricInfo_v3, nvml.Return) {
+		for i, d := range m.srv.Devices {
+			if d == dev {
+				if fi, ok := m.fabric[i]; ok {
+					return fi, nvml.SUCCESS
+				}
+			}
+		}
+		return nvml.GpuFabricInfo_v3{}, nvml.ERROR_NOT_SUPPORTED
+	}}
 }
 
 // hgxH100 is 8 H100s, each with 18 NVLinks spread over 4 NVSwitches (5+4+4+5), as on HGX H100.
@@ -175,11 +186,11 @@ func TestDiscover(t *testing.T) {
 	oldDriver.oldDriver = true
 	gb200 := newMachine(must(server.New(server.WithGPUs(gpus.Multiple(4, gpus.B200_SXM5_180GB)...))))
 	for g := range 4 {
-		gb200.fabric[g] = nvml.GpuFabricInfo{ClusterUuid: [16]uint8{1, 2, 3}, CliqueId: 32766, State: nvml.GPU_FABRIC_STATE_COMPLETED}
+		gb200.fabric[g] = nvml.GpuFabricInfo_v3{ClusterUuid: [16]uint8{1, 2, 3}, CliqueId: 32766, State: nvml.GPU_FABRIC_STATE_COMPLETED}
 	}
 	twoCliques := newMachine(must(server.New(server.WithGPUs(gpus.Multiple(4, gpus.B200_SXM5_180GB)...))))
 	for g := range 4 {
-		twoCliques.fabric[g] = nvml.GpuFabricInfo{ClusterUuid: [16]uint8{9}, CliqueId: uint32(g / 2), State: nvml.GPU_FABRIC_STATE_COMPLETED}
+		twoCliques.fabric[g] = nvml.GpuFabricInfo_v3{ClusterUuid: [16]uint8{9}, CliqueId: uint32(g / 2), State: nvml.GPU_FABRIC_STATE_COMPLETED}
 	}
 	strayPeer := dgx1()
 	strayPeer.links[0] = append(strayPeer.links[0], link{kind: nvml.NVLINK_DEVICE_TYPE_GPU, remote: "0000:ff:00.0"})
@@ -202,7 +213,7 @@ func TestDiscover(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			top, err := Discover(context.Background(), tc.m.lib(), Options{})
+			top, err := Discover(context.Background(), tc.m.lib(), tc.m.opts(false))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -226,7 +237,7 @@ func TestDiscover(t *testing.T) {
 func TestDiscoverFillsGPUDetails(t *testing.T) {
 	m := hgxH100()
 	srvUUID := m.srv.Devices[3].(*server.Device).UUID
-	top, err := Discover(context.Background(), m.lib(), Options{})
+	top, err := Discover(context.Background(), m.lib(), m.opts(false))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -235,9 +246,9 @@ func TestDiscoverFillsGPUDetails(t *testing.T) {
 		t.Errorf("GPU 3 = %+v (numa %v)", g, g.NUMANode)
 	}
 	gb := newMachine(must(server.New(server.WithGPUs(gpus.Multiple(2, gpus.B200_SXM5_180GB)...))))
-	gb.fabric[0] = nvml.GpuFabricInfo{ClusterUuid: [16]uint8{0xab, 0xcd}, CliqueId: 4, State: nvml.GPU_FABRIC_STATE_COMPLETED}
-	gb.fabric[1] = nvml.GpuFabricInfo{ClusterUuid: [16]uint8{0xab, 0xcd}, CliqueId: 4, State: nvml.GPU_FABRIC_STATE_IN_PROGRESS}
-	top, err = Discover(context.Background(), gb.lib(), Options{})
+	gb.fabric[0] = nvml.GpuFabricInfo_v3{ClusterUuid: [16]uint8{0xab, 0xcd}, CliqueId: 4, State: nvml.GPU_FABRIC_STATE_COMPLETED}
+	gb.fabric[1] = nvml.GpuFabricInfo_v3{ClusterUuid: [16]uint8{0xab, 0xcd}, CliqueId: 4, State: nvml.GPU_FABRIC_STATE_IN_PROGRESS}
+	top, err = Discover(context.Background(), gb.lib(), gb.opts(false))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -273,7 +284,10 @@ func TestDiscoverErrors(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := Discover(context.Background(), tc.lib, Options{})
+			noFabric := func(nvml.Device) (nvml.GpuFabricInfo_v3, nvml.Return) {
+				return nvml.GpuFabricInfo_v3{}, nvml.ERROR_NOT_SUPPORTED
+			}
+			_, err := Discover(context.Background(), tc.lib, Options{FabricInfo: noFabric})
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("error = %v, want it to contain %q", err, tc.want)
 			}
@@ -298,12 +312,61 @@ func TestRealNVML(t *testing.T) {
 	t.Logf("real NVML: %d GPUs, %d domains, unlinked %v, warnings %q", len(top.GPUs), len(top.Domains), top.Unlinked, top.Warnings)
 }
 
+// healthBits is one field of a fabric HealthMask set to v.
+func healthBits(shift int, v int) uint32 { return uint32(v) << uint(shift) }
+
+func withHealth(fi nvml.GpuFabricInfo_v3, mask uint32, summary uint8) nvml.GpuFabricInfo_v3 {
+	fi.HealthMask, fi.HealthSummary = mask, summary
+	return fi
+}
+
+// driverFabricInfo asks only entry points the driver has: with neither fabric query (R470
+// and older) a GPU reads as having no fabric, without a call (go-nvml would call a null
+// function pointer); with only the deprecated one, its answer is read. (The versioned query
+// goes to the C library itself, so only real NVML exercises it: TestRealNVML.)
+func TestDriverFabricInfoUsesOnlyWhatTheDriverHas(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		symbols  []string
+		wantRet  nvml.Return
+		wantCall bool
+	}{
+		{"neither query", nil, nvml.ERROR_NOT_SUPPORTED, false},
+		{"the deprecated query only", []string{"nvmlDeviceGetGpuFabricInfo"}, nvml.SUCCESS, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := hgxH100()
+			lib := m.lib().(*server.Server)
+			lib.LookupSymbolFunc = func(name string) error {
+				if slices.Contains(tc.symbols, name) {
+					return nil
+				}
+				return errors.New("undefined symbol " + name)
+			}
+			called := false
+			dev := lib.Devices[0].(*server.Device)
+			dev.GetGpuFabricInfoFunc = func() (nvml.GpuFabricInfo, nvml.Return) {
+				called = true
+				return nvml.GpuFabricInfo{State: nvml.GPU_FABRIC_STATE_COMPLETED, CliqueId: 7}, nvml.SUCCESS
+			}
+			dev.GetGpuFabricInfoVFunc = func() nvml.GpuFabricInfoHandler {
+				t.Fatal("the versioned query was called although the driver lacks it")
+				return nvml.GpuFabricInfoHandler{}
+			}
+			fi, ret := driverFabricInfo(lib)(dev)
+			if ret != tc.wantRet || called != tc.wantCall || (called && (fi.CliqueId != 7 || fi.State != nvml.GPU_FABRIC_STATE_COMPLETED)) {
+				t.Errorf("got %+v, %v (deprecated query called: %v); want %v, called %v", fi, ret, called, tc.wantRet, tc.wantCall)
+			}
+		})
+	}
+}
+
 // What NVML keeps about a GPU's health until it is reset: a fabric Fabric Manager has not
 // registered and a failed row remap make it unhealthy, with the fix in the reason; what only
 // needs a reset at the next chance is a warning; a GPU that does not support a query, or
 // reports nothing wrong, stays healthy; Options.NoHealth skips it all.
 func TestDiscoverReportsUnhealthyGPUs(t *testing.T) {
-	completed := nvml.GpuFabricInfo{ClusterUuid: [16]uint8{1}, State: nvml.GPU_FABRIC_STATE_COMPLETED, Status: uint32(nvml.SUCCESS), CliqueId: 1}
+	completed := nvml.GpuFabricInfo_v3{ClusterUuid: [16]uint8{1}, State: nvml.GPU_FABRIC_STATE_COMPLETED, Status: uint32(nvml.SUCCESS), CliqueId: 1}
 	cases := []struct {
 		name     string
 		set      func(m *machine)
@@ -313,19 +376,44 @@ func TestDiscoverReportsUnhealthyGPUs(t *testing.T) {
 	}{
 		{"healthy, fabric registered", func(m *machine) { m.fabric[2] = completed }, false, "", ""},
 		{"no fabric support (PCIe, bridges)", func(m *machine) {
-			m.fabric[2] = nvml.GpuFabricInfo{State: nvml.GPU_FABRIC_STATE_NOT_SUPPORTED}
+			m.fabric[2] = nvml.GpuFabricInfo_v3{State: nvml.GPU_FABRIC_STATE_NOT_SUPPORTED}
 		}, false, "", ""},
 		{"fabric not trained yet", func(m *machine) {
-			m.fabric[2] = nvml.GpuFabricInfo{State: nvml.GPU_FABRIC_STATE_IN_PROGRESS}
+			m.fabric[2] = nvml.GpuFabricInfo_v3{State: nvml.GPU_FABRIC_STATE_IN_PROGRESS}
 		}, false, "NVLink fabric not ready (Fabric Manager state in progress)", ""},
 		{"fabric not trained yet, health off", func(m *machine) {
-			m.fabric[2] = nvml.GpuFabricInfo{State: nvml.GPU_FABRIC_STATE_NOT_STARTED}
+			m.fabric[2] = nvml.GpuFabricInfo_v3{State: nvml.GPU_FABRIC_STATE_NOT_STARTED}
 		}, true, "", ""},
 		{"fabric registration failed", func(m *machine) {
 			f := completed
 			f.Status = uint32(nvml.ERROR_UNKNOWN)
 			m.fabric[2] = f
 		}, false, "NVLink fabric registration failed", ""},
+		{"route unhealthy", func(m *machine) {
+			m.fabric[2] = withHealth(completed, healthBits(nvml.GPU_FABRIC_HEALTH_MASK_SHIFT_ROUTE_UNHEALTHY, nvml.GPU_FABRIC_HEALTH_MASK_ROUTE_UNHEALTHY_TRUE), nvml.GPU_FABRIC_HEALTH_SUMMARY_UNHEALTHY)
+		}, false, "NVLink fabric unhealthy (an NVLink route is unhealthy)", ""},
+		{"route healthy, other fields unsupported", func(m *machine) {
+			m.fabric[2] = withHealth(completed, healthBits(nvml.GPU_FABRIC_HEALTH_MASK_SHIFT_ROUTE_UNHEALTHY, nvml.GPU_FABRIC_HEALTH_MASK_ROUTE_UNHEALTHY_FALSE), nvml.GPU_FABRIC_HEALTH_SUMMARY_HEALTHY)
+		}, false, "", ""},
+		{"incorrect configuration", func(m *machine) {
+			m.fabric[2] = withHealth(completed, healthBits(nvml.GPU_FABRIC_HEALTH_MASK_SHIFT_INCORRECT_CONFIGURATION, nvml.GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_INSUFFICIENT_NVLINKS), 0)
+		}, false, "incorrect configuration: too few NVLinks", ""},
+		{"no configuration problem", func(m *machine) {
+			m.fabric[2] = withHealth(completed, healthBits(nvml.GPU_FABRIC_HEALTH_MASK_SHIFT_INCORRECT_CONFIGURATION, nvml.GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_NONE), 0)
+		}, false, "", ""},
+		{"summary unhealthy alone", func(m *machine) { m.fabric[2] = withHealth(completed, 0, nvml.GPU_FABRIC_HEALTH_SUMMARY_UNHEALTHY) }, false, "the driver's health summary is unhealthy", ""},
+		{"degraded bandwidth", func(m *machine) {
+			m.fabric[2] = withHealth(completed, healthBits(nvml.GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW, nvml.GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE), nvml.GPU_FABRIC_HEALTH_SUMMARY_LIMITED_CAPACITY)
+		}, false, "", "GPU 2: NVLink bandwidth degraded"},
+		{"route recovery", func(m *machine) {
+			m.fabric[2] = withHealth(completed, healthBits(nvml.GPU_FABRIC_HEALTH_MASK_SHIFT_ROUTE_RECOVERY, nvml.GPU_FABRIC_HEALTH_MASK_ROUTE_RECOVERY_TRUE), 0)
+		}, false, "", "GPU 2: NVLink fabric recovery in progress"},
+		{"global Fabric Manager disconnected", func(m *machine) {
+			m.fabric[2] = withHealth(completed, healthBits(nvml.GPU_FABRIC_HEALTH_MASK_SHIFT_GFM_STATE, nvml.GPU_FABRIC_HEALTH_MASK_GFM_STATE_DISCONNECTED), 0)
+		}, false, "", "GPU 2: the global Fabric Manager is disconnected"},
+		{"route unhealthy, health off", func(m *machine) {
+			m.fabric[2] = withHealth(completed, healthBits(nvml.GPU_FABRIC_HEALTH_MASK_SHIFT_ROUTE_UNHEALTHY, nvml.GPU_FABRIC_HEALTH_MASK_ROUTE_UNHEALTHY_TRUE), nvml.GPU_FABRIC_HEALTH_SUMMARY_UNHEALTHY)
+		}, true, "", ""},
 		{"row remap failed", func(m *machine) { m.remap[2] = [2]bool{false, true} }, false, "row remapping failed", ""},
 		{"row remap pending", func(m *machine) { m.remap[2] = [2]bool{true, false} }, false, "", "GPU 2: row remapping pending"},
 		{"row remap fine", func(m *machine) { m.remap[2] = [2]bool{false, false} }, false, "", ""},
@@ -338,7 +426,7 @@ func TestDiscoverReportsUnhealthyGPUs(t *testing.T) {
 			m := hgxH100()
 			m.remap, m.retired, m.ecc = map[int][2]bool{}, map[int]bool{}, map[int]uint64{}
 			tc.set(m)
-			top, err := Discover(context.Background(), m.lib(), Options{NoHealth: tc.noHealth})
+			top, err := Discover(context.Background(), m.lib(), m.opts(tc.noHealth))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -20,13 +20,12 @@ var (
 	BlockClassSelector = fmt.Sprintf("device.driver == %q && %q in device.attributes[%q]", names.DRADriver, names.DRAAttrBlockSize, names.DRADriver)
 )
 
-// DeviceClasses are the driver's three classes, as the chart installs them
+// DeviceClasses are the driver's two classes, as the chart installs them
 // (charts/nvdomain/templates/dra.yaml; test/chart checks the two agree): gpu.nvdomain.io for
 // single GPUs, which maps extendedResourceName (nvidia.com/gpu; empty for none) onto DRA so
-// that plain GPU pods run on DRA nodes; gpu-block.nvdomain.io for blocks, which only the
-// nvdomain-tp-<k> templates ask for; and gpu-tp.nvdomain.io, without a selector, for the
-// templates' GPUs while blocks are off (names.DRATPDeviceClass). A plain pod asking for 2
-// nvidia.com/gpu therefore gets two GPUs, never a block standing for 2 (or 8).
+// that plain GPU pods run on DRA nodes, and gpu-block.nvdomain.io for blocks, which only the
+// nvdomain-tp-<k> templates ask for. A plain pod asking for 2 nvidia.com/gpu therefore gets
+// two GPUs, never a block standing for 2 (or 8).
 func DeviceClasses(extendedResourceName string) []*resourceapi.DeviceClass {
 	gpu := &resourceapi.DeviceClass{
 		TypeMeta:   metav1.TypeMeta{APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "DeviceClass"},
@@ -41,13 +40,7 @@ func DeviceClasses(extendedResourceName string) []*resourceapi.DeviceClass {
 		ObjectMeta: metav1.ObjectMeta{Name: names.DRABlockDeviceClass},
 		Spec:       resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: BlockClassSelector}}}},
 	}
-	// No selector: see names.DRATPDeviceClass. An empty selector list matches every device,
-	// which is safe only under the templates' domain constraint.
-	tp := &resourceapi.DeviceClass{
-		TypeMeta:   metav1.TypeMeta{APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "DeviceClass"},
-		ObjectMeta: metav1.ObjectMeta{Name: names.DRATPDeviceClass},
-	}
-	return []*resourceapi.DeviceClass{gpu, block, tp}
+	return []*resourceapi.DeviceClass{gpu, block}
 }
 
 // ExtendedResourceConflicts names every DeviceClass other than ours (names.DRADeviceClass)

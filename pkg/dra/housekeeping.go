@@ -307,9 +307,17 @@ func (d *Driver) markOrphans(ctx context.Context) {
 		if !known || why == "" {
 			continue
 		}
-		if pod, known := d.podRunning(ctx, pc); known && pod != "" {
-			d.markOrphan(ctx, uid, pc, why, pod)
+		pod, known := d.podRunning(ctx, pc)
+		if !known || pod == "" {
+			continue
 		}
+		// The kubelet may have unprepared the entry while the apiserver was asked (the
+		// plugin already serves it): a mark for an entry that is gone would only warn falsely.
+		now, err := d.state.Prepared()
+		if _, still := now[uid]; err != nil || !still {
+			continue
+		}
+		d.markOrphan(ctx, uid, pc, why, pod)
 	}
 }
 

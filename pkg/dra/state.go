@@ -43,16 +43,6 @@ func PrepareDevices(node string, claim *resourceapi.ResourceClaim, top *topology
 		if !ok {
 			return nil, fmt.Errorf("claim %s/%s: device %q is not a device this driver publishes (gpu-<index> or gpus-<index>-…)", claim.Namespace, claim.Name, r.Device)
 		}
-		// A block handed out through another class, such as the templates' class without a
-		// selector (names.DRATPDeviceClass) in the window where the driver publishes blocks and
-		// the templates still ask for it, would give the pod a block's GPUs for every device it
-		// counted: refuse it rather than hand a TP=4 pod 4 blocks.
-		if strings.HasPrefix(r.Device, names.DRABlockPrefix) {
-			if class := requestClass(claim, r.Request); class != names.DRABlockDeviceClass {
-				return nil, fmt.Errorf("claim %s/%s: request %s (DeviceClass %q) was allocated the block %s, but only DeviceClass %s hands out blocks: with dra.blocks on the nvdomain-tp-<k> templates must ask for %s (the webhook's --dra-blocks; the templates are replaced within seconds of the change), and a claim of your own must not use %s; delete the pod so that its claim is allocated again",
-					claim.Namespace, claim.Name, r.Request, class, r.Device, names.DRABlockDeviceClass, names.DRADeviceClass, names.DRATPDeviceClass)
-			}
-		}
 		// A block stands for its GPUs: each is prepared, and the kubelet gets all their CDI
 		// devices for the one allocated device (Driver.PrepareResourceClaims groups them).
 		for _, idx := range gpus {
@@ -76,29 +66,6 @@ func PrepareDevices(node string, claim *resourceapi.ResourceClaim, top *topology
 		}
 	}
 	return out, nil
-}
-
-// requestClass is the DeviceClass of the request (or "request/subrequest") an allocation result
-// names in the claim's spec; "" when the spec has no such request.
-func requestClass(claim *resourceapi.ResourceClaim, request string) string {
-	main, sub, _ := strings.Cut(request, "/")
-	for _, r := range claim.Spec.Devices.Requests {
-		if r.Name != main {
-			continue
-		}
-		if sub == "" {
-			if r.Exactly != nil {
-				return r.Exactly.DeviceClassName
-			}
-			return ""
-		}
-		for _, s := range r.FirstAvailable {
-			if s.Name == sub {
-				return s.DeviceClassName
-			}
-		}
-	}
-	return ""
 }
 
 // State prepares and unprepares claims on one node, keeping the checkpoint and the CDI specs.

@@ -48,46 +48,6 @@ func blockClaim(uid string, gpus ...int) *resourceapi.ResourceClaim {
 	return c
 }
 
-// Only the block class hands out blocks. A block allocated through another class (the
-// templates' class without a selector, while the driver already publishes blocks and the
-// templates are not yet replaced; or a tenant's claim of that class) would give the pod a
-// block's GPUs for each device it counted, so its Prepare is refused, naming the request,
-// the class and the fix; GPUs through any class are prepared.
-func TestABlockIsPreparedOnlyThroughTheBlockClass(t *testing.T) {
-	exact := func(class string, count int64) []resourceapi.DeviceRequest {
-		return []resourceapi.DeviceRequest{{Name: "gpus", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: class, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: count}}}
-	}
-	for _, tc := range []struct {
-		name    string
-		reqs    []resourceapi.DeviceRequest
-		request string
-		device  string
-		wantErr string
-	}{
-		{"a block through the block subrequest", blockClaim("x", 0, 1).Spec.Devices.Requests, "gpus/block", "gpus-0-1", ""},
-		{"a block through a request of the block class", exact(names.DRABlockDeviceClass, 1), "gpus", "gpus-0-1", ""},
-		{"a block through the class without a selector", exact(names.DRATPDeviceClass, 2), "gpus", "gpus-0-1",
-			`request gpus (DeviceClass "gpu-tp.nvdomain.io") was allocated the block gpus-0-1, but only DeviceClass gpu-block.nvdomain.io hands out blocks`},
-		{"a block through the GPU class", exact(names.DRADeviceClass, 2), "gpus", "gpus-0-1", `(DeviceClass "gpu.nvdomain.io") was allocated the block`},
-		{"a block through the any subrequest", blockClaim("x", 0, 1).Spec.Devices.Requests, "gpus/any-gpus", "gpus-0-1", `request gpus/any-gpus (DeviceClass "gpu.nvdomain.io")`},
-		{"a block through a request the spec does not have", exact(names.DRABlockDeviceClass, 1), "other", "gpus-0-1", `request other (DeviceClass "")`},
-		{"a GPU through the class without a selector", exact(names.DRATPDeviceClass, 1), "gpus", "gpu-0", ""},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			c := claim("u1")
-			c.Spec.Devices.Requests = tc.reqs
-			c.Status.Allocation.Devices.Results = []resourceapi.DeviceRequestAllocationResult{{Request: tc.request, Driver: names.DRADriver, Pool: node, Device: tc.device}}
-			devs, err := PrepareDevices(node, c, hgx(t), CDINvdomain)
-			switch {
-			case tc.wantErr == "" && (err != nil || len(devs) == 0):
-				t.Errorf("got %d devices, %v; want them prepared", len(devs), err)
-			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), "delete the pod")):
-				t.Errorf("got %v; want an error containing %q and the fix", err, tc.wantErr)
-			}
-		})
-	}
-}
-
 func TestCheckpointRoundTrip(t *testing.T) {
 	path := filepath.Join(t.TempDir(), CheckpointFile)
 	empty, err := ReadCheckpoint(path)

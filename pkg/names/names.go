@@ -514,14 +514,6 @@ const (
 	// DRABlockDeviceClass selects the aligned blocks of DRADriver: one device that stands for
 	// 2, 4, 8 or 16 GPUs of one domain (pkg/dra). The nvdomain-tp-<k> templates ask for one.
 	DRABlockDeviceClass = "gpu-block.nvdomain.io"
-	// DRATPDeviceClass is the class of the nvdomain-tp-<k> templates while the driver publishes
-	// no blocks: it has no selector at all. The templates' matchAttribute on DRAAttrDomain is
-	// what confines it to DRADriver's GPUs (a device without the attribute cannot satisfy the
-	// constraint), and without a CEL selector the scheduler's allocator spends half as much on
-	// every node it filters (test/bench/placementsim BenchmarkAllocatorPerNode). It would
-	// match blocks too, so with blocks on the templates use DRADeviceClass, and the driver
-	// refuses a block allocated through any class but DRABlockDeviceClass.
-	DRATPDeviceClass = "gpu-tp.nvdomain.io"
 	// DRADevicePrefix starts a GPU's device name in a ResourceSlice: gpu-<index>.
 	DRADevicePrefix = "gpu-"
 	// DRABlockPrefix starts a block's device name: gpus-<index>-<index>-…, the block's GPUs

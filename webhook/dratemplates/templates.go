@@ -72,8 +72,7 @@ func TemplateSizes(allowed []int) []int {
 // simulation and cost the scheduler about twice as much).
 //
 // Otherwise (blocks off, the default, or k 1 or not a power of two) it asks for k single GPUs
-// of one domain: of the class without a selector (names.DRATPDeviceClass) when blocks are off,
-// which halves the allocator's cost per node, and of gpu.nvdomain.io when they are on. Blocks are off by default because the scheduler's allocator pays for the
+// of one domain. Blocks are off by default because the scheduler's allocator pays for the
 // counters they share with the GPUs on every node it filters: 4x the scheduler's CPU per pod
 // in the 50-node smoke run, for placement the simulation could not tell apart from GPUs alone
 // with the hint (docs/benchmarks.md).
@@ -92,16 +91,8 @@ func Desired(namespace string, k int, blocks bool) *resourceapi.ResourceClaimTem
 			{Name: names.DRASubAny, DeviceClassName: names.DRADeviceClass, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: int64(k)},
 		}
 	} else {
-		// Without blocks the driver publishes only GPUs, and the class without a selector
-		// (names.DRATPDeviceClass) spares the allocator a CEL evaluation per device on every
-		// node it filters; the domain constraint below keeps it to this driver's GPUs. With
-		// blocks published (sizes that are no power of two) that class would match blocks too.
-		class := names.DRATPDeviceClass
-		if blocks {
-			class = names.DRADeviceClass
-		}
 		req.Exactly = &resourceapi.ExactDeviceRequest{
-			DeviceClassName: class, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: int64(k),
+			DeviceClassName: names.DRADeviceClass, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: int64(k),
 		}
 	}
 	return &resourceapi.ResourceClaimTemplate{

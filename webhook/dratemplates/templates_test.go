@@ -86,20 +86,20 @@ func TestDesiredAsksForOneDomain(t *testing.T) {
 	}
 }
 
-// With blocks off (the default) every size asks for exactly k devices of the class without a
-// selector, under the one-domain constraint that keeps that class to the driver's GPUs.
-func TestDesiredWithoutBlocksUsesTheClassWithoutASelector(t *testing.T) {
+// With blocks off (the default) every size asks for exactly k GPUs of the GPU class, under the
+// one-domain constraint.
+func TestDesiredWithoutBlocksAsksForKGPUsOfOneDomain(t *testing.T) {
 	for _, k := range []int{1, 2, 3, 4, 8, 16} {
 		d := Desired("ml", k, false).Spec.Spec.Devices
 		if len(d.Requests) != 1 || d.Requests[0].Exactly == nil || len(d.Requests[0].FirstAvailable) != 0 {
 			t.Fatalf("k=%d: requests %+v, want one exact request", k, d.Requests)
 		}
 		e := d.Requests[0].Exactly
-		if e.DeviceClassName != names.DRATPDeviceClass || e.Count != int64(k) || len(e.Selectors) != 0 {
-			t.Errorf("k=%d: request %+v, want %d devices of %s", k, e, k, names.DRATPDeviceClass)
+		if e.DeviceClassName != names.DRADeviceClass || e.Count != int64(k) || len(e.Selectors) != 0 {
+			t.Errorf("k=%d: request %+v, want %d devices of %s", k, e, k, names.DRADeviceClass)
 		}
 		if len(d.Constraints) != 1 || ptr.Deref(d.Constraints[0].MatchAttribute, "") != "gpu.nvdomain.io/nvswitchDomain" {
-			t.Errorf("k=%d: constraints %+v: the class without a selector needs the domain constraint", k, d.Constraints)
+			t.Errorf("k=%d: constraints %+v, want one matchAttribute on the domain", k, d.Constraints)
 		}
 	}
 }

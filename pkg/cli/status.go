@@ -254,7 +254,7 @@ func (o *StatusOptions) Run(ctx context.Context) error {
 		return err
 	}
 	list.Warnings = append(list.Warnings, classes...)
-	list.Warnings = append(list.Warnings, heldDeviceWarnings(ctx, o.client, o.Node)...)
+	list.Warnings = append(list.Warnings, heldDeviceWarnings(ctx, o.client, o.Node, o.selectsNode(s))...)
 	if len(list.Items) == 0 && o.Output != outputJSON {
 		if _, err := fmt.Fprintln(o.ErrOut, o.emptyMessage()); err != nil {
 			return err
@@ -321,11 +321,28 @@ func deviceClassWarnings(ctx context.Context, c kubernetes.Interface) ([]string,
 	return dra.ExtendedResourceConflicts(list.Items, *ours.Spec.ExtendedResourceName), nil
 }
 
-// heldDeviceWarnings name, per node (only node, when set), the DRA devices the driver taints
-// names.DRATaintHeld: a claim holds a device it no longer publishes, and those GPUs take no
-// new claim until it is unprepared. The slices are read in pages; a cluster without the DRA
-// API has none; a read that fails is a warning of its own, not a failed status.
-func heldDeviceWarnings(ctx context.Context, c kubernetes.Interface, node string) []string {
+// selectsNode reports whether --selector selects the named node of the snapshot (always,
+// without one; never, for a node the snapshot does not have).
+func (o *StatusOptions) selectsNode(s *snapshot) func(string) bool {
+	return func(name string) bool {
+		if o.selector == nil {
+			return true
+		}
+		for i := range s.nodes {
+			if s.nodes[i].Name == name {
+				return o.selector.Matches(labels.Set(s.nodes[i].Labels))
+			}
+		}
+		return false
+	}
+}
+
+// heldDeviceWarnings name, per node (only node, when set, and only those keep accepts), the
+// DRA devices the driver taints names.DRATaintHeld: a claim holds a device it no longer
+// publishes, and those GPUs take no new claim until it is unprepared. The slices are read in
+// pages; a cluster without the DRA API has none; a read that fails is a warning of its own,
+// not a failed status.
+func heldDeviceWarnings(ctx context.Context, c kubernetes.Interface, node string, keep func(string) bool) []string {
 	sel := "spec.driver=" + names.DRADriver
 	if node != "" {
 		sel += ",spec.nodeName=" + node
@@ -344,7 +361,7 @@ func heldDeviceWarnings(ctx context.Context, c kubernetes.Interface, node string
 		}
 		for _, sl := range list.Items {
 			n := ptr.Deref(sl.Spec.NodeName, "")
-			if sl.Spec.Driver != names.DRADriver || (node != "" && n != node) {
+			if sl.Spec.Driver != names.DRADriver || (node != "" && n != node) || !keep(n) {
 				continue
 			}
 			for _, d := range sl.Spec.Devices {

@@ -309,6 +309,25 @@ func TestStatusCountsClaimsOnDRANodes(t *testing.T) {
 	if want := "WARNING: node dra-a: DRA devices gpu-0, gpu-1 carry the NoSchedule taint " + names.DRATaintHeld; code != 0 || !strings.Contains(out, want) {
 		t.Errorf("exit %d (%s); status lacks %q:\n%s", code, errOut, want, out)
 	}
+	// --selector and --node keep the warning to the nodes they show.
+	other := gpuNode("dra-b", [][]int{{0, 1, 2, 3, 4, 5, 6, 7}}, withLabel(nm.ModeLabel(), names.ModeDRA), withLabel("pool", "b"))
+	heldB := held.DeepCopy()
+	heldB.Name, heldB.Spec.NodeName, heldB.Spec.Pool.Name = "dra-b-gpu", ptr.To("dra-b"), "dra-b"
+	both := append(slices.Clone(objs), held, other, heldB)
+	for _, tc := range []struct {
+		args      []string
+		want, not string
+	}{
+		{[]string{"status"}, "node dra-b: DRA devices", ""},
+		{[]string{"status", "-l", "pool=b"}, "node dra-b: DRA devices", "node dra-a: DRA devices"},
+		{[]string{"status", "-l", "pool!=b"}, "node dra-a: DRA devices", "node dra-b: DRA devices"},
+		{[]string{"status", "--node", "dra-a"}, "node dra-a: DRA devices", "node dra-b: DRA devices"},
+	} {
+		code, out, errOut := runFake(t, "", both, tc.args...)
+		if code != 0 || !strings.Contains(out, tc.want) || (tc.not != "" && strings.Contains(out, tc.not)) {
+			t.Errorf("%v: exit %d (%s); want %q, not %q:\n%s", tc.args, code, errOut, tc.want, tc.not, out)
+		}
+	}
 	// A user who may not list claims sees the DRA rows as unknown, and why.
 	client := fake.NewClientset(objs...)
 	client.PrependReactor("list", "resourceclaims", func(k8stesting.Action) (bool, runtime.Object, error) {

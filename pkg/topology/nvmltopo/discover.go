@@ -56,11 +56,12 @@ func Discover(ctx context.Context, lib nvml.Interface, o Options) (top *topology
 		return nil, fmt.Errorf("NVML: the driver reports no GPUs on this node; check `nvidia-smi -L` and that the container sees /dev/nvidia*")
 	}
 
+	has := lookupEntryPoints(lib)
 	fabric := o.FabricInfo
 	if fabric == nil {
-		fabric = driverFabricInfo(lib)
+		fabric = driverFabricQueries(lib).read
 	}
-	d := discovery{byBusID: map[string]int{}, links: topology.NewLinks()}
+	d := discovery{byBusID: map[string]int{}, links: topology.NewLinks(), has: has}
 	devices := make([]nvml.Device, count)
 	for i := range count {
 		if err := ctx.Err(); err != nil {
@@ -71,7 +72,10 @@ func Discover(ctx context.Context, lib nvml.Interface, o Options) (top *topology
 			return nil, fmt.Errorf("NVML: open GPU %d: %v", i, ret)
 		}
 		fi, fret := fabric(dev)
-		gpu, err := describe(i, dev, fi, fret, !o.NoHealth)
+		if fret != nvml.SUCCESS && fret != nvml.ERROR_NOT_SUPPORTED {
+			d.warn("GPU %d: the fabric query failed (%v): its multi-node NVLink clique and its fabric health are unknown until it answers", i, fret)
+		}
+		gpu, err := describe(i, dev, has, fi, fret, !o.NoHealth)
 		if err != nil {
 			return nil, err
 		}
@@ -151,7 +155,27 @@ func Library(path string) nvml.Interface {
 	return nvml.New(nvml.WithLibraryPath(path))
 }
 
+// entryPoints says which of the NVML calls that older drivers lack the loaded driver exports.
+// go-nvml links every NVML call unresolved, so calling one the driver lacks makes the dynamic
+// linker abort the whole agent (exit 127, "undefined symbol"), not return an error: each is
+// looked up once per discovery, and a missing one is treated as unsupported.
+type entryPoints struct {
+	// numaNode: nvmlDeviceGetNumaNodeId, from R550.
+	numaNode bool
+	// remoteType: nvmlDeviceGetNvLinkRemoteDeviceType, from R460.
+	remoteType bool
+}
+
+func lookupEntryPoints(lib nvml.Interface) entryPoints {
+	ext := lib.Extensions()
+	return entryPoints{
+		numaNode:   ext.LookupSymbol("nvmlDeviceGetNumaNodeId") == nil,
+		remoteType: ext.LookupSymbol("nvmlDeviceGetNvLinkRemoteDeviceType") == nil,
+	}
+}
+
 type discovery struct {
+	has      entryPoints
 	gpus     []topology.GPU
 	byBusID  map[string]int
 	links    *topology.Links
@@ -161,7 +185,7 @@ type discovery struct {
 // describe reads a GPU. A fabric clique counts only once Fabric Manager registered the GPU;
 // with the health checks off (strictStatus false) a completed state is enough, for platforms
 // whose status the checks misjudge.
-func describe(i int, dev nvml.Device, fi nvml.GpuFabricInfo_v3, fret nvml.Return, strictStatus bool) (topology.GPU, error) {
+func describe(i int, dev nvml.Device, has entryPoints, fi nvml.GpuFabricInfo_v3, fret nvml.Return, strictStatus bool) (topology.GPU, error) {
 	gpu := topology.GPU{Index: i}
 	uuid, ret := dev.GetUUID()
 	if ret != nvml.SUCCESS {
@@ -183,8 +207,10 @@ func describe(i int, dev nvml.Device, fi nvml.GpuFabricInfo_v3, fret nvml.Return
 	if minor, ret := dev.GetMinorNumber(); ret == nvml.SUCCESS && minor >= 0 {
 		gpu.Minor = &minor
 	}
-	if numa, ret := dev.GetNumaNodeId(); ret == nvml.SUCCESS && numa >= 0 {
-		gpu.NUMANode = &numa
+	if has.numaNode {
+		if numa, ret := dev.GetNumaNodeId(); ret == nvml.SUCCESS && numa >= 0 {
+			gpu.NUMANode = &numa
+		}
 	}
 	if fret == nvml.SUCCESS && fi.State == nvml.GPU_FABRIC_STATE_COMPLETED && (!strictStatus || fi.Status == uint32(nvml.SUCCESS)) && fi.ClusterUuid != [16]uint8{} {
 		gpu.Fabric = &topology.Fabric{ClusterUUID: formatUUID(fi.ClusterUuid), CliqueID: fi.CliqueId}
@@ -217,32 +243,43 @@ func describe(i int, dev nvml.Device, fi nvml.GpuFabricInfo_v3, fret nvml.Return
 // events, not state, and are not watched: the ones that leave a GPU unusable show up here or
 // make NVML fail to query it at all, which fails discovery.
 func health(dev nvml.Device, fi nvml.GpuFabricInfo_v3, fret nvml.Return) (unhealthy, note string) {
+	// Every reason and every note is kept, joined: a note can last for days (a degraded
+	// fabric), and the reset a pending remap needs must not hide behind it; nor may a
+	// fabric reason hide a failed remap, which means replacing the GPU.
+	var bad, notes []string
 	if fret == nvml.SUCCESS && fi.State != nvml.GPU_FABRIC_STATE_NOT_SUPPORTED {
 		switch {
 		case fi.State != nvml.GPU_FABRIC_STATE_COMPLETED:
-			return fmt.Sprintf("NVLink fabric not ready (Fabric Manager state %s): check `systemctl status nvidia-fabricmanager` and `nvidia-smi -q | grep -A2 Fabric`", fabricState(fi.State)), ""
+			bad = append(bad, fmt.Sprintf("NVLink fabric not ready (Fabric Manager state %s): check `systemctl status nvidia-fabricmanager` and `nvidia-smi -q | grep -A2 Fabric`", fabricState(fi.State)))
 		case fi.Status != uint32(nvml.SUCCESS):
-			return fmt.Sprintf("NVLink fabric registration failed (%v): check the Fabric Manager log and the NVSwitches (`nvidia-smi nvlink -s`)", nvml.Return(fi.Status)), ""
-		}
-		if unhealthy, note = fabricHealth(fi); unhealthy != "" {
-			return unhealthy, ""
+			bad = append(bad, fmt.Sprintf("NVLink fabric registration failed (%v): check the Fabric Manager log and the NVSwitches (`nvidia-smi nvlink -s`)", nvml.Return(fi.Status)))
+		default:
+			u, n := fabricHealth(fi)
+			bad, notes = appendIf(bad, u), appendIf(notes, n)
 		}
 	}
 	_, _, pending, failed, ret := dev.GetRemappedRows()
 	switch {
 	case ret == nvml.SUCCESS && failed:
-		return "row remapping failed (an uncorrectable memory error with no spare row): drain the node and replace the GPU", ""
-	case ret == nvml.SUCCESS && pending && note == "":
-		note = "row remapping pending: reset the GPU (`nvidia-smi -r`) when it is idle to apply it"
+		bad = append(bad, "row remapping failed (an uncorrectable memory error with no spare row): drain the node and replace the GPU")
+	case ret == nvml.SUCCESS && pending:
+		notes = append(notes, "row remapping pending: reset the GPU (`nvidia-smi -r`) when it is idle to apply it")
 	}
-	if st, ret := dev.GetRetiredPagesPendingStatus(); ret == nvml.SUCCESS && st == nvml.FEATURE_ENABLED && note == "" {
-		note = "page retirement pending: reset the GPU (`nvidia-smi -r`) when it is idle to retire the pages"
+	if st, ret := dev.GetRetiredPagesPendingStatus(); ret == nvml.SUCCESS && st == nvml.FEATURE_ENABLED {
+		notes = append(notes, "page retirement pending: reset the GPU (`nvidia-smi -r`) when it is idle to retire the pages")
 	}
-	if n, ret := dev.GetTotalEccErrors(nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.VOLATILE_ECC); ret == nvml.SUCCESS && n > 0 && note == "" {
+	if n, ret := dev.GetTotalEccErrors(nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.VOLATILE_ECC); ret == nvml.SUCCESS && n > 0 {
 		// No count: the warning must not change with every error.
-		note = "uncorrected ECC errors since the last reset (XID 48/94/95): check `nvidia-smi -q -d ECC,ROW_REMAPPER` and reset the GPU when it is idle"
+		notes = append(notes, "uncorrected ECC errors since the last reset (XID 48/94/95): check `nvidia-smi -q -d ECC,ROW_REMAPPER` and reset the GPU when it is idle")
 	}
-	return "", note
+	return strings.Join(bad, "; "), strings.Join(notes, "; ")
+}
+
+func appendIf(list []string, s string) []string {
+	if s == "" {
+		return list
+	}
+	return append(list, s)
 }
 
 // fabricField is one field of a fabric HealthMask: its shift and width (a mask, as NVML
@@ -254,38 +291,48 @@ func fabricField(mask uint32, shift, width int) uint32 {
 // fabricHealth reads the health NVML reports for a registered fabric (the versioned query's
 // HealthMask and HealthSummary; zero, "not supported", from drivers without them). What
 // makes new work fail or run without its NVLinks is unhealthy: a summary of unhealthy, an
-// unhealthy route, or a configuration Fabric Manager refuses. What only costs bandwidth or
-// is being recovered is a note: degraded bandwidth (a summary of limited capacity), route or
-// access-timeout recovery in progress, the global Fabric Manager disconnected (multi-node
-// NVLink; the links stay up).
+// unhealthy route, or a configuration Fabric Manager refuses (a code NVML does not define
+// counts as refused: fail closed). What only costs bandwidth, is being recovered or leaves
+// the GPU usable on its own is a note: degraded bandwidth (a summary of limited capacity),
+// route or access-timeout recovery in progress, the global Fabric Manager disconnected
+// (multi-node NVLink; the links stay up), and no partition (shared-NVSwitch or multi-node
+// mode: the GPU has no NVLink peers until one is activated, but runs single-GPU work).
 func fabricHealth(fi nvml.GpuFabricInfo_v3) (unhealthy, note string) {
 	m := fi.HealthMask
-	var bad []string
-	if fabricField(m, nvml.GPU_FABRIC_HEALTH_MASK_SHIFT_ROUTE_UNHEALTHY, nvml.GPU_FABRIC_HEALTH_MASK_WIDTH_ROUTE_UNHEALTHY) == nvml.GPU_FABRIC_HEALTH_MASK_ROUTE_UNHEALTHY_TRUE {
+	field := func(shift, width int) uint32 { return fabricField(m, shift, width) }
+	var bad, notes []string
+	if field(nvml.GPU_FABRIC_HEALTH_MASK_SHIFT_ROUTE_UNHEALTHY, nvml.GPU_FABRIC_HEALTH_MASK_WIDTH_ROUTE_UNHEALTHY) == nvml.GPU_FABRIC_HEALTH_MASK_ROUTE_UNHEALTHY_TRUE {
 		bad = append(bad, "an NVLink route is unhealthy")
 	}
-	switch c := fabricField(m, nvml.GPU_FABRIC_HEALTH_MASK_SHIFT_INCORRECT_CONFIGURATION, nvml.GPU_FABRIC_HEALTH_MASK_WIDTH_INCORRECT_CONFIGURATION); c {
+	noPartition := field(nvml.GPU_FABRIC_HEALTH_MASK_SHIFT_PARTITION_ASSIGNED, nvml.GPU_FABRIC_HEALTH_MASK_WIDTH_PARTITION_ASSIGNED) == nvml.GPU_FABRIC_HEALTH_MASK_PARTITION_ASSIGNED_FALSE
+	switch c := field(nvml.GPU_FABRIC_HEALTH_MASK_SHIFT_INCORRECT_CONFIGURATION, nvml.GPU_FABRIC_HEALTH_MASK_WIDTH_INCORRECT_CONFIGURATION); c {
 	case nvml.GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_NOT_SUPPORTED, nvml.GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_NONE:
+	case nvml.GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_NO_PARTITION:
+		noPartition = true
 	default:
 		bad = append(bad, "incorrect configuration: "+fabricConfigProblem(c))
 	}
-	if len(bad) == 0 && fi.HealthSummary == nvml.GPU_FABRIC_HEALTH_SUMMARY_UNHEALTHY {
+	if len(bad) == 0 && fi.HealthSummary == nvml.GPU_FABRIC_HEALTH_SUMMARY_UNHEALTHY && !noPartition {
 		bad = append(bad, "the driver's health summary is unhealthy")
 	}
+	if noPartition {
+		notes = append(notes, "no NVLink partition is assigned: the GPU has no NVLink peers until Fabric Manager activates one (shared-NVSwitch or multi-node mode)")
+	}
+	if field(nvml.GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW, nvml.GPU_FABRIC_HEALTH_MASK_WIDTH_DEGRADED_BW) == nvml.GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE ||
+		fi.HealthSummary == nvml.GPU_FABRIC_HEALTH_SUMMARY_LIMITED_CAPACITY {
+		notes = append(notes, "NVLink bandwidth degraded (some links or NVSwitch ports are down): work still runs, slower; check `nvidia-smi nvlink -s` and plan a reset or repair")
+	}
+	if field(nvml.GPU_FABRIC_HEALTH_MASK_SHIFT_ROUTE_RECOVERY, nvml.GPU_FABRIC_HEALTH_MASK_WIDTH_ROUTE_RECOVERY) == nvml.GPU_FABRIC_HEALTH_MASK_ROUTE_RECOVERY_TRUE ||
+		field(nvml.GPU_FABRIC_HEALTH_MASK_SHIFT_ACCESS_TIMEOUT_RECOVERY, nvml.GPU_FABRIC_HEALTH_MASK_WIDTH_ACCESS_TIMEOUT_RECOVERY) == nvml.GPU_FABRIC_HEALTH_MASK_ACCESS_TIMEOUT_RECOVERY_TRUE {
+		notes = append(notes, "NVLink fabric recovery in progress (route or access timeout): watch `nvidia-smi -q | grep -A12 Fabric` until it clears")
+	}
+	if field(nvml.GPU_FABRIC_HEALTH_MASK_SHIFT_GFM_STATE, nvml.GPU_FABRIC_HEALTH_MASK_WIDTH_GFM_STATE) == nvml.GPU_FABRIC_HEALTH_MASK_GFM_STATE_DISCONNECTED {
+		notes = append(notes, "the global Fabric Manager is disconnected: the NVLinks stay up, but the fabric cannot be reconfigured until it is back")
+	}
 	if len(bad) > 0 {
-		return fmt.Sprintf("NVLink fabric unhealthy (%s): check `nvidia-smi -q | grep -A12 Fabric`, the Fabric Manager log and `nvidia-smi nvlink -s`; the GPU takes no new TP work until it is healthy again", strings.Join(bad, "; ")), ""
+		unhealthy = fmt.Sprintf("NVLink fabric unhealthy (%s): check `nvidia-smi -q | grep -A12 Fabric`, the Fabric Manager log and `nvidia-smi nvlink -s`; in DRA mode no new claim gets the GPU until it is healthy again", strings.Join(bad, "; "))
 	}
-	switch {
-	case fabricField(m, nvml.GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW, nvml.GPU_FABRIC_HEALTH_MASK_WIDTH_DEGRADED_BW) == nvml.GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE,
-		fi.HealthSummary == nvml.GPU_FABRIC_HEALTH_SUMMARY_LIMITED_CAPACITY:
-		return "", "NVLink bandwidth degraded (some links or NVSwitch ports are down): TP work still runs, slower; check `nvidia-smi nvlink -s` and plan a reset or repair"
-	case fabricField(m, nvml.GPU_FABRIC_HEALTH_MASK_SHIFT_ROUTE_RECOVERY, nvml.GPU_FABRIC_HEALTH_MASK_WIDTH_ROUTE_RECOVERY) == nvml.GPU_FABRIC_HEALTH_MASK_ROUTE_RECOVERY_TRUE,
-		fabricField(m, nvml.GPU_FABRIC_HEALTH_MASK_SHIFT_ACCESS_TIMEOUT_RECOVERY, nvml.GPU_FABRIC_HEALTH_MASK_WIDTH_ACCESS_TIMEOUT_RECOVERY) == nvml.GPU_FABRIC_HEALTH_MASK_ACCESS_TIMEOUT_RECOVERY_TRUE:
-		return "", "NVLink fabric recovery in progress (route or access timeout): watch `nvidia-smi -q | grep -A12 Fabric` until it clears"
-	case fabricField(m, nvml.GPU_FABRIC_HEALTH_MASK_SHIFT_GFM_STATE, nvml.GPU_FABRIC_HEALTH_MASK_WIDTH_GFM_STATE) == nvml.GPU_FABRIC_HEALTH_MASK_GFM_STATE_DISCONNECTED:
-		return "", "the global Fabric Manager is disconnected: the NVLinks stay up, but the fabric cannot be reconfigured until it is back"
-	}
-	return "", ""
+	return unhealthy, strings.Join(notes, "; ")
 }
 
 func fabricConfigProblem(c uint32) string {
@@ -294,8 +341,6 @@ func fabricConfigProblem(c uint32) string {
 		return "incorrect system GUID"
 	case nvml.GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_INCORRECT_CHASSIS_SN:
 		return "incorrect chassis serial number"
-	case nvml.GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_NO_PARTITION:
-		return "no partition"
 	case nvml.GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_INSUFFICIENT_NVLINKS:
 		return "too few NVLinks"
 	case nvml.GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_INCOMPATIBLE_GPU_FW:
@@ -308,34 +353,53 @@ func fabricConfigProblem(c uint32) string {
 	return "code " + strconv.Itoa(int(c))
 }
 
-// driverFabricInfo reads fabric state the newest way the loaded driver offers:
-// nvmlDeviceGetGpuFabricInfoV at version 3 (HealthMask and HealthSummary), else version 2 (the
-// mask), else the deprecated nvmlDeviceGetGpuFabricInfo (state, status and clique only). Each
-// entry point is looked up first: go-nvml links them unresolved, so calling one the driver
-// lacks (R470 and older have neither) would crash the agent; a driver with neither reads as
-// not supported, which is what a GPU without a fabric says.
-func driverFabricInfo(lib nvml.Interface) func(nvml.Device) (nvml.GpuFabricInfo_v3, nvml.Return) {
-	ext := lib.Extensions()
-	versioned := ext.LookupSymbol("nvmlDeviceGetGpuFabricInfoV") == nil
-	legacy := ext.LookupSymbol("nvmlDeviceGetGpuFabricInfo") == nil
-	return func(dev nvml.Device) (nvml.GpuFabricInfo_v3, nvml.Return) {
-		if versioned {
-			h := dev.GetGpuFabricInfoV()
-			v3, ret := h.V3()
-			if ret != nvml.ERROR_ARGUMENT_VERSION_MISMATCH {
-				return v3, ret
-			}
-			v2, ret := h.V2()
-			if ret != nvml.ERROR_ARGUMENT_VERSION_MISMATCH {
-				return nvml.GpuFabricInfo_v3{ClusterUuid: v2.ClusterUuid, Status: v2.Status, CliqueId: v2.CliqueId, State: v2.State, HealthMask: v2.HealthMask}, ret
-			}
+// fabricQueries are the driver's fabric queries, each nil where the loaded driver lacks its
+// entry point: nvmlDeviceGetGpuFabricInfoV at version 3 (HealthMask and HealthSummary) and at
+// version 2 (the mask), and the deprecated nvmlDeviceGetGpuFabricInfo (state, status and
+// clique only), all answered in the version 3 layout. They are separate so that the order
+// read follows can be tested: go-nvml's handler for the versioned query calls the C library
+// itself, which no mock can answer.
+type fabricQueries struct {
+	v3, v2, v1 func(nvml.Device) (nvml.GpuFabricInfo_v3, nvml.Return)
+}
+
+// read asks the newest query the driver has; a versioned one that does not know its struct
+// version (ERROR_ARGUMENT_VERSION_MISMATCH, an older driver) gives way to the next. Any other
+// answer, an error included, is the answer. A driver with none (R470 and older) reads as a
+// GPU without a fabric.
+func (q fabricQueries) read(dev nvml.Device) (nvml.GpuFabricInfo_v3, nvml.Return) {
+	for _, query := range []func(nvml.Device) (nvml.GpuFabricInfo_v3, nvml.Return){q.v3, q.v2, q.v1} {
+		if query == nil {
+			continue
 		}
-		if legacy {
+		if fi, ret := query(dev); ret != nvml.ERROR_ARGUMENT_VERSION_MISMATCH {
+			return fi, ret
+		}
+	}
+	return nvml.GpuFabricInfo_v3{}, nvml.ERROR_NOT_SUPPORTED
+}
+
+// driverFabricQueries are the loaded driver's fabric queries (entryPoints says why each is
+// looked up first). NVML 13 deprecates version 3 and the unversioned query in favour of
+// nvmlDeviceGetGpuFabricInfo_v4, which go-nvml v0.13.4 does not wrap; when a driver drops
+// them, every GPU reads as having no fabric, and the agent warns only if the call errs.
+func driverFabricQueries(lib nvml.Interface) fabricQueries {
+	ext := lib.Extensions()
+	var q fabricQueries
+	if ext.LookupSymbol("nvmlDeviceGetGpuFabricInfoV") == nil {
+		q.v3 = func(dev nvml.Device) (nvml.GpuFabricInfo_v3, nvml.Return) { return dev.GetGpuFabricInfoV().V3() }
+		q.v2 = func(dev nvml.Device) (nvml.GpuFabricInfo_v3, nvml.Return) {
+			v2, ret := dev.GetGpuFabricInfoV().V2()
+			return nvml.GpuFabricInfo_v3{ClusterUuid: v2.ClusterUuid, Status: v2.Status, CliqueId: v2.CliqueId, State: v2.State, HealthMask: v2.HealthMask}, ret
+		}
+	}
+	if ext.LookupSymbol("nvmlDeviceGetGpuFabricInfo") == nil {
+		q.v1 = func(dev nvml.Device) (nvml.GpuFabricInfo_v3, nvml.Return) {
 			v1, ret := dev.GetGpuFabricInfo()
 			return nvml.GpuFabricInfo_v3{ClusterUuid: v1.ClusterUuid, Status: v1.Status, CliqueId: v1.CliqueId, State: v1.State}, ret
 		}
-		return nvml.GpuFabricInfo_v3{}, nvml.ERROR_NOT_SUPPORTED
 	}
+	return q
 }
 
 func fabricState(s uint8) string {
@@ -375,7 +439,10 @@ func (d *discovery) walkLinks(i int, dev nvml.Device) []string {
 			continue
 		}
 		busID := normalizeBusID(busIDString(remote.BusId))
-		kind, ret := dev.GetNvLinkRemoteDeviceType(link)
+		kind, ret := nvml.IntNvLinkDeviceType(0), nvml.ERROR_FUNCTION_NOT_FOUND
+		if d.has.remoteType {
+			kind, ret = dev.GetNvLinkRemoteDeviceType(link)
+		}
 		if ret != nvml.SUCCESS {
 			// Drivers before R460 lack the call. The far end is then a GPU when its address is
 			// one of ours, and otherwise a switch hidden from us (as in many VMs), the same

@@ -320,19 +320,20 @@ func withHealth(fi nvml.GpuFabricInfo_v3, mask uint32, summary uint8) nvml.GpuFa
 	return fi
 }
 
-// driverFabricInfo asks only entry points the driver has: with neither fabric query (R470
-// and older) a GPU reads as having no fabric, without a call (go-nvml would call a null
-// function pointer); with only the deprecated one, its answer is read. (The versioned query
-// goes to the C library itself, so only real NVML exercises it: TestRealNVML.)
-func TestDriverFabricInfoUsesOnlyWhatTheDriverHas(t *testing.T) {
+// Only entry points the driver exports are called: go-nvml links every NVML call
+// unresolved, so calling one an old driver lacks makes the dynamic linker abort the agent
+// (exit 127). The fabric queries the driver lacks are left out (with none, R470 and older, a
+// GPU reads as having no fabric); a driver without nvmlDeviceGetNumaNodeId (before R550) or
+// nvmlDeviceGetNvLinkRemoteDeviceType (before R460) is discovered without calling them.
+func TestOnlyWhatTheDriverExportsIsCalled(t *testing.T) {
 	for _, tc := range []struct {
-		name     string
-		symbols  []string
-		wantRet  nvml.Return
-		wantCall bool
+		name    string
+		symbols []string
+		v3, v1  bool
 	}{
-		{"neither query", nil, nvml.ERROR_NOT_SUPPORTED, false},
-		{"the deprecated query only", []string{"nvmlDeviceGetGpuFabricInfo"}, nvml.SUCCESS, true},
+		{"neither fabric query, no NUMA, no remote type", nil, false, false},
+		{"the deprecated fabric query only", []string{"nvmlDeviceGetGpuFabricInfo"}, false, true},
+		{"both fabric queries", []string{"nvmlDeviceGetGpuFabricInfo", "nvmlDeviceGetGpuFabricInfoV", "nvmlDeviceGetNumaNodeId", "nvmlDeviceGetNvLinkRemoteDeviceType"}, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := hgxH100()
@@ -343,21 +344,79 @@ func TestDriverFabricInfoUsesOnlyWhatTheDriverHas(t *testing.T) {
 				}
 				return errors.New("undefined symbol " + name)
 			}
-			called := false
-			dev := lib.Devices[0].(*server.Device)
-			dev.GetGpuFabricInfoFunc = func() (nvml.GpuFabricInfo, nvml.Return) {
-				called = true
-				return nvml.GpuFabricInfo{State: nvml.GPU_FABRIC_STATE_COMPLETED, CliqueId: 7}, nvml.SUCCESS
+			q := driverFabricQueries(lib)
+			if (q.v3 != nil) != tc.v3 || (q.v2 != nil) != tc.v3 || (q.v1 != nil) != tc.v1 {
+				t.Errorf("queries v3 %v, v2 %v, v1 %v; want v3 and v2 %v, v1 %v", q.v3 != nil, q.v2 != nil, q.v1 != nil, tc.v3, tc.v1)
 			}
-			dev.GetGpuFabricInfoVFunc = func() nvml.GpuFabricInfoHandler {
-				t.Fatal("the versioned query was called although the driver lacks it")
-				return nvml.GpuFabricInfoHandler{}
+			has := func(sym string) bool { return slices.Contains(tc.symbols, sym) }
+			for _, d := range lib.Devices {
+				dev := d.(*server.Device)
+				numa, remote := dev.GetNumaNodeIdFunc, dev.GetNvLinkRemoteDeviceTypeFunc
+				dev.GetNumaNodeIdFunc = func() (int, nvml.Return) {
+					if !has("nvmlDeviceGetNumaNodeId") {
+						t.Error("nvmlDeviceGetNumaNodeId called, which the driver lacks")
+					}
+					return numa()
+				}
+				dev.GetNvLinkRemoteDeviceTypeFunc = func(l int) (nvml.IntNvLinkDeviceType, nvml.Return) {
+					if !has("nvmlDeviceGetNvLinkRemoteDeviceType") {
+						t.Error("nvmlDeviceGetNvLinkRemoteDeviceType called, which the driver lacks")
+					}
+					return remote(l)
+				}
 			}
-			fi, ret := driverFabricInfo(lib)(dev)
-			if ret != tc.wantRet || called != tc.wantCall || (called && (fi.CliqueId != 7 || fi.State != nvml.GPU_FABRIC_STATE_COMPLETED)) {
-				t.Errorf("got %+v, %v (deprecated query called: %v); want %v, called %v", fi, ret, called, tc.wantRet, tc.wantCall)
+			top, err := Discover(context.Background(), lib, m.opts(false))
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Without the remote type, a far end that is no GPU of ours is taken for a switch,
+			// so HGX's 8 GPUs still form one domain.
+			if len(top.Domains) != 1 || len(top.Domains[0].GPUs) != 8 || (top.GPUs[5].NUMANode != nil) != has("nvmlDeviceGetNumaNodeId") {
+				t.Errorf("domains %v, GPU 5 NUMA node %v", top.Domains, top.GPUs[5].NUMANode)
 			}
 		})
+	}
+}
+
+// The fabric queries are asked newest first; one that does not know its struct version
+// (an older driver) gives way to the next, and any other answer, an error included, is the
+// answer (Discover warns about it).
+func TestFabricQueriesFallBackOnAVersionMismatchOnly(t *testing.T) {
+	answer := func(clique uint32, ret nvml.Return) func(nvml.Device) (nvml.GpuFabricInfo_v3, nvml.Return) {
+		return func(nvml.Device) (nvml.GpuFabricInfo_v3, nvml.Return) {
+			return nvml.GpuFabricInfo_v3{CliqueId: clique}, ret
+		}
+	}
+	mismatch := answer(0, nvml.ERROR_ARGUMENT_VERSION_MISMATCH)
+	for _, tc := range []struct {
+		name       string
+		q          fabricQueries
+		wantClique uint32
+		wantRet    nvml.Return
+	}{
+		{"version 3", fabricQueries{v3: answer(3, nvml.SUCCESS), v2: answer(2, nvml.SUCCESS), v1: answer(1, nvml.SUCCESS)}, 3, nvml.SUCCESS},
+		{"version 3 unknown to the driver", fabricQueries{v3: mismatch, v2: answer(2, nvml.SUCCESS), v1: answer(1, nvml.SUCCESS)}, 2, nvml.SUCCESS},
+		{"neither version known", fabricQueries{v3: mismatch, v2: mismatch, v1: answer(1, nvml.SUCCESS)}, 1, nvml.SUCCESS},
+		{"version 3 fails otherwise", fabricQueries{v3: answer(0, nvml.ERROR_UNKNOWN), v2: answer(2, nvml.SUCCESS)}, 0, nvml.ERROR_UNKNOWN},
+		{"no query", fabricQueries{}, 0, nvml.ERROR_NOT_SUPPORTED},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fi, ret := tc.q.read(nil)
+			if fi.CliqueId != tc.wantClique || ret != tc.wantRet {
+				t.Errorf("read %d, %v; want %d, %v", fi.CliqueId, ret, tc.wantClique, tc.wantRet)
+			}
+		})
+	}
+	// Discover says when the query fails.
+	m := hgxH100()
+	o := m.opts(false)
+	o.FabricInfo = answer(0, nvml.ERROR_UNKNOWN)
+	top, err := Discover(context.Background(), m.lib(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(top.Warnings, func(w string) bool { return strings.HasPrefix(w, "GPU 0: the fabric query failed (ERROR_UNKNOWN)") }) {
+		t.Errorf("no warning for the failed fabric query among %q", top.Warnings)
 	}
 }
 
@@ -414,6 +473,21 @@ func TestDiscoverReportsUnhealthyGPUs(t *testing.T) {
 		{"route unhealthy, health off", func(m *machine) {
 			m.fabric[2] = withHealth(completed, healthBits(nvml.GPU_FABRIC_HEALTH_MASK_SHIFT_ROUTE_UNHEALTHY, nvml.GPU_FABRIC_HEALTH_MASK_ROUTE_UNHEALTHY_TRUE), nvml.GPU_FABRIC_HEALTH_SUMMARY_UNHEALTHY)
 		}, true, "", ""},
+		{"no partition assigned", func(m *machine) {
+			m.fabric[2] = withHealth(completed, healthBits(nvml.GPU_FABRIC_HEALTH_MASK_SHIFT_PARTITION_ASSIGNED, nvml.GPU_FABRIC_HEALTH_MASK_PARTITION_ASSIGNED_FALSE), nvml.GPU_FABRIC_HEALTH_SUMMARY_UNHEALTHY)
+		}, false, "", "GPU 2: no NVLink partition is assigned"},
+		{"route unhealthy and row remap failed", func(m *machine) {
+			m.fabric[2] = withHealth(completed, healthBits(nvml.GPU_FABRIC_HEALTH_MASK_SHIFT_ROUTE_UNHEALTHY, nvml.GPU_FABRIC_HEALTH_MASK_ROUTE_UNHEALTHY_TRUE), 0)
+			m.remap[2] = [2]bool{false, true}
+		}, false, "an NVLink route is unhealthy)", ""},
+		{"route unhealthy and row remap failed: both reasons", func(m *machine) {
+			m.fabric[2] = withHealth(completed, healthBits(nvml.GPU_FABRIC_HEALTH_MASK_SHIFT_ROUTE_UNHEALTHY, nvml.GPU_FABRIC_HEALTH_MASK_ROUTE_UNHEALTHY_TRUE), 0)
+			m.remap[2] = [2]bool{false, true}
+		}, false, "row remapping failed", ""},
+		{"degraded bandwidth and a pending remap: both notes", func(m *machine) {
+			m.fabric[2] = withHealth(completed, healthBits(nvml.GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW, nvml.GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE), 0)
+			m.remap[2] = [2]bool{true, false}
+		}, false, "", "NVLink bandwidth degraded (some links or NVSwitch ports are down): work still runs, slower; check `nvidia-smi nvlink -s` and plan a reset or repair; row remapping pending"},
 		{"row remap failed", func(m *machine) { m.remap[2] = [2]bool{false, true} }, false, "row remapping failed", ""},
 		{"row remap pending", func(m *machine) { m.remap[2] = [2]bool{true, false} }, false, "", "GPU 2: row remapping pending"},
 		{"row remap fine", func(m *machine) { m.remap[2] = [2]bool{false, false} }, false, "", ""},

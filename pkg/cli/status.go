@@ -321,19 +321,16 @@ func deviceClassWarnings(ctx context.Context, c kubernetes.Interface) ([]string,
 	return dra.ExtendedResourceConflicts(list.Items, *ours.Spec.ExtendedResourceName), nil
 }
 
-// selectsNode reports whether --selector selects the named node of the snapshot (always,
-// without one; never, for a node the snapshot does not have).
+// shows reports whether status shows a node: the one --node names, those --selector selects.
+func (o *StatusOptions) shows(node *corev1.Node) bool {
+	return (o.Node == "" || node.Name == o.Node) && (o.selector == nil || o.selector.Matches(labels.Set(node.Labels)))
+}
+
+// selectsNode is shows for the named node of the snapshot (false for one it does not have).
 func (o *StatusOptions) selectsNode(s *snapshot) func(string) bool {
 	return func(name string) bool {
-		if o.selector == nil {
-			return true
-		}
-		for i := range s.nodes {
-			if s.nodes[i].Name == name {
-				return o.selector.Matches(labels.Set(s.nodes[i].Labels))
-			}
-		}
-		return false
+		i := slices.IndexFunc(s.nodes, func(n corev1.Node) bool { return n.Name == name })
+		return i >= 0 && o.shows(&s.nodes[i])
 	}
 }
 
@@ -468,7 +465,7 @@ func (o *StatusOptions) statusList(s *snapshot) StatusList {
 	}
 	for i := range s.nodes {
 		node := &s.nodes[i]
-		if (o.Node != "" && node.Name != o.Node) || (o.selector != nil && !o.selector.Matches(labels.Set(node.Labels))) {
+		if !o.shows(node) {
 			continue
 		}
 		list.Warnings = append(list.Warnings, nodeWarnings(s.names, node)...)

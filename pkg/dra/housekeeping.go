@@ -234,16 +234,12 @@ func waitable(ctx context.Context, d time.Duration) bool {
 func (d *Driver) dropStale(ctx context.Context, uid types.UID, pc PreparedClaim) (why string, left time.Duration, dropped bool, err error) {
 	now := d.now()
 	gen := d.state.Prepares(uid)
-	why, known := d.staleHolder(ctx, uid, pc)
+	why, pod, known := d.judge(ctx, uid, pc)
 	switch {
 	case !known:
 		return "", 0, false, nil
 	case why == "":
 		d.notStale(uid)
-		return "", 0, false, nil
-	}
-	switch pod, known := d.podRunning(ctx, pc); {
-	case !known:
 		return "", 0, false, nil
 	case pod != "":
 		// Its claim looks stale, yet its pod still runs here: the GPUs are in use. The
@@ -259,6 +255,17 @@ func (d *Driver) dropStale(ctx context.Context, uid types.UID, pc PreparedClaim)
 	}
 	d.notStale(uid)
 	return why, 0, dropped, nil
+}
+
+// judge looks a checkpointed entry up: why its claim looks stale ("" while it holds its GPUs)
+// and, if it does, a pod it was prepared for that still runs here ("" for none, podRunning);
+// known is false when the apiserver could not tell either.
+func (d *Driver) judge(ctx context.Context, uid types.UID, pc PreparedClaim) (why, pod string, known bool) {
+	if why, known = d.staleHolder(ctx, uid, pc); !known || why == "" {
+		return why, "", known
+	}
+	pod, known = d.podRunning(ctx, pc)
+	return why, pod, known
 }
 
 // markOrphan marks uid an orphan: its claim looks stale (why) while pod, one it was prepared
@@ -303,12 +310,8 @@ func (d *Driver) markOrphans(ctx context.Context) {
 		if len(pc.Pods) == 0 {
 			continue // written before pods were recorded: judged on the claim alone
 		}
-		why, known := d.staleHolder(ctx, uid, pc)
-		if !known || why == "" {
-			continue
-		}
-		pod, known := d.podRunning(ctx, pc)
-		if !known || pod == "" {
+		why, pod, known := d.judge(ctx, uid, pc)
+		if !known || why == "" || pod == "" {
 			continue
 		}
 		// The kubelet may have unprepared the entry while the apiserver was asked (the

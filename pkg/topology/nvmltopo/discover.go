@@ -59,7 +59,7 @@ func Discover(ctx context.Context, lib nvml.Interface, o Options) (top *topology
 	has := lookupEntryPoints(lib)
 	fabric := o.FabricInfo
 	if fabric == nil {
-		fabric = driverFabricQueries(lib).read
+		fabric = driverFabricQueries(has).read
 	}
 	d := discovery{byBusID: map[string]int{}, links: topology.NewLinks(), has: has}
 	devices := make([]nvml.Device, count)
@@ -164,6 +164,9 @@ type entryPoints struct {
 	numaNode bool
 	// remoteType: nvmlDeviceGetNvLinkRemoteDeviceType, from R460.
 	remoteType bool
+	// fabricV: nvmlDeviceGetGpuFabricInfoV; fabricV1: the deprecated nvmlDeviceGetGpuFabricInfo
+	// (driverFabricQueries).
+	fabricV, fabricV1 bool
 }
 
 func lookupEntryPoints(lib nvml.Interface) entryPoints {
@@ -171,6 +174,8 @@ func lookupEntryPoints(lib nvml.Interface) entryPoints {
 	return entryPoints{
 		numaNode:   ext.LookupSymbol("nvmlDeviceGetNumaNodeId") == nil,
 		remoteType: ext.LookupSymbol("nvmlDeviceGetNvLinkRemoteDeviceType") == nil,
+		fabricV:    ext.LookupSymbol("nvmlDeviceGetGpuFabricInfoV") == nil,
+		fabricV1:   ext.LookupSymbol("nvmlDeviceGetGpuFabricInfo") == nil,
 	}
 }
 
@@ -383,17 +388,16 @@ func (q fabricQueries) read(dev nvml.Device) (nvml.GpuFabricInfo_v3, nvml.Return
 // looked up first). NVML 13 deprecates version 3 and the unversioned query in favour of
 // nvmlDeviceGetGpuFabricInfo_v4, which go-nvml v0.13.4 does not wrap; when a driver drops
 // them, every GPU reads as having no fabric, and the agent warns only if the call errs.
-func driverFabricQueries(lib nvml.Interface) fabricQueries {
-	ext := lib.Extensions()
+func driverFabricQueries(has entryPoints) fabricQueries {
 	var q fabricQueries
-	if ext.LookupSymbol("nvmlDeviceGetGpuFabricInfoV") == nil {
+	if has.fabricV {
 		q.v3 = func(dev nvml.Device) (nvml.GpuFabricInfo_v3, nvml.Return) { return dev.GetGpuFabricInfoV().V3() }
 		q.v2 = func(dev nvml.Device) (nvml.GpuFabricInfo_v3, nvml.Return) {
 			v2, ret := dev.GetGpuFabricInfoV().V2()
 			return nvml.GpuFabricInfo_v3{ClusterUuid: v2.ClusterUuid, Status: v2.Status, CliqueId: v2.CliqueId, State: v2.State, HealthMask: v2.HealthMask}, ret
 		}
 	}
-	if ext.LookupSymbol("nvmlDeviceGetGpuFabricInfo") == nil {
+	if has.fabricV1 {
 		q.v1 = func(dev nvml.Device) (nvml.GpuFabricInfo_v3, nvml.Return) {
 			v1, ret := dev.GetGpuFabricInfo()
 			return nvml.GpuFabricInfo_v3{ClusterUuid: v1.ClusterUuid, Status: v1.Status, CliqueId: v1.CliqueId, State: v1.State}, ret

@@ -344,7 +344,7 @@ func TestOnlyWhatTheDriverExportsIsCalled(t *testing.T) {
 				}
 				return errors.New("undefined symbol " + name)
 			}
-			q := driverFabricQueries(lib)
+			q := driverFabricQueries(lookupEntryPoints(lib))
 			if (q.v3 != nil) != tc.v3 || (q.v2 != nil) != tc.v3 || (q.v1 != nil) != tc.v1 {
 				t.Errorf("queries v3 %v, v2 %v, v1 %v; want v3 and v2 %v, v1 %v", q.v3 != nil, q.v2 != nil, q.v1 != nil, tc.v3, tc.v1)
 			}

@@ -375,7 +375,7 @@ func heldDeviceWarnings(ctx context.Context, c kubernetes.Interface, node string
 	for _, n := range slices.Sorted(maps.Keys(byNode)) {
 		devs := byNode[n]
 		slices.Sort(devs)
-		out = append(out, fmt.Sprintf("node %s: DRA devices %s carry the NoSchedule taint %s: a prepared claim holds a device the driver no longer publishes (dra.blocks switched off, the apiserver dropped the counters, or the topology changed), so its GPUs take no new claim until that claim is unprepared (its pod ends or is deleted)",
+		out = append(out, fmt.Sprintf("node %s: DRA devices %s carry the NoSchedule taint %s: a prepared claim holds a device the driver no longer publishes (dra.blocks switched off, the apiserver dropped the counters, or the topology changed), or a pod still runs on GPUs whose claim is gone (the node's GPUsHeldWithoutClaim Event names it), so those GPUs take no new claim until the claim is unprepared or the pod ends (delete it to free them)",
 			n, strings.Join(devs, ", "), names.DRATaintHeld))
 	}
 	return out

@@ -47,10 +47,10 @@ type PreparedClaim struct {
 	Consumers []types.UID `json:"consumers,omitempty"`
 	// Pods names those pods (UID → name; a claim's consumers are in its namespace). An entry
 	// whose claim looks stale is kept while one of them is still bound here and has not ended:
-	// its containers still use the GPUs. A tenant can delete its claim and strip the
-	// finalizer while its pod runs, and a pod deleted while the kubelet is down stays
-	// Terminating with its containers running. Entries written before this field have none
-	// and are judged on the claim alone.
+	// its containers still use the GPUs (a tenant can delete its claim and strip the
+	// finalizer while its pod runs). Entries written before this field, or rewritten by an
+	// older driver, get their pods from housekeeping's next read of a claim that still holds
+	// its GPUs (judge); until then they are judged on the claim alone.
 	Pods map[types.UID]string `json:"pods,omitempty"`
 }
 

@@ -80,17 +80,17 @@ func podEnded(p *corev1.Pod) bool {
 // staleHolder reports why a checkpointed claim no longer holds its GPUs ("" while it does),
 // and whether the apiserver could tell (known false: it could not be asked now, and "" says
 // nothing; an entry is only dropped on the apiserver's word).
-func (d *Driver) staleHolder(ctx context.Context, uid types.UID, pc PreparedClaim) (why string, known bool) {
+func (d *Driver) staleHolder(ctx context.Context, uid types.UID, pc PreparedClaim) (c *resourceapi.ResourceClaim, why string, known bool) {
 	c, err := d.o.Client.ResourceV1().ResourceClaims(pc.Namespace).Get(ctx, pc.Name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
-		return "the claim is gone", true
+		return nil, "the claim is gone", true
 	case err != nil:
-		return "", false
+		return nil, "", false
 	case c.UID != uid:
-		return fmt.Sprintf("the claim was re-created (uid %s)", c.UID), true
+		return nil, fmt.Sprintf("the claim was re-created (uid %s)", c.UID), true
 	case c.Status.Allocation == nil:
-		return "the claim is no longer allocated", true
+		return nil, "the claim is no longer allocated", true
 	}
 	held := map[string]bool{}
 	for _, r := range c.Status.Allocation.Devices.Results {
@@ -100,10 +100,10 @@ func (d *Driver) staleHolder(ctx context.Context, uid types.UID, pc PreparedClai
 	}
 	for _, dev := range pc.Devices {
 		if held[dev.Device] {
-			return "", true
+			return c, "", true
 		}
 	}
-	return "the claim's allocation no longer lists its devices on this node", true
+	return nil, "the claim's allocation no longer lists its devices on this node", true
 }
 
 // podRunning names a pod a checkpointed claim was prepared for that is still bound to this
@@ -259,10 +259,21 @@ func (d *Driver) dropStale(ctx context.Context, uid types.UID, pc PreparedClaim)
 
 // judge looks a checkpointed entry up: why its claim looks stale ("" while it holds its GPUs)
 // and, if it does, a pod it was prepared for that still runs here ("" for none, podRunning);
-// known is false when the apiserver could not tell either.
+// known is false when the apiserver could not tell either. A claim that still holds its GPUs
+// has the pods it is reserved for added to its entry.
 func (d *Driver) judge(ctx context.Context, uid types.UID, pc PreparedClaim) (why, pod string, known bool) {
-	if why, known = d.staleHolder(ctx, uid, pc); !known || why == "" {
-		return why, "", known
+	c, why, known := d.staleHolder(ctx, uid, pc)
+	if !known {
+		return "", "", false
+	}
+	if why == "" {
+		// The kubelet prepares a claim once and keeps it prepared across its restarts, so the
+		// pods reserved later (a shared claim), and those of entries written before pods were
+		// recorded or rewritten by an older driver after a rollback, are learnt here.
+		if err := d.state.RecordConsumers(c); err != nil {
+			d.o.Log.Error(err, "record the pods of a prepared claim in the checkpoint", "claim", pc.Namespace+"/"+pc.Name)
+		}
+		return "", "", true
 	}
 	pod, known = d.podRunning(ctx, pc)
 	return why, pod, known
@@ -272,6 +283,13 @@ func (d *Driver) judge(ctx context.Context, uid types.UID, pc PreparedClaim) (wh
 // for, still runs here. The first time, it says so in the log and in a Warning Event: its GPUs
 // are held outside any claim (and any quota) until the pod ends.
 func (d *Driver) markOrphan(ctx context.Context, uid types.UID, pc PreparedClaim, why, pod string) {
+	// The kubelet may have unprepared the entry while the apiserver was asked (the pod's phase
+	// lags its Unprepare): a mark for an entry that is gone would only warn falsely.
+	if now, err := d.state.Prepared(); err == nil {
+		if _, still := now[uid]; !still {
+			return
+		}
+	}
 	if !d.orphan(uid) {
 		return
 	}
@@ -312,12 +330,6 @@ func (d *Driver) markOrphans(ctx context.Context) {
 		}
 		why, pod, known := d.judge(ctx, uid, pc)
 		if !known || why == "" || pod == "" {
-			continue
-		}
-		// The kubelet may have unprepared the entry while the apiserver was asked (the
-		// plugin already serves it): a mark for an entry that is gone would only warn falsely.
-		now, err := d.state.Prepared()
-		if _, still := now[uid]; err != nil || !still {
 			continue
 		}
 		d.markOrphan(ctx, uid, pc, why, pod)

@@ -794,3 +794,41 @@ func TestAnOrphansTaintsComeWithTheConflictAndGoWithTheUnprepare(t *testing.T) {
 		t.Fatalf("the GPU after the Unprepare: %v", err)
 	}
 }
+
+// The kubelet prepares a claim once, so an entry that has no pods (written before pods were
+// recorded, or rewritten by an older driver after a rollback) or misses pods reserved later
+// learns them from housekeeping's read of the claim while it holds its GPUs; the entry is then
+// kept while its pod runs, after the claim goes, instead of being dropped on the claim alone.
+func TestHousekeepingLearnsThePodsOfAPreparedClaim(t *testing.T) {
+	c := claim("early", 0)
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "vllm-0", UID: "pod-uid"},
+		Spec: corev1.PodSpec{NodeName: node}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+	d, cs := startOn(t, false, time.Hour, nil, plainNode(), c, p)
+	clock := time.Unix(1_800_000_000, 0)
+	d.o.Now = func() time.Time { return clock }
+	ctx := context.Background()
+	if _, err := d.prepare(ctx, c); err != nil { // reserved for nobody yet: no pods recorded
+		t.Fatal(err)
+	}
+	c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: "vllm-0", UID: "pod-uid"}}
+	if _, err := cs.ResourceV1().ResourceClaims(c.Namespace).UpdateStatus(ctx, c, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	d.Housekeep(ctx)
+	claims, err := d.State().Prepared()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := claims["early"].Pods, map[types.UID]string{"pod-uid": "vllm-0"}; !maps.Equal(got, want) || !slices.Contains(claims["early"].Consumers, "pod-uid") {
+		t.Fatalf("after housekeeping the entry's pods are %v (consumers %v), want %v", got, claims["early"].Consumers, want)
+	}
+	if err := cs.ResourceV1().ResourceClaims(c.Namespace).Delete(ctx, c.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	d.Housekeep(ctx)
+	clock = clock.Add(2 * StaleGrace)
+	d.Housekeep(ctx)
+	if got := preparedUIDs(t, d); !slices.Equal(got, []string{"early"}) {
+		t.Errorf("the entry of a running pod whose claim went was dropped: %v", got)
+	}
+}

@@ -139,6 +139,35 @@ func mergePods(pods map[types.UID]string, claim *resourceapi.ResourceClaim) map[
 	return out
 }
 
+// mergeConsumers adds the pods a claim is reserved for to its entry (Consumers and Pods), and
+// reports whether that changed it.
+func mergeConsumers(pc *PreparedClaim, claim *resourceapi.ResourceClaim) bool {
+	merged, pods := mergeUIDs(pc.Consumers, consumerPods(claim)), mergePods(pc.Pods, claim)
+	if len(merged) == len(pc.Consumers) && len(pods) == len(pc.Pods) {
+		return false
+	}
+	pc.Consumers, pc.Pods = merged, pods
+	return true
+}
+
+// RecordConsumers adds the pods a prepared claim (as the apiserver has it now, same UID) is
+// reserved for to its checkpoint entry; nothing when the claim is not prepared here (it may
+// have been unprepared since it was read) or its pods are known.
+func (s *State) RecordConsumers(claim *resourceapi.ResourceClaim) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cp, err := ReadCheckpoint(s.checkpointPath)
+	if err != nil {
+		return err
+	}
+	pc, ok := cp.Claims[claim.UID]
+	if !ok || !mergeConsumers(&pc, claim) {
+		return nil
+	}
+	cp.Claims[claim.UID] = pc
+	return WriteCheckpoint(s.checkpointPath, cp)
+}
+
 // podConsumers are the pods in a claim's status.reservedFor.
 func podConsumers(claim *resourceapi.ResourceClaim) []resourceapi.ResourceClaimConsumerReference {
 	var out []resourceapi.ResourceClaimConsumerReference
@@ -235,9 +264,9 @@ func (s *State) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) (
 		if err := s.ensureSpec(claim.UID, pc.Devices); err != nil {
 			return nil, err
 		}
-		// A shared claim prepared again for another pod: its tombstone must know that pod too.
-		if merged, pods := mergeUIDs(pc.Consumers, consumerPods(claim)), mergePods(pc.Pods, claim); len(merged) != len(pc.Consumers) || len(pods) != len(pc.Pods) {
-			pc.Consumers, pc.Pods = merged, pods
+		// A claim restored from the checkpoint (the kubelet asks again after it restarts): pods
+		// reserved since, or an entry without pods, are recorded (housekeeping does the same).
+		if mergeConsumers(&pc, claim) {
 			cp.Claims[claim.UID] = pc
 			if err := WriteCheckpoint(s.checkpointPath, cp); err != nil {
 				return nil, err

@@ -371,17 +371,21 @@ type fabricQueries struct {
 // read asks the newest query the driver has; a versioned one that does not know its struct
 // version (ERROR_ARGUMENT_VERSION_MISMATCH, an older driver) gives way to the next. Any other
 // answer, an error included, is the answer. A driver with none (R470 and older) reads as a
-// GPU without a fabric.
+// GPU without a fabric (NOT_SUPPORTED).
 func (q fabricQueries) read(dev nvml.Device) (nvml.GpuFabricInfo_v3, nvml.Return) {
+	ret := nvml.ERROR_NOT_SUPPORTED
 	for _, query := range []func(nvml.Device) (nvml.GpuFabricInfo_v3, nvml.Return){q.v3, q.v2, q.v1} {
 		if query == nil {
 			continue
 		}
-		if fi, ret := query(dev); ret != nvml.ERROR_ARGUMENT_VERSION_MISMATCH {
+		var fi nvml.GpuFabricInfo_v3
+		if fi, ret = query(dev); ret != nvml.ERROR_ARGUMENT_VERSION_MISMATCH {
 			return fi, ret
 		}
 	}
-	return nvml.GpuFabricInfo_v3{}, nvml.ERROR_NOT_SUPPORTED
+	// Every query the driver has refused its version (a driver newer than these layouts):
+	// the mismatch is returned, so that Discover warns rather than report no fabric.
+	return nvml.GpuFabricInfo_v3{}, ret
 }
 
 // driverFabricQueries are the loaded driver's fabric queries (entryPoints says why each is

@@ -399,6 +399,7 @@ func TestFabricQueriesFallBackOnAVersionMismatchOnly(t *testing.T) {
 		{"neither version known", fabricQueries{v3: mismatch, v2: mismatch, v1: answer(1, nvml.SUCCESS)}, 1, nvml.SUCCESS},
 		{"version 3 fails otherwise", fabricQueries{v3: answer(0, nvml.ERROR_UNKNOWN), v2: answer(2, nvml.SUCCESS)}, 0, nvml.ERROR_UNKNOWN},
 		{"no query", fabricQueries{}, 0, nvml.ERROR_NOT_SUPPORTED},
+		{"every query refuses its version", fabricQueries{v3: mismatch, v2: mismatch}, 0, nvml.ERROR_ARGUMENT_VERSION_MISMATCH},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fi, ret := tc.q.read(nil)

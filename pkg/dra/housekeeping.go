@@ -13,6 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
@@ -114,6 +115,35 @@ func (d *Driver) podRunning(ctx context.Context, pc PreparedClaim) (pod string, 
 	// Bounded like consumersLive: a Prepare the kubelet waits for may be the caller.
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
+	// One List of the namespace's pods on this node answers for every pod of the entry. A
+	// shared claim records up to 256 pods, and a GET each, at client-go's 5 requests a second,
+	// ran past the bound: such an entry was never judged, so neither dropped nor marked.
+	list, err := d.o.Client.CoreV1().Pods(pc.Namespace).List(ctx, metav1.ListOptions{
+		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", d.o.Node).String()})
+	switch {
+	case apierrors.IsForbidden(err):
+		// A ClusterRole from before the driver listed pods (an upgrade that rolled the
+		// DaemonSet first, a hand-written role): one GET each, as before.
+		return d.podRunningByName(ctx, pc)
+	case err != nil:
+		return "", false
+	}
+	here := make(map[types.UID]*corev1.Pod, len(list.Items))
+	for i := range list.Items {
+		here[list.Items[i].UID] = &list.Items[i]
+	}
+	for _, uid := range slices.Sorted(maps.Keys(pc.Pods)) {
+		// The selector already says "on this node"; the check stays for a server (or a fake)
+		// that ignores it.
+		if p, ok := here[uid]; ok && p.Spec.NodeName == d.o.Node && !podEnded(p) {
+			return pc.Namespace + "/" + p.Name, true
+		}
+	}
+	return "", true
+}
+
+// podRunningByName is podRunning through a GET of each pod, for a driver not allowed to list.
+func (d *Driver) podRunningByName(ctx context.Context, pc PreparedClaim) (pod string, known bool) {
 	for _, uid := range slices.Sorted(maps.Keys(pc.Pods)) {
 		name := pc.Pods[uid]
 		p, err := d.o.Client.CoreV1().Pods(pc.Namespace).Get(ctx, name, metav1.GetOptions{})

@@ -832,3 +832,61 @@ func TestHousekeepingLearnsThePodsOfAPreparedClaim(t *testing.T) {
 		t.Errorf("the entry of a running pod whose claim went was dropped: %v", got)
 	}
 }
+
+// A shared claim can be reserved for 256 pods. When it looks stale, the pods it was prepared
+// for are asked about in one List of the node's pods, not a GET each: a GET each, at
+// client-go's 5 requests a second, ran past podRunning's 5 s bound, and the entry was then never
+// judged (neither marked while its last pod ran nor dropped after). A ClusterRole without
+// `list pods` (an older chart) still gets an answer, from the GETs.
+func TestAStaleSharedClaimIsJudgedInOneList(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		listRefused  bool
+		wantRequests func(int) bool
+	}{
+		{name: "list allowed", wantRequests: func(n int) bool { return n == 1 }},
+		{name: "list forbidden", listRefused: true, wantRequests: func(n int) bool { return n > 1 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const pods = 200
+			shared := claim("shared", 0, 1)
+			for i := range pods {
+				shared.Status.ReservedFor = append(shared.Status.ReservedFor, resourceapi.ResourceClaimConsumerReference{
+					Resource: "pods", Name: fmt.Sprintf("worker-%03d", i), UID: types.UID(fmt.Sprintf("pod-%03d", i))})
+			}
+			// Only the last pod is left, and it still runs here; one of another node shares
+			// its namespace.
+			last := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: fmt.Sprintf("worker-%03d", pods-1), UID: types.UID(fmt.Sprintf("pod-%03d", pods-1))},
+				Spec: corev1.PodSpec{NodeName: node}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+			elsewhere := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "worker-000", UID: "pod-000"},
+				Spec: corev1.PodSpec{NodeName: "other-node"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+			d, cs, _ := startDriver(t, shared, last, elsewhere)
+			ctx := context.Background()
+			if _, err := d.prepare(ctx, shared); err != nil {
+				t.Fatal(err)
+			}
+			if err := cs.ResourceV1().ResourceClaims(shared.Namespace).Delete(ctx, shared.Name, metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			var requests atomic.Int32
+			cs.PrependReactor("*", "pods", func(a k8stesting.Action) (bool, k8sruntime.Object, error) {
+				requests.Add(1)
+				if tc.listRefused && a.GetVerb() == "list" {
+					return true, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "", errors.New("cannot list pods"))
+				}
+				return false, nil, nil
+			})
+			d.Housekeep(ctx)
+			n := int(requests.Load())
+			waitFor(t, "the shared claim's gpu-0 and gpu-1 tainted (its last pod runs)", func() bool {
+				return slices.Equal(heldTainted(ctx, t, cs), []string{"gpu-0", "gpu-1"})
+			})
+			if !tc.wantRequests(n) {
+				t.Errorf("housekeeping made %d pod requests", n)
+			}
+			if got := preparedUIDs(t, d); !slices.Equal(got, []string{"shared"}) {
+				t.Errorf("the checkpoint holds %v, want the shared entry kept for its running pod", got)
+			}
+		})
+	}
+}

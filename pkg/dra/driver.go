@@ -128,6 +128,11 @@ type Driver struct {
 	// orphans are the checkpoint entries kept although their claims look stale, because a pod
 	// they were prepared for still runs here (podRunning); staleMu guards it too.
 	orphans map[types.UID]bool
+	// unjudged are the checkpoint entries (with pods recorded) the start check could not
+	// judge: the apiserver did not answer within StartCheckTimeout. Their GPUs are tainted
+	// like an orphan's until housekeeping or a Prepare's conflict judges them; staleMu guards
+	// it too.
+	unjudged map[types.UID]bool
 	// lastRegistered is when the kubelet last accepted the registration (Unix nanoseconds):
 	// a kubelet that comes back registers its plugins again, and the grace restarts then.
 	lastRegistered atomic.Int64
@@ -286,7 +291,7 @@ func (d *Driver) publishLocked(ctx context.Context) error {
 
 // heldDevices are the devices the checkpoint's claims hold (Publish.Held), admin access
 // aside (a monitoring claim shares a GPU with its holder and takes nothing), and those of
-// them whose entries are orphans (Publish.Orphaned). An unreadable checkpoint gives the sets
+// them whose entries are orphans or were not judged at start (Publish.Orphaned). An unreadable checkpoint gives the sets
 // last read, so a passing read error lifts no taint. d.mu is held.
 func (d *Driver) heldDevices() (held, orphaned []string) {
 	claims, err := d.state.Prepared()
@@ -296,7 +301,11 @@ func (d *Driver) heldDevices() (held, orphaned []string) {
 	}
 	d.staleMu.Lock()
 	defer d.staleMu.Unlock()
+	orphans := 0
 	for uid, pc := range claims {
+		if d.orphans[uid] {
+			orphans++
+		}
 		for _, dev := range pc.Devices {
 			if dev.Pool != d.o.Node || dev.AdminAccess {
 				continue
@@ -304,7 +313,7 @@ func (d *Driver) heldDevices() (held, orphaned []string) {
 			if !slices.Contains(held, dev.Device) {
 				held = append(held, dev.Device)
 			}
-			if d.orphans[uid] && !slices.Contains(orphaned, dev.Device) {
+			if (d.orphans[uid] || d.unjudged[uid]) && !slices.Contains(orphaned, dev.Device) {
 				orphaned = append(orphaned, dev.Device)
 			}
 		}
@@ -312,6 +321,7 @@ func (d *Driver) heldDevices() (held, orphaned []string) {
 	slices.Sort(held)
 	slices.Sort(orphaned)
 	d.lastHeld = held
+	d.o.Metrics.orphaned(orphans)
 	return held, orphaned
 }
 

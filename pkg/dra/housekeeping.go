@@ -265,6 +265,9 @@ func (d *Driver) dropStale(ctx context.Context, uid types.UID, pc PreparedClaim)
 	now := d.now()
 	gen := d.state.Prepares(uid)
 	why, pod, known := d.judge(ctx, uid, pc)
+	if known {
+		d.judged(uid)
+	}
 	switch {
 	case !known:
 		return "", 0, false, nil
@@ -340,8 +343,11 @@ const StartCheckTimeout = 10 * time.Second
 // kubelet is given a period to prepare again what it holds). The orphan mark lives in memory:
 // without this pass a restarted driver would publish those GPUs untainted until its first
 // housekeeping round, a period later, and the allocator could hand them to a new claim,
-// whose pod would then wait in Prepare. An entry the apiserver cannot tell about now is left
-// to housekeeping.
+// whose pod would then wait in Prepare. An entry the apiserver cannot tell about now (it is
+// down, or slow past StartCheckTimeout) is marked unjudged: its GPUs are tainted as an
+// orphan's until it is judged. The taint costs a live claim nothing (its GPUs are allocated
+// to it, so the allocator would not hand them out anyway), while publishing an orphan's GPUs
+// untainted the moment the apiserver is back would offer them to the allocator.
 func (d *Driver) markOrphans(ctx context.Context) {
 	claims, err := d.state.Prepared()
 	if err != nil {
@@ -350,20 +356,44 @@ func (d *Driver) markOrphans(ctx context.Context) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, StartCheckTimeout)
 	defer cancel()
+	var unjudged []types.UID
 	for _, uid := range slices.Sorted(maps.Keys(claims)) {
-		if ctx.Err() != nil {
-			return
-		}
 		pc := claims[uid]
 		if len(pc.Pods) == 0 {
 			continue // written before pods were recorded: judged on the claim alone
 		}
-		why, pod, known := d.judge(ctx, uid, pc)
-		if !known || why == "" || pod == "" {
+		if ctx.Err() != nil {
+			unjudged = append(unjudged, uid)
 			continue
 		}
-		d.markOrphan(ctx, uid, pc, why, pod)
+		why, pod, known := d.judge(ctx, uid, pc)
+		switch {
+		case !known:
+			unjudged = append(unjudged, uid)
+		case why != "" && pod != "":
+			d.markOrphan(ctx, uid, pc, why, pod)
+		}
 	}
+	if len(unjudged) == 0 {
+		return
+	}
+	d.staleMu.Lock()
+	if d.unjudged == nil {
+		d.unjudged = map[types.UID]bool{}
+	}
+	for _, uid := range unjudged {
+		d.unjudged[uid] = true
+	}
+	d.staleMu.Unlock()
+	d.o.Log.Info("the apiserver could not say whether these prepared claims still hold their GPUs; their GPUs carry the held device taint until housekeeping can",
+		"claims", len(unjudged), "taint", names.DRATaintHeld)
+}
+
+// judged forgets that the start check could not judge uid: the apiserver has now.
+func (d *Driver) judged(uid types.UID) {
+	d.staleMu.Lock()
+	defer d.staleMu.Unlock()
+	delete(d.unjudged, uid)
 }
 
 // staleFor records that uid was found stale at now (the first time counts) and returns how
@@ -427,6 +457,11 @@ func (d *Driver) keepStale(claims map[types.UID]PreparedClaim) {
 	for uid := range d.orphans {
 		if _, ok := claims[uid]; !ok {
 			delete(d.orphans, uid)
+		}
+	}
+	for uid := range d.unjudged {
+		if _, ok := claims[uid]; !ok {
+			delete(d.unjudged, uid)
 		}
 	}
 }

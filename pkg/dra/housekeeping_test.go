@@ -890,3 +890,77 @@ func TestAStaleSharedClaimIsJudgedInOneList(t *testing.T) {
 		})
 	}
 }
+
+// A driver that restarts while the apiserver does not answer cannot tell an orphan from a live
+// claim before its first publish. It taints the GPUs of every entry it could not judge: the
+// publish happens once the apiserver is back, and the allocator must not hand out an orphan's
+// GPUs in the period before housekeeping judges it. Housekeeping then lifts the taints of the
+// live claims and keeps the orphan's.
+func TestAStartWithoutTheApiserverTaintsWhatItCouldNotJudge(t *testing.T) {
+	orphan, live := claim("orphan", 0, 1), claim("live", 2)
+	for i, c := range []*resourceapi.ResourceClaim{orphan, live} {
+		c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: fmt.Sprintf("vllm-%d", i), UID: types.UID(fmt.Sprintf("pod-%d", i))}}
+	}
+	running := func(i int) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: fmt.Sprintf("vllm-%d", i), UID: types.UID(fmt.Sprintf("pod-%d", i))},
+			Spec: corev1.PodSpec{NodeName: node}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	dir := shortDir(t)
+	cs := fake.NewClientset(orphan, live, running(0), running(1), plainNode())
+	var down atomic.Bool
+	cs.PrependReactor("get", "resourceclaims", func(k8stesting.Action) (bool, k8sruntime.Object, error) {
+		if down.Load() {
+			return true, nil, errTransient
+		}
+		return false, nil, nil
+	})
+	m, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := Options{Node: node, Client: cs, KubeletDir: dir, CDI: CDINvdomain, CDISpecDir: dir + "/cdi", Topology: hgx(t),
+		Log: logr.Discard(), HousekeepingPeriod: time.Hour, ModeLabel: names.Default().ModeLabel(), Metrics: m}
+	first, err := Start(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []*resourceapi.ResourceClaim{orphan, live} {
+		if _, err := first.prepare(ctx, c); err != nil {
+			first.Stop()
+			t.Fatal(err)
+		}
+	}
+	first.Stop()
+	if err := cs.ResourceV1().ResourceClaims(orphan.Namespace).Delete(ctx, orphan.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	down.Store(true)
+	second, err := Start(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(second.Stop)
+	waitFor(t, "every prepared GPU tainted: none could be judged", func() bool {
+		return slices.Equal(heldTainted(ctx, t, cs), []string{"gpu-0", "gpu-1", "gpu-2"})
+	})
+	if got := testutil.ToFloat64(m.Orphaned); got != 0 {
+		t.Errorf("nvdomain_dra_orphaned_claims = %v before any entry was judged, want 0", got)
+	}
+	second.Housekeep(ctx) // still down: nothing changes
+	if got := heldTainted(ctx, t, cs); !slices.Equal(got, []string{"gpu-0", "gpu-1", "gpu-2"}) {
+		t.Errorf("a round without the apiserver changed the taints to %v", got)
+	}
+	down.Store(false)
+	second.Housekeep(ctx)
+	waitFor(t, "the live claim's gpu-2 untainted, the orphan's kept", func() bool {
+		return slices.Equal(heldTainted(ctx, t, cs), []string{"gpu-0", "gpu-1"})
+	})
+	if got := preparedUIDs(t, second); !slices.Equal(got, []string{"live", "orphan"}) {
+		t.Errorf("the checkpoint holds %v", got)
+	}
+	if got := testutil.ToFloat64(m.Orphaned); got != 1 {
+		t.Errorf("nvdomain_dra_orphaned_claims = %v, want 1 (the orphan; an unjudged entry is not counted)", got)
+	}
+}

@@ -20,6 +20,9 @@ type Metrics struct {
 	// nvidia.com/gpu on the node; Tainted the GPUs published with the unhealthy taint.
 	Withdrawn prometheus.Gauge
 	Tainted   prometheus.Gauge
+	// Orphaned is the checkpoint entries kept although their claims look stale, because a pod
+	// they were prepared for still runs on the node: GPUs held outside any claim and quota.
+	Orphaned prometheus.Gauge
 }
 
 // NewMetrics creates and registers the driver's series.
@@ -37,8 +40,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "1 while the driver publishes no devices because a device plugin advertises nvidia.com/gpu on the node."}),
 		Tainted: prometheus.NewGauge(prometheus.GaugeOpts{Name: "nvdomain_dra_unhealthy_gpus",
 			Help: "GPUs published with the unhealthy device taint."}),
+		Orphaned: prometheus.NewGauge(prometheus.GaugeOpts{Name: "nvdomain_dra_orphaned_claims",
+			Help: "Prepared claims kept although the claim looks stale (gone, re-created or no longer allocated), because a pod they were prepared for still runs on the node: their GPUs are held outside any claim and quota until the pod ends."}),
 	}
-	for _, c := range []prometheus.Collector{m.Requests, m.Duration, m.StaleRemoved, m.SliceErrors, m.Withdrawn, m.Tainted} {
+	for _, c := range []prometheus.Collector{m.Requests, m.Duration, m.StaleRemoved, m.SliceErrors, m.Withdrawn, m.Tainted, m.Orphaned} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -76,4 +81,10 @@ func (m *Metrics) published(withdrawn bool, tainted int) {
 	}
 	m.Withdrawn.Set(map[bool]float64{true: 1}[withdrawn])
 	m.Tainted.Set(float64(tainted))
+}
+
+func (m *Metrics) orphaned(n int) {
+	if m != nil {
+		m.Orphaned.Set(float64(n))
+	}
 }

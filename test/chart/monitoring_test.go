@@ -15,6 +15,7 @@ import (
 
 	nriplugin "github.com/nvdomain/nvdomain/nri-plugin"
 	"github.com/nvdomain/nvdomain/pkg/agent"
+	"github.com/nvdomain/nvdomain/pkg/dra"
 	"github.com/nvdomain/nvdomain/webhook"
 	"github.com/nvdomain/nvdomain/webhook/certrotation"
 	"github.com/nvdomain/nvdomain/webhook/repin"
@@ -85,7 +86,14 @@ func exportedMetrics(t *testing.T) exported {
 			return certrotation.RegisterServedExpiry(r, filepath.Join(t.TempDir(), "tls.crt"))
 		},
 		"nri":   func(r prometheus.Registerer) error { _, err := nriplugin.NewMetrics(r); return err },
-		"agent": func(r prometheus.Registerer) error { _, err := agent.NewMetrics(r); return err },
+		// The DRA driver registers on the agent's registry (pkg/agent/process.go).
+		"agent": func(r prometheus.Registerer) error {
+			if _, err := agent.NewMetrics(r); err != nil {
+				return err
+			}
+			_, err := dra.NewMetrics(r)
+			return err
+		},
 	}
 	for name, register := range components {
 		reg := prometheus.NewRegistry()
@@ -306,7 +314,7 @@ func collectExprs(v any, path string, out map[string]string) {
 func TestDashboardAndAlertsQueryExportedMetrics(t *testing.T) {
 	have := exportedMetrics(t)
 	for _, want := range []string{"nvdomain_webhook_admissions_total", "nvdomain_nri_refusals_total", "nvdomain_agent_domain_gpus", "nvdomain_repins_total",
-		"nvdomain_webhook_certificate_expiry_timestamp_seconds", "nvdomain_webhook_decision_seconds_bucket"} {
+		"nvdomain_webhook_certificate_expiry_timestamp_seconds", "nvdomain_webhook_decision_seconds_bucket", "nvdomain_dra_orphaned_claims"} {
 		if _, ok := have[want]; !ok {
 			t.Fatalf("collected %d names without %s: %v", len(have), want, have)
 		}
@@ -320,6 +328,7 @@ func TestDashboardAndAlertsQueryExportedMetrics(t *testing.T) {
 	variants := map[string][]string{
 		"self-signed":  {"-f", ci("monitoring-values.yaml")},
 		"cert-manager": {"-f", ci("cert-manager-values.yaml"), "-f", ci("monitoring-values.yaml")},
+		"dra":          {"-f", ci("dra-values.yaml"), "-f", ci("monitoring-values.yaml")},
 	}
 	for name, args := range variants {
 		dashboard, alerts := monitoringObjects(t, args...)

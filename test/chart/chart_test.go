@@ -343,7 +343,7 @@ func TestChartPoliciesMatchManifests(t *testing.T) {
 		return out
 	}
 	got, want := specs(rendered), specs(string(manifest))
-	if len(got) != 6 || !reflect.DeepEqual(got, want) {
+	if len(got) != 8 || !reflect.DeepEqual(got, want) {
 		t.Fatalf("chart policies and manifests/policies differ (regenerate the manifest):\nchart     %v\nmanifests %v", got, want)
 	}
 }
@@ -356,7 +356,7 @@ func TestNodeScopePolicyComesWithTheNodePods(t *testing.T) {
 		args []string
 		want []string
 	}{
-		{nil, []string{"nvdomain-gpu-env", "nvdomain-node-scope", "nvdomain-pod-annotations"}},
+		{nil, []string{"nvdomain-dra-blocks", "nvdomain-gpu-env", "nvdomain-node-scope", "nvdomain-pod-annotations"}},
 		{[]string{"--set", "policies.enabled=false"}, []string{"nvdomain-node-scope"}},
 		{[]string{"--set", "policies.enabled=false", "-f", filepath.Join(root(), "charts", "nvdomain", "ci", "dra-values.yaml")}, []string{"nvdomain-node-scope"}},
 		{[]string{"--set", "policies.enabled=false", "--set", "node.enabled=false"}, nil},

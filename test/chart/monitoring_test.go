@@ -85,7 +85,7 @@ func exportedMetrics(t *testing.T) exported {
 			}
 			return certrotation.RegisterServedExpiry(r, filepath.Join(t.TempDir(), "tls.crt"))
 		},
-		"nri":   func(r prometheus.Registerer) error { _, err := nriplugin.NewMetrics(r); return err },
+		"nri": func(r prometheus.Registerer) error { _, err := nriplugin.NewMetrics(r); return err },
 		// The DRA driver registers on the agent's registry (pkg/agent/process.go).
 		"agent": func(r prometheus.Registerer) error {
 			if _, err := agent.NewMetrics(r); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -30,6 +31,7 @@ import (
 
 	"github.com/nvdomain/nvdomain/pkg/agent"
 	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/webhook/dratemplates"
 )
 
 // startPolicyCluster starts envtest's apiserver with nvdomain's ValidatingAdmissionPolicies
@@ -702,5 +704,120 @@ func eventually(t *testing.T, timeout time.Duration, what string, cond func() bo
 			t.Fatalf("not within %v: %s", timeout, what)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// A block of gpu-block.nvdomain.io stands for up to 16 GPUs but is one device to ResourceQuota,
+// which charges requests.nvidia.com/gpu only through gpu.nvdomain.io. The dra-blocks policy
+// admits a block only as the nvdomain-tp-<k> templates ask for it (a block of exactly k beside
+// k GPUs of gpu.nvdomain.io, so quota charges k), and refuses a pod asking for the block
+// class's implicit extended resource. The templates the controller writes pass, as templates
+// and as the claims made from them.
+func TestDRABlocksAreAskedForOnlyAsTheTemplatesDo(t *testing.T) {
+	c := startPolicyCluster(t)
+	ctx := context.Background()
+	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	claimOf := func(name string, reqs ...resourcev1.DeviceRequest) *resourcev1.ResourceClaim {
+		return &resourcev1.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+			Spec: resourcev1.ResourceClaimSpec{Devices: resourcev1.DeviceClaim{Requests: reqs}}}
+	}
+	sizeSel := func(k int) []resourcev1.DeviceSelector {
+		return []resourcev1.DeviceSelector{{CEL: &resourcev1.CELDeviceSelector{Expression: fmt.Sprintf(`device.attributes["gpu.nvdomain.io"].blockSize == %d`, k)}}}
+	}
+	block := func(sel []resourcev1.DeviceSelector, count int64) resourcev1.DeviceSubRequest {
+		return resourcev1.DeviceSubRequest{Name: "block", DeviceClassName: names.DRABlockDeviceClass, AllocationMode: resourcev1.DeviceAllocationModeExactCount, Count: count, Selectors: sel}
+	}
+	gpus := func(count int64) resourcev1.DeviceSubRequest {
+		return resourcev1.DeviceSubRequest{Name: "any", DeviceClassName: names.DRADeviceClass, AllocationMode: resourcev1.DeviceAllocationModeExactCount, Count: count}
+	}
+	list := func(name string, subs ...resourcev1.DeviceSubRequest) resourcev1.DeviceRequest {
+		return resourcev1.DeviceRequest{Name: name, FirstAvailable: subs}
+	}
+	const denied = "ask for gpu-block.nvdomain.io other than as the nvdomain-tp-<k> templates do"
+	bare := claimOf("bare", resourcev1.DeviceRequest{Name: "gpus", Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: names.DRABlockDeviceClass}})
+	eventually(t, 30*time.Second, "the dra-blocks policy takes effect", func() bool {
+		_, err := c.client.ResourceV1().ResourceClaims("default").Create(ctx, bare, dry)
+		return err != nil && strings.Contains(err.Error(), denied)
+	})
+	narrowed := sizeSel(4)
+	narrowed = append(narrowed, resourcev1.DeviceSelector{CEL: &resourcev1.CELDeviceSelector{Expression: `device.attributes["gpu.nvdomain.io"].nvswitchDomain == "0"`}})
+	claims := []struct {
+		claim *resourcev1.ResourceClaim
+		want  string // "" admitted
+	}{
+		{bare, "spec.devices.requests: request(s) gpus " + denied},
+		{claimOf("no-selector", list("gpus", block(nil, 1), gpus(1))), denied},
+		{claimOf("block-alone", list("gpus", block(sizeSel(8), 1))), denied},
+		{claimOf("fewer-gpus", list("gpus", block(sizeSel(8), 1), gpus(4))), "request(s) gpus "},
+		{claimOf("two-blocks", list("gpus", block(sizeSel(4), 2), gpus(8))), denied},
+		{claimOf("other-selector", list("gpus", block([]resourcev1.DeviceSelector{{CEL: &resourcev1.CELDeviceSelector{Expression: `device.attributes["gpu.nvdomain.io"].blockSize >= 2`}}}, 1), gpus(2))), denied},
+		// Only the offending request is named.
+		{claimOf("second-request", resourcev1.DeviceRequest{Name: "nic", Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: "nic.example.com"}},
+			list("gpus", block(nil, 1), gpus(2))), "request(s) gpus ask"},
+		// What is charged at least the block's GPUs passes: a narrower selector, more GPUs.
+		{claimOf("narrowed", list("gpus", block(narrowed, 1), gpus(4))), ""},
+		{claimOf("more-gpus", list("gpus", block(sizeSel(2), 1), gpus(4))), ""},
+		{claimOf("plain", resourcev1.DeviceRequest{Name: "gpus", Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: names.DRADeviceClass, AllocationMode: resourcev1.DeviceAllocationModeExactCount, Count: 4}}), ""},
+	}
+	for k := 2; k <= names.DRAMaxBlockSize; k *= 2 {
+		for _, blocks := range []bool{true, false} {
+			tmpl := dratemplates.Desired("default", k, blocks)
+			if _, err := c.client.ResourceV1().ResourceClaimTemplates("default").Create(ctx, tmpl, dry); err != nil {
+				t.Errorf("the controller's template %s (blocks %v): %v", tmpl.Name, blocks, err)
+			}
+			claims = append(claims, struct {
+				claim *resourcev1.ResourceClaim
+				want  string
+			}{&resourcev1.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("from-%s-%v", tmpl.Name, blocks), Namespace: "default"}, Spec: tmpl.Spec.Spec}, ""})
+		}
+	}
+	for _, tc := range claims {
+		_, err := c.client.ResourceV1().ResourceClaims("default").Create(ctx, tc.claim, dry)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("claim %s refused: %v", tc.claim.Name, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("claim %s: got %v, want a refusal containing %q", tc.claim.Name, err, tc.want)
+		}
+	}
+	// A hand-written template is held to the same rule.
+	tmpl := &resourcev1.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Name: "mine", Namespace: "default"},
+		Spec: resourcev1.ResourceClaimTemplateSpec{Spec: claimOf("", list("gpus", block(sizeSel(16), 1), gpus(1))).Spec}}
+	if _, err := c.client.ResourceV1().ResourceClaimTemplates("default").Create(ctx, tmpl, dry); err == nil || !strings.Contains(err.Error(), denied) {
+		t.Errorf("a template asking for a block of 16 charged as one GPU: %v", err)
+	}
+
+	implicit := func(name string, init bool, res corev1.ResourceName) *corev1.Pod {
+		p := gpuPod(name, false, 0)
+		p.Namespace = "default"
+		q := corev1.ResourceList{res: *resource.NewQuantity(1, resource.DecimalSI)}
+		if init {
+			p.Spec.InitContainers = []corev1.Container{{Name: "warmup", Image: "busybox", Resources: corev1.ResourceRequirements{Requests: q, Limits: q}}}
+		} else {
+			p.Spec.Containers[0].Resources.Limits = q
+		}
+		return p
+	}
+	pods := []struct {
+		pod  *corev1.Pod
+		want string
+	}{
+		{implicit("implicit-block", false, "deviceclass.resource.kubernetes.io/gpu-block.nvdomain.io"), "container(s) vllm request deviceclass.resource.kubernetes.io/gpu-block.nvdomain.io"},
+		{implicit("implicit-block-init", true, "deviceclass.resource.kubernetes.io/gpu-block.nvdomain.io"), "container(s) warmup request"},
+		// The GPU class's implicit resource is charged under nvidia.com/gpu, as its claim is.
+		{implicit("implicit-gpu", false, "deviceclass.resource.kubernetes.io/gpu.nvdomain.io"), ""},
+		{gpuPod("plain", false, 2), ""},
+	}
+	for _, tc := range pods {
+		if tc.pod.Namespace == "" {
+			tc.pod.Namespace = "default"
+		}
+		_, err := c.client.CoreV1().Pods("default").Create(ctx, tc.pod, dry)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("pod %s refused: %v", tc.pod.Name, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("pod %s: got %v, want a refusal containing %q", tc.pod.Name, err, tc.want)
+		}
 	}
 }

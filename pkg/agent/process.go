@@ -108,7 +108,7 @@ func RunProcess(ctx context.Context, o ProcessOptions, log logr.Logger) error {
 	if err != nil {
 		return err
 	}
-	src, err := buildSource(ctx, o, client)
+	src, err := buildSource(ctx, o, client, log)
 	if err != nil {
 		return err
 	}
@@ -208,8 +208,12 @@ func RunProcess(ctx context.Context, o ProcessOptions, log logr.Logger) error {
 	return nil
 }
 
-func buildSource(ctx context.Context, o ProcessOptions, client kubernetes.Interface) (source.Source, error) {
+func buildSource(ctx context.Context, o ProcessOptions, client kubernetes.Interface, log logr.Logger) (source.Source, error) {
 	src, err := o.Topology.Open(o.Node, source.KubeNodeLabels(client, o.Node))
+	if nv, ok := src.(source.NVML); ok && err == nil {
+		// The agent publishes health, so it alone watches XIDs; the watcher ends with ctx.
+		return nv.WatchXIDs(ctx, o.Topology.NVMLXIDIgnore, log.WithName("xid")), nil
+	}
 	if err != nil || src != nil {
 		return src, err
 	}

@@ -33,6 +33,9 @@ type Options struct {
 	// go-nvml's handler for the versioned call goes to the C library itself, so a go-nvml
 	// mock cannot answer it: tests answer here.
 	FabricInfo func(nvml.Device) (nvml.GpuFabricInfo_v3, nvml.Return)
+	// Marks says why a GPU, by UUID, is unhealthy beyond what NVML's state shows: the XIDs
+	// it raised (XIDs.Mark). nil: none. Ignored with NoHealth.
+	Marks func(uuid string) string
 }
 
 // Discover initialises NVML, reads every GPU and its NVLinks, and shuts NVML down again.
@@ -84,6 +87,11 @@ func Discover(ctx context.Context, lib nvml.Interface, o Options) (top *topology
 			gpu.Unhealthy, note = health(dev, fi, fret)
 			if note != "" {
 				d.warn("GPU %d: %s", i, note)
+			}
+			if o.Marks != nil {
+				if m := o.Marks(gpu.UUID); m != "" {
+					gpu.Unhealthy = strings.Join(appendIf(appendIf(nil, gpu.Unhealthy), m), "; ")
+				}
 			}
 		}
 		devices[i] = dev
@@ -245,8 +253,8 @@ func describe(i int, dev nvml.Device, has entryPoints, fi nvml.GpuFabricInfo_v3,
 // from affecting new work, and DCGM treats these as warnings.
 //
 // A query the GPU does not support says nothing (MIG, vGPU guests, PCIe parts). XIDs are
-// events, not state, and are not watched: the ones that leave a GPU unusable show up here or
-// make NVML fail to query it at all, which fails discovery.
+// events, not state: the agent's watcher (XIDs) remembers them and discovery adds its marks
+// (Options.Marks).
 func health(dev nvml.Device, fi nvml.GpuFabricInfo_v3, fret nvml.Return) (unhealthy, note string) {
 	// Every reason and every note is kept, joined: a note can last for days (a degraded
 	// fabric), and the reset a pending remap needs must not hide behind it; nor may a

@@ -3,6 +3,9 @@ package source
 import (
 	"flag"
 	"fmt"
+	"slices"
+	"strconv"
+	"strings"
 
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/topology/nvmltopo"
@@ -25,6 +28,9 @@ type Flags struct {
 	NVMLLibrary string
 	// NVMLHealth marks GPUs NVML reports broken unhealthy (nvmltopo.Options).
 	NVMLHealth bool
+	// NVMLXIDIgnore are the XIDs the agent's watcher does not mark GPUs for (--nvml-xid-ignore;
+	// nvmltopo.DefaultIgnoredXIDs by default). The NRI plugin watches none.
+	NVMLXIDIgnore []uint64
 }
 
 // AddFlags registers the flags on fs, with def as --source's default.
@@ -35,7 +41,44 @@ func (f *Flags) AddFlags(fs *flag.FlagSet, def string) {
 	fs.StringVar(&f.SimulatedFile, "simulated-file", "", "simulated-topology document on disk (--source simulated)")
 	fs.StringVar(&f.TopologyFile, "topology-file", "", "node topology JSON, as `nvdomain topology parse|discover -o json` prints it (--source file)")
 	fs.StringVar(&f.NVMLLibrary, "nvml-library", "", "path of libnvidia-ml.so.1 (--source nvml); empty: the usual driver paths, then the loader's search")
-	fs.BoolVar(&f.NVMLHealth, "nvml-health", true, "mark GPUs unhealthy whose NVLink fabric Fabric Manager has not registered or whose row remap failed (--source nvml); DRA mode then taints their devices")
+	fs.BoolVar(&f.NVMLHealth, "nvml-health", true, "mark GPUs unhealthy whose NVLink fabric Fabric Manager has not registered, whose row remap failed, or (the agent) that raised a critical XID (--source nvml); DRA mode then taints their devices")
+	f.NVMLXIDIgnore = slices.Clone(nvmltopo.DefaultIgnoredXIDs)
+	fs.Func("nvml-xid-ignore", fmt.Sprintf("comma-separated XIDs the agent does not mark a GPU unhealthy for, those an application causes (default %s; \"none\" ignores none)", joinUints(nvmltopo.DefaultIgnoredXIDs)), func(v string) error {
+		ids, err := parseXIDs(v)
+		if err != nil {
+			return err
+		}
+		f.NVMLXIDIgnore = ids
+		return nil
+	})
+}
+
+// parseXIDs reads --nvml-xid-ignore: XIDs separated by commas, or none.
+func parseXIDs(v string) ([]uint64, error) {
+	ids := []uint64{}
+	if strings.TrimSpace(v) == "none" {
+		return ids, nil
+	}
+	for _, f := range strings.Split(v, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		id, err := strconv.ParseUint(f, 10, 32)
+		if err != nil || id == 0 {
+			return nil, fmt.Errorf("--nvml-xid-ignore: %q is not an XID (a positive number, e.g. 13,31,43,45,68,109, or none)", f)
+		}
+		ids = append(ids, id)
+	}
+	return ids, nil
+}
+
+func joinUints(ids []uint64) string {
+	s := make([]string, len(ids))
+	for i, id := range ids {
+		s[i] = strconv.FormatUint(id, 10)
+	}
+	return strings.Join(s, ",")
 }
 
 // Infer sets Source from the one file flag given when Source is empty: the NRI plugin's

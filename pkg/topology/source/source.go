@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/go-logr/logr"
 
 	"github.com/nvdomain/nvdomain/pkg/topology"
 	"github.com/nvdomain/nvdomain/pkg/topology/nvmltopo"
@@ -33,19 +34,47 @@ type Source interface {
 	Changes() <-chan struct{}
 }
 
-// NVML discovers through NVML on every load; NoHealth skips the health checks.
+// NVML discovers through NVML on every load; NoHealth skips the health checks. XIDs, when
+// set (the agent's, WatchXIDs), adds the GPUs' XID marks to their health and signals a new one.
 type NVML struct {
 	Lib      nvml.Interface
 	NoHealth bool
+	XIDs     *nvmltopo.XIDs
 }
 
 func (s NVML) Describe() string { return "NVML" }
 
 func (s NVML) Load(ctx context.Context) (*topology.Topology, error) {
-	return nvmltopo.Discover(ctx, s.Lib, nvmltopo.Options{NoHealth: s.NoHealth})
+	o := nvmltopo.Options{NoHealth: s.NoHealth}
+	if s.XIDs != nil {
+		o.Marks = s.XIDs.Mark
+	}
+	return nvmltopo.Discover(ctx, s.Lib, o)
 }
 
-func (s NVML) Changes() <-chan struct{} { return nil }
+func (s NVML) Changes() <-chan struct{} {
+	if s.XIDs == nil {
+		return nil
+	}
+	return s.XIDs.Changes()
+}
+
+// WatchXIDs returns the source with an XID watcher over its library running until ctx ends
+// (ignored: the XIDs not to mark for, nvmltopo.DefaultIgnoredXIDs when nil). A source without
+// health checks is returned as it is. A watcher that cannot start (an old driver without
+// events) says so in the log; discovery goes on without it.
+func (s NVML) WatchXIDs(ctx context.Context, ignored []uint64, log logr.Logger) NVML {
+	if s.NoHealth {
+		return s
+	}
+	s.XIDs = nvmltopo.NewXIDs(s.Lib, ignored, log)
+	go func() {
+		if err := s.XIDs.Run(ctx); err != nil {
+			log.Error(err, "the XID watcher could not start; GPUs are judged by their NVML health state alone")
+		}
+	}()
+	return s
+}
 
 // TopoMatrixFile parses a saved `nvidia-smi topo -m` output, strictly: a cut-off file is an
 // error, never half a topology.

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -99,6 +101,34 @@ func TestFlagsNameTheFlagAtFault(t *testing.T) {
 			got = err.Error()
 		}
 		if got != tc.want {
+			t.Errorf("%v: %q, want %q", tc.args, got, tc.want)
+		}
+	}
+}
+
+// --nvml-xid-ignore reads a list of XIDs or none, and names the flag and the bad entry.
+func TestXIDIgnoreFlag(t *testing.T) {
+	cases := []struct {
+		args []string
+		want string // the list, or the parse error's text
+	}{
+		{nil, "[13 31 43 45 68 109]"},
+		{[]string{"--nvml-xid-ignore=13, 31,"}, "[13 31]"},
+		{[]string{"--nvml-xid-ignore=none"}, "[]"},
+		{[]string{"--nvml-xid-ignore=13,x"}, `--nvml-xid-ignore: "x" is not an XID`},
+		{[]string{"--nvml-xid-ignore=0"}, `--nvml-xid-ignore: "0" is not an XID`},
+	}
+	for _, tc := range cases {
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		var f Flags
+		f.AddFlags(fs, "nvml")
+		err := fs.Parse(tc.args)
+		got := fmt.Sprint(f.NVMLXIDIgnore)
+		if err != nil {
+			got = err.Error()
+		}
+		if !strings.Contains(got, tc.want) {
 			t.Errorf("%v: %q, want %q", tc.args, got, tc.want)
 		}
 	}

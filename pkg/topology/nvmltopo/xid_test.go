@@ -1,0 +1,158 @@
+package nvmltopo
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+	"github.com/go-logr/logr"
+)
+
+// wait is one answer of the mock event set's Wait.
+type wait struct {
+	e   nvml.EventData
+	ret nvml.Return
+}
+
+// eventMachine is the HGX H100 mock with an event set whose Wait answers from waits (then
+// times out), GPU 7 refusing event registration, and Init/Shutdown counted.
+type eventMachine struct {
+	*machine
+	waits      chan wait
+	registered map[int]uint64
+	mu         sync.Mutex
+	inits      int
+}
+
+func newEventMachine() *eventMachine {
+	m := &eventMachine{machine: hgxH100(), waits: make(chan wait, 16), registered: map[int]uint64{}}
+	set := &mock.EventSet{
+		WaitFunc: func(ms uint32) (nvml.EventData, nvml.Return) {
+			select {
+			case w := <-m.waits:
+				return w.e, w.ret
+			case <-time.After(time.Duration(ms) * time.Millisecond / 20):
+				return nvml.EventData{}, nvml.ERROR_TIMEOUT
+			}
+		},
+		FreeFunc: func() nvml.Return { return nvml.SUCCESS },
+	}
+	m.srv.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) { return set, nvml.SUCCESS }
+	init, shutdown := m.srv.InitFunc, m.srv.ShutdownFunc
+	m.srv.InitFunc = func() nvml.Return { m.mu.Lock(); m.inits++; m.mu.Unlock(); return init() }
+	m.srv.ShutdownFunc = func() nvml.Return { m.mu.Lock(); m.inits--; m.mu.Unlock(); return shutdown() }
+	for i, d := range m.srv.Devices {
+		dev := d.(*server.Device)
+		dev.GetSupportedEventTypesFunc = func() (uint64, nvml.Return) { return nvml.EventTypeAll, nvml.SUCCESS }
+		dev.RegisterEventsFunc = func(mask uint64, _ nvml.EventSet) nvml.Return {
+			if i == 7 {
+				return nvml.ERROR_NOT_SUPPORTED
+			}
+			m.mu.Lock()
+			m.registered[i] = mask
+			m.mu.Unlock()
+			return nvml.SUCCESS
+		}
+	}
+	return m
+}
+
+func (m *eventMachine) xid(gpu int, xid uint64) wait {
+	return wait{e: nvml.EventData{Device: m.srv.Devices[gpu], EventType: nvml.EventTypeXidCriticalError, EventData: xid}, ret: nvml.SUCCESS}
+}
+
+// A critical XID marks the GPU that raised it, in discovery's health, until the process ends;
+// the XIDs an application causes, other event types, and repeats change nothing. An event NVML
+// cannot attribute, or a lost GPU, marks every GPU (fail closed).
+func TestXIDsMarkTheGPUThatRaisedThem(t *testing.T) {
+	unknown := &mock.Device{GetUUIDFunc: func() (string, nvml.Return) { return "", nvml.ERROR_GPU_IS_LOST }}
+	cases := []struct {
+		name    string
+		waits   func(m *eventMachine) []wait
+		ignored []uint64
+		want    map[int]string // GPU → substring of its reason; absent: healthy
+		all     string         // substring of every GPU's reason, instead of want
+		signals int
+	}{
+		{name: "fallen off the bus", waits: func(m *eventMachine) []wait { return []wait{m.xid(3, 79)} },
+			want: map[int]string{3: "XID 79 (the GPU has fallen off the bus) since "}, signals: 1},
+		{name: "repeats and a second code", waits: func(m *eventMachine) []wait { return []wait{m.xid(3, 79), m.xid(3, 79), m.xid(3, 48)} },
+			want: map[int]string{3: "XID 79 (the GPU has fallen off the bus), XID 48 (double-bit ECC error) since"}, signals: 2},
+		{name: "an application's page fault", waits: func(m *eventMachine) []wait { return []wait{m.xid(3, 31), m.xid(5, 13)} }},
+		{name: "page faults not ignored", ignored: []uint64{}, waits: func(m *eventMachine) []wait { return []wait{m.xid(3, 31)} },
+			want: map[int]string{3: "XID 31 since"}, signals: 1},
+		{name: "not a critical XID event", waits: func(m *eventMachine) []wait {
+			return []wait{{e: nvml.EventData{Device: m.srv.Devices[3], EventType: nvml.EventTypeSingleBitEccError, EventData: 79}, ret: nvml.SUCCESS}}
+		}},
+		{name: "a device NVML cannot name", waits: func(*eventMachine) []wait {
+			return []wait{{e: nvml.EventData{Device: unknown, EventType: nvml.EventTypeXidCriticalError, EventData: 74}, ret: nvml.SUCCESS}}
+		}, all: "XID 74 (NVLink error) since", signals: 1},
+		{name: "a lost GPU", waits: func(*eventMachine) []wait { return []wait{{ret: nvml.ERROR_GPU_IS_LOST}} },
+			all: "a GPU fell off the bus (NVML: GPU is lost) since", signals: 1},
+		{name: "a failing wait is no event", waits: func(*eventMachine) []wait { return []wait{{ret: nvml.ERROR_UNKNOWN}} }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newEventMachine()
+			lib := m.lib()
+			x := NewXIDs(lib, tc.ignored, logr.Discard())
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- x.Run(ctx) }()
+			ws := tc.waits(m)
+			for _, w := range ws {
+				m.waits <- w
+			}
+			// Every answer taken, then one more wait: the last event is recorded.
+			deadline := time.Now().Add(10 * time.Second)
+			for len(m.waits) > 0 && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+			time.Sleep(200 * time.Millisecond)
+			signals := 0
+			for len(x.Changes()) > 0 {
+				<-x.Changes()
+				signals++
+			}
+			// The channel holds one signal; more marks in a row fold into it.
+			if want := min(tc.signals, 1); signals != want {
+				t.Errorf("%d change signals pending, want %d", signals, want)
+			}
+			o := m.opts(false)
+			o.Marks = x.Mark
+			top, err := Discover(ctx, lib, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, g := range top.GPUs {
+				want, marked := tc.want[g.Index]
+				if tc.all != "" {
+					want, marked = tc.all, true
+				}
+				switch {
+				case !marked && g.Unhealthy != "":
+					t.Errorf("GPU %d marked: %q", g.Index, g.Unhealthy)
+				case marked && !strings.Contains(g.Unhealthy, want):
+					t.Errorf("GPU %d: %q, want it to contain %q", g.Index, g.Unhealthy, want)
+				}
+			}
+			cancel()
+			if err := <-done; err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			m.mu.Lock()
+			defer m.mu.Unlock()
+			if m.inits != 0 {
+				t.Errorf("NVML initialised %d more times than shut down", m.inits)
+			}
+			if len(m.registered) != 7 || m.registered[0] != nvml.EventTypeXidCriticalError {
+				t.Errorf("registered %v, want the critical XID event on GPUs 0-6 (GPU 7 refuses)", m.registered)
+			}
+		})
+	}
+}

@@ -239,6 +239,14 @@ func (a *Agent) sync(ctx context.Context) {
 			a.o.Log.Error(err, "topology source is invalid; keeping the last good topology published and marking it stale", "source", a.o.Source.Describe())
 			a.event(ctx, corev1.EventTypeWarning, "TopologyInvalid", fmt.Sprintf("%s is invalid, keeping the last good topology (marked %s=true): %s", a.o.Source.Describe(), a.o.Names.TopologyStaleLabel(), msg))
 		}
+		// A GPU off the bus fails NVML discovery, yet its XID mark must still be published
+		// (in DRA mode, tainted): the kept topology takes the marks.
+		if o, ok := a.o.Source.(source.Overlayer); ok && a.lastGood != nil {
+			if top := o.Overlay(a.lastGood); top != a.lastGood {
+				a.lastGood = top
+				a.loaded(ctx, top)
+			}
+		}
 	default:
 		if a.stale {
 			a.o.Log.Info("topology source is valid again", "source", a.o.Source.Describe())

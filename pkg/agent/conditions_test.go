@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -122,5 +123,66 @@ func TestRunEndsQuietlyWhileWaiting(t *testing.T) {
 	}
 	if _, err := a.WaitForTopology(ctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("WaitForTopology after ctx ended: %v", err)
+	}
+}
+
+// overlaySource loads top once, then fails (a GPU fell off the bus), and marks GPU 3 in the
+// topology kept meanwhile, as source.NVML does with its XID watcher.
+type overlaySource struct {
+	top     *topology.Topology
+	loads   atomic.Int32
+	changes chan struct{}
+}
+
+func (s *overlaySource) Describe() string         { return "NVML" }
+func (s *overlaySource) Changes() <-chan struct{} { return s.changes }
+func (s *overlaySource) Load(context.Context) (*topology.Topology, error) {
+	if s.loads.Add(1) == 1 {
+		return s.top, nil
+	}
+	return nil, errors.New("NVML: open GPU 3: GPU is lost")
+}
+func (s *overlaySource) Overlay(top *topology.Topology) *topology.Topology {
+	if top.GPUs[3].Unhealthy != "" {
+		return top
+	}
+	c := *top
+	c.GPUs = append([]topology.GPU(nil), top.GPUs...)
+	c.GPUs[3].Unhealthy = "XID 79"
+	return &c
+}
+
+// A source that fails after a GPU fell off the bus keeps the last good topology published
+// (stale), and the marks it still knows reach that topology: the DRA driver is handed it
+// (TopologyLoaded), once.
+func TestAKeptTopologyTakesTheSourcesMarks(t *testing.T) {
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-node01"}})
+	src := &overlaySource{top: seed(t), changes: make(chan struct{}, 1)}
+	var mu sync.Mutex
+	var loaded []string
+	a := New(Options{Names: names.Default(), Node: "gpu-node01", Source: src, Client: client, Period: time.Hour, RetryInitial: 20 * time.Millisecond,
+		Log: logr.Discard(), Metrics: newMetrics(), TopologyLoaded: func(_ context.Context, top *topology.Topology) {
+			mu.Lock()
+			defer mu.Unlock()
+			loaded = append(loaded, top.GPUs[3].Unhealthy)
+		}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = a.Run(ctx) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for !a.Ready() && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	for range 2 { // the mark, then a round that changes nothing
+		src.changes <- struct{}{}
+		for n := src.loads.Load(); src.loads.Load() == n && time.Now().Before(deadline); {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	time.Sleep(100 * time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(loaded) != 2 || loaded[0] != "" || loaded[1] != "XID 79" {
+		t.Errorf("topologies handed on: GPU 3 unhealthy %q, want the good one and then the kept one marked, once", loaded)
 	}
 }

@@ -210,7 +210,7 @@ func RunProcess(ctx context.Context, o ProcessOptions, log logr.Logger) error {
 
 func buildSource(ctx context.Context, o ProcessOptions, client kubernetes.Interface, log logr.Logger) (source.Source, error) {
 	src, err := o.Topology.Open(o.Node, source.KubeNodeLabels(client, o.Node))
-	if nv, ok := src.(source.NVML); ok && err == nil {
+	if nv, ok := src.(source.NVML); ok && err == nil && o.Topology.NVMLXIDs {
 		// The agent publishes health, so it alone watches XIDs; the watcher ends with ctx.
 		return nv.WatchXIDs(ctx, o.Topology.NVMLXIDIgnore, log.WithName("xid")), nil
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -102,8 +103,8 @@ func TestXIDsMarkTheGPUThatRaisedThem(t *testing.T) {
 			lib := m.lib()
 			x := NewXIDs(lib, tc.ignored, logr.Discard())
 			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan error, 1)
-			go func() { done <- x.Run(ctx) }()
+			done := make(chan struct{})
+			go func() { x.Run(ctx); close(done) }()
 			ws := tc.waits(m)
 			for _, w := range ws {
 				m.waits <- w
@@ -142,9 +143,7 @@ func TestXIDsMarkTheGPUThatRaisedThem(t *testing.T) {
 				}
 			}
 			cancel()
-			if err := <-done; err != nil {
-				t.Fatalf("Run: %v", err)
-			}
+			<-done
 			m.mu.Lock()
 			defer m.mu.Unlock()
 			if m.inits != 0 {
@@ -154,5 +153,90 @@ func TestXIDsMarkTheGPUThatRaisedThem(t *testing.T) {
 				t.Errorf("registered %v, want the critical XID event on GPUs 0-6 (GPU 7 refuses)", m.registered)
 			}
 		})
+	}
+}
+
+// A GPU off the bus fails discovery (NVML cannot open it), so the agent keeps its last good
+// topology; the watcher's mark for that GPU alone, the one whose handle now answers "GPU is
+// lost", reaches the kept topology through Overlay, once however often it is applied.
+func TestAGPUOffTheBusIsMarkedOnTheKeptTopology(t *testing.T) {
+	m := newEventMachine()
+	var gone atomic.Bool
+	dev := m.srv.Devices[2].(*server.Device)
+	uuid := dev.UUID
+	dev.GetUUIDFunc = func() (string, nvml.Return) {
+		if gone.Load() {
+			return "", nvml.ERROR_GPU_IS_LOST
+		}
+		return uuid, nvml.SUCCESS
+	}
+	lib := m.lib()
+	kept, err := Discover(context.Background(), lib, m.opts(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := NewXIDs(lib, nil, logr.Discard())
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go x.Run(ctx)
+	waitUntil(t, "the watcher registered", func() bool { m.mu.Lock(); defer m.mu.Unlock(); return len(m.registered) == 7 })
+	gone.Store(true)
+	m.waits <- wait{ret: nvml.ERROR_GPU_IS_LOST}
+	m.waits <- wait{ret: nvml.ERROR_GPU_IS_LOST} // answered at once, again: no spin, no second mark
+	waitUntil(t, "GPU 2 marked", func() bool { return x.Mark(uuid) != "" })
+	if _, err := Discover(ctx, lib, m.opts(false)); err == nil {
+		t.Fatal("discovery of a machine with a GPU off the bus succeeded")
+	}
+	top := x.Overlay(kept)
+	again := x.Overlay(top)
+	if again != top {
+		t.Error("a second overlay changed the kept topology again")
+	}
+	for _, g := range top.GPUs {
+		switch {
+		case g.Index == 2 && !strings.Contains(g.Unhealthy, "a GPU fell off the bus (NVML: GPU is lost) since"):
+			t.Errorf("GPU 2: %q", g.Unhealthy)
+		case g.Index != 2 && g.Unhealthy != "":
+			t.Errorf("GPU %d marked too: %q", g.Index, g.Unhealthy)
+		}
+	}
+	if kept.GPUs[2].Unhealthy != "" {
+		t.Error("Overlay changed the topology it was given")
+	}
+}
+
+// A watch that cannot be set up (the driver is not loaded yet when the node pod starts) is
+// tried again until it can, and then records XIDs.
+func TestTheXIDWatcherStartsOnceNVMLCan(t *testing.T) {
+	m := newEventMachine()
+	var fails atomic.Int32
+	fails.Store(3)
+	init := m.srv.InitFunc
+	m.srv.InitFunc = func() nvml.Return {
+		if fails.Add(-1) >= 0 {
+			return nvml.ERROR_DRIVER_NOT_LOADED
+		}
+		return init()
+	}
+	lib := m.lib()
+	x := NewXIDs(lib, nil, logr.Discard())
+	x.retry = 10 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go x.Run(ctx)
+	waitUntil(t, "the watcher registered after three failed starts", func() bool { m.mu.Lock(); defer m.mu.Unlock(); return len(m.registered) == 7 })
+	m.waits <- m.xid(1, 79)
+	uuid := m.srv.Devices[1].(*server.Device).UUID
+	waitUntil(t, "GPU 1 marked", func() bool { return strings.Contains(x.Mark(uuid), "XID 79") })
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -28,6 +28,9 @@ type Flags struct {
 	NVMLLibrary string
 	// NVMLHealth marks GPUs NVML reports broken unhealthy (nvmltopo.Options).
 	NVMLHealth bool
+	// NVMLXIDs makes the agent watch NVML's critical XID events (nvmltopo.XIDs), which holds
+	// NVML open; off by default. The NRI plugin watches none.
+	NVMLXIDs bool
 	// NVMLXIDIgnore are the XIDs the agent's watcher does not mark GPUs for (--nvml-xid-ignore;
 	// nvmltopo.DefaultIgnoredXIDs by default). The NRI plugin watches none.
 	NVMLXIDIgnore []uint64
@@ -42,8 +45,9 @@ func (f *Flags) AddFlags(fs *flag.FlagSet, def string) {
 	fs.StringVar(&f.TopologyFile, "topology-file", "", "node topology JSON, as `nvdomain topology parse|discover -o json` prints it (--source file)")
 	fs.StringVar(&f.NVMLLibrary, "nvml-library", "", "path of libnvidia-ml.so.1 (--source nvml); empty: the usual driver paths, then the loader's search")
 	fs.BoolVar(&f.NVMLHealth, "nvml-health", true, "mark GPUs unhealthy whose NVLink fabric Fabric Manager has not registered, whose row remap failed, or (the agent) that raised a critical XID (--source nvml); DRA mode then taints their devices")
+	fs.BoolVar(&f.NVMLXIDs, "nvml-xids", false, "the agent watches NVML's critical XID events and marks the GPU that raised one unhealthy until the node reboots (--source nvml, with --nvml-health); it holds NVML open, so an in-place GPU reset or a driver module unload needs the node pod gone first")
 	f.NVMLXIDIgnore = slices.Clone(nvmltopo.DefaultIgnoredXIDs)
-	fs.Func("nvml-xid-ignore", fmt.Sprintf("comma-separated XIDs the agent does not mark a GPU unhealthy for, those an application causes (default %s; \"none\" ignores none)", joinUints(nvmltopo.DefaultIgnoredXIDs)), func(v string) error {
+	fs.Func("nvml-xid-ignore", fmt.Sprintf("comma-separated XIDs the agent's watcher (--nvml-xids) does not mark a GPU unhealthy for; replaces the default, those an application causes and the memory events the GPU's state carries (default %s; \"none\" ignores none)", joinUints(nvmltopo.DefaultIgnoredXIDs)), func(v string) error {
 		ids, err := parseXIDs(v)
 		if err != nil {
 			return err
@@ -56,8 +60,11 @@ func (f *Flags) AddFlags(fs *flag.FlagSet, def string) {
 // parseXIDs reads --nvml-xid-ignore: XIDs separated by commas, or none.
 func parseXIDs(v string) ([]uint64, error) {
 	ids := []uint64{}
-	if strings.TrimSpace(v) == "none" {
+	switch strings.TrimSpace(v) {
+	case "none":
 		return ids, nil
+	case "":
+		return nil, fmt.Errorf("--nvml-xid-ignore is empty: give XIDs (e.g. %s, the default) or none", joinUints(nvmltopo.DefaultIgnoredXIDs))
 	}
 	for _, f := range strings.Split(v, ",") {
 		f = strings.TrimSpace(f)

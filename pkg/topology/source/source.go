@@ -61,19 +61,30 @@ func (s NVML) Changes() <-chan struct{} {
 
 // WatchXIDs returns the source with an XID watcher over its library running until ctx ends
 // (ignored: the XIDs not to mark for, nvmltopo.DefaultIgnoredXIDs when nil). A source without
-// health checks is returned as it is. A watcher that cannot start (an old driver without
-// events) says so in the log; discovery goes on without it.
+// health checks is returned as it is.
 func (s NVML) WatchXIDs(ctx context.Context, ignored []uint64, log logr.Logger) NVML {
 	if s.NoHealth {
 		return s
 	}
 	s.XIDs = nvmltopo.NewXIDs(s.Lib, ignored, log)
-	go func() {
-		if err := s.XIDs.Run(ctx); err != nil {
-			log.Error(err, "the XID watcher could not start; GPUs are judged by their NVML health state alone")
-		}
-	}()
+	go s.XIDs.Run(ctx)
 	return s
+}
+
+// Overlayer is a source that can add what it knows to a topology kept while it fails to load
+// (NVML's XID marks).
+type Overlayer interface {
+	Overlay(top *topology.Topology) *topology.Topology
+}
+
+// Overlay adds the XID marks to a topology kept while discovery fails (nvmltopo.XIDs.Overlay):
+// a GPU that fell off the bus fails discovery, and its mark must still reach the published
+// topology.
+func (s NVML) Overlay(top *topology.Topology) *topology.Topology {
+	if s.XIDs == nil {
+		return top
+	}
+	return s.XIDs.Overlay(top)
 }
 
 // TopoMatrixFile parses a saved `nvidia-smi topo -m` output, strictly: a cut-off file is an

@@ -112,11 +112,12 @@ func TestXIDIgnoreFlag(t *testing.T) {
 		args []string
 		want string // the list, or the parse error's text
 	}{
-		{nil, "[13 31 43 45 68 109]"},
+		{nil, "[13 31 43 45 63 68 92 94 109]"},
 		{[]string{"--nvml-xid-ignore=13, 31,"}, "[13 31]"},
 		{[]string{"--nvml-xid-ignore=none"}, "[]"},
 		{[]string{"--nvml-xid-ignore=13,x"}, `--nvml-xid-ignore: "x" is not an XID`},
 		{[]string{"--nvml-xid-ignore=0"}, `--nvml-xid-ignore: "0" is not an XID`},
+		{[]string{"--nvml-xid-ignore="}, "--nvml-xid-ignore is empty: give XIDs (e.g. 13,31,43,45,63,68,92,94,109, the default) or none"},
 	}
 	for _, tc := range cases {
 		fs := flag.NewFlagSet("t", flag.ContinueOnError)

@@ -757,6 +757,8 @@ func TestDRABlocksAreAskedForOnlyAsTheTemplatesDo(t *testing.T) {
 		// What is charged at least the block's GPUs passes: a narrower selector, more GPUs.
 		{claimOf("narrowed", list("gpus", block(narrowed, 1), gpus(4))), ""},
 		{claimOf("more-gpus", list("gpus", block(sizeSel(2), 1), gpus(4))), ""},
+		// No request at all (a config-only claim): requests reaches CEL as null.
+		{claimOf("empty"), ""},
 		{claimOf("plain", resourcev1.DeviceRequest{Name: "gpus", Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: names.DRADeviceClass, AllocationMode: resourcev1.DeviceAllocationModeExactCount, Count: 4}}), ""},
 	}
 	for k := 2; k <= names.DRAMaxBlockSize; k *= 2 {

@@ -26,6 +26,7 @@ func DefaultServerOptions() ServerOptions {
 		LeaderElectionNamespace: os.Getenv("POD_NAMESPACE"),
 		Drain:                   &Drain{},
 		ShutdownDelay:           10 * time.Second,
+		KueueWatch:              true,
 		CertRotation: CertRotationOptions{
 			Validity:    365 * 24 * time.Hour,
 			RenewBefore: 30 * 24 * time.Hour,
@@ -53,6 +54,7 @@ func (so *ServerOptions) AddFlags(fs *flag.FlagSet) (complete func() error) {
 	fs.StringVar(&so.LeaderElectionID, "leader-election-id", so.LeaderElectionID, "name of the leader-election Lease; give each release in a namespace its own (the chart uses <release>-repin)")
 	fs.StringVar(&so.LeaderElectionNamespace, "leader-election-namespace", so.LeaderElectionNamespace, "namespace of the leader-election Lease (default $POD_NAMESPACE)")
 	so.Repin.AddFlags(fs)
+	fs.BoolVar(&so.KueueWatch, "kueue-watch", so.KueueWatch, "on the elected replica, follow Kueue's Workloads (kueue.x-k8s.io/"+names.KueueWorkloadVersion+", once Kueue is installed) and record a Warning on each one Kueue holds back because its ClusterQueue does not cover nvdomain's per-domain resource, naming the Kueue setting that fixes it")
 	cr := &so.CertRotation
 	fs.StringVar(&cr.Secret, "cert-secret", cr.Secret, "namespace/name of the self-signed serving certificate's Secret to renew before it expires (empty: certificates are managed elsewhere, e.g. cert-manager)")
 	fs.StringVar(&cr.WebhookConfiguration, "webhook-configuration", cr.WebhookConfiguration, "name of the Mutating- and ValidatingWebhookConfiguration whose caBundle follows the Secret's CAs")
@@ -140,6 +142,6 @@ func (so ServerOptions) Summary() map[string]any {
 		"resourcePrefix": so.Handlers.Names.ResourcePrefix(), "repin": so.Repin.Enabled, "repinAfter": so.Repin.After.String(),
 		"leaderElection": so.LeaderElection, "leaderElectionNamespace": so.LeaderElectionNamespace, "shutdownDelay": so.ShutdownDelay.String(),
 		"certSecret": so.CertRotation.Secret, "certValidity": so.CertRotation.Validity.String(), "certRenewBefore": so.CertRotation.RenewBefore.String(),
-		"mode": so.Handlers.Mode, "draTemplates": so.DRATemplates.Enabled, "pools": so.Pools.Namespace + "/" + so.Pools.Name,
+		"mode": so.Handlers.Mode, "draTemplates": so.DRATemplates.Enabled, "pools": so.Pools.Namespace + "/" + so.Pools.Name, "kueueWatch": so.KueueWatch,
 	}
 }

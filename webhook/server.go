@@ -16,6 +16,8 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/dynamic"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -34,6 +36,7 @@ import (
 	prepin "github.com/nvdomain/nvdomain/pkg/repin"
 	"github.com/nvdomain/nvdomain/webhook/certrotation"
 	"github.com/nvdomain/nvdomain/webhook/dratemplates"
+	"github.com/nvdomain/nvdomain/webhook/kueuewatch"
 	"github.com/nvdomain/nvdomain/webhook/repin"
 )
 
@@ -75,6 +78,10 @@ type ServerOptions struct {
 	// mode in every namespace; it runs on the elected leader too. Its sizes and excluded
 	// namespaces are the handlers'.
 	DRATemplates dratemplates.Options
+	// KueueWatch follows Kueue's Workloads on the elected leader and warns on those Kueue
+	// holds back for nvdomain's per-domain resource (package kueuewatch); it waits for
+	// Kueue's API when Kueue is not installed.
+	KueueWatch bool
 	// Pools names the ConfigMap that declares GPU pools that scale from zero (docs/pools.md);
 	// empty: none.
 	Pools PoolsConfigMap
@@ -104,7 +111,7 @@ type CertRotationOptions struct {
 
 // leaderOnly reports whether a controller that must run on one replica is on.
 func (so ServerOptions) leaderOnly() bool {
-	return so.Repin.Enabled || so.DRATemplates.Enabled || so.CertRotation.Secret != ""
+	return so.Repin.Enabled || so.DRATemplates.Enabled || so.CertRotation.Secret != "" || so.KueueWatch
 }
 
 // NewManager builds a controller-runtime manager serving the webhook, with the informers that
@@ -219,6 +226,25 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 			Recorder: mgr.GetEventRecorder("nvdomain-repin"), Metrics: rm, Log: log.WithName("repin")}
 		if err := r.Setup(mgr); err != nil {
 			return nil, nil, fmt.Errorf("re-pin controller: %w", err)
+		}
+	}
+	if so.KueueWatch {
+		km, err := kueuewatch.NewMetrics(reg)
+		if err != nil {
+			return nil, nil, err
+		}
+		dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+		if err != nil {
+			return nil, nil, fmt.Errorf("kueue watch: %w", err)
+		}
+		dyn, err := dynamic.NewForConfig(cfg)
+		if err != nil {
+			return nil, nil, fmt.Errorf("kueue watch: %w", err)
+		}
+		kw := &kueuewatch.Watch{Dynamic: dyn, Discovery: dc, Names: so.Handlers.Names, Recorder: mgr.GetEventRecorder("nvdomain-kueue"),
+			Metrics: km, Log: log.WithName("kueue"), Recheck: 5 * time.Minute}
+		if err := mgr.Add(kw); err != nil {
+			return nil, nil, fmt.Errorf("kueue watch: %w", err)
 		}
 	}
 	if so.Drain == nil {

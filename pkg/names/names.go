@@ -23,6 +23,14 @@ const (
 	TPLabel = "tensor-parallel"
 	// TPLabelValue is the only value of TPLabel that opts in.
 	TPLabelValue = "true"
+	// KueueGroup is the API group of Kueue's objects (Workload, ClusterQueue);
+	// KueueWorkloadVersion the version of them nvdomain reads, and KueueQuotaReserved the
+	// Workload condition that says whether a ClusterQueue reserved quota for it.
+	KueueGroup           = "kueue.x-k8s.io"
+	KueueWorkloadVersion = "v1beta2"
+	KueueQuotaReserved   = "QuotaReserved"
+	// KueueQueueLabel names the LocalQueue a workload is submitted to.
+	KueueQueueLabel = "kueue.x-k8s.io/queue-name"
 	// GPUResource is the NVIDIA device plugin's whole-GPU resource.
 	GPUResource = "nvidia.com/gpu"
 	// SharedGPUResource is what the device plugin advertises for time-sliced GPUs when
@@ -381,6 +389,11 @@ func (n Names) TopologyAnnotation() string { return n.label(topologySuffix) }
 // DomainResource is the extended resource counting the GPUs of domain id, e.g.
 // nvidia.com/nvswitch-domain-1.
 func (n Names) DomainResource(id int) string { return n.resource(domainSuffix + strconv.Itoa(id)) }
+
+// DomainResourcePrefix is what every DomainResource name starts with, e.g.
+// nvidia.com/nvswitch-domain-: the entry a queue's resource exclusions (Kueue's
+// resources.excludeResourcePrefixes) need so that quota counts nvidia.com/gpu only.
+func (n Names) DomainResourcePrefix() string { return n.resource(domainSuffix) }
 
 // ParseDomainResource returns the domain id of a DomainResource name.
 func (n Names) ParseDomainResource(name string) (id int, ok bool) {

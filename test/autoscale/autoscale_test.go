@@ -23,13 +23,10 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -101,8 +98,8 @@ func TestKarpenterScalesAPoolFromZeroForTPPods(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	applyYAML(ctx, t, dyn, nodeClassAndPool(t, doc.Pools[0]))
-	applyYAML(ctx, t, dyn, string(overlays))
+	hacluster.ApplyYAML(ctx, t, dyn, nodeClassAndPool(t, doc.Pools[0]))
+	hacluster.ApplyYAML(ctx, t, dyn, string(overlays))
 
 	kwokConfig := filepath.Join(c.LogDir, "kwok.yaml")
 	if err := os.WriteFile(kwokConfig, []byte(scale.KwokStages(time.Hour)), 0o644); err != nil {
@@ -123,7 +120,7 @@ func TestKarpenterScalesAPoolFromZeroForTPPods(t *testing.T) {
 	wcfg.WarningHandler = warnings
 	wclient := kubernetes.NewForConfigOrDie(wcfg)
 	var warned string
-	if err := poll(ctx, 200*time.Millisecond, func() (bool, error) {
+	if err := hacluster.Poll(ctx, 200*time.Millisecond, func() (bool, error) {
 		warnings.reset()
 		_, err := wclient.CoreV1().Pods(ns).Create(ctx, tpPod("probe", 4), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		if err != nil {
@@ -158,7 +155,7 @@ func TestKarpenterScalesAPoolFromZeroForTPPods(t *testing.T) {
 		t.Fatal(err)
 	}
 	var pods []corev1.Pod
-	if err := poll(ctx, 200*time.Millisecond, func() (bool, error) {
+	if err := hacluster.Poll(ctx, 200*time.Millisecond, func() (bool, error) {
 		l, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=llama"})
 		if err != nil {
 			return false, err
@@ -177,7 +174,7 @@ func TestKarpenterScalesAPoolFromZeroForTPPods(t *testing.T) {
 	// Karpenter adds nodes of the pool; the agents publish them; the scheduler binds each pod
 	// into one domain of its pinned id.
 	scheduled := map[string]time.Duration{}
-	if err := poll(ctx, 200*time.Millisecond, func() (bool, error) {
+	if err := hacluster.Poll(ctx, 200*time.Millisecond, func() (bool, error) {
 		l, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=llama"})
 		if err != nil {
 			return false, err
@@ -248,7 +245,7 @@ func TestKarpenterScalesAPoolFromZeroForTPPods(t *testing.T) {
 	if err := c.Client.CoreV1().Pods(ns).Delete(ctx, "orphan", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := poll(ctx, 500*time.Millisecond, func() (bool, error) {
+	if err := hacluster.Poll(ctx, 500*time.Millisecond, func() (bool, error) {
 		l, err := c.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, err
@@ -345,43 +342,6 @@ spec:
   limits:
     cpu: 1000
 `, poolName, labels)
-}
-
-// applyYAML creates every object of a multi-document YAML stream.
-func applyYAML(ctx context.Context, t *testing.T, dyn dynamic.Interface, stream string) {
-	t.Helper()
-	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(stream), 4096)
-	for {
-		var obj map[string]any
-		if err := dec.Decode(&obj); err != nil {
-			break
-		}
-		if len(obj) == 0 {
-			continue
-		}
-		u := &unstructured.Unstructured{Object: obj}
-		gv, err := schema.ParseGroupVersion(u.GetAPIVersion())
-		if err != nil {
-			t.Fatal(err)
-		}
-		gvr := gv.WithResource(strings.ToLower(u.GetKind()) + plural(u.GetKind()))
-		if err := poll(ctx, 200*time.Millisecond, func() (bool, error) {
-			_, err := dyn.Resource(gvr).Create(ctx, u, metav1.CreateOptions{})
-			if apierrors.IsNotFound(err) {
-				return false, nil // the CRD's resource is not served yet
-			}
-			return err == nil, err
-		}); err != nil {
-			t.Fatalf("create %s %s: %v", u.GetKind(), u.GetName(), err)
-		}
-	}
-}
-
-func plural(kind string) string {
-	if strings.HasSuffix(kind, "s") {
-		return "es"
-	}
-	return "s"
 }
 
 func tpPod(name string, gpus int64) *corev1.Pod {
@@ -492,23 +452,6 @@ func describe(ctx context.Context, c *hacluster.Cluster, dyn dynamic.Interface) 
 		}
 	}
 	return b.String()
-}
-
-func poll(ctx context.Context, every time.Duration, f func() (bool, error)) error {
-	for {
-		ok, err := f()
-		if err != nil {
-			return err
-		}
-		if ok {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(every):
-		}
-	}
 }
 
 // warningRecorder keeps the admission warnings the apiserver returns.

@@ -38,9 +38,12 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -856,5 +859,62 @@ func (c *Cluster) stop() {
 	}
 	if err := c.Env.Stop(); err != nil {
 		c.T.Logf("stop envtest: %v", err)
+	}
+}
+
+// ApplyYAML creates every object of a multi-document YAML stream, waiting for a custom
+// resource's API to be served when its CRD was just installed.
+func ApplyYAML(ctx context.Context, t testing.TB, dyn dynamic.Interface, stream string) {
+	t.Helper()
+	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(stream), 4096)
+	for {
+		var obj map[string]any
+		if err := dec.Decode(&obj); err != nil {
+			break
+		}
+		if len(obj) == 0 {
+			continue
+		}
+		u := &unstructured.Unstructured{Object: obj}
+		gv, err := schema.ParseGroupVersion(u.GetAPIVersion())
+		if err != nil {
+			t.Fatal(err)
+		}
+		gvr := gv.WithResource(Resource(u.GetKind()))
+		if err := Poll(ctx, 200*time.Millisecond, func() (bool, error) {
+			_, err := dyn.Resource(gvr).Namespace(u.GetNamespace()).Create(ctx, u, metav1.CreateOptions{})
+			if apierrors.IsNotFound(err) {
+				return false, nil // the CRD's resource is not served yet
+			}
+			return err == nil, err
+		}); err != nil {
+			t.Fatalf("create %s %s: %v", u.GetKind(), u.GetName(), err)
+		}
+	}
+}
+
+// Resource is the plural resource name of kind, as CRDs and the built-in APIs spell it.
+func Resource(kind string) string {
+	if strings.HasSuffix(kind, "s") {
+		return strings.ToLower(kind) + "es"
+	}
+	return strings.ToLower(kind) + "s"
+}
+
+// Poll calls f every interval until it returns true or an error, or ctx ends.
+func Poll(ctx context.Context, every time.Duration, f func() (bool, error)) error {
+	for {
+		ok, err := f()
+		if err != nil {
+			return err
+		}
+		if ok {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(every):
+		}
 	}
 }

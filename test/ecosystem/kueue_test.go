@@ -1,0 +1,548 @@
+// Package ecosystem runs nvdomain beside the tools a GPU cluster runs with it, each its real
+// release built from the Go module proxy: Kueue (test/tools/build-kueue.sh) and
+// LeaderWorkerSet (test/tools/build-lws.sh), with their webhooks behind their Services,
+// against the real control plane, kube-scheduler, kube-controller-manager and kwok, and two
+// nvdomain webhook replicas (test/hacluster). docs/ecosystem.md names what each test shows.
+package ecosystem
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/yaml"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/queueing"
+	"github.com/nvdomain/nvdomain/pkg/rules"
+	"github.com/nvdomain/nvdomain/test/hacluster"
+	"github.com/nvdomain/nvdomain/test/scale"
+)
+
+var n = names.Default()
+
+const (
+	kueueNS      = "kueue-system"
+	kueueService = "kueue-webhook-service"
+	// kueueIP is the address Kueue's webhook and probes listen on, inside the test's network
+	// namespace, as its pod's would be.
+	kueueIP = "192.0.2.30"
+	ns      = "inference"
+	queue   = "gpu-queue"
+	node    = "gpu-0"
+	// admissionGate is the scheduling gate Kueue's pod webhook adds and removes at admission.
+	admissionGate = "kueue.x-k8s.io/admission"
+)
+
+// kueueFrameworks are the integrations the Kueue test enables.
+var kueueFrameworks = []string{"batch/job", "pod", "deployment", "statefulset"}
+
+var (
+	workloadsGVR     = schema.GroupVersionResource{Group: names.KueueGroup, Version: names.KueueWorkloadVersion, Resource: "workloads"}
+	clusterQueuesGVR = schema.GroupVersionResource{Group: names.KueueGroup, Version: names.KueueWorkloadVersion, Resource: "clusterqueues"}
+)
+
+// TestTPWorkloadsQueuedByKueue: TP workloads of each kind Kueue manages, queued in a
+// ClusterQueue that covers nvidia.com/gpu, cpu and memory only, on an 8-GPU node split into
+// two NVSwitch domains of 4.
+//  1. Kueue as installed (no exclusion): the TP Deployment's Workload is refused for the
+//     domain resource, and nvdomain puts a Warning naming the fix on the Workload and the pod.
+//  2. Kueue restarted with the documented exclusion: the same pod is admitted, ungated,
+//     scheduled into one domain and Running, and the ClusterQueue charges nvidia.com/gpu only.
+//  3. A TP=2 batch Job is admitted and runs beside it.
+//  4. Quota exhausted: a TP=4 StatefulSet's pod waits in Kueue (gated), not in the scheduler;
+//     once the Job ends and quota frees, it runs in a domain with room, whichever domain it
+//     was pinned to when it was created.
+//  5. Create → Running of a queued TP Deployment with nvdomain, then of the same Deployment
+//     with nvdomain's webhooks unregistered, on the same cluster.
+func TestTPWorkloadsQueuedByKueue(t *testing.T) {
+	kueueDir := buildTool(t, "build-kueue.sh")
+	kwokDir, err := hacluster.KwokDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := hacluster.Start(t, hacluster.Options{
+		Replicas:              2,
+		WebhookArgs:           []string{"--tp-sizes=2,4,8", "--repin-after=3s", "--repin-interval=1s"},
+		KwokFinishesDeletions: true,
+		Controllers:           []string{"replicaset", "deployment", "statefulset", "job", "garbagecollector"},
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 9*time.Minute)
+	defer cancel()
+	dyn := dynamic.NewForConfigOrDie(c.Config)
+
+	kwokConfig := filepath.Join(c.LogDir, "kwok.yaml")
+	if err := os.WriteFile(kwokConfig, []byte(scale.KwokStages(time.Hour)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.StartProcess("kwok", filepath.Join(kwokDir, "kwok"), "--kubeconfig="+c.Kubeconfig, "--manage-all-nodes", "--config="+kwokConfig, "--node-ip=192.0.2.200")
+	publishNode(ctx, t, c, node, [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}})
+	if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	k := installKueue(ctx, t, c, kueueDir)
+	startKueue(k, false, kueueFrameworks...)
+	hacluster.ApplyYAML(ctx, t, dyn, fmt.Sprintf(`apiVersion: kueue.x-k8s.io/v1beta2
+kind: ResourceFlavor
+metadata:
+  name: default
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ClusterQueue
+metadata:
+  name: gpus
+spec:
+  namespaceSelector: {}
+  resourceGroups:
+  - coveredResources: [cpu, memory, nvidia.com/gpu]
+    flavors:
+    - name: default
+      resources:
+      - {name: cpu, nominalQuota: "64"}
+      - {name: memory, nominalQuota: 512Gi}
+      - {name: nvidia.com/gpu, nominalQuota: "8"}
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: LocalQueue
+metadata:
+  name: %s
+  namespace: %s
+spec:
+  clusterQueue: gpus
+`, queue, ns))
+
+	// 1. Kueue without the exclusion refuses the pinned pod; nvdomain says why and what to set.
+	if _, err := c.Client.AppsV1().Deployments(ns).Create(ctx, deployment("llama", 4), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	llama := waitPods(ctx, t, c, "app=llama", 1)[0]
+	if !gated(&llama) {
+		t.Fatalf("Kueue did not gate the Deployment's pod: gates %v", llama.Spec.SchedulingGates)
+	}
+	if d := rules.Inspect(&llama, n).PinnedDomain(); d < 0 {
+		t.Fatalf("nvdomain did not pin the queued pod: %v", llama.Annotations)
+	}
+	var warning string
+	if err := hacluster.Poll(ctx, 250*time.Millisecond, func() (bool, error) {
+		warning = findEvent(ctx, t, c, "Pod", llama.Name, queueing.ReasonKueueRefusesDomainResource)
+		return warning != "", nil
+	}); err != nil {
+		t.Fatalf("no %s Warning on pod %s: %v\n%s\nreplicas:\n%s", queueing.ReasonKueueRefusesDomainResource, llama.Name, err, workloads(ctx, t, dyn), c.ReplicaLogs())
+	}
+	for _, want := range []string{"excludeResourcePrefixes", n.DomainResourcePrefix()} {
+		if !strings.Contains(warning, want) {
+			t.Errorf("the Warning %q does not name %q", warning, want)
+		}
+	}
+	if findEvent(ctx, t, c, "Workload", "", queueing.ReasonKueueRefusesDomainResource) == "" {
+		t.Errorf("no %s Warning on the Workload", queueing.ReasonKueueRefusesDomainResource)
+	}
+	t.Logf("Kueue without the exclusion: %s", warning)
+
+	// 2. The documented configuration: the same pod is admitted and runs in one domain.
+	k.stop()
+	startKueue(k, true, kueueFrameworks...)
+	llama = waitRunning(ctx, t, c, dyn, "app=llama", 1)[0]
+	checkOneDomain(ctx, t, c, &llama, 4)
+	usage := waitUsage(ctx, t, dyn, "4")
+	for r := range usage {
+		if n.IsDomainResource(r) {
+			t.Errorf("ClusterQueue charges nvdomain's %s: %v", r, usage)
+		}
+	}
+
+	// 3. A TP=2 batch Job: Kueue suspends it, admits it, and its pod runs in one domain.
+	if _, err := c.Client.BatchV1().Jobs(ns).Create(ctx, job("train", 2), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	train := waitRunning(ctx, t, c, dyn, "app=train", 1)[0]
+	checkOneDomain(ctx, t, c, &train, 2)
+	waitUsage(ctx, t, dyn, "6")
+
+	// 4. Quota exhausted (6 of 8 charged): the StatefulSet's TP=4 pod waits gated in Kueue,
+	// where the scheduler does not try it.
+	if _, err := c.Client.AppsV1().StatefulSets(ns).Create(ctx, statefulSet("sglang", 4), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	sg := waitPods(ctx, t, c, "app=sglang", 1)[0]
+	pinned := rules.Inspect(&sg, n).PinnedDomain()
+	time.Sleep(3 * time.Second)
+	if p, err := c.Client.CoreV1().Pods(ns).Get(ctx, sg.Name, metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	} else if !gated(p) || p.Spec.NodeName != "" || unschedulable(p) {
+		t.Fatalf("over quota, the StatefulSet's pod should wait gated in Kueue: gates %v, node %q, unschedulable %v", p.Spec.SchedulingGates, p.Spec.NodeName, unschedulable(p))
+	}
+	t.Logf("over quota: %s waits gated, pinned at creation to domain %d (llama in %d, train in %d)", sg.Name, pinned,
+		rules.Inspect(&llama, n).PinnedDomain(), rules.Inspect(&train, n).PinnedDomain())
+	// The Job ends: quota frees, Kueue admits the StatefulSet, and its pod runs where there
+	// is room: in its pinned domain if that one has room now, else moved there by nvdomain.
+	if err := c.Client.BatchV1().Jobs(ns).Delete(ctx, "train", metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationForeground)}); err != nil {
+		t.Fatal(err)
+	}
+	sg = waitRunning(ctx, t, c, dyn, "app=sglang", 1)[0]
+	checkOneDomain(ctx, t, c, &sg, 4)
+	if got := rules.Inspect(&sg, n).PinnedDomain(); got == rules.Inspect(&llama, n).PinnedDomain() {
+		t.Errorf("sglang runs in llama's domain %d", got)
+	}
+	t.Logf("after quota freed: %s runs in domain %d (pinned at creation to %d)", sg.Name, rules.Inspect(&sg, n).PinnedDomain(), pinned)
+
+	// 5. Create → Running of a queued TP Deployment, with nvdomain and without, one after
+	// the other on the same cluster and node.
+	for _, name := range []string{"sglang"} {
+		if err := c.Client.AppsV1().StatefulSets(ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitGone(ctx, t, c, "app=sglang")
+	with := timeToRunning(ctx, t, c, dyn, "timed-nvdomain")
+	c.UnregisterWebhooks()
+	without := timeToRunning(ctx, t, c, dyn, "timed-plain")
+	t.Logf("create → Running of a Kueue-queued TP=4 Deployment: %s with nvdomain, %s without (same cluster, one run)", with, without)
+}
+
+// startKueue installs what Kueue's release manifests install, pointed at the test's address
+// (the CRDs with their conversion webhooks, the webhook Service and configurations of the
+// integrations the test uses), and returns its manager, not yet started.
+func installKueue(ctx context.Context, t *testing.T, c *hacluster.Cluster, dir string) *served {
+	t.Helper()
+	if _, err := envtest.InstallCRDs(c.Config, envtest.CRDInstallOptions{CRDs: kueueCRDs(t, dir)}); err != nil {
+		t.Fatal(err)
+	}
+	k := &served{t: t, c: c, name: "kueue", namespace: kueueNS, service: kueueService, secret: "kueue-webhook-server-cert", ip: kueueIP, bin: filepath.Join(dir, "kueue")}
+	muts, vals := webhookConfigs(t, filepath.Join(dir, "webhook.yaml"), "kueue", kueueNS, kueueService, nil,
+		keepPaths("--v1-pod", "-apps-v1-deployment", "-apps-v1-statefulset", "-batch-v1-job", "-kueue-x-k8s-io-", "-leaderworkerset-x-k8s-io-"))
+	k.install(ctx, muts, vals)
+	return k
+}
+
+// kueueConfig is the Configuration the test runs Kueue with; exclude adds the exclusion
+// docs/ecosystem.md gives (queueing.KueueConfig).
+func kueueConfig(k *served, exclude bool, frameworks ...string) string {
+	cfg := fmt.Sprintf(`apiVersion: config.kueue.x-k8s.io/v1beta2
+kind: Configuration
+namespace: %s
+health:
+  healthProbeBindAddress: %s:8081
+metrics:
+  bindAddress: "0"
+webhook:
+  host: %s
+  port: 9443
+  certDir: %s
+leaderElection:
+  leaderElect: false
+internalCertManagement:
+  enable: true
+integrations:
+  frameworks: [%s]
+`, kueueNS, kueueIP, kueueIP, k.certDir, `"`+strings.Join(frameworks, `", "`)+`"`)
+	if exclude {
+		cfg += queueing.KueueConfig(n)
+	}
+	return cfg
+}
+
+// startKueue starts Kueue's manager with the Configuration and waits until it serves.
+func startKueue(k *served, exclude bool, frameworks ...string) {
+	k.t.Helper()
+	k.start("--config="+k.config(kueueConfig(k, exclude, frameworks...)), "--feature-gates=VisibilityOnDemand=false", "--zap-log-level=2")
+}
+
+// kueueCRDs reads the release's CRDs with its conversion-webhook patches applied, as its
+// kustomization applies them: Kueue's certificate rotator will not start without them.
+func kueueCRDs(t *testing.T, dir string) []*apiextensionsv1.CustomResourceDefinition {
+	t.Helper()
+	opts := envtest.CRDInstallOptions{Paths: []string{filepath.Join(dir, "crds")}}
+	if err := envtest.ReadCRDFiles(&opts); err != nil {
+		t.Fatal(err)
+	}
+	crds := opts.CRDs
+	patches, err := filepath.Glob(filepath.Join(dir, "crd-patches", "webhook_in_*.yaml"))
+	if err != nil || len(patches) == 0 {
+		t.Fatalf("no conversion patches in %s: %v", dir, err)
+	}
+	converted := map[string]bool{}
+	for _, p := range patches {
+		raw, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m metav1.PartialObjectMetadata
+		if err := yaml.Unmarshal(raw, &m); err != nil {
+			t.Fatal(err)
+		}
+		converted[m.Name] = true
+	}
+	for _, crd := range crds {
+		if converted[crd.Name] {
+			crd.Spec.Conversion = &apiextensionsv1.CustomResourceConversion{Strategy: apiextensionsv1.WebhookConverter, Webhook: &apiextensionsv1.WebhookConversion{
+				ClientConfig:             &apiextensionsv1.WebhookClientConfig{Service: &apiextensionsv1.ServiceReference{Namespace: kueueNS, Name: kueueService, Path: ptr.To("/convert")}},
+				ConversionReviewVersions: []string{"v1"},
+			}}
+		}
+	}
+	return crds
+}
+
+// publishNode registers a node as its kubelet and device plugin would (8 nvidia.com/gpu) and
+// publishes its domains as the agent does; kwok keeps it Ready and runs its pods.
+func publishNode(ctx context.Context, t *testing.T, c *hacluster.Cluster, name string, domains [][]int) {
+	t.Helper()
+	nd := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"kubernetes.io/hostname": name}, Annotations: map[string]string{}}}
+	total, largest := 0, 0
+	res := corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("64"), corev1.ResourceMemory: resource.MustParse("512Gi"), corev1.ResourcePods: resource.MustParse("110")}
+	for id, gpus := range domains {
+		nd.Labels[n.DomainSizeLabel(id)] = fmt.Sprint(len(gpus))
+		nd.Annotations[n.DomainGPUsAnnotation(id)] = names.FormatGPUList(gpus)
+		res[corev1.ResourceName(n.DomainResource(id))] = *resource.NewQuantity(int64(len(gpus)), resource.DecimalSI)
+		total += len(gpus)
+		largest = max(largest, len(gpus))
+	}
+	nd.Labels[n.DomainCountLabel()] = fmt.Sprint(len(domains))
+	nd.Labels[n.DomainMaxLabel()] = fmt.Sprint(largest)
+	res[names.GPUResource] = *resource.NewQuantity(int64(total), resource.DecimalSI)
+	created, err := c.Client.CoreV1().Nodes().Create(ctx, nd, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	created.Status.Capacity, created.Status.Allocatable = res, res
+	if _, err := c.Client.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func podTemplate(app string, gpus int64) corev1.PodTemplateSpec {
+	return corev1.PodTemplateSpec{
+		ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": app, names.TPLabel: names.TPLabelValue}},
+		Spec: corev1.PodSpec{
+			TerminationGracePeriodSeconds: ptr.To(int64(0)),
+			Containers: []corev1.Container{{Name: "engine", Image: "registry.example/vllm:test",
+				Args: []string{"--tensor-parallel-size", fmt.Sprint(gpus)},
+				Resources: corev1.ResourceRequirements{
+					Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2"), corev1.ResourceMemory: resource.MustParse("8Gi")},
+					Limits:   corev1.ResourceList{names.GPUResource: *resource.NewQuantity(gpus, resource.DecimalSI)},
+				}}},
+		},
+	}
+}
+
+func queued(app string) metav1.ObjectMeta {
+	return metav1.ObjectMeta{Name: app, Namespace: ns, Labels: map[string]string{names.KueueQueueLabel: queue}}
+}
+
+func deployment(app string, gpus int64) *appsv1.Deployment {
+	return &appsv1.Deployment{ObjectMeta: queued(app), Spec: appsv1.DeploymentSpec{
+		Replicas: ptr.To(int32(1)), Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": app}}, Template: podTemplate(app, gpus)}}
+}
+
+func statefulSet(app string, gpus int64) *appsv1.StatefulSet {
+	return &appsv1.StatefulSet{ObjectMeta: queued(app), Spec: appsv1.StatefulSetSpec{
+		Replicas: ptr.To(int32(1)), Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": app}}, Template: podTemplate(app, gpus)}}
+}
+
+func job(app string, gpus int64) *batchv1.Job {
+	tpl := podTemplate(app, gpus)
+	tpl.Spec.RestartPolicy = corev1.RestartPolicyNever
+	return &batchv1.Job{ObjectMeta: queued(app), Spec: batchv1.JobSpec{Template: tpl, BackoffLimit: ptr.To(int32(0))}}
+}
+
+func gated(p *corev1.Pod) bool {
+	for _, g := range p.Spec.SchedulingGates {
+		if g.Name == admissionGate {
+			return true
+		}
+	}
+	return false
+}
+
+func unschedulable(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Reason == corev1.PodReasonUnschedulable {
+			return true
+		}
+	}
+	return false
+}
+
+func waitPods(ctx context.Context, t *testing.T, c *hacluster.Cluster, selector string, count int) []corev1.Pod {
+	t.Helper()
+	var pods []corev1.Pod
+	if err := hacluster.Poll(ctx, 200*time.Millisecond, func() (bool, error) {
+		l, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
+		if err != nil {
+			return false, err
+		}
+		pods = l.Items
+		return len(pods) == count, nil
+	}); err != nil {
+		t.Fatalf("%d pods %s: %v (have %d)", count, selector, err, len(pods))
+	}
+	return pods
+}
+
+// waitRunning waits for count pods of selector, all Running and not being deleted.
+func waitRunning(ctx context.Context, t *testing.T, c *hacluster.Cluster, dyn dynamic.Interface, selector string, count int) []corev1.Pod {
+	t.Helper()
+	var pods []corev1.Pod
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if err := hacluster.Poll(wctx, 200*time.Millisecond, func() (bool, error) {
+		l, err := c.Client.CoreV1().Pods(ns).List(wctx, metav1.ListOptions{LabelSelector: selector})
+		if err != nil {
+			return false, err
+		}
+		pods = pods[:0]
+		for _, p := range l.Items {
+			if p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil {
+				pods = append(pods, p)
+			}
+		}
+		return len(pods) == count, nil
+	}); err != nil {
+		l, _ := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+		var desc []string
+		for _, p := range l.Items {
+			desc = append(desc, fmt.Sprintf("%s phase=%s node=%q gates=%v domain=%d conds=%v", p.Name, p.Status.Phase, p.Spec.NodeName, p.Spec.SchedulingGates, rules.Inspect(&p, n).PinnedDomain(), p.Status.Conditions))
+		}
+		t.Fatalf("%d Running pods %s: %v\npods:\n%s\n%s\nkueue:\n%s\nreplicas:\n%s", count, selector, err, strings.Join(desc, "\n"), workloads(ctx, t, dyn),
+			c.Log("kueue-2", 4000), c.ReplicaLogs())
+	}
+	return pods
+}
+
+func waitGone(ctx context.Context, t *testing.T, c *hacluster.Cluster, selector string) {
+	t.Helper()
+	if err := hacluster.Poll(ctx, 200*time.Millisecond, func() (bool, error) {
+		l, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
+		return err == nil && len(l.Items) == 0, err
+	}); err != nil {
+		t.Fatalf("pods %s not gone: %v", selector, err)
+	}
+}
+
+// checkOneDomain: the pod runs on the node with k GPUs of its pinned domain, one that exists
+// there with at least k GPUs, so the scheduler's per-domain counter guarantees they share
+// one NVSwitch.
+func checkOneDomain(ctx context.Context, t *testing.T, c *hacluster.Cluster, p *corev1.Pod, k int) {
+	t.Helper()
+	d := rules.Inspect(p, n).PinnedDomain()
+	if d < 0 || p.Spec.NodeName == "" {
+		t.Fatalf("pod %s: domain %d node %q", p.Name, d, p.Spec.NodeName)
+	}
+	var asked int64
+	for _, ctr := range p.Spec.Containers {
+		if q, ok := ctr.Resources.Limits[corev1.ResourceName(n.DomainResource(d))]; ok {
+			asked += q.Value()
+		}
+	}
+	nd, err := c.Client.CoreV1().Nodes().Get(ctx, p.Spec.NodeName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	size := nd.Status.Capacity[corev1.ResourceName(n.DomainResource(d))]
+	if asked != int64(k) || size.Value() < int64(k) {
+		t.Fatalf("pod %s asks %d of %s on a node whose domain %d has %s GPUs; want %d of a domain of at least %d", p.Name, asked, n.DomainResource(d), d, size.String(), k, k)
+	}
+}
+
+// findEvent returns the note of the first Event with reason about an object of kind (and
+// name, when not empty) in the test namespace.
+func findEvent(ctx context.Context, t *testing.T, c *hacluster.Cluster, kind, name, reason string) string {
+	t.Helper()
+	l, err := c.Client.EventsV1().Events(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range l.Items {
+		if e.Reason == reason && e.Regarding.Kind == kind && (name == "" || e.Regarding.Name == name) {
+			return e.Note
+		}
+	}
+	return ""
+}
+
+// clusterQueueUsage is the ClusterQueue's usage of its one flavor, by resource.
+func clusterQueueUsage(ctx context.Context, t *testing.T, dyn dynamic.Interface) map[string]string {
+	t.Helper()
+	cq, err := dyn.Resource(clusterQueuesGVR).Get(ctx, "gpus", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	flavors, _, _ := unstructured.NestedSlice(cq.Object, "status", "flavorsUsage")
+	for _, f := range flavors {
+		res, _, _ := unstructured.NestedSlice(f.(map[string]any), "resources")
+		for _, r := range res {
+			m := r.(map[string]any)
+			out[fmt.Sprint(m["name"])] = fmt.Sprint(m["total"])
+		}
+	}
+	return out
+}
+
+// waitUsage waits for the ClusterQueue to charge gpus of nvidia.com/gpu (Kueue updates its
+// status after the admission) and returns its usage.
+func waitUsage(ctx context.Context, t *testing.T, dyn dynamic.Interface, gpus string) map[string]string {
+	t.Helper()
+	var usage map[string]string
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := hacluster.Poll(wctx, 200*time.Millisecond, func() (bool, error) {
+		usage = clusterQueueUsage(wctx, t, dyn)
+		return usage[names.GPUResource] == gpus, nil
+	}); err != nil {
+		t.Fatalf("the ClusterQueue charges %v, want nvidia.com/gpu %s: %v", usage, gpus, err)
+	}
+	return usage
+}
+
+func workloads(ctx context.Context, t *testing.T, dyn dynamic.Interface) string {
+	t.Helper()
+	l, err := dyn.Resource(workloadsGVR).Namespace(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		if apierrors.IsNotFound(err) {
+			return "no Workload API"
+		}
+		return err.Error()
+	}
+	var b strings.Builder
+	for _, w := range l.Items {
+		conds, _, _ := unstructured.NestedSlice(w.Object, "status", "conditions")
+		fmt.Fprintf(&b, "workload %s: %v\n", w.GetName(), conds)
+	}
+	return b.String()
+}
+
+// timeToRunning creates a queued TP=4 Deployment and returns how long its pod took to be
+// Running, then deletes it and waits for its pod to go.
+func timeToRunning(ctx context.Context, t *testing.T, c *hacluster.Cluster, dyn dynamic.Interface, app string) time.Duration {
+	t.Helper()
+	start := time.Now()
+	if _, err := c.Client.AppsV1().Deployments(ns).Create(ctx, deployment(app, 4), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitRunning(ctx, t, c, dyn, "app="+app, 1)
+	took := time.Since(start)
+	if err := c.Client.AppsV1().Deployments(ns).Delete(ctx, app, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(ctx, t, c, "app="+app)
+	return took
+}

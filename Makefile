@@ -23,7 +23,7 @@ IMAGE_ENV   := NVDOMAIN_IMAGE=$(IMAGE) NVDOMAIN_IMAGE_ARCHIVE=$(IMAGE_ARCHIVE)
 # marks deprecated, which only adds compiler noise.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all build image test unit e2e host-deps k8s-assets containerd-assets helm-assets kwok-assets karpenter-assets kueue-assets lws-assets kueue-assets lws-assets lint fmt vet staticcheck cover fuzz bench bench-placement bench-admission bench-dra scale demo down clean
+.PHONY: all build image test unit e2e host-deps k8s-assets containerd-assets helm-assets kwok-assets karpenter-assets kueue-assets lws-assets lint fmt vet staticcheck cover fuzz bench bench-placement bench-admission bench-dra scale demo down clean
 
 all: build
 

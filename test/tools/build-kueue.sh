@@ -2,9 +2,8 @@
 # Builds Kueue's manager (sigs.k8s.io/kueue/cmd/kueue) from the Go module proxy into
 # bin/kueue/<version>/ (git-ignored), once per version, with the CRDs, their conversion-webhook
 # patches and the webhook configurations of that release beside it (crds/, crd-patches/,
-# webhook.yaml). The queueing tier
-# (test/ecosystem) runs it against the local apiserver, next to nvdomain's webhook. Cold: about 4
-# minutes on 2 cores. Prints the directory on stdout when done.
+# webhook.yaml). The ecosystem tier (test/ecosystem) runs it against the local apiserver, next
+# to nvdomain's webhook. Cold: about 6 minutes on 2 cores. Prints the directory on stdout when done.
 set -euo pipefail
 
 KUEUE_VERSION="${KUEUE_VERSION:-v0.17.1}"

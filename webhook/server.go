@@ -242,7 +242,7 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 			return nil, nil, fmt.Errorf("kueue watch: %w", err)
 		}
 		kw := &kueuewatch.Watch{Dynamic: dyn, Discovery: dc, Names: so.Handlers.Names, Recorder: mgr.GetEventRecorder("nvdomain-kueue"),
-			Metrics: km, Log: log.WithName("kueue"), Recheck: 5 * time.Minute}
+			Metrics: km, Log: log.WithName("kueue"), Recheck: kueuewatch.DefaultRecheck}
 		if err := mgr.Add(kw); err != nil {
 			return nil, nil, fmt.Errorf("kueue watch: %w", err)
 		}

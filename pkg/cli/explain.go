@@ -595,6 +595,8 @@ func (a apiOwners) Meta(ctx context.Context, namespace string, gvk schema.GroupV
 		obj, err = a.c.BatchV1().Jobs(namespace).Get(ctx, name, get)
 	case "CronJob":
 		obj, err = a.c.BatchV1().CronJobs(namespace).Get(ctx, name, get)
+	case "Pod":
+		obj, err = a.c.CoreV1().Pods(namespace).Get(ctx, name, get)
 	default:
 		return nil, fmt.Errorf("cannot read a %s", gvk.Kind)
 	}

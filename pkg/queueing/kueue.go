@@ -58,9 +58,28 @@ func KueueConfig(n names.Names) string {
 }
 
 // KueueFix says why a Workload that asks for resource waits and what to change: the message
-// of the Warning Event, and of `nvdomain status`.
+// of the Warning Event. It fits kubeevents.MaxMessage, and on an owner (OwnerMessage) only the
+// Workload's name after it can be cut.
 func KueueFix(resource string, n names.Names) string {
-	return fmt.Sprintf("Kueue holds this workload back: its ClusterQueue does not cover %s, the per-domain resource nvdomain adds to pin the pod's GPUs to one NVSwitch domain, so it is never admitted. "+
-		"Fix: add %q to resources.excludeResourcePrefixes in Kueue's Configuration (the kueue-manager-config ConfigMap, key controller_manager_config.yaml; Helm value managerConfig.controllerManagerConfigYaml) and restart kueue-controller-manager; quota then counts the GPUs once, under %s (docs/ecosystem.md)",
+	return fmt.Sprintf("Kueue never admits this workload: its ClusterQueue does not cover %s, nvdomain's per-domain resource. "+
+		"Fix: add %q to resources.excludeResourcePrefixes in Kueue's Configuration (ConfigMap kueue-manager-config; Helm: managerConfig.controllerManagerConfigYaml) and restart kueue-controller-manager; quota then counts %s only (docs/ecosystem.md)",
 		resource, n.DomainResourcePrefix(), names.GPUResource)
+}
+
+// OwnerMessage is the Warning on an object that owns the Workload named workload: the fix
+// first, the Workload's name (up to 253 bytes) last, where a cut costs the least.
+func OwnerMessage(workload, fix string) string {
+	return fix + "; Kueue Workload " + workload
+}
+
+// QuotaReserved reports whether a Kueue Workload's QuotaReserved condition is True: a
+// ClusterQueue admitted it.
+func QuotaReserved(wl *unstructured.Unstructured) bool {
+	conds, _, _ := unstructured.NestedSlice(wl.Object, "status", "conditions")
+	for _, c := range conds {
+		if m, ok := c.(map[string]any); ok && m["type"] == names.KueueQuotaReserved && m["status"] == "True" {
+			return true
+		}
+	}
+	return false
 }

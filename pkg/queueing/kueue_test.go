@@ -6,6 +6,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"github.com/nvdomain/nvdomain/pkg/kubeevents"
 	"github.com/nvdomain/nvdomain/pkg/names"
 )
 
@@ -67,10 +68,19 @@ func TestRefusedDomainResource(t *testing.T) {
 func TestKueueFixNamesTheSetting(t *testing.T) {
 	n := names.Default()
 	msg := KueueFix("nvidia.com/nvswitch-domain-0", n)
-	for _, want := range []string{"nvidia.com/nvswitch-domain-0", `"nvidia.com/nvswitch-domain-"`, "resources.excludeResourcePrefixes", "kueue-manager-config", "nvidia.com/gpu"} {
+	for _, want := range []string{"nvidia.com/nvswitch-domain-0", `"nvidia.com/nvswitch-domain-"`, "resources.excludeResourcePrefixes", "kueue-manager-config", "restart kueue-controller-manager", "nvidia.com/gpu"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("fix %q does not name %q", msg, want)
 		}
+	}
+	// The owner's Event names the Workload after the fix; with the longest name Kueue gives
+	// a Workload and a long domain id, the cap cuts the name, never the fix.
+	long := OwnerMessage(strings.Repeat("w", 253), KueueFix("nvidia.com/nvswitch-domain-15", n))
+	if capped := kubeevents.Cap(long); !strings.Contains(capped, "quota then counts nvidia.com/gpu only") {
+		t.Errorf("the owner's Event loses the fix to the cap: %q", capped)
+	}
+	if msg := KueueFix("nvidia.com/nvswitch-domain-15", n); len(msg) > kubeevents.MaxMessage {
+		t.Errorf("the Workload's Event is %d bytes, over the %d cap", len(msg), kubeevents.MaxMessage)
 	}
 	if got, want := KueueConfig(n), "resources:\n  excludeResourcePrefixes:\n  - \"nvidia.com/nvswitch-domain-\"\n"; got != want {
 		t.Errorf("KueueConfig = %q, want %q", got, want)

@@ -41,7 +41,15 @@ type Options struct {
 }
 
 // DefaultOwnerKinds recreate an evicted pod without counting it as a failure.
-var DefaultOwnerKinds = []string{"ReplicaSet.apps", "StatefulSet.apps", "ReplicationController"}
+//
+// LeaderWorkerSet is among them although evicting one pod restarts its whole group
+// (RecreateGroupOnPodRestart, the default): a stranded member keeps its whole group from
+// serving already, so the restart costs nothing the strand has not, and it is the only way the
+// group gets room again. Only the stranded group is restarted; the LWS's other groups run on.
+var DefaultOwnerKinds = []string{"ReplicaSet.apps", "StatefulSet.apps", "ReplicationController", LeaderWorkerSetKind}
+
+// LeaderWorkerSetKind is LeaderWorkerSet as --repin-owner-kinds spells it.
+const LeaderWorkerSetKind = "LeaderWorkerSet.leaderworkerset.x-k8s.io"
 
 // DefaultOptions are the documented defaults.
 func DefaultOptions() Options {

@@ -24,7 +24,9 @@ const maxOwnerDepth = 8
 // implicitOwnerKinds never react to one of their pods being evicted, so a pod may move under
 // them whatever --repin-owner-kinds says: a Deployment leaves its pods to the ReplicaSet, a
 // CronJob to the Job.
-var implicitOwnerKinds = map[string]bool{"Deployment.apps": true, "CronJob.batch": true}
+// A Pod above a controller is a LeaderWorkerSet group's leader, which owns its workers'
+// StatefulSet: it does nothing when a worker is evicted, what is above it decides.
+var implicitOwnerKinds = map[string]bool{"Deployment.apps": true, "CronJob.batch": true, "Pod": true}
 
 // walkable are the built-in controllers whose own controller the walk reads (by their
 // metadata): the kinds that own pods directly, and the ones above them.
@@ -35,7 +37,13 @@ var walkable = map[string]schema.GroupVersionKind{
 	"ReplicationController": {Version: "v1", Kind: "ReplicationController"},
 	"Job.batch":             {Group: "batch", Version: "v1", Kind: "Job"},
 	"CronJob.batch":         {Group: "batch", Version: "v1", Kind: "CronJob"},
+	// A Pod owns a controller in a LeaderWorkerSet group: Pod (worker) ← StatefulSet ← Pod
+	// (leader) ← StatefulSet ← LeaderWorkerSet. It is read from the webhook's own pod
+	// informer, not a metadata one (OwnerCache leaves it out).
+	"Pod": podGVK,
 }
+
+var podGVK = schema.GroupVersionKind{Version: "v1", Kind: "Pod"}
 
 // Owners reads what deciding on a pod's owners needs: the metadata of a built-in controller
 // (to find its own controller) and whether a Job ignores evictions (its podFailurePolicy).
@@ -96,9 +104,9 @@ func OwnerSkipReason(ctx context.Context, pod *corev1.Pod, ownerKinds []string, 
 // no cost. The pod's controller must be a kind in
 // ownerKinds (Kind.group, Kind alone for the core group), or a Job whose podFailurePolicy
 // ignores the eviction (IgnoresDisruption); every controller above it must be in ownerKinds
-// too, or be a Deployment or CronJob, which leave their pods to the kinds below. An owner
-// nvdomain does not know is where the walk stops with a skip: a LeaderWorkerSet owning a
-// StatefulSet, say, restarts its whole group when one pod is deleted. A kind the operator
+// too, or be a Deployment or CronJob, which leave their pods to the kinds below, or a Pod (a
+// LeaderWorkerSet group's leader, which owns its workers' StatefulSet). An owner nvdomain
+// does not know is where the walk stops with a skip. A kind the operator
 // lists that is not built in is trusted as it is, without reading its own owners. The
 // caller handles a pod without a controller (a bare pod). The re-pin controller and `nvdomain
 // explain` both decide through it, so the CLI predicts exactly what the controller does.
@@ -216,6 +224,15 @@ type cachedOwners struct {
 }
 
 func (o cachedOwners) Meta(ctx context.Context, namespace string, gvk schema.GroupVersionKind, name string) (metav1.Object, error) {
+	if gvk == podGVK {
+		// The webhook's pod informer keeps each pod's controller reference (StripPod); a
+		// second, metadata-only informer over every pod would double the cluster's pod watch.
+		pod := &corev1.Pod{}
+		if err := o.cache.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, pod); err != nil {
+			return nil, fmt.Errorf("read Pod %s/%s: %w", namespace, name, err)
+		}
+		return pod, nil
+	}
 	obj := &metav1.PartialObjectMetadata{}
 	obj.SetGroupVersionKind(gvk)
 	if err := o.cache.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, obj); err != nil {
@@ -318,6 +335,9 @@ func (j *jobVerdicts) put(job *batchv1.Job, ignores bool) {
 func OwnerCache() map[client.Object]cache.ByObject {
 	out := map[client.Object]cache.ByObject{}
 	for _, gvk := range walkable {
+		if gvk == podGVK {
+			continue
+		}
 		obj := &metav1.PartialObjectMetadata{}
 		obj.SetGroupVersionKind(gvk)
 		out[obj] = cache.ByObject{Transform: StripOwnerMeta}

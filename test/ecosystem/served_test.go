@@ -3,8 +3,10 @@ package ecosystem
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -117,13 +119,23 @@ func (s *served) start(args ...string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	hc := http.Client{Timeout: time.Second}
+	// Ready, and its webhook listening: LeaderWorkerSet's readiness does not wait for the
+	// webhook server.
 	if err := hacluster.Poll(ctx, 250*time.Millisecond, func() (bool, error) {
 		resp, err := hc.Get("http://" + s.ip + ":8081/readyz")
 		if err != nil {
 			return false, nil
 		}
 		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK, nil
+		if resp.StatusCode != http.StatusOK {
+			return false, nil
+		}
+		conn, err := tls.DialWithDialer(&net.Dialer{Timeout: time.Second}, "tcp", s.ip+":9443", &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // only asks whether it serves
+		if err != nil {
+			return false, nil
+		}
+		conn.Close()
+		return true, nil
 	}); err != nil {
 		t.Fatalf("%s did not become ready: %v\n%s", s.name, err, s.log(6000))
 	}

@@ -37,8 +37,8 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -869,8 +869,10 @@ func ApplyYAML(ctx context.Context, t testing.TB, dyn dynamic.Interface, stream 
 	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(stream), 4096)
 	for {
 		var obj map[string]any
-		if err := dec.Decode(&obj); err != nil {
+		if err := dec.Decode(&obj); errors.Is(err, io.EOF) {
 			break
+		} else if err != nil {
+			t.Fatalf("apply: %v", err)
 		}
 		if len(obj) == 0 {
 			continue
@@ -893,7 +895,8 @@ func ApplyYAML(ctx context.Context, t testing.TB, dyn dynamic.Interface, stream 
 	}
 }
 
-// Resource is the plural resource name of kind, as CRDs and the built-in APIs spell it.
+// Resource is the plural resource name of kind, as CRDs and the built-in APIs spell it for
+// the kinds the tests apply (a kind ending in y, Policy say, is not one of them).
 func Resource(kind string) string {
 	if strings.HasSuffix(kind, "s") {
 		return strings.ToLower(kind) + "es"

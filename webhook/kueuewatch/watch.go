@@ -73,6 +73,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	return m, nil
 }
 
+// DefaultRecheck is how often the leader asks discovery for Kueue's API while it is absent:
+// one cheap GET, so that installing Kueue after nvdomain is noticed within half a minute.
+const DefaultRecheck = 30 * time.Second
+
 // Watch is the Runnable the webhook's manager starts on its leader.
 type Watch struct {
 	Dynamic   dynamic.Interface
@@ -84,17 +88,41 @@ type Watch struct {
 	// Recheck is how often discovery is asked again while Kueue's API is absent or of a
 	// version nvdomain does not read.
 	Recheck time.Duration
+	// Now is the clock (time.Now when nil); read under mu.
+	Now func() time.Time
 
 	mu     sync.Mutex
-	warned map[types.UID]string // Workload → the resource it was warned about
+	marked map[types.UID]mark
 }
+
+// mark is what the watch remembers of a Workload Kueue refused for a per-domain resource,
+// until Kueue admits it or it is deleted: Kueue's message can alternate between a refusal and
+// another reason from one attempt to the next (its flavor assigner stops at the first
+// resource that fails, in map order), which must not make a second Warning.
+type mark struct {
+	resource string
+	warnedAt time.Time
+	refused  bool // the last condition seen names the resource
+}
+
+// Rewarn is how long a Warning stands before a Workload still refused gets another: Events
+// expire after an hour, and a refusal that outlives its Event would be a silent gate again.
+// The informer's resync (Resync) brings every Workload back to be looked at.
+const (
+	Rewarn = 45 * time.Minute
+	Resync = 10 * time.Minute
+)
+
+// maxOwnerEvents bounds the Events on the objects that own one Workload: a Kueue pod group's
+// Workload is owned by each of its pods, and a tenant can add owner references of its own.
+const maxOwnerEvents = 4
 
 // NeedLeaderElection keeps the watch to one replica, so each Warning is written once.
 func (w *Watch) NeedLeaderElection() bool { return true }
 
-// Start waits for Kueue's API, then watches Workloads until ctx ends.
+// Start waits for Kueue's API, then watches Workloads until ctx ends; when the API goes
+// (Kueue uninstalled or downgraded) it waits for it again.
 func (w *Watch) Start(ctx context.Context) error {
-	w.warned = map[types.UID]string{}
 	lastState := ""
 	for {
 		state, detail := w.apiState()
@@ -109,7 +137,11 @@ func (w *Watch) Start(ctx context.Context) error {
 			lastState = state
 		}
 		if state == StateWatched {
-			return w.run(ctx)
+			if err := w.run(ctx); err != nil || ctx.Err() != nil {
+				return err
+			}
+			w.Log.Info("Kueue's Workload API is gone: waiting for it again", "api", WorkloadsGVR.GroupVersion().String())
+			lastState = ""
 		}
 		select {
 		case <-ctx.Done():
@@ -159,11 +191,30 @@ func (w *Watch) setState(state string) {
 	}
 }
 
+// run watches Workloads until ctx ends (nil) or the API stops being served (nil too, with
+// the marks and the gauge cleared): the caller then waits for the API again.
 func (w *Watch) run(ctx context.Context) error {
-	inf := dynamicinformer.NewFilteredDynamicInformer(w.Dynamic, WorkloadsGVR, metav1.NamespaceAll, 0, toolscache.Indexers{}, nil).Informer()
+	w.mu.Lock()
+	w.marked = map[types.UID]mark{}
+	w.mu.Unlock()
+	defer w.clear()
+	inf := dynamicinformer.NewFilteredDynamicInformer(w.Dynamic, WorkloadsGVR, metav1.NamespaceAll, Resync, toolscache.Indexers{}, nil).Informer()
 	// A Workload carries its pods' whole templates; the watch needs only who owns it and its
 	// conditions.
 	if err := inf.SetTransform(strip); err != nil {
+		return fmt.Errorf("kueue watch: %w", err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	// The CRD deleted (Kueue uninstalled, or downgraded below v1beta2): the list answers 404
+	// for ever. Stop, and let Start ask discovery again.
+	if err := inf.SetWatchErrorHandler(func(r *toolscache.Reflector, err error) {
+		if apierrors.IsNotFound(err) {
+			stop()
+			return
+		}
+		toolscache.DefaultWatchErrorHandler(ctx, r, err)
+	}); err != nil {
 		return fmt.Errorf("kueue watch: %w", err)
 	}
 	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
@@ -173,8 +224,18 @@ func (w *Watch) run(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("kueue watch: %w", err)
 	}
-	inf.Run(ctx.Done())
+	inf.Run(runCtx.Done())
 	return nil
+}
+
+// clear forgets every mark, when the watch stops.
+func (w *Watch) clear() {
+	w.mu.Lock()
+	w.marked = nil
+	w.mu.Unlock()
+	if w.Metrics != nil {
+		w.Metrics.Refused.Set(0)
+	}
 }
 
 // strip keeps what observe reads.
@@ -197,37 +258,77 @@ func strip(obj any) (any, error) {
 	return out, nil
 }
 
-// observe records the Warning the first time a Workload is held back for a resource, and
-// keeps the gauge equal to the Workloads held back now.
+// observe records the Warning the first time a Workload is refused for a resource, again
+// after Rewarn while it stays refused, and keeps the gauge equal to the Workloads whose last
+// condition is such a refusal.
 func (w *Watch) observe(obj any) {
 	u, ok := obj.(*unstructured.Unstructured)
 	if !ok {
 		return
 	}
 	resource, refused := queueing.RefusedDomainResource(u, w.Names)
+	warn := false
 	w.mu.Lock()
-	prev, had := w.warned[u.GetUID()]
+	now := time.Now
+	if w.Now != nil {
+		now = w.Now
+	}
+	if w.marked == nil {
+		w.mu.Unlock()
+		return // the watch has stopped
+	}
+	m, had := w.marked[u.GetUID()]
 	switch {
 	case refused:
-		w.warned[u.GetUID()] = resource
+		if !had || m.resource != resource || now().Sub(m.warnedAt) >= Rewarn {
+			warn = true
+			m.resource, m.warnedAt = resource, now()
+		}
+		m.refused = true
+		w.marked[u.GetUID()] = m
+	case had && queueing.QuotaReserved(u):
+		delete(w.marked, u.GetUID())
 	case had:
-		delete(w.warned, u.GetUID())
+		m.refused = false
+		w.marked[u.GetUID()] = m
 	}
-	n := len(w.warned)
+	n := w.refusedLocked()
 	w.mu.Unlock()
 	if w.Metrics != nil {
 		w.Metrics.Refused.Set(float64(n))
 	}
-	if !refused || (had && prev == resource) {
+	if !warn {
 		return
 	}
-	msg := kubeevents.Cap(queueing.KueueFix(resource, w.Names))
-	w.Log.Info("Kueue holds a workload back for nvdomain's per-domain resource", "workload", u.GetNamespace()+"/"+u.GetName(), "resource", resource)
-	w.Recorder.Eventf(u, nil, corev1.EventTypeWarning, queueing.ReasonKueueRefusesDomainResource, "Admit", "%s", msg)
-	for _, o := range u.GetOwnerReferences() {
+	msg := queueing.KueueFix(resource, w.Names)
+	w.Log.Info("Kueue holds a workload back for nvdomain's per-domain resource", "workload", u.GetNamespace()+"/"+u.GetName(), "resource", resource, "message", msg)
+	w.Recorder.Eventf(u, nil, corev1.EventTypeWarning, queueing.ReasonKueueRefusesDomainResource, "Admit", "%s", kubeevents.Cap(msg))
+	for _, o := range owners(u) {
 		w.Recorder.Eventf(ownerObject(u.GetNamespace(), o), nil, corev1.EventTypeWarning, queueing.ReasonKueueRefusesDomainResource, "Admit", "%s",
-			kubeevents.Cap("Workload "+u.GetName()+": "+msg))
+			kubeevents.Cap(queueing.OwnerMessage(u.GetName(), msg)))
 	}
+}
+
+// owners are the objects a Workload's Warning is repeated on: its controller, or else the
+// first maxOwnerEvents of its owners (a pod group's Workload is owned by each pod).
+func owners(u *unstructured.Unstructured) []metav1.OwnerReference {
+	refs := u.GetOwnerReferences()
+	for _, r := range refs {
+		if r.Controller != nil && *r.Controller {
+			return []metav1.OwnerReference{r}
+		}
+	}
+	return refs[:min(len(refs), maxOwnerEvents)]
+}
+
+func (w *Watch) refusedLocked() int {
+	n := 0
+	for _, m := range w.marked {
+		if m.refused {
+			n++
+		}
+	}
+	return n
 }
 
 func (w *Watch) forget(obj any) {
@@ -239,8 +340,12 @@ func (w *Watch) forget(obj any) {
 		return
 	}
 	w.mu.Lock()
-	delete(w.warned, u.GetUID())
-	n := len(w.warned)
+	if w.marked == nil {
+		w.mu.Unlock()
+		return
+	}
+	delete(w.marked, u.GetUID())
+	n := w.refusedLocked()
 	w.mu.Unlock()
 	if w.Metrics != nil {
 		w.Metrics.Refused.Set(float64(n))

@@ -3,6 +3,7 @@ package kueuewatch
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -149,3 +150,63 @@ func TestKueueAPIStates(t *testing.T) {
 		})
 	}
 }
+
+// A Workload whose message alternates between the refusal and another reason (Kueue's flavor
+// assigner stops at the first failing resource, in map order) is warned once; after Rewarn,
+// still refused, it is warned again; admitted, it is forgotten.
+func TestAlternatingMessagesWarnOnceUntilRewarn(t *testing.T) {
+	var clock atomicTime
+	clock.set(time.Unix(1_000_000, 0))
+	w, rec, dyn := start(t, servedKueue("v1beta2"), kueueWorkload("alt", refusedCond))
+	w.mu.Lock()
+	w.Now = clock.get
+	w.mu.Unlock()
+	for range 2 {
+		select {
+		case <-rec.Events:
+		case <-time.After(5 * time.Second):
+			t.Fatal("no first Warning")
+		}
+	}
+	update := func(cond map[string]any) {
+		t.Helper()
+		cur, err := dyn.Resource(WorkloadsGVR).Namespace("team-a").Get(context.Background(), "alt", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cur.Object["status"] = map[string]any{"conditions": []any{cond}}
+		if _, err := dyn.Resource(WorkloadsGVR).Namespace("team-a").Update(context.Background(), cur, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	overQuota := map[string]any{"type": "QuotaReserved", "status": "False", "reason": "Pending",
+		"message": "couldn't assign flavors to pod set main: insufficient unused quota for nvidia.com/gpu in flavor default, 4 more needed"}
+	update(overQuota)
+	waitFor(t, "the gauge to drop with the other reason", func() bool { return testutil.ToFloat64(w.Metrics.Refused) == 0 })
+	update(refusedCond)
+	waitFor(t, "the gauge back at 1", func() bool { return testutil.ToFloat64(w.Metrics.Refused) == 1 })
+	select {
+	case e := <-rec.Events:
+		t.Fatalf("a second Warning before Rewarn: %q", e)
+	case <-time.After(200 * time.Millisecond):
+	}
+	clock.set(clock.get().Add(Rewarn))
+	update(overQuota)
+	update(refusedCond)
+	select {
+	case e := <-rec.Events:
+		if !strings.Contains(e, "KueueRefusesDomainResource") {
+			t.Fatalf("unexpected event %q", e)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no Warning after Rewarn while still refused")
+	}
+}
+
+type atomicTime struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (a *atomicTime) set(t time.Time) { a.mu.Lock(); a.t = t; a.mu.Unlock() }
+func (a *atomicTime) get() time.Time  { a.mu.Lock(); defer a.mu.Unlock(); return a.t }

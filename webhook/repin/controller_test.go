@@ -434,9 +434,20 @@ func TestOwnerChainDecidesTheMove(t *testing.T) {
 			[]client.Object{replicaSet("rs", controlledBy("Deployment", "apps/v1", "web")), owner(&appsv1.Deployment{}, "web")}, true, ""},
 		{"a bare ReplicaSet", ownedBy("ReplicaSet", "apps/v1", "rs"), []client.Object{replicaSet("rs")}, true, ""},
 		{"a StatefulSet", ownedBy("StatefulSet", "apps/v1", "db"), []client.Object{owner(&appsv1.StatefulSet{}, "db")}, true, ""},
-		{"a LeaderWorkerSet's StatefulSet: one eviction restarts the group", ownedBy("StatefulSet", "apps/v1", "lws-0"),
-			[]client.Object{owner(&appsv1.StatefulSet{}, "lws-0", controlledBy("LeaderWorkerSet", "leaderworkerset.x-k8s.io/v1", "lws"))}, false,
-			"its owner StatefulSet.apps lws-0 is controlled by LeaderWorkerSet.leaderworkerset.x-k8s.io lws, which is not known to recreate an evicted pod without disrupting the others"},
+		// A LeaderWorkerSet restarts the stranded member's group, which serves nothing while
+		// the member cannot schedule: its leader's StatefulSet, and a worker's StatefulSet
+		// under the leader pod, move.
+		{"a LeaderWorkerSet group's leader", ownedBy("StatefulSet", "apps/v1", "lws"),
+			[]client.Object{owner(&appsv1.StatefulSet{}, "lws", controlledBy("LeaderWorkerSet", "leaderworkerset.x-k8s.io/v1", "lws"))}, true, ""},
+		{"a LeaderWorkerSet group's worker, under its leader pod", ownedBy("StatefulSet", "apps/v1", "lws-0"),
+			[]client.Object{owner(&appsv1.StatefulSet{}, "lws-0", controlledBy("Pod", "v1", "lws-0-leader")),
+				owner(&corev1.Pod{}, "lws-0-leader", controlledBy("StatefulSet", "apps/v1", "lws")),
+				owner(&appsv1.StatefulSet{}, "lws", controlledBy("LeaderWorkerSet", "leaderworkerset.x-k8s.io/v1", "lws"))}, true, ""},
+		{"a bare pod's StatefulSet", ownedBy("StatefulSet", "apps/v1", "odd"),
+			[]client.Object{owner(&appsv1.StatefulSet{}, "odd", controlledBy("Pod", "v1", "parent")), owner(&corev1.Pod{}, "parent")}, true, ""},
+		{"an operator's group restart", ownedBy("StatefulSet", "apps/v1", "grp-0"),
+			[]client.Object{owner(&appsv1.StatefulSet{}, "grp-0", controlledBy("RayCluster", "ray.io/v1", "ray"))}, false,
+			"its owner StatefulSet.apps grp-0 is controlled by RayCluster.ray.io ray, which is not known to recreate an evicted pod without disrupting the others"},
 		{"an operator's Deployment", ownedBy("ReplicaSet", "apps/v1", "rs"),
 			[]client.Object{replicaSet("rs", controlledBy("Deployment", "apps/v1", "isvc")), owner(&appsv1.Deployment{}, "isvc", controlledBy("InferenceService", "serving.kserve.io/v1beta1", "llama"))}, false,
 			"its owner Deployment.apps isvc is controlled by InferenceService.serving.kserve.io llama"},

@@ -18,8 +18,9 @@ import (
 // before (docs/operations.md, Uninstall).
 func newUninstall(f ClusterFactory, streams IOStreams) *cobra.Command {
 	var (
-		release string
-		timeout time.Duration
+		release, job, argoNS string
+		requireDeletion      bool
+		timeout              time.Duration
 	)
 	gfs := flag.NewFlagSet("names", flag.ContinueOnError)
 	buildNames := names.BindFlags(gfs)
@@ -52,8 +53,22 @@ The node DaemonSets then delete themselves once no pod on any node requires the 
 			if err != nil {
 				return err
 			}
+			rel := lifecycle.Release{Name: release, Namespace: ns}
+			if requireDeletion {
+				deleting, why, err := lifecycle.ReleaseDeletion{REST: c.CoreV1().RESTClient(), Release: rel, Job: job, ArgoCDNamespace: argoNS}.Check(cmd.Context())
+				if err != nil {
+					return fmt.Errorf("cannot tell whether release %s is being deleted, so nothing was changed: %w", release, err)
+				}
+				if !deleting {
+					fmt.Fprintf(streams.Out, "release %s is not being deleted (%s): nothing to do, and nothing was changed. "+
+						"This Job was created by applying the chart's output without Helm (helm template | kubectl apply, Kustomize helmCharts) or by a GitOps sync. "+
+						"To uninstall such an install, run `nvdomain uninstall --release %s -n %s` first, then delete the objects (docs/ecosystem.md, Argo CD)\n", release, why, release, ns)
+					return nil
+				}
+				fmt.Fprintf(streams.Out, "release %s is being deleted: %s\n", release, why)
+			}
 			return lifecycle.Uninstall(cmd.Context(), lifecycle.UninstallOptions{
-				Client: c, Names: n, Release: lifecycle.Release{Name: release, Namespace: ns}, Timeout: timeout, Out: streams.Out,
+				Client: c, Names: n, Release: rel, Timeout: timeout, Out: streams.Out,
 				HasState: agent.HasState(n),
 				Clean: func(ctx context.Context, node string) error {
 					p := agent.Publisher{Client: c, Names: n, Node: node}
@@ -63,6 +78,9 @@ The node DaemonSets then delete themselves once no pod on any node requires the 
 		},
 	}
 	cmd.Flags().StringVar(&release, "release", "", "the Helm release to uninstall")
+	cmd.Flags().BoolVar(&requireDeletion, "require-deletion", false, "act only when the release is really being deleted (a Helm release record exists, or the Argo CD Application tracking --job is being deleted), else do nothing: the chart's hook sets it, so the hook applied without Helm or synced by a GitOps tool cannot uninstall nvdomain")
+	cmd.Flags().StringVar(&job, "job", "", "with --require-deletion: the hook Job's name, whose Argo CD tracking annotation names its Application")
+	cmd.Flags().StringVar(&argoNS, "argocd-namespace", "argocd", "with --require-deletion: the namespace of Argo CD's Applications, for a tracking id that names no namespace")
 	cmd.Flags().DurationVar(&timeout, "timeout", 2*time.Minute, "how long to wait for the node pods to clean their nodes before cleaning them from here")
 	cmd.Flags().AddGoFlagSet(gfs)
 	f.AddFlags(cmd.Flags())

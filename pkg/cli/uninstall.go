@@ -61,7 +61,7 @@ The node DaemonSets then delete themselves once no pod on any node requires the 
 				}
 				if !deleting {
 					fmt.Fprintf(streams.Out, "release %s is not being deleted (%s): nothing to do, and nothing was changed. "+
-						"This Job was created by applying the chart's output without Helm (helm template | kubectl apply, Kustomize helmCharts) or by a GitOps sync. "+
+						"This Job was created by applying the chart's output without Helm (helm template | kubectl apply, Kustomize helmCharts). "+
 						"To uninstall such an install, run `nvdomain uninstall --release %s -n %s` first, then delete the objects (docs/ecosystem.md, Argo CD)\n", release, why, release, ns)
 					return nil
 				}
@@ -78,9 +78,9 @@ The node DaemonSets then delete themselves once no pod on any node requires the 
 		},
 	}
 	cmd.Flags().StringVar(&release, "release", "", "the Helm release to uninstall")
-	cmd.Flags().BoolVar(&requireDeletion, "require-deletion", false, "act only when the release is really being deleted (a Helm release record exists, or the Argo CD Application tracking --job is being deleted), else do nothing: the chart's hook sets it, so the hook applied without Helm or synced by a GitOps tool cannot uninstall nvdomain")
+	cmd.Flags().BoolVar(&requireDeletion, "require-deletion", false, "act only when the release is really being deleted (Helm installed it, or the Argo CD Application tracking --job is being deleted), else do nothing: the chart's hook sets it, so the hook applied without Helm cannot uninstall nvdomain")
 	cmd.Flags().StringVar(&job, "job", "", "with --require-deletion: the hook Job's name, whose Argo CD tracking annotation names its Application")
-	cmd.Flags().StringVar(&argoNS, "argocd-namespace", "argocd", "with --require-deletion: the namespace of Argo CD's Applications, for a tracking id that names no namespace")
+	cmd.Flags().StringVar(&argoNS, "argocd-namespace", "argocd", "with --require-deletion: the namespace of Argo CD's Applications, for a tracking id that names no namespace (empty: Applications are not read)")
 	cmd.Flags().DurationVar(&timeout, "timeout", 2*time.Minute, "how long to wait for the node pods to clean their nodes before cleaning them from here")
 	cmd.Flags().AddGoFlagSet(gfs)
 	f.AddFlags(cmd.Flags())

@@ -11,22 +11,20 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
 )
 
-// apiserver answers the metadata reads ReleaseDeletion makes from a map of path → object
-// (a list for the record lists); anything else is a 404 Status, as an apiserver without the
+// apiserver answers the metadata reads ReleaseDeletion makes from a map of path → object;
+// anything else is a 404 Status, as an apiserver without the
 // object or the API answers.
 func apiserver(t *testing.T, objects map[string]any) rest.Interface {
 	t.Helper()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !strings.Contains(r.Header.Get("Accept"), "as=PartialObjectMetadata") {
+		if !strings.Contains(r.Header.Get("Accept"), "as=PartialObjectMetadata;") {
 			t.Errorf("%s read without asking for metadata only: %q", r.URL.Path, r.Header.Get("Accept"))
 		}
-		key := r.URL.Path
-		if sel := r.URL.Query().Get("labelSelector"); sel != "" {
-			key += "?" + sel
-		}
-		obj, ok := objects[key]
+		obj, ok := objects[r.URL.Path]
 		w.Header().Set("Content-Type", "application/json")
 		if !ok {
 			w.WriteHeader(http.StatusNotFound)
@@ -43,14 +41,6 @@ func apiserver(t *testing.T, objects map[string]any) rest.Interface {
 	return c.CoreV1().RESTClient()
 }
 
-func list(n int) metav1.PartialObjectMetadataList {
-	l := metav1.PartialObjectMetadataList{TypeMeta: metav1.TypeMeta{Kind: "PartialObjectMetadataList", APIVersion: "meta.k8s.io/v1"}}
-	for range n {
-		l.Items = append(l.Items, metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Name: "sh.helm.release.v1.nvdomain.v1"}})
-	}
-	return l
-}
-
 func meta(annotations map[string]string, deleting bool) metav1.PartialObjectMetadata {
 	m := metav1.PartialObjectMetadata{TypeMeta: metav1.TypeMeta{Kind: "PartialObjectMetadata", APIVersion: "meta.k8s.io/v1"}, ObjectMeta: metav1.ObjectMeta{Annotations: annotations}}
 	if deleting {
@@ -61,14 +51,19 @@ func meta(annotations map[string]string, deleting bool) metav1.PartialObjectMeta
 }
 
 const (
-	secrets    = "/api/v1/namespaces/nvdomain-system/secrets?owner=helm,name=nvdomain"
-	configMaps = "/api/v1/namespaces/nvdomain-system/configmaps?owner=helm,name=nvdomain"
-	hookJob    = "/apis/batch/v1/namespaces/nvdomain-system/jobs/nvdomain-uninstall"
+	nodeDS  = "/apis/apps/v1/namespaces/nvdomain-system/daemonsets/nvdomain-node"
+	draDS   = "/apis/apps/v1/namespaces/nvdomain-system/daemonsets/nvdomain-node-dra"
+	hookJob = "/apis/batch/v1/namespaces/nvdomain-system/jobs/nvdomain-uninstall"
 )
+
+// helmOwned is the metadata Helm gives the objects of release in namespace.
+func helmOwned(release, namespace string) metav1.PartialObjectMetadata {
+	return meta(map[string]string{names.HelmReleaseNameAnnotation: release, names.HelmReleaseNamespaceAnnotation: namespace}, false)
+}
 
 func TestTheUninstallHookActsOnlyOnARealDeletion(t *testing.T) {
 	tracked := func(app string) metav1.PartialObjectMetadata {
-		return meta(map[string]string{ArgoCDTrackingAnnotation: app + ":batch/Job:nvdomain-system/nvdomain-uninstall"}, false)
+		return meta(map[string]string{names.ArgoCDTrackingAnnotation: app + ":batch/Job:nvdomain-system/nvdomain-uninstall"}, false)
 	}
 	for _, tc := range []struct {
 		name     string
@@ -76,17 +71,18 @@ func TestTheUninstallHookActsOnlyOnARealDeletion(t *testing.T) {
 		deleting bool
 		why      string
 	}{
-		{"helm uninstall: the release record is a Secret", map[string]any{secrets: list(1), configMaps: list(0)}, true, "Helm keeps release nvdomain"},
-		{"helm uninstall with HELM_DRIVER=configmap", map[string]any{secrets: list(0), configMaps: list(1)}, true, "(configmaps)"},
-		{"helm template | kubectl apply", map[string]any{secrets: list(0), configMaps: list(0), hookJob: meta(nil, false)}, false, "no Argo CD tracking annotation"},
-		{"an Argo CD sync (the hook run as a plain Job)", map[string]any{secrets: list(0), configMaps: list(0), hookJob: tracked("gpu-stack"),
+		{"helm uninstall (the CLI, Flux's helm-controller, any storage driver)", map[string]any{nodeDS: helmOwned("nvdomain", "nvdomain-system")}, true, "carries its ownership annotations"},
+		{"helm uninstall of a DRA-only release", map[string]any{draDS: helmOwned("nvdomain", "nvdomain-system")}, true, "DaemonSet nvdomain-node-dra"},
+		{"helm template | kubectl apply", map[string]any{nodeDS: meta(nil, false), hookJob: meta(nil, false)}, false, "not installed by Helm"},
+		{"another release's ownership", map[string]any{nodeDS: helmOwned("other", "nvdomain-system"), hookJob: meta(nil, false)}, false, "not installed by Helm"},
+		{"an Argo CD Application that lives on", map[string]any{nodeDS: meta(nil, false), hookJob: tracked("gpu-stack"),
 			"/apis/argoproj.io/v1alpha1/namespaces/argocd/applications/gpu-stack": meta(nil, false)}, false, "is not being deleted"},
-		{"an Argo CD Application being deleted (PreDelete)", map[string]any{secrets: list(0), configMaps: list(0), hookJob: tracked("gpu-stack"),
+		{"an Argo CD Application being deleted (PreDelete)", map[string]any{nodeDS: meta(nil, false), hookJob: tracked("gpu-stack"),
 			"/apis/argoproj.io/v1alpha1/namespaces/argocd/applications/gpu-stack": meta(nil, true)}, true, "argocd/gpu-stack is being deleted"},
-		{"an Application in another namespace", map[string]any{secrets: list(0), configMaps: list(0), hookJob: tracked("platform_gpu-stack"),
+		{"an Application in another namespace", map[string]any{hookJob: tracked("platform_gpu-stack"),
 			"/apis/argoproj.io/v1alpha1/namespaces/platform/applications/gpu-stack": meta(nil, true)}, true, "platform/gpu-stack is being deleted"},
-		{"an Application that cannot be found (no Argo CD API)", map[string]any{secrets: list(0), configMaps: list(0), hookJob: tracked("gpu-stack")}, false, "is not found"},
-		{"the Job itself gone", map[string]any{secrets: list(0), configMaps: list(0)}, false, "no Helm release nvdomain"},
+		{"an Application that cannot be found (no Argo CD API)", map[string]any{nodeDS: meta(nil, false), hookJob: tracked("gpu-stack")}, false, "is not found"},
+		{"nothing left at all", map[string]any{}, false, "not installed by Helm"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := ReleaseDeletion{REST: apiserver(t, tc.objects), Release: Release{Name: "nvdomain", Namespace: "nvdomain-system"}, Job: "nvdomain-uninstall", ArgoCDNamespace: "argocd"}

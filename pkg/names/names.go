@@ -31,6 +31,20 @@ const (
 	KueueQuotaReserved   = "QuotaReserved"
 	// KueueQueueLabel names the LocalQueue a workload is submitted to.
 	KueueQueueLabel = "kueue.x-k8s.io/queue-name"
+	// HelmReleaseNameAnnotation and HelmReleaseNamespaceAnnotation are what Helm (the CLI, the
+	// SDK, Flux's helm-controller) puts on every object it installs; `helm template` output
+	// does not carry them.
+	HelmReleaseNameAnnotation      = "meta.helm.sh/release-name"
+	HelmReleaseNamespaceAnnotation = "meta.helm.sh/release-namespace"
+	// ArgoCDTrackingAnnotation is what Argo CD (annotation tracking, its default since v3.0)
+	// puts on every object of an Application, hooks included:
+	// "<app>:<group>/<kind>:<namespace>/<name>", <app> being "<namespace>_<name>" for an
+	// Application outside Argo CD's own namespace.
+	ArgoCDTrackingAnnotation = "argocd.argoproj.io/tracking-id"
+	// LWSNameLabel and LWSGroupIndexLabel are the labels LeaderWorkerSet's pod webhook puts
+	// on every pod of a group: the LeaderWorkerSet and the group's index.
+	LWSNameLabel       = "leaderworkerset.sigs.k8s.io/name"
+	LWSGroupIndexLabel = "leaderworkerset.sigs.k8s.io/group-index"
 	// GPUResource is the NVIDIA device plugin's whole-GPU resource.
 	GPUResource = "nvidia.com/gpu"
 	// SharedGPUResource is what the device plugin advertises for time-sliced GPUs when

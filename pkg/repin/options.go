@@ -42,8 +42,9 @@ type Options struct {
 
 // DefaultOwnerKinds recreate an evicted pod without counting it as a failure.
 //
-// LeaderWorkerSet is among them although evicting one pod restarts its whole group
-// (RecreateGroupOnPodRestart, the default): a stranded member keeps its whole group from
+// LeaderWorkerSet is among them although evicting one pod restarts its whole group (with
+// RecreateGroupOnPodRestart, the default; restartPolicy None replaces only the pod): a
+// stranded member keeps its whole group from
 // serving already, so the restart costs nothing the strand has not, and it is the only way the
 // group gets room again. Only the stranded group is restarted; the LWS's other groups run on.
 var DefaultOwnerKinds = []string{"ReplicaSet.apps", "StatefulSet.apps", "ReplicationController", LeaderWorkerSetKind}

@@ -22,16 +22,16 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/nvdomain/nvdomain/pkg/cli"
-	"github.com/nvdomain/nvdomain/pkg/lifecycle"
+	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/test/hacluster"
 )
 
 // The chart's uninstall hook applied without Helm: `helm template | kubectl apply` (and
-// Kustomize's helmCharts, and a GitOps sync) creates the pre-delete Job as a plain Job, at
+// Kustomize's helmCharts, and a Flux Kustomization) creates the pre-delete Job as a plain Job, at
 // once. Its command line, run as the hook's own ServiceAccount under the chart's RBAC against
-// a real kube-apiserver, changes nothing, until the release is really being deleted: a Helm
-// release record exists (helm uninstall runs pre-delete hooks before it drops the record), or
-// the Argo CD Application that tracks the Job is being deleted (Argo CD v3.3+ PreDelete).
+// a real kube-apiserver, changes nothing, until the release is really being deleted: Helm
+// installed it (its ownership annotations on the node DaemonSet), or the Argo CD Application
+// that tracks the Job is being deleted (Argo CD v3.3+ PreDelete).
 func TestTheUninstallHookAppliedWithoutHelmChangesNothing(t *testing.T) {
 	cfg, adminKubeconfig := apiServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -102,16 +102,23 @@ func TestTheUninstallHookAppliedWithoutHelmChangesNothing(t *testing.T) {
 	}
 	t.Logf("applied with kubectl, the hook says: %s", strings.TrimSpace(said))
 
-	// helm uninstall: Helm's release record is there while its pre-delete hook runs.
-	record := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "sh.helm.release.v1.nvdomain.v1", Namespace: ns,
-		Labels: map[string]string{"owner": "helm", "name": "nvdomain", "status": "deployed", "version": "1"}}, Type: "helm.sh/release.v1"}
-	if _, err := admin.CoreV1().Secrets(ns).Create(ctx, record, metav1.CreateOptions{}); err != nil {
+	// helm uninstall: Helm's ownership annotations are on the objects it installed (here put
+	// on the node DaemonSet as `helm install` puts them).
+	ds, err := admin.AppsV1().DaemonSets(ns).Get(ctx, "nvdomain-node", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds.Annotations[names.HelmReleaseNameAnnotation], ds.Annotations[names.HelmReleaseNamespaceAnnotation] = "nvdomain", ns
+	if _, err := admin.AppsV1().DaemonSets(ns).Update(ctx, ds, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	runHook(true)
-	must(t, admin.CoreV1().Secrets(ns).Delete(ctx, record.Name, metav1.DeleteOptions{}))
+	must(t, admin.AppsV1().DaemonSets(ns).Delete(ctx, "nvdomain-node", metav1.DeleteOptions{}))
 
-	// Argo CD: the same objects synced again, the Job tracked by an Application.
+	// Argo CD v3.3+: the objects as Argo CD applies them (helm template output), the hook Job
+	// tracked by an Application. While the Application lives, the Job's command changes
+	// nothing (Argo CD itself creates the Job only for a deletion; the check must not lean on
+	// that); once the Application is being deleted, it acts.
 	apply()
 	appsGVR := schema.GroupVersionResource{Group: "argoproj.io", Version: "v1alpha1", Resource: "applications"}
 	if _, err := envtest.InstallCRDs(cfg, envtest.CRDInstallOptions{Paths: []string{filepath.Join("testdata", "argocd-application-crd.yaml")}}); err != nil {
@@ -131,11 +138,10 @@ func TestTheUninstallHookAppliedWithoutHelmChangesNothing(t *testing.T) {
 	if j.Annotations == nil {
 		j.Annotations = map[string]string{}
 	}
-	j.Annotations[lifecycle.ArgoCDTrackingAnnotation] = "gpu-stack:batch/Job:" + ns + "/" + job.Name
+	j.Annotations[names.ArgoCDTrackingAnnotation] = "gpu-stack:batch/Job:" + ns + "/" + job.Name
 	if _, err := admin.BatchV1().Jobs(ns).Update(ctx, j, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	// A sync: the Application lives on.
 	if said := runHook(false); !strings.Contains(said, "argocd/gpu-stack is not being deleted") {
 		t.Errorf("after a sync the hook says %q", said)
 	}

@@ -75,21 +75,9 @@ var (
 //     with nvdomain's webhooks unregistered, on the same cluster.
 func TestTPWorkloadsQueuedByKueue(t *testing.T) {
 	kueueDir := buildTool(t, "build-kueue.sh")
-	kwokDir, err := hacluster.KwokDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := hacluster.Start(t, hacluster.Options{
-		Replicas:              2,
-		WebhookArgs:           []string{"--tp-sizes=2,4,8", "--repin-after=3s", "--repin-interval=1s"},
-		KwokFinishesDeletions: true,
-		Controllers:           []string{"replicaset", "deployment", "statefulset", "job", "garbagecollector"},
-	})
+	c, dyn := startCluster(t, "replicaset", "deployment", "statefulset", "job", "garbagecollector")
 	ctx, cancel := context.WithTimeout(context.Background(), 9*time.Minute)
 	defer cancel()
-	dyn := dynamic.NewForConfigOrDie(c.Config)
-
-	startKwok(t, c, kwokDir)
 	publishNode(ctx, t, c, node, [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}})
 	if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -316,15 +304,27 @@ func kueueCRDs(t *testing.T, dir string) []*apiextensionsv1.CustomResourceDefini
 	return crds
 }
 
-// startKwok runs kwok over every node: it keeps them Ready, runs the pods bound to them and
+// startCluster starts the control plane with controllers, two nvdomain webhook replicas that
+// re-pin after 3 s, and kwok, which keeps the nodes Ready, runs the pods bound to them and
 // finishes their deletions, as kubelets would.
-func startKwok(t *testing.T, c *hacluster.Cluster, kwokDir string) {
+func startCluster(t *testing.T, controllers ...string) (*hacluster.Cluster, dynamic.Interface) {
 	t.Helper()
+	kwokDir, err := hacluster.KwokDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := hacluster.Start(t, hacluster.Options{
+		Replicas:              2,
+		WebhookArgs:           []string{"--tp-sizes=2,4,8", "--repin-after=3s", "--repin-interval=1s"},
+		KwokFinishesDeletions: true,
+		Controllers:           controllers,
+	})
 	kwokConfig := filepath.Join(c.LogDir, "kwok.yaml")
 	if err := os.WriteFile(kwokConfig, []byte(scale.KwokStages(time.Hour)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	c.StartProcess("kwok", filepath.Join(kwokDir, "kwok"), "--kubeconfig="+c.Kubeconfig, "--manage-all-nodes", "--config="+kwokConfig, "--node-ip=192.0.2.200")
+	return c, dynamic.NewForConfigOrDie(c.Config)
 }
 
 // publishNode registers a node as its kubelet and device plugin would (8 nvidia.com/gpu) and

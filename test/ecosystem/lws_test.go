@@ -12,7 +12,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/dynamic"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -45,20 +44,9 @@ var lwsGVR = schema.GroupVersionResource{Group: "leaderworkerset.x-k8s.io", Vers
 //     neither moves it again nor gives the workload up.
 func TestLeaderWorkerSetGroupsOfTPPods(t *testing.T) {
 	lwsDir := buildTool(t, "build-lws.sh")
-	kwokDir, err := hacluster.KwokDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := hacluster.Start(t, hacluster.Options{
-		Replicas:              2,
-		WebhookArgs:           []string{"--tp-sizes=2,4,8", "--repin-after=3s", "--repin-interval=1s"},
-		KwokFinishesDeletions: true,
-		Controllers:           []string{"replicaset", "statefulset", "garbagecollector"},
-	})
+	c, dyn := startCluster(t, "replicaset", "statefulset", "garbagecollector")
 	ctx, cancel := context.WithTimeout(context.Background(), 9*time.Minute)
 	defer cancel()
-	dyn := dynamic.NewForConfigOrDie(c.Config)
-	startKwok(t, c, kwokDir)
 	publishNode(ctx, t, c, "gpu-0", [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}})
 	publishNode(ctx, t, c, "gpu-1", [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}})
 	if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {

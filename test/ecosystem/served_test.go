@@ -210,12 +210,6 @@ func webhookConfigs(t *testing.T, path, prefix, namespace, service string, patch
 			t.Fatal(err)
 		}
 	}
-	pathOf := func(cc admissionregv1.WebhookClientConfig) string {
-		if cc.Service == nil || cc.Service.Path == nil {
-			return ""
-		}
-		return *cc.Service.Path
-	}
 	point := func(cc *admissionregv1.WebhookClientConfig) {
 		cc.Service.Name, cc.Service.Namespace = service, namespace
 	}
@@ -239,14 +233,7 @@ func webhookConfigs(t *testing.T, path, prefix, namespace, service string, patch
 			}
 			patched("MutatingWebhookConfiguration", &m.Webhooks)
 			m.Name = prefix + "-" + m.Name
-			var hooks []admissionregv1.MutatingWebhook
-			for _, h := range m.Webhooks {
-				if keep(pathOf(h.ClientConfig)) {
-					point(&h.ClientConfig)
-					hooks = append(hooks, h)
-				}
-			}
-			m.Webhooks = hooks
+			m.Webhooks = kept(m.Webhooks, func(h *admissionregv1.MutatingWebhook) *admissionregv1.WebhookClientConfig { return &h.ClientConfig }, keep, point)
 			muts = append(muts, m)
 		case "ValidatingWebhookConfiguration":
 			v := &admissionregv1.ValidatingWebhookConfiguration{}
@@ -255,14 +242,7 @@ func webhookConfigs(t *testing.T, path, prefix, namespace, service string, patch
 			}
 			patched("ValidatingWebhookConfiguration", &v.Webhooks)
 			v.Name = prefix + "-" + v.Name
-			var hooks []admissionregv1.ValidatingWebhook
-			for _, h := range v.Webhooks {
-				if keep(pathOf(h.ClientConfig)) {
-					point(&h.ClientConfig)
-					hooks = append(hooks, h)
-				}
-			}
-			v.Webhooks = hooks
+			v.Webhooks = kept(v.Webhooks, func(h *admissionregv1.ValidatingWebhook) *admissionregv1.WebhookClientConfig { return &h.ClientConfig }, keep, point)
 			vals = append(vals, v)
 		}
 	}
@@ -270,6 +250,19 @@ func webhookConfigs(t *testing.T, path, prefix, namespace, service string, patch
 		t.Fatalf("%s: expected one mutating and one validating configuration with webhooks, got %d and %d", path, len(muts), len(vals))
 	}
 	return muts, vals
+}
+
+// kept returns the webhooks whose path keep accepts, each pointed by point.
+func kept[H any](hooks []H, config func(*H) *admissionregv1.WebhookClientConfig, keep func(string) bool, point func(*admissionregv1.WebhookClientConfig)) []H {
+	var out []H
+	for i := range hooks {
+		cc := config(&hooks[i])
+		if cc.Service != nil && cc.Service.Path != nil && keep(*cc.Service.Path) {
+			point(cc)
+			out = append(out, hooks[i])
+		}
+	}
+	return out
 }
 
 // keepPaths accepts the webhook paths that contain one of subs.

@@ -114,7 +114,7 @@ type Reconciler struct {
 	since     map[types.UID]time.Time
 	lastEvent map[types.UID]time.Time
 	owners    prepin.Owners
-	// moves remembers, per workload (the pod's controller), the evictions that did not lead
+	// moves remembers, per workload (workloadKey), the evictions that did not lead
 	// to a running pod, so that no configuration can make the controller loop.
 	moves map[types.UID]*workloadMoves
 	// roomIgnored is when the plan first found room in its own id for a pod the scheduler
@@ -370,8 +370,8 @@ func (r *Reconciler) repairRefused(ctx context.Context, now time.Time, next time
 // stranded and how long is left until Options.After (0 or less once reached).
 func (r *Reconciler) strandedClock(pod *corev1.Pod, now time.Time, stranded, workloads map[types.UID]bool) (time.Duration, time.Duration) {
 	stranded[pod.UID] = true
-	if ref := metav1.GetControllerOfNoCopy(pod); ref != nil {
-		workloads[ref.UID] = true
+	if key, ok := workloadKey(pod); ok {
+		workloads[key] = true
 	}
 	since, ok := r.since[pod.UID]
 	if !ok {
@@ -388,7 +388,8 @@ func (r *Reconciler) strandedClock(pod *corev1.Pod, now time.Time, stranded, wor
 // while it is still exactly as judged. It returns when to look again, if at all.
 func (r *Reconciler) move(ctx context.Context, pod *corev1.Pod, owners prepin.OwnerVerdict, cause, moveText, boundTo string) time.Duration {
 	ctrl := metav1.GetControllerOfNoCopy(pod)
-	m := r.moves[ctrl.UID]
+	key, _ := workloadKey(pod)
+	m := r.moves[key]
 	repeat := m != nil && m.replaces(pod)
 	if m != nil && m.givenUp {
 		return 0 // left alone until something changes (forgetMoves)
@@ -439,7 +440,7 @@ func (r *Reconciler) move(ctx context.Context, pod *corev1.Pod, owners prepin.Ow
 		r.Metrics.Repins.WithLabelValues(ResultEvicted).Inc()
 		if m == nil {
 			m = &workloadMoves{}
-			r.moves[ctrl.UID] = m
+			r.moves[key] = m
 		}
 		if repeat {
 			m.repeats++
@@ -449,7 +450,7 @@ func (r *Reconciler) move(ctx context.Context, pod *corev1.Pod, owners prepin.Ow
 		// of one of them is no repeat.
 		m.known = map[types.UID]bool{}
 		for _, p := range r.planPods {
-			if ref := metav1.GetControllerOfNoCopy(p); ref != nil && ref.UID == ctrl.UID && p.UID != pod.UID {
+			if k, ok := workloadKey(p); ok && k == key && p.UID != pod.UID {
 				m.known[p.UID] = true
 			}
 		}
@@ -496,6 +497,22 @@ type workloadMoves struct {
 // pod the controller evicted, or one as good as it.
 func (m *workloadMoves) replaces(pod *corev1.Pod) bool {
 	return !m.known[pod.UID]
+}
+
+// workloadKey is the workload whose moves the backoff and the give-up count: the pod's
+// controller, but for a LeaderWorkerSet group, its group. A group restart (what evicting one
+// member makes LWS do) replaces the workers' StatefulSet, whose UID then changes, and all the
+// groups' leaders share one StatefulSet: keyed by controller, the workers' moves would never
+// repeat and one group's moves would count against the others'. The labels are LWS's own,
+// and the key stays inside the pod's namespace.
+func workloadKey(pod *corev1.Pod) (types.UID, bool) {
+	if lws, group := pod.Labels[names.LWSNameLabel], pod.Labels[names.LWSGroupIndexLabel]; lws != "" && group != "" {
+		return types.UID("lws/" + pod.Namespace + "/" + lws + "/" + group), true
+	}
+	if ref := metav1.GetControllerOfNoCopy(pod); ref != nil {
+		return ref.UID, true
+	}
+	return "", false
 }
 
 // forgetMoves ends what the controller remembers of a workload once it has made progress: it

@@ -781,6 +781,52 @@ func TestReplacementsThatStrandAgainAreGivenUp(t *testing.T) {
 	}
 }
 
+// A LeaderWorkerSet group's worker that strands again after each move is given up on like
+// any workload, although every group restart gives the workers a new StatefulSet (a new
+// controller UID): the moves are counted per group. Another group of the same LWS stranding
+// meanwhile is its own workload, not a repeat.
+func TestAnLWSGroupThatStrandsAgainIsGivenUp(t *testing.T) {
+	group := func(index string, sts string) podOpt {
+		return func(p *corev1.Pod) {
+			ownedBy("StatefulSet", "apps/v1", sts)(p)
+			if p.Labels == nil {
+				p.Labels = map[string]string{}
+			}
+			p.Labels[names.LWSNameLabel], p.Labels[names.LWSGroupIndexLabel] = "vllm", index
+		}
+	}
+	waiter := pinned("vllm-0-1", "", 0, group("0", "vllm-0-gen0"), unschedulable)
+	objs := strandedCluster(waiter,
+		owner(&appsv1.StatefulSet{}, "vllm", controlledBy("LeaderWorkerSet", "leaderworkerset.x-k8s.io/v1", "vllm")))
+	for i := range 200 {
+		// The workers' StatefulSet of each restart, under the group's leader pod.
+		objs = append(objs, owner(&appsv1.StatefulSet{}, fmt.Sprintf("vllm-0-gen%d", i), controlledBy("Pod", "v1", "vllm-0")))
+	}
+	objs = append(objs, owner(&corev1.Pod{}, "vllm-0", controlledBy("StatefulSet", "apps/v1", "vllm")))
+	h := newHarness(t, testOptions(), objs...)
+	h.gone = map[string]*corev1.Pod{waiter.Name: waiter}
+	restarted := func(_ *corev1.Pod, i int) *corev1.Pod {
+		return pinned(fmt.Sprintf("vllm-0-1-r%d", i+1), "", 0, group("0", fmt.Sprintf("vllm-0-gen%d", i+1)), unschedulable)
+	}
+	seen := 0
+	for range 120 { // ten minutes, a pass every 5 s
+		h.pass(t, 5*time.Second)
+		h.replaceEvicted(t, &seen, restarted)
+	}
+	if got := len(h.evictions); got != prepin.MaxMovesWithoutRunning {
+		t.Fatalf("%d evictions of the group's workers in ten minutes; want %d, then none; events %q", got, prepin.MaxMovesWithoutRunning, h.events)
+	}
+	if got := h.eventsWith(prepin.ReasonRepinGivenUp); len(got) != 2 {
+		t.Fatalf("RepinGivenUp events = %q", got)
+	}
+	if key, _ := workloadKey(restarted(nil, 7)); key != "lws/default/vllm/0" {
+		t.Fatalf("a group's key is %q", key)
+	}
+	if a, _ := workloadKey(pinned("x", "", 0, group("1", "vllm-1-gen0"))); a == "lws/default/vllm/0" {
+		t.Fatal("another group of the LWS shares group 0's moves")
+	}
+}
+
 // Node A (pool=a) is full in both domains; node B is full in domain 0 and free in domain 1.
 // Two pods with nodeSelector pool=a wait pinned to domain 1, and a Deployment pod P waits
 // pinned to domain 0. The re-pin plan sees that only P can use B's domain 1; the webhook

@@ -13,6 +13,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 )
@@ -119,4 +120,13 @@ func SetNodeCondition(ctx context.Context, c kubernetes.Interface, node, fieldMa
 		return fmt.Errorf("set condition %s on node %s: %w", cond.Type, node, err)
 	}
 	return nil
+}
+
+// OwnerObject is the object an owner reference names, in namespace, as an Event's subject: an
+// Event on the Deployment, Job or LeaderWorkerSet a user looks at, recorded without reading it.
+func OwnerObject(namespace string, o metav1.OwnerReference) runtime.Object {
+	return &metav1.PartialObjectMetadata{
+		TypeMeta:   metav1.TypeMeta{APIVersion: o.APIVersion, Kind: o.Kind},
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: o.Name, UID: o.UID},
+	}
 }

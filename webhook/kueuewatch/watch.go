@@ -21,7 +21,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/discovery"
@@ -304,7 +303,7 @@ func (w *Watch) observe(obj any) {
 	w.Log.Info("Kueue holds a workload back for nvdomain's per-domain resource", "workload", u.GetNamespace()+"/"+u.GetName(), "resource", resource, "message", msg)
 	w.Recorder.Eventf(u, nil, corev1.EventTypeWarning, queueing.ReasonKueueRefusesDomainResource, "Admit", "%s", kubeevents.Cap(msg))
 	for _, o := range owners(u) {
-		w.Recorder.Eventf(ownerObject(u.GetNamespace(), o), nil, corev1.EventTypeWarning, queueing.ReasonKueueRefusesDomainResource, "Admit", "%s",
+		w.Recorder.Eventf(kubeevents.OwnerObject(u.GetNamespace(), o), nil, corev1.EventTypeWarning, queueing.ReasonKueueRefusesDomainResource, "Admit", "%s",
 			kubeevents.Cap(queueing.OwnerMessage(u.GetName(), msg)))
 	}
 }
@@ -349,12 +348,5 @@ func (w *Watch) forget(obj any) {
 	w.mu.Unlock()
 	if w.Metrics != nil {
 		w.Metrics.Refused.Set(float64(n))
-	}
-}
-
-func ownerObject(namespace string, o metav1.OwnerReference) runtime.Object {
-	return &metav1.PartialObjectMetadata{
-		TypeMeta:   metav1.TypeMeta{APIVersion: o.APIVersion, Kind: o.Kind},
-		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: o.Name, UID: o.UID},
 	}
 }

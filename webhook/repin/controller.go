@@ -20,7 +20,6 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -401,7 +400,7 @@ func (r *Reconciler) move(ctx context.Context, pod *corev1.Pod, owners prepin.Ow
 			text := prepin.GivenUpText(cause, m.repeats+1)
 			r.Log.Info("gave up re-pinning a workload", "namespace", pod.Namespace, "pod", pod.Name, "controller", ctrl.Name, "moves", m.repeats+1)
 			r.Recorder.Eventf(pod, nil, corev1.EventTypeWarning, prepin.ReasonRepinGivenUp, "Repin", "%s", kubeevents.Cap(text))
-			r.Recorder.Eventf(ownerObject(pod.Namespace, owners.Top()), nil, corev1.EventTypeWarning, prepin.ReasonRepinGivenUp, "Repin", "%s", kubeevents.Cap("pod "+pod.Name+": "+text))
+			r.Recorder.Eventf(kubeevents.OwnerObject(pod.Namespace, *owners.Top()), nil, corev1.EventTypeWarning, prepin.ReasonRepinGivenUp, "Repin", "%s", kubeevents.Cap("pod "+pod.Name+": "+text))
 			return 0
 		}
 		if wait := prepin.MoveBackoff(r.Options.After, m.repeats+1) - r.now().Sub(m.last); wait > 0 {
@@ -460,7 +459,7 @@ func (r *Reconciler) move(ctx context.Context, pod *corev1.Pod, owners prepin.Ow
 		r.Recorder.Eventf(pod, nil, corev1.EventTypeNormal, prepin.ReasonRepinned, "Repin", "%s", kubeevents.Cap(moveText+": "+msg))
 		// The top-level owner is the object its user manages (a Deployment rather than its
 		// ReplicaSet): the Event goes where they look.
-		r.Recorder.Eventf(ownerObject(pod.Namespace, top), nil, corev1.EventTypeNormal, prepin.ReasonRepinned, "Repin", "%s", kubeevents.Cap("pod "+pod.Name+", "+moveText+": "+msg))
+		r.Recorder.Eventf(kubeevents.OwnerObject(pod.Namespace, *top), nil, corev1.EventTypeNormal, prepin.ReasonRepinned, "Repin", "%s", kubeevents.Cap("pod "+pod.Name+", "+moveText+": "+msg))
 		delete(r.since, pod.UID)
 	case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
 		// Gone, replaced, bound or changed meanwhile: the next pass sees the new state.
@@ -538,11 +537,4 @@ func (r *Reconciler) eventOnce(pod *corev1.Pod, typ, reason, action, format stri
 	}
 	r.lastEvent[pod.UID] = now
 	r.Recorder.Eventf(pod, nil, typ, reason, action, "%s", kubeevents.Cap(fmt.Sprintf(format, args...)))
-}
-
-func ownerObject(namespace string, o *metav1.OwnerReference) runtime.Object {
-	return &metav1.PartialObjectMetadata{
-		TypeMeta:   metav1.TypeMeta{APIVersion: o.APIVersion, Kind: o.Kind},
-		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: o.Name, UID: o.UID},
-	}
 }

@@ -56,7 +56,7 @@ func (so *ServerOptions) AddFlags(fs *flag.FlagSet) (complete func() error) {
 	so.Repin.AddFlags(fs)
 	fs.BoolVar(&so.KueueWatch, "kueue-watch", so.KueueWatch, "on the elected replica, follow Kueue's Workloads (kueue.x-k8s.io/"+names.KueueWorkloadVersion+", once Kueue is installed) and record a Warning on each one Kueue holds back because its ClusterQueue does not cover nvdomain's per-domain resource, naming the Kueue setting that fixes it")
 	cr := &so.CertRotation
-	fs.StringVar(&cr.Secret, "cert-secret", cr.Secret, "namespace/name of the self-signed serving certificate's Secret to renew before it expires (empty: certificates are managed elsewhere, e.g. cert-manager)")
+	fs.StringVar(&cr.Secret, "cert-secret", cr.Secret, "namespace/name of the Secret the elected replica fills with a self-signed CA and serving certificate at run time, and renews; every replica then serves from it, not from --cert-dir (empty: certificates are managed elsewhere, e.g. cert-manager, and read from --cert-dir)")
 	fs.StringVar(&cr.WebhookConfiguration, "webhook-configuration", cr.WebhookConfiguration, "name of the Mutating- and ValidatingWebhookConfiguration whose caBundle follows the Secret's CAs")
 	fs.StringVar(&cr.Service, "cert-service", cr.Service, "the webhook Service's name, for the certificate's DNS names")
 	certHosts := fs.String("cert-hosts", "", "comma-separated extra DNS names or IPs for the certificate (e.g. 127.0.0.1 when the webhook is reached by URL)")
@@ -109,7 +109,7 @@ func (so ServerOptions) Validate() error {
 	}
 	if cr := so.CertRotation; cr.Secret != "" {
 		if ns, name, ok := strings.Cut(cr.Secret, "/"); !ok || ns == "" || name == "" {
-			return fmt.Errorf("--cert-secret=%q: give namespace/name, e.g. nvdomain-system/nvdomain-webhook-tls", cr.Secret)
+			return fmt.Errorf("--cert-secret=%q: give namespace/name, e.g. nvdomain-system/nvdomain-webhook-certificates", cr.Secret)
 		}
 		switch {
 		case cr.Service == "" && len(cr.Hosts) == 0:

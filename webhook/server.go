@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -50,7 +51,8 @@ const (
 type ServerOptions struct {
 	Handlers decision.Options
 	// CertDir holds tls.crt and tls.key; it is watched, so rotated certificates are picked
-	// up without a restart.
+	// up without a restart. Unused when CertRotation.Secret is set: then every replica
+	// serves the certificate straight from that Secret.
 	CertDir     string
 	Host        string
 	Port        int
@@ -71,8 +73,9 @@ type ServerOptions struct {
 	// long it keeps serving after that.
 	Drain         *Drain
 	ShutdownDelay time.Duration
-	// CertRotation, when CertRotation.Secret is set, renews the self-signed serving
-	// certificate in that Secret on the elected replica (package certrotation).
+	// CertRotation, when CertRotation.Secret is set, makes and renews the self-signed
+	// serving certificate in that Secret on the elected replica, and every replica serves it
+	// from there (package certrotation).
 	CertRotation CertRotationOptions
 	// DRATemplates configures the controller that keeps the ResourceClaimTemplates of DRA
 	// mode in every namespace; it runs on the elected leader too. Its sizes and excluded
@@ -142,6 +145,21 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 		maps.Copy(byObject, prepin.OwnerCache())
 	}
 	so.Pools.WatchPools(byObject)
+	// In self-signed mode every replica serves the certificate straight from its Secret (the
+	// elected replica makes it at run time; certrotation.Source says why not from the mount).
+	var source *certrotation.Source
+	tlsOpts := []func(*tls.Config){func(c *tls.Config) { c.MinVersion = tls.VersionTLS12 }}
+	var certClients kubernetes.Interface
+	if cr := so.CertRotation; cr.Secret != "" {
+		ns, name, _ := strings.Cut(cr.Secret, "/")
+		cs, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			return nil, nil, fmt.Errorf("certificate client: %w", err)
+		}
+		certClients = cs
+		source = &certrotation.Source{Clientset: certClients, Secret: types.NamespacedName{Namespace: ns, Name: name}, Log: log.WithName("certificates")}
+		tlsOpts = append(tlsOpts, func(c *tls.Config) { c.GetCertificate = source.GetCertificate })
+	}
 	mgr, err := manager.New(cfg, manager.Options{
 		Scheme: scheme,
 		Logger: log,
@@ -150,7 +168,7 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 			Host:    so.Host,
 			Port:    so.Port,
 			CertDir: so.CertDir,
-			TLSOpts: []func(*tls.Config){func(c *tls.Config) { c.MinVersion = tls.VersionTLS12 }},
+			TLSOpts: tlsOpts,
 		}),
 		Metrics:                metricsserver.Options{BindAddress: so.MetricsAddr},
 		HealthProbeBindAddress: so.ProbeAddr,
@@ -195,8 +213,20 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 		return nil, nil, fmt.Errorf("register metrics: %w", err)
 	}
 	mut, val := NewHandlers(view, so.Handlers, metrics, log)
-	if err := certrotation.RegisterServedExpiry(reg, filepath.Join(so.CertDir, certs.CertFile)); err != nil {
-		return nil, nil, err
+	if source == nil {
+		if err := certrotation.RegisterServedExpiry(reg, filepath.Join(so.CertDir, certs.CertFile)); err != nil {
+			return nil, nil, err
+		}
+	} else {
+		if err := source.RegisterExpiry(reg); err != nil {
+			return nil, nil, err
+		}
+		if err := mgr.Add(source); err != nil {
+			return nil, nil, fmt.Errorf("certificate source: %w", err)
+		}
+		if err := mgr.AddReadyzCheck("serving-certificate", source.Ready); err != nil {
+			return nil, nil, fmt.Errorf("readiness check: %w", err)
+		}
 	}
 	if cr := so.CertRotation; cr.Secret != "" {
 		ns, name, _ := strings.Cut(cr.Secret, "/")
@@ -212,7 +242,7 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 		}
 		rot := &certrotation.Rotator{Client: direct, Secret: types.NamespacedName{Namespace: ns, Name: name}, WebhookConfiguration: cr.WebhookConfiguration,
 			Cert:        certs.Options{Service: cr.Service, Namespace: ns, Hosts: cr.Hosts, Validity: cr.Validity},
-			RenewBefore: cr.RenewBefore, Interval: cr.Interval, Log: log.WithName("certificates"), Metrics: cm}
+			RenewBefore: cr.RenewBefore, Interval: cr.Interval, Log: log.WithName("certificates"), Metrics: cm, Clientset: certClients}
 		if err := mgr.Add(rot); err != nil {
 			return nil, nil, fmt.Errorf("certificate rotation: %w", err)
 		}

@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
-	"regexp"
 	"runtime"
 	"strings"
 	"testing"
@@ -67,9 +66,6 @@ type renderError struct {
 
 func (e *renderError) Error() string { return e.err.Error() + ": " + e.stderr }
 
-// Generated key material differs on every render.
-var secrets = regexp.MustCompile(`(?m)^(\s*(caBundle|tls\.crt|tls\.key|ca\.crt|ca\.key):) \S+$`)
-
 func TestLintAndGoldenRenders(t *testing.T) {
 	cases := map[string][]string{"default": nil}
 	files, _ := filepath.Glob(filepath.Join(root(), "charts", "nvdomain", "ci", "*.yaml"))
@@ -86,7 +82,10 @@ func TestLintAndGoldenRenders(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got := secrets.ReplaceAllString(out, "$1 <generated>")
+			// Compared byte for byte, nothing masked: the chart renders no key material
+			// (the webhook makes its certificate at run time), so a render that differs from
+			// one run to the next would be a diff in every GitOps sync.
+			got := out
 			golden := filepath.Join("testdata", name+".yaml")
 			if update {
 				if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {

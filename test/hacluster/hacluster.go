@@ -57,6 +57,8 @@ import (
 const (
 	Namespace = "nvdomain-system"
 	Service   = "nvdomain-webhook"
+	// EmptyCertSecret is the certificate Secret's name under Options.EmptyCertSecret.
+	EmptyCertSecret = Service + "-certificates"
 	Port      = 9443
 	ProbePort = 8081
 	PprofPort = 6060
@@ -204,6 +206,10 @@ type Options struct {
 	WebhookPackage string
 	// Unregistered leaves the webhook configurations out; RegisterWebhooks adds them.
 	Unregistered bool
+	// EmptyCertSecret starts as the chart's self-signed mode does: the certificate Secret
+	// (Namespace/EmptyCertSecret) exists with no data, and the webhook configurations carry no caBundle, so
+	// the replicas (run with --cert-secret) must make their own certificate.
+	EmptyCertSecret bool
 	// Controllers are kube-controller-manager's --controllers (default
 	// replicaset,garbagecollector: those safe without kubelets or heartbeats).
 	Controllers []string
@@ -272,6 +278,8 @@ type Cluster struct {
 	CertDir  string
 	CACert   []byte
 	Replicas []*Replica
+	// CertSecret is the namespace/name of the Secret that holds the serving certificate.
+	CertSecret string
 	// SchedulerURL is kube-scheduler's debug address under Options.SchedulerDebug, else empty.
 	SchedulerURL string
 
@@ -363,6 +371,11 @@ func Start(t testing.TB, o Options) *Cluster {
 	// goroutine plays the kubelet that projects it into the replicas' certificate directory.
 	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: Service + "-tls", Namespace: Namespace}, Type: corev1.SecretTypeTLS, Data: map[string][]byte{
 		certs.CertFile: bundle.ServerCert, certs.KeyFile: bundle.ServerKey, certs.CAFile: bundle.CACert, certs.CAKeyFile: bundle.CAKey}}
+	if o.EmptyCertSecret {
+		sec = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: EmptyCertSecret, Namespace: Namespace}, Type: corev1.SecretTypeOpaque}
+		c.CACert = nil
+	}
+	c.CertSecret = Namespace + "/" + sec.Name
 	if _, err := c.Client.CoreV1().Secrets(Namespace).Create(context.Background(), sec, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

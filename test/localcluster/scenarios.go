@@ -61,9 +61,24 @@ func (c *Cluster) Install(ctx context.Context, w io.Writer) error {
 	if err != nil {
 		return err
 	}
+	args := append([]string{"install", "nvdomain", filepath.Join(c.Root, "charts", "nvdomain"), "--kubeconfig", c.Kubeconfig,
+		"-n", "nvdomain-system", "--create-namespace"}, c.classicValues()...)
+	args = append(args, "--wait", "--timeout", "3m")
+	fmt.Fprintf(w, "$ helm install nvdomain charts/nvdomain -n nvdomain-system -f charts/nvdomain/ci/simulated-values.yaml ...\n")
+	out, err := exec.CommandContext(ctx, helm, args...).CombinedOutput()
+	if err != nil {
+		pods, _, _ := c.Kubectl("get", "pods", "-A", "-o", "wide")
+		desc, _, _ := c.Kubectl("describe", "pods", "-n", "nvdomain-system")
+		return fmt.Errorf("helm install: %v\n%s\n%s\n%s", err, out, pods, desc)
+	}
+	fmt.Fprintf(w, "%s\n", firstLines(string(out), 6))
+	return c.waitClassicNode(ctx, w)
+}
+
+// classicValues are the chart values of the classic-mode install on this cluster.
+func (c *Cluster) classicValues() []string {
 	topo := fmt.Sprintf(`{"nodes":[{"name":%q,"gpuCount":8,"product":"NVIDIA H100 80GB HBM3","domains":[{"id":0,"gpus":[0,1,2,3]},{"id":1,"gpus":[4,5,6,7]}]}]}`, NodeName)
-	args := []string{"install", "nvdomain", filepath.Join(c.Root, "charts", "nvdomain"), "--kubeconfig", c.Kubeconfig,
-		"-n", "nvdomain-system", "--create-namespace", "-f", filepath.Join(c.Root, "charts", "nvdomain", "ci", "simulated-values.yaml"),
+	return []string{"-f", filepath.Join(c.Root, "charts", "nvdomain", "ci", "simulated-values.yaml"),
 		"--set", fmt.Sprintf("apiServer.port=%d", c.APIPort),
 		"--set-string", "image.repository=" + ImageRepository(c.Image), "--set-string", "image.tag=" + ImageTag(c.Image),
 		// One node: two hostNetwork replicas would fight over the webhook port.
@@ -75,16 +90,12 @@ func (c *Cluster) Install(ctx context.Context, w io.Writer) error {
 		"--set", "node.nri.hookDir=" + c.path("hook"),
 		"--set", "node.agent.cdiSpecDir=" + CDISpecDir(c.Dir),
 		"--set-json", fmt.Sprintf("node.cdiSpecDirs=[%q]", CDISpecDir(c.Dir)),
-		"--set-json", "topology.simulated=" + topo,
-		"--wait", "--timeout", "3m"}
-	fmt.Fprintf(w, "$ helm install nvdomain charts/nvdomain -n nvdomain-system -f charts/nvdomain/ci/simulated-values.yaml ...\n")
-	out, err := exec.CommandContext(ctx, helm, args...).CombinedOutput()
-	if err != nil {
-		pods, _, _ := c.Kubectl("get", "pods", "-A", "-o", "wide")
-		desc, _, _ := c.Kubectl("describe", "pods", "-n", "nvdomain-system")
-		return fmt.Errorf("helm install: %v\n%s\n%s\n%s", err, out, pods, desc)
-	}
-	fmt.Fprintf(w, "%s\n", firstLines(string(out), 6))
+		"--set-json", "topology.simulated=" + topo}
+}
+
+// waitClassicNode waits until the node advertises the simulated topology and its fail-closed
+// canary was decided.
+func (c *Cluster) waitClassicNode(ctx context.Context, w io.Writer) error {
 	if err := waitUntil(ctx, 2*time.Minute, "the node to advertise its domains and simulated GPUs", func() bool {
 		capGPU, _, _ := c.Kubectl("get", "node", NodeName, "-o", `jsonpath={.status.allocatable.nvidia\.com/gpu}`)
 		d1, _, _ := c.Kubectl("get", "node", NodeName, "-o", `jsonpath={.status.allocatable.nvidia\.com/nvswitch-domain-1}`)
@@ -133,6 +144,20 @@ func (c *Cluster) apply(example string) (string, error) {
 	return strings.TrimSpace(out + errOut), err
 }
 
+// readTopology puts the node's published topology into rep, for DomainOf and observe.
+func (c *Cluster) readTopology(ctx context.Context, cs kubernetes.Interface, rep *Report) error {
+	node, err := cs.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	var top topology.Topology
+	if err := json.Unmarshal([]byte(node.Annotations[names.Default().TopologyAnnotation()]), &top); err != nil {
+		return fmt.Errorf("the node's topology annotation: %w", err)
+	}
+	rep.Topology = &top
+	return nil
+}
+
 // RunScenarios runs the seed scenarios (a)-(g) with kubectl apply of manifests/examples and
 // returns what happened; w gets a running commentary.
 func (c *Cluster) RunScenarios(ctx context.Context, w io.Writer) (*Report, error) {
@@ -141,18 +166,9 @@ func (c *Cluster) RunScenarios(ctx context.Context, w io.Writer) (*Report, error
 		return nil, err
 	}
 	n := names.Default()
-	node, err := cs.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
-	if err != nil {
+	rep := &Report{Rejections: map[string]string{}, Warnings: map[string]string{}}
+	if err := c.readTopology(ctx, cs, rep); err != nil {
 		return nil, err
-	}
-	var top topology.Topology
-	if err := json.Unmarshal([]byte(node.Annotations[n.TopologyAnnotation()]), &top); err != nil {
-		return nil, fmt.Errorf("the node's topology annotation: %w", err)
-	}
-	rep := &Report{Rejections: map[string]string{}, Warnings: map[string]string{}, Topology: &top}
-	uuidIndex := map[string]int{}
-	for _, g := range top.GPUs {
-		uuidIndex[g.UUID] = g.Index
 	}
 	say := func(format string, args ...any) { fmt.Fprintf(w, format+"\n", args...) }
 	run := func(example string) error {
@@ -329,7 +345,7 @@ func (c *Cluster) RunScenarios(ctx context.Context, w io.Writer) (*Report, error
 			rep.Final = append(rep.Final, record(&list.Items[i], "final"))
 		}
 	}
-	node, _ = cs.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
+	node, _ := cs.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
 	rep.NodeYAML = nodeSummary(node, n)
 	return rep, nil
 }

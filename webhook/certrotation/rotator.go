@@ -1,9 +1,11 @@
-// Package certrotation keeps the webhook's self-signed serving certificate valid without a
-// human: on the elected replica it renews the certificate in its Secret before it expires,
+// Package certrotation makes and keeps the webhook's self-signed serving certificate valid
+// without a human, at run time: on the elected replica it fills the empty Secret the chart
+// renders with a CA and a serving certificate, renews the certificate before it expires,
 // replaces the CA before that expires, and keeps the webhook configurations' caBundle equal to
-// the CAs the Secret trusts. Every replica serves the certificate from the mounted Secret and
-// reloads it when the kubelet updates the files (controller-runtime's certificate watcher),
-// so a renewal never restarts anything.
+// the CAs the Secret trusts. Every replica serves the certificate straight from the Secret
+// (Source, a watch on that one Secret), so neither the first certificate nor a renewal waits
+// for the kubelet or restarts anything. Nothing is generated at render time, so the chart
+// renders the same manifest on every `helm template`, Argo CD or Flux sync.
 //
 // Renewing the serving certificate keeps the CA, so the apiserver trusts the new one at once.
 // Replacing the CA takes two passes: the new CA is first added to the bundle (the apiserver
@@ -27,7 +29,11 @@ import (
 	admissionregv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/nvdomain/nvdomain/pkg/certs"
@@ -94,7 +100,17 @@ type Rotator struct {
 	Log         logr.Logger
 	Metrics     *Metrics
 	Now         func() time.Time
+	// Clientset, when set, lets the rotator watch the Secret and both webhook
+	// configurations (by name), so that a caBundle reset by a sync, an upgrade or a hand
+	// edit, or a Secret emptied, is repaired within moments rather than at the next
+	// Interval: with failurePolicy Fail an untrusted certificate refuses every TP pod.
+	Clientset kubernetes.Interface
 }
+
+const (
+	expiryMetric = "nvdomain_webhook_certificate_expiry_timestamp_seconds"
+	expiryHelp   = "When the serving certificate this replica serves expires (0: unreadable or none yet)."
+)
 
 // SoonAfterCA is how long after adding a new CA to the bundle the next pass comes: long
 // enough for the apiserver to see the new caBundle, short enough that a serving certificate
@@ -124,8 +140,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 // unreadable file reads 0, which any expiry alert treats as "expired". Every replica reports
 // its own file, so `min(...) - time()` alerts on the one a stale mount left behind.
 func RegisterServedExpiry(reg prometheus.Registerer, certFile string) error {
-	g := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "nvdomain_webhook_certificate_expiry_timestamp_seconds",
-		Help: "When the serving certificate this replica serves expires (0: unreadable)."}, func() float64 {
+	g := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: expiryMetric, Help: expiryHelp}, func() float64 {
 		b, err := os.ReadFile(certFile)
 		if err != nil {
 			return 0
@@ -148,6 +163,10 @@ func (r *Rotator) NeedLeaderElection() bool { return true }
 // Start reconciles at once and then every Interval (SoonAfterCA after a CA was added, or
 // after an error) until ctx ends.
 func (r *Rotator) Start(ctx context.Context) error {
+	changed := make(chan struct{}, 1)
+	if r.Clientset != nil {
+		r.watch(ctx, changed)
+	}
 	for {
 		wait := r.Interval
 		soon, err := r.Reconcile(ctx)
@@ -164,7 +183,42 @@ func (r *Rotator) Start(ctx context.Context) error {
 			t.Stop()
 			return nil
 		case <-t.C:
+		case <-changed:
+			t.Stop()
 		}
+	}
+}
+
+// watch sends on changed (without blocking; one pending signal is enough) whenever the
+// Secret or either webhook configuration changes. A pass that changes nothing writes
+// nothing, so the rotator's own writes end in one quiet pass, never a loop.
+func (r *Rotator) watch(ctx context.Context, changed chan<- struct{}) {
+	poke := func() {
+		select {
+		case changed <- struct{}{}:
+		default:
+		}
+	}
+	h := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { poke() },
+		UpdateFunc: func(_, _ any) { poke() },
+		DeleteFunc: func(any) { poke() },
+	}
+	byName := func(name string) fields.Selector { return fields.OneTermEqualSelector("metadata.name", name) }
+	type watched struct {
+		lw  cache.ListerWatcher
+		obj runtime.Object
+	}
+	lws := []watched{{cache.NewListWatchFromClient(r.Clientset.CoreV1().RESTClient(), "secrets", r.Secret.Namespace, byName(r.Secret.Name)), &corev1.Secret{}}}
+	if r.WebhookConfiguration != "" {
+		rc := r.Clientset.AdmissionregistrationV1().RESTClient()
+		lws = append(lws,
+			watched{cache.NewListWatchFromClient(rc, "mutatingwebhookconfigurations", "", byName(r.WebhookConfiguration)), &admissionregv1.MutatingWebhookConfiguration{}},
+			watched{cache.NewListWatchFromClient(rc, "validatingwebhookconfigurations", "", byName(r.WebhookConfiguration)), &admissionregv1.ValidatingWebhookConfiguration{}})
+	}
+	for _, w := range lws {
+		_, inf := cache.NewInformerWithOptions(cache.InformerOptions{ListerWatcher: w.lw, ObjectType: w.obj, Handler: h})
+		go inf.RunWithContext(ctx)
 	}
 }
 
@@ -181,9 +235,9 @@ func (r *Rotator) Reconcile(ctx context.Context) (soon bool, err error) {
 	var sec corev1.Secret
 	if err := r.Client.Get(ctx, r.Secret, &sec); err != nil {
 		if apierrors.IsNotFound(err) {
-			// The chart creates the Secret; the rotator may only update it (its Role names the
-			// Secret, and RBAC cannot limit create to one name).
-			return false, fmt.Errorf("the Secret %s is not found: it holds the webhook's certificate and CA; `helm upgrade` the release to recreate it: %w", r.Secret, err)
+			// The chart creates the Secret (empty); the rotator may only update it (its Role
+			// names the Secret, and RBAC cannot limit create to one name).
+			return false, fmt.Errorf("the Secret %s is not found: it holds the webhook's certificate and CA; `helm upgrade` the release (or sync its Argo CD Application) to recreate it: %w", r.Secret, err)
 		}
 		return false, fmt.Errorf("read Secret %s: %w", r.Secret, err)
 	}
@@ -192,6 +246,21 @@ func (r *Rotator) Reconcile(ctx context.Context) (soon bool, err error) {
 	}
 	now := r.now()
 	st := parse(sec.Data)
+	if len(st.Trusted) == 0 {
+		// An empty Secret: a fresh install, or the first start after an upgrade from a chart
+		// that made the certificate at render time. Keep trusting the CAs the configurations
+		// trust now (unexpired ones), so that replicas still serving a certificate from them
+		// are not cut off while the new ones roll out; they leave the bundle when they expire.
+		adopted, err := r.currentBundle(ctx, now)
+		if err != nil {
+			return false, err
+		}
+		if len(adopted) > 0 {
+			st.Trusted = adopted
+			sec.Data[certs.CAFile] = certs.EncodeCerts(adopted...)
+			r.Log.Info("the Secret is empty; keeping the CAs the webhook configurations trust now", "adopted", len(adopted))
+		}
+	}
 	step := Decide(st, now, r.Cert.Validity, r.RenewBefore)
 	changed := false
 	if len(step.Drop) > 0 {
@@ -291,6 +360,34 @@ func (r *Rotator) bundleTrusts(ctx context.Context, ca *x509.Certificate) (bool,
 		}
 	}
 	return true, nil
+}
+
+// currentBundle returns the unexpired CAs the mutating configuration trusts now (every entry
+// carries the same bundle when this package manages it); none without a configuration.
+func (r *Rotator) currentBundle(ctx context.Context, now time.Time) ([]*x509.Certificate, error) {
+	if r.WebhookConfiguration == "" {
+		return nil, nil
+	}
+	var mut admissionregv1.MutatingWebhookConfiguration
+	if err := r.Client.Get(ctx, types.NamespacedName{Name: r.WebhookConfiguration}, &mut); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("read MutatingWebhookConfiguration %s: %w", r.WebhookConfiguration, err)
+	}
+	var out []*x509.Certificate
+	for _, w := range mut.Webhooks {
+		cas, err := certs.ParseCerts(w.ClientConfig.CABundle)
+		if err != nil {
+			continue
+		}
+		for _, c := range cas {
+			if c.IsCA && now.Before(c.NotAfter) && !contains(out, c) {
+				out = append(out, c)
+			}
+		}
+	}
+	return out, nil
 }
 
 // syncBundle makes every entry of both webhook configurations trust exactly the bundle.

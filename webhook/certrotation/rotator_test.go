@@ -310,3 +310,29 @@ func TestServedExpiryFollowsTheFile(t *testing.T) {
 		t.Fatalf("expiry %v, want %v", got, leaf[0].NotAfter.Unix())
 	}
 }
+
+// The first pass on an empty Secret (a fresh install, or an upgrade from a chart that made the
+// certificate at render time) keeps trusting the unexpired CAs the configurations trust now,
+// so replicas still serving a certificate from one are not cut off while the rollout
+// finishes; expired ones and garbage are not adopted, and an adopted CA leaves the bundle
+// once it expires.
+func TestAnEmptySecretAdoptsTheCAsTheConfigurationsTrust(t *testing.T) {
+	legacy := mustCA(t, 100*day, t0)
+	expired := mustCA(t, day, t0.Add(-10*day))
+	rg := newRig(t, append(configs(), emptySecret())...)
+	rg.setBundle(t, append(certs.EncodeCerts(legacy.Cert, expired.Cert), []byte("garbage")...))
+	st, mb, vb := rg.pass(t, t0)
+	if len(st.Trusted) != 2 || !st.Trusted[0].Equal(legacy.Cert) || st.Signer == nil || st.Signer.Cert.Equal(legacy.Cert) {
+		t.Fatalf("first pass trusts %d CAs (want the legacy one and a new one, the new one signing)", len(st.Trusted))
+	}
+	if st.Leaf == nil || st.Leaf.CheckSignatureFrom(st.Signer.Cert) != nil {
+		t.Fatal("no serving certificate from the new CA on the first pass")
+	}
+	if string(mb) != string(certs.EncodeCerts(st.Trusted...)) || string(vb) != string(mb) {
+		t.Fatal("the configurations do not trust both the adopted and the new CA")
+	}
+	st2, mb2, _ := rg.pass(t, t0.Add(101*day))
+	if len(st2.Trusted) != 1 || !st2.Trusted[0].Equal(st.Signer.Cert) || string(mb2) != string(certs.EncodeCerts(st.Signer.Cert)) {
+		t.Fatalf("after the adopted CA expired: %d CAs trusted, want only the new one", len(st2.Trusted))
+	}
+}

@@ -8,6 +8,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
 {{- end -}}
 {{- define "nvdomain.webhookService" -}}{{ .Release.Name }}-webhook{{- end -}}
+{{- /* Self-signed mode's certificate Secret, filled by the webhook at run time. Not the
+kubernetes.io/tls <release>-webhook-tls of charts that rendered the certificate: a Secret's
+type cannot change, and an empty one cannot be of that type. */ -}}
+{{- define "nvdomain.certSecret" -}}{{ .Release.Name }}-webhook-certificates{{- end -}}
 {{- define "nvdomain.excluded" -}}
 {{- $ns := list "kube-system" .Release.Namespace -}}
 {{- range .Values.webhook.excludeNamespaces }}{{ $ns = append $ns . }}{{ end -}}

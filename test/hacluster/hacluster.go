@@ -59,9 +59,9 @@ const (
 	Service   = "nvdomain-webhook"
 	// EmptyCertSecret is the certificate Secret's name under Options.EmptyCertSecret.
 	EmptyCertSecret = Service + "-certificates"
-	Port      = 9443
-	ProbePort = 8081
-	PprofPort = 6060
+	Port            = 9443
+	ProbePort       = 8081
+	PprofPort       = 6060
 )
 
 // WebhookPackage is the Go package of nvdomain's webhook process.

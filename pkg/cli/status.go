@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,6 +18,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
@@ -24,6 +26,7 @@ import (
 	"github.com/nvdomain/nvdomain/pkg/dra"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/placement"
+	"github.com/nvdomain/nvdomain/pkg/queueing"
 	"github.com/nvdomain/nvdomain/pkg/rules"
 	"github.com/nvdomain/nvdomain/pkg/topology"
 	"github.com/nvdomain/nvdomain/pkg/topology/simulated"
@@ -255,6 +258,7 @@ func (o *StatusOptions) Run(ctx context.Context) error {
 	}
 	list.Warnings = append(list.Warnings, classes...)
 	list.Warnings = append(list.Warnings, heldDeviceWarnings(ctx, o.client, o.Node, o.selectsNode(s))...)
+	list.Warnings = append(list.Warnings, kueueWarnings(ctx, o.client, o.names)...)
 	if len(list.Items) == 0 && o.Output != outputJSON {
 		if _, err := fmt.Fprintln(o.ErrOut, o.emptyMessage()); err != nil {
 			return err
@@ -319,6 +323,52 @@ func deviceClassWarnings(ctx context.Context, c kubernetes.Interface) ([]string,
 		return nil, nil
 	}
 	return dra.ExtendedResourceConflicts(list.Items, *ours.Spec.ExtendedResourceName), nil
+}
+
+// kueueWarnings says what in a Kueue installation keeps the TP pods it manages from running
+// (queueing.Installation): a Kueue too old for nvdomain's watch, a Configuration that does not
+// exclude the per-domain resources, Workloads held back for one. Nothing when Kueue is not
+// installed; what cannot be read (no access, an unreachable API) is skipped, never an error,
+// since status is about domains first.
+func kueueWarnings(ctx context.Context, c kubernetes.Interface, n names.Names) []string {
+	groups, err := c.Discovery().ServerGroups()
+	if err != nil {
+		return nil
+	}
+	var in queueing.Installation
+	for _, g := range groups.Groups {
+		if g.Name == names.KueueGroup {
+			for _, v := range g.Versions {
+				in.Versions = append(in.Versions, v.Version)
+			}
+		}
+	}
+	if len(in.Versions) == 0 {
+		return nil
+	}
+	in.ConfigFrom = "ConfigMap " + queueing.KueueConfigNamespace + "/" + queueing.KueueConfigMap
+	cm, err := c.CoreV1().ConfigMaps(queueing.KueueConfigNamespace).Get(ctx, queueing.KueueConfigMap, metav1.GetOptions{})
+	switch {
+	case err != nil:
+		in.ConfigErr = fmt.Errorf("%s: %w", in.ConfigFrom, err)
+	case cm.Data[queueing.KueueConfigKey] == "":
+		in.ConfigErr = fmt.Errorf("%s has no %s", in.ConfigFrom, queueing.KueueConfigKey)
+	default:
+		in.Config = []byte(cm.Data[queueing.KueueConfigKey])
+	}
+	// Workloads are read raw (no Kueue types here); a fake clientset has no REST client.
+	if rc := c.Discovery().RESTClient(); rc != nil && !reflect.ValueOf(rc).IsNil() && slices.Contains(in.Versions, names.KueueWorkloadVersion) {
+		raw, err := rc.Get().AbsPath("/apis", names.KueueGroup, names.KueueWorkloadVersion, "workloads").Do(ctx).Raw()
+		var list unstructured.UnstructuredList
+		if err == nil && list.UnmarshalJSON(raw) == nil {
+			for i := range list.Items {
+				if _, ok := queueing.RefusedDomainResource(&list.Items[i], n); ok {
+					in.Refused = append(in.Refused, list.Items[i].GetNamespace()+"/"+list.Items[i].GetName())
+				}
+			}
+		}
+	}
+	return in.Warnings(n)
 }
 
 // shows reports whether status shows a node: the one --node names, those --selector selects.

@@ -22,6 +22,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/queueing"
 	"github.com/nvdomain/nvdomain/pkg/topology"
 )
 
@@ -341,5 +342,54 @@ func TestStatusCountsClaimsOnDRANodes(t *testing.T) {
 		if !strings.Contains(buf.String(), want) {
 			t.Errorf("forbidden claims: status lacks %q:\n%s", want, buf.String())
 		}
+	}
+}
+
+// status says what in a Kueue installation keeps the TP pods it manages from running: a
+// Kueue too old for nvdomain's watch, a Configuration without the exclusion; nothing when
+// Kueue is absent or configured.
+func TestStatusWarnsAboutKueue(t *testing.T) {
+	kueueConfig := func(body string) *corev1.ConfigMap {
+		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: queueing.KueueConfigNamespace, Name: queueing.KueueConfigMap},
+			Data: map[string]string{queueing.KueueConfigKey: body}}
+	}
+	cases := []struct {
+		name     string
+		versions []string
+		objs     []runtime.Object
+		want     []string
+	}{
+		{"no Kueue", nil, nil, nil},
+		{"Kueue configured", []string{"v1beta1", "v1beta2"}, []runtime.Object{kueueConfig(queueing.KueueConfig(nm))}, nil},
+		{"Kueue without the exclusion", []string{"v1beta2"}, []runtime.Object{kueueConfig("integrations:\n  frameworks: [pod]\n")},
+			[]string{"WARNING: Kueue's Configuration in ConfigMap kueue-system/kueue-manager-config does not exclude nvdomain's per-domain resources"}},
+		{"Kueue too old, Configuration absent", []string{"v1beta1"}, nil,
+			[]string{"WARNING: Kueue serves kueue.x-k8s.io v1beta1 but not v1beta2", "could not be read (ConfigMap kueue-system/kueue-manager-config"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cs := fake.NewClientset(append(statusCluster(), tc.objs...)...)
+			if tc.versions != nil {
+				var rl []*metav1.APIResourceList
+				for _, v := range tc.versions {
+					rl = append(rl, &metav1.APIResourceList{GroupVersion: "kueue.x-k8s.io/" + v, APIResources: []metav1.APIResource{{Name: "workloads", Kind: "Workload", Namespaced: true}}})
+				}
+				cs.Resources = rl
+			}
+			var out, errb bytes.Buffer
+			code := run(context.Background(), CommandName, []string{"status"}, IOStreams{In: strings.NewReader(""), Out: &out, ErrOut: &errb}, &fakeFactory{client: cs})
+			if code != 0 {
+				t.Fatalf("exit %d: %s", code, errb.String())
+			}
+			got := strings.Count(out.String(), "Kueue")
+			if len(tc.want) == 0 && got != 0 {
+				t.Fatalf("status mentions Kueue where nothing is wrong:\n%s", out.String())
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(out.String(), w) {
+					t.Errorf("status lacks %q:\n%s", w, out.String())
+				}
+			}
+		})
 	}
 }

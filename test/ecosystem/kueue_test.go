@@ -6,6 +6,7 @@
 package ecosystem
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -29,6 +30,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
+	"github.com/nvdomain/nvdomain/pkg/cli"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/queueing"
 	prepin "github.com/nvdomain/nvdomain/pkg/repin"
@@ -141,12 +143,27 @@ spec:
 		t.Errorf("no %s Warning on the Workload", queueing.ReasonKueueRefusesDomainResource)
 	}
 	t.Logf("Kueue without the exclusion: %s", warning)
+	// `nvdomain status` says the same from what the cluster shows: Kueue's Configuration
+	// (the ConfigMap Kueue's install keeps it in, here holding what this Kueue runs with) and
+	// the Workload held back.
+	setKueueConfigMap(ctx, t, c, kueueConfig(k, false, kueueFrameworks...))
+	status := nvdomainStatus(ctx, t, c)
+	for _, want := range []string{"Kueue's Configuration in ConfigMap kueue-system/kueue-manager-config does not exclude nvdomain's per-domain resources",
+		"1 Kueue Workload(s) held back because their ClusterQueue does not cover nvdomain's per-domain resource: " + ns + "/"} {
+		if !strings.Contains(status, want) {
+			t.Errorf("nvdomain status lacks %q:\n%s", want, status)
+		}
+	}
 
 	// 2. The documented configuration: the same pod is admitted and runs in one domain.
 	k.stop()
 	startKueue(k, true, kueueFrameworks...)
 	llama = waitRunning(ctx, t, c, dyn, "app=llama", 1)[0]
 	checkOneDomain(ctx, t, c, &llama, 4)
+	setKueueConfigMap(ctx, t, c, kueueConfig(k, true, kueueFrameworks...))
+	if status := nvdomainStatus(ctx, t, c); strings.Contains(status, "Kueue") {
+		t.Errorf("nvdomain status warns about a Kueue that is configured and admits:\n%s", status)
+	}
 	usage := waitUsage(ctx, t, dyn, "4")
 	for r := range usage {
 		if n.IsDomainResource(r) {
@@ -218,6 +235,33 @@ spec:
 	slices.Sort(without)
 	t.Logf("create → Running of a Kueue-queued TP=4 Deployment, 3 each, sorted: %v with nvdomain, %v without (median %s and %s; same cluster, one run)",
 		roundAll(with), roundAll(without), with[1].Round(time.Millisecond), without[1].Round(time.Millisecond))
+}
+
+// setKueueConfigMap writes Kueue's Configuration where Kueue's release manifests keep it,
+// for `nvdomain status` to read.
+func setKueueConfigMap(ctx context.Context, t *testing.T, c *hacluster.Cluster, config string) {
+	t.Helper()
+	cms := c.Client.CoreV1().ConfigMaps(queueing.KueueConfigNamespace)
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: queueing.KueueConfigNamespace, Name: queueing.KueueConfigMap},
+		Data: map[string]string{queueing.KueueConfigKey: config}}
+	if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); apierrors.IsNotFound(err) {
+		_, err = cms.Create(ctx, cm, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+	} else if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// nvdomainStatus runs `nvdomain status` against the cluster and returns what it printed.
+func nvdomainStatus(ctx context.Context, t *testing.T, c *hacluster.Cluster) string {
+	t.Helper()
+	var out, errb bytes.Buffer
+	if code := cli.Main(ctx, []string{"status", "--kubeconfig", c.Kubeconfig}, strings.NewReader(""), &out, &errb); code != 0 {
+		t.Fatalf("nvdomain status: exit %d: %s", code, errb.String())
+	}
+	return out.String()
 }
 
 // startKueue installs what Kueue's release manifests install, pointed at the test's address

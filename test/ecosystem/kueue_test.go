@@ -87,34 +87,7 @@ func TestTPWorkloadsQueuedByKueue(t *testing.T) {
 
 	k := installKueue(ctx, t, c, kueueDir)
 	startKueue(k, false, kueueFrameworks...)
-	hacluster.ApplyYAML(ctx, t, dyn, fmt.Sprintf(`apiVersion: kueue.x-k8s.io/v1beta2
-kind: ResourceFlavor
-metadata:
-  name: default
----
-apiVersion: kueue.x-k8s.io/v1beta2
-kind: ClusterQueue
-metadata:
-  name: gpus
-spec:
-  namespaceSelector: {}
-  resourceGroups:
-  - coveredResources: [cpu, memory, nvidia.com/gpu]
-    flavors:
-    - name: default
-      resources:
-      - {name: cpu, nominalQuota: "64"}
-      - {name: memory, nominalQuota: 512Gi}
-      - {name: nvidia.com/gpu, nominalQuota: "8"}
----
-apiVersion: kueue.x-k8s.io/v1beta2
-kind: LocalQueue
-metadata:
-  name: %s
-  namespace: %s
-spec:
-  clusterQueue: gpus
-`, queue, ns))
+	applyQueues(ctx, t, dyn)
 
 	// 1. Kueue without the exclusion refuses the pinned pod; nvdomain says why and what to set.
 	if _, err := c.Client.AppsV1().Deployments(ns).Create(ctx, deployment(t, "llama"), metav1.CreateOptions{}); err != nil {
@@ -235,6 +208,41 @@ spec:
 	slices.Sort(without)
 	t.Logf("create → Running of a Kueue-queued TP=4 Deployment, 3 each, sorted: %v with nvdomain, %v without (median %s and %s; same cluster, one run)",
 		roundAll(with), roundAll(without), with[1].Round(time.Millisecond), without[1].Round(time.Millisecond))
+}
+
+// applyQueues creates the queues the tests submit to: a ClusterQueue whose one flavor covers
+// cpu, memory and nvidia.com/gpu (8 GPUs) and nothing of nvdomain's, and its LocalQueue in
+// the test namespace.
+func applyQueues(ctx context.Context, t *testing.T, dyn dynamic.Interface) {
+	t.Helper()
+	hacluster.ApplyYAML(ctx, t, dyn, fmt.Sprintf(`apiVersion: kueue.x-k8s.io/v1beta2
+kind: ResourceFlavor
+metadata:
+  name: default
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ClusterQueue
+metadata:
+  name: gpus
+spec:
+  namespaceSelector: {}
+  resourceGroups:
+  - coveredResources: [cpu, memory, nvidia.com/gpu]
+    flavors:
+    - name: default
+      resources:
+      - {name: cpu, nominalQuota: "64"}
+      - {name: memory, nominalQuota: 512Gi}
+      - {name: nvidia.com/gpu, nominalQuota: "8"}
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: LocalQueue
+metadata:
+  name: %s
+  namespace: %s
+spec:
+  clusterQueue: gpus
+`, queue, ns))
 }
 
 // setKueueConfigMap writes Kueue's Configuration where Kueue's release manifests keep it,

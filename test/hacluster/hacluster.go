@@ -896,25 +896,33 @@ func ApplyYAML(ctx context.Context, t testing.TB, dyn dynamic.Interface, stream 
 			t.Fatal(err)
 		}
 		gvr := gv.WithResource(Resource(u.GetKind()))
-		if err := Poll(ctx, 200*time.Millisecond, func() (bool, error) {
-			_, err := dyn.Resource(gvr).Namespace(u.GetNamespace()).Create(ctx, u, metav1.CreateOptions{})
+		// A CRD's resource is served within seconds of its creation; a resource still not
+		// found after a minute is a wrong name, not a slow apiserver.
+		pctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		if err := Poll(pctx, 200*time.Millisecond, func() (bool, error) {
+			_, err := dyn.Resource(gvr).Namespace(u.GetNamespace()).Create(pctx, u, metav1.CreateOptions{})
 			if apierrors.IsNotFound(err) {
 				return false, nil // the CRD's resource is not served yet
 			}
 			return err == nil, err
 		}); err != nil {
-			t.Fatalf("create %s %s: %v", u.GetKind(), u.GetName(), err)
+			t.Fatalf("create %s %s (resource %s): %v", u.GetKind(), u.GetName(), gvr, err)
 		}
 	}
 }
 
 // Resource is the plural resource name of kind, as CRDs and the built-in APIs spell it for
-// the kinds the tests apply (a kind ending in y, Policy say, is not one of them).
+// the kinds the tests apply (Topology → topologies, ClusterQueue → clusterqueues).
 func Resource(kind string) string {
-	if strings.HasSuffix(kind, "s") {
-		return strings.ToLower(kind) + "es"
+	k := strings.ToLower(kind)
+	switch {
+	case strings.HasSuffix(k, "s"):
+		return k + "es"
+	case strings.HasSuffix(k, "y") && !strings.ContainsAny(k[len(k)-2:len(k)-1], "aeiou"):
+		return k[:len(k)-1] + "ies"
 	}
-	return strings.ToLower(kind) + "s"
+	return k + "s"
 }
 
 // Poll calls f every interval until it returns true or an error, or ctx ends.

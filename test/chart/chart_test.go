@@ -120,6 +120,10 @@ func TestBadValuesAreRejected(t *testing.T) {
 		{[]string{"--set", "node.maxUnavailable=0"}, "at '/node/maxUnavailable'"},
 		{[]string{"--set-string", "node.maxUnavailable=all"}, "at '/node/maxUnavailable'"},
 		{[]string{"--set", "prometheusRule.runbookBaseURL=docs/operations.md"}, "at '/prometheusRule/runbookBaseURL'"},
+		{[]string{"--set-json", `webhook.extraArgs=["repin=false"]`}, "at '/webhook/extraArgs/0'"},
+		{[]string{"--set-json", `node.nri.extraArgs=["-v 2"]`}, "at '/node/nri/extraArgs/0'"},
+		{[]string{"--set-json", `webhook.extraEnv=[{"value":"x"}]`}, "at '/webhook/extraEnv/0'"},
+		{[]string{"--set-json", `node.podLabels={"team":1}`}, "at '/node/podLabels/team'"},
 	}
 	for _, tc := range cases {
 		_, err := render(t, tc.args...)

@@ -56,6 +56,9 @@ func TestGitOpsApplyKeepsNvdomainWorking(t *testing.T) {
 	if !rep.CertFilled || rep.CABundle == 0 {
 		t.Errorf("certificate Secret filled %v, caBundle %d bytes: the webhook did not make its own certificate", rep.CertFilled, rep.CABundle)
 	}
+	if !strings.Contains(rep.NotesCheck, `admission webhook "tp.pods.nvdomain.io" denied the request`) || !strings.Contains(rep.NotesCheck, "tensor-parallel size 3 is not allowed") {
+		t.Errorf("the NOTES' verification command said %q, want the webhook's refusal of TP=3", rep.NotesCheck)
+	}
 	if !strings.Contains(rep.Rejected, "tensor-parallel size 3 is not allowed") {
 		t.Errorf("TP=3 pod: kubectl said %q, want the webhook's refusal", rep.Rejected)
 	}

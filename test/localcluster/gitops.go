@@ -40,6 +40,9 @@ type GitOpsReport struct {
 	// its container. Rejected is what kubectl said to a TP=3 pod.
 	Pinned   PodResult
 	Rejected string
+	// NotesCheck is what the verification command the chart's NOTES print said, run as
+	// printed.
+	NotesCheck string
 }
 
 // InstallGitOps installs nvdomain as a GitOps tool or `helm template | kubectl apply` does:
@@ -137,6 +140,17 @@ func (c *Cluster) InstallGitOps(ctx context.Context, w io.Writer, wait time.Dura
 		rep.CABundle = len(mut.Webhooks[0].ClientConfig.CABundle)
 	}
 
+	// The chart's NOTES tell the user to verify with a server-side dry run of a TP=3 pod.
+	cmd, err := notesCheck(filepath.Join(c.Root, "charts", "nvdomain", "templates", "NOTES.txt"))
+	if err != nil {
+		return rep, err
+	}
+	sh := exec.CommandContext(ctx, "bash", "-c", cmd)
+	sh.Env = append(os.Environ(), "PATH="+c.K8sBin+":"+os.Getenv("PATH"), "KUBECONFIG="+c.Kubeconfig)
+	b, _ := sh.CombinedOutput()
+	rep.NotesCheck = strings.TrimSpace(string(b))
+	say("$ %s   # from the chart's NOTES\n%s", cmd, rep.NotesCheck)
+
 	// Admits, pins and enforces.
 	out, err = c.apply("tp3-rejected.yaml")
 	rep.Rejected = out
@@ -195,4 +209,29 @@ func (c *Cluster) renderClassic(ctx context.Context) ([]byte, error) {
 		return nil, fmt.Errorf("helm template: %v: %s", err, errb.String())
 	}
 	return out, nil
+}
+
+// notesCheck returns the `kubectl run ... --dry-run=server` command the chart's NOTES print,
+// its continuation lines joined.
+func notesCheck(path string) (string, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	var cmd []string
+	for _, l := range strings.Split(string(raw), "\n") {
+		l = strings.TrimSpace(l)
+		if len(cmd) == 0 && !strings.HasPrefix(l, "kubectl run ") {
+			continue
+		}
+		cont := strings.HasSuffix(l, "\\")
+		cmd = append(cmd, strings.TrimSpace(strings.TrimSuffix(l, "\\")))
+		if !cont {
+			break
+		}
+	}
+	if len(cmd) == 0 {
+		return "", fmt.Errorf("%s prints no `kubectl run` verification command", path)
+	}
+	return strings.Join(cmd, " "), nil
 }

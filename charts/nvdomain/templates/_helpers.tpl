@@ -92,3 +92,12 @@ then restart as this release's (package lifecycle). */}}
 - name: POD_NAMESPACE
   valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
 {{- end -}}
+
+{{- /* The user's pod labels (podLabels) without any the chart sets: the Deployment's and
+DaemonSets' selectors depend on those. Call with (dict "root" $ "extra" <map>). */ -}}
+{{- define "nvdomain.extraPodLabels" -}}
+{{- $own := include "nvdomain.labels" .root | fromYaml -}}
+{{- $extra := omit (.extra | default dict) "app.kubernetes.io/component" -}}
+{{- range $k, $_ := $own }}{{ $extra = omit $extra $k }}{{ end -}}
+{{- with $extra }}{{ toYaml . }}{{ end -}}
+{{- end -}}

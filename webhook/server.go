@@ -246,6 +246,9 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 		if err := mgr.Add(rot); err != nil {
 			return nil, nil, fmt.Errorf("certificate rotation: %w", err)
 		}
+		if err := mgr.Add(&certrotation.Bootstrap{Rotator: rot, Source: source, Every: 5 * time.Second}); err != nil {
+			return nil, nil, fmt.Errorf("certificate bootstrap: %w", err)
+		}
 	}
 	if so.Repin.Enabled {
 		rm, err := repin.NewMetrics(reg)

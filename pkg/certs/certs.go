@@ -46,7 +46,15 @@ const (
 	KeyFile   = "tls.key"
 	CAFile    = "ca.crt"
 	CAKeyFile = "ca.key"
+	// CAAddedFile records, in the Secret, which CA was last added to the trusted bundle and
+	// when ("<serial> <RFC 3339 time>"): no serving certificate is issued from it for a
+	// minute, so that every apiserver has the new bundle first.
+	CAAddedFile = "ca.added"
 )
+
+// CACommonName is the subject of every CA nvdomain makes (and the chart made, before the
+// webhook made them at run time); the rotator adopts only CAs of this name.
+const CACommonName = "nvdomain-webhook-ca"
 
 // clockSkew backdates certificates so that a node whose clock runs a little behind accepts
 // them at once; validity still counts from now.
@@ -110,7 +118,7 @@ func NewCA(validity time.Duration, now time.Time) (*CA, error) {
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber:          serial(),
-		Subject:               pkix.Name{CommonName: "nvdomain-webhook-ca"},
+		Subject:               pkix.Name{CommonName: CACommonName},
 		NotBefore:             now.Add(-clockSkew),
 		NotAfter:              now.Add(validity),
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,

@@ -328,8 +328,9 @@ func deviceClassWarnings(ctx context.Context, c kubernetes.Interface) ([]string,
 // kueueWarnings says what in a Kueue installation keeps the TP pods it manages from running
 // (queueing.Installation): a Kueue too old for nvdomain's watch, a Configuration that does not
 // exclude the per-domain resources, Workloads held back for one. Nothing when Kueue is not
-// installed; what cannot be read (no access, an unreachable API) is skipped, never an error,
-// since status is about domains first.
+// installed; what cannot be read (no access, an unreachable API) is never an error, since
+// status is about domains first: an unreadable Configuration is said to be unknown, unreadable
+// Workloads and ClusterQueues are left out.
 func kueueWarnings(ctx context.Context, c kubernetes.Interface, n names.Names) []string {
 	groups, err := c.Discovery().ServerGroups()
 	if err != nil {
@@ -356,17 +357,39 @@ func kueueWarnings(ctx context.Context, c kubernetes.Interface, n names.Names) [
 	default:
 		in.Config = []byte(cm.Data[queueing.KueueConfigKey])
 	}
-	// Workloads are read raw (no Kueue types here); a fake clientset has no REST client.
+	// Workloads and ClusterQueues are read raw (no Kueue types here), a page at a time; a
+	// fake clientset has no REST client.
 	if rc := c.Discovery().RESTClient(); rc != nil && !reflect.ValueOf(rc).IsNil() && slices.Contains(in.Versions, names.KueueWorkloadVersion) {
-		raw, err := rc.Get().AbsPath("/apis", names.KueueGroup, names.KueueWorkloadVersion, "workloads").Do(ctx).Raw()
-		var list unstructured.UnstructuredList
-		if err == nil && list.UnmarshalJSON(raw) == nil {
-			for i := range list.Items {
-				if _, ok := queueing.RefusedDomainResource(&list.Items[i], n); ok {
-					in.Refused = append(in.Refused, list.Items[i].GetNamespace()+"/"+list.Items[i].GetName())
+		list := func(resource string, each func(*unstructured.Unstructured)) {
+			cont := ""
+			for {
+				req := rc.Get().AbsPath("/apis", names.KueueGroup, names.KueueWorkloadVersion, resource).Param("limit", "500")
+				if cont != "" {
+					req = req.Param("continue", cont)
+				}
+				raw, err := req.Do(ctx).Raw()
+				var page unstructured.UnstructuredList
+				if err != nil || page.UnmarshalJSON(raw) != nil {
+					return
+				}
+				for i := range page.Items {
+					each(&page.Items[i])
+				}
+				if cont = page.GetContinue(); cont == "" {
+					return
 				}
 			}
 		}
+		list("workloads", func(wl *unstructured.Unstructured) {
+			if _, ok := queueing.RefusedDomainResource(wl, n); ok {
+				in.Refused = append(in.Refused, wl.GetNamespace()+"/"+wl.GetName())
+			}
+		})
+		list("clusterqueues", func(cq *unstructured.Unstructured) {
+			if queueing.CoversDomainResource(cq.Object, n) {
+				in.Covering = append(in.Covering, cq.GetName())
+			}
+		})
 	}
 	return in.Warnings(n)
 }

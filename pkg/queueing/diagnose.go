@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
 	"github.com/nvdomain/nvdomain/pkg/names"
@@ -29,6 +30,29 @@ type Installation struct {
 	ConfigErr  error
 	// Refused are the Workloads (namespace/name) Kueue holds back for a per-domain resource.
 	Refused []string
+	// Covering are the ClusterQueues that cover a per-domain resource themselves: the
+	// configuration docs/ecosystem.md gives for Topology-Aware Scheduling, where Kueue must
+	// count the domains rather than exclude them.
+	Covering []string
+}
+
+// CoversDomainResource reports whether a ClusterQueue (its spec.resourceGroups) covers one
+// of nvdomain's per-domain resources.
+func CoversDomainResource(cq map[string]any, n names.Names) bool {
+	groups, _, _ := unstructured.NestedSlice(cq, "spec", "resourceGroups")
+	for _, g := range groups {
+		gm, ok := g.(map[string]any)
+		if !ok {
+			continue
+		}
+		covered, _ := gm["coveredResources"].([]any)
+		for _, r := range covered {
+			if name, ok := r.(string); ok && n.IsDomainResource(name) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // Excludes reports whether a Kueue Configuration keeps nvdomain's per-domain resources out
@@ -67,6 +91,9 @@ func (in Installation) Warnings(n names.Names) []string {
 		switch {
 		case err != nil:
 			out = append(out, fmt.Sprintf("Kueue's Configuration in %s does not parse (%v), so whether it keeps nvdomain's per-domain resources out of quota is unknown", in.ConfigFrom, err))
+		case !ok && len(in.Covering) > 0:
+			// Kueue counts the domains in these queues (the TAS configuration); a queue that
+			// covers none still refuses TP pods, which the Refused warning below reports.
 		case !ok:
 			out = append(out, fmt.Sprintf("Kueue's Configuration in %s does not exclude nvdomain's per-domain resources: Kueue will hold back every tensor-parallel pod it manages (its ClusterQueues cover no %s*). Fix: %s",
 				in.ConfigFrom, n.DomainResourcePrefix(), fix))

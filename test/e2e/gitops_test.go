@@ -47,11 +47,14 @@ func TestGitOpsApplyKeepsNvdomainWorking(t *testing.T) {
 	}
 	// The uninstall Job is the one object a second sync may still show: kubectl apply keeps
 	// a finished Job and its status, not its hook deletion policy. Anything else differing is
-	// churn.
+	// churn (kubectl diff names objects group.version.Kind.namespace.name).
 	for _, o := range rep.DiffObjects {
-		if !strings.Contains(o, "nvdomain-uninstall") {
+		if o != "batch.v1.Job.nvdomain-system.nvdomain-uninstall" {
 			t.Errorf("after the wait, a sync would change %s:\n%s", o, rep.Diff)
 		}
+	}
+	if rep.BundleRepaired == 0 || rep.BundleRepaired > 15*time.Second {
+		t.Errorf("a wiped caBundle was written back after %s, want within 15 s", rep.BundleRepaired)
 	}
 	if !rep.CertFilled || rep.CABundle == 0 {
 		t.Errorf("certificate Secret filled %v, caBundle %d bytes: the webhook did not make its own certificate", rep.CertFilled, rep.CABundle)

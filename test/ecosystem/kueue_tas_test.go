@@ -3,6 +3,7 @@ package ecosystem
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/nvdomain/nvdomain/pkg/names"
+	prepin "github.com/nvdomain/nvdomain/pkg/repin"
 	"github.com/nvdomain/nvdomain/pkg/rules"
 	"github.com/nvdomain/nvdomain/test/hacluster"
 )
@@ -135,5 +137,19 @@ spec:
 		if want := roomOn[dom]; chose != want {
 			t.Errorf("%s pinned to domain %d, which has room only on %s, but TAS chose %q", p.Name, dom, want, chose)
 		}
+	}
+	// Agreement, not repair: had TAS chosen against the pin, the re-pin controller would have
+	// replaced the pod until the two agreed, and the checks above would pass all the same.
+	if repins := countEvents(ctx, t, c, prepin.ReasonRepinned, "Pod"); repins != 0 {
+		t.Errorf("%d Repinned Events: TAS placed a pod against its pin, and nvdomain moved it", repins)
+	}
+	if ev := findEvent(ctx, t, c, "Pod", "", prepin.ReasonStranded); ev != "" {
+		t.Errorf("a pod was stranded: %s", ev)
+	}
+	// `nvdomain status` takes the covered per-domain resources for the TAS configuration they
+	// are, not for a missing exclusion.
+	setKueueConfigMap(ctx, t, c, kueueConfig(k, false, kueueFrameworks...))
+	if status := nvdomainStatus(ctx, t, c); strings.Contains(status, "Kueue") {
+		t.Errorf("nvdomain status warns about the TAS configuration docs/ecosystem.md gives:\n%s", status)
 	}
 }

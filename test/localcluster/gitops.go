@@ -36,6 +36,8 @@ type GitOpsReport struct {
 	// CABundle is the length of the caBundle it wrote.
 	CertFilled bool
 	CABundle   int
+	// BundleRepaired is how long the webhook took to write back a caBundle a sync wiped.
+	BundleRepaired time.Duration
 	// Pinned is a TP=2 pod applied after the wait: its pinned domain and the GPUs seen in
 	// its container. Rejected is what kubectl said to a TP=3 pod.
 	Pinned   PodResult
@@ -139,6 +141,31 @@ func (c *Cluster) InstallGitOps(ctx context.Context, w io.Writer, wait time.Dura
 	if len(mut.Webhooks) > 0 {
 		rep.CABundle = len(mut.Webhooks[0].ClientConfig.CABundle)
 	}
+	// A sync that replaces the configuration without a caBundle: the webhook, under the
+	// chart's RBAC, writes it back.
+	for i := range mut.Webhooks {
+		mut.Webhooks[i].ClientConfig.CABundle = nil
+	}
+	wiped := time.Now()
+	if _, err := cs.AdmissionregistrationV1().MutatingWebhookConfigurations().Update(ctx, mut, metav1.UpdateOptions{}); err != nil {
+		return rep, fmt.Errorf("wipe the caBundle: %w", err)
+	}
+	if err := waitUntil(ctx, 30*time.Second, "the webhook to write the caBundle back", func() bool {
+		m, err := cs.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, "nvdomain", metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		for _, w := range m.Webhooks {
+			if len(w.ClientConfig.CABundle) == 0 {
+				return false
+			}
+		}
+		return true
+	}); err != nil {
+		return rep, err
+	}
+	rep.BundleRepaired = time.Since(wiped)
+	say("caBundle wiped by an Update without it: written back after %s", rep.BundleRepaired.Round(time.Millisecond))
 
 	// The chart's NOTES tell the user to verify with a server-side dry run of a TP=3 pod.
 	cmd, err := notesCheck(filepath.Join(c.Root, "charts", "nvdomain", "templates", "NOTES.txt"))

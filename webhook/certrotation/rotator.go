@@ -19,9 +19,12 @@ package certrotation
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"fmt"
 	"os"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -100,6 +103,8 @@ type Rotator struct {
 	Log         logr.Logger
 	Metrics     *Metrics
 	Now         func() time.Time
+	// mu serializes passes: the leader's loop and this replica's Bootstrap share the rotator.
+	mu sync.Mutex
 	// Clientset, when set, lets the rotator watch the Secret and both webhook
 	// configurations (by name), so that a caBundle reset by a sync, an upgrade or a hand
 	// edit, or a Secret emptied, is repaired within moments rather than at the next
@@ -126,7 +131,7 @@ type Metrics struct {
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		Rotations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nvdomain_webhook_certificate_rotations_total",
-			Help: "Certificate changes, by kind (ca, serving, ca-bundle, error), on the elected replica."}, []string{"kind"}),
+			Help: "Certificate changes, by kind (ca, serving, ca-bundle, error), made by this replica (the elected one, or one that bootstraps an empty Secret)."}, []string{"kind"}),
 	}
 	if err := reg.Register(m.Rotations); err != nil {
 		return nil, fmt.Errorf("register certificate metrics: %w", err)
@@ -185,6 +190,13 @@ func (r *Rotator) Start(ctx context.Context) error {
 		case <-t.C:
 		case <-changed:
 			t.Stop()
+			// At most one watch-woken pass a second: a second writer of the caBundle (a
+			// leftover cainjector annotation, a sync loop) must not make a tight write loop.
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(time.Second):
+			}
 		}
 	}
 }
@@ -232,6 +244,8 @@ func (r *Rotator) now() time.Time {
 // Reconcile makes one pass. soon asks for the next pass SoonAfterCA from now: a serving
 // certificate is due but its signer is not trusted by the webhook configurations yet.
 func (r *Rotator) Reconcile(ctx context.Context) (soon bool, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	var sec corev1.Secret
 	if err := r.Client.Get(ctx, r.Secret, &sec); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -261,6 +275,11 @@ func (r *Rotator) Reconcile(ctx context.Context) (soon bool, err error) {
 			r.Log.Info("the Secret is empty; keeping the CAs the webhook configurations trust now", "adopted", len(adopted))
 		}
 	}
+	// Nothing trusted anywhere (a fresh install): nothing can be served that a new
+	// certificate would cut off, so the first one is issued at once. Otherwise a replica may be
+	// serving a certificate the apiserver trusts, and a new one comes only from a CA the
+	// configurations have trusted for SoonAfterCA.
+	nothingTrusted := len(st.Trusted) == 0 && st.Leaf == nil
 	step := Decide(st, now, r.Cert.Validity, r.RenewBefore)
 	changed := false
 	if len(step.Drop) > 0 {
@@ -287,15 +306,17 @@ func (r *Rotator) Reconcile(ctx context.Context) (soon bool, err error) {
 		}
 		st.Trusted = append(st.Trusted, ca.Cert)
 		sec.Data[certs.CAFile], sec.Data[certs.CAKeyFile] = certs.EncodeCerts(st.Trusted...), key
+		sec.Data[certs.CAAddedFile] = []byte(ca.Cert.SerialNumber.String() + " " + now.UTC().Format(time.RFC3339Nano))
 		changed = true
 		r.Metrics.Rotations.WithLabelValues("ca").Inc()
 		r.Log.Info("new CA added to the trusted bundle; the serving certificate moves to it once the webhook configurations trust it", "why", step.Why, "expires", ca.Cert.NotAfter)
-		if st.Leaf == nil {
+		if st.Leaf == nil && nothingTrusted {
 			// Nothing is served yet, so nothing to keep trusting: sign at once.
 			st.Signer = ca
 			step.NewLeaf = true
 		} else {
-			soon = true
+			st.Signer = ca
+			step.NewLeaf, soon = false, true
 		}
 	}
 	if step.NewLeaf && st.Signer != nil && !step.NewCA {
@@ -306,9 +327,13 @@ func (r *Rotator) Reconcile(ctx context.Context) (soon bool, err error) {
 		if err != nil {
 			return false, err
 		}
-		if !trusted {
+		switch {
+		case !trusted:
 			step.NewLeaf, soon = false, true
 			r.Log.Info("serving certificate due, but the webhook configurations do not trust its CA yet; syncing the caBundle first", "why", step.Why)
+		case recentlyAdded(sec.Data, st.Signer.Cert, now):
+			step.NewLeaf, soon = false, true
+			r.Log.Info("serving certificate due; its CA joined the caBundle less than a minute ago, so it waits for every apiserver to have it", "why", step.Why)
 		}
 	}
 	if step.NewLeaf && st.Signer != nil {
@@ -324,11 +349,27 @@ func (r *Rotator) Reconcile(ctx context.Context) (soon bool, err error) {
 		r.Log.Info("renewed the serving certificate", "why", step.Why)
 	}
 	if changed {
+		// An update conditional on the resourceVersion read: another replica's bootstrap or
+		// the leader writing at the same time makes this one fail and retry from what won.
 		if err := r.Client.Update(ctx, &sec); err != nil {
 			return false, fmt.Errorf("write Secret %s: %w", r.Secret, err)
 		}
 	}
 	return soon, r.syncBundle(ctx, sec.Data[certs.CAFile])
+}
+
+// recentlyAdded reports whether ca joined the bundle less than SoonAfterCA ago, by the record
+// the pass that added it left in the Secret (certs.CAAddedFile). The record is in the Secret,
+// not in memory, so that it holds for whichever replica makes the next pass: a new leader, or
+// another replica bootstrapping. A CA without a record was trusted before anything here added
+// one.
+func recentlyAdded(data map[string][]byte, ca *x509.Certificate, now time.Time) bool {
+	serial, at, ok := strings.Cut(string(data[certs.CAAddedFile]), " ")
+	if !ok || serial != ca.SerialNumber.String() {
+		return false
+	}
+	t, err := time.Parse(time.RFC3339Nano, at)
+	return err == nil && now.Before(t.Add(SoonAfterCA))
 }
 
 // bundleTrusts reports whether every entry of both webhook configurations trusts ca. Without
@@ -382,7 +423,10 @@ func (r *Rotator) currentBundle(ctx context.Context, now time.Time) ([]*x509.Cer
 			continue
 		}
 		for _, c := range cas {
-			if c.IsCA && now.Before(c.NotAfter) && !contains(out, c) {
+			// Only nvdomain's own CAs (the chart's render-time one and this package's share
+			// the name): a CA left in the bundle by cert-manager or a hand edit is not
+			// trusted on for years.
+			if c.IsCA && c.Subject.CommonName == certs.CACommonName && now.Before(c.NotAfter) && !contains(out, c) {
 				out = append(out, c)
 			}
 		}
@@ -441,8 +485,12 @@ func parse(data map[string][]byte) State {
 	if ca, err := certs.ParseCA(data[certs.CAFile], data[certs.CAKeyFile]); err == nil {
 		st.Signer = ca
 	}
-	if leaf, err := certs.ParseCerts(data[certs.CertFile]); err == nil {
-		st.Leaf = leaf[0]
+	// A certificate counts only with its key: a missing or mismatched tls.key would leave
+	// every replica that starts unable to serve, while Decide saw nothing to renew.
+	if _, err := tls.X509KeyPair(data[certs.CertFile], data[certs.KeyFile]); err == nil {
+		if leaf, err := certs.ParseCerts(data[certs.CertFile]); err == nil {
+			st.Leaf = leaf[0]
+		}
 	}
 	return st
 }
@@ -454,4 +502,35 @@ func contains(list []*x509.Certificate, c *x509.Certificate) bool {
 		}
 	}
 	return false
+}
+
+// Bootstrap runs on every replica (no election) until the replica has a certificate to serve.
+// The elected replica alone would not do: during an upgrade from a chart that made the
+// certificate at render time, the Lease is still held by a replica of the old release, whose
+// rotator knows nothing of the new Secret, and the new replicas would wait unready for ever
+// (with maxUnavailable 0 the rollout never removes the old ones). Passes from several
+// replicas are safe together: each write is conditional on what it read.
+type Bootstrap struct {
+	Rotator *Rotator
+	Source  *Source
+	// Every is the time between passes while there is no certificate.
+	Every time.Duration
+}
+
+// NeedLeaderElection is false: every replica bootstraps.
+func (b *Bootstrap) NeedLeaderElection() bool { return false }
+
+// Start passes until this replica serves a certificate, or ctx ends.
+func (b *Bootstrap) Start(ctx context.Context) error {
+	for b.Source.Ready(nil) != nil {
+		if _, err := b.Rotator.Reconcile(ctx); err != nil {
+			b.Rotator.Log.Info("bootstrapping the certificate; retrying", "error", err.Error(), "in", b.Every)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(b.Every):
+		}
+	}
+	return nil
 }

@@ -2,7 +2,12 @@ package certrotation
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/x509"
+	"crypto/x509/pkix"
+	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
@@ -175,6 +180,11 @@ func TestCAReplacementTrustsTheNewCABeforeServingFromIt(t *testing.T) {
 	if trusted, _ := certs.ParseCerts(bundle); len(trusted) != 2 {
 		t.Fatalf("caBundle holds %d CAs, want both", len(trusted))
 	}
+	// A pass a millisecond later (the watch wakes it on the pass's own writes) must not move
+	// the certificate yet: the apiservers may not have the new caBundle.
+	if early, _, _ := rg.pass(t, t0.Add(10*day+time.Millisecond)); early.Leaf.CheckSignatureFrom(ca.Cert) != nil {
+		t.Fatal("the certificate moved to the new CA a millisecond after the CA joined the bundle")
+	}
 	// Next pass: the certificate moves to the new CA; both stay trusted.
 	st2, _, _ := rg.pass(t, t0.Add(10*day+time.Hour))
 	if st2.Leaf.CheckSignatureFrom(st2.Signer.Cert) != nil || st2.Signer.Cert.Equal(ca.Cert) || len(st2.Trusted) != 2 {
@@ -311,28 +321,80 @@ func TestServedExpiryFollowsTheFile(t *testing.T) {
 	}
 }
 
-// The first pass on an empty Secret (a fresh install, or an upgrade from a chart that made the
-// certificate at render time) keeps trusting the unexpired CAs the configurations trust now,
-// so replicas still serving a certificate from one are not cut off while the rollout
-// finishes; expired ones and garbage are not adopted, and an adopted CA leaves the bundle
-// once it expires.
+// The first pass on an empty Secret (an upgrade from a chart that made the certificate at
+// render time, or a Secret emptied by a replace) keeps trusting the unexpired nvdomain CAs
+// the configurations trust now, so replicas still serving a certificate from one are not cut
+// off; expired ones, garbage and other CAs (cert-manager's, a corporate one) are not adopted.
+// Something may be serving, so no certificate is issued from the new CA until the
+// configurations have trusted it for SoonAfterCA, however soon the next pass comes (a watch
+// event wakes it within milliseconds). An adopted CA leaves the bundle once it expires.
 func TestAnEmptySecretAdoptsTheCAsTheConfigurationsTrust(t *testing.T) {
 	legacy := mustCA(t, 100*day, t0)
 	expired := mustCA(t, day, t0.Add(-10*day))
+	foreign := foreignCA(t)
 	rg := newRig(t, append(configs(), emptySecret())...)
-	rg.setBundle(t, append(certs.EncodeCerts(legacy.Cert, expired.Cert), []byte("garbage")...))
+	rg.setBundle(t, append(certs.EncodeCerts(legacy.Cert, expired.Cert, foreign), []byte("garbage")...))
 	st, mb, vb := rg.pass(t, t0)
 	if len(st.Trusted) != 2 || !st.Trusted[0].Equal(legacy.Cert) || st.Signer == nil || st.Signer.Cert.Equal(legacy.Cert) {
 		t.Fatalf("first pass trusts %d CAs (want the legacy one and a new one, the new one signing)", len(st.Trusted))
 	}
-	if st.Leaf == nil || st.Leaf.CheckSignatureFrom(st.Signer.Cert) != nil {
-		t.Fatal("no serving certificate from the new CA on the first pass")
-	}
 	if string(mb) != string(certs.EncodeCerts(st.Trusted...)) || string(vb) != string(mb) {
 		t.Fatal("the configurations do not trust both the adopted and the new CA")
 	}
-	st2, mb2, _ := rg.pass(t, t0.Add(101*day))
-	if len(st2.Trusted) != 1 || !st2.Trusted[0].Equal(st.Signer.Cert) || string(mb2) != string(certs.EncodeCerts(st.Signer.Cert)) {
-		t.Fatalf("after the adopted CA expired: %d CAs trusted, want only the new one", len(st2.Trusted))
+	if st.Leaf != nil {
+		t.Fatal("a serving certificate from the new CA on the pass that added it to the bundle")
 	}
+	if st2, _, _ := rg.pass(t, t0.Add(time.Millisecond)); st2.Leaf != nil {
+		t.Fatal("a serving certificate from the new CA a millisecond after it joined the bundle")
+	}
+	st3, _, _ := rg.pass(t, t0.Add(SoonAfterCA))
+	if st3.Leaf == nil || st3.Leaf.CheckSignatureFrom(st.Signer.Cert) != nil {
+		t.Fatal("no serving certificate from the new CA a minute after the bundle trusted it")
+	}
+	st4, mb4, _ := rg.pass(t, t0.Add(101*day))
+	if len(st4.Trusted) != 1 || !st4.Trusted[0].Equal(st.Signer.Cert) || string(mb4) != string(certs.EncodeCerts(st.Signer.Cert)) {
+		t.Fatalf("after the adopted CA expired: %d CAs trusted, want only the new one", len(st4.Trusted))
+	}
+}
+
+// A certificate whose key is missing or does not match counts as no certificate: it is
+// replaced, not left until its renewal while no replica that starts can serve it.
+func TestACertificateWithoutItsKeyIsReplaced(t *testing.T) {
+	rg := newRig(t, append(configs(), emptySecret())...)
+	st, _, _ := rg.pass(t, t0)
+	var sec corev1.Secret
+	if err := rg.c.Get(context.Background(), rg.r.Secret, &sec); err != nil {
+		t.Fatal(err)
+	}
+	other, err := certs.Generate(certs.Options{Service: "x", Namespace: "y", Validity: 365 * day})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sec.Data[certs.KeyFile] = other.ServerKey
+	if err := rg.c.Update(context.Background(), &sec); err != nil {
+		t.Fatal(err)
+	}
+	st2, _, _ := rg.pass(t, t0.Add(day))
+	if st2.Leaf == nil || st2.Leaf.Equal(st.Leaf) {
+		t.Fatal("a certificate with a mismatched key was kept")
+	}
+}
+
+func foreignCA(t *testing.T) *x509.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tpl := &x509.Certificate{SerialNumber: big.NewInt(7), Subject: pkix.Name{CommonName: "corp-ca"}, NotBefore: t0.Add(-time.Hour), NotAfter: t0.Add(3650 * day),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tpl, tpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

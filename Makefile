@@ -64,6 +64,7 @@ containerd-assets:
 
 helm-assets:
 	test/tools/build-helm.sh >/dev/null
+	HELM_MAJOR=4 test/tools/build-helm.sh >/dev/null
 
 # The scale run (test/scale) keeps its fake nodes with kwok, built the same way into
 # bin/kwok/<version> (about a minute cold).

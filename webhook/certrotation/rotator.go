@@ -142,8 +142,9 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 // RegisterServedExpiry exports, on every replica, when the certificate this replica serves
 // (certFile, the mounted Secret's tls.crt, whoever manages it: this package or cert-manager)
 // expires. It is read at each scrape, so it follows the kubelet's updates of the file; an
-// unreadable file reads 0, which any expiry alert treats as "expired". Every replica reports
-// its own file, so `min(...) - time()` alerts on the one a stale mount left behind.
+// unreadable file reads 0: alerts filter it out (`> 0`, as the chart's rule does) and the
+// replica's readiness and the error count report it instead. Every replica reports its own
+// file, so `min(... > 0) - time()` alerts on the one a stale mount left behind.
 func RegisterServedExpiry(reg prometheus.Registerer, certFile string) error {
 	g := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: expiryMetric, Help: expiryHelp}, func() float64 {
 		b, err := os.ReadFile(certFile)
@@ -244,6 +245,13 @@ func (r *Rotator) now() time.Time {
 // Reconcile makes one pass. soon asks for the next pass SoonAfterCA from now: a serving
 // certificate is due but its signer is not trusted by the webhook configurations yet.
 func (r *Rotator) Reconcile(ctx context.Context) (soon bool, err error) {
+	return r.reconcile(ctx, false)
+}
+
+// reconcile is a pass; a bootstrap pass (a replica that is not elected, starting without a
+// certificate) writes the caBundle only when it wrote the Secret itself, so that it never
+// puts back a bundle older than what the elected replica wrote meanwhile.
+func (r *Rotator) reconcile(ctx context.Context, bootstrap bool) (soon bool, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var sec corev1.Secret
@@ -306,7 +314,7 @@ func (r *Rotator) Reconcile(ctx context.Context) (soon bool, err error) {
 		}
 		st.Trusted = append(st.Trusted, ca.Cert)
 		sec.Data[certs.CAFile], sec.Data[certs.CAKeyFile] = certs.EncodeCerts(st.Trusted...), key
-		sec.Data[certs.CAAddedFile] = []byte(ca.Cert.SerialNumber.String() + " " + now.UTC().Format(time.RFC3339Nano))
+		sec.Data[certs.CAAddedFile] = caAdded(ca.Cert, now)
 		changed = true
 		r.Metrics.Rotations.WithLabelValues("ca").Inc()
 		r.Log.Info("new CA added to the trusted bundle; the serving certificate moves to it once the webhook configurations trust it", "why", step.Why, "expires", ca.Cert.NotAfter)
@@ -331,6 +339,13 @@ func (r *Rotator) Reconcile(ctx context.Context) (soon bool, err error) {
 		case !trusted:
 			step.NewLeaf, soon = false, true
 			r.Log.Info("serving certificate due, but the webhook configurations do not trust its CA yet; syncing the caBundle first", "why", step.Why)
+			// The minute counts from when the configurations carry the CA, not from when it
+			// was made: a sync that failed or was undone restarts it (at most one write in
+			// ten seconds, however often passes come while the sync keeps failing).
+			if !recentlyAddedWithin(sec.Data, st.Signer.Cert, now, 10*time.Second) {
+				sec.Data[certs.CAAddedFile] = caAdded(st.Signer.Cert, now)
+				changed = true
+			}
 		case recentlyAdded(sec.Data, st.Signer.Cert, now):
 			step.NewLeaf, soon = false, true
 			r.Log.Info("serving certificate due; its CA joined the caBundle less than a minute ago, so it waits for every apiserver to have it", "why", step.Why)
@@ -355,7 +370,14 @@ func (r *Rotator) Reconcile(ctx context.Context) (soon bool, err error) {
 			return false, fmt.Errorf("write Secret %s: %w", r.Secret, err)
 		}
 	}
+	if bootstrap && !changed {
+		return soon, nil
+	}
 	return soon, r.syncBundle(ctx, sec.Data[certs.CAFile])
+}
+
+func caAdded(ca *x509.Certificate, now time.Time) []byte {
+	return []byte(ca.SerialNumber.String() + " " + now.UTC().Format(time.RFC3339Nano))
 }
 
 // recentlyAdded reports whether ca joined the bundle less than SoonAfterCA ago, by the record
@@ -364,12 +386,24 @@ func (r *Rotator) Reconcile(ctx context.Context) (soon bool, err error) {
 // another replica bootstrapping. A CA without a record was trusted before anything here added
 // one.
 func recentlyAdded(data map[string][]byte, ca *x509.Certificate, now time.Time) bool {
+	return recentlyAddedWithin(data, ca, now, SoonAfterCA)
+}
+
+// recentlyAddedWithin is recentlyAdded for a window other than SoonAfterCA.
+func recentlyAddedWithin(data map[string][]byte, ca *x509.Certificate, now time.Time, window time.Duration) bool {
 	serial, at, ok := strings.Cut(string(data[certs.CAAddedFile]), " ")
 	if !ok || serial != ca.SerialNumber.String() {
 		return false
 	}
 	t, err := time.Parse(time.RFC3339Nano, at)
-	return err == nil && now.Before(t.Add(SoonAfterCA))
+	if err != nil {
+		return false
+	}
+	if t.After(now) {
+		// Written by a replica whose clock runs ahead: the minute starts now.
+		t = now
+	}
+	return now.Before(t.Add(window))
 }
 
 // bundleTrusts reports whether every entry of both webhook configurations trusts ca. Without
@@ -523,8 +557,15 @@ func (b *Bootstrap) NeedLeaderElection() bool { return false }
 // Start passes until this replica serves a certificate, or ctx ends.
 func (b *Bootstrap) Start(ctx context.Context) error {
 	for b.Source.Ready(nil) != nil {
-		if _, err := b.Rotator.Reconcile(ctx); err != nil {
-			b.Rotator.Log.Info("bootstrapping the certificate; retrying", "error", err.Error(), "in", b.Every)
+		// Not before this replica has read the Secret once: a Secret that already holds a
+		// certificate needs no pass from here.
+		if b.Source.Seen() {
+			if _, err := b.Rotator.reconcile(ctx, true); err != nil {
+				b.Rotator.Metrics.Rotations.WithLabelValues("error").Inc()
+				b.Rotator.Log.Error(err, "bootstrapping the serving certificate; retrying", "in", b.Every)
+			} else if b.Source.Ready(nil) == nil {
+				return nil
+			}
 		}
 		select {
 		case <-ctx.Done():

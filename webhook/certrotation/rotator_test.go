@@ -398,3 +398,28 @@ func foreignCA(t *testing.T) *x509.Certificate {
 	}
 	return c
 }
+
+// The minute before a new CA signs counts from when the configurations carry it: a bundle a
+// sync put back without it, near the end of the minute, restarts the minute.
+func TestARevertedBundleRestartsTheMinute(t *testing.T) {
+	ca := mustCA(t, 400*day, t0)
+	leafPEM, leafKey, _ := ca.Issue(certs.Options{Service: "nvdomain-webhook", Namespace: "nvdomain-system", Validity: 365 * day, Now: func() time.Time { return t0 }})
+	caKey, _ := certs.EncodeKey(ca.Key)
+	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "nvdomain-system", Name: "nvdomain-webhook-tls"}, Data: map[string][]byte{
+		certs.CAFile: certs.EncodeCerts(ca.Cert), certs.CAKeyFile: caKey, certs.CertFile: leafPEM, certs.KeyFile: leafKey}}
+	rg := newRig(t, append(configs(), sec)...)
+	t1 := t0.Add(10 * day)
+	if st, _, _ := rg.pass(t, t1); len(st.Trusted) != 2 {
+		t.Fatalf("no new CA added: %d trusted", len(st.Trusted))
+	}
+	rg.setBundle(t, certs.EncodeCerts(ca.Cert)) // an old manifest applied at t1+59s
+	if st, _, _ := rg.pass(t, t1.Add(59*time.Second)); st.Leaf.CheckSignatureFrom(ca.Cert) != nil {
+		t.Fatal("the certificate moved while the bundle lacked the new CA")
+	}
+	if st, _, _ := rg.pass(t, t1.Add(61*time.Second)); st.Leaf.CheckSignatureFrom(ca.Cert) != nil {
+		t.Fatal("the certificate moved 2 s after the bundle carried the new CA again")
+	}
+	if st, _, _ := rg.pass(t, t1.Add(120*time.Second)); st.Leaf.CheckSignatureFrom(st.Signer.Cert) != nil || st.Signer.Cert.Equal(ca.Cert) {
+		t.Fatal("no certificate from the new CA a minute after the bundle carried it again")
+	}
+}

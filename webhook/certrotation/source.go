@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -38,6 +39,8 @@ type Source struct {
 	Secret    types.NamespacedName
 	Log       logr.Logger
 
+	// seen is set once the Secret was read at all.
+	seen atomic.Bool
 	mu   sync.RWMutex
 	cert *tls.Certificate
 	// why says why there is no certificate yet, for readiness and the logs.
@@ -83,8 +86,9 @@ func (s *Source) load(o any) {
 	if !ok {
 		return
 	}
+	s.seen.Store(true)
 	if len(sec.Data[certs.CertFile]) == 0 {
-		s.setWhy("the Secret has no serving certificate yet (the elected replica writes it)")
+		s.setWhy("the Secret has no serving certificate yet (a replica without one, or the elected one, writes it)")
 		return
 	}
 	c, err := tls.X509KeyPair(sec.Data[certs.CertFile], sec.Data[certs.KeyFile])
@@ -111,6 +115,9 @@ func (s *Source) setWhy(why string) {
 	s.why = why
 	s.mu.Unlock()
 }
+
+// Seen reports whether the Secret was read at least once.
+func (s *Source) Seen() bool { return s.seen.Load() }
 
 // GetCertificate is tls.Config.GetCertificate.
 func (s *Source) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {

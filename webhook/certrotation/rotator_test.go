@@ -167,11 +167,7 @@ func TestRotationOverTheCertificatesLife(t *testing.T) {
 // apiserver does not trust yet.
 func TestCAReplacementTrustsTheNewCABeforeServingFromIt(t *testing.T) {
 	ca := mustCA(t, 400*day, t0)
-	leafPEM, leafKey, _ := ca.Issue(certs.Options{Service: "nvdomain-webhook", Namespace: "nvdomain-system", Validity: 365 * day, Now: func() time.Time { return t0 }})
-	caKey, _ := certs.EncodeKey(ca.Key)
-	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "nvdomain-system", Name: "nvdomain-webhook-tls"}, Data: map[string][]byte{
-		certs.CAFile: certs.EncodeCerts(ca.Cert), certs.CAKeyFile: caKey, certs.CertFile: leafPEM, certs.KeyFile: leafKey}}
-	rg := newRig(t, append(configs(), sec)...)
+	rg := newRig(t, append(configs(), servingSecret(t, ca))...)
 	// Day 10: the CA (400 days) cannot sign a 365-day certificate renewed 30 days early.
 	st, bundle, _ := rg.pass(t, t0.Add(10*day))
 	if len(st.Trusted) != 2 || st.Leaf.CheckSignatureFrom(ca.Cert) != nil {
@@ -233,11 +229,7 @@ func (rg *rig) setBundle(t *testing.T, bundle []byte) {
 // come back soon, and the next pass issues.
 func TestNoCertificateFromAnUntrustedCA(t *testing.T) {
 	ca := mustCA(t, 400*day, t0)
-	leafPEM, leafKey, _ := ca.Issue(certs.Options{Service: "nvdomain-webhook", Namespace: "nvdomain-system", Validity: 365 * day, Now: func() time.Time { return t0 }})
-	caKey, _ := certs.EncodeKey(ca.Key)
-	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "nvdomain-system", Name: "nvdomain-webhook-tls"}, Data: map[string][]byte{
-		certs.CAFile: certs.EncodeCerts(ca.Cert), certs.CAKeyFile: caKey, certs.CertFile: leafPEM, certs.KeyFile: leafKey}}
-	rg := newRig(t, append(configs(), sec)...)
+	rg := newRig(t, append(configs(), servingSecret(t, ca))...)
 	rg.clock = t0.Add(10 * day)
 	soon, err := rg.r.Reconcile(context.Background())
 	if err != nil || !soon {
@@ -403,11 +395,7 @@ func foreignCA(t *testing.T) *x509.Certificate {
 // sync put back without it, near the end of the minute, restarts the minute.
 func TestARevertedBundleRestartsTheMinute(t *testing.T) {
 	ca := mustCA(t, 400*day, t0)
-	leafPEM, leafKey, _ := ca.Issue(certs.Options{Service: "nvdomain-webhook", Namespace: "nvdomain-system", Validity: 365 * day, Now: func() time.Time { return t0 }})
-	caKey, _ := certs.EncodeKey(ca.Key)
-	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "nvdomain-system", Name: "nvdomain-webhook-tls"}, Data: map[string][]byte{
-		certs.CAFile: certs.EncodeCerts(ca.Cert), certs.CAKeyFile: caKey, certs.CertFile: leafPEM, certs.KeyFile: leafKey}}
-	rg := newRig(t, append(configs(), sec)...)
+	rg := newRig(t, append(configs(), servingSecret(t, ca))...)
 	t1 := t0.Add(10 * day)
 	if st, _, _ := rg.pass(t, t1); len(st.Trusted) != 2 {
 		t.Fatalf("no new CA added: %d trusted", len(st.Trusted))
@@ -422,4 +410,19 @@ func TestARevertedBundleRestartsTheMinute(t *testing.T) {
 	if st, _, _ := rg.pass(t, t1.Add(120*time.Second)); st.Leaf.CheckSignatureFrom(st.Signer.Cert) != nil || st.Signer.Cert.Equal(ca.Cert) {
 		t.Fatal("no certificate from the new CA a minute after the bundle carried it again")
 	}
+}
+
+// servingSecret holds ca, its key and a 365-day serving certificate it signed at t0.
+func servingSecret(t *testing.T, ca *certs.CA) *corev1.Secret {
+	t.Helper()
+	leafPEM, leafKey, err := ca.Issue(certs.Options{Service: "nvdomain-webhook", Namespace: "nvdomain-system", Validity: 365 * day, Now: func() time.Time { return t0 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	caKey, err := certs.EncodeKey(ca.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "nvdomain-system", Name: "nvdomain-webhook-tls"}, Data: map[string][]byte{
+		certs.CAFile: certs.EncodeCerts(ca.Cert), certs.CAKeyFile: caKey, certs.CertFile: leafPEM, certs.KeyFile: leafKey}}
 }

@@ -12,6 +12,9 @@ STATICCHECK := $(TOOLS)/staticcheck-$(STATICCHECK_VERSION)
 FUZZTIME    ?= 30s
 VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS     := -X github.com/nvdomain/nvdomain/pkg/version.Version=$(VERSION)
+# The chart's version is semver: the tag without its v, or 0.0.0-<describe> between tags.
+CHART_VERSION ?= $(shell v='$(VERSION)'; v=$${v#v}; if echo "$$v" | grep -Eq '^[0-9]+\.[0-9]+\.[0-9]+([-+].*)?$$'; then echo "$$v"; else echo "0.0.0-$$v"; fi)
+CHART_OUT   ?= $(BIN)/chart
 IMAGE_REPO  ?= ghcr.io/nvdomain/nvdomain
 IMAGE_TAG   ?= $(VERSION)
 IMAGE       := $(IMAGE_REPO):$(IMAGE_TAG)
@@ -23,7 +26,7 @@ IMAGE_ENV   := NVDOMAIN_IMAGE=$(IMAGE) NVDOMAIN_IMAGE_ARCHIVE=$(IMAGE_ARCHIVE)
 # marks deprecated, which only adds compiler noise.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all build image test unit e2e host-deps k8s-assets containerd-assets helm-assets kwok-assets karpenter-assets kueue-assets lws-assets lint fmt vet staticcheck cover fuzz bench bench-placement bench-admission bench-dra scale demo down clean
+.PHONY: all build image chart test unit e2e host-deps k8s-assets containerd-assets helm-assets kwok-assets karpenter-assets kueue-assets lws-assets lint fmt vet staticcheck cover fuzz bench bench-placement bench-admission bench-dra scale demo down clean
 
 all: build
 
@@ -37,6 +40,13 @@ build:
 image:
 	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null || echo 0) $(GO) run ./cmd/nvdomain-image \
 		--version $(VERSION) --revision $$(git rev-parse HEAD 2>/dev/null || echo unknown) --ref $(IMAGE) --out $(BIN)/image
+
+## chart: the Helm chart packaged with the release: appVersion is $(VERSION) (the git tag,
+## the image tag `make image` gives, and the ref of the runbook links); the chart version is
+## its semver. Writes $(CHART_OUT)/nvdomain-<version>.tgz.
+chart: helm-assets
+	@mkdir -p $(CHART_OUT)
+	$$(test/tools/build-helm.sh) package charts/nvdomain --version $(CHART_VERSION) --app-version $(VERSION) -d $(CHART_OUT)
 
 ## test: everything CI checks: lint, unit and integration tests with the race detector, then
 ## the end-to-end run on a real local cluster.

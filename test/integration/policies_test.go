@@ -556,7 +556,7 @@ func TestNodeServiceAccountCreatesOnlyTheCanary(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	o := agent.CanaryOptions{Image: "ghcr.io/nvdomain/nvdomain:0.1.0", Namespace: "nvdomain-system", NamePrefix: "nvdomain-canary-", ServiceAccount: "nvdomain-canary"}
+	o := agent.CanaryOptions{Image: "ghcr.io/nvdomain/nvdomain:v0.1.0", Namespace: "nvdomain-system", NamePrefix: "nvdomain-canary-", ServiceAccount: "nvdomain-canary"}
 	variant := func(node string, change func(*corev1.Pod)) *corev1.Pod {
 		p := agent.CanaryPod(o, node)
 		if change != nil {

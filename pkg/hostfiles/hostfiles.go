@@ -53,6 +53,9 @@ type SnippetResult struct {
 	Imported      bool
 	ConfigChecked bool
 	ImportHint    string
+	// ConfigMissing: containerdConfig does not exist, so containerd reads another config (a
+	// distribution's own path) or none.
+	ConfigMissing bool
 }
 
 // InstallSnippet writes the NRI snippet src (with Marker first) into confDir, unless a file
@@ -85,9 +88,12 @@ func InstallSnippet(src, confDir, hostConfDir, containerdConfig string) (Snippet
 	}
 	if containerdConfig != "" {
 		cfg, err := os.ReadFile(containerdConfig)
-		if err == nil {
+		switch {
+		case err == nil:
 			res.ConfigChecked = true
 			res.Imported = Imports(cfg, hostConfDir)
+		case errors.Is(err, fs.ErrNotExist):
+			res.ConfigMissing = true
 		}
 		res.ImportHint = fmt.Sprintf("imports = [%q]", filepath.Join(hostConfDir, "*.toml"))
 	}

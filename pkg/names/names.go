@@ -57,6 +57,13 @@ const (
 	NVIDIAPrefix = "nvidia.com/"
 	// WorkloadConfigLabel is GPU Operator's per-node workload mode label.
 	WorkloadConfigLabel = "nvidia.com/gpu.workload.config"
+	// ToolkitDeployLabel is set to "true" by the GPU Operator on nodes where it runs its
+	// container toolkit, which restarts containerd after writing its config.
+	ToolkitDeployLabel = "nvidia.com/gpu.deploy.container-toolkit"
+	// ToolkitReadyDir and ToolkitReadyFile: the GPU Operator's validator writes the file once
+	// the toolkit is installed, after the toolkit's containerd restart.
+	ToolkitReadyDir  = "/run/nvidia/validations"
+	ToolkitReadyFile = "toolkit-ready"
 )
 
 // Values of WorkloadConfigLabel.

@@ -50,7 +50,12 @@ func helm(t *testing.T) string {
 
 func render(t *testing.T, args ...string) (string, error) {
 	t.Helper()
-	cmd := exec.Command(helm(t), append([]string{"template", "nvdomain", filepath.Join(root(), "charts", "nvdomain"), "-n", "nvdomain-system"}, args...)...)
+	base := []string{"template", "nvdomain", filepath.Join(root(), "charts", "nvdomain"), "-n", "nvdomain-system"}
+	// `make matrix` renders for each Kubernetes release it tests (.Capabilities.KubeVersion).
+	if v := os.Getenv("NVDOMAIN_KUBE_VERSION"); v != "" {
+		base = append(base, "--kube-version", v)
+	}
+	cmd := exec.Command(helm(t), append(base, args...)...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Run(); err != nil {
@@ -124,6 +129,11 @@ func TestBadValuesAreRejected(t *testing.T) {
 		{[]string{"--set-json", `node.nri.extraArgs=["-v 2"]`}, "at '/node/nri/extraArgs/0'"},
 		{[]string{"--set-json", `webhook.extraEnv=[{"value":"x"}]`}, "at '/webhook/extraEnv/0'"},
 		{[]string{"--set-json", `node.podLabels={"team":1}`}, "at '/node/podLabels/team'"},
+		{[]string{"--set", "node.nvmlAccess=cdi"}, "at '/node/nvmlAccess'"},
+		{[]string{"--set", "node.nvmlAccess=host"}, "node.nvmlAccess=host needs node.nvmlLibrary"},
+		{[]string{"--set", "node.nvmlLibrary=/usr/lib/libcuda.so.1"}, "at '/node/nvmlLibrary'"},
+		{[]string{"--set", "node.containerdDistribution=microk8s"}, "at '/node/containerdDistribution'"},
+		{[]string{"--set", "node.hostBinDir=opt/bin"}, "at '/node/hostBinDir'"},
 	}
 	for _, tc := range cases {
 		_, err := render(t, tc.args...)

@@ -67,7 +67,68 @@ imagePullSecrets: {{- toYaml . | nindent 2 }}
 {{/* The node pods' RuntimeClass: node.runtimeClassName, where "auto" is nvidia with source=nvml. */}}
 {{- define "nvdomain.nodeRuntimeClass" -}}
 {{- $rc := .Values.node.runtimeClassName -}}
-{{- if eq $rc "auto" -}}{{- if eq .Values.node.agent.source "nvml" }}nvidia{{ end -}}{{- else -}}{{ $rc }}{{- end -}}
+{{- if eq $rc "auto" -}}{{- if and (eq .Values.node.agent.source "nvml") (ne (include "nvdomain.nvmlAccess" .) "host") }}nvidia{{ end -}}{{- else -}}{{ $rc }}{{- end -}}
+{{- end -}}
+
+{{/* node.nvmlAccess, checked: how the node pods ask the NVIDIA container toolkit for NVML
+(values.yaml). */}}
+{{- define "nvdomain.nvmlAccess" -}}
+{{- $a := .Values.node.nvmlAccess | default "envvar" -}}
+{{- if not (has $a (list "envvar" "volume-mounts" "host")) }}{{ fail (printf "node.nvmlAccess %q: use envvar, volume-mounts or host (docs/node-side.md, \"NVML in the node pods\")" $a) }}{{ end -}}
+{{- if and (eq $a "host") (eq .Values.node.agent.source "nvml") (not .Values.node.nvmlLibrary) }}{{ fail "node.nvmlAccess=host needs node.nvmlLibrary, the host path of libnvidia-ml.so.1 (e.g. /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1)" }}{{ end -}}
+{{- $a -}}
+{{- end -}}
+
+{{/* The NVML part of a node container (agent, NRI plugin) when source=nvml, as a dict of
+env (list), mounts (list), args (list) and securityContext. NVIDIA_VISIBLE_DEVICES is set
+only under envvar: under volume-mounts the GPUs are asked for by mount (a toolkit that ignores
+the variable in unprivileged containers ignores it anyway), and under host no toolkit reads it. */}}
+{{- define "nvdomain.nvmlContainer" -}}
+{{- $v := .Values.node -}}
+{{- $out := dict "env" list "mounts" list "args" list "privileged" false -}}
+{{- if eq $v.agent.source "nvml" -}}
+{{- $a := include "nvdomain.nvmlAccess" . -}}
+{{- $env := list -}}
+{{- range $v.nvmlEnv }}{{ if or (eq $a "envvar") (ne .name "NVIDIA_VISIBLE_DEVICES") }}{{ $env = append $env . }}{{ end }}{{ end -}}
+{{- $mounts := list -}}
+{{- if eq $a "volume-mounts" }}{{ $mounts = append $mounts (dict "name" "nvml-all-gpus" "mountPath" "/var/run/nvidia-container-devices/all" "readOnly" true) }}{{ end -}}
+{{- $args := list -}}
+{{- with $v.nvmlLibrary -}}
+{{- $mounts = append $mounts (dict "name" "nvml-library" "mountPath" "/host-nvml" "readOnly" true) -}}
+{{- $args = append $args (printf "--nvml-library=/host-nvml/%s" (base .)) -}}
+{{- end -}}
+{{- $_ := set $out "env" $env -}}
+{{- $_ = set $out "mounts" $mounts -}}
+{{- $_ = set $out "args" $args -}}
+{{- $_ = set $out "privileged" (eq $a "host") -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}
+
+{{/* The host volumes nvdomain.nvmlContainer mounts. */}}
+{{- define "nvdomain.nvmlVolumes" -}}
+{{- if eq .Values.node.agent.source "nvml" -}}
+{{- if eq (include "nvdomain.nvmlAccess" .) "volume-mounts" }}
+# The device plugin's volume-mounts form: the toolkit reads the mount's name, not its content.
+- name: nvml-all-gpus
+  hostPath: {path: /dev/null, type: CharDevice}
+{{- end }}
+{{- with .Values.node.nvmlLibrary }}
+- name: nvml-library
+  hostPath: {path: {{ dir . }}, type: Directory}
+{{- end }}
+{{- end -}}
+{{- end -}}
+
+{{/* The securityContext of a node container (agent, NRI plugin): root, nothing writable, no
+capability; privileged only under node.nvmlAccess=host, where nothing else gives the
+container the GPUs' device nodes. */}}
+{{- define "nvdomain.nodeSecurityContext" -}}
+{{- if .privileged -}}
+{runAsUser: 0, privileged: true, readOnlyRootFilesystem: true}
+{{- else -}}
+{runAsUser: 0, readOnlyRootFilesystem: true, allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}}
+{{- end -}}
 {{- end -}}
 
 {{/* Objects the node pods need after `helm uninstall`: Helm keeps them, and the node pods delete
@@ -100,4 +161,28 @@ DaemonSets' selectors depend on those. Call with (dict "root" $ "extra" <map>). 
 {{- $extra := omit (.extra | default dict) "app.kubernetes.io/component" -}}
 {{- range $k, $_ := $own }}{{ $extra = omit $extra $k }}{{ end -}}
 {{- with $extra }}{{ toYaml . }}{{ end -}}
+{{- end -}}
+
+{{/* Where containerd keeps its configuration on the nodes, as a dict: confDir (the drop-in
+directory the NRI snippet goes to), config (the main config containerd reads, checked for the
+imports line) and template (RKE2/k3s: the file an administrator edits, since the config is
+generated from it at every start; "" elsewhere) and socket (containerd's gRPC socket, for
+node.restartContainerd). node.containerdDistribution picks the paths of
+RKE2 or k3s; "" keeps node.containerdConfDir and node.containerdConfig. */}}
+{{- define "nvdomain.containerdPaths" -}}
+{{- $d := .Values.node.containerdDistribution | default "" -}}
+{{- if eq $d "" -}}
+{{- toJson (dict "confDir" .Values.node.containerdConfDir "config" .Values.node.containerdConfig "template" "" "socket" .Values.node.restartContainerd.socket) -}}
+{{- else if has $d (list "rke2" "k3s") -}}
+{{- $root := printf "/var/lib/rancher/%s/agent/etc/containerd" $d -}}
+{{- toJson (dict "confDir" (printf "%s/conf.d" $root) "config" (printf "%s/config.toml" $root) "template" (printf "%s/config-v3.toml.tmpl" $root) "socket" "/run/k3s/containerd/containerd.sock") -}}
+{{- else -}}
+{{- fail (printf "node.containerdDistribution %q: use \"\" (containerd's own paths, node.containerdConfDir and node.containerdConfig), rke2 or k3s" $d) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The host directory for the OCI hook runc runs: node.hostBinDir, or the deprecated
+node.nri.hookDir where values an earlier release kept (--reuse-values) still set it. */}}
+{{- define "nvdomain.hostBinDir" -}}
+{{- .Values.node.nri.hookDir | default .Values.node.hostBinDir -}}
 {{- end -}}

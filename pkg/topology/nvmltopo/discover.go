@@ -123,7 +123,7 @@ func Discover(ctx context.Context, lib nvml.Interface, o Options) (top *topology
 func initError(ret nvml.Return) error {
 	switch ret {
 	case nvml.ERROR_LIBRARY_NOT_FOUND:
-		return fmt.Errorf("NVML: libnvidia-ml.so.1 not found: run the node pods with runtimeClassName nvidia and NVIDIA_VISIBLE_DEVICES=all so the NVIDIA container toolkit mounts the driver library (chart: node.runtimeClassName, node.nvmlEnv; the GPU Operator's convention), or point --nvml-library at it; looked in %s (%v)", strings.Join(LibraryCandidates(), ", "), ret)
+		return fmt.Errorf("NVML: libnvidia-ml.so.1 not found: the NVIDIA container toolkit mounts it into containers that ask for GPUs (chart: node.nvmlAccess=envvar under the toolkit's default, volume-mounts where it ignores NVIDIA_VISIBLE_DEVICES in unprivileged containers; node.runtimeClassName), or point --nvml-library at the host's copy (chart: node.nvmlLibrary, with node.nvmlAccess=host without a toolkit); looked in %s (%v)", strings.Join(LibraryCandidates(), ", "), ret)
 	case nvml.ERROR_DRIVER_NOT_LOADED:
 		return fmt.Errorf("NVML: the NVIDIA kernel driver is not loaded on this node: check `lsmod | grep nvidia` and the GPU Operator's driver pod (%v)", ret)
 	case nvml.ERROR_NO_PERMISSION:

@@ -6,7 +6,7 @@ GO          ?= go
 BIN         := $(CURDIR)/bin
 TOOLS       := $(BIN)/tools
 STATICCHECK_VERSION := v0.8.2
-K8S_VERSION ?= v1.36.3
+K8S_VERSION ?= v1.37.2
 K8S_ASSETS  := $(BIN)/k8s/$(K8S_VERSION)
 STATICCHECK := $(TOOLS)/staticcheck-$(STATICCHECK_VERSION)
 FUZZTIME    ?= 30s
@@ -26,7 +26,7 @@ IMAGE_ENV   := NVDOMAIN_IMAGE=$(IMAGE) NVDOMAIN_IMAGE_ARCHIVE=$(IMAGE_ARCHIVE)
 # marks deprecated, which only adds compiler noise.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all build image chart test unit e2e host-deps k8s-assets containerd-assets helm-assets kwok-assets karpenter-assets kueue-assets lws-assets lint fmt vet staticcheck cover fuzz bench bench-placement bench-admission bench-dra scale demo down clean
+.PHONY: all build image chart test unit e2e matrix host-deps k8s-assets containerd-assets helm-assets kwok-assets karpenter-assets kueue-assets lws-assets lint fmt vet staticcheck cover fuzz bench bench-placement bench-admission bench-dra scale demo down clean
 
 all: build
 
@@ -170,6 +170,19 @@ scale: k8s-assets kwok-assets
 ## placement simulation's (bench-placement).
 bench-dra: k8s-assets kwok-assets
 	$(GO) run ./test/bench -only dra
+
+## matrix: the previous two Kubernetes releases (MATRIX_VERSIONS), each built into
+## bin/k8s/<version> like the default one: the unit and integration tests (envtest, the HA
+## control plane, DRA, Kueue/LWS and Karpenter tiers) against that release's apiserver,
+## scheduler and controller-manager, and the chart rendered for it (--kube-version). About 15
+## minutes a release warm, 12 more cold. Not part of `make test`; CI can run it.
+MATRIX_VERSIONS ?= v1.36.3 v1.35.4
+matrix: host-deps containerd-assets helm-assets kwok-assets karpenter-assets kueue-assets lws-assets
+	@for v in $(MATRIX_VERSIONS); do \
+	  echo "=== Kubernetes $$v"; \
+	  K8S_VERSION=$$v test/tools/build-k8s.sh >/dev/null; \
+	  KUBEBUILDER_ASSETS=$(BIN)/k8s/$$v NVDOMAIN_KUBE_VERSION=$$v $(GO) test -race -count=1 -timeout 20m ./... || exit 1; \
+	done
 
 ## fuzz: run every fuzz target for FUZZTIME each (not part of `make test`).
 fuzz:

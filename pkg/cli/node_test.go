@@ -69,4 +69,3 @@ func TestNodeInstallNamesTheFix(t *testing.T) {
 		})
 	}
 }
-

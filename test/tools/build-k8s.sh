@@ -11,7 +11,7 @@
 # Usage: test/tools/build-k8s.sh            prints the asset directory on stdout when done
 set -euo pipefail
 
-K8S_VERSION="${K8S_VERSION:-v1.36.3}"
+K8S_VERSION="${K8S_VERSION:-v1.37.2}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 OUT="$ROOT/bin/k8s/$K8S_VERSION"

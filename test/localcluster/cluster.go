@@ -39,6 +39,14 @@ type Options struct {
 	Keep bool
 	// Mode is "" (classic) or ModeDRA, which Install installs (dra.go).
 	Mode string
+	// BootWithoutNRI starts containerd as a fresh node's image does: its config imports a
+	// drop-in directory (ContainerdConfDir) but has no NRI section, so the node fails open
+	// until something puts the snippet there and restarts containerd. containerd is then
+	// supervised like containerd.service (Restart=always): it is started again whenever it
+	// exits (boot.go).
+	BootWithoutNRI bool
+	// ExtraValues are added to the chart values Install uses.
+	ExtraValues []string
 }
 
 // Mode is the mode Install installs nvdomain in.
@@ -63,6 +71,7 @@ type Cluster struct {
 	FailClosed           string
 	etcdURL              string
 	procs                []*proc
+	supervisor           *supervisor
 	lock                 *os.File
 	sysctls              map[string]string
 	createdVarLibKubelet bool
@@ -259,6 +268,7 @@ func (c *Cluster) Stop() {
 		c.keep()
 		return
 	}
+	c.supervisor.stop()
 	c.teardown(c.procRefs())
 	c.unlock()
 }
@@ -295,6 +305,9 @@ func (c *Cluster) teardown(procs []procRef) {
 		_ = os.RemoveAll("/var/lib/kubelet")
 	}
 	_ = os.RemoveAll("/run/nvdomain")
+	if c.o.BootWithoutNRI {
+		_ = os.Remove(NodeNRISocket)
+	}
 	for k, v := range c.sysctls {
 		_ = os.WriteFile("/proc/sys/"+k, []byte(v), 0o644)
 	}

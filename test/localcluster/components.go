@@ -162,11 +162,19 @@ func (c *Cluster) startContainerd(ctx context.Context) error {
 		return err
 	}
 	cfg := ContainerdConfig(c.Dir, c.NRISocket, toolkit)
+	if c.o.BootWithoutNRI {
+		if cfg, err = c.bootConfig(cfg); err != nil {
+			return err
+		}
+	}
 	if err := os.WriteFile(c.path("containerd.toml"), []byte(cfg), 0o644); err != nil {
 		return err
 	}
-	if err := c.start("containerd", filepath.Join(c.CtrdBin, "containerd"), []string{"PATH=" + c.CtrdBin + ":" + os.Getenv("PATH")}, "--config", c.path("containerd.toml")); err != nil {
+	if err := c.start("containerd", filepath.Join(c.CtrdBin, "containerd"), c.containerdEnv(), "--config", c.path("containerd.toml")); err != nil {
 		return err
+	}
+	if c.o.BootWithoutNRI {
+		c.supervisor = c.superviseContainerd()
 	}
 	if err := waitUntil(ctx, 30*time.Second, "containerd socket", func() bool { _, err := os.Stat(c.path("c.sock")); return err == nil }); err != nil {
 		return fmt.Errorf("%w; log: %s", err, c.Log("containerd", 2000))

@@ -53,7 +53,7 @@ func (c *Cluster) installDRA(ctx context.Context, w io.Writer) error {
 		"--set-string", "image.repository=" + ImageRepository(c.Image), "--set-string", "image.tag=" + ImageTag(c.Image),
 		"--set", "webhook.replicas=1",
 		"--set", "node.nri.socketPath=" + c.NRISocket,
-		"--set", "node.nri.hookDir=" + c.path("hook"),
+		"--set", "node.hostBinDir=" + c.path("hook"),
 		"--set-json", "topology.simulated=" + topo,
 		// DRA mode: the driver registers under the kubelet's --root-dir and writes its
 		// per-claim CDI specs where containerd reads them.

@@ -185,30 +185,43 @@ func (c *Cluster) InstallGitOps(ctx context.Context, w io.Writer, wait time.Dura
 	if err == nil {
 		return rep, fmt.Errorf("a TP=3 pod was admitted: %s", out)
 	}
-	out, err = c.apply("tp2-a.yaml")
+	rep.Pinned, err = c.RunTP2(ctx, w)
+	return rep, err
+}
+
+// RunTP2 applies manifests/examples/tp2-a.yaml and returns it once it runs and printed the
+// GPU device nodes in its container.
+func (c *Cluster) RunTP2(ctx context.Context, w io.Writer) (PodResult, error) {
+	say := func(format string, args ...any) { fmt.Fprintf(w, format+"\n", args...) }
+	var res PodResult
+	cs, err := c.client()
+	if err != nil {
+		return res, err
+	}
+	out, err := c.apply("tp2-a.yaml")
 	say("$ kubectl apply -f manifests/examples/tp2-a.yaml\n%s", out)
 	if err != nil {
-		return rep, fmt.Errorf("apply tp2-a: %v: %s", err, out)
+		return res, fmt.Errorf("apply tp2-a: %v: %s", err, out)
 	}
 	tr, err := c.Topology(ctx)
 	if err != nil {
-		return rep, err
+		return res, err
 	}
 	err = waitUntil(ctx, 90*time.Second, "tp2-a running with its GPUs", func() bool {
 		p, err := cs.CoreV1().Pods("default").Get(ctx, "tp2-a", metav1.GetOptions{})
 		if err != nil || p.Status.Phase != corev1.PodRunning {
 			return false
 		}
-		rep.Pinned = c.observe(p, tr)
-		return rep.Pinned.Seen
+		res = c.observe(p, tr)
+		return res.Seen
 	})
 	if err != nil {
 		desc, _, _ := c.Kubectl("describe", "pod", "tp2-a")
-		return rep, fmt.Errorf("%w\n%s", err, desc)
+		return res, fmt.Errorf("%w\n%s", err, desc)
 	}
-	d, derr := tr.DomainOf(rep.Pinned.GPUs)
-	say("  tp2-a: pinned to domain %s; GPU device nodes inside the container: %s (domain %d, %v)", rep.Pinned.Domain, strings.Join(rep.Pinned.Devices, " "), d, derr)
-	return rep, nil
+	d, derr := tr.DomainOf(res.GPUs)
+	say("  tp2-a: pinned to domain %s; GPU device nodes inside the container: %s (domain %d, %v)", res.Domain, strings.Join(res.Devices, " "), d, derr)
+	return res, nil
 }
 
 // Topology is a Report holding only the node's published topology, for DomainOf.

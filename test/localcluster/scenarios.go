@@ -78,7 +78,7 @@ func (c *Cluster) Install(ctx context.Context, w io.Writer) error {
 // classicValues are the chart values of the classic-mode install on this cluster.
 func (c *Cluster) classicValues() []string {
 	topo := fmt.Sprintf(`{"nodes":[{"name":%q,"gpuCount":8,"product":"NVIDIA H100 80GB HBM3","domains":[{"id":0,"gpus":[0,1,2,3]},{"id":1,"gpus":[4,5,6,7]}]}]}`, NodeName)
-	return []string{"-f", filepath.Join(c.Root, "charts", "nvdomain", "ci", "simulated-values.yaml"),
+	return append([]string{"-f", filepath.Join(c.Root, "charts", "nvdomain", "ci", "simulated-values.yaml"),
 		"--set", fmt.Sprintf("apiServer.port=%d", c.APIPort),
 		"--set-string", "image.repository=" + ImageRepository(c.Image), "--set-string", "image.tag=" + ImageTag(c.Image),
 		// One node: two hostNetwork replicas would fight over the webhook port.
@@ -87,10 +87,10 @@ func (c *Cluster) classicValues() []string {
 		"--set", "webhook.repin.after=" + RepinAfter.String(),
 		// The hook binary and the CDI specs live in the cluster's work directory, so the
 		// teardown removes them with it.
-		"--set", "node.nri.hookDir=" + c.path("hook"),
+		"--set", "node.hostBinDir=" + c.path("hook"),
 		"--set", "node.agent.cdiSpecDir=" + CDISpecDir(c.Dir),
 		"--set-json", fmt.Sprintf("node.cdiSpecDirs=[%q]", CDISpecDir(c.Dir)),
-		"--set-json", "topology.simulated=" + topo}
+		"--set-json", "topology.simulated=" + topo}, c.o.ExtraValues...)
 }
 
 // waitClassicNode waits until the node advertises the simulated topology and its fail-closed

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -73,7 +74,11 @@ func newNode() *cobra.Command {
 			}
 			r, err := containerdrestart.Ensure(cmd.Context(), opts)
 			if err != nil {
-				return fmt.Errorf("--restart-containerd: %w", err)
+				// Not a failure of the pod: the agent and the NRI plugin must still start (the
+				// node's other GPU pods need the plugin), and the fail-closed canary reports a
+				// node that still fails open.
+				fmt.Fprintf(out, "WARNING containerd was not restarted, so it may not enforce the NRI plugin until it restarts: %v\n", err)
+				return nil
 			}
 			switch {
 			case r.Restarted:
@@ -91,8 +96,10 @@ func newNode() *cobra.Command {
 	f.StringVar(&confDir, "conf-dir", "", "containerd's drop-in directory as mounted here; empty: skip the snippet")
 	f.StringVar(&hostConfDir, "host-conf-dir", "/etc/containerd/conf.d", "the drop-in directory as containerd names it on the host")
 	f.StringVar(&containerdCfg, "containerd-config", "", "containerd's main config as mounted here, to check its imports line; empty: not checked")
-	f.StringVar(&hostContainerdCfg, "host-containerd-config", "/etc/containerd/config.toml", "containerd's main config as the host names it, for the messages")
-	f.StringVar(&containerdTmpl, "containerd-template", "", "RKE2/k3s: the template containerd's config is generated from, where the imports line belongs")
+	// The chart passes these two as variables: an older image ignores them, where an unknown
+	// flag would stop its init container.
+	f.StringVar(&hostContainerdCfg, "host-containerd-config", envOr("NVDOMAIN_HOST_CONTAINERD_CONFIG", "/etc/containerd/config.toml"), "containerd's main config as the host names it, for the messages ($NVDOMAIN_HOST_CONTAINERD_CONFIG)")
+	f.StringVar(&containerdTmpl, "containerd-template", os.Getenv("NVDOMAIN_CONTAINERD_TEMPLATE"), "RKE2/k3s: the template containerd's config is generated from, where the imports line belongs ($NVDOMAIN_CONTAINERD_TEMPLATE)")
 	f.BoolVar(&restart, "restart-containerd", false, "restart containerd (SIGTERM to the process serving --containerd-socket; its supervisor starts it again) when it started before the snippet or its config changed; needs the host's PID namespace")
 	f.StringVar(&ctrdSocket, "containerd-socket", "/run/containerd/containerd.sock", "containerd's gRPC socket as mounted here")
 	f.StringVar(&toolkitNode, "toolkit-node", "", "this node's name: when the GPU Operator runs its container toolkit here (label "+names.ToolkitDeployLabel+"=true), wait for the toolkit's own restart first; empty: never wait")
@@ -141,4 +148,11 @@ func printImportWarning(out io.Writer, res hostfiles.SnippetResult, hostConfDir,
 	default:
 		fmt.Fprintf(out, "WARNING %s does not import %s, so the NRI snippet has no effect; add this top-level line to it (or the glob to its existing imports array) and restart containerd: %s\n", hostConfig, hostConfDir, res.ImportHint)
 	}
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
 }

@@ -79,6 +79,12 @@ func Ensure(ctx context.Context, o Options) (Result, error) {
 		if err != nil {
 			return res, fmt.Errorf("stat %s: %w", f, err)
 		}
+		if st.ModTime().After(time.Now().Add(time.Minute)) {
+			// A time ahead of the clock (a clock stepped back, a copy that kept its times)
+			// would make every start of the node pod restart containerd again.
+			o.Log.Info("WARNING ignoring a file changed in the future", "file", f, "changed", st.ModTime().UTC().Format(time.RFC3339))
+			continue
+		}
 		if st.ModTime().After(res.Changed) {
 			res.Changed, res.NewestFile = st.ModTime(), f
 		}
@@ -88,6 +94,9 @@ func Ensure(ctx context.Context, o Options) (Result, error) {
 		return res, err
 	}
 	res.PID = pid
+	if err := isContainerd(o.Proc, pid); err != nil {
+		return res, err
+	}
 	if res.Started, err = StartTime(o.Proc, pid); err != nil {
 		return res, err
 	}
@@ -104,12 +113,25 @@ func Ensure(ctx context.Context, o Options) (Result, error) {
 		if res.WaitTimedOut {
 			o.Log.Info("WARNING the file to wait for did not appear; restarting containerd anyway", "file", o.WaitFile, "waited", res.Waited.Round(time.Second))
 		}
-		// The other actor may have restarted containerd meanwhile, which loaded our snippet.
-		if pid2, err := SocketPID(o.Socket); err == nil && pid2 != pid {
-			if started, err := StartTime(o.Proc, pid2); err == nil && started.After(res.Changed) {
-				res.PID, res.Started = pid2, started
+		// The other actor may have restarted containerd meanwhile, which loaded our snippet;
+		// or be restarting it now (no one serves the socket): wait for that one to finish.
+		pid2, err := waitServed(ctx, o.Socket, time.Minute)
+		if err != nil {
+			return res, err
+		}
+		if pid2 != pid {
+			if err := isContainerd(o.Proc, pid2); err != nil {
+				return res, err
+			}
+			started, err := StartTime(o.Proc, pid2)
+			if err != nil {
+				return res, err
+			}
+			res.PID, res.Started = pid2, started
+			if started.After(res.Changed) {
 				return res, nil
 			}
+			pid = pid2
 		}
 	}
 	o.Log.Info("restarting containerd to load the NRI snippet", "pid", pid, "started", res.Started.UTC().Format(time.RFC3339), "changed", res.NewestFile)
@@ -133,6 +155,41 @@ func Ensure(ctx context.Context, o Options) (Result, error) {
 		select {
 		case <-ctx.Done():
 			return res, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// isContainerd refuses to signal anything but a containerd that is not the host's init: a
+// socket served through socket activation or a proxy names another process.
+func isContainerd(proc string, pid int) error {
+	if pid == 1 {
+		return fmt.Errorf("containerd's socket is served by PID 1 (socket activation?): not signalling the host's init; restart containerd by hand or set node.restartContainerd.enabled=false")
+	}
+	comm, err := os.ReadFile(filepath.Join(proc, strconv.Itoa(pid), "comm"))
+	if err != nil {
+		return fmt.Errorf("read process %d's name: %w", pid, err)
+	}
+	if name := strings.TrimSpace(string(comm)); name != "containerd" {
+		return fmt.Errorf("containerd's socket is served by process %d %q, not containerd: not signalling it", pid, name)
+	}
+	return nil
+}
+
+// waitServed waits until some process serves the socket and returns its PID.
+func waitServed(ctx context.Context, socket string, timeout time.Duration) (int, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		pid, err := SocketPID(socket)
+		if err == nil {
+			return pid, nil
+		}
+		if time.Now().After(deadline) {
+			return 0, err
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
 		case <-time.After(200 * time.Millisecond):
 		}
 	}

@@ -101,7 +101,15 @@ func describeExit(err error) string {
 }
 
 func (s *supervisor) startOne() {
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	// Named containerd, as Ensure wants the process it signals to be.
+	bin := filepath.Join(filepath.Dir(s.socket), "containerd")
+	if _, err := os.Lstat(bin); err != nil {
+		if err := os.Symlink(os.Args[0], bin); err != nil {
+			s.t.Errorf("link the fake containerd: %v", err)
+			return
+		}
+	}
+	cmd := exec.Command(bin, "-test.run=^$")
 	cmd.Env = append(os.Environ(), "FAKE_CONTAINERD_SOCKET="+s.socket)
 	if err := cmd.Start(); err != nil {
 		s.t.Errorf("start fake containerd: %v", err)
@@ -249,5 +257,39 @@ func TestStartTime(t *testing.T) {
 	self, err := StartTime("/proc", os.Getpid())
 	if err != nil || self.After(time.Now()) || time.Since(self) > time.Hour {
 		t.Errorf("this process's start: %v, %v", self, err)
+	}
+}
+
+// Ensure signals only a process named containerd: a socket served by something else (a proxy,
+// socket activation) is an error, and nothing is signalled.
+func TestEnsureSignalsOnlyContainerd(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "c.sock")
+	cmd := exec.Command(os.Args[0], "-test.run=^$") // named after the test binary
+	cmd.Env = append(os.Environ(), "FAKE_CONTAINERD_SOCKET="+sock)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := SocketPID(sock); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the fake never served its socket")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond)
+	snippet := filepath.Join(dir, "nri.toml")
+	touch(t, snippet, time.Now())
+	_, err := Ensure(context.Background(), Options{Socket: sock, Files: []string{snippet}, Log: testr.New(t)})
+	if err == nil || !strings.Contains(err.Error(), "not containerd: not signalling it") {
+		t.Errorf("error %v: want a refusal to signal a process not named containerd", err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if p, err := SocketPID(sock); err != nil || p != cmd.Process.Pid {
+		t.Errorf("after Ensure the socket is served by %d (%v), want the untouched process %d", p, err, cmd.Process.Pid)
 	}
 }

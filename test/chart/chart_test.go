@@ -153,6 +153,29 @@ func TestOlderReleasesValuesStillRender(t *testing.T) {
 	if strings.Contains(out, "--naming") {
 		t.Error("the ignored node.nri.naming reached the plugin's arguments")
 	}
+
+	// `helm upgrade --reuse-values` renders the new templates with the previous release's
+	// values as the whole set: values this release added are absent, not defaulted. A copy
+	// of the chart whose values.yaml is the previous one's renders the same way.
+	chart := filepath.Join(t.TempDir(), "nvdomain")
+	if out, err := exec.Command("cp", "-r", filepath.Join(root(), "charts", "nvdomain"), chart).CombinedOutput(); err != nil {
+		t.Fatalf("copy the chart: %v: %s", err, out)
+	}
+	prev, err := os.ReadFile(filepath.Join("testdata", "values-v0.1.0-previous.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(chart, "values.yaml"), prev, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{nil, {"--set", "node.enableNRIInitContainer=true"}, {"--set", "dra.enabled=true"}} {
+		cmd := exec.Command(helm(t), append([]string{"template", "nvdomain", chart, "-n", "nvdomain-system"}, args...)...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("the new templates with the previous release's values %v (helm upgrade --reuse-values): %v\n%s", args, err, out)
+		} else if !strings.Contains(string(out), "/opt/nvdomain/bin") {
+			t.Errorf("with the previous values %v the hook directory is not the one they set", args)
+		}
+	}
 }
 
 // apiServer starts a real kube-apiserver (envtest, with RBAC) for the test and returns its

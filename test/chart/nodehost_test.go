@@ -12,6 +12,11 @@ import (
 // nodeDaemonSet renders the chart and returns the classic node DaemonSet.
 func nodeDaemonSet(t *testing.T, args ...string) appsv1.DaemonSet {
 	t.Helper()
+	return daemonSet(t, "nvdomain-node", args...)
+}
+
+func daemonSet(t *testing.T, name string, args ...string) appsv1.DaemonSet {
+	t.Helper()
 	out, err := render(t, args...)
 	if err != nil {
 		t.Fatal(err)
@@ -20,12 +25,12 @@ func nodeDaemonSet(t *testing.T, args ...string) appsv1.DaemonSet {
 		if d["kind"] == "DaemonSet" {
 			var ds appsv1.DaemonSet
 			into(t, d, &ds)
-			if ds.Name == "nvdomain-node" {
+			if ds.Name == name {
 				return ds
 			}
 		}
 	}
-	t.Fatal("no nvdomain-node DaemonSet rendered")
+	t.Fatalf("no %s DaemonSet rendered", name)
 	return appsv1.DaemonSet{}
 }
 
@@ -98,50 +103,53 @@ func TestNodePodsReachNVMLUnderEachToolkitConfiguration(t *testing.T) {
 			runtimeClass: "nvidia", visibleEnv: "all", library: "/host-nvml/libnvidia-ml.so.1", libraryDir: "/run/nvidia/driver/usr/lib64"},
 		{name: "simulated topology needs no NVML", args: []string{"--set", "node.agent.source=simulated", "--set-json", `topology.simulated={"nodes":[]}`, "--set", "node.nvmlAccess=host"}},
 	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			spec := nodeDaemonSet(t, tc.args...).Spec.Template.Spec
-			if got := ptrString(spec.RuntimeClassName); got != tc.runtimeClass {
-				t.Errorf("runtimeClassName %q, want %q", got, tc.runtimeClass)
-			}
-			for _, name := range []string{"agent", "nri"} {
-				c := container(t, spec, name)
-				v, ok := envValue(c, "NVIDIA_VISIBLE_DEVICES")
-				if (tc.visibleEnv == "") == ok || v != tc.visibleEnv {
-					t.Errorf("%s: NVIDIA_VISIBLE_DEVICES=%q (set %v), want %q", name, v, ok, tc.visibleEnv)
+	// Both node DaemonSets: the classic one, and DRA mode's, whose agent is the DRA driver.
+	for _, ds := range []string{"nvdomain-node", "nvdomain-node-dra"} {
+		for _, tc := range cases {
+			t.Run(ds+"/"+tc.name, func(t *testing.T) {
+				spec := daemonSet(t, ds, append([]string{"--set", "dra.enabled=true"}, tc.args...)...).Spec.Template.Spec
+				if got := ptrString(spec.RuntimeClassName); got != tc.runtimeClass {
+					t.Errorf("runtimeClassName %q, want %q", got, tc.runtimeClass)
 				}
-				if m := mountAt(c, allGPUs); (m != nil) != tc.mount {
-					t.Errorf("%s: mount at %s: %v, want %v", name, allGPUs, m, tc.mount)
-				}
-				var lib string
-				for _, a := range c.Args {
-					if v, ok := strings.CutPrefix(a, "--nvml-library="); ok {
-						lib = v
+				for _, name := range []string{"agent", "nri"} {
+					c := container(t, spec, name)
+					v, ok := envValue(c, "NVIDIA_VISIBLE_DEVICES")
+					if (tc.visibleEnv == "") == ok || v != tc.visibleEnv {
+						t.Errorf("%s: NVIDIA_VISIBLE_DEVICES=%q (set %v), want %q", name, v, ok, tc.visibleEnv)
+					}
+					if m := mountAt(c, allGPUs); (m != nil) != tc.mount {
+						t.Errorf("%s: mount at %s: %v, want %v", name, allGPUs, m, tc.mount)
+					}
+					var lib string
+					for _, a := range c.Args {
+						if v, ok := strings.CutPrefix(a, "--nvml-library="); ok {
+							lib = v
+						}
+					}
+					if lib != tc.library {
+						t.Errorf("%s: --nvml-library=%q, want %q", name, lib, tc.library)
+					}
+					if m := mountAt(c, "/host-nvml"); (m != nil) != (tc.libraryDir != "") || (m != nil && !m.ReadOnly) {
+						t.Errorf("%s: /host-nvml mount %+v, want one (read-only) iff the library is mounted", name, m)
+					}
+					sc := c.SecurityContext
+					priv := sc != nil && sc.Privileged != nil && *sc.Privileged
+					if priv != tc.privileged {
+						t.Errorf("%s: privileged %v, want %v", name, priv, tc.privileged)
+					}
+					if !priv && (sc == nil || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"})) {
+						t.Errorf("%s: an unprivileged node container must drop every capability and refuse escalation: %+v", name, sc)
 					}
 				}
-				if lib != tc.library {
-					t.Errorf("%s: --nvml-library=%q, want %q", name, lib, tc.library)
+				if v := volume(spec, "nvml-all-gpus"); (v != nil) != tc.mount || (v != nil && (v.HostPath == nil || v.HostPath.Path != "/dev/null")) {
+					t.Errorf("volume nvml-all-gpus %+v, want /dev/null iff the volume-mounts form", v)
 				}
-				if m := mountAt(c, "/host-nvml"); (m != nil) != (tc.libraryDir != "") || (m != nil && !m.ReadOnly) {
-					t.Errorf("%s: /host-nvml mount %+v, want one (read-only) iff the library is mounted", name, m)
+				v := volume(spec, "nvml-library")
+				if (v != nil) != (tc.libraryDir != "") || (v != nil && (v.HostPath == nil || v.HostPath.Path != tc.libraryDir)) {
+					t.Errorf("volume nvml-library %+v, want host dir %q", v, tc.libraryDir)
 				}
-				sc := c.SecurityContext
-				priv := sc != nil && sc.Privileged != nil && *sc.Privileged
-				if priv != tc.privileged {
-					t.Errorf("%s: privileged %v, want %v", name, priv, tc.privileged)
-				}
-				if !priv && (sc == nil || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"})) {
-					t.Errorf("%s: an unprivileged node container must drop every capability and refuse escalation: %+v", name, sc)
-				}
-			}
-			if v := volume(spec, "nvml-all-gpus"); (v != nil) != tc.mount || (v != nil && (v.HostPath == nil || v.HostPath.Path != "/dev/null")) {
-				t.Errorf("volume nvml-all-gpus %+v, want /dev/null iff the volume-mounts form", v)
-			}
-			v := volume(spec, "nvml-library")
-			if (v != nil) != (tc.libraryDir != "") || (v != nil && (v.HostPath == nil || v.HostPath.Path != tc.libraryDir)) {
-				t.Errorf("volume nvml-library %+v, want host dir %q", v, tc.libraryDir)
-			}
-		})
+			})
+		}
 	}
 }
 
@@ -172,20 +180,18 @@ func TestContainerdPathsForEachDistribution(t *testing.T) {
 			spec := nodeDaemonSet(t, "--set", "node.enableNRIInitContainer=true", "--set", "node.containerdDistribution="+tc.distribution).Spec.Template.Spec
 			c := container(t, spec, "enable-nri")
 			cmd := strings.Join(c.Command, " ")
-			want := []string{"--host-conf-dir=" + tc.confDir}
-			if tc.distribution != "" { // the flag's default is containerd's own path (older images lack the flag)
-				want = append(want, "--host-containerd-config="+tc.config)
+			if !strings.Contains(cmd, "--host-conf-dir="+tc.confDir) {
+				t.Errorf("enable-nri command %q lacks --host-conf-dir=%s", cmd, tc.confDir)
 			}
-			for _, want := range want {
-				if !strings.Contains(cmd, want) {
-					t.Errorf("enable-nri command %q lacks %s", cmd, want)
-				}
+			// The paths its messages name travel as variables, which an older image ignores.
+			if v, _ := envValue(c, "NVDOMAIN_HOST_CONTAINERD_CONFIG"); v != tc.config {
+				t.Errorf("NVDOMAIN_HOST_CONTAINERD_CONFIG=%q, want %q", v, tc.config)
 			}
-			if got := strings.Contains(cmd, "--containerd-template="+tc.template); tc.template != "" && !got {
-				t.Errorf("enable-nri command %q lacks the template %s", cmd, tc.template)
+			if v, _ := envValue(c, "NVDOMAIN_CONTAINERD_TEMPLATE"); v != tc.template {
+				t.Errorf("NVDOMAIN_CONTAINERD_TEMPLATE=%q, want %q", v, tc.template)
 			}
-			if tc.template == "" && strings.Contains(cmd, "--containerd-template") {
-				t.Errorf("enable-nri command %q names a template on plain containerd", cmd)
+			if strings.Contains(cmd, "--host-containerd-config") || strings.Contains(cmd, "--containerd-template") {
+				t.Errorf("enable-nri command %q passes a flag an older image does not know", cmd)
 			}
 			for name, path := range map[string]string{"containerd-conf": tc.confDir, "containerd-config": strings.TrimSuffix(tc.config, "/config.toml")} {
 				v := volume(spec, name)
@@ -245,6 +251,10 @@ func TestRestartContainerdRendersOnlyWithTheInitContainer(t *testing.T) {
 			if !slices.Contains(c.Args, want) {
 				t.Errorf("%q: enable-nri args %v lack %s", tc.distribution, c.Args, want)
 			}
+		}
+		if sc := c.SecurityContext; sc == nil || sc.AppArmorProfile == nil || sc.AppArmorProfile.Type != corev1.AppArmorProfileTypeUnconfined ||
+			sc.SELinuxOptions == nil || sc.SELinuxOptions.Type != "spc_t" || (sc.Privileged != nil && *sc.Privileged) {
+			t.Errorf("%q: enable-nri securityContext %+v: the runtime's AppArmor/SELinux confinement would refuse the signal; want unconfined, spc_t, not privileged", tc.distribution, sc)
 		}
 		if _, ok := envValue(c, "NODE_NAME"); !ok {
 			t.Errorf("%q: enable-nri has no NODE_NAME for --toolkit-node", tc.distribution)

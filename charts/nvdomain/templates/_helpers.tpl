@@ -172,7 +172,7 @@ RKE2 or k3s; "" keeps node.containerdConfDir and node.containerdConfig. */}}
 {{- define "nvdomain.containerdPaths" -}}
 {{- $d := .Values.node.containerdDistribution | default "" -}}
 {{- if eq $d "" -}}
-{{- toJson (dict "confDir" .Values.node.containerdConfDir "config" .Values.node.containerdConfig "template" "" "socket" .Values.node.restartContainerd.socket) -}}
+{{- toJson (dict "confDir" .Values.node.containerdConfDir "config" .Values.node.containerdConfig "template" "" "socket" ((.Values.node.restartContainerd | default dict).socket | default "/run/containerd/containerd.sock")) -}}
 {{- else if has $d (list "rke2" "k3s") -}}
 {{- $root := printf "/var/lib/rancher/%s/agent/etc/containerd" $d -}}
 {{- toJson (dict "confDir" (printf "%s/conf.d" $root) "config" (printf "%s/config.toml" $root) "template" (printf "%s/config-v3.toml.tmpl" $root) "socket" "/run/k3s/containerd/containerd.sock") -}}
@@ -184,5 +184,5 @@ RKE2 or k3s; "" keeps node.containerdConfDir and node.containerdConfig. */}}
 {{/* The host directory for the OCI hook runc runs: node.hostBinDir, or the deprecated
 node.nri.hookDir where values an earlier release kept (--reuse-values) still set it. */}}
 {{- define "nvdomain.hostBinDir" -}}
-{{- .Values.node.nri.hookDir | default .Values.node.hostBinDir -}}
+{{- .Values.node.nri.hookDir | default .Values.node.hostBinDir | default "/opt/nvdomain/bin" -}}
 {{- end -}}

@@ -275,7 +275,7 @@ func TestDiscoverErrors(t *testing.T) {
 		lib  nvml.Interface
 		want string
 	}{
-		{"no driver library", initFails(nvml.ERROR_LIBRARY_NOT_FOUND), "NVML: libnvidia-ml.so.1 not found: run the node pods with runtimeClassName nvidia"},
+		{"no driver library", initFails(nvml.ERROR_LIBRARY_NOT_FOUND), "NVML: libnvidia-ml.so.1 not found: the NVIDIA container toolkit mounts it into containers that ask for GPUs (chart: node.nvmlAccess"},
 		{"driver not loaded", initFails(nvml.ERROR_DRIVER_NOT_LOADED), "NVML: the NVIDIA kernel driver is not loaded"},
 		{"no permission", initFails(nvml.ERROR_NO_PERMISSION), "permission denied opening /dev/nvidia*: run the node pods with NVIDIA_VISIBLE_DEVICES=all"},
 		{"other init error", initFails(nvml.ERROR_UNKNOWN), "NVML: init: ERROR_UNKNOWN"},

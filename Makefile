@@ -19,6 +19,10 @@ IMAGE_REPO  ?= ghcr.io/nvdomain/nvdomain
 IMAGE_TAG   ?= $(VERSION)
 IMAGE       := $(IMAGE_REPO):$(IMAGE_TAG)
 IMAGE_ARCHIVE := $(BIN)/image/nvdomain-$(IMAGE_TAG).tar
+# The release image's platforms: Grace nodes (GB200, GB300, GH200) are arm64. arm64's cgo
+# binaries are cross-built with Debian's gcc-aarch64-linux-gnu (host-deps installs it).
+PLATFORMS   ?= linux/amd64,linux/arm64
+HOST_PLATFORM := linux/$(shell $(GO) env GOARCH 2>/dev/null || echo amd64)
 # The demo and the e2e install exactly the image `make image` built (test/localcluster).
 IMAGE_ENV   := NVDOMAIN_IMAGE=$(IMAGE) NVDOMAIN_IMAGE_ARCHIVE=$(IMAGE_ARCHIVE)
 
@@ -33,13 +37,16 @@ all: build
 build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
 
-## image: the release image, without a Docker engine (pkg/image): an OCI layout in
-## bin/image/<tag>/ and an archive bin/image/nvdomain-<tag>.tar for `ctr -n k8s.io images
-## import`, `docker load` or `crane push`; the same commit gives the same digest.
-## IMAGE_REPO and IMAGE_TAG name it (default ghcr.io/nvdomain/nvdomain:<git describe>).
+## image: the release image, without a Docker engine (pkg/image), for PLATFORMS (default
+## linux/amd64 and linux/arm64, one image index): an OCI layout in bin/image/<tag>/ (`crane
+## push --index`, `skopeo copy --all oci:`) and this machine's platform as an archive
+## bin/image/nvdomain-<tag>.tar for `ctr -n k8s.io images import` or `docker load`; the same
+## commit gives the same digests. IMAGE_REPO and IMAGE_TAG name it (default
+## ghcr.io/nvdomain/nvdomain:<git describe>). arm64 needs Debian's gcc-aarch64-linux-gnu and
+## libc6-dev-arm64-cross (make host-deps).
 image:
 	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null || echo 0) $(GO) run ./cmd/nvdomain-image \
-		--version $(VERSION) --revision $$(git rev-parse HEAD 2>/dev/null || echo unknown) --ref $(IMAGE) --out $(BIN)/image
+		--version $(VERSION) --revision $$(git rev-parse HEAD 2>/dev/null || echo unknown) --ref $(IMAGE) --out $(BIN)/image --platforms $(PLATFORMS)
 
 ## chart: the Helm chart packaged with the release: appVersion is $(VERSION) (the git tag,
 ## the image tag `make image` gives, and the ref of the runbook links); the chart version is
@@ -59,12 +66,15 @@ k8s-assets:
 
 # Debian packages the real-component tiers need: runc, a static busybox for the test images,
 # and iproute2 and util-linux (ip, unshare) for the private network namespace the cluster tiers
-# run in (test/netns).
+# run in (test/netns); and for the arm64 half of the release image, the cross C toolchain its
+# cgo binaries are built with and qemu-user, which runs them in pkg/image's test.
 host-deps:
 	@if ! command -v runc >/dev/null || ! command -v ip >/dev/null || ! command -v unshare >/dev/null || \
-		! { ldd /bin/busybox 2>&1 || true; } | grep -q "not a dynamic executable"; then \
-		echo "installing runc, busybox-static, iproute2 and util-linux"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends runc busybox-static iproute2 util-linux; \
+		! { ldd /bin/busybox 2>&1 || true; } | grep -q "not a dynamic executable" || \
+		! command -v aarch64-linux-gnu-gcc >/dev/null || ! command -v qemu-aarch64-static >/dev/null; then \
+		echo "installing runc, busybox-static, iproute2, util-linux, and the arm64 cross toolchain and qemu-user for the release image"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends runc busybox-static iproute2 util-linux \
+			gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static; \
 	fi
 
 # The NRI tier (test/containerd) runs a real containerd v2 with NRI, built the same way into
@@ -104,7 +114,8 @@ unit: host-deps k8s-assets containerd-assets helm-assets kwok-assets karpenter-a
 ## The whole log goes to bin/e2e.log; the console gets its last 80 lines and, when a test fails,
 ## every failure line with the steps just before it, which the tail alone would cut off (the
 ## e2e tests report failures only through t.Errorf/t.Fatalf, so `_test.go:N:` marks them).
-e2e: host-deps k8s-assets containerd-assets helm-assets image
+e2e: host-deps k8s-assets containerd-assets helm-assets
+	@$(DEMO_SUBMAKE) image PLATFORMS=$(HOST_PLATFORM)
 	@mkdir -p $(BIN); log=$(BIN)/e2e.log; rc=0; \
 	$(IMAGE_ENV) $(GO) test -tags e2e -count=1 -timeout 30m -v ./test/e2e/ >$$log 2>&1 || rc=$$?; \
 	tail -n 80 $$log; \
@@ -201,7 +212,7 @@ DEMO_SUBMAKE = $(MAKE) --no-print-directory
 demo:
 	@log=$$(mktemp /tmp/nvdomain-demo-XXXXXX.log); bindir=$$(mktemp -d); start=$$(date +%s); rc=0; \
 	printf '%-22s … ' 'building binaries'; \
-	if ! { $(DEMO_SUBMAKE) host-deps k8s-assets containerd-assets helm-assets image && \
+	if ! { $(DEMO_SUBMAKE) host-deps k8s-assets containerd-assets helm-assets && $(DEMO_SUBMAKE) image PLATFORMS=$(HOST_PLATFORM) && \
 		$(GO) build -o $$bindir/demo ./test/demo; } >>$$log 2>&1; then \
 		echo "failed; the end of $$log:"; tail -n 20 $$log; rm -rf $$bindir; exit 1; \
 	fi; \

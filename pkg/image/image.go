@@ -9,15 +9,16 @@ package image
 
 import (
 	"archive/tar"
-	"bufio"
 	"bytes"
 	"context"
+	"debug/elf"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
 	"time"
@@ -91,6 +92,51 @@ type Options struct {
 	// Go is the go command; "go" when empty.
 	Go  string
 	Log logr.Logger
+	// Arch is the GOARCH RootFS builds for ("" is this machine's); Build sets it per platform.
+	Arch string
+	// Platforms Build writes into one image index: architectures of linux, "amd64" and
+	// "arm64"; empty is this machine's only.
+	Platforms []string
+}
+
+// platform is how to build for one architecture on this machine: natively, or with Debian's
+// cross C toolchain (gcc-aarch64-linux-gnu, libc6-dev-arm64-cross) for the cgo binaries.
+type platform struct {
+	arch string
+	// cc is the C compiler for cgo; "" uses the Go default (the native gcc).
+	cc string
+	// libDirs are searched, in order, for the shared libraries a binary names.
+	libDirs []string
+	// imageLibDir is where those libraries go in the image: Debian's multiarch directory,
+	// which the architecture's dynamic loader searches by default.
+	imageLibDir string
+}
+
+// multiarch is Debian's multiarch triplet of each architecture the image is built for.
+var multiarch = map[string]string{"amd64": "x86_64-linux-gnu", "arm64": "aarch64-linux-gnu"}
+
+// Architectures are the architectures an image can be built for.
+func Architectures() []string { return []string{"amd64", "arm64"} }
+
+func platformFor(arch string) (platform, error) {
+	if arch == "" {
+		arch = runtime.GOARCH
+	}
+	triplet, ok := multiarch[arch]
+	if !ok {
+		return platform{}, fmt.Errorf("image: architecture %q: use one of %v", arch, Architectures())
+	}
+	p := platform{arch: arch, imageLibDir: "lib/" + triplet}
+	if arch == runtime.GOARCH {
+		p.libDirs = []string{"/lib/" + triplet, "/usr/lib/" + triplet, "/lib64", "/lib"}
+		return p, nil
+	}
+	p.cc = triplet + "-gcc"
+	p.libDirs = []string{"/usr/" + triplet + "/lib"}
+	if _, err := exec.LookPath(p.cc); err != nil {
+		return p, fmt.Errorf("image: building for %s needs the cross C compiler %s and its C library (Debian: apt-get install gcc-%s libc6-dev-%s-cross): %w", arch, p.cc, strings.ReplaceAll(triplet, "_", "-"), arch, err)
+	}
+	return p, nil
 }
 
 func (o Options) goCmd() string {
@@ -127,11 +173,15 @@ func RootFS(ctx context.Context, o Options, dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("image: create %s: %w", dir, err)
 	}
+	plat, err := platformFor(o.Arch)
+	if err != nil {
+		return err
+	}
 	var sbom sbomBuilder
-	libs := map[string]bool{}
+	libs := map[string]string{} // path in the image -> file on this machine
 	for _, b := range Binaries() {
 		path := filepath.Join(dir, b.Name)
-		if err := o.build(ctx, b, path); err != nil {
+		if err := o.build(ctx, b, plat, path); err != nil {
 			return err
 		}
 		if err := sbom.addBinary(b.Name, path); err != nil {
@@ -140,23 +190,34 @@ func RootFS(ctx context.Context, o Options, dir string) error {
 		if !b.CGO {
 			continue
 		}
-		deps, err := sharedLibs(ctx, path)
-		if err != nil {
+		if err := sharedLibs(path, plat, libs); err != nil {
 			return err
 		}
-		for _, l := range deps {
-			libs[l] = true
+		// libnvidia-ml, which these binaries dlopen, names glibc's compatibility libraries
+		// (libpthread, libdl, librt, libm) that the Go binaries themselves do not; the NVIDIA
+		// toolkit mounts only the driver's own libraries, so the image must carry them.
+		for _, name := range nvmlNeeds {
+			in := filepath.Join(plat.imageLibDir, name)
+			if _, ok := libs[in]; ok {
+				continue
+			}
+			host, err := findLib(name, plat)
+			if err != nil {
+				return fmt.Errorf("image: libnvidia-ml needs %s: %w", name, err)
+			}
+			libs[in] = host
 		}
 	}
-	for _, lib := range sortedKeys(libs) {
-		real, err := filepath.EvalSymlinks(lib)
+	for _, in := range sortedKeys(libs) {
+		host := libs[in]
+		real, err := filepath.EvalSymlinks(host)
 		if err != nil {
-			return fmt.Errorf("image: resolve %s: %w", lib, err)
+			return fmt.Errorf("image: resolve %s: %w", host, err)
 		}
-		if err := copyFile(real, filepath.Join(dir, strings.TrimPrefix(lib, "/")), 0o755); err != nil {
+		if err := copyFile(real, filepath.Join(dir, in), 0o755); err != nil {
 			return err
 		}
-		sbom.addHostFile(ctx, lib)
+		sbom.addHostFile(ctx, host, in)
 	}
 	if err := copyFile(filepath.Join(o.ModuleDir, "manifests", "containerd", "nri.toml"), filepath.Join(dir, NRISnippetPath), 0o644); err != nil {
 		return err
@@ -171,44 +232,93 @@ func RootFS(ctx context.Context, o Options, dir string) error {
 	return nil
 }
 
-func (o Options) build(ctx context.Context, b Binary, out string) error {
+func (o Options) build(ctx context.Context, b Binary, plat platform, out string) error {
 	ldflags := "-s -w " + version.LinkerFlag(o.Version)
 	cmd := exec.CommandContext(ctx, o.goCmd(), "build", "-trimpath", "-buildvcs=false", "-ldflags", ldflags, "-o", out, b.Package)
 	cmd.Dir = o.ModuleDir
-	cmd.Env = append(os.Environ(), "CGO_CFLAGS=-O2 -g -Wno-deprecated-declarations")
+	cmd.Env = append(os.Environ(), "CGO_CFLAGS=-O2 -g -Wno-deprecated-declarations", "GOOS=linux", "GOARCH="+plat.arch)
 	if b.CGO {
 		cmd.Env = append(cmd.Env, "CGO_ENABLED=1")
+		if plat.cc != "" {
+			cmd.Env = append(cmd.Env, "CC="+plat.cc)
+		}
 	} else {
 		cmd.Env = append(cmd.Env, "CGO_ENABLED=0")
 	}
-	o.Log.V(1).Info("go build", "package", b.Package, "cgo", b.CGO)
+	o.Log.V(1).Info("go build", "package", b.Package, "cgo", b.CGO, "arch", plat.arch)
 	if msg, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("image: go build %s: %w\n%s", b.Package, err, msg)
+		return fmt.Errorf("image: go build %s for %s: %w\n%s", b.Package, plat.arch, err, msg)
 	}
 	return nil
 }
 
-// sharedLibs lists the shared libraries (with the dynamic loader) a binary needs, as ldd
-// resolves them on the build machine.
-func sharedLibs(ctx context.Context, bin string) ([]string, error) {
-	out, err := exec.CommandContext(ctx, "ldd", bin).CombinedOutput()
+// sharedLibs adds to libs the dynamic loader and the shared libraries a binary needs, and
+// theirs, read from the ELF file itself (so it works for another architecture's binary, which
+// ldd cannot run): the loader at the path the binary names (PT_INTERP), each library in the
+// image's multiarch directory, each found in the platform's library directories.
+func sharedLibs(bin string, plat platform, libs map[string]string) error {
+	f, err := elf.Open(bin)
 	if err != nil {
-		if bytes.Contains(out, []byte("not a dynamic executable")) {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("image: ldd %s: %w: %s (install libc-bin)", bin, err, out)
+		return fmt.Errorf("image: read %s: %w", bin, err)
 	}
-	var libs []string
-	sc := bufio.NewScanner(bytes.NewReader(out))
-	for sc.Scan() {
-		for _, w := range strings.Fields(sc.Text()) {
-			if strings.HasPrefix(w, "/") {
-				libs = append(libs, w)
-				break
-			}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type != elf.PT_INTERP {
+			continue
+		}
+		b, err := io.ReadAll(p.Open())
+		if err != nil {
+			return fmt.Errorf("image: %s's interpreter: %w", bin, err)
+		}
+		interp := strings.TrimRight(string(b), "\x00")
+		host, err := findLib(filepath.Base(interp), plat)
+		if err != nil {
+			return fmt.Errorf("image: %s's loader %s: %w", bin, interp, err)
+		}
+		libs[strings.TrimPrefix(interp, "/")] = host
+	}
+	needed, err := f.ImportedLibraries()
+	if err != nil {
+		return fmt.Errorf("image: %s's libraries: %w", bin, err)
+	}
+	for _, name := range needed {
+		in := filepath.Join(plat.imageLibDir, name)
+		if _, ok := libs[in]; ok {
+			continue
+		}
+		host, err := findLib(name, plat)
+		if err != nil {
+			return fmt.Errorf("image: %s needs %s: %w", bin, name, err)
+		}
+		libs[in] = host
+		if err := sharedLibs(host, plat, libs); err != nil {
+			return err
 		}
 	}
-	return libs, nil
+	return nil
+}
+
+// nvmlNeeds are the glibc libraries libnvidia-ml.so.1 is linked against, besides libc.
+var nvmlNeeds = []string{"libpthread.so.0", "libdl.so.2", "librt.so.1", "libm.so.6"}
+
+// elfMachine is each architecture's ELF machine: a library of another architecture found in a
+// search directory (a multilib path) is skipped, not copied.
+var elfMachine = map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64}
+
+func findLib(name string, plat platform) (string, error) {
+	for _, d := range plat.libDirs {
+		p := filepath.Join(d, name)
+		f, err := elf.Open(p)
+		if err != nil {
+			continue
+		}
+		m := f.Machine
+		f.Close()
+		if m == elfMachine[plat.arch] {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("not found in %s (for %s, install Debian's libc6%s)", strings.Join(plat.libDirs, ", "), plat.arch, map[bool]string{true: "", false: "-dev-" + plat.arch + "-cross"}[plat.cc == ""])
 }
 
 func copyFile(src, dst string, mode fs.FileMode) error {
@@ -228,48 +338,59 @@ func copyFile(src, dst string, mode fs.FileMode) error {
 // Result is what Build wrote.
 type Result struct {
 	Ref string
-	// Digest is the image manifest's digest, the same for two builds of one commit.
+	// Digest is the image index's digest (one manifest per platform), the same for two builds
+	// of one commit; Images is each platform's image manifest digest, by architecture.
 	Digest string
-	// Layout is the OCI image layout directory; Archive the single-file archive for
-	// `ctr -n k8s.io images import` or `docker load`.
+	Images map[string]string
+	// Layout is the OCI image layout directory holding the index (`crane push --index`,
+	// `skopeo copy --all oci:`); Archive the single-platform archive, of this machine's
+	// architecture when it was built, for `ctr -n k8s.io images import` or `docker load`.
 	Layout  string
 	Archive string
 }
 
-// Build builds the image named ref into outDir: outDir/<tag>/ (OCI layout) and
-// outDir/nvdomain-<tag>.tar.
+// Build builds the image named ref for o.Platforms into outDir: outDir/<tag>/ (an OCI layout
+// whose index holds every platform) and outDir/nvdomain-<tag>.tar.
 func Build(ctx context.Context, o Options, ref string, outDir string) (Result, error) {
 	tag, err := name.NewTag(ref)
 	if err != nil {
 		return Result{}, fmt.Errorf("image: reference %q: %w (use repository:tag)", ref, err)
 	}
-	work, err := os.MkdirTemp(outDir, ".rootfs-")
-	if err != nil {
-		if err := os.MkdirAll(outDir, 0o755); err != nil {
-			return Result{}, fmt.Errorf("image: create %s: %w", outDir, err)
-		}
-		if work, err = os.MkdirTemp(outDir, ".rootfs-"); err != nil {
-			return Result{}, fmt.Errorf("image: temporary directory in %s: %w", outDir, err)
-		}
+	archs := o.Platforms
+	if len(archs) == 0 {
+		archs = []string{runtime.GOARCH}
 	}
-	defer os.RemoveAll(work)
-	if err := RootFS(ctx, o, work); err != nil {
-		return Result{}, err
-	}
-	img, err := Assemble(work, Config(o), o.Created)
-	if err != nil {
-		return Result{}, err
-	}
-	digest, err := img.Digest()
-	if err != nil {
-		return Result{}, fmt.Errorf("image: digest: %w", err)
+	if err := os.MkdirAll(outDir, 0o755); err != nil {
+		return Result{}, fmt.Errorf("image: create %s: %w", outDir, err)
 	}
 	res := Result{
 		Ref:     tag.String(),
-		Digest:  digest.String(),
+		Images:  map[string]string{},
 		Layout:  filepath.Join(outDir, tag.TagStr()),
 		Archive: filepath.Join(outDir, "nvdomain-"+tag.TagStr()+".tar"),
 	}
+	idx := mutate.IndexMediaType(empty.Index, types.OCIImageIndex)
+	var archived v1.Image
+	for _, arch := range archs {
+		img, err := buildOne(ctx, o, arch, outDir)
+		if err != nil {
+			return Result{}, err
+		}
+		digest, err := img.Digest()
+		if err != nil {
+			return Result{}, fmt.Errorf("image: digest: %w", err)
+		}
+		res.Images[arch] = digest.String()
+		idx = mutate.AppendManifests(idx, mutate.IndexAddendum{Add: img, Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: "linux", Architecture: arch}}})
+		if archived == nil || arch == runtime.GOARCH {
+			archived = img
+		}
+	}
+	digest, err := idx.Digest()
+	if err != nil {
+		return Result{}, fmt.Errorf("image: index digest: %w", err)
+	}
+	res.Digest = digest.String()
 	if err := os.RemoveAll(res.Layout); err != nil {
 		return Result{}, fmt.Errorf("image: clear %s: %w", res.Layout, err)
 	}
@@ -277,20 +398,34 @@ func Build(ctx context.Context, o Options, ref string, outDir string) (Result, e
 	if err != nil {
 		return Result{}, fmt.Errorf("image: OCI layout %s: %w", res.Layout, err)
 	}
-	if err := p.AppendImage(img, layout.WithAnnotations(map[string]string{
+	if err := p.AppendIndex(idx, layout.WithAnnotations(map[string]string{
 		"org.opencontainers.image.ref.name": tag.String(),
 		"io.containerd.image.name":          tag.String(),
 	})); err != nil {
 		return Result{}, fmt.Errorf("image: write OCI layout: %w", err)
 	}
-	if err := tarball.WriteToFile(res.Archive, tag, img); err != nil {
+	if err := tarball.WriteToFile(res.Archive, tag, archived); err != nil {
 		return Result{}, fmt.Errorf("image: write archive %s: %w", res.Archive, err)
 	}
 	return res, nil
 }
 
+// buildOne builds the image of one architecture.
+func buildOne(ctx context.Context, o Options, arch, outDir string) (v1.Image, error) {
+	work, err := os.MkdirTemp(outDir, ".rootfs-"+arch+"-")
+	if err != nil {
+		return nil, fmt.Errorf("image: temporary directory in %s: %w", outDir, err)
+	}
+	defer os.RemoveAll(work)
+	o.Arch = arch
+	if err := RootFS(ctx, o, work); err != nil {
+		return nil, err
+	}
+	return Assemble(work, Config(o), o.Created, arch)
+}
+
 // Assemble makes the single-layer OCI image of the root filesystem in dir.
-func Assemble(dir string, cfg v1.Config, created time.Time) (v1.Image, error) {
+func Assemble(dir string, cfg v1.Config, created time.Time, arch string) (v1.Image, error) {
 	layerTar, err := TarDir(dir, created)
 	if err != nil {
 		return nil, err
@@ -312,7 +447,7 @@ func Assemble(dir string, cfg v1.Config, created time.Time) (v1.Image, error) {
 		return nil, fmt.Errorf("image: config: %w", err)
 	}
 	cf = cf.DeepCopy()
-	cf.Architecture, cf.OS = "amd64", "linux"
+	cf.Architecture, cf.OS = arch, "linux"
 	cf.Config = cfg
 	cf.Created = v1.Time{Time: created.UTC()}
 	cf.History = []v1.History{{Created: v1.Time{Time: created.UTC()}, CreatedBy: "nvdomain-image " + cfg.Labels[LabelVersion]}}
@@ -382,7 +517,7 @@ func TarDir(dir string, created time.Time) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-func sortedKeys(m map[string]bool) []string {
+func sortedKeys[V any](m map[string]V) []string {
 	out := make([]string, 0, len(m))
 	for k := range m {
 		out = append(out, k)

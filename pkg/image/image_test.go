@@ -3,6 +3,7 @@ package image
 import (
 	"archive/tar"
 	"context"
+	"debug/elf"
 	"encoding/json"
 	"errors"
 	"io"
@@ -21,6 +22,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 )
 
 func moduleDir(t *testing.T) string {
@@ -89,7 +91,7 @@ func TestDockerfileMatchesImage(t *testing.T) {
 		t.Fatal(err)
 	}
 	goVersion := regexp.MustCompile(`(?m)^go (\d+\.\d+)`).FindSubmatch(gomod)
-	if want := "golang:" + string(goVersion[1]) + "-bookworm AS build"; build[0].args != want {
+	if want := "--platform=$BUILDPLATFORM golang:" + string(goVersion[1]) + "-bookworm AS build"; build[0].args != want {
 		t.Errorf("build stage FROM %q, want %q (go.mod's Go, the Debian release whose glibc the image carries)", build[0].args, want)
 	}
 	var rootfsRun string
@@ -98,7 +100,7 @@ func TestDockerfileMatchesImage(t *testing.T) {
 			rootfsRun = ins.args
 		}
 	}
-	for _, want := range []string{"go run ./cmd/nvdomain-image", `--version "${VERSION}"`, `--revision "${REVISION}"`, `--created "${SOURCE_DATE_EPOCH}"`, "--rootfs /rootfs"} {
+	for _, want := range []string{"go run ./cmd/nvdomain-image", `--version "${VERSION}"`, `--revision "${REVISION}"`, `--created "${SOURCE_DATE_EPOCH}"`, `--platforms "${TARGETPLATFORM}"`, "--rootfs /rootfs"} {
 		if !strings.Contains(rootfsRun, want) {
 			t.Errorf("the build stage's nvdomain-image step %q lacks %q", rootfsRun, want)
 		}
@@ -210,9 +212,23 @@ func TestTarDirIsReproducible(t *testing.T) {
 // built with; the shared libraries of the cgo binaries; the NRI snippet; an SBOM that lists
 // the linked Go modules and the Debian package of glibc; the labels; the same digest both
 // times; and an archive that holds the image under its reference.
+// loaders are where each architecture's dynamic loader sits in the image (the binaries'
+// PT_INTERP), and how this machine runs that architecture's binaries: natively for its own,
+// under qemu-user (Debian's qemu-user-static) for the other.
+var loaders = map[string]struct{ interp, libDir, qemu string }{
+	"amd64": {"lib64/ld-linux-x86-64.so.2", "lib/x86_64-linux-gnu", "qemu-x86_64-static"},
+	"arm64": {"lib/ld-linux-aarch64.so.1", "lib/aarch64-linux-gnu", "qemu-aarch64-static"},
+}
+
+// TestBuildContents builds the two-platform release image as `make image` does and checks
+// the index and each platform's contents: every binary, the loader and libc of its own
+// architecture in its own layer, the snippet and the SBOM; then runs each platform's cgo CLI
+// with only the image's files (qemu-user for the foreign one, with the image as its root, so a
+// cross build that links against the wrong loader or libc cannot pass).
 func TestBuildContents(t *testing.T) {
 	ctx := context.Background()
-	o := Options{ModuleDir: moduleDir(t), Version: "v0.0.0-test", Revision: "cafe", Created: time.Unix(1_764_000_000, 0), Log: logr.Discard()}
+	o := Options{ModuleDir: moduleDir(t), Version: "v0.0.0-test", Revision: "cafe", Created: time.Unix(1_764_000_000, 0), Log: logr.Discard(),
+		Platforms: Architectures()}
 	out := t.TempDir()
 	res, err := Build(ctx, o, "registry.example/gpu/nvdomain:v0.0.0-test", out)
 	if err != nil {
@@ -222,15 +238,27 @@ func TestBuildContents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Digest != again.Digest {
-		t.Errorf("two builds of one tree: digests %s and %s", res.Digest, again.Digest)
+	if res.Digest != again.Digest || !reflect.DeepEqual(res.Images, again.Images) {
+		t.Errorf("two builds of one tree: index digests %s and %s, images %v and %v", res.Digest, again.Digest, res.Images, again.Images)
 	}
 
 	p, err := layout.FromPath(res.Layout)
 	if err != nil {
 		t.Fatal(err)
 	}
-	idx, err := p.ImageIndex()
+	top, err := p.ImageIndex()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tm, err := top.IndexManifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tm.Manifests) != 1 || tm.Manifests[0].Annotations["org.opencontainers.image.ref.name"] != res.Ref || tm.Manifests[0].Digest.String() != res.Digest ||
+		tm.Manifests[0].MediaType != types.OCIImageIndex {
+		t.Fatalf("layout %+v, want one image index %s named %s", tm.Manifests, res.Digest, res.Ref)
+	}
+	idx, err := top.ImageIndex(tm.Manifests[0].Digest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,43 +266,115 @@ func TestBuildContents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(im.Manifests) != 1 || im.Manifests[0].Annotations["org.opencontainers.image.ref.name"] != res.Ref || im.Manifests[0].Digest.String() != res.Digest {
-		t.Fatalf("layout index %+v, want one image %s named %s", im.Manifests, res.Digest, res.Ref)
+	if len(im.Manifests) != len(Architectures()) {
+		t.Fatalf("index has %d manifests, want one per platform %v", len(im.Manifests), Architectures())
 	}
-	img, err := p.Image(im.Manifests[0].Digest)
+	for _, m := range im.Manifests {
+		arch := m.Platform.Architecture
+		t.Run(arch, func(t *testing.T) {
+			if m.Platform.OS != "linux" || m.Digest.String() != res.Images[arch] {
+				t.Errorf("index entry %+v, want linux/%s %s", m.Platform, arch, res.Images[arch])
+			}
+			img, err := idx.Image(m.Digest)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cf, err := img.ConfigFile()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := Config(o); !reflect.DeepEqual(cf.Config.Labels, want.Labels) || !reflect.DeepEqual(cf.Config.Env, want.Env) || len(cf.Config.Entrypoint) != 0 {
+				t.Errorf("config %+v, want %+v", cf.Config, want)
+			}
+			if cf.OS != "linux" || cf.Architecture != arch {
+				t.Errorf("config platform %s/%s, want linux/%s", cf.OS, cf.Architecture, arch)
+			}
+			rootfs := t.TempDir()
+			files := extract(t, img, rootfs)
+			ld := loaders[arch]
+			machine := map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64}[arch]
+			for _, b := range Binaries() {
+				mode, ok := files[b.Name]
+				if !ok || mode&0o111 == 0 {
+					t.Errorf("/%s: present %v, mode %v: want an executable", b.Name, ok, mode)
+					continue
+				}
+				f, err := elf.Open(filepath.Join(rootfs, b.Name))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if f.Machine != machine {
+					t.Errorf("/%s is built for %v, want %v", b.Name, f.Machine, machine)
+				}
+				f.Close()
+			}
+			want := []string{ld.interp, ld.libDir + "/libc.so.6", NRISnippetPath, SBOMPath}
+			for _, l := range nvmlNeeds {
+				want = append(want, ld.libDir+"/"+l)
+			}
+			for _, f := range want {
+				if _, ok := files[f]; !ok {
+					t.Errorf("/%s missing from the image; it has %v", f, keys(files))
+				}
+			}
+			for other, l := range loaders {
+				if _, ok := files[l.libDir+"/libc.so.6"]; ok && other != arch {
+					t.Errorf("the %s image carries %s's libc", arch, other)
+				}
+			}
+			// The cgo CLI runs with the image's own loader and libc, as it will in a container.
+			var cmd *exec.Cmd
+			if arch == runtime.GOARCH {
+				cmd = exec.Command(filepath.Join(rootfs, ld.interp), "--library-path", filepath.Join(rootfs, ld.libDir), filepath.Join(rootfs, "nvdomain"), "version")
+			} else {
+				qemu, err := exec.LookPath(ld.qemu)
+				if err != nil {
+					t.Fatalf("running the %s binaries needs %s (Debian: apt-get install qemu-user-static; make host-deps installs it): %v", arch, ld.qemu, err)
+				}
+				// -L: the loader and every library come from the image's root, at the paths
+				// the loader searches by default.
+				cmd = exec.Command(qemu, "-L", rootfs, filepath.Join(rootfs, "nvdomain"), "version")
+			}
+			ver, err := cmd.CombinedOutput()
+			if err != nil || strings.TrimSpace(string(ver)) != o.Version {
+				t.Errorf("/nvdomain version on %s: %q (%v), want %q", arch, ver, err, o.Version)
+			}
+			checkSBOM(t, rootfs, o.Version)
+		})
+	}
+
+	ref, err := tarball.ImageFromPath(res.Archive, nil)
+	if err != nil {
+		t.Fatalf("archive: %v", err)
+	}
+	// The archive is docker-save shaped (its manifest is rebuilt on load) and holds this
+	// machine's platform, so compare what defines the image: its configuration.
+	cf, err := ref.ConfigFile()
+	if err != nil || cf.Architecture != runtime.GOARCH {
+		t.Errorf("archive: %v, architecture %v, want %s", err, cf, runtime.GOARCH)
+	}
+	native, err := idx.Image(mustHash(t, res.Images[runtime.GOARCH]))
 	if err != nil {
 		t.Fatal(err)
 	}
-	cf, err := img.ConfigFile()
+	got, _ := ref.ConfigName()
+	want, _ := native.ConfigName()
+	if got != want {
+		t.Errorf("archive holds config %s, want %s", got, want)
+	}
+}
+
+func mustHash(t *testing.T, s string) v1.Hash {
+	t.Helper()
+	h, err := v1.NewHash(s)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := Config(o); !reflect.DeepEqual(cf.Config.Labels, want.Labels) || !reflect.DeepEqual(cf.Config.Env, want.Env) || len(cf.Config.Entrypoint) != 0 {
-		t.Errorf("config %+v, want %+v", cf.Config, want)
-	}
-	if cf.OS != "linux" || cf.Architecture != "amd64" {
-		t.Errorf("platform %s/%s", cf.OS, cf.Architecture)
-	}
+	return h
+}
 
-	rootfs := t.TempDir()
-	files := extract(t, img, rootfs)
-	for _, b := range Binaries() {
-		mode, ok := files[b.Name]
-		if !ok || mode&0o111 == 0 {
-			t.Errorf("/%s: present %v, mode %v: want an executable", b.Name, ok, mode)
-		}
-	}
-	for _, f := range []string{"lib64/ld-linux-x86-64.so.2", "lib/x86_64-linux-gnu/libc.so.6", NRISnippetPath, SBOMPath} {
-		if _, ok := files[f]; !ok {
-			t.Errorf("/%s missing from the image; it has %v", f, keys(files))
-		}
-	}
-	// The cgo CLI runs with the image's own loader and libc, as it will in a container.
-	ver, err := exec.Command(filepath.Join(rootfs, "lib64", "ld-linux-x86-64.so.2"), "--library-path", filepath.Join(rootfs, "lib", "x86_64-linux-gnu"), filepath.Join(rootfs, "nvdomain"), "version").CombinedOutput()
-	if err != nil || strings.TrimSpace(string(ver)) != o.Version {
-		t.Errorf("/nvdomain version: %q (%v), want %q", ver, err, o.Version)
-	}
-
+func checkSBOM(t *testing.T, rootfs, version string) {
+	t.Helper()
 	var sbom struct {
 		SPDXVersion string `json:"spdxVersion"`
 		Packages    []struct {
@@ -293,24 +393,21 @@ func TestBuildContents(t *testing.T) {
 	for _, p := range sbom.Packages {
 		names[p.Name] = p.VersionInfo
 	}
-	if sbom.SPDXVersion != "SPDX-2.3" || names["nvdomain"] != o.Version || names["k8s.io/client-go"] == "" || names["github.com/NVIDIA/go-nvml"] == "" {
-		t.Errorf("SBOM %s lacks nvdomain %s, client-go or go-nvml: %v", sbom.SPDXVersion, o.Version, names)
+	if sbom.SPDXVersion != "SPDX-2.3" || names["nvdomain"] != version || names["k8s.io/client-go"] == "" || names["github.com/NVIDIA/go-nvml"] == "" {
+		t.Errorf("SBOM %s lacks nvdomain %s, client-go or go-nvml: %v", sbom.SPDXVersion, version, names)
 	}
-	if _, err := exec.LookPath("dpkg"); err == nil && names["libc6"] == "" {
-		t.Errorf("SBOM lacks the Debian package of glibc (libc6): %v", names)
+	if _, err := exec.LookPath("dpkg"); err == nil && names["libc6"] == "" && !strings.HasPrefix(firstKeyWithPrefix(names, "libc6-"), "libc6-") {
+		t.Errorf("SBOM lacks the Debian package of glibc (libc6, or libc6-<arch>-cross): %v", names)
 	}
+}
 
-	ref, err := tarball.ImageFromPath(res.Archive, nil)
-	if err != nil {
-		t.Fatalf("archive: %v", err)
+func firstKeyWithPrefix(m map[string]string, prefix string) string {
+	for k := range m {
+		if strings.HasPrefix(k, prefix) {
+			return k
+		}
 	}
-	// The archive is docker-save shaped (its manifest is rebuilt on load), so compare what
-	// defines the image: its configuration, which names the layer's content.
-	got, _ := ref.ConfigName()
-	want, _ := img.ConfigName()
-	if got != want {
-		t.Errorf("archive holds config %s, want %s", got, want)
-	}
+	return ""
 }
 
 func extract(t *testing.T, img v1.Image, dir string) map[string]os.FileMode {

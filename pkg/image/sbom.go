@@ -39,9 +39,10 @@ func (s *sbomBuilder) addBinary(name, path string) error {
 	return nil
 }
 
-// addHostFile records the Debian package a copied file belongs to; without dpkg (a
-// non-Debian build machine) the file is listed with NOASSERTION.
-func (s *sbomBuilder) addHostFile(ctx context.Context, path string) {
+// addHostFile records a file copied from this machine (path) to inImage, with the Debian
+// package that holds it; without dpkg (a non-Debian build machine) the package is
+// NOASSERTION.
+func (s *sbomBuilder) addHostFile(ctx context.Context, path, inImage string) {
 	if s.debs == nil {
 		s.debs, s.files = map[string]string{}, map[string]string{}
 	}
@@ -60,7 +61,7 @@ func (s *sbomBuilder) addHostFile(ctx context.Context, path string) {
 			s.debs[pkg] = v
 		}
 	}
-	s.files[strings.TrimPrefix(path, "/")] = pkg
+	s.files[strings.TrimPrefix(inImage, "/")] = pkg
 }
 
 type spdxPackage struct {

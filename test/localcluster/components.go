@@ -138,7 +138,9 @@ func (c *Cluster) startControllerManager(context.Context) error {
 		"--service-account-private-key-file="+p.saKey, "--root-ca-file="+p.ca,
 		"--cluster-signing-cert-file="+p.ca, "--cluster-signing-key-file="+c.path("pki", "ca.key"),
 		"--use-service-account-credentials=false", "--allocate-node-cidrs=false",
-		"--controllers=*,-nodeipam,-service-lb-controller,-cloud-node-lifecycle")
+		// No cloud controllers to turn off: without a cloud provider they do not run, and
+		// 1.37 no longer knows their names (naming one is fatal).
+		"--controllers=*,-nodeipam")
 }
 
 func (c *Cluster) startScheduler(context.Context) error {
@@ -300,11 +302,15 @@ func (c *Cluster) waitNodeReady(ctx context.Context) error {
 	}
 	// The controller-manager removes the not-ready taint and creates the default
 	// ServiceAccount; both are needed before pods run.
-	return waitUntil(ctx, 60*time.Second, "default ServiceAccount and no not-ready taint", func() bool {
+	err = waitUntil(ctx, 60*time.Second, "default ServiceAccount and no not-ready taint", func() bool {
 		_, _, err := c.Kubectl("get", "serviceaccount", "default", "-n", "default")
 		taints, _, _ := c.Kubectl("get", "node", NodeName, "-o", "jsonpath={.spec.taints}")
 		return err == nil && !strings.Contains(taints, "not-ready")
 	})
+	if err != nil {
+		return fmt.Errorf("%w; kube-controller-manager log: %s", err, c.Log("kube-controller-manager", 2000))
+	}
+	return nil
 }
 
 // ContainerdConfig is a containerd v2 configuration (schema 4) that keeps every path, socket

@@ -148,6 +148,19 @@ func touch(t *testing.T, path string, at time.Time) {
 	}
 }
 
+// containerdAndSnippet starts a supervised fake containerd and, a moment later, writes the
+// snippet with a modification time changed from now.
+func containerdAndSnippet(t *testing.T, changed time.Duration) (sock, snippet string, sup *supervisor) {
+	t.Helper()
+	dir := t.TempDir()
+	sock = filepath.Join(dir, "c.sock")
+	sup = supervise(t, sock, true)
+	time.Sleep(200 * time.Millisecond)
+	snippet = filepath.Join(dir, "nri.toml")
+	touch(t, snippet, time.Now().Add(changed))
+	return sock, snippet, sup
+}
+
 func TestEnsureRestartsOnlyAContainerdOlderThanTheSnippet(t *testing.T) {
 	cases := []struct {
 		name        string
@@ -159,14 +172,9 @@ func TestEnsureRestartsOnlyAContainerdOlderThanTheSnippet(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := t.TempDir()
-			sock := filepath.Join(dir, "c.sock")
-			sup := supervise(t, sock, true)
+			sock, snippet, sup := containerdAndSnippet(t, tc.changed)
 			before := sup.pid()
-			time.Sleep(200 * time.Millisecond)
-			snippet := filepath.Join(dir, "nri.toml")
-			touch(t, snippet, time.Now().Add(tc.changed))
-			res, err := Ensure(context.Background(), Options{Socket: sock, Files: []string{snippet, filepath.Join(dir, "absent.toml")}, Log: testr.New(t)})
+			res, err := Ensure(context.Background(), Options{Socket: sock, Files: []string{snippet, filepath.Join(filepath.Dir(sock), "absent.toml")}, Log: testr.New(t)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -198,14 +206,9 @@ func TestEnsureRestartsOnlyAContainerdOlderThanTheSnippet(t *testing.T) {
 // containerd meanwhile (its restart loads nvdomain's snippet too), Ensure does not restart it
 // a second time.
 func TestEnsureWaitsForTheToolkitAndSkipsWhenItRestarted(t *testing.T) {
-	dir := t.TempDir()
-	sock := filepath.Join(dir, "c.sock")
-	sup := supervise(t, sock, true)
+	sock, snippet, sup := containerdAndSnippet(t, 0)
 	first := sup.pid()
-	time.Sleep(200 * time.Millisecond)
-	snippet := filepath.Join(dir, "nri.toml")
-	touch(t, snippet, time.Now())
-	marker := filepath.Join(dir, "toolkit-ready")
+	marker := filepath.Join(filepath.Dir(sock), "toolkit-ready")
 	go func() {
 		// The toolkit: restart containerd, then write its marker.
 		time.Sleep(1500 * time.Millisecond)

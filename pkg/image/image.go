@@ -1,8 +1,10 @@
-// Package image builds nvdomain's release image without a Docker engine: it compiles the
-// five binaries (the static webhook and OCI hook, the cgo agent, NRI plugin and CLI with the
-// shared libraries they load), lays out the root filesystem with the containerd NRI snippet
-// and an SPDX SBOM, and writes one deterministic layer as an OCI image layout and as an
-// archive `ctr images import` and `docker load` accept. manifests/image/Dockerfile runs the
+// Package image builds nvdomain's release image without a Docker engine: for each platform
+// (linux/amd64, and linux/arm64 for Grace nodes, cross-built) it compiles the five binaries
+// (the static webhook and OCI hook, the cgo agent, NRI plugin and CLI with the loader and
+// shared libraries of their architecture), lays out the root filesystem with the containerd
+// NRI snippet and an SPDX SBOM, and makes one deterministic layer; the platforms' images go
+// into one index, written as an OCI image layout, and this machine's image as an archive
+// `ctr images import` and `docker load` accept. manifests/image/Dockerfile runs the
 // same root-filesystem step, so the two ways of building give the same image
 // (TestDockerfileMatchesImage).
 package image
@@ -196,16 +198,8 @@ func RootFS(ctx context.Context, o Options, dir string) error {
 		// libnvidia-ml, which these binaries dlopen, names glibc's compatibility libraries
 		// (libpthread, libdl, librt, libm) that the Go binaries themselves do not; the NVIDIA
 		// toolkit mounts only the driver's own libraries, so the image must carry them.
-		for _, name := range nvmlNeeds {
-			in := filepath.Join(plat.imageLibDir, name)
-			if _, ok := libs[in]; ok {
-				continue
-			}
-			host, err := findLib(name, plat)
-			if err != nil {
-				return fmt.Errorf("image: libnvidia-ml needs %s: %w", name, err)
-			}
-			libs[in] = host
+		if err := addLibs("libnvidia-ml", nvmlNeeds, plat, libs); err != nil {
+			return err
 		}
 	}
 	for _, in := range sortedKeys(libs) {
@@ -281,14 +275,19 @@ func sharedLibs(bin string, plat platform, libs map[string]string) error {
 	if err != nil {
 		return fmt.Errorf("image: %s's libraries: %w", bin, err)
 	}
-	for _, name := range needed {
+	return addLibs(bin, needed, plat, libs)
+}
+
+// addLibs adds the libraries names (those who needs) to libs, each with its own.
+func addLibs(who string, names []string, plat platform, libs map[string]string) error {
+	for _, name := range names {
 		in := filepath.Join(plat.imageLibDir, name)
 		if _, ok := libs[in]; ok {
 			continue
 		}
 		host, err := findLib(name, plat)
 		if err != nil {
-			return fmt.Errorf("image: %s needs %s: %w", bin, name, err)
+			return fmt.Errorf("image: %s needs %s: %w", who, name, err)
 		}
 		libs[in] = host
 		if err := sharedLibs(host, plat, libs); err != nil {

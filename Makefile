@@ -23,6 +23,17 @@ IMAGE_ARCHIVE := $(BIN)/image/nvdomain-$(IMAGE_TAG).tar
 # binaries are cross-built with Debian's gcc-aarch64-linux-gnu (host-deps installs it).
 PLATFORMS   ?= linux/amd64,linux/arm64
 HOST_PLATFORM := linux/$(shell $(GO) env GOARCH 2>/dev/null || echo amd64)
+# The other architecture's cross toolchain (Debian names it by the build machine's) and the
+# qemu-user binary that runs its programs in pkg/image's test.
+ifeq ($(HOST_PLATFORM),linux/arm64)
+CROSS_CC := x86_64-linux-gnu-gcc
+CROSS_PKGS := gcc-x86-64-linux-gnu libc6-dev-amd64-cross
+CROSS_QEMU := qemu-x86_64-static
+else
+CROSS_CC := aarch64-linux-gnu-gcc
+CROSS_PKGS := gcc-aarch64-linux-gnu libc6-dev-arm64-cross
+CROSS_QEMU := qemu-aarch64-static
+endif
 # The demo and the e2e install exactly the image `make image` built (test/localcluster).
 IMAGE_ENV   := NVDOMAIN_IMAGE=$(IMAGE) NVDOMAIN_IMAGE_ARCHIVE=$(IMAGE_ARCHIVE)
 
@@ -39,7 +50,7 @@ build:
 
 ## image: the release image, without a Docker engine (pkg/image), for PLATFORMS (default
 ## linux/amd64 and linux/arm64, one image index): an OCI layout in bin/image/<tag>/ (`crane
-## push --index`, `skopeo copy --all oci:`) and this machine's platform as an archive
+## push`, `skopeo copy --all oci:`) and this machine's platform as an archive
 ## bin/image/nvdomain-<tag>.tar for `ctr -n k8s.io images import` or `docker load`; the same
 ## commit gives the same digests. IMAGE_REPO and IMAGE_TAG name it (default
 ## ghcr.io/nvdomain/nvdomain:<git describe>). arm64 needs Debian's gcc-aarch64-linux-gnu and
@@ -71,10 +82,10 @@ k8s-assets:
 host-deps:
 	@if ! command -v runc >/dev/null || ! command -v ip >/dev/null || ! command -v unshare >/dev/null || \
 		! { ldd /bin/busybox 2>&1 || true; } | grep -q "not a dynamic executable" || \
-		! command -v aarch64-linux-gnu-gcc >/dev/null || ! command -v qemu-aarch64-static >/dev/null; then \
-		echo "installing runc, busybox-static, iproute2, util-linux, and the arm64 cross toolchain and qemu-user for the release image"; \
+		! command -v $(CROSS_CC) >/dev/null || ! dpkg -s $(lastword $(CROSS_PKGS)) >/dev/null 2>&1 || ! command -v $(CROSS_QEMU) >/dev/null; then \
+		echo "installing runc, busybox-static, iproute2, util-linux, and the cross toolchain and qemu-user for the release image's other platform"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends runc busybox-static iproute2 util-linux \
-			gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static; \
+			$(CROSS_PKGS) qemu-user-static; \
 	fi
 
 # The NRI tier (test/containerd) runs a real containerd v2 with NRI, built the same way into

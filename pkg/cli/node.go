@@ -67,7 +67,13 @@ func newNode() *cobra.Command {
 				fmt.Fprintf(out, "containerd is not restarted: it would not load the snippet (see above)\n")
 				return nil
 			}
-			opts := containerdrestart.Options{Socket: ctrdSocket, Files: []string{res.Path, containerdCfg}, WaitTimeout: toolkitTimeout,
+			// On RKE2/k3s the config is regenerated at every start, just before containerd:
+			// its time says nothing; the template beside it is what an administrator changes.
+			cfgFile := containerdCfg
+			if containerdTmpl != "" {
+				cfgFile = filepath.Join(filepath.Dir(containerdCfg), filepath.Base(containerdTmpl))
+			}
+			opts := containerdrestart.Options{Socket: ctrdSocket, Files: []string{res.Path, cfgFile}, WaitTimeout: toolkitTimeout,
 				Log: funcr.New(func(prefix, args string) { fmt.Fprintln(out, prefix, args) }, funcr.Options{})}
 			if toolkitNode != "" && toolkitManaged(cmd.Context(), out, toolkitNode) {
 				opts.WaitFile = filepath.Join(toolkitDir, names.ToolkitReadyFile)
@@ -113,8 +119,12 @@ func newNode() *cobra.Command {
 // the Node's label, read with the pod's own credentials. A failed read is reported and taken
 // as no: a node must not wait ten minutes for a toolkit it may not have.
 func toolkitManaged(ctx context.Context, out io.Writer, node string) bool {
+	// Bounded: an apiserver that never answers must not hold the node pod's start.
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
 	cfg, err := rest.InClusterConfig()
 	if err == nil {
+		cfg.Timeout = 30 * time.Second
 		var cs kubernetes.Interface
 		if cs, err = kubernetes.NewForConfig(cfg); err == nil {
 			var n *corev1.Node

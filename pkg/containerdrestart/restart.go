@@ -261,7 +261,9 @@ func StartTime(proc string, pid int) (time.Time, error) {
 	if err != nil {
 		return time.Time{}, fmt.Errorf("process %d's starttime %q: %w", pid, fields[19], err)
 	}
-	return boot.Add(time.Duration(ticks) * time.Second / userHZ), nil
+	// Ticks times the tick's length: ticks*time.Second would overflow after about 2.9 years
+	// of uptime.
+	return boot.Add(time.Duration(ticks) * (time.Second / userHZ)), nil
 }
 
 func waitFor(ctx context.Context, path string, timeout time.Duration) error {

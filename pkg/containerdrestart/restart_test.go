@@ -253,6 +253,15 @@ func TestStartTime(t *testing.T) {
 	if d := time.Since(got) - 50*time.Second; d < 0 || d > time.Second {
 		t.Errorf("start %v is %v from 50 s ago", got, d)
 	}
+	// A containerd started three years after boot (ticks*time.Second would overflow).
+	long := t.TempDir()
+	os.WriteFile(filepath.Join(long, "uptime"), []byte("100000000.00 1.00\n"), 0o644)
+	os.MkdirAll(filepath.Join(long, "7"), 0o755)
+	os.WriteFile(filepath.Join(long, "7", "stat"), []byte("7 (containerd) S 1 7 7 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 12 0 9500000000 1000 10\n"), 0o644)
+	late, err := StartTime(long, 7)
+	if d := time.Since(late) - 5000000*time.Second; err != nil || d < 0 || d > time.Second {
+		t.Errorf("start three years after boot: %v (%v), %v from 5,000,000 s ago", late, err, d)
+	}
 	if _, err := StartTime(proc, 43); err == nil {
 		t.Error("a process that does not exist must be an error")
 	}

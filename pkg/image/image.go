@@ -21,6 +21,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -341,7 +342,7 @@ type Result struct {
 	// of one commit; Images is each platform's image manifest digest, by architecture.
 	Digest string
 	Images map[string]string
-	// Layout is the OCI image layout directory holding the index (`crane push --index`,
+	// Layout is the OCI image layout directory holding the index (`crane push`,
 	// `skopeo copy --all oci:`); Archive the single-platform archive, of this machine's
 	// architecture when it was built, for `ctr -n k8s.io images import` or `docker load`.
 	Layout  string
@@ -355,7 +356,8 @@ func Build(ctx context.Context, o Options, ref string, outDir string) (Result, e
 	if err != nil {
 		return Result{}, fmt.Errorf("image: reference %q: %w (use repository:tag)", ref, err)
 	}
-	archs := o.Platforms
+	// Sorted and unique: the index's digest must not depend on how --platforms was written.
+	archs := slices.Compact(slices.Sorted(slices.Values(o.Platforms)))
 	if len(archs) == 0 {
 		archs = []string{runtime.GOARCH}
 	}

@@ -49,6 +49,14 @@ func main() {
 	flag.StringVar(&o.Canary.Image, "canary-image", "", "image of the fail-closed canary pod (the release image); empty: no canary (docs/node-side.md)")
 	flag.DurationVar(&o.Canary.Interval, "canary-interval", 6*time.Hour, "time between fail-closed canaries")
 	flag.DurationVar(&o.Canary.Timeout, "canary-timeout", 2*time.Minute, "how long one canary may take to be decided")
+	flag.Func("canary-image-pull-secrets", "comma-separated imagePullSecrets of the canary pod (the release's)", func(v string) error {
+		for _, s := range strings.Split(v, ",") {
+			if s = strings.TrimSpace(s); s != "" {
+				o.Canary.PullSecrets = append(o.Canary.PullSecrets, s)
+			}
+		}
+		return nil
+	})
 	flag.BoolVar(&o.Canary.WithholdCapacity, "require-fail-closed", true, "publish no domain room on a node whose canary started (its containerd does not enforce NRI's required plugins)")
 	qps := flag.Float64("kube-api-qps", 0, "requests per second to the apiserver (0: client-go's 5)")
 	flag.IntVar(&o.KubeAPIBurst, "kube-api-burst", 0, "request burst to the apiserver (0: client-go's 10)")

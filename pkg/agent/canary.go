@@ -43,7 +43,15 @@ type CanaryOptions struct {
 	// WithholdCapacity publishes every domain of a node whose canary ran with no room, so no
 	// tensor-parallel pod is placed there (node.requireFailClosed).
 	WithholdCapacity bool
+	// PullSecrets are the release's imagePullSecrets: the canary runs the release image, which
+	// a private registry serves only with them (the kubelet checks pull credentials for every
+	// pod under KubeletEnsureSecretPulledImages, on by default from 1.35, even for an image
+	// already on the node). The node-scope policy admits exactly these names.
+	PullSecrets []string
 }
+
+// pullReasons are the kubelet's waiting reasons for an image it cannot get.
+var pullReasons = map[string]bool{"ErrImagePull": true, "ImagePullBackOff": true, "InvalidImageName": true, "ErrImageNeverPull": true, "RegistryUnavailable": true}
 
 // CanaryResult is one canary's verdict, as the NvdomainFailClosed condition says it.
 type CanaryResult struct {
@@ -65,6 +73,10 @@ func CanaryName(prefix, node string) string {
 // CanaryPod is the pod the node-scope policy lets a node pod create: one container running
 // /nvdomain version, no volumes, no service account token, bound to the node.
 func CanaryPod(o CanaryOptions, node string) *corev1.Pod {
+	var secrets []corev1.LocalObjectReference
+	for _, s := range o.PullSecrets {
+		secrets = append(secrets, corev1.LocalObjectReference{Name: s})
+	}
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: CanaryName(o.NamePrefix, node), Namespace: o.Namespace,
@@ -74,7 +86,7 @@ func CanaryPod(o CanaryOptions, node string) *corev1.Pod {
 			},
 		},
 		Spec: corev1.PodSpec{
-			NodeName: node, HostNetwork: true, RestartPolicy: corev1.RestartPolicyNever,
+			NodeName: node, HostNetwork: true, RestartPolicy: corev1.RestartPolicyNever, ImagePullSecrets: secrets,
 			ServiceAccountName: o.ServiceAccount, AutomountServiceAccountToken: ptr.To(false),
 			TerminationGracePeriodSeconds: ptr.To[int64](0),
 			Tolerations:                   []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
@@ -114,7 +126,7 @@ func RunCanary(ctx context.Context, a *Agent) CanaryResult {
 		}
 	}
 	if err != nil {
-		return CanaryResult{Status: corev1.ConditionUnknown, Reason: "CanaryNotCreated",
+		return CanaryResult{Status: corev1.ConditionUnknown, Reason: names.ReasonCanaryNotCreated,
 			Message: fmt.Sprintf("create canary pod %s/%s: %v; the node pods' Role and the node-scope policy must allow it (chart: node.failClosedCanary)", o.Namespace, pod.Name, err)}
 	}
 	defer func() {
@@ -125,7 +137,7 @@ func RunCanary(ctx context.Context, a *Agent) CanaryResult {
 			a.o.Log.Error(err, "delete the canary pod", "pod", pod.Name)
 		}
 	}()
-	last := "not scheduled by the kubelet yet"
+	last, pullFailure := "not scheduled by the kubelet yet", ""
 	for time.Now().Before(deadline) {
 		if !lifecycle.Sleep(ctx, time.Second) {
 			break
@@ -139,9 +151,19 @@ func RunCanary(ctx context.Context, a *Agent) CanaryResult {
 			return r
 		} else if r.Message != "" {
 			last = r.Message
+			pullFailure = ""
+			if r.Reason == names.ReasonCanaryImageNotPulled {
+				pullFailure = r.Message
+			}
 		}
 	}
-	return CanaryResult{Status: corev1.ConditionUnknown, Reason: "CanaryUndecided",
+	// A canary whose image the kubelet cannot pull never decides anything, at every run: the
+	// node is not proven fail-closed, and says why, instead of staying Unknown for ever.
+	if pullFailure != "" {
+		return CanaryResult{Status: corev1.ConditionFalse, Reason: names.ReasonCanaryImageNotPulled,
+			Message: fmt.Sprintf("the kubelet could not pull the canary's image %s within %s (%s): the node's fail-closed check cannot run; the release image must be pullable on every GPU node: for a private registry set the chart's imagePullSecrets (the canary carries them) to a Secret in %s that holds its credentials", o.Image, o.Timeout, pullFailure, o.Namespace)}
+	}
+	return CanaryResult{Status: corev1.ConditionUnknown, Reason: names.ReasonCanaryUndecided,
 		Message: fmt.Sprintf("the canary's container was neither refused nor started within %s: %s", o.Timeout, last)}
 }
 
@@ -156,6 +178,8 @@ func judgeCanary(p *corev1.Pod) (CanaryResult, bool) {
 		case st.State.Running != nil || st.State.Terminated != nil:
 			return CanaryResult{Status: corev1.ConditionFalse, Reason: "CanaryStarted",
 				Message: "enable NRI's default validator in containerd (manifests/containerd/nri.toml, imported by the config's `imports` line) and restart containerd: a container requiring the absent NRI plugin " + CanaryPlugin + " started, so GPU containers would start without nvdomain placing them"}, true
+		case st.State.Waiting != nil && pullReasons[st.State.Waiting.Reason]:
+			return CanaryResult{Reason: names.ReasonCanaryImageNotPulled, Message: st.State.Waiting.Reason + ": " + st.State.Waiting.Message}, false
 		case st.State.Waiting != nil && st.State.Waiting.Reason != "":
 			return CanaryResult{Message: st.State.Waiting.Reason + ": " + st.State.Waiting.Message}, false
 		}
@@ -163,7 +187,7 @@ func judgeCanary(p *corev1.Pod) (CanaryResult, bool) {
 	// A pod that ended without a container status was rejected by the kubelet before any
 	// container was created (OutOfpods, an eviction): it proves nothing either way.
 	if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
-		return CanaryResult{Status: corev1.ConditionUnknown, Reason: "CanaryRejected",
+		return CanaryResult{Status: corev1.ConditionUnknown, Reason: names.ReasonCanaryRejected,
 			Message: fmt.Sprintf("the kubelet rejected the canary pod before creating its container (%s: %s); a canary runs again in 5 minutes", p.Status.Reason, p.Status.Message)}, true
 	}
 	return CanaryResult{}, false

@@ -32,6 +32,7 @@ func TestJudgeCanary(t *testing.T) {
 		{"succeeded, statuses gone: undecided", corev1.PodStatus{Phase: corev1.PodSucceeded}, corev1.ConditionUnknown, true},
 		{"rejected by the kubelet (OutOfpods): undecided", corev1.PodStatus{Phase: corev1.PodFailed, Reason: "OutOfpods", Message: "Node didn't have enough resource: pods"}, corev1.ConditionUnknown, true},
 		{"image not there yet", corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{waiting("ErrImagePull", "not found")}}, "", false},
+		{"image pull backing off", corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{waiting("ImagePullBackOff", "Back-off pulling image")}}, "", false},
 		{"refused for another reason", corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{waiting("CreateContainerError", "no space left on device")}}, "", false},
 		{"pending", corev1.PodStatus{Phase: corev1.PodPending}, "", false},
 	} {
@@ -116,6 +117,47 @@ func TestFailOpenNodeGetsNoRoom(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	t.Error("the canary pod was not deleted")
+}
+
+// TestCanaryWhoseImageCannotBePulledIsNotFailClosed: on a private registry the canary carries
+// the release's pull secrets; a kubelet that still cannot pull its image (a wrong secret)
+// leaves it waiting until the timeout, and the node's condition turns False, naming the
+// kubelet's pull error and the value to set, instead of staying Unknown for ever.
+func TestCanaryWhoseImageCannotBePulledIsNotFailClosed(t *testing.T) {
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-node01"}})
+	n := names.Default()
+	a := New(Options{Names: n, Node: "gpu-node01", Source: &flakySource{top: seed(t)}, Client: client, Period: time.Hour, Log: logr.Discard(), Metrics: newMetrics(),
+		Canary: CanaryOptions{Image: "registry.corp/gpu/nvdomain:v1", Namespace: "nvdomain-system", NamePrefix: "nvdomain-canary-", Interval: time.Hour, Timeout: 3 * time.Second,
+			WithholdCapacity: true, PullSecrets: []string{"regcred"}}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		for ctx.Err() == nil {
+			p, err := client.CoreV1().Pods("nvdomain-system").Get(ctx, "nvdomain-canary-gpu-node01", metav1.GetOptions{})
+			if err == nil && len(p.Status.ContainerStatuses) == 0 {
+				if len(p.Spec.ImagePullSecrets) != 1 || p.Spec.ImagePullSecrets[0].Name != "regcred" {
+					t.Errorf("canary pull secrets %v, want the release's [regcred]", p.Spec.ImagePullSecrets)
+				}
+				p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "canary", State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{
+					Reason: "ImagePullBackOff", Message: `Back-off pulling image "registry.corp/gpu/nvdomain:v1": 401 Unauthorized`}}}}
+				client.CoreV1().Pods("nvdomain-system").UpdateStatus(ctx, p, metav1.UpdateOptions{})
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	go a.Run(ctx)
+	deadline := time.Now().Add(20 * time.Second)
+	var c *corev1.NodeCondition
+	for time.Now().Before(deadline) {
+		if c = condition(t, client, names.ConditionFailClosed); c != nil && c.Status == corev1.ConditionFalse {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if c == nil || c.Status != corev1.ConditionFalse || c.Reason != names.ReasonCanaryImageNotPulled ||
+		!strings.Contains(c.Message, "401 Unauthorized") || !strings.Contains(c.Message, "imagePullSecrets") {
+		t.Fatalf("condition %+v: want False/%s naming the kubelet's pull error and imagePullSecrets", c, names.ReasonCanaryImageNotPulled)
+	}
 }
 
 // TestOldRuntimeIsFailOpenWithoutACanary: when the NRI plugin reports a runtime without

@@ -454,8 +454,19 @@ func heldDeviceWarnings(ctx context.Context, c kubernetes.Interface, node string
 	return out
 }
 
-// nodeWarnings are a node's unhealthy GPUs (from the agent's topology annotation) and a
-// withdrawal of its DRA devices (the driver's NvdomainDRADevices condition).
+// unproven reports whether an Unknown NvdomainFailClosed condition's reason says a canary ran
+// and proved nothing; the others (not run yet, interrupted) pass by themselves.
+func unproven(reason string) bool {
+	switch reason {
+	case names.ReasonCanaryNotCreated, names.ReasonCanaryRejected, names.ReasonCanaryUndecided:
+		return true
+	}
+	return false
+}
+
+// nodeWarnings are a node's unhealthy GPUs (from the agent's topology annotation), a
+// withdrawal of its DRA devices (the driver's NvdomainDRADevices condition), and a node not
+// proven fail-closed (its NvdomainFailClosed condition False, or Unknown after a canary ran).
 func nodeWarnings(n names.Names, node *corev1.Node) []string {
 	var out []string
 	if doc, ok := node.Annotations[n.TopologyAnnotation()]; ok {
@@ -472,6 +483,18 @@ func nodeWarnings(n names.Names, node *corev1.Node) []string {
 	for _, c := range node.Status.Conditions {
 		if c.Type == names.ConditionDRADevices && c.Status == corev1.ConditionFalse {
 			out = append(out, fmt.Sprintf("node %s: the DRA driver publishes none of its GPUs (%s: %s)", node.Name, c.Reason, c.Message))
+		}
+		// Not proven fail-closed: a canary that started or could not run (False), and one that
+		// ran and decided nothing (Unknown with a reason; without one it has not run yet).
+		if c.Type == names.ConditionFailClosed && (c.Status == corev1.ConditionFalse || (c.Status == corev1.ConditionUnknown && unproven(c.Reason))) {
+			detail := string(c.Status)
+			if c.Reason != "" {
+				detail += " " + c.Reason
+			}
+			if c.Message != "" {
+				detail += ": " + c.Message
+			}
+			out = append(out, fmt.Sprintf("node %s is not proven fail-closed (%s %s)", node.Name, names.ConditionFailClosed, detail))
 		}
 	}
 	return out

@@ -53,6 +53,8 @@ gpu-a  0       4     4          0     1     1        1         no     yes
 gpu-a  1       4     0          4     0     0        0         no     yes
 gpu-b  0       2     2          0     1     0        0         stale  no
 gpu-b  1       2     0          2     0     0        0         stale  no
+
+WARNING: node gpu-b is not proven fail-closed (NvdomainFailClosed False)
 `
 	if out != want {
 		t.Errorf("status printed\n%s\nwant\n%s", out, want)
@@ -213,6 +215,40 @@ func TestStatusNamesAnOldRuntime(t *testing.T) {
 	}
 	if !strings.Contains(out, "gpu-old  0       2     0          2     0     0        0         no     no: old runtime") {
 		t.Errorf("status printed\n%s", out)
+	}
+}
+
+// A node not proven fail-closed gets a WARNING line with its condition's reason: a canary
+// whose image the kubelet could not pull (False) and one that ran and decided nothing
+// (Unknown); a canary that has not run yet (Unknown, pending) and a proven node get none.
+func TestStatusWarnsOfNodesNotProvenFailClosed(t *testing.T) {
+	cond := func(status corev1.ConditionStatus, reason, msg string) func(*corev1.Node) {
+		return func(n *corev1.Node) {
+			n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{Type: names.ConditionFailClosed, Status: status, Reason: reason, Message: msg})
+		}
+	}
+	objs := []runtime.Object{
+		gpuNode("gpu-pull", [][]int{{0, 1}}, cond(corev1.ConditionFalse, names.ReasonCanaryImageNotPulled, "ImagePullBackOff: 401 Unauthorized")),
+		gpuNode("gpu-undecided", [][]int{{0, 1}}, cond(corev1.ConditionUnknown, names.ReasonCanaryUndecided, "neither refused nor started")),
+		gpuNode("gpu-pending", [][]int{{0, 1}}, cond(corev1.ConditionUnknown, "CanaryPending", "not decided yet")),
+		gpuNode("gpu-proven", [][]int{{0, 1}}, cond(corev1.ConditionTrue, "CanaryRefused", "refused")),
+	}
+	code, out, errOut := runFake(t, "", objs, "status")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{
+		"WARNING: node gpu-pull is not proven fail-closed (NvdomainFailClosed False CanaryImageNotPulled: ImagePullBackOff: 401 Unauthorized)",
+		"WARNING: node gpu-undecided is not proven fail-closed (NvdomainFailClosed Unknown CanaryUndecided: neither refused nor started)",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status lacks %q:\n%s", want, out)
+		}
+	}
+	for _, not := range []string{"gpu-pending is not proven", "gpu-proven is not proven"} {
+		if strings.Contains(out, not) {
+			t.Errorf("status warns %q:\n%s", not, out)
+		}
 	}
 }
 

@@ -237,6 +237,13 @@ const (
 	// ReasonRuntimeWithoutValidator is ConditionFailClosed's reason on a node whose runtime
 	// cannot validate NRI adjustments (containerd before 2.2), as the NRI plugin reported it.
 	ReasonRuntimeWithoutValidator = "RuntimeWithoutValidator"
+	// ConditionFailClosed's reasons for a canary that ran and proved nothing (Unknown: the pod
+	// not created, rejected by the kubelet, or its container neither refused nor started) and
+	// for one whose image the kubelet could not pull (False).
+	ReasonCanaryNotCreated     = "CanaryNotCreated"
+	ReasonCanaryRejected       = "CanaryRejected"
+	ReasonCanaryUndecided      = "CanaryUndecided"
+	ReasonCanaryImageNotPulled = "CanaryImageNotPulled"
 	// ConditionDRADevices is True while the DRA driver publishes the node's GPUs, and False
 	// while it withdraws them (ReasonDevicePluginOnDRANode: a device plugin advertises
 	// nvidia.com/gpu on the node, and the two would hand out the same GPUs).

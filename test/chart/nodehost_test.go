@@ -273,3 +273,21 @@ func TestRestartContainerdRendersOnlyWithTheInitContainer(t *testing.T) {
 		t.Errorf("restartContainerd without the init container: %v", err)
 	}
 }
+
+// The canary runs the release image: with a private registry it carries the release's pull
+// secrets (both node DaemonSets' agents pass them); without any the flag, which an older
+// image lacks, is not passed.
+func TestCanaryGetsTheReleasesPullSecrets(t *testing.T) {
+	for _, ds := range []string{"nvdomain-node", "nvdomain-node-dra"} {
+		with := container(t, daemonSet(t, ds, "--set", "dra.enabled=true", "--set-json", `imagePullSecrets=[{"name":"regcred"},{"name":"mirror"}]`).Spec.Template.Spec, "agent")
+		if !slices.Contains(with.Args, "--canary-image-pull-secrets=regcred,mirror") {
+			t.Errorf("%s agent args %v lack the release's pull secrets", ds, with.Args)
+		}
+		without := container(t, daemonSet(t, ds, "--set", "dra.enabled=true").Spec.Template.Spec, "agent")
+		for _, a := range without.Args {
+			if strings.HasPrefix(a, "--canary-image-pull-secrets") {
+				t.Errorf("%s agent passes %s without pull secrets", ds, a)
+			}
+		}
+	}
+}

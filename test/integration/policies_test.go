@@ -1,12 +1,14 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -39,6 +41,18 @@ import (
 // webhook at all.
 func startPolicyCluster(t *testing.T) *cluster {
 	t.Helper()
+	f, err := os.Open(filepath.Join(repoRoot(), "manifests", "policies", "policies.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	return startPolicyClusterWith(t, f)
+}
+
+// startPolicyClusterWith is startPolicyCluster with the policies read from r (a chart render
+// with values the static manifest does not cover).
+func startPolicyClusterWith(t *testing.T, r io.Reader) *cluster {
+	t.Helper()
 	env := &envtest.Environment{BinaryAssetsDirectory: assets(t)}
 	configureAPIServer(env.ControlPlane.GetAPIServer())
 	cfg, err := env.Start()
@@ -47,12 +61,7 @@ func startPolicyCluster(t *testing.T) *cluster {
 	}
 	c := &cluster{t: t, env: env, cfg: cfg, warnings: &warningRecorder{}, client: kubernetes.NewForConfigOrDie(cfg)}
 	t.Cleanup(c.stop)
-	f, err := os.Open(filepath.Join(repoRoot(), "manifests", "policies", "policies.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	dec := utilyaml.NewYAMLOrJSONDecoder(f, 4096)
+	dec := utilyaml.NewYAMLOrJSONDecoder(r, 4096)
 	ctx := context.Background()
 	for {
 		var raw map[string]any
@@ -533,29 +542,7 @@ func TestRequiredPluginsAnnotationIsFixed(t *testing.T) {
 func TestNodeServiceAccountCreatesOnlyTheCanary(t *testing.T) {
 	c := startPolicyCluster(t)
 	ctx := context.Background()
-	for _, name := range []string{"gpu-a", "gpu-b"} {
-		if _, err := c.client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	agentOnA := c.nodeClient("gpu-a")
-	// RBAC grants create and delete (the chart's Role does, in the release namespace): the
-	// policy is what must refuse.
-	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "nvdomain-node-pods", Namespace: "nvdomain-system"}, Rules: []rbacv1.PolicyRule{
-		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"create", "delete", "patch", "get"}}}}
-	if _, err := c.client.RbacV1().Roles("nvdomain-system").Create(ctx, role, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.client.RbacV1().RoleBindings("nvdomain-system").Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "nvdomain-node-pods", Namespace: "nvdomain-system"},
-		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "nvdomain-node-pods"},
-		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: "nvdomain-node", Namespace: "nvdomain-system"}}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	for _, sa := range []string{"nvdomain-canary", "nvdomain-webhook"} {
-		if _, err := c.client.CoreV1().ServiceAccounts("nvdomain-system").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			t.Fatal(err)
-		}
-	}
+	agentOnA := canaryCluster(t, c)
 	o := agent.CanaryOptions{Image: "ghcr.io/nvdomain/nvdomain:v0.1.0", Namespace: "nvdomain-system", NamePrefix: "nvdomain-canary-", ServiceAccount: "nvdomain-canary"}
 	variant := func(node string, change func(*corev1.Pod)) *corev1.Pod {
 		p := agent.CanaryPod(o, node)
@@ -564,13 +551,7 @@ func TestNodeServiceAccountCreatesOnlyTheCanary(t *testing.T) {
 		}
 		return p
 	}
-	create := func(p *corev1.Pod) error {
-		_, err := agentOnA.CoreV1().Pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{})
-		if err == nil {
-			_ = c.client.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
-		}
-		return err
-	}
+	create := func(p *corev1.Pod) error { return createCanary(ctx, c, agentOnA, p) }
 	for _, tc := range []struct {
 		what    string
 		pod     *corev1.Pod
@@ -578,6 +559,9 @@ func TestNodeServiceAccountCreatesOnlyTheCanary(t *testing.T) {
 	}{
 		{"the canary on its own node", variant("gpu-a", nil), true},
 		{"the canary on another node", variant("gpu-b", nil), false},
+		{"with a pull secret the release does not use", variant("gpu-a", func(p *corev1.Pod) {
+			p.Spec.ImagePullSecrets = []corev1.LocalObjectReference{{Name: "nvdomain-webhook-tls"}}
+		}), false},
 		{"under the webhook's service account", variant("gpu-a", func(p *corev1.Pod) { p.Spec.ServiceAccountName = "nvdomain-webhook" }), false},
 		{"with a token mounted", variant("gpu-a", func(p *corev1.Pod) { p.Spec.AutomountServiceAccountToken = nil }), false},
 		{"reading a secret into its environment", variant("gpu-a", func(p *corev1.Pod) {
@@ -630,6 +614,80 @@ func TestNodeServiceAccountCreatesOnlyTheCanary(t *testing.T) {
 	}
 	if err := agentOnA.CoreV1().Pods("nvdomain-system").Delete(ctx, own, metav1.DeleteOptions{}); err != nil {
 		t.Errorf("delete its own pod: %v", err)
+	}
+}
+
+// canaryCluster prepares what the node pods have in the release namespace (two nodes, the
+// Role that lets them create and delete pods, the canary's ServiceAccount) and returns the
+// client of gpu-a's node pod: the policy is what must refuse.
+func canaryCluster(t *testing.T, c *cluster) kubernetes.Interface {
+	t.Helper()
+	ctx := context.Background()
+	for _, name := range []string{"gpu-a", "gpu-b"} {
+		if _, err := c.client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	agentOnA := c.nodeClient("gpu-a") // creates the namespace and the node pod
+	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "nvdomain-node-pods", Namespace: "nvdomain-system"}, Rules: []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"create", "delete", "patch", "get"}}}}
+	if _, err := c.client.RbacV1().Roles("nvdomain-system").Create(ctx, role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.client.RbacV1().RoleBindings("nvdomain-system").Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "nvdomain-node-pods", Namespace: "nvdomain-system"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "nvdomain-node-pods"},
+		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: "nvdomain-node", Namespace: "nvdomain-system"}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, sa := range []string{"nvdomain-canary", "nvdomain-webhook"} {
+		if _, err := c.client.CoreV1().ServiceAccounts("nvdomain-system").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+	}
+	return agentOnA
+}
+
+// createCanary creates p with the node pod's client and deletes it again when admitted.
+func createCanary(ctx context.Context, c *cluster, as kubernetes.Interface, p *corev1.Pod) error {
+	_, err := as.CoreV1().Pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{})
+	if err == nil {
+		_ = c.client.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+	}
+	return err
+}
+
+// TestCanaryCarriesExactlyTheReleasesPullSecrets: with a private registry the chart gives
+// the canary the release's imagePullSecrets (the kubelet checks pull credentials for every
+// pod), and the node-scope policy, rendered by the chart with those values, admits exactly
+// those names: a stolen node token cannot mount another Secret as a pull secret.
+func TestCanaryCarriesExactlyTheReleasesPullSecrets(t *testing.T) {
+	helm, err := exec.Command(filepath.Join(repoRoot(), "test", "tools", "build-helm.sh")).Output()
+	if err != nil {
+		t.Fatalf("build helm: %v", err)
+	}
+	policies, err := exec.Command(strings.TrimSpace(string(helm)), "template", "nvdomain", filepath.Join(repoRoot(), "charts", "nvdomain"), "-n", "nvdomain-system",
+		"--set-json", `imagePullSecrets=[{"name":"regcred"},{"name":"mirror"}]`, "--show-only", "templates/policies.yaml").Output()
+	if err != nil {
+		t.Fatalf("helm template: %v", err)
+	}
+	c := startPolicyClusterWith(t, bytes.NewReader(policies))
+	ctx := context.Background()
+	agentOnA := canaryCluster(t, c)
+	for _, tc := range []struct {
+		secrets []string
+		allowed bool
+	}{
+		{[]string{"regcred", "mirror"}, true},
+		{[]string{"regcred"}, true},
+		{nil, true},
+		{[]string{"regcred", "nvdomain-webhook-tls"}, false},
+		{[]string{"nvdomain-webhook-tls"}, false},
+	} {
+		o := agent.CanaryOptions{Image: "ghcr.io/nvdomain/nvdomain:v0.1.0", Namespace: "nvdomain-system", NamePrefix: "nvdomain-canary-", ServiceAccount: "nvdomain-canary", PullSecrets: tc.secrets}
+		err := createCanary(ctx, c, agentOnA, agent.CanaryPod(o, "gpu-a"))
+		if tc.allowed != (err == nil) {
+			t.Errorf("canary with pull secrets %v: error %v, want allowed %v", tc.secrets, err, tc.allowed)
+		}
 	}
 }
 

@@ -57,6 +57,14 @@ allows only those), e.g. "1m30s" -> 90, "500ms" -> 1, "8760h" -> 31536000. */ -}
 {{- div (add $ms 999) 1000 -}}
 {{- end -}}
 
+{{/* The names of the release's imagePullSecrets, comma-separated: the canary carries them,
+and the node-scope policy admits exactly these. */}}
+{{- define "nvdomain.pullSecretNames" -}}
+{{- $names := list -}}
+{{- range .Values.imagePullSecrets }}{{ $names = append $names .name }}{{ end -}}
+{{- join "," $names -}}
+{{- end -}}
+
 {{/* imagePullSecrets for every pod spec of the chart. */}}
 {{- define "nvdomain.imagePullSecrets" -}}
 {{- with .Values.imagePullSecrets }}

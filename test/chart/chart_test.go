@@ -130,6 +130,8 @@ func TestBadValuesAreRejected(t *testing.T) {
 		{[]string{"--set-json", `webhook.extraEnv=[{"value":"x"}]`}, "at '/webhook/extraEnv/0'"},
 		{[]string{"--set-json", `node.podLabels={"team":1}`}, "at '/node/podLabels/team'"},
 		{[]string{"--set", "node.nvmlAccess=cdi"}, "at '/node/nvmlAccess'"},
+		// A Secret's name (DNS subdomain): it is also quoted into the node-scope policy's CEL.
+		{[]string{"--set-json", `imagePullSecrets=[{"name":"a'] || true || ['"}]`}, "at '/imagePullSecrets/0/name'"},
 		{[]string{"--set", "node.nvmlAccess=host"}, "node.nvmlAccess=host needs node.nvmlLibrary"},
 		{[]string{"--set", "node.nvmlLibrary=/usr/lib/libcuda.so.1"}, "at '/node/nvmlLibrary'"},
 		{[]string{"--set", "node.containerdDistribution=microk8s"}, "at '/node/containerdDistribution'"},

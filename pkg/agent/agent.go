@@ -512,10 +512,12 @@ const canaryRetry = 5 * time.Minute
 // its own (one canary takes seconds) and hands each verdict to Run's loop, which alone
 // changes the agent's state.
 func (a *Agent) startCanaries(ctx context.Context) <-chan CanaryResult {
+	// -1 (not run) from the start, with or without a canary: the gauge's zero would read as a
+	// canary that started, and NvdomainNodeFailsOpen would fire on every node.
+	a.o.Metrics.FailClosed.Set(-1)
 	if a.o.Canary.Image == "" {
 		return nil
 	}
-	a.o.Metrics.FailClosed.Set(-1)
 	a.condition(ctx, names.ConditionFailClosed, corev1.ConditionUnknown, "CanaryPending", "the fail-closed canary has not been decided yet", false)
 	out := make(chan CanaryResult)
 	go func() {
@@ -561,7 +563,7 @@ func (a *Agent) applyCanary(ctx context.Context, r CanaryResult) {
 	}
 	a.failOpen = failOpen
 	if failOpen {
-		a.o.Log.Info("the fail-closed canary started: this node's containerd does not enforce NRI's required plugins", "withholdCapacity", a.o.Canary.WithholdCapacity)
+		a.o.Log.Info("this node is not proven fail-closed", "reason", r.Reason, "message", r.Message, "withholdCapacity", a.o.Canary.WithholdCapacity)
 		a.event(ctx, corev1.EventTypeWarning, "NRIFailOpen", r.Message)
 	} else {
 		a.event(ctx, corev1.EventTypeNormal, "NRIFailClosed", r.Message)

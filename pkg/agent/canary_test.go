@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
@@ -270,5 +271,24 @@ func TestDrainedNeedsASynchronizedPlugin(t *testing.T) {
 		if got := a.drained(); got != tc.want {
 			t.Errorf("%+v: drained %v, want %v", tc.doc, got, tc.want)
 		}
+	}
+}
+
+// Without a canary (node.failClosedCanary off, or no policies) the gauge says "not run" (-1),
+// not the zero a gauge starts at, which NvdomainNodeFailsOpen would read as a canary that
+// started on every node.
+func TestNoCanaryIsNotFailOpenInTheMetric(t *testing.T) {
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-node01"}})
+	m := newMetrics()
+	a := New(Options{Names: names.Default(), Node: "gpu-node01", Source: &flakySource{top: seed(t)}, Client: client, Period: time.Hour, Log: logr.Discard(), Metrics: m})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go a.Run(ctx)
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) && testutil.ToFloat64(m.FailClosed) != -1 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if v := testutil.ToFloat64(m.FailClosed); v != -1 {
+		t.Errorf("nvdomain_agent_fail_closed = %v without a canary, want -1", v)
 	}
 }

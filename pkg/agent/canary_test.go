@@ -147,14 +147,7 @@ func TestCanaryWhoseImageCannotBePulledIsNotFailClosed(t *testing.T) {
 		}
 	}()
 	go a.Run(ctx)
-	deadline := time.Now().Add(20 * time.Second)
-	var c *corev1.NodeCondition
-	for time.Now().Before(deadline) {
-		if c = condition(t, client, names.ConditionFailClosed); c != nil && c.Status == corev1.ConditionFalse {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	c := waitFailClosedFalse(t, client, 20*time.Second)
 	if c == nil || c.Status != corev1.ConditionFalse || c.Reason != names.ReasonCanaryImageNotPulled ||
 		!strings.Contains(c.Message, "401 Unauthorized") || !strings.Contains(c.Message, "imagePullSecrets") {
 		t.Fatalf("condition %+v: want False/%s naming the kubelet's pull error and imagePullSecrets", c, names.ReasonCanaryImageNotPulled)
@@ -177,14 +170,7 @@ func TestOldRuntimeIsFailOpenWithoutACanary(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go a.Run(ctx)
-	deadline := time.Now().Add(15 * time.Second)
-	var c *corev1.NodeCondition
-	for time.Now().Before(deadline) {
-		if c = condition(t, client, names.ConditionFailClosed); c != nil && c.Status == corev1.ConditionFalse {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	c := waitFailClosedFalse(t, client, 15*time.Second)
 	if c == nil || c.Status != corev1.ConditionFalse || c.Reason != names.ReasonRuntimeWithoutValidator || c.Message != why {
 		t.Fatalf("condition %+v: want False/%s with the plugin's reason", c, names.ReasonRuntimeWithoutValidator)
 	}
@@ -291,4 +277,19 @@ func TestNoCanaryIsNotFailOpenInTheMetric(t *testing.T) {
 	if v := testutil.ToFloat64(m.FailClosed); v != -1 {
 		t.Errorf("nvdomain_agent_fail_closed = %v without a canary, want -1", v)
 	}
+}
+
+// waitFailClosedFalse waits until the node's NvdomainFailClosed condition is False and returns
+// it (or the last one seen, for the caller's message).
+func waitFailClosedFalse(t *testing.T, client *fake.Clientset, timeout time.Duration) *corev1.NodeCondition {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var c *corev1.NodeCondition
+	for time.Now().Before(deadline) {
+		if c = condition(t, client, names.ConditionFailClosed); c != nil && c.Status == corev1.ConditionFalse {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return c
 }

@@ -68,19 +68,11 @@ func TestFailOpenNodeGetsNoRoom(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	// The kubelet of a node without NRI's validator: the canary's container runs.
-	go func() {
-		for ctx.Err() == nil {
-			p, err := client.CoreV1().Pods("nvdomain-system").Get(ctx, "nvdomain-canary-gpu-node01", metav1.GetOptions{})
-			if err == nil && len(p.Status.ContainerStatuses) == 0 {
-				if p.Annotations["required-plugins.noderesource.dev/container.canary"] != "[nvdomain-canary-absent]" || p.Spec.NodeName != "gpu-node01" {
-					t.Errorf("canary pod %+v", p)
-				}
-				p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "canary", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}
-				client.CoreV1().Pods("nvdomain-system").UpdateStatus(ctx, p, metav1.UpdateOptions{})
-			}
-			time.Sleep(10 * time.Millisecond)
+	fakeCanaryKubelet(ctx, client, corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}, func(p *corev1.Pod) {
+		if p.Annotations["required-plugins.noderesource.dev/container.canary"] != "[nvdomain-canary-absent]" || p.Spec.NodeName != "gpu-node01" {
+			t.Errorf("canary pod %+v", p)
 		}
-	}()
+	})
 	go a.Run(ctx)
 	deadline := time.Now().Add(15 * time.Second)
 	for time.Now().Before(deadline) {
@@ -132,20 +124,12 @@ func TestCanaryWhoseImageCannotBePulledIsNotFailClosed(t *testing.T) {
 			WithholdCapacity: true, PullSecrets: []string{"regcred"}}})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go func() {
-		for ctx.Err() == nil {
-			p, err := client.CoreV1().Pods("nvdomain-system").Get(ctx, "nvdomain-canary-gpu-node01", metav1.GetOptions{})
-			if err == nil && len(p.Status.ContainerStatuses) == 0 {
-				if len(p.Spec.ImagePullSecrets) != 1 || p.Spec.ImagePullSecrets[0].Name != "regcred" {
-					t.Errorf("canary pull secrets %v, want the release's [regcred]", p.Spec.ImagePullSecrets)
-				}
-				p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "canary", State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{
-					Reason: "ImagePullBackOff", Message: `Back-off pulling image "registry.corp/gpu/nvdomain:v1": 401 Unauthorized`}}}}
-				client.CoreV1().Pods("nvdomain-system").UpdateStatus(ctx, p, metav1.UpdateOptions{})
-			}
-			time.Sleep(10 * time.Millisecond)
+	fakeCanaryKubelet(ctx, client, corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{
+		Reason: "ImagePullBackOff", Message: `Back-off pulling image "registry.corp/gpu/nvdomain:v1": 401 Unauthorized`}}, func(p *corev1.Pod) {
+		if len(p.Spec.ImagePullSecrets) != 1 || p.Spec.ImagePullSecrets[0].Name != "regcred" {
+			t.Errorf("canary pull secrets %v, want the release's [regcred]", p.Spec.ImagePullSecrets)
 		}
-	}()
+	})
 	go a.Run(ctx)
 	c := waitFailClosedFalse(t, client, 20*time.Second)
 	if c == nil || c.Status != corev1.ConditionFalse || c.Reason != names.ReasonCanaryImageNotPulled ||
@@ -292,4 +276,20 @@ func waitFailClosedFalse(t *testing.T, client *fake.Clientset, timeout time.Dura
 		time.Sleep(20 * time.Millisecond)
 	}
 	return c
+}
+
+// fakeCanaryKubelet plays gpu-node01's kubelet until ctx ends: each new canary pod is passed to
+// check, then given one container in state.
+func fakeCanaryKubelet(ctx context.Context, client *fake.Clientset, state corev1.ContainerState, check func(*corev1.Pod)) {
+	go func() {
+		for ctx.Err() == nil {
+			p, err := client.CoreV1().Pods("nvdomain-system").Get(ctx, "nvdomain-canary-gpu-node01", metav1.GetOptions{})
+			if err == nil && len(p.Status.ContainerStatuses) == 0 {
+				check(p)
+				p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "canary", State: state}}
+				client.CoreV1().Pods("nvdomain-system").UpdateStatus(ctx, p, metav1.UpdateOptions{})
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
 }

@@ -41,7 +41,7 @@ IMAGE_ENV   := NVDOMAIN_IMAGE=$(IMAGE) NVDOMAIN_IMAGE_ARCHIVE=$(IMAGE_ARCHIVE)
 # marks deprecated, which only adds compiler noise.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all build image chart test unit e2e matrix host-deps k8s-assets containerd-assets helm-assets kwok-assets karpenter-assets kueue-assets lws-assets lint fmt vet staticcheck cover fuzz bench bench-placement bench-admission bench-dra scale demo down clean
+.PHONY: all build image chart test unit e2e matrix host-deps k8s-assets containerd-assets helm-assets kwok-assets karpenter-assets kueue-assets lws-assets registry-assets lint fmt vet staticcheck cover fuzz bench bench-placement bench-admission bench-dra scale demo down clean
 
 all: build
 
@@ -117,6 +117,10 @@ kueue-assets:
 lws-assets:
 	test/tools/build-lws.sh >/dev/null
 
+# The private-registry e2e's registry (CNCF Distribution), built from the module proxy.
+registry-assets:
+	test/tools/build-registry.sh >/dev/null
+
 unit: host-deps k8s-assets containerd-assets helm-assets kwok-assets karpenter-assets kueue-assets lws-assets
 	KUBEBUILDER_ASSETS=$(K8S_ASSETS) $(GO) test -race -count=1 -timeout 20m ./...
 
@@ -125,7 +129,7 @@ unit: host-deps k8s-assets containerd-assets helm-assets kwok-assets karpenter-a
 ## The whole log goes to bin/e2e.log; the console gets its last 80 lines and, when a test fails,
 ## every failure line with the steps just before it, which the tail alone would cut off (the
 ## e2e tests report failures only through t.Errorf/t.Fatalf, so `_test.go:N:` marks them).
-e2e: host-deps k8s-assets containerd-assets helm-assets
+e2e: host-deps k8s-assets containerd-assets helm-assets registry-assets
 	@$(DEMO_SUBMAKE) image PLATFORMS=$(HOST_PLATFORM)
 	@mkdir -p $(BIN); log=$(BIN)/e2e.log; rc=0; \
 	$(IMAGE_ENV) $(GO) test -tags e2e -count=1 -timeout 30m -v ./test/e2e/ >$$log 2>&1 || rc=$$?; \

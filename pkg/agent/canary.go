@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -160,11 +161,37 @@ func RunCanary(ctx context.Context, a *Agent) CanaryResult {
 	// A canary whose image the kubelet cannot pull never decides anything, at every run: the
 	// node is not proven fail-closed, and says why, instead of staying Unknown for ever.
 	if pullFailure != "" {
+		// What to check comes first, and the kubelet's error gets the rest of the condition's
+		// room (kubeevents.MaxMessage) from its end: it repeats the image's name, and its cause
+		// (401 Unauthorized, not found) is last.
+		head := fmt.Sprintf("the canary's image %s was not pulled with %s within %s, so the node's fail-closed check cannot run: the chart's imagePullSecrets (the canary carries them) must name Secrets in %s with the registry's credentials; the kubelet: ",
+			o.Image, pullSecretsPhrase(o.PullSecrets), o.Timeout, o.Namespace)
 		return CanaryResult{Status: corev1.ConditionFalse, Reason: names.ReasonCanaryImageNotPulled,
-			Message: fmt.Sprintf("the kubelet could not pull the canary's image %s within %s (%s): the node's fail-closed check cannot run; the release image must be pullable on every GPU node: for a private registry set the chart's imagePullSecrets (the canary carries them) to a Secret in %s that holds its credentials", o.Image, o.Timeout, pullFailure, o.Namespace)}
+			Message: kubeevents.Cap(head + endOf(pullFailure, max(kubeevents.MaxMessage-len(head), 120)))}
 	}
 	return CanaryResult{Status: corev1.ConditionUnknown, Reason: names.ReasonCanaryUndecided,
 		Message: fmt.Sprintf("the canary's container was neither refused nor started within %s: %s", o.Timeout, last)}
+}
+
+// pullSecretsPhrase names the pull secrets the canary carried, so a condition caused by a
+// wrong or missing Secret says which one to check.
+func pullSecretsPhrase(secrets []string) string {
+	if len(secrets) == 0 {
+		return "no imagePullSecrets"
+	}
+	return "imagePullSecrets " + strings.Join(secrets, ", ")
+}
+
+// endOf is the end of s in at most n bytes (on a rune boundary), marked as cut.
+func endOf(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := len(s) - n + len("…")
+	for cut < len(s) && !utf8.RuneStart(s[cut]) {
+		cut++
+	}
+	return "…" + s[cut:]
 }
 
 // judgeCanary reads the canary pod's status: its container refused for the missing plugin

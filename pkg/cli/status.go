@@ -161,7 +161,10 @@ func newStatus(f ClusterFactory, streams IOStreams) *cobra.Command {
 Under the table, a WARNING line for each unhealthy GPU, each DRA node whose driver withdrew
 its devices, and each other DeviceClass that maps nvdomain's extendedResourceName (the
 scheduler then uses only the newer class: pods asking for nvidia.com/gpu get no GPUs on the
-other driver's nodes); -o json lists them under "warnings".
+other driver's nodes), each GPU node whose nvdomain node pod cannot run (its image cannot be
+pulled, lacks the node's platform, or cannot execute there) and each GPU node the node
+DaemonSets leave out by architecture (node.architectures); -o json lists them under
+"warnings".
 
 Usage is counted the way nvdomain's webhook counts it, from the domain resources of bound,
 non-terminal pods that are not being deleted. Pods of every namespace are counted; -n shows
@@ -259,6 +262,7 @@ func (o *StatusOptions) Run(ctx context.Context) error {
 	list.Warnings = append(list.Warnings, classes...)
 	list.Warnings = append(list.Warnings, heldDeviceWarnings(ctx, o.client, o.Node, o.selectsNode(s))...)
 	list.Warnings = append(list.Warnings, kueueWarnings(ctx, o.client, o.names)...)
+	list.Warnings = append(list.Warnings, nodePodWarnings(ctx, o.client, o.selectsNode(s))...)
 	if len(list.Items) == 0 && o.Output != outputJSON {
 		if _, err := fmt.Fprintln(o.ErrOut, o.emptyMessage()); err != nil {
 			return err

@@ -615,6 +615,16 @@ const (
 	DRAManagedByValue = "nvdomain"
 )
 
+// The chart's node pods, for the tools that look for them (kubectl nvdomain status).
+const (
+	// NodePodSelector selects the pods of both node DaemonSets (classic and DRA) of every
+	// release; the chart labels them so.
+	NodePodSelector = "app.kubernetes.io/name=nvdomain,app.kubernetes.io/component in (node,node-dra)"
+	// GPUPresentLabel is the GPU Operator's (and GPU feature discovery's) mark of a GPU node,
+	// the node DaemonSets' default nodeSelector.
+	GPUPresentLabel = "nvidia.com/gpu.present"
+)
+
 // Values of the node mode label (Names.ModeLabel).
 const (
 	// ModeClassic is the default, also when the label is absent: the webhook pins TP pods to a

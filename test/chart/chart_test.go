@@ -136,6 +136,9 @@ func TestBadValuesAreRejected(t *testing.T) {
 		{[]string{"--set", "node.nvmlLibrary=/usr/lib/libcuda.so.1"}, "at '/node/nvmlLibrary'"},
 		{[]string{"--set", "node.containerdDistribution=microk8s"}, "at '/node/containerdDistribution'"},
 		{[]string{"--set", "node.hostBinDir=opt/bin"}, "at '/node/hostBinDir'"},
+		// GOARCH names, as kubernetes.io/arch has them (not uname's).
+		{[]string{"--set-json", `node.architectures=["x86_64"]`}, "at '/node/architectures/0'"},
+		{[]string{"--set-json", `node.architectures=[]`}, "at '/node/architectures'"},
 	}
 	for _, tc := range cases {
 		_, err := render(t, tc.args...)

@@ -47,6 +47,9 @@ type Options struct {
 	BootWithoutNRI bool
 	// ExtraValues are added to the chart values Install uses.
 	ExtraValues []string
+	// PullReleaseImage leaves the release image out of containerd: the test pushes
+	// ReleaseArchive to a registry and points Image there, so the kubelet pulls it.
+	PullReleaseImage bool
 }
 
 // Mode is the mode Install installs nvdomain in.
@@ -64,8 +67,9 @@ type Cluster struct {
 	APIPort    int
 	// NRISocket is containerd's NRI socket, for the nvdomain DaemonSet's hostPath.
 	NRISocket string
-	// Image is the release image the chart installs (ReleaseImage), imported at start.
-	Image string
+	// Image is the release image the chart installs (ReleaseImage), imported at start unless
+	// Options.PullReleaseImage; ReleaseArchive is its `docker save`-style archive.
+	Image, ReleaseArchive string
 	// FailClosed is the node's NvdomainFailClosed condition after Install ("True <reason>:
 	// <message>"), the canary's verdict.
 	FailClosed           string

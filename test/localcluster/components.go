@@ -316,7 +316,8 @@ func (c *Cluster) waitNodeReady(ctx context.Context) error {
 // ContainerdConfig is a containerd v2 configuration (schema 4) that keeps every path, socket
 // and runc state under dir, enables NRI on nriSocket with its default validator (so a pod
 // that requires the nvdomain plugin is refused while the plugin is down), reads CDI specs from
-// CDISpecDir(dir), pins the local pause image so nothing is pulled, and sets what this machine
+// CDISpecDir(dir), pins the local pause image so nothing is pulled, takes registry hosts from
+// dir/certs.d (TrustRegistry), and sets what this machine
 // kind needs (see shared/recipes): cgroupfs, no AppArmor, and restrict_oom_score_adj, without
 // which runc is refused when it writes oom_score_adj and every sandbox fails with "can't get
 // final child's PID from pipe: EOF". runtime is runc, or the test toolkit in front of it
@@ -335,6 +336,8 @@ imports = []
     snapshotter = 'overlayfs'
     [plugins.'io.containerd.cri.v1.images'.pinned_images]
       sandbox = '%[2]s'
+    [plugins.'io.containerd.cri.v1.images'.registry]
+      config_path = '%[1]s/certs.d'
   [plugins.'io.containerd.cri.v1.runtime']
     disable_apparmor = true
     restrict_oom_score_adj = true

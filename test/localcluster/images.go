@@ -96,9 +96,11 @@ func (c *Cluster) importImages(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	c.Image = release.Ref
-	if err := c.ImportImage(release.Archive); err != nil {
-		return err
+	c.Image, c.ReleaseArchive = release.Ref, release.Archive
+	if !c.o.PullReleaseImage {
+		if err := c.ImportImage(release.Archive); err != nil {
+			return err
+		}
 	}
 	busybox := ocitest.Image{Ref: BusyboxImage, Files: busyboxFiles(), Env: []string{"PATH=/bin"}, Entrypoint: []string{"/bin/sh"}}
 	pause := ocitest.Image{Ref: PauseImage, Files: map[string]ocitest.File{"pause": {Source: pauseBin}}, Entrypoint: []string{"/pause"}}

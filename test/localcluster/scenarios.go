@@ -101,7 +101,9 @@ func (c *Cluster) waitClassicNode(ctx context.Context, w io.Writer) error {
 		d1, _, _ := c.Kubectl("get", "node", NodeName, "-o", `jsonpath={.status.allocatable.nvidia\.com/nvswitch-domain-1}`)
 		return strings.TrimSpace(capGPU) == "8" && strings.TrimSpace(d1) == "4"
 	}); err != nil {
-		return err
+		pods, _, _ := c.Kubectl("get", "pods", "-A", "-o", "wide")
+		desc, _, _ := c.Kubectl("describe", "pods", "-n", "nvdomain-system")
+		return fmt.Errorf("%w\n%s\n%s", err, pods, desc)
 	}
 	return c.waitFailClosed(ctx, w)
 }

@@ -194,3 +194,11 @@ node.nri.hookDir where values an earlier release kept (--reuse-values) still set
 {{- define "nvdomain.hostBinDir" -}}
 {{- .Values.node.nri.hookDir | default .Values.node.hostBinDir | default "/opt/nvdomain/bin" -}}
 {{- end -}}
+
+{{/*
+The node pods' architecture requirement: only nodes whose kubernetes.io/arch the release image
+carries (node.architectures), so a node the image cannot serve gets no pod that never starts.
+*/}}
+{{- define "nvdomain.nodeArchitectures" -}}
+- {key: kubernetes.io/arch, operator: In, values: [{{ join ", " .Values.node.architectures }}]}
+{{- end }}

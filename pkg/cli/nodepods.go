@@ -1,0 +1,135 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
+)
+
+// imageReasons are the kubelet's waiting reasons for an image it cannot get.
+var imageReasons = map[string]bool{"ErrImagePull": true, "ImagePullBackOff": true, "InvalidImageName": true, "ErrImageNeverPull": true, "RegistryUnavailable": true}
+
+// nodePodWarnings names the GPU nodes nvdomain cannot serve because its own node pod cannot
+// run there: a node pod whose image the kubelet cannot pull (a mirror without the node's
+// platform, a wrong pull secret) or whose binaries the node cannot execute, and a GPU node
+// whose architecture the node DaemonSets leave out (node.architectures). Such a node publishes
+// no domains and runs no canary, so nothing else reports it. keep filters the nodes shown.
+func nodePodWarnings(ctx context.Context, c kubernetes.Interface, keep func(string) bool) []string {
+	pods, err := c.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{LabelSelector: names.NodePodSelector})
+	if err != nil {
+		return []string{fmt.Sprintf("cannot list nvdomain's node pods (%v): nodes whose node pod cannot run are not checked", err)}
+	}
+	var warnings []string
+	served := map[string]bool{}
+	archOf := map[string]string{}
+	if nodes, err := c.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: names.GPUPresentLabel + "=true"}); err == nil {
+		for _, n := range nodes.Items {
+			archOf[n.Name] = n.Labels[corev1.LabelArchStable]
+		}
+	}
+	for _, p := range pods.Items {
+		served[p.Spec.NodeName] = true
+		if p.Spec.NodeName == "" || !keep(p.Spec.NodeName) {
+			continue
+		}
+		if why := nodePodStuck(&p); why != "" {
+			arch := archOf[p.Spec.NodeName]
+			fix := "the release image must be pullable on every GPU node: for a private registry set the chart's imagePullSecrets"
+			if strings.Contains(why, "no match for platform") || strings.Contains(why, "exec format error") {
+				fix = fmt.Sprintf("the image has no linux/%s: publish every platform the release has (make image writes linux/amd64 and linux/arm64; copy a mirror with crane copy --all-tags or skopeo copy --all), or leave %s nodes out with node.architectures", arch, arch)
+			}
+			warnings = append(warnings, fmt.Sprintf("node %s (%s): nvdomain's node pod %s/%s cannot run (%s), so the node publishes no domains and its fail-closed check cannot run; %s",
+				p.Spec.NodeName, arch, p.Namespace, p.Name, why, fix))
+		}
+	}
+	// GPU nodes with no node pod at all: a DaemonSet's architecture requirement left them out.
+	allowed := daemonSetArchitectures(ctx, c)
+	if len(allowed) == 0 {
+		return warnings
+	}
+	var left []string
+	for node, arch := range archOf {
+		if !served[node] && keep(node) && arch != "" && !slices.Contains(allowed, arch) {
+			left = append(left, node+" ("+arch+")")
+		}
+	}
+	sort.Strings(left)
+	if len(left) > 0 {
+		warnings = append(warnings, fmt.Sprintf("GPU node(s) %s get no nvdomain node pod: node.architectures is [%s], so they publish no domains and no tensor-parallel pod is placed there; add the architecture once the release image carries it",
+			strings.Join(left, ", "), strings.Join(allowed, ", ")))
+	}
+	return warnings
+}
+
+// nodePodStuck says why a node pod cannot start, or "" when it can (or is starting normally).
+func nodePodStuck(p *corev1.Pod) string {
+	for _, st := range slices.Concat(p.Status.InitContainerStatuses, p.Status.ContainerStatuses) {
+		w := st.State.Waiting
+		if w == nil {
+			continue
+		}
+		switch {
+		case imageReasons[w.Reason]:
+			return fmt.Sprintf("container %s: %s: %s", st.Name, w.Reason, w.Message)
+		case strings.Contains(w.Message, "exec format error"):
+			return fmt.Sprintf("container %s: %s: %s", st.Name, w.Reason, w.Message)
+		case w.Reason == "CrashLoopBackOff" && st.LastTerminationState.Terminated != nil &&
+			strings.Contains(st.LastTerminationState.Terminated.Message, "exec format error"):
+			return fmt.Sprintf("container %s: %s: %s", st.Name, w.Reason, st.LastTerminationState.Terminated.Message)
+		}
+	}
+	return ""
+}
+
+// daemonSetArchitectures is the union of the kubernetes.io/arch values the node DaemonSets
+// require; nil when none requires one (every architecture is allowed).
+func daemonSetArchitectures(ctx context.Context, c kubernetes.Interface) []string {
+	dss, err := c.AppsV1().DaemonSets(metav1.NamespaceAll).List(ctx, metav1.ListOptions{LabelSelector: names.NodePodSelector})
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, ds := range dss.Items {
+		archs := requiredArchitectures(&ds)
+		if archs == nil {
+			return nil
+		}
+		for _, a := range archs {
+			if !slices.Contains(out, a) {
+				out = append(out, a)
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// requiredArchitectures is the kubernetes.io/arch In values of a DaemonSet's required node
+// affinity, nil when it requires none (a term without one allows every architecture: terms
+// are ORed).
+func requiredArchitectures(ds *appsv1.DaemonSet) []string {
+	a := ds.Spec.Template.Spec.Affinity
+	if a == nil || a.NodeAffinity == nil || a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil {
+		return nil
+	}
+	var out []string
+	for _, term := range a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
+		i := slices.IndexFunc(term.MatchExpressions, func(e corev1.NodeSelectorRequirement) bool {
+			return e.Key == corev1.LabelArchStable && e.Operator == corev1.NodeSelectorOpIn
+		})
+		if i < 0 {
+			return nil
+		}
+		out = append(out, term.MatchExpressions[i].Values...)
+	}
+	return out
+}

@@ -84,9 +84,16 @@ GOMOD
 }
 
 start=$(date +%s)
-[ -x "$OUT/etcd" ] || build_etcd >&2
+if [ ! -x "$OUT/etcd" ]; then
+  build_etcd >&2
+  echo "built etcd $ETCD_VERSION in $(( $(date +%s) - start ))s" >&2
+fi
+k8s_start=$(date +%s)
 for b in "${BINARIES[@]}"; do
-  if [ ! -x "$OUT/$b" ]; then build_k8s >&2; break; fi
+  if [ ! -x "$OUT/$b" ]; then
+    build_k8s >&2
+    echo "built Kubernetes $K8S_VERSION in $(( $(date +%s) - k8s_start ))s" >&2
+    break
+  fi
 done
-echo "built Kubernetes $K8S_VERSION and etcd $ETCD_VERSION in $(( $(date +%s) - start ))s" >&2
 echo "$OUT"

@@ -20,7 +20,7 @@ IMAGE_TAG   ?= $(VERSION)
 IMAGE       := $(IMAGE_REPO):$(IMAGE_TAG)
 IMAGE_ARCHIVE := $(BIN)/image/nvdomain-$(IMAGE_TAG).tar
 # The release image's platforms: Grace nodes (GB200, GB300, GH200) are arm64. arm64's cgo
-# binaries are cross-built with Debian's gcc-aarch64-linux-gnu (host-deps installs it).
+# binaries are cross-built with Debian's gcc-aarch64-linux-gnu (cross-deps installs it).
 PLATFORMS   ?= linux/amd64,linux/arm64
 HOST_PLATFORM := linux/$(shell $(GO) env GOARCH 2>/dev/null || echo amd64)
 # The other architecture's cross toolchain (Debian names it by the build machine's) and the
@@ -34,6 +34,9 @@ CROSS_CC := aarch64-linux-gnu-gcc
 CROSS_PKGS := gcc-aarch64-linux-gnu libc6-dev-arm64-cross
 CROSS_QEMU := qemu-aarch64-static
 endif
+# The image's binaries are built with these tags (pkg/image.BuildTags); the demo's own binary
+# uses them too, with -trimpath, so it reuses the packages the image build compiled.
+IMAGE_BUILD_TAGS := netgo,osusergo
 # The demo and the e2e install exactly the image `make image` built (test/localcluster).
 IMAGE_ENV   := NVDOMAIN_IMAGE=$(IMAGE) NVDOMAIN_IMAGE_ARCHIVE=$(IMAGE_ARCHIVE)
 
@@ -41,7 +44,7 @@ IMAGE_ENV   := NVDOMAIN_IMAGE=$(IMAGE) NVDOMAIN_IMAGE_ARCHIVE=$(IMAGE_ARCHIVE)
 # marks deprecated, which only adds compiler noise.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all build image chart test unit e2e matrix host-deps k8s-assets containerd-assets helm-assets kwok-assets karpenter-assets kueue-assets lws-assets registry-assets lint fmt vet staticcheck cover fuzz bench bench-placement bench-admission bench-dra scale demo down clean
+.PHONY: all build image chart test unit e2e matrix host-deps k8s-assets containerd-assets helm-assets kwok-assets karpenter-assets kueue-assets lws-assets registry-assets cross-deps demo-assets demo-helm demo-image lint fmt vet staticcheck cover fuzz bench bench-placement bench-admission bench-dra scale demo down clean
 
 all: build
 
@@ -54,7 +57,7 @@ build:
 ## bin/image/nvdomain-<tag>.tar for `ctr -n k8s.io images import` or `docker load`; the same
 ## commit gives the same digests. IMAGE_REPO and IMAGE_TAG name it (default
 ## ghcr.io/nvdomain/nvdomain:<git describe>). arm64 needs Debian's gcc-aarch64-linux-gnu and
-## libc6-dev-arm64-cross (make host-deps).
+## libc6-dev-arm64-cross (make cross-deps).
 image:
 	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null || echo 0) $(GO) run ./cmd/nvdomain-image \
 		--version $(VERSION) --revision $$(git rev-parse HEAD 2>/dev/null || echo unknown) --ref $(IMAGE) --out $(BIN)/image --platforms $(PLATFORMS)
@@ -77,15 +80,21 @@ k8s-assets:
 
 # Debian packages the real-component tiers need: runc, a static busybox for the test images,
 # and iproute2 and util-linux (ip, unshare) for the private network namespace the cluster tiers
-# run in (test/netns); and for the arm64 half of the release image, the cross C toolchain its
-# cgo binaries are built with and qemu-user, which runs them in pkg/image's test.
+# run in (test/netns).
 host-deps:
 	@if ! command -v runc >/dev/null || ! command -v ip >/dev/null || ! command -v unshare >/dev/null || \
-		! { ldd /bin/busybox 2>&1 || true; } | grep -q "not a dynamic executable" || \
-		! command -v $(CROSS_CC) >/dev/null || ! dpkg -s $(lastword $(CROSS_PKGS)) >/dev/null 2>&1 || ! command -v $(CROSS_QEMU) >/dev/null; then \
-		echo "installing runc, busybox-static, iproute2, util-linux, and the cross toolchain and qemu-user for the release image's other platform"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends runc busybox-static iproute2 util-linux \
-			$(CROSS_PKGS) qemu-user-static; \
+		! { ldd /bin/busybox 2>&1 || true; } | grep -q "not a dynamic executable"; then \
+		echo "installing runc, busybox-static, iproute2 and util-linux"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends runc busybox-static iproute2 util-linux; \
+	fi
+
+# For the other half of the two-platform release image: the cross C toolchain its cgo binaries
+# are built with, and qemu-user, which runs them in pkg/image's test. The demo and the e2e
+# build this machine's platform only, and skip it.
+cross-deps:
+	@if ! command -v $(CROSS_CC) >/dev/null || ! dpkg -s $(lastword $(CROSS_PKGS)) >/dev/null 2>&1 || ! command -v $(CROSS_QEMU) >/dev/null; then \
+		echo "installing the cross toolchain and qemu-user for the release image's other platform"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(CROSS_PKGS) qemu-user-static; \
 	fi
 
 # The NRI tier (test/containerd) runs a real containerd v2 with NRI, built the same way into
@@ -121,7 +130,7 @@ lws-assets:
 registry-assets:
 	test/tools/build-registry.sh >/dev/null
 
-unit: host-deps k8s-assets containerd-assets helm-assets kwok-assets karpenter-assets kueue-assets lws-assets
+unit: host-deps cross-deps k8s-assets containerd-assets helm-assets kwok-assets karpenter-assets kueue-assets lws-assets
 	KUBEBUILDER_ASSETS=$(K8S_ASSETS) $(GO) test -race -count=1 -timeout 20m ./...
 
 ## e2e: the seed scenarios on a real single-node cluster (kubelet + containerd with NRI) with
@@ -203,7 +212,7 @@ bench-dra: k8s-assets kwok-assets
 ## scheduler and controller-manager, and the chart rendered for it (--kube-version). About 15
 ## minutes a release warm, 12 more cold. Not part of `make test`; CI can run it.
 MATRIX_VERSIONS ?= v1.36.3 v1.35.4
-matrix: host-deps containerd-assets helm-assets kwok-assets karpenter-assets kueue-assets lws-assets
+matrix: host-deps cross-deps containerd-assets helm-assets kwok-assets karpenter-assets kueue-assets lws-assets
 	@for v in $(MATRIX_VERSIONS); do \
 	  echo "=== Kubernetes $$v"; \
 	  K8S_VERSION=$$v test/tools/build-k8s.sh >/dev/null; \
@@ -224,11 +233,19 @@ fuzz:
 # The recipe calls make through an alias: a line naming $(MAKE) itself runs even under
 # `make -n`, which would start a cluster.
 DEMO_SUBMAKE = $(MAKE) --no-print-directory
+# What the demo runs, and no more: this machine's platform of the image, Helm 3 alone (the chart
+# tests add Helm 4), no cross toolchain. Built side by side (make -j): one go build leaves a
+# core idle for long stretches (a package whose dependents all wait for it, a link).
+demo-assets: k8s-assets containerd-assets demo-helm demo-image
+demo-helm:
+	test/tools/build-helm.sh >/dev/null
+demo-image:
+	@$(DEMO_SUBMAKE) image PLATFORMS=$(HOST_PLATFORM)
 demo:
 	@log=$$(mktemp /tmp/nvdomain-demo-XXXXXX.log); bindir=$$(mktemp -d); start=$$(date +%s); rc=0; \
 	printf '%-22s … ' 'building binaries'; \
-	if ! { $(DEMO_SUBMAKE) host-deps k8s-assets containerd-assets helm-assets && $(DEMO_SUBMAKE) image PLATFORMS=$(HOST_PLATFORM) && \
-		$(GO) build -o $$bindir/demo ./test/demo; } >>$$log 2>&1; then \
+	if ! { $(DEMO_SUBMAKE) host-deps && $(DEMO_SUBMAKE) -j4 --output-sync=target demo-assets && \
+		$(GO) build -trimpath -tags $(IMAGE_BUILD_TAGS) -o $$bindir/demo ./test/demo; } >>$$log 2>&1; then \
 		echo "failed; the end of $$log:"; tail -n 20 $$log; rm -rf $$bindir; exit 1; \
 	fi; \
 	echo "$$(( $$(date +%s) - start ))s"; \

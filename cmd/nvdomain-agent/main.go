@@ -57,7 +57,7 @@ func main() {
 		}
 		return nil
 	})
-	flag.BoolVar(&o.Canary.WithholdCapacity, "require-fail-closed", true, "publish no domain room on a node whose canary started (its containerd does not enforce NRI's required plugins)")
+	flag.BoolVar(&o.Canary.WithholdCapacity, "require-fail-closed", true, "publish no domain room until a canary is refused on this node (a fresh node, or one whose containerd does not enforce NRI's required plugins); needs --canary-image")
 	qps := flag.Float64("kube-api-qps", 0, "requests per second to the apiserver (0: client-go's 5)")
 	flag.IntVar(&o.KubeAPIBurst, "kube-api-burst", 0, "request burst to the apiserver (0: client-go's 10)")
 	namesFromFlags := names.BindFlags(flag.CommandLine)

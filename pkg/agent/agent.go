@@ -78,7 +78,13 @@ type Agent struct {
 	// canaryNow asks the canary goroutine to run one at once.
 	canaryNow chan struct{}
 	// failOpen: the last canary started (the node's NRI validator is not active).
-	failOpen   bool
+	failOpen bool
+	// proven: a canary was refused on this node (True) and none has been False since. An
+	// Unknown verdict changes nothing: a node proven once keeps its room through a canary the
+	// kubelet rejected, and a node never proven (a fresh autoscaled one) stays without room.
+	proven bool
+	// bootID is the node's boot ID when the agent started, the value of the proof it writes.
+	bootID     string
 	pinned     map[int]int // GPUs containers pinned to a domain hold, by the GPUs' domain
 	occupancy  occupancySeries
 	stateMTime time.Time
@@ -270,7 +276,9 @@ func (a *Agent) loaded(ctx context.Context, top *topology.Topology) {
 
 func (a *Agent) publish(ctx context.Context) error {
 	mismatch := a.pluginTopology != "" && a.pluginTopology != a.lastGood.Fingerprint()
-	d, err := Desire(a.o.Names, a.lastGood, a.unpinned, Health{Stale: a.stale, Mismatch: mismatch, FailOpen: a.failOpen, WithholdCapacity: a.o.Canary.WithholdCapacity})
+	d, err := Desire(a.o.Names, a.lastGood, a.unpinned, Health{Stale: a.stale, Mismatch: mismatch, FailOpen: a.failOpen,
+		Unproven: a.o.Canary.Image != "" && !a.proven, WithholdCapacity: a.o.Canary.WithholdCapacity,
+		Proven: a.o.Canary.Image != "" && a.proven, BootID: a.bootID})
 	if err != nil {
 		return err
 	}
@@ -558,6 +566,23 @@ func (a *Agent) applyCanary(ctx context.Context, r CanaryResult) {
 	}
 	a.condition(ctx, names.ConditionFailClosed, r.Status, r.Reason, r.Message, false)
 	failOpen := r.Status == corev1.ConditionFalse
+	proven := a.proven
+	switch r.Status {
+	case corev1.ConditionTrue:
+		proven = true
+	case corev1.ConditionFalse:
+		proven = false
+	}
+	if proven != a.proven {
+		a.proven = proven
+		if failOpen == a.failOpen {
+			// The first proof of a fresh node: its domains get their room now.
+			if err := a.publish(ctx); err != nil {
+				a.o.Log.Error(err, "publish after a canary")
+			}
+			return
+		}
+	}
 	if failOpen == a.failOpen {
 		return
 	}
@@ -575,20 +600,44 @@ func (a *Agent) applyCanary(ctx context.Context, r CanaryResult) {
 
 // seedFailOpen takes the last canary's verdict from the Node: a restarted agent must not
 // publish room on a node its predecessor found failing open, before its own canary decides.
+// It also takes the proof (FailClosedProvenAnnotation) its predecessor wrote during this boot,
+// so an upgrade, a crash loop or a restart after an undecided canary takes no room away; a
+// fresh node has none, and a rebooted or reimaged one has another boot ID, so both wait for
+// their own canary. A node whose NvdomainFailClosed is True but carries no proof was proven by
+// a release that did not write one, and keeps its room as it did then.
 func (a *Agent) seedFailOpen(ctx context.Context) {
 	if a.o.Canary.Image == "" {
 		return
 	}
-	node, err := a.o.Client.CoreV1().Nodes().Get(ctx, a.o.Node, metav1.GetOptions{})
+	var node *corev1.Node
+	var err error
+	for try := 0; try < 5; try++ {
+		if node, err = a.o.Client.CoreV1().Nodes().Get(ctx, a.o.Node, metav1.GetOptions{}); err == nil || !lifecycle.Sleep(ctx, time.Second) {
+			break
+		}
+	}
 	if err != nil {
+		// Without the Node, the safe side: not proven (no room until a canary is refused).
+		a.o.Log.Error(err, "read the node's last canary verdict; it offers no room until its own canary is refused")
 		return
 	}
+	a.bootID = node.Status.NodeInfo.BootID
+	proof, hasProof := node.Annotations[a.o.Names.FailClosedProvenAnnotation()]
 	for _, c := range node.Status.Conditions {
-		if c.Type == names.ConditionFailClosed && c.Status == corev1.ConditionFalse {
+		if c.Type != names.ConditionFailClosed {
+			continue
+		}
+		switch c.Status {
+		case corev1.ConditionFalse:
 			a.failOpen = true
 			// Cleared by followRuntime once the plugin reports a runtime that validates.
 			a.runtimeOld = c.Reason == names.ReasonRuntimeWithoutValidator
+		case corev1.ConditionTrue:
+			a.proven = !hasProof
 		}
+	}
+	if hasProof && proof == a.bootID && !a.failOpen {
+		a.proven = true
 	}
 }
 

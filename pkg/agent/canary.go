@@ -41,8 +41,9 @@ type CanaryOptions struct {
 	// Interval between canaries (the first runs once the topology is published); Timeout is
 	// how long one may take to be decided.
 	Interval, Timeout time.Duration
-	// WithholdCapacity publishes every domain of a node whose canary ran with no room, so no
-	// tensor-parallel pod is placed there (node.requireFailClosed).
+	// WithholdCapacity publishes every domain with no room on a node not proven fail-closed
+	// (no canary refused yet, or the last one started), so no tensor-parallel pod is placed
+	// there (node.requireFailClosed).
 	WithholdCapacity bool
 	// PullSecrets are the release's imagePullSecrets: the canary runs the release image, which
 	// a private registry serves only with them (the kubelet checks pull credentials for every
@@ -161,16 +162,25 @@ func RunCanary(ctx context.Context, a *Agent) CanaryResult {
 	// A canary whose image the kubelet cannot pull never decides anything, at every run: the
 	// node is not proven fail-closed, and says why, instead of staying Unknown for ever.
 	if pullFailure != "" {
-		// What to check comes first, and the kubelet's error gets the rest of the condition's
-		// room (kubeevents.MaxMessage) from its end: it repeats the image's name, and its cause
-		// (401 Unauthorized, not found) is last.
-		head := fmt.Sprintf("the canary's image %s was not pulled with %s within %s, so the node's fail-closed check cannot run: the chart's imagePullSecrets (the canary carries them) must name Secrets in %s with the registry's credentials; the kubelet: ",
-			o.Image, pullSecretsPhrase(o.PullSecrets), o.Timeout, o.Namespace)
-		return CanaryResult{Status: corev1.ConditionFalse, Reason: names.ReasonCanaryImageNotPulled,
-			Message: kubeevents.Cap(head + endOf(pullFailure, max(kubeevents.MaxMessage-len(head), 120)))}
+		return CanaryResult{Status: corev1.ConditionFalse, Reason: names.ReasonCanaryImageNotPulled, Message: pullFailureMessage(o, pullFailure)}
 	}
 	return CanaryResult{Status: corev1.ConditionUnknown, Reason: names.ReasonCanaryUndecided,
 		Message: fmt.Sprintf("the canary's container was neither refused nor started within %s: %s", o.Timeout, last)}
+}
+
+// pullFailureMessage is the condition message of a canary whose image was not pulled. What to
+// check comes first, and the kubelet's error gets the rest of the condition's room
+// (kubeevents.MaxMessage) from its end: it repeats the image's name, and its cause (401
+// Unauthorized, not found) is last. A long image reference or many Secrets: the head gives
+// way, the cause stays.
+func pullFailureMessage(o CanaryOptions, failure string) string {
+	head := fmt.Sprintf("the canary's image %s was not pulled with %s within %s, so the node's fail-closed check cannot run: the chart's imagePullSecrets (the canary carries them) must name Secrets in %s with the registry's credentials; the kubelet: ",
+		o.Image, pullSecretsPhrase(o.PullSecrets), o.Timeout, o.Namespace)
+	const causeRoom = 120
+	if len(head) > kubeevents.MaxMessage-causeRoom {
+		head = kubeevents.CapTo(head, kubeevents.MaxMessage-causeRoom) + "; the kubelet: "
+	}
+	return head + endOf(failure, kubeevents.MaxMessage-len(head))
 }
 
 // pullSecretsPhrase names the pull secrets the canary carried, so a condition caused by a

@@ -295,3 +295,106 @@ func fakeCanaryKubelet(ctx context.Context, client *fake.Clientset, state corev1
 		}
 	}()
 }
+
+// TestAFreshNodeOffersRoomOnlyOnceProven: under require-fail-closed, a node no canary was
+// refused on yet (an autoscaler's fresh node) publishes its domains with no room, so no
+// tensor-parallel pod lands there before containerd is proven to enforce NRI's required
+// plugins; the first refused canary gives every domain its room. An agent that restarts on a
+// node its predecessor proved keeps the room from the start.
+func TestAFreshNodeOffersRoomOnlyOnceProven(t *testing.T) {
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-node01"}, Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{BootID: "boot-1"}}})
+	n := names.Default()
+	opts := Options{Names: n, Node: "gpu-node01", Source: &flakySource{top: seed(t)}, Client: client, Period: time.Hour, Log: logr.Discard(), Metrics: newMetrics(),
+		Canary: CanaryOptions{Image: "ghcr.io/nvdomain/nvdomain:v1", Namespace: "nvdomain-system", NamePrefix: "nvdomain-canary-", Interval: time.Hour, Timeout: 20 * time.Second, WithholdCapacity: true}}
+	room := func() (int64, bool) {
+		node, _ := client.CoreV1().Nodes().Get(context.Background(), "gpu-node01", metav1.GetOptions{})
+		q, ok := node.Status.Capacity[corev1.ResourceName(n.DomainResource(0))]
+		return q.Value(), ok
+	}
+	waitRoom := func(want int64) {
+		t.Helper()
+		deadline := time.Now().Add(15 * time.Second)
+		for time.Now().Before(deadline) {
+			if r, ok := room(); ok && r == want {
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		r, ok := room()
+		t.Fatalf("domain 0 room %d (published %v), want %d", r, ok, want)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	a := New(opts)
+	go a.Run(ctx)
+	// Published, canary pending (no kubelet answers yet): no room.
+	waitRoom(0)
+	time.Sleep(300 * time.Millisecond)
+	if r, _ := room(); r != 0 {
+		t.Fatalf("room %d before any canary was decided, want 0", r)
+	}
+	// containerd's validator refuses the canary: proven, room published.
+	fakeCanaryKubelet(ctx, client, corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CreateContainerError",
+		Message: `failed to create containerd container: validation error: required plugin "nvdomain-canary-absent" not present`}}, func(*corev1.Pod) {})
+	waitRoom(4)
+	if node, _ := client.CoreV1().Nodes().Get(ctx, "gpu-node01", metav1.GetOptions{}); node.Labels[n.FailOpenLabel()] != "" {
+		t.Errorf("labels %v: a proven node carries no fail-open label", node.Labels)
+	} else if v, ok := node.Annotations[n.FailClosedProvenAnnotation()]; !ok || v != "boot-1" {
+		t.Errorf("annotations %v: want the proof %s=boot-1 (the node's boot ID)", node.Annotations, n.FailClosedProvenAnnotation())
+	}
+	cancel()
+
+	// A new agent on the proven node: room from its first publish, before its own canary
+	// (none answers now).
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	defer cancel2()
+	opts.Metrics = newMetrics()
+	b := New(opts)
+	go b.Run(ctx2)
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		if r, _ := room(); r != 4 {
+			t.Fatalf("room %d after the agent restarted on a proven node, want 4 throughout", r)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	cancel2()
+
+	// The node rebooted (another boot ID; its containerd may have come up without the
+	// snippet): the proof no longer stands, and no canary answers.
+	node, _ := client.CoreV1().Nodes().Get(context.Background(), "gpu-node01", metav1.GetOptions{})
+	node.Status.NodeInfo.BootID = "boot-2"
+	if _, err := client.CoreV1().Nodes().UpdateStatus(context.Background(), node, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ctx3, cancel3 := context.WithCancel(context.Background())
+	defer cancel3()
+	opts.Metrics = newMetrics()
+	go New(opts).Run(ctx3)
+	waitRoom(0)
+	node, _ = client.CoreV1().Nodes().Get(context.Background(), "gpu-node01", metav1.GetOptions{})
+	if _, ok := node.Annotations[n.FailClosedProvenAnnotation()]; ok {
+		t.Errorf("annotations %v: the proof of another boot must be removed", node.Annotations)
+	}
+}
+
+func TestPullFailureMessageKeepsTheCause(t *testing.T) {
+	cause := `failed to resolve image: unexpected status from HEAD request to https://registry.corp/v2/gpu/nvdomain/manifests/v1: 401 Unauthorized`
+	for _, tc := range []struct {
+		name    string
+		o       CanaryOptions
+		failure string
+	}{
+		{"short", CanaryOptions{Image: "registry.corp/gpu/nvdomain:v1", PullSecrets: []string{"regcred"}, Timeout: time.Minute, Namespace: "nvdomain-system"}, "ErrImagePull: " + cause},
+		{"a long kubelet error", CanaryOptions{Image: "registry.corp/gpu/nvdomain:v1", PullSecrets: []string{"regcred"}, Timeout: time.Minute, Namespace: "nvdomain-system"},
+			"ImagePullBackOff: " + strings.Repeat(`Back-off pulling image "registry.corp/gpu/nvdomain:v1": `, 8) + cause},
+		{"a digest reference and many Secrets", CanaryOptions{Image: "registry.corp/a/very/deep/path/of/mirrors/gpu/nvdomain@sha256:" + strings.Repeat("0123456789abcdef", 4),
+			PullSecrets: []string{strings.Repeat("s", 60), strings.Repeat("t", 60), strings.Repeat("u", 60), "regcred"}, Timeout: time.Minute, Namespace: "nvdomain-system"}, "ErrImagePull: " + cause},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := pullFailureMessage(tc.o, tc.failure)
+			if len(m) > kubeevents.MaxMessage || !strings.HasSuffix(m, "401 Unauthorized") || !strings.HasPrefix(m, "the canary's image") {
+				t.Errorf("message (%d bytes) %q: want at most %d bytes, the fix first and the kubelet's cause last", len(m), m, kubeevents.MaxMessage)
+			}
+		})
+	}
+}

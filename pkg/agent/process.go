@@ -121,6 +121,11 @@ func RunProcess(ctx context.Context, o ProcessOptions, log logr.Logger) error {
 		Uninstall: lifecycle.WatchUninstall(ctx, client, o.Names, o.Namespace, o.DaemonSet, log.WithName("lifecycle")),
 		HookDir:   o.HookDir, ContainerdConfDir: o.ContainerdConfDir, Canary: o.Canary}
 	ao.Canary.Namespace, ao.Canary.NamePrefix, ao.Canary.ServiceAccount = o.Namespace, o.Release+"-canary-", o.Release+"-canary"
+	if ao.Canary.WithholdCapacity && ao.Canary.Image == "" && !o.DRA {
+		// Nothing proves the node: its room is published as measured (chart: the canary needs
+		// node.failClosedCanary.enabled and policies.enabled).
+		log.Info("--require-fail-closed has no effect without --canary-image: this node offers domain room without being proven fail-closed")
+	}
 	if o.DaemonSet != "" {
 		ao.Drainer = &lifecycle.Drainer{Client: client, Names: o.Names, Release: lifecycle.Release{Name: o.Release, Namespace: o.Namespace}, Pod: o.Pod, DaemonSet: o.DaemonSet, Log: log.WithName("lifecycle")}
 	}

@@ -41,8 +41,15 @@ type Health struct {
 	// Mismatch marks a node whose NRI plugin serves another topology than this one.
 	Mismatch bool
 	// FailOpen marks a node whose fail-closed canary ran; WithholdCapacity then publishes
-	// every domain with no room (canary.go).
-	FailOpen, WithholdCapacity bool
+	// every domain with no room (canary.go). Unproven marks a node no canary was refused on
+	// yet (a fresh node, or one whose canaries stay undecided): WithholdCapacity withholds its
+	// room too, so a tensor-parallel pod never lands on a node before it is proven
+	// fail-closed, and an autoscaler's node is initialized only once it is.
+	FailOpen, Unproven, WithholdCapacity bool
+	// Proven writes FailClosedProvenAnnotation with BootID, the proof a restarted agent finds
+	// (seedFailOpen); without it the annotation is removed.
+	Proven bool
+	BootID string
 }
 
 // Desire computes the node's labels, annotations and capacity. unpinned[d] is the GPUs of
@@ -65,7 +72,7 @@ func Desire(n names.Names, top *topology.Topology, unpinned map[int]int, h Healt
 		d.Labels[n.DomainSizeLabel(dom.ID)] = strconv.Itoa(dom.Size())
 		d.Annotations[n.DomainGPUsAnnotation(dom.ID)] = names.FormatGPUList(dom.GPUs)
 		room := int64(max(0, dom.Size()-unpinned[dom.ID]))
-		if h.FailOpen && h.WithholdCapacity {
+		if (h.FailOpen || h.Unproven) && h.WithholdCapacity {
 			room = 0
 		}
 		d.Capacity[n.DomainResource(dom.ID)] = room
@@ -75,6 +82,9 @@ func Desire(n names.Names, top *topology.Topology, unpinned map[int]int, h Healt
 		return Desired{}, fmt.Errorf("encode topology: %w", err)
 	}
 	d.Annotations[n.TopologyAnnotation()] = string(doc)
+	if h.Proven {
+		d.Annotations[n.FailClosedProvenAnnotation()] = h.BootID
+	}
 	return d, nil
 }
 
@@ -104,7 +114,7 @@ func ownsLabel(n names.Names, key string) bool {
 
 func ownsAnnotation(n names.Names, key string) bool {
 	_, ok := n.ParseDomainGPUsAnnotation(key)
-	return ok || key == n.TopologyAnnotation()
+	return ok || key == n.TopologyAnnotation() || key == n.FailClosedProvenAnnotation()
 }
 
 // Publisher writes Desired onto one Node with patches scoped to the agent's own keys.

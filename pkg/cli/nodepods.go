@@ -23,18 +23,30 @@ var imageReasons = map[string]bool{"ErrImagePull": true, "ImagePullBackOff": tru
 // platform, a wrong pull secret) or whose binaries the node cannot execute, and a GPU node
 // whose architecture the node DaemonSets leave out (node.architectures). Such a node publishes
 // no domains and runs no canary, so nothing else reports it. keep filters the nodes shown.
-func nodePodWarnings(ctx context.Context, c kubernetes.Interface, keep func(string) bool) []string {
+func nodePodWarnings(ctx context.Context, c kubernetes.Interface, n names.Names, keep func(string) bool) []string {
 	pods, err := c.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{LabelSelector: names.NodePodSelector})
 	if err != nil {
 		return []string{fmt.Sprintf("cannot list nvdomain's node pods (%v): nodes whose node pod cannot run are not checked", err)}
 	}
 	var warnings []string
 	served := map[string]bool{}
-	archOf := map[string]string{}
-	if nodes, err := c.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: names.GPUPresentLabel + "=true"}); err == nil {
-		for _, n := range nodes.Items {
-			archOf[n.Name] = n.Labels[corev1.LabelArchStable]
+	archOf := map[string]string{}  // GPU nodes
+	published := map[string]bool{} // nodes carrying nvdomain's domains
+	if nodes, err := c.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); err == nil {
+		for _, nd := range nodes.Items {
+			if nd.Labels[names.GPUPresentLabel] == "true" {
+				archOf[nd.Name] = nd.Labels[corev1.LabelArchStable]
+			}
+			if nd.Labels[n.DomainCountLabel()] != "" {
+				published[nd.Name] = true
+			}
 		}
+	}
+	platform := func(node string) string {
+		if a := archOf[node]; a != "" {
+			return "linux/" + a
+		}
+		return "the node's platform"
 	}
 	for _, p := range pods.Items {
 		served[p.Spec.NodeName] = true
@@ -42,14 +54,26 @@ func nodePodWarnings(ctx context.Context, c kubernetes.Interface, keep func(stri
 			continue
 		}
 		if why := nodePodStuck(&p); why != "" {
-			arch := archOf[p.Spec.NodeName]
 			fix := "the release image must be pullable on every GPU node: for a private registry set the chart's imagePullSecrets"
 			if strings.Contains(why, "no match for platform") || strings.Contains(why, "exec format error") {
-				fix = fmt.Sprintf("the image has no linux/%s: publish every platform the release has (make image writes linux/amd64 and linux/arm64; copy a mirror with crane copy --all-tags or skopeo copy --all), or leave %s nodes out with node.architectures", arch, arch)
+				fix = fmt.Sprintf("the image lacks %s: publish every platform the release has (make image writes linux/amd64 and linux/arm64; copy a mirror with crane copy or skopeo copy --all), or leave such nodes out with node.architectures", platform(p.Spec.NodeName))
 			}
-			warnings = append(warnings, fmt.Sprintf("node %s (%s): nvdomain's node pod %s/%s cannot run (%s), so the node publishes no domains and its fail-closed check cannot run; %s",
-				p.Spec.NodeName, arch, p.Namespace, p.Name, why, fix))
+			warnings = append(warnings, fmt.Sprintf("node %s (%s): nvdomain's node pod %s/%s cannot start (%s), so its topology and fail-closed check are not kept up to date; %s",
+				p.Spec.NodeName, platform(p.Spec.NodeName), p.Namespace, p.Name, why, fix))
 		}
+	}
+	// Nodes that carry nvdomain's domains but run no node pod: a narrowed node.architectures or
+	// node.nodeSelector took the pod away, and nothing keeps the labels and room it left true.
+	var stale []string
+	for node := range published {
+		if !served[node] && keep(node) {
+			stale = append(stale, node)
+		}
+	}
+	sort.Strings(stale)
+	if len(stale) > 0 {
+		warnings = append(warnings, fmt.Sprintf("node(s) %s carry nvdomain's domain labels and resources but run no nvdomain node pod (node.architectures or node.nodeSelector leaves them out, or the pod was deleted): TP pods may still be placed there and the NRI plugin is not there to place them; bring the node pod back, or drain the node and remove the labels and domain resources (kubectl nvdomain uninstall does it cluster-wide)",
+			strings.Join(stale, ", ")))
 	}
 	// GPU nodes with no node pod at all: a DaemonSet's architecture requirement left them out.
 	allowed := daemonSetArchitectures(ctx, c)
@@ -58,7 +82,7 @@ func nodePodWarnings(ctx context.Context, c kubernetes.Interface, keep func(stri
 	}
 	var left []string
 	for node, arch := range archOf {
-		if !served[node] && keep(node) && arch != "" && !slices.Contains(allowed, arch) {
+		if !served[node] && !published[node] && keep(node) && arch != "" && !slices.Contains(allowed, arch) {
 			left = append(left, node+" ("+arch+")")
 		}
 	}

@@ -10,6 +10,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
 )
 
 func TestNodePodWarnings(t *testing.T) {
@@ -39,6 +41,10 @@ func TestNodePodWarnings(t *testing.T) {
 		}
 		return d
 	}
+	published := func(nd *corev1.Node) *corev1.Node {
+		nd.Labels[names.Default().DomainCountLabel()] = "2"
+		return nd
+	}
 	running := corev1.ContainerStatus{Name: "agent", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}
 	crash := corev1.ContainerStatus{Name: "install-hook", State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff"}},
 		LastTerminationState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 1, Message: `exec: "/nvdomain": exec format error`}}}
@@ -50,18 +56,23 @@ func TestNodePodWarnings(t *testing.T) {
 		{"running node pods: nothing", []runtime.Object{gpuNode("a", "amd64"), ds("amd64", "arm64"), nodePod("a", false, running)}, nil},
 		{"a mirror without arm64", []runtime.Object{gpuNode("gb200-1", "arm64"), ds("amd64", "arm64"),
 			nodePod("gb200-1", true, waiting("enable-nri", "ErrImagePull", `failed to pull and unpack image "mirror.corp/nvdomain:v1": no match for platform in manifest: not found`))},
-			[]string{"node gb200-1 (arm64)", "no match for platform", "the image has no linux/arm64", "node.architectures"}},
+			[]string{"node gb200-1 (linux/arm64)", "no match for platform", "the image lacks linux/arm64", "node.architectures"}},
 		{"binaries of another architecture", []runtime.Object{gpuNode("gh200-1", "arm64"), ds("amd64", "arm64"), nodePod("gh200-1", true, crash)},
-			[]string{"node gh200-1 (arm64)", "exec format error", "the image has no linux/arm64"}},
+			[]string{"node gh200-1 (linux/arm64)", "exec format error", "the image lacks linux/arm64"}},
 		{"a wrong pull secret", []runtime.Object{gpuNode("h100-1", "amd64"), ds("amd64", "arm64"),
 			nodePod("h100-1", false, waiting("agent", "ImagePullBackOff", "401 Unauthorized"))},
-			[]string{"node h100-1 (amd64)", "401 Unauthorized", "imagePullSecrets"}},
+			[]string{"node h100-1 (linux/amd64)", "401 Unauthorized", "imagePullSecrets"}},
 		{"an architecture left out", []runtime.Object{gpuNode("a", "amd64"), gpuNode("p9", "ppc64le"), ds("amd64", "arm64"), nodePod("a", false, running)},
 			[]string{"p9 (ppc64le) get no nvdomain node pod", "node.architectures is [amd64, arm64]"}},
 		{"no architecture requirement: no node is left out", []runtime.Object{gpuNode("p9", "ppc64le"), ds()}, nil},
+		{"domains left behind by a node pod that is gone", []runtime.Object{published(gpuNode("gh200-2", "arm64")), ds("amd64")},
+			[]string{"node(s) gh200-2 carry nvdomain's domain labels", "run no nvdomain node pod"}},
+		{"a node without the GPU label: its platform unnamed", []runtime.Object{&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "x"}}, ds("amd64", "arm64"),
+			nodePod("x", false, waiting("agent", "ErrImagePull", "no match for platform in manifest"))},
+			[]string{"node x (the node's platform)", "the image lacks the node's platform"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := nodePodWarnings(context.Background(), fake.NewClientset(tc.objects...), func(string) bool { return true })
+			got := nodePodWarnings(context.Background(), fake.NewClientset(tc.objects...), names.Default(), func(string) bool { return true })
 			if len(tc.want) == 0 {
 				if len(got) != 0 {
 					t.Fatalf("warnings %q, want none", got)

@@ -182,15 +182,19 @@ func RootFS(ctx context.Context, o Options, dir string) error {
 	}
 	var sbom sbomBuilder
 	libs := map[string]string{} // path in the image -> file on this machine
+	if err := o.buildAll(ctx, plat, dir); err != nil {
+		return err
+	}
 	for _, b := range Binaries() {
 		path := filepath.Join(dir, b.Name)
-		if err := o.build(ctx, b, plat, path); err != nil {
-			return err
-		}
 		if err := sbom.addBinary(b.Name, path); err != nil {
 			return err
 		}
 		if !b.CGO {
+			// The hook runs on the host (runc), whose libc is unknown: it must stay static.
+			if interp, err := interpreter(path); err != nil || interp != "" {
+				return fmt.Errorf("image: %s must be a static binary (it runs outside the image), but it names the loader %q (%v): a package it imports now uses cgo", b.Name, interp, err)
+			}
 			continue
 		}
 		if err := sharedLibs(path, plat, libs); err != nil {
@@ -227,24 +231,51 @@ func RootFS(ctx context.Context, o Options, dir string) error {
 	return nil
 }
 
-func (o Options) build(ctx context.Context, b Binary, plat platform, out string) error {
+// buildAll builds every binary of the image into dir with one go build. One invocation with
+// one configuration compiles each shared package once (the webhook, the CLI and the agent share
+// most of client-go) and links the binaries side by side: cgo on, for go-nvml, and the pure-Go
+// resolver and user lookup (netgo, osusergo), so a binary that imports no cgo package links
+// internally into a static executable, as the hook must be (RootFS checks it).
+func (o Options) buildAll(ctx context.Context, plat platform, dir string) error {
 	ldflags := "-s -w " + version.LinkerFlag(o.Version)
-	cmd := exec.CommandContext(ctx, o.goCmd(), "build", "-trimpath", "-buildvcs=false", "-ldflags", ldflags, "-o", out, b.Package)
-	cmd.Dir = o.ModuleDir
-	cmd.Env = append(os.Environ(), "CGO_CFLAGS=-O2 -g -Wno-deprecated-declarations", "GOOS=linux", "GOARCH="+plat.arch)
-	if b.CGO {
-		cmd.Env = append(cmd.Env, "CGO_ENABLED=1")
-		if plat.cc != "" {
-			cmd.Env = append(cmd.Env, "CC="+plat.cc)
-		}
-	} else {
-		cmd.Env = append(cmd.Env, "CGO_ENABLED=0")
+	args := []string{"build", "-trimpath", "-buildvcs=false", "-tags", BuildTags, "-ldflags", ldflags, "-o", dir + string(filepath.Separator)}
+	for _, b := range Binaries() {
+		args = append(args, b.Package)
 	}
-	o.Log.V(1).Info("go build", "package", b.Package, "cgo", b.CGO, "arch", plat.arch)
+	cmd := exec.CommandContext(ctx, o.goCmd(), args...)
+	cmd.Dir = o.ModuleDir
+	cmd.Env = append(os.Environ(), "CGO_CFLAGS=-O2 -g -Wno-deprecated-declarations", "GOOS=linux", "GOARCH="+plat.arch, "CGO_ENABLED=1")
+	if plat.cc != "" {
+		cmd.Env = append(cmd.Env, "CC="+plat.cc)
+	}
+	o.Log.V(1).Info("go build", "arch", plat.arch)
 	if msg, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("image: go build %s for %s: %w\n%s", b.Package, plat.arch, err, msg)
+		return fmt.Errorf("image: go build for %s: %w\n%s", plat.arch, err, msg)
 	}
 	return nil
+}
+
+// BuildTags are the build tags of the image's binaries (buildAll); a build that wants to share
+// their compiled packages (the demo's) uses the same.
+const BuildTags = "netgo,osusergo"
+
+// interpreter is the ELF loader a binary names (PT_INTERP), "" for a static one.
+func interpreter(bin string) (string, error) {
+	f, err := elf.Open(bin)
+	if err != nil {
+		return "", fmt.Errorf("image: read %s: %w", bin, err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			b := make([]byte, p.Filesz)
+			if _, err := p.ReadAt(b, 0); err != nil {
+				return "", fmt.Errorf("image: read %s's loader: %w", bin, err)
+			}
+			return strings.TrimRight(string(b), "\x00"), nil
+		}
+	}
+	return "", nil
 }
 
 // sharedLibs adds to libs the dynamic loader and the shared libraries a binary needs, and

@@ -329,7 +329,7 @@ func TestBuildContents(t *testing.T) {
 			} else {
 				qemu, err := exec.LookPath(ld.qemu)
 				if err != nil {
-					t.Fatalf("running the %s binaries needs %s (Debian: apt-get install qemu-user-static; make host-deps installs it): %v", arch, ld.qemu, err)
+					t.Fatalf("running the %s binaries needs %s (Debian: apt-get install qemu-user-static; make cross-deps installs it): %v", arch, ld.qemu, err)
 				}
 				// -L: the loader and every library come from the image's root, at the paths
 				// the loader searches by default.

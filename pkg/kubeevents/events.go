@@ -48,6 +48,19 @@ func Cap(msg string) string {
 	return msg[:cut] + capSuffix
 }
 
+// CapTo returns msg cut to at most n bytes, on a rune boundary, ending in "…" when cut: for
+// the first part of a message whose end must survive Cap.
+func CapTo(msg string, n int) string {
+	if len(msg) <= n {
+		return msg
+	}
+	cut := max(n-len("…"), 0)
+	for cut > 0 && !utf8.RuneStart(msg[cut]) {
+		cut--
+	}
+	return msg[:cut] + "…"
+}
+
 // Event is what to record and about which object.
 type Event struct {
 	Object    corev1.ObjectReference

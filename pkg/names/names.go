@@ -340,6 +340,7 @@ const (
 	topologyStale      = "topology-stale"
 	uninstallSuffix    = "uninstall"
 	failOpen           = "nri-fail-open"
+	failClosedProven   = "fail-closed-proven"
 	uninstallDrained   = "uninstall-drained"
 	topologyMismatch   = "topology-mismatch"
 	topologySuffix     = "topology"
@@ -411,6 +412,14 @@ func (n Names) ParseDomainGPUsAnnotation(key string) (id int, ok bool) {
 
 // TopologyAnnotation is the node annotation holding the full topology as JSON.
 func (n Names) TopologyAnnotation() string { return n.label(topologySuffix) }
+
+// FailClosedProvenAnnotation is on a node while a canary refused there proves it fail-closed,
+// with the node's boot ID then as its value: with node.requireFailClosed only such a node
+// offers domain room. The NvdomainFailClosed condition says what the last canary found, which
+// may be Unknown after a proof; this says whether the proof stands, across agent restarts,
+// and not across a reboot or a reimage (another boot ID), after which the node waits for its
+// own canary again.
+func (n Names) FailClosedProvenAnnotation() string { return n.label(failClosedProven) }
 
 // Extended resources.
 

@@ -11,6 +11,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,6 +26,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
@@ -53,6 +55,8 @@ const (
 	 {"name":"split","nodeSelector":{"karpenter.sh/nodepool":"split"},"gpuCount":8,"product":"NVIDIA H100 80GB HBM3","domains":[{"gpus":[0,1,2,3]},{"gpus":[4,5,6,7]}]},
 	 {"name":"reserved","nodeSelector":{"karpenter.sh/nodepool":"reserved"},"gpuCount":8,"domains":[{"gpus":[0,1,2,3,4,5,6,7]}]}]}`
 	ns = "inference"
+	// release names the canary's pods and ServiceAccount, as the chart's release does.
+	release = "nvdomain"
 )
 
 func TestKarpenterScalesAPoolFromZeroForTPPods(t *testing.T) {
@@ -102,11 +106,18 @@ func TestKarpenterScalesAPoolFromZeroForTPPods(t *testing.T) {
 	hacluster.ApplyYAML(ctx, t, dyn, string(overlays))
 
 	kwokConfig := filepath.Join(c.LogDir, "kwok.yaml")
-	if err := os.WriteFile(kwokConfig, []byte(scale.KwokStages(time.Hour)), 0o644); err != nil {
+	// Each node's containerd refuses the fail-closed canary 3 s after the agent creates it: until
+	// then the node is not proven, and must offer no room.
+	if err := os.WriteFile(kwokConfig, []byte(scale.KwokStagesWithCanary(time.Hour, 3*time.Second)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The canary's ServiceAccount (no RBAC), as the chart creates it.
+	if _, err := c.Client.CoreV1().ServiceAccounts(hacluster.Namespace).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: release + "-canary", Namespace: hacluster.Namespace}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	c.StartProcess("kwok", filepath.Join(kwokDir, "kwok"), "--kubeconfig="+c.Kubeconfig, "--manage-all-nodes", "--config="+kwokConfig, "--node-ip=192.0.2.200")
 	nodeSide := startNodeSide(ctx, t, c, agentBin)
+	proof := watchProof(ctx, c, nodeSide)
 	c.StartProcessEnv("karpenter", filepath.Join(karpDir, "karpenter-kwok"), []string{
 		"KUBECONFIG=" + c.Kubeconfig, "SYSTEM_NAMESPACE=kube-system", "DISABLE_LEADER_ELECTION=true",
 		"FEATURE_GATES=NodeOverlay=true", "METRICS_PORT=18090", "HEALTH_PROBE_PORT=18091",
@@ -210,6 +221,37 @@ func TestKarpenterScalesAPoolFromZeroForTPPods(t *testing.T) {
 		t.Logf("pod %s: created → scheduled %s, node %s, domain %d", p.Name, scheduled[p.Name].Round(time.Millisecond), nd.Name, d)
 	}
 	report := map[string]any{"createdToScheduled": scheduled, "nodes": nodeSide.count()}
+
+	// requireFailClosed on a fresh node: it offered room only once its canary was refused, it
+	// was seen published without room before that, and Karpenter initialized its NodeClaim
+	// (which waits for the pod's domain resource on the node) only after the proof.
+	if v := proof.violations(); len(v) > 0 {
+		t.Fatalf("nodes offered domain room before they were proven fail-closed: %v", v)
+	}
+	for _, p := range pods {
+		if !proof.withheld(p.Spec.NodeName) {
+			t.Errorf("node %s was never seen published with its room withheld before its canary was refused", p.Spec.NodeName)
+		}
+		nd, err := c.Client.CoreV1().Nodes().Get(ctx, p.Spec.NodeName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		proven := conditionTime(nd.Status.Conditions, names.ConditionFailClosed, corev1.ConditionTrue)
+		initialized := nodeClaimInitialized(ctx, t, dyn, nd.Name)
+		if proven.IsZero() || initialized.IsZero() || initialized.Before(proven) {
+			t.Errorf("node %s: proven fail-closed at %v, its NodeClaim initialized at %v; want initialized after the proof", nd.Name, proven, initialized)
+		}
+		var bound time.Time
+		for _, pc := range p.Status.Conditions {
+			if pc.Type == corev1.PodScheduled && pc.Status == corev1.ConditionTrue {
+				bound = pc.LastTransitionTime.Time
+			}
+		}
+		if bound.IsZero() || bound.Before(proven) {
+			t.Errorf("pod %s was bound to node %s at %v, before the node was proven fail-closed at %v", p.Name, nd.Name, bound, proven)
+		}
+	}
+	report["provenToRoom"] = proof.delays()
 
 	// status and explain say which pod waits for which pool.
 	var st struct {
@@ -382,6 +424,12 @@ type nodeSide struct {
 	started map[string]bool
 }
 
+func (s *nodeSide) has(node string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.started[node]
+}
+
 func (s *nodeSide) count() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -411,16 +459,30 @@ func startNodeSide(ctx context.Context, t *testing.T, c *hacluster.Cluster, agen
 				if seen || nd.Labels["karpenter.sh/nodepool"] == "" {
 					continue
 				}
-				patch := []byte(`{"status":{"capacity":{"nvidia.com/gpu":"8"},"allocatable":{"nvidia.com/gpu":"8"}}}`)
+				// Karpenter's kwok provider creates the Node with the NodeClaim's capacity, the
+				// NodeOverlay's domain resources included; a kubelet registers only what its
+				// device plugins advertise, so those go (null in a merge patch).
+				gone := map[string]any{}
+				for res := range nd.Status.Capacity {
+					if _, ok := n.ParseDomainResource(string(res)); ok {
+						gone[string(res)] = nil
+					}
+				}
+				capacity := map[string]any{"nvidia.com/gpu": "8"}
+				maps.Copy(capacity, gone)
+				patch, _ := json.Marshal(map[string]any{"status": map[string]any{"capacity": capacity, "allocatable": capacity}})
 				if _, err := c.Client.CoreV1().Nodes().PatchStatus(ctx, nd.Name, patch); err != nil {
 					continue
 				}
 				s.mu.Lock()
 				s.started[nd.Name] = true
 				s.mu.Unlock()
+				// With the fail-closed canary and node.requireFailClosed, as the chart runs it.
 				c.StartProcess("agent-"+nd.Name, agentBin, "--node-name="+nd.Name, "--source=simulated",
 					"--configmap="+hacluster.Namespace+"/nvdomain-topology", "--kubeconfig="+c.Kubeconfig,
-					"--probe-bind-address=", "--nri-state-file=", "--period=5s", "--require-fail-closed=false")
+					"--probe-bind-address=", "--nri-state-file=", "--period=5s",
+					"--release="+release, "--namespace="+hacluster.Namespace, "--canary-image=registry.invalid/nvdomain:canary",
+					"--canary-timeout=1m", "--require-fail-closed=true")
 			}
 		}
 	}()
@@ -481,4 +543,119 @@ func (w *warningRecorder) find(sub string) string {
 		}
 	}
 	return ""
+}
+
+// proofWatch follows every Karpenter node from the test's side: whether it ever offered
+// domain room while its NvdomainFailClosed condition was not True (a violation), whether it
+// was seen published with no room first, and how long after the proof its room appeared.
+type proofWatch struct {
+	mu       sync.Mutex
+	bad      []string
+	unproven map[string]bool      // published (domain count label) with no room, not proven
+	provenAt map[string]time.Time // first seen True
+	roomAt   map[string]time.Time // first seen with room
+}
+
+func watchProof(ctx context.Context, c *hacluster.Cluster, side *nodeSide) *proofWatch {
+	w := &proofWatch{unproven: map[string]bool{}, provenAt: map[string]time.Time{}, roomAt: map[string]time.Time{}}
+	go func() {
+		for ctx.Err() == nil {
+			l, err := c.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+			if err == nil {
+				now := time.Now()
+				w.mu.Lock()
+				for _, nd := range l.Items {
+					// From the moment the node's kubelet (nodeSide) registered it.
+					if nd.Labels["karpenter.sh/nodepool"] == "" || !side.has(nd.Name) {
+						continue
+					}
+					var room int64
+					for name, q := range nd.Status.Allocatable {
+						if _, ok := n.ParseDomainResource(string(name)); ok {
+							room += q.Value()
+						}
+					}
+					proven := !conditionTime(nd.Status.Conditions, names.ConditionFailClosed, corev1.ConditionTrue).IsZero()
+					if proven {
+						if _, ok := w.provenAt[nd.Name]; !ok {
+							w.provenAt[nd.Name] = now
+						}
+					}
+					switch {
+					case room > 0 && !proven:
+						w.bad = append(w.bad, fmt.Sprintf("%s: room %d, %s not True", nd.Name, room, names.ConditionFailClosed))
+					case room > 0:
+						if _, ok := w.roomAt[nd.Name]; !ok {
+							w.roomAt[nd.Name] = now
+						}
+					case !proven && nd.Labels[n.DomainCountLabel()] != "" && nd.Annotations[n.TopologyAnnotation()] != "":
+						w.unproven[nd.Name] = true // published by the agent, without room
+					}
+				}
+				w.mu.Unlock()
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
+	return w
+}
+
+func (w *proofWatch) violations() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.bad)
+}
+
+func (w *proofWatch) withheld(node string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.unproven[node]
+}
+
+func (w *proofWatch) delays() map[string]string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := map[string]string{}
+	for node, at := range w.roomAt {
+		out[node] = at.Sub(w.provenAt[node]).Round(100 * time.Millisecond).String()
+	}
+	return out
+}
+
+// conditionTime is when a Node condition of this type last turned to status; zero when it
+// does not have that status.
+func conditionTime(conds []corev1.NodeCondition, typ string, status corev1.ConditionStatus) time.Time {
+	for _, c := range conds {
+		if string(c.Type) == typ && c.Status == status {
+			return c.LastTransitionTime.Time
+		}
+	}
+	return time.Time{}
+}
+
+// nodeClaimInitialized is when Karpenter marked the NodeClaim of node Initialized.
+func nodeClaimInitialized(ctx context.Context, t *testing.T, dyn dynamic.Interface, node string) time.Time {
+	t.Helper()
+	claims, err := dyn.Resource(schema.GroupVersionResource{Group: "karpenter.sh", Version: "v1", Resource: "nodeclaims"}).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cl := range claims.Items {
+		if name, _, _ := unstructured.NestedString(cl.Object, "status", "nodeName"); name != node {
+			continue
+		}
+		conds, _, _ := unstructured.NestedSlice(cl.Object, "status", "conditions")
+		for _, c := range conds {
+			m, _ := c.(map[string]any)
+			if m["type"] == "Initialized" && m["status"] == "True" {
+				ts, _ := m["lastTransitionTime"].(string)
+				at, err := time.Parse(time.RFC3339, ts)
+				if err != nil {
+					t.Fatalf("NodeClaim %s: Initialized at %q: %v", cl.GetName(), ts, err)
+				}
+				return at
+			}
+		}
+	}
+	return time.Time{}
 }

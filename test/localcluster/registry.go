@@ -42,15 +42,11 @@ func StartRegistry(ctx context.Context) (r *Registry, err error) {
 	if err != nil {
 		return nil, err
 	}
-	port, err := freePort()
-	if err != nil {
-		return nil, err
-	}
 	pw := make([]byte, 12)
 	if _, err := rand.Read(pw); err != nil {
 		return nil, err
 	}
-	r = &Registry{Host: fmt.Sprintf("127.0.0.1:%d", port), User: "nvdomain-pull", Password: hex.EncodeToString(pw), exited: make(chan struct{})}
+	r = &Registry{User: "nvdomain-pull", Password: hex.EncodeToString(pw)}
 	if r.dir, err = os.MkdirTemp("/tmp", "nvdreg"); err != nil {
 		return nil, err
 	}
@@ -66,6 +62,22 @@ func StartRegistry(ctx context.Context) (r *Registry, err error) {
 	if err := os.WriteFile(filepath.Join(r.dir, "htpasswd"), []byte(r.User+":"+string(hash)+"\n"), 0o600); err != nil {
 		return r, err
 	}
+	// freePort's port may be taken before the registry binds it: a registry that exits while
+	// starting is tried again on another port.
+	for try := 1; ; try++ {
+		if err = r.serve(ctx, out); err == nil || try == 3 {
+			return r, err
+		}
+	}
+}
+
+// serve starts the registry on a free port and waits until it answers.
+func (r *Registry) serve(ctx context.Context, bin string) error {
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	r.Host = fmt.Sprintf("127.0.0.1:%d", port)
 	cfg := fmt.Sprintf(`version: 0.1
 log:
   level: info
@@ -80,24 +92,33 @@ auth:
     path: %[1]s/htpasswd
 `, r.dir, r.Host)
 	if err := os.WriteFile(filepath.Join(r.dir, "config.yml"), []byte(cfg), 0o644); err != nil {
-		return r, err
+		return err
 	}
 	logf, err := os.Create(filepath.Join(r.dir, "registry.log"))
 	if err != nil {
-		return r, err
+		return err
 	}
 	defer logf.Close()
-	r.cmd = exec.Command(filepath.Join(out, "registry"), "serve", filepath.Join(r.dir, "config.yml"))
+	r.cmd = exec.Command(filepath.Join(bin, "registry"), "serve", filepath.Join(r.dir, "config.yml"))
 	r.cmd.Stdout, r.cmd.Stderr = logf, logf
 	// The registry's OpenTelemetry exporter would otherwise dial an OTLP collector.
 	r.cmd.Env = append(os.Environ(), "OTEL_SDK_DISABLED=true", "OTEL_TRACES_EXPORTER=none", "OTEL_METRICS_EXPORTER=none", "OTEL_LOGS_EXPORTER=none")
 	r.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := r.cmd.Start(); err != nil {
-		return r, fmt.Errorf("start the registry: %w", err)
+		return fmt.Errorf("start the registry: %w", err)
 	}
-	go func() { _ = r.cmd.Wait(); close(r.exited) }()
-	// Up when /v2/ answers, with 401: credentials are required.
+	exited := make(chan struct{})
+	r.exited = exited
+	go func() { _ = r.cmd.Wait(); close(exited) }()
+	// Up when /v2/ answers with 401 (credentials required); down for good when it exits.
+	gone := false
 	err = waitUntil(ctx, 30*time.Second, "the registry to answer on "+r.Host, func() bool {
+		select {
+		case <-exited:
+			gone = true
+			return true
+		default:
+		}
 		resp, err := http.Get("http://" + r.Host + "/v2/")
 		if err != nil {
 			return false
@@ -105,10 +126,17 @@ auth:
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusUnauthorized
 	})
-	if err != nil {
-		return r, fmt.Errorf("%w; log: %s", err, r.Log())
+	if gone {
+		r.cmd = nil
+		return fmt.Errorf("the registry exited while starting on %s; log: %s", r.Host, r.Log())
 	}
-	return r, nil
+	if err != nil {
+		_ = syscall.Kill(-r.cmd.Process.Pid, syscall.SIGKILL)
+		<-exited
+		r.cmd = nil
+		return fmt.Errorf("%w; log: %s", err, r.Log())
+	}
+	return nil
 }
 
 // Stop kills the registry and removes its storage.

@@ -60,7 +60,16 @@ var stages string
 // that keep fake nodes with kwok: pods run for lifetime unless their lifetime annotation says
 // otherwise.
 func KwokStages(lifetime time.Duration) string {
-	return strings.ReplaceAll(stages, "LIFETIME_MS", strconv.FormatInt(lifetime.Milliseconds(), 10))
+	return KwokStagesWithCanary(lifetime, 0)
+}
+
+// KwokStagesWithCanary is KwokStages whose nodes refuse nvdomain's fail-closed canary after
+// canary (stages.yaml, canary-refused).
+func KwokStagesWithCanary(lifetime, canary time.Duration) string {
+	return strings.NewReplacer("LIFETIME_MS", strconv.FormatInt(lifetime.Milliseconds(), 10),
+		"CANARY_MS", strconv.FormatInt(canary.Milliseconds(), 10),
+		// The annotation containerd's validator reads for the canary's container.
+		"CANARY_ANNOTATION", names.RequiredPluginsAnnotation+names.RequiredPluginsContainerInfix+"canary").Replace(stages)
 }
 
 // TPSizes are the pod sizes of Config.Mix, in order.

@@ -52,7 +52,9 @@ build_k8s() {
     grep -E '^\s*k8s.io/[^ ]+ => ./staging/src/' "$gomod" | awk -v v="$staging" '{print "replace " $1 " => " $1 " " v}'
   } >"$mod/go.mod"
   (cd "$mod" && go mod tidy >/dev/null)
-  local ldf=""
+  # -s -w: no symbol table or DWARF, which the tiers never read (profiles are symbolized from
+  # the runtime's own tables); the linker's DWARF pass is a large share of each binary's link.
+  local ldf="-s -w"
   for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ldf+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
   done
@@ -80,7 +82,7 @@ replace (
 	go.etcd.io/etcd/pkg/v3 => go.etcd.io/etcd/pkg/v3 $ETCD_VERSION
 )
 GOMOD
-  (cd "$mod" && go mod tidy >/dev/null && CGO_ENABLED=0 go build -trimpath -o "$OUT/etcd" go.etcd.io/etcd/server/v3)
+  (cd "$mod" && go mod tidy >/dev/null && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$OUT/etcd" go.etcd.io/etcd/server/v3)
 }
 
 start=$(date +%s)

@@ -91,7 +91,7 @@ host-deps:
 # For the other half of the two-platform release image: the cross C toolchain its cgo binaries
 # are built with, and qemu-user, which runs them in pkg/image's test. The demo and the e2e
 # build this machine's platform only, and skip it.
-cross-deps:
+cross-deps: host-deps
 	@if ! command -v $(CROSS_CC) >/dev/null || ! dpkg -s $(lastword $(CROSS_PKGS)) >/dev/null 2>&1 || ! command -v $(CROSS_QEMU) >/dev/null; then \
 		echo "installing the cross toolchain and qemu-user for the release image's other platform"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(CROSS_PKGS) qemu-user-static; \
@@ -167,7 +167,7 @@ $(STATICCHECK):
 staticcheck: $(STATICCHECK)
 	$(STATICCHECK) -tags e2e ./...
 
-cover:
+cover: cross-deps
 	$(GO) test -count=1 -cover ./pkg/...
 
 ## bench: every benchmark in one run (about 6 minutes): placement quality by simulation,

@@ -277,8 +277,7 @@ func (a *Agent) loaded(ctx context.Context, top *topology.Topology) {
 func (a *Agent) publish(ctx context.Context) error {
 	mismatch := a.pluginTopology != "" && a.pluginTopology != a.lastGood.Fingerprint()
 	d, err := Desire(a.o.Names, a.lastGood, a.unpinned, Health{Stale: a.stale, Mismatch: mismatch, FailOpen: a.failOpen,
-		Unproven: a.o.Canary.Image != "" && !a.proven, WithholdCapacity: a.o.Canary.WithholdCapacity,
-		Proven: a.o.Canary.Image != "" && a.proven, BootID: a.bootID})
+		Unproven: a.o.Canary.Image != "" && !a.proven, WithholdCapacity: a.o.Canary.WithholdCapacity, Proof: a.proof()})
 	if err != nil {
 		return err
 	}
@@ -573,6 +572,12 @@ func (a *Agent) applyCanary(ctx context.Context, r CanaryResult) {
 	case corev1.ConditionFalse:
 		proven = false
 	}
+	if proven && a.bootID == "" {
+		// The start could not read the Node: the proof needs this boot's ID.
+		if node, err := a.o.Client.CoreV1().Nodes().Get(ctx, a.o.Node, metav1.GetOptions{}); err == nil {
+			a.bootID = node.Status.NodeInfo.BootID
+		}
+	}
 	if proven != a.proven {
 		a.proven = proven
 		if failOpen == a.failOpen {
@@ -598,13 +603,25 @@ func (a *Agent) applyCanary(ctx context.Context, r CanaryResult) {
 	}
 }
 
+// proof is the FailClosedProvenAnnotation value to publish: the boot ID while a canary proves
+// the node, names.NotProven otherwise (no canary, not proven, or no boot ID to tie a proof
+// to: a proof must never survive a reboot).
+func (a *Agent) proof() string {
+	if a.o.Canary.Image != "" && a.proven && a.bootID != "" {
+		return a.bootID
+	}
+	return names.NotProven
+}
+
 // seedFailOpen takes the last canary's verdict from the Node: a restarted agent must not
 // publish room on a node its predecessor found failing open, before its own canary decides.
 // It also takes the proof (FailClosedProvenAnnotation) its predecessor wrote during this boot,
 // so an upgrade, a crash loop or a restart after an undecided canary takes no room away; a
 // fresh node has none, and a rebooted or reimaged one has another boot ID, so both wait for
-// their own canary. A node whose NvdomainFailClosed is True but carries no proof was proven by
-// a release that did not write one, and keeps its room as it did then.
+// their own canary. This release always writes the annotation (names.NotProven while not
+// proven, with or without a canary), so a node whose NvdomainFailClosed is True but that
+// carries no annotation at all was last published by a release that did not write one: it
+// was proven then, and keeps its room.
 func (a *Agent) seedFailOpen(ctx context.Context) {
 	if a.o.Canary.Image == "" {
 		return
@@ -636,7 +653,7 @@ func (a *Agent) seedFailOpen(ctx context.Context) {
 			a.proven = !hasProof
 		}
 	}
-	if hasProof && proof == a.bootID && !a.failOpen {
+	if hasProof && a.bootID != "" && proof == a.bootID && !a.failOpen {
 		a.proven = true
 	}
 }

@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/utils/ptr"
 
 	"github.com/nvdomain/nvdomain/pkg/kubeevents"
 	"github.com/nvdomain/nvdomain/pkg/names"
@@ -326,8 +327,12 @@ func TestAFreshNodeOffersRoomOnlyOnceProven(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	a := New(opts)
 	go a.Run(ctx)
-	// Published, canary pending (no kubelet answers yet): no room.
+	// Published, canary pending (no kubelet answers yet): no room, and the annotation says
+	// not proven (always written, so that its absence means an older release).
 	waitRoom(0)
+	if node, _ := client.CoreV1().Nodes().Get(ctx, "gpu-node01", metav1.GetOptions{}); node.Annotations[n.FailClosedProvenAnnotation()] != names.NotProven {
+		t.Errorf("annotations %v: want %s=%s on a node not proven", node.Annotations, n.FailClosedProvenAnnotation(), names.NotProven)
+	}
 	time.Sleep(300 * time.Millisecond)
 	if r, _ := room(); r != 0 {
 		t.Fatalf("room %d before any canary was decided, want 0", r)
@@ -372,8 +377,8 @@ func TestAFreshNodeOffersRoomOnlyOnceProven(t *testing.T) {
 	go New(opts).Run(ctx3)
 	waitRoom(0)
 	node, _ = client.CoreV1().Nodes().Get(context.Background(), "gpu-node01", metav1.GetOptions{})
-	if _, ok := node.Annotations[n.FailClosedProvenAnnotation()]; ok {
-		t.Errorf("annotations %v: the proof of another boot must be removed", node.Annotations)
+	if v := node.Annotations[n.FailClosedProvenAnnotation()]; v != names.NotProven {
+		t.Errorf("annotations %v: the proof of another boot must give way to %s=%s", node.Annotations, n.FailClosedProvenAnnotation(), names.NotProven)
 	}
 }
 
@@ -394,6 +399,43 @@ func TestPullFailureMessageKeepsTheCause(t *testing.T) {
 			m := pullFailureMessage(tc.o, tc.failure)
 			if len(m) > kubeevents.MaxMessage || !strings.HasSuffix(m, "401 Unauthorized") || !strings.HasPrefix(m, "the canary's image") {
 				t.Errorf("message (%d bytes) %q: want at most %d bytes, the fix first and the kubelet's cause last", len(m), m, kubeevents.MaxMessage)
+			}
+		})
+	}
+}
+
+// TestTheProofIsTrustedOnlyFromItsOwnBoot: the seed takes room from a proof only when it names
+// this boot, and from a True condition only when no annotation is there at all (a node last
+// published by a release that wrote none); a True left over from before the canary was turned
+// off (annotation "no") proves nothing.
+func TestTheProofIsTrustedOnlyFromItsOwnBoot(t *testing.T) {
+	n := names.Default()
+	trueCond := []corev1.NodeCondition{{Type: names.ConditionFailClosed, Status: corev1.ConditionTrue, Reason: "CanaryRefused"}}
+	for _, tc := range []struct {
+		name       string
+		boot       string
+		annotation *string
+		conds      []corev1.NodeCondition
+		want       bool
+	}{
+		{"this boot's proof", "b1", ptr.To("b1"), nil, true},
+		{"another boot's proof", "b2", ptr.To("b1"), trueCond, false},
+		{"not proven, True left from before the canary was off", "b1", ptr.To(names.NotProven), trueCond, false},
+		{"an older release's True, no annotation", "b1", nil, trueCond, true},
+		{"a fresh node", "b1", nil, nil, false},
+		{"no boot ID: a proof cannot be tied to a boot", "", ptr.To(""), nil, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-node01", Annotations: map[string]string{}},
+				Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{BootID: tc.boot}, Conditions: tc.conds}}
+			if tc.annotation != nil {
+				node.Annotations[n.FailClosedProvenAnnotation()] = *tc.annotation
+			}
+			a := New(Options{Names: n, Node: "gpu-node01", Client: fake.NewClientset(node), Log: logr.Discard(), Metrics: newMetrics(),
+				Canary: CanaryOptions{Image: "ghcr.io/nvdomain/nvdomain:v1", WithholdCapacity: true}})
+			a.seedFailOpen(context.Background())
+			if a.proven != tc.want {
+				t.Errorf("proven %v, want %v", a.proven, tc.want)
 			}
 		})
 	}

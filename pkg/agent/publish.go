@@ -46,10 +46,10 @@ type Health struct {
 	// room too, so a tensor-parallel pod never lands on a node before it is proven
 	// fail-closed, and an autoscaler's node is initialized only once it is.
 	FailOpen, Unproven, WithholdCapacity bool
-	// Proven writes FailClosedProvenAnnotation with BootID, the proof a restarted agent finds
-	// (seedFailOpen); without it the annotation is removed.
-	Proven bool
-	BootID string
+	// Proof is the value of FailClosedProvenAnnotation: the node's boot ID while a canary
+	// refused during this boot proves it, names.NotProven otherwise. It is always written, so
+	// a node without it was last published by a release that did not write it (seedFailOpen).
+	Proof string
 }
 
 // Desire computes the node's labels, annotations and capacity. unpinned[d] is the GPUs of
@@ -82,8 +82,8 @@ func Desire(n names.Names, top *topology.Topology, unpinned map[int]int, h Healt
 		return Desired{}, fmt.Errorf("encode topology: %w", err)
 	}
 	d.Annotations[n.TopologyAnnotation()] = string(doc)
-	if h.Proven {
-		d.Annotations[n.FailClosedProvenAnnotation()] = h.BootID
+	if h.Proof != "" {
+		d.Annotations[n.FailClosedProvenAnnotation()] = h.Proof
 	}
 	return d, nil
 }

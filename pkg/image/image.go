@@ -193,7 +193,7 @@ func RootFS(ctx context.Context, o Options, dir string) error {
 		if !b.CGO {
 			// The hook runs on the host (runc), whose libc is unknown: it must stay static.
 			if interp, err := interpreter(path); err != nil || interp != "" {
-				return fmt.Errorf("image: %s must be a static binary (it runs outside the image), but it names the loader %q (%v): a package it imports now uses cgo", b.Name, interp, err)
+				return fmt.Errorf("image: %s must be a static binary (the hook runs on the host, the webhook needs no libraries), but it names the loader %q (%v): a package it imports now uses cgo, or GOFLAGS asks for a dynamic build", b.Name, interp, err)
 			}
 			continue
 		}
@@ -238,6 +238,7 @@ func RootFS(ctx context.Context, o Options, dir string) error {
 // internally into a static executable, as the hook must be (RootFS checks it).
 func (o Options) buildAll(ctx context.Context, plat platform, dir string) error {
 	ldflags := "-s -w " + version.LinkerFlag(o.Version)
+	// -o dir/ names each binary after its package's directory, which is each Binary's Name.
 	args := []string{"build", "-trimpath", "-buildvcs=false", "-tags", BuildTags, "-ldflags", ldflags, "-o", dir + string(filepath.Separator)}
 	for _, b := range Binaries() {
 		args = append(args, b.Package)

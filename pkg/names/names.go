@@ -421,6 +421,9 @@ func (n Names) TopologyAnnotation() string { return n.label(topologySuffix) }
 // own canary again.
 func (n Names) FailClosedProvenAnnotation() string { return n.label(failClosedProven) }
 
+// NotProven is FailClosedProvenAnnotation's value on a node no canary proves during this boot.
+const NotProven = "no"
+
 // Extended resources.
 
 // DomainResource is the extended resource counting the GPUs of domain id, e.g.

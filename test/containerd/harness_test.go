@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/nvdomain/nvdomain/pkg/cdispec"
+	"github.com/nvdomain/nvdomain/pkg/image"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/topology"
 	"github.com/nvdomain/nvdomain/test/hostclean"
@@ -96,11 +97,14 @@ func (n *node) cgroupParent() string { return "/" + filepath.Base(n.dir) }
 func (n *node) buildBinaries() {
 	n.pluginBin = n.path("nvdomain-nri")
 	for _, b := range []struct{ out, pkg string }{{n.pluginBin, "./cmd/nvdomain-nri"}, {n.path("pause"), "./test/images/pause"}, {n.path("nvdomain-nri-hook"), "./cmd/nvdomain-nri-hook"}} {
-		cmd := exec.Command("go", "build", "-o", b.out, b.pkg)
+		// nvdomain's binaries as the release image builds them (cgo on, netgo and osusergo,
+		// pkg/image.BuildTags): the hook comes out static, as runc on the host needs it.
+		cmd := exec.Command("go", "build", "-tags", image.BuildTags, "-o", b.out, b.pkg)
 		cmd.Dir = repoRoot()
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if b.pkg == "./cmd/nvdomain-nri" {
-			cmd.Env = os.Environ() // go-nvml needs cgo
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
+		if b.pkg == "./test/images/pause" {
+			cmd = exec.Command("go", "build", "-o", b.out, b.pkg)
+			cmd.Dir, cmd.Env = repoRoot(), append(os.Environ(), "CGO_ENABLED=0")
 		}
 		if out, err := cmd.CombinedOutput(); err != nil {
 			n.t.Fatalf("go build %s: %v\n%s", b.pkg, err, out)

@@ -86,9 +86,26 @@ type proc struct {
 	cmd  *exec.Cmd
 }
 
+// repoRoot is the repository: found from this file's path, or, in a binary built with
+// -trimpath (the demo's, which shares the image build's packages) where that path is the
+// module's import path, from the working directory up to the go.mod.
 func repoRoot() string {
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+	if filepath.IsAbs(file) {
+		return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+	}
+	dir, err := os.Getwd()
+	if err != nil {
+		return "."
+	}
+	for d := dir; ; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			return d
+		}
+		if filepath.Dir(d) == d {
+			return dir
+		}
+	}
 }
 
 func (c *Cluster) logf(format string, args ...any) {

@@ -565,38 +565,27 @@ func (a *Agent) applyCanary(ctx context.Context, r CanaryResult) {
 	}
 	a.condition(ctx, names.ConditionFailClosed, r.Status, r.Reason, r.Message, false)
 	failOpen := r.Status == corev1.ConditionFalse
-	proven := a.proven
-	switch r.Status {
-	case corev1.ConditionTrue:
-		proven = true
-	case corev1.ConditionFalse:
-		proven = false
-	}
-	if proven && a.bootID == "" {
+	// Unknown leaves the proof as it is; True gives it (a fresh node's domains get their room),
+	// False takes it away.
+	proven := r.Status == corev1.ConditionTrue || (a.proven && r.Status != corev1.ConditionFalse)
+	if proven && !a.proven && a.bootID == "" {
 		// The start could not read the Node: the proof needs this boot's ID.
 		if node, err := a.o.Client.CoreV1().Nodes().Get(ctx, a.o.Node, metav1.GetOptions{}); err == nil {
 			a.bootID = node.Status.NodeInfo.BootID
 		}
 	}
-	if proven != a.proven {
-		a.proven = proven
-		if failOpen == a.failOpen {
-			// The first proof of a fresh node: its domains get their room now.
-			if err := a.publish(ctx); err != nil {
-				a.o.Log.Error(err, "publish after a canary")
-			}
-			return
-		}
-	}
-	if failOpen == a.failOpen {
+	if proven == a.proven && failOpen == a.failOpen {
 		return
 	}
-	a.failOpen = failOpen
-	if failOpen {
-		a.o.Log.Info("this node is not proven fail-closed", "reason", r.Reason, "message", r.Message, "withholdCapacity", a.o.Canary.WithholdCapacity)
-		a.event(ctx, corev1.EventTypeWarning, "NRIFailOpen", r.Message)
-	} else {
-		a.event(ctx, corev1.EventTypeNormal, "NRIFailClosed", r.Message)
+	a.proven = proven
+	if failOpen != a.failOpen {
+		a.failOpen = failOpen
+		if failOpen {
+			a.o.Log.Info("this node is not proven fail-closed", "reason", r.Reason, "message", r.Message, "withholdCapacity", a.o.Canary.WithholdCapacity)
+			a.event(ctx, corev1.EventTypeWarning, "NRIFailOpen", r.Message)
+		} else {
+			a.event(ctx, corev1.EventTypeNormal, "NRIFailClosed", r.Message)
+		}
 	}
 	if err := a.publish(ctx); err != nil {
 		a.o.Log.Error(err, "publish after a canary")

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -54,6 +53,10 @@ type CanaryOptions struct {
 
 // pullReasons are the kubelet's waiting reasons for an image it cannot get.
 var pullReasons = map[string]bool{"ErrImagePull": true, "ImagePullBackOff": true, "InvalidImageName": true, "ErrImageNeverPull": true, "RegistryUnavailable": true}
+
+// IsImagePullReason says whether a container's waiting reason is the kubelet's for an image it
+// cannot get (the canary's, and kubectl nvdomain status's for the node pods).
+func IsImagePullReason(reason string) bool { return pullReasons[reason] }
 
 // CanaryResult is one canary's verdict, as the NvdomainFailClosed condition says it.
 type CanaryResult struct {
@@ -180,7 +183,7 @@ func pullFailureMessage(o CanaryOptions, failure string) string {
 	if len(head) > kubeevents.MaxMessage-causeRoom {
 		head = kubeevents.CapTo(head, kubeevents.MaxMessage-causeRoom) + "; the kubelet: "
 	}
-	return head + endOf(failure, kubeevents.MaxMessage-len(head))
+	return head + kubeevents.KeepEnd(failure, kubeevents.MaxMessage-len(head))
 }
 
 // pullSecretsPhrase names the pull secrets the canary carried, so a condition caused by a
@@ -190,18 +193,6 @@ func pullSecretsPhrase(secrets []string) string {
 		return "no imagePullSecrets"
 	}
 	return "imagePullSecrets " + strings.Join(secrets, ", ")
-}
-
-// endOf is the end of s in at most n bytes (on a rune boundary), marked as cut.
-func endOf(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	cut := len(s) - n + len("…")
-	for cut < len(s) && !utf8.RuneStart(s[cut]) {
-		cut++
-	}
-	return "…" + s[cut:]
 }
 
 // judgeCanary reads the canary pod's status: its container refused for the missing plugin

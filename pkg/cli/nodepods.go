@@ -12,18 +12,16 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/nvdomain/nvdomain/pkg/agent"
 	"github.com/nvdomain/nvdomain/pkg/names"
 )
-
-// imageReasons are the kubelet's waiting reasons for an image it cannot get.
-var imageReasons = map[string]bool{"ErrImagePull": true, "ImagePullBackOff": true, "InvalidImageName": true, "ErrImageNeverPull": true, "RegistryUnavailable": true}
 
 // nodePodWarnings names the GPU nodes nvdomain cannot serve because its own node pod cannot
 // run there: a node pod whose image the kubelet cannot pull (a mirror without the node's
 // platform, a wrong pull secret) or whose binaries the node cannot execute, and a GPU node
 // whose architecture the node DaemonSets leave out (node.architectures). Such a node publishes
 // no domains and runs no canary, so nothing else reports it. keep filters the nodes shown.
-func nodePodWarnings(ctx context.Context, c kubernetes.Interface, n names.Names, keep func(string) bool) []string {
+func nodePodWarnings(ctx context.Context, c kubernetes.Interface, n names.Names, nodes []corev1.Node, keep func(string) bool) []string {
 	pods, err := c.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{LabelSelector: names.NodePodSelector})
 	if err != nil {
 		return []string{fmt.Sprintf("cannot list nvdomain's node pods (%v): nodes whose node pod cannot run are not checked", err)}
@@ -32,14 +30,12 @@ func nodePodWarnings(ctx context.Context, c kubernetes.Interface, n names.Names,
 	served := map[string]bool{}
 	archOf := map[string]string{}  // GPU nodes
 	published := map[string]bool{} // nodes carrying nvdomain's domains
-	if nodes, err := c.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); err == nil {
-		for _, nd := range nodes.Items {
-			if nd.Labels[names.GPUPresentLabel] == "true" {
-				archOf[nd.Name] = nd.Labels[corev1.LabelArchStable]
-			}
-			if nd.Labels[n.DomainCountLabel()] != "" {
-				published[nd.Name] = true
-			}
+	for _, nd := range nodes {
+		if nd.Labels[names.GPUPresentLabel] == "true" {
+			archOf[nd.Name] = nd.Labels[corev1.LabelArchStable]
+		}
+		if nd.Labels[n.DomainCountLabel()] != "" {
+			published[nd.Name] = true
 		}
 	}
 	platform := func(node string) string {
@@ -102,9 +98,7 @@ func nodePodStuck(p *corev1.Pod) string {
 			continue
 		}
 		switch {
-		case imageReasons[w.Reason]:
-			return fmt.Sprintf("container %s: %s: %s", st.Name, w.Reason, w.Message)
-		case strings.Contains(w.Message, "exec format error"):
+		case agent.IsImagePullReason(w.Reason) || strings.Contains(w.Message, "exec format error"):
 			return fmt.Sprintf("container %s: %s: %s", st.Name, w.Reason, w.Message)
 		case w.Reason == "CrashLoopBackOff" && st.LastTerminationState.Terminated != nil &&
 			strings.Contains(st.LastTerminationState.Terminated.Message, "exec format error"):

@@ -72,7 +72,13 @@ func TestNodePodWarnings(t *testing.T) {
 			[]string{"node x (the node's platform)", "the image lacks the node's platform"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := nodePodWarnings(context.Background(), fake.NewClientset(tc.objects...), names.Default(), func(string) bool { return true })
+			var nodes []corev1.Node
+			for _, o := range tc.objects {
+				if nd, ok := o.(*corev1.Node); ok {
+					nodes = append(nodes, *nd)
+				}
+			}
+			got := nodePodWarnings(context.Background(), fake.NewClientset(tc.objects...), names.Default(), nodes, func(string) bool { return true })
 			if len(tc.want) == 0 {
 				if len(got) != 0 {
 					t.Fatalf("warnings %q, want none", got)

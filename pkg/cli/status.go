@@ -262,7 +262,7 @@ func (o *StatusOptions) Run(ctx context.Context) error {
 	list.Warnings = append(list.Warnings, classes...)
 	list.Warnings = append(list.Warnings, heldDeviceWarnings(ctx, o.client, o.Node, o.selectsNode(s))...)
 	list.Warnings = append(list.Warnings, kueueWarnings(ctx, o.client, o.names)...)
-	list.Warnings = append(list.Warnings, nodePodWarnings(ctx, o.client, o.names, o.selectsNode(s))...)
+	list.Warnings = append(list.Warnings, nodePodWarnings(ctx, o.client, o.names, s.nodes, o.selectsNode(s))...)
 	if len(list.Items) == 0 && o.Output != outputJSON {
 		if _, err := fmt.Fprintln(o.ErrOut, o.emptyMessage()); err != nil {
 			return err

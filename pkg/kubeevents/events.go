@@ -48,6 +48,19 @@ func Cap(msg string) string {
 	return msg[:cut] + capSuffix
 }
 
+// KeepEnd returns the end of msg in at most n bytes, on a rune boundary, starting with "…"
+// when cut: for a message whose cause comes last (the kubelet's pull errors).
+func KeepEnd(msg string, n int) string {
+	if len(msg) <= n {
+		return msg
+	}
+	cut := len(msg) - n + len("…")
+	for cut < len(msg) && !utf8.RuneStart(msg[cut]) {
+		cut++
+	}
+	return "…" + msg[cut:]
+}
+
 // CapTo returns msg cut to at most n bytes, on a rune boundary, ending in "…" when cut: for
 // the first part of a message whose end must survive Cap.
 func CapTo(msg string, n int) string {

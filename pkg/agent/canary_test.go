@@ -127,7 +127,7 @@ func TestCanaryWhoseImageCannotBePulledIsNotFailClosed(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	fakeCanaryKubelet(ctx, client, corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{
-		// containerd 2.2's words, as the private-registry e2e saw them: the cause is at the end.
+		// containerd 2.4.2's words, as the private-registry e2e saw them: the cause is at the end.
 		Reason: "ImagePullBackOff", Message: `Back-off pulling image "registry.corp/gpu/nvdomain:v1": ErrImagePull: failed to pull and unpack image "registry.corp/gpu/nvdomain:v1": failed to resolve image: unexpected status from HEAD request to https://registry.corp/v2/gpu/nvdomain/manifests/v1: 401 Unauthorized`}}, func(p *corev1.Pod) {
 		if len(p.Spec.ImagePullSecrets) != 1 || p.Spec.ImagePullSecrets[0].Name != "regcred" {
 			t.Errorf("canary pull secrets %v, want the release's [regcred]", p.Spec.ImagePullSecrets)

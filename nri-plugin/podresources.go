@@ -44,8 +44,11 @@ func DialPodResources(socket string) (Allocations, func() error, error) {
 	return &podResources{client: podresourcesv1.NewPodResourcesListerClient(conn), timeout: time.Second}, conn.Close, nil
 }
 
-// Allocated asks Get (GA in Kubernetes 1.36, beta and on since 1.34), else List for an older
-// kubelet.
+// Allocated asks Get (GA in Kubernetes 1.36, beta and on since 1.34), else List. An older
+// kubelet answers Get with Unimplemented (before 1.27), or, with the KubeletPodResourcesGet
+// gate off (1.27 to 1.33), with a plain error that has no code of its own ("PodResources API
+// Get method disabled"), so any error but the deadline falls back to List rather than
+// refusing every envvar GPU container on those kubelets (review node-side M5).
 func (r *podResources) Allocated(ctx context.Context, namespace, pod, container string) ([]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
@@ -53,12 +56,12 @@ func (r *podResources) Allocated(ctx context.Context, namespace, pod, container 
 	switch {
 	case err == nil:
 		return devicesOf(resp.GetPodResources(), container), nil
-	case status.Code(err) != codes.Unimplemented:
+	case ctx.Err() != nil || status.Code(err) == codes.DeadlineExceeded:
 		return nil, fmt.Errorf("kubelet PodResources Get %s/%s: %w", namespace, pod, err)
 	}
-	list, err := r.client.List(ctx, &podresourcesv1.ListPodResourcesRequest{})
-	if err != nil {
-		return nil, fmt.Errorf("kubelet PodResources List: %w", err)
+	list, lerr := r.client.List(ctx, &podresourcesv1.ListPodResourcesRequest{})
+	if lerr != nil {
+		return nil, fmt.Errorf("kubelet PodResources List (after Get %s/%s failed: %v): %w", namespace, pod, err, lerr)
 	}
 	for _, p := range list.GetPodResources() {
 		if p.GetNamespace() == namespace && p.GetName() == pod {
@@ -114,4 +117,35 @@ func (p *Plugin) unlistEnv(g Given) Given {
 	g.EnvList, g.NeutraliseEnv, g.GPUs, g.StrategyMismatch = false, g.Env, nil, false
 	g.named, g.Untouchable, g.mig = map[int]bool{}, "", false
 	return g
+}
+
+// envWithinAllocation checks that every device NVIDIA_VISIBLE_DEVICES lists (its last copy,
+// the one the toolkit reads) is one the kubelet allocated the container, when the variable is
+// the only witness of its GPUs (envvar strategy, no CDI name or mount). The kubelet's ids are
+// the device plugin's (a UUID or an index, as DEVICE_ID_STRATEGY says, the same form it writes
+// into the variable); a time-sliced replica's id carries a ::<n> suffix the variable does not.
+// A list shorter than the allocation is let through: it gives the container fewer GPUs than
+// it was counted for, which takes nothing from anyone; extra allocated ids that never appear
+// in the variable (an IMEX channel, another nvidia.com/ resource) are fine for the same reason.
+func envWithinAllocation(g Given, allocated []string) error {
+	if len(g.CDINames) > 0 || len(g.Mounts) > 0 {
+		return nil // other forms brought GPUs: the device plugin wrote those, not the pod
+	}
+	ok := map[string]bool{}
+	for _, id := range allocated {
+		id, _, _ = strings.Cut(strings.TrimSpace(id), "::")
+		ok[id] = true
+	}
+	var extra []string
+	for _, id := range strings.Split(g.Env, ",") {
+		if id = strings.TrimSpace(id); id != "" && !ok[id] {
+			extra = append(extra, id)
+		}
+	}
+	if len(extra) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%s=%s names %s, which the kubelet did not allocate to this container (its PodResources answer: %s): under the envvar strategy the variable is the grant, so a list written by the pod's env or envFrom, or by its image, would take GPUs nobody counted; "+
+		"remove %s from the pod's env and envFrom (GPUs come only from a %s request, and the device plugin writes the variable)",
+		names.VisibleDevicesEnv, g.Env, strings.Join(extra, ","), strings.Join(allocated, ","), names.VisibleDevicesEnv, names.GPUResource)
 }

@@ -5,8 +5,13 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containerd/nri/pkg/api"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/nvdomain/nvdomain/pkg/names"
 )
@@ -36,18 +41,30 @@ func TestKubeletToldGPUListsFromTheDevicePlugin(t *testing.T) {
 		kubelet   *fakeKubelet
 		pod       *api.PodSandbox
 		env       string
+		envFrom   string // a second copy, after the device plugin's; "" none
 		wantGPUs  string // assigned-gpus; "" none
 		wantEnv   string // the variable as adjusted; "" unchanged
 		wantErr   string
 		wantAsked int
 	}{
-		{"envFrom list in a container without a GPU request", &fakeKubelet{}, plain, "GPU-4,GPU-5", "", "void", "", 1},
-		{"the device plugin's list", &fakeKubelet{allocated: map[string][]string{"default/pod-p/vllm": {"GPU-0", "GPU-1"}}}, pinnedPod("p", 1, `{"vllm":2}`), "GPU-0,GPU-1", "4,5", "GPU-4,GPU-5", "", 1},
+		{"envFrom list in a container without a GPU request", &fakeKubelet{}, plain, "GPU-4,GPU-5", "", "", "void", "", 1},
+		{"the device plugin's list", &fakeKubelet{allocated: map[string][]string{"default/pod-p/vllm": {"GPU-0", "GPU-1"}}}, pinnedPod("p", 1, `{"vllm":2}`), "GPU-0,GPU-1", "", "4,5", "GPU-4,GPU-5", "", 1},
 		// Packed into the first free GPU, as every unpinned container is (account mode).
-		{"an unpinned container the kubelet gave GPUs", &fakeKubelet{allocated: map[string][]string{"default/web/c": {"GPU-6"}}}, plain, "GPU-6", "0", "GPU-0", "", 1},
-		{"the kubelet does not answer", &fakeKubelet{err: errors.New("connection refused")}, plain, "GPU-4", "", "", "PodResources", 1},
-		{"all needs no answer", &fakeKubelet{}, plain, "all", "", "void", "", 0},
-		{"void needs no answer", &fakeKubelet{}, plain, "void", "", "", "", 0},
+		{"an unpinned container the kubelet gave GPUs", &fakeKubelet{allocated: map[string][]string{"default/web/c": {"GPU-6"}}}, plain, "GPU-6", "", "0", "GPU-0", "", 1},
+		// Review node-side H1: the device plugin's copy first, the pod's envFrom copy last (the
+		// one the toolkit reads), listing every GPU of the node for a 1-GPU request, exactly
+		// what nvdomain's packing would pick so that the duplicate guard lets it through.
+		{"an envFrom list longer than the allocation", &fakeKubelet{allocated: map[string][]string{"default/web/c": {"GPU-0"}}}, plain, "GPU-0", "GPU-0,GPU-1,GPU-2,GPU-3,GPU-4,GPU-5,GPU-6,GPU-7", "", "", "names GPU-1,GPU-2,GPU-3,GPU-4,GPU-5,GPU-6,GPU-7, which the kubelet did not allocate", 1},
+		{"a list of the right length naming other GPUs", &fakeKubelet{allocated: map[string][]string{"default/web/c": {"GPU-0", "GPU-1"}}}, plain, "GPU-0,GPU-1", "GPU-6,GPU-7", "", "", "names GPU-6,GPU-7, which the kubelet did not allocate", 1},
+		{"a pinned container's copy listing its whole domain", &fakeKubelet{allocated: map[string][]string{"default/pod-p/vllm": {"GPU-0", "GPU-1"}}}, pinnedPod("p", 1, `{"vllm":4}`), "GPU-0,GPU-1", "GPU-4,GPU-5,GPU-6,GPU-7", "", "", "did not allocate", 1},
+		{"one list, not the device plugin's", &fakeKubelet{allocated: map[string][]string{"default/web/c": {"GPU-0"}}}, plain, "GPU-0,GPU-1", "", "", "", "names GPU-1, which the kubelet did not allocate", 1},
+		// Time-sliced replicas: the kubelet's ids carry ::<n>, the variable the plain UUID.
+		{"time-sliced replica ids", &fakeKubelet{allocated: map[string][]string{"default/web/c": {"GPU-3::0"}}}, plain, "GPU-3", "", "0", "GPU-0", "", 1},
+		// An IMEX channel or another nvidia.com/ device beside the GPU is not in the variable.
+		{"allocated ids the variable does not list", &fakeKubelet{allocated: map[string][]string{"default/web/c": {"GPU-2", "channel0"}}}, plain, "GPU-2", "", "0", "GPU-0", "", 1},
+		{"the kubelet does not answer", &fakeKubelet{err: errors.New("connection refused")}, plain, "GPU-4", "", "", "", "PodResources", 1},
+		{"all needs no answer", &fakeKubelet{}, plain, "all", "", "", "void", "", 0},
+		{"void needs no answer", &fakeKubelet{}, plain, "void", "", "", "", "", 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, rec, _ := newPlugin(t, envvar, func(c *Config) { c.Allocations = tc.kubelet })
@@ -55,7 +72,11 @@ func TestKubeletToldGPUListsFromTheDevicePlugin(t *testing.T) {
 			if tc.pod.Name == "pod-p" {
 				name = "vllm"
 			}
-			adj, _, err := p.CreateContainer(context.Background(), tc.pod, ctr("c1", tc.pod.Id, name, "NVIDIA_VISIBLE_DEVICES="+tc.env))
+			env := []string{"NVIDIA_VISIBLE_DEVICES=" + tc.env}
+			if tc.envFrom != "" {
+				env = append(env, "NVIDIA_VISIBLE_DEVICES="+tc.envFrom)
+			}
+			adj, _, err := p.CreateContainer(context.Background(), tc.pod, ctr("c1", tc.pod.Id, name, env...))
 			if tc.kubelet.asked != tc.wantAsked {
 				t.Errorf("kubelet asked %d times, want %d", tc.kubelet.asked, tc.wantAsked)
 			}
@@ -76,6 +97,73 @@ func TestKubeletToldGPUListsFromTheDevicePlugin(t *testing.T) {
 			}
 			if tc.wantGPUs == "" && len(rec.latest) != 0 {
 				t.Errorf("booked %+v", rec.latest)
+			}
+		})
+	}
+}
+
+// fakeLister is the kubelet's PodResources server as a client sees it: Get fails with getErr
+// (or answers), List answers every pod.
+type fakeLister struct {
+	podresourcesv1.PodResourcesListerClient
+	getErr error
+	pods   []*podresourcesv1.PodResources
+	lists  int
+}
+
+func (f *fakeLister) Get(_ context.Context, r *podresourcesv1.GetPodResourcesRequest, _ ...grpc.CallOption) (*podresourcesv1.GetPodResourcesResponse, error) {
+	if f.getErr != nil {
+		return nil, f.getErr
+	}
+	for _, p := range f.pods {
+		if p.Namespace == r.PodNamespace && p.Name == r.PodName {
+			return &podresourcesv1.GetPodResourcesResponse{PodResources: p}, nil
+		}
+	}
+	return nil, status.Errorf(codes.NotFound, "pod %s not found", r.PodName)
+}
+
+func (f *fakeLister) List(context.Context, *podresourcesv1.ListPodResourcesRequest, ...grpc.CallOption) (*podresourcesv1.ListPodResourcesResponse, error) {
+	f.lists++
+	return &podresourcesv1.ListPodResourcesResponse{PodResources: f.pods}, nil
+}
+
+// Kubelets 1.27 to 1.33 with KubeletPodResourcesGet off answer Get with a plain error (the
+// kubelet's server_v1.go returns fmt.Errorf, which gRPC sends as Unknown), and older ones with
+// Unimplemented; both must fall back to List instead of refusing every envvar GPU container.
+// A deadline is not a reason to ask again.
+func TestPodResourcesFallsBackToListWhenGetIsOff(t *testing.T) {
+	pods := []*podresourcesv1.PodResources{{Namespace: "default", Name: "web", Containers: []*podresourcesv1.ContainerResources{
+		{Name: "c", Devices: []*podresourcesv1.ContainerDevices{{ResourceName: "nvidia.com/gpu", DeviceIds: []string{"GPU-3"}}, {ResourceName: "example.com/nic", DeviceIds: []string{"nic0"}}}},
+	}}}
+	for _, tc := range []struct {
+		name      string
+		getErr    error
+		want      string
+		wantLists int
+		wantErr   string
+	}{
+		{"Get answers", nil, "GPU-3", 0, ""},
+		{"Get disabled by its feature gate", status.Error(codes.Unknown, "PodResources API Get method disabled"), "GPU-3", 1, ""},
+		{"Get unimplemented", status.Error(codes.Unimplemented, "unknown method Get"), "GPU-3", 1, ""},
+		{"Get timed out", status.Error(codes.DeadlineExceeded, "context deadline exceeded"), "", 0, "DeadlineExceeded"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := &fakeLister{getErr: tc.getErr, pods: pods}
+			r := &podResources{client: f, timeout: time.Second}
+			ids, err := r.Allocated(context.Background(), "default", "web", "c")
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want %q", err, tc.wantErr)
+				}
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			if got := strings.Join(ids, ","); got != tc.want {
+				t.Errorf("allocated %q, want %q", got, tc.want)
+			}
+			if f.lists != tc.wantLists {
+				t.Errorf("List asked %d times, want %d", f.lists, tc.wantLists)
 			}
 		})
 	}

@@ -75,9 +75,18 @@ func (p *Plugin) createContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 	}
 	p.mu.Lock()
 	g := p.readGiven(pod, ctr)
-	if allocated != nil && len(*allocated) == 0 && g.EnvList {
-		// The kubelet allocated no GPU: the list is the pod's (envFrom) or the image's.
-		g = p.unlistEnv(g)
+	if allocated != nil && g.EnvList {
+		if len(*allocated) == 0 {
+			// The kubelet allocated no GPU: the list is the pod's (envFrom) or the image's.
+			g = p.unlistEnv(g)
+		} else if err := envWithinAllocation(g, *allocated); err != nil {
+			// The kubelet allocated GPUs, but the list the toolkit reads (the last copy)
+			// names others: a pod's env or envFrom copy after the device plugin's. Honouring
+			// it would hand out GPUs that the scheduler, the quota and the kubelet never
+			// counted, so the count and ids come from the kubelet alone.
+			p.mu.Unlock()
+			return fail("env-not-allocated", err)
+		}
 	}
 	// done returns a container that gets no GPUs of nvdomain's choosing: no adjustment, or
 	// only the neutralised NVIDIA_VISIBLE_DEVICES.

@@ -219,7 +219,10 @@ func (p *Plugin) readGiven(pod *api.PodSandbox, ctr *api.Container) Given {
 		for _, d := range ctr.Linux.Devices {
 			minor, ok := gpuMinor(d)
 			if !ok {
-				if strings.HasPrefix(d.Path, "/dev/nvidia-caps") {
+				// MIG capabilities only: an IMEX channel (/dev/nvidia-caps-imex-channels/,
+				// the same prefix without the slash) comes beside whole GPUs on GB200-class
+				// nodes and reaches no GPU (review node-side M6).
+				if strings.HasPrefix(filepath.Clean(d.Path)+"/", names.MIGCapsDir) {
 					mig("capability " + d.Path)
 				}
 				continue

@@ -1066,6 +1066,40 @@ func TestOnlyNVIDIACDIKindsAreGPUs(t *testing.T) {
 	}
 }
 
+// On GB200-class nodes the device plugin adds an IMEX channel (nvidia.com/imex-channel=<n>,
+// node /dev/nvidia-caps-imex-channels/channel<n>) beside the GPUs. The channel is no MIG
+// capability and no GPU: a pinned TP container is re-selected into its domain as on any node,
+// and the channel stays (review node-side M6, where such containers were refused as MIG).
+func TestIMEXChannelsAreNeitherGPUsNorMIG(t *testing.T) {
+	for _, strategy := range []string{names.StrategyCDICRI, names.StrategyCDIAnnotations} {
+		t.Run(strategy, func(t *testing.T) {
+			p, rec, m := newPlugin(t, func(c *Config) { c.DeviceListStrategies = []string{strategy} })
+			c := given(ctr("a1", "a", "vllm"), strategy, 0, 1)
+			if strategy == names.StrategyCDICRI {
+				c.CDIDevices = append(c.CDIDevices, &api.CDIDevice{Name: "nvidia.com/imex-channel=0"})
+			} else {
+				c.Annotations["cdi.k8s.io/nvidia-device-plugin_1234"] += ",nvidia.com/imex-channel=0"
+			}
+			c.Linux.Devices = append(c.Linux.Devices, &api.LinuxDevice{Path: "/dev/nvidia-caps-imex-channels/channel0", Type: "c", Major: 234, Minor: 0})
+			adj, _, err := p.CreateContainer(context.Background(), pinnedPod("a", 1, `{"vllm":2}`), c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := adj.GetAnnotations()[n.PodAssignedGPUsAnnotation()]; got != "4,5" {
+				t.Errorf("assigned %q, want 4,5 (recorded %+v)", got, rec.assigned)
+			}
+			if testutil.ToFloat64(m.Untouched) != 0 {
+				t.Error("passed untouched, as if it held a MIG device")
+			}
+			for _, r := range adj.GetLinux().GetResources().GetDevices() {
+				if r.GetMajor().GetValue() == 234 {
+					t.Errorf("the IMEX channel was denied: %+v", r)
+				}
+			}
+		})
+	}
+}
+
 // Snapshot generations continue after the state file's, even when the wall clock stepped back
 // across the restart; otherwise the state file would refuse them until the clock caught up.
 func TestGenerationsContinueAfterTheLastWrittenOne(t *testing.T) {

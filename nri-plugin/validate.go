@@ -11,6 +11,7 @@ import (
 	"github.com/containerd/nri/pkg/api"
 	nriplugin "github.com/containerd/nri/pkg/plugin"
 	"golang.org/x/mod/semver"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/nvdomain/nvdomain/nri-plugin/devhook"
 	"github.com/nvdomain/nvdomain/pkg/cdispec"
@@ -242,23 +243,26 @@ func underVolumeMountsDir(dest string) bool {
 	return false
 }
 
-// grantsGPU says whether a CDI device gives GPUs: any device of an NVIDIA vendor (nvidia.com,
-// k8s.device-plugin.nvidia.com, management.nvidia.com, …), or of any vendor whose spec, as
-// the node's CDI directories have it, brings a GPU or DRM node.
+// grantsGPU says whether a CDI device gives GPUs: an NVIDIA GPU or MIG kind; a device of any
+// vendor whose spec, as the node's CDI directories have it, brings a GPU or DRM node; and a
+// device of another NVIDIA vendor or class (nvidia.com, k8s.device-plugin.nvidia.com,
+// management.nvidia.com, …) whose spec the plugin cannot read, except an IMEX channel,
+// which is no GPU (review node-side M6: NVIDIA's own IMEX channels were refused as grants).
 func (p *Plugin) grantsGPU(name string) bool {
 	kind, _, ok := cdispec.ParseName(name)
 	if !ok {
 		return true // not a name containerd can resolve either; refuse rather than guess
 	}
-	if p.nvidiaKind(kind) || kind.Vendor == "nvidia.com" || strings.HasSuffix(kind.Vendor, ".nvidia.com") {
+	if p.nvidiaKind(kind) {
 		return true
 	}
-	if p.cdi == nil {
-		return false
+	var dev *cdi.Device
+	if p.cdi != nil {
+		dev = p.cdi.GetDevice(name)
 	}
-	dev := p.cdi.GetDevice(name)
 	if dev == nil {
-		return false
+		nvidia := kind.Vendor == names.NVIDIACDIVendor || strings.HasSuffix(kind.Vendor, "."+names.NVIDIACDIVendor)
+		return nvidia && kind.Class != names.CDIClassIMEXChannel
 	}
 	for _, n := range append(slices.Clone(dev.ContainerEdits.DeviceNodes), dev.GetSpec().ContainerEdits.DeviceNodes...) {
 		if gpuDevice(n.Path, n.Type, n.Major, n.Minor) {

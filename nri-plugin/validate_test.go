@@ -174,6 +174,12 @@ func TestValidatorRefusesWhatThePluginDidNotDecide(t *testing.T) {
 			{Path: "/dev/accel0", Type: "c", Major: 195, Minor: 3, FileMode: &mode}}}}}}); err != nil {
 		t.Fatal(err)
 	}
+	// NVIDIA's IMEX channel spec, as nvidia-ctk writes it: one channel node, no GPU.
+	if err := cdispec.WriteFile(specs, "imex.json", &cdispecs.Spec{Version: cdispec.Version, Kind: "nvidia.com/imex-channel",
+		Devices: []cdispecs.Device{{Name: "0", ContainerEdits: cdispecs.ContainerEdits{DeviceNodes: []*cdispecs.DeviceNode{
+			{Path: "/dev/nvidia-caps-imex-channels/channel0", Type: "c", Major: 234, Minor: 0, FileMode: &mode}}}}}}); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name    string
 		v       *validation
@@ -186,6 +192,9 @@ func TestValidatorRefusesWhatThePluginDidNotDecide(t *testing.T) {
 		{"our own CDI device", newValidation("default", true).mark(self).cdi("k8s.device-plugin.nvidia.com/gpu=GPU-4", self), ""},
 		{"toolkit NRI plugin injects a GPU by UUID", newValidation("default", true).mark(self).cdi("nvidia.com/gpu=GPU-1", other), "adds CDI device nvidia.com/gpu=GPU-1"},
 		{"toolkit injects into an unpinned pod", newValidation("default", false).cdi("nvidia.com/gpu=all", other), "adds CDI device nvidia.com/gpu=all"},
+		{"another plugin adds NVIDIA's IMEX channel", newValidation("default", false).cdi("nvidia.com/imex-channel=0", other), ""},
+		{"an IMEX channel whose spec the plugin cannot read", newValidation("default", false).cdi("nvidia.com/imex-channel=7", other), ""},
+		{"an NVIDIA device of another class whose spec the plugin cannot read", newValidation("default", false).cdi("nvidia.com/accel=0", other), "adds CDI device nvidia.com/accel=0"},
 		{"another vendor's CDI device", newValidation("default", false).cdi("vendor.example.com/nic=0", other), ""},
 		{"another plugin adds a GPU node", newValidation("default", false).device("/dev/nvidia3", 195, other), "adds device /dev/nvidia3"},
 		{"another plugin adds a render node", newValidation("default", false).device("/dev/dri/renderD129", 226, other), "adds device /dev/dri/renderD129"},

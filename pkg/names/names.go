@@ -154,6 +154,15 @@ const (
 	DevicePluginCDIVendor = "k8s.device-plugin.nvidia.com"
 	CDIClassGPU           = "gpu"
 	CDIClassMIG           = "mig"
+	// CDIClassIMEXChannel is the class of IMEX channels in NVIDIA's CDI specs
+	// (nvidia.com/imex-channel=<n>, which the device plugin adds beside GPUs on GB200-class
+	// nodes): a channel of the node's IMEX domain for multi-node NVLink memory, no GPU.
+	CDIClassIMEXChannel = "imex-channel"
+	// MIGCapsDir holds the MIG capability nodes (nvidia-cap<N>) a MIG device brings; the
+	// IMEX channels' directory shares its prefix but not the directory (IMEXChannelsDir).
+	MIGCapsDir = "/dev/nvidia-caps/"
+	// IMEXChannelsDir holds the IMEX channel nodes (channel<N>); they reach no GPU.
+	IMEXChannelsDir = "/dev/nvidia-caps-imex-channels/"
 	// NVIDIACDIVendor is the vendor of the CDI spec the NVIDIA Container Toolkit generates
 	// (nvidia-ctk cdi generate) and NVIDIA's DRA driver uses: nvidia.com/gpu=<uuid|index>, and
 	// MIG devices as nvidia.com/gpu=<gpu>:<mig> or by their MIG- UUID.

@@ -1066,6 +1066,42 @@ func TestOnlyNVIDIACDIKindsAreGPUs(t *testing.T) {
 	}
 }
 
+// The MIG manager put GPUs 6 and 7 in MIG mode for other tenants (MIG turns a GPU's NVLinks
+// off, so they were unlinked, and packing takes unlinked GPUs first): a plain 1-GPU container
+// is never packed onto their parents (review node-side H4), and a pinned one never gets them.
+func TestMIGParentsAreNeverHandedOut(t *testing.T) {
+	links := topology.NewLinks()
+	for a := range 6 {
+		for b := range 6 {
+			links.Add(a, b)
+		}
+	}
+	var gpus []topology.GPU
+	for i := range 8 {
+		gpus = append(gpus, topology.GPU{Index: i, UUID: fmt.Sprintf("GPU-%d", i), MIG: i >= 6})
+	}
+	top, err := topology.New("nvml", gpus, links, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, rec, _ := newPlugin(t, func(c *Config) { c.Topology = top })
+	for i := range 6 {
+		adj, _, err := p.CreateContainer(context.Background(), &api.PodSandbox{Id: fmt.Sprint("p", i), Name: fmt.Sprint("web-", i), Namespace: "default"},
+			envGiven(fmt.Sprint("c", i), fmt.Sprint("p", i), "c", 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := adj.GetAnnotations()[n.PodAssignedGPUsAnnotation()]; got == "6" || got == "7" {
+			t.Fatalf("container %d packed onto MIG parent %s", i, got)
+		}
+	}
+	// Every whole GPU is taken now; the seventh 1-GPU container finds none, rather than a
+	// MIG parent.
+	if _, _, err := p.CreateContainer(context.Background(), &api.PodSandbox{Id: "p6", Name: "web-6", Namespace: "default"}, envGiven("c6", "p6", "c", 0)); err == nil {
+		t.Fatalf("a seventh container got a GPU: %+v", rec.latest)
+	}
+}
+
 // On GB200-class nodes the device plugin adds an IMEX channel (nvidia.com/imex-channel=<n>,
 // node /dev/nvidia-caps-imex-channels/channel<n>) beside the GPUs. The channel is no MIG
 // capability and no GPU: a pinned TP container is re-selected into its domain as on any node,

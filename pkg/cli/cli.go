@@ -299,6 +299,15 @@ func writeTable(w io.Writer, tops []namedTopology) error {
 			return err
 		}
 		fmt.Fprintf(w, "unlinked: %s\n", orNone(names.FormatGPUList(top.Unlinked)))
+		var mig []int
+		for _, g := range top.GPUs {
+			if g.MIG {
+				mig = append(mig, g.Index)
+			}
+		}
+		if len(mig) > 0 {
+			fmt.Fprintf(w, "MIG mode (in no domain, never packed): %s\n", names.FormatGPUList(mig))
+		}
 		for _, g := range top.GPUs {
 			if g.Unhealthy != "" {
 				fmt.Fprintf(w, "unhealthy: GPU %d: %s\n", g.Index, g.Unhealthy)

@@ -107,7 +107,7 @@ func devicesOf(top *topology.Topology, p Publish) []resourceapi.Device {
 	}
 	keep := func(g topology.GPU) bool { return !p.WithholdUnhealthy || g.Unhealthy == "" }
 	for _, g := range top.GPUs {
-		if g.Domain == nil && keep(g) {
+		if g.Domain == nil && !g.MIG && keep(g) { // a MIG-mode GPU is its MIG devices, not a whole GPU
 			out = append(out, gpuDevice(top, g, p))
 		}
 	}

@@ -423,3 +423,24 @@ func TestBlocksOfAnUnhealthyGPUAreWithheldWithoutTaints(t *testing.T) {
 		}
 	}
 }
+
+// A GPU in MIG mode is its MIG devices, which NVIDIA's own driver publishes; nvdomain does not
+// publish it as a whole GPU (review node-side H4).
+func TestMIGModeGPUsAreNotPublished(t *testing.T) {
+	var gpus []topology.GPU
+	for i := range 9 {
+		gpus = append(gpus, topology.GPU{Index: i, UUID: fmt.Sprintf("GPU-%d", i), MIG: i == 8})
+	}
+	top, err := topology.FromDomains(names.SourceSimulated, gpus, [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range Devices(top, Publish{Blocks: true}) {
+		if v, ok := intAttr(d, names.DRAAttrIndex); ok && v == 8 {
+			t.Fatalf("GPU 8 (MIG mode) published as %s", d.Name)
+		}
+	}
+	if got := len(Devices(top, Publish{})); got != 8 {
+		t.Errorf("%d devices, want the 8 whole GPUs", got)
+	}
+}

@@ -41,6 +41,11 @@ type GPU struct {
 	// Fabric Manager or NVSwitch fault; the simulated document's health field); empty when
 	// healthy. The DRA driver taints the GPU's devices (docs/dra.md).
 	Unhealthy string `json:"unhealthy,omitempty"`
+	// MIG is true when the GPU runs in MIG mode: its MIG devices are the device plugin's to
+	// hand out, to other pods, so the GPU is in no domain and never packed as a whole GPU
+	// (it is neither in Domains nor in Unlinked). Otherwise a plain 1-GPU container could be
+	// re-selected onto the parent of another tenant's MIG instances (review node-side H4).
+	MIG bool `json:"migEnabled,omitempty"`
 }
 
 // DeviceMinor is the GPU's device-node minor number: Minor when known, else Index, which is
@@ -118,9 +123,11 @@ func New(source string, gpus []GPU, links *Links, warnings []string) (*Topology,
 	if links == nil {
 		links = NewLinks()
 	}
-	idx := make([]int, len(sorted))
-	for i, g := range sorted {
-		idx[i] = g.Index
+	idx := make([]int, 0, len(sorted))
+	for _, g := range sorted {
+		if !g.MIG { // a GPU in MIG mode joins no domain, whatever its links
+			idx = append(idx, g.Index)
+		}
 	}
 	groups := partition(idx, links)
 	return assemble(source, sorted, groups, warnings), nil
@@ -133,9 +140,10 @@ func FromDomains(source string, gpus []GPU, domains [][]int, warnings []string) 
 	if err != nil {
 		return nil, err
 	}
-	known := map[int]bool{}
+	known, mig := map[int]bool{}, map[int]bool{}
 	for _, g := range sorted {
 		known[g.Index] = true
+		mig[g.Index] = g.MIG
 	}
 	owner := map[int]int{}
 	groups := make([][]int, 0, len(domains))
@@ -146,6 +154,9 @@ func FromDomains(source string, gpus []GPU, domains [][]int, warnings []string) 
 		for gi, g := range d {
 			if !known[g] {
 				return nil, &DomainError{Domain: di, GPU: gi, Msg: fmt.Sprintf("GPU %d is not declared", g)}
+			}
+			if mig[g] {
+				return nil, &DomainError{Domain: di, GPU: gi, Msg: fmt.Sprintf("GPU %d is in MIG mode, so it cannot be part of a domain; leave it out of every domain", g)}
 			}
 			if prev, dup := owner[g]; dup {
 				if prev == di {
@@ -210,7 +221,7 @@ func assemble(source string, gpus []GPU, groups [][]int, warnings []string) *Top
 		}
 	}
 	for _, g := range t.GPUs {
-		if g.Domain == nil {
+		if g.Domain == nil && !g.MIG {
 			t.Unlinked = append(t.Unlinked, g.Index)
 		}
 	}
@@ -263,6 +274,9 @@ func (t *Topology) Fingerprint() string {
 	h := sha256.New()
 	for _, g := range t.GPUs {
 		fmt.Fprintf(h, "gpu %d %s %d\n", g.Index, g.UUID, g.DeviceMinor())
+		if g.MIG { // only then, so that fingerprints of nodes without MIG stay what they were
+			fmt.Fprintf(h, "mig %d\n", g.Index)
+		}
 	}
 	for _, d := range t.Domains {
 		fmt.Fprintf(h, "domain %d %v\n", d.ID, d.GPUs)

@@ -1,7 +1,10 @@
 package topology
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -114,9 +117,12 @@ func TestFromDomainsErrorsNameThePosition(t *testing.T) {
 		{[][]int{{0, 1, 2}, {2, 3}}, "domains[1].gpus[0]: GPU 2 is already in domains[0]; a GPU belongs to at most one domain"},
 		{[][]int{{0, 1, 1}}, "domains[0].gpus[2]: GPU 1 is listed twice"},
 		{[][]int{{0}}, "domains[0]: a domain needs at least 2 GPUs; leave a lone GPU out of every domain"},
+		{[][]int{{0, 1}, {2, 3}}, "domains[1].gpus[1]: GPU 3 is in MIG mode, so it cannot be part of a domain; leave it out of every domain"},
 	}
 	for _, tc := range cases {
-		_, err := FromDomains("simulated", gpusN(4), tc.domains, nil)
+		gpus := gpusN(4)
+		gpus[3].MIG = true
+		_, err := FromDomains("simulated", gpus, tc.domains, nil)
 		if err == nil || err.Error() != tc.want {
 			t.Errorf("FromDomains(%v) error = %v, want %q", tc.domains, err, tc.want)
 		}
@@ -147,6 +153,63 @@ func TestJSONRoundTrip(t *testing.T) {
 	if string(b) != string(b2) {
 		t.Errorf("round trip changed the topology:\n%s\n%s", b, b2)
 	}
+}
+
+// A GPU in MIG mode is in no domain and not unlinked, whatever its links, and says so in
+// JSON; a node without MIG keeps the fingerprint it had before the field existed.
+func TestMIGGPUsAreInNoDomainAndNeverUnlinked(t *testing.T) {
+	links := NewLinks()
+	for a := range 4 {
+		for b := range 4 {
+			links.Add(a, b)
+		}
+	}
+	gpus := gpusN(6)
+	plain, err := New("nvml", gpus, links, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gpus[3].MIG, gpus[5].MIG = true, true
+	top, err := New("nvml", gpus, links, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := top.Domains; len(got) != 1 || !slices.Equal(got[0].GPUs, []int{0, 1, 2}) {
+		t.Errorf("domains = %v, want [[0 1 2]]", got)
+	}
+	if !slices.Equal(top.Unlinked, []int{4}) {
+		t.Errorf("unlinked = %v, want [4]", top.Unlinked)
+	}
+	b, err := json.Marshal(top)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back Topology
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	if g, _ := back.GPU(5); !g.MIG || !slices.Equal(back.Unlinked, []int{4}) {
+		t.Errorf("after a JSON round trip: GPU 5 %+v, unlinked %v", g, back.Unlinked)
+	}
+	if top.Fingerprint() == plain.Fingerprint() {
+		t.Error("turning MIG on left the fingerprint as it was")
+	}
+	if plain.Fingerprint() != fingerprintBeforeMIG(plain) {
+		t.Error("a node without MIG has a new fingerprint")
+	}
+}
+
+// fingerprintBeforeMIG is Fingerprint as it was before GPU.MIG: an upgrade must not change a
+// node's fingerprint, since the NRI plugin drops its holds on a change.
+func fingerprintBeforeMIG(t *Topology) string {
+	h := sha256.New()
+	for _, g := range t.GPUs {
+		fmt.Fprintf(h, "gpu %d %s %d\n", g.Index, g.UUID, g.DeviceMinor())
+	}
+	for _, d := range t.Domains {
+		fmt.Fprintf(h, "domain %d %v\n", d.ID, d.GPUs)
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
 func TestUnmarshalRejectsInconsistentDocuments(t *testing.T) {

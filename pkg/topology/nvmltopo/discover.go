@@ -225,6 +225,11 @@ func describe(i int, dev nvml.Device, has entryPoints, fi nvml.GpuFabricInfo_v3,
 			gpu.NUMANode = &numa
 		}
 	}
+	// MIG mode as the driver runs it now (a pending change applies at the next reset, and
+	// the agent's rediscovery sees it then). Pre-Ampere GPUs answer NOT_SUPPORTED.
+	if current, _, ret := dev.GetMigMode(); ret == nvml.SUCCESS && current == nvml.DEVICE_MIG_ENABLE {
+		gpu.MIG = true
+	}
 	if fret == nvml.SUCCESS && fi.State == nvml.GPU_FABRIC_STATE_COMPLETED && (!strictStatus || fi.Status == uint32(nvml.SUCCESS)) && fi.ClusterUuid != [16]uint8{} {
 		gpu.Fabric = &topology.Fabric{ClusterUUID: formatUUID(fi.ClusterUuid), CliqueID: fi.CliqueId}
 	}

@@ -192,6 +192,12 @@ func TestDiscover(t *testing.T) {
 	for g := range 4 {
 		twoCliques.fabric[g] = nvml.GpuFabricInfo_v3{ClusterUuid: [16]uint8{9}, CliqueId: uint32(g / 2), State: nvml.GPU_FABRIC_STATE_COMPLETED}
 	}
+	// The MIG manager put GPUs 6 and 7 in MIG mode for other tenants (their NVLinks stay up
+	// in this mock): they are in no domain and not unlinked, so nothing packs them.
+	mixedMIG := hgxH100()
+	for _, g := range []int{6, 7} {
+		mixedMIG.srv.Devices[g].SetMigMode(nvml.DEVICE_MIG_ENABLE)
+	}
 	strayPeer := dgx1()
 	strayPeer.links[0] = append(strayPeer.links[0], link{kind: nvml.NVLINK_DEVICE_TYPE_GPU, remote: "0000:ff:00.0"})
 
@@ -209,6 +215,7 @@ func TestDiscover(t *testing.T) {
 		{"driver without the remote-type call", oldDriver, [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}}, nil, ""},
 		{"GB200: one fabric clique", gb200, [][]int{{0, 1, 2, 3}}, nil, ""},
 		{"fabric cliques split the node", twoCliques, [][]int{{0, 1}, {2, 3}}, nil, ""},
+		{"GPUs in MIG mode join no domain", mixedMIG, [][]int{{0, 1, 2, 3, 4, 5}}, nil, ""},
 		{"a link to a GPU NVML does not list is ignored", strayPeer, [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}}, nil, "far end 00000000:ff:00.0 is a GPU NVML does not list"},
 	}
 	for _, tc := range cases {
@@ -229,6 +236,11 @@ func TestDiscover(t *testing.T) {
 			}
 			if top.Source != "nvml" {
 				t.Errorf("source = %q", top.Source)
+			}
+			for _, g := range top.GPUs {
+				if want := tc.m == mixedMIG && g.Index >= 6; g.MIG != want {
+					t.Errorf("GPU %d MIG = %v, want %v", g.Index, g.MIG, want)
+				}
 			}
 		})
 	}

@@ -881,3 +881,49 @@ func TestDRABlocksAreAskedForOnlyAsTheTemplatesDo(t *testing.T) {
 		}
 	}
 }
+
+// A tenant with namespace self-service (Kubeflow profiles, Capsule, OpenShift's
+// self-provisioner: RBAC to create namespaces) cannot create a namespace nvdomain trusts, such
+// as the GPU Operator's name this cluster does not use, where its pods would reach every GPU
+// unbooked (review node-side H3). Other names pass, and an administrator may create it.
+func TestOnlyAnAdministratorCreatesATrustedNamespace(t *testing.T) {
+	c := startPolicyCluster(t)
+	ctx := context.Background()
+	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "self-service"}, Rules: []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"namespaces"}, Verbs: []string{"create", "get"}}}}
+	if _, err := c.client.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	binding := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "self-service"}, RoleRef: rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "self-service"},
+		Subjects: []rbacv1.Subject{{Kind: "Group", Name: "tenants", APIGroup: "rbac.authorization.k8s.io"}}}
+	if _, err := c.client.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := rest.CopyConfig(c.cfg)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: "mallory", Groups: []string{"tenants", "system:authenticated"}}
+	tenant := kubernetes.NewForConfigOrDie(cfg)
+	create := func(as kubernetes.Interface, name string, dryRun bool) error {
+		opts := metav1.CreateOptions{}
+		if dryRun {
+			opts.DryRun = []string{metav1.DryRunAll}
+		}
+		_, err := as.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, opts)
+		return err
+	}
+	// The policy takes effect once compiled.
+	eventually(t, 30*time.Second, "the trusted-namespaces policy takes effect", func() bool {
+		return apierrors.IsForbidden(create(tenant, "nvidia-gpu-operator", true))
+	})
+	for _, name := range []string{"nvidia-gpu-operator", "gpu-operator"} {
+		err := create(tenant, name, false)
+		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "metadata.name: "+name+" is a namespace nvdomain trusts") || !strings.Contains(err.Error(), "only a cluster administrator may create it") {
+			t.Errorf("tenant created %s: %v", name, err)
+		}
+	}
+	if err := create(tenant, "team-b", false); err != nil {
+		t.Errorf("tenant could not create an ordinary namespace: %v", err)
+	}
+	if err := create(c.client, "nvidia-gpu-operator", false); err != nil {
+		t.Errorf("an administrator could not create the GPU Operator's namespace: %v", err)
+	}
+}

@@ -235,9 +235,10 @@ func (p *Plugin) Topology() *topology.Topology {
 }
 
 // SetPassThrough turns the plugin pass-through for an uninstall (package lifecycle): from
-// now on it changes and refuses no container, so the containers of every pod admitted while
-// nvdomain was installed, which require a plugin of this name, can still start; and it
-// reports how many pods still require it.
+// now on it refuses no container for nvdomain's rules, so the containers of every pod
+// admitted while nvdomain was installed, which require a plugin of this name, can still
+// start; and it reports how many pods still require it. The GPUs it chose before stay
+// booked until their pods end (passThroughVerdict), so no GPU goes to two pods meanwhile.
 func (p *Plugin) SetPassThrough() {
 	if p.passThrough.Swap(true) {
 		return

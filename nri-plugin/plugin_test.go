@@ -1519,3 +1519,49 @@ func TestRequiresThisPlugin(t *testing.T) {
 		}
 	}
 }
+
+// Review node-side H2: before the uninstall, TP pod a was pinned to domain 1 while the device
+// plugin gave it GPUs 0-3; nvdomain gave it 4-7, and the kubelet still thinks 4-7 are free.
+// In pass-through a new pod the kubelet gives 4-7 is refused, naming a, until a ends; one
+// given 0-3 runs untouched (and unbooked); a's own restart keeps 4-7.
+func TestPassThroughKeepsTheGPUsItChoseUntilTheirPodsEnd(t *testing.T) {
+	p, _, m := newPlugin(t)
+	ctx := context.Background()
+	a := pinnedPod("a", 1, `{"vllm":4}`)
+	adj, _, err := p.CreateContainer(ctx, a, envGiven("a1", "a", "vllm", 0, 1, 2, 3))
+	if err != nil || adj.GetAnnotations()[n.PodAssignedGPUsAnnotation()] != "4,5,6,7" {
+		t.Fatalf("before the uninstall: %v, %v", adj.GetAnnotations(), err)
+	}
+	p.SetPassThrough()
+	plain := func(id string) *api.PodSandbox { return &api.PodSandbox{Id: id, Name: "job-" + id, Namespace: "team-b"} }
+	_, _, err = p.CreateContainer(ctx, plain("b"), envGiven("b1", "b", "main", 4, 5, 6, 7))
+	if err == nil || !strings.Contains(err.Error(), "nvdomain is being uninstalled, and the device plugin gave this container GPU(s) 4,5,6,7") ||
+		!strings.Contains(err.Error(), "4 by default/pod-a/vllm") {
+		t.Fatalf("a container given a's GPUs: %v", err)
+	}
+	if got := testutil.ToFloat64(m.Refusals.WithLabelValues("uninstall-wait")); got != 1 {
+		t.Errorf("uninstall-wait refusals = %v", got)
+	}
+	adj, upd, err := p.CreateContainer(ctx, plain("c"), envGiven("c1", "c", "main", 0, 1))
+	if err != nil || adj != nil || upd != nil {
+		t.Fatalf("a container given free GPUs: adjustment %v, updates %v, error %v; want none", adj, upd, err)
+	}
+	// a's container crashes and restarts: the kubelet's copy still says 0-3, and it keeps 4-7.
+	if _, err := p.StopContainer(ctx, a, &api.Container{Id: "a1"}); err != nil {
+		t.Fatal(err)
+	}
+	adj, _, err = p.CreateContainer(ctx, a, envGiven("a2", "a", "vllm", 0, 1, 2, 3))
+	if err != nil || adj.GetAnnotations()[n.PodAssignedGPUsAnnotation()] != "4,5,6,7" {
+		t.Fatalf("a's restart in pass-through: %v, %v", adj.GetAnnotations(), err)
+	}
+	if err := p.RemovePodSandbox(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	adj, upd, err = p.CreateContainer(ctx, plain("b"), envGiven("b2", "b", "main", 4, 5, 6, 7))
+	if err != nil || adj != nil || upd != nil {
+		t.Fatalf("after a ended: adjustment %v, updates %v, error %v; want none", adj, upd, err)
+	}
+	if got := p.Assignments(); len(got) != 0 {
+		t.Errorf("books after a ended: %+v", got)
+	}
+}

@@ -55,10 +55,22 @@ func (p *Plugin) createContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 			p.report.Changed(snap)
 		}
 	}
+	trusted := slices.Contains(p.cfg.TrustedNamespaces, pod.Namespace)
 	if p.passThrough.Load() {
-		return nil, nil, nil
+		if trusted || p.cfg.DRA {
+			return nil, nil, nil
+		}
+		held, err := p.passThroughVerdict(pod, ctr)
+		if err != nil {
+			return fail("uninstall-wait", err)
+		}
+		if !held {
+			return nil, nil, nil
+		}
+		// The pod holds GPUs nvdomain chose before the uninstall: its containers (a restart,
+		// the next after an init container) keep them, exactly as while installed.
 	}
-	if slices.Contains(p.cfg.TrustedNamespaces, pod.Namespace) {
+	if trusted {
 		return p.createTrusted(pod, ctr)
 	}
 	if p.cfg.DRA {
@@ -160,6 +172,34 @@ func (p *Plugin) createContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 	p.report.Assigned(a, domain < 0 && tp)
 	p.report.Changed(all)
 	return p.neutralise(adj, pod, ctr, g.NeutraliseEnv), nil, nil
+}
+
+// passThroughVerdict decides a container during an uninstall's pass-through. Nothing is refused
+// for nvdomain's own rules any more, but the GPUs it chose before are still in use, and the
+// kubelet does not know them: it thinks a re-selected container holds what the device plugin
+// gave it, and hands the GPUs nvdomain really gave that container to the next pod (review
+// node-side H2). So the books are kept until the last container nvdomain placed is gone:
+// held is true for a container of a pod that holds GPUs nvdomain chose (it keeps them, by
+// the normal path); any other container runs with exactly the device plugin's GPUs unless one
+// of them is held, and is then refused, naming the pods it waits for, until they end. New
+// containers are not booked: they hold what the kubelet thinks they hold, so the books only
+// shrink, and once they are empty pass-through changes and refuses nothing.
+func (p *Plugin) passThroughVerdict(pod *api.PodSandbox, ctr *api.Container) (held bool, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, a := range p.assigned {
+		if a.PodSandboxID == pod.Id {
+			return true, nil
+		}
+	}
+	g := p.readGiven(pod, ctr)
+	clash := slices.DeleteFunc(slices.Clone(g.GPUs), func(gpu int) bool { return !p.inUseLocked(gpu) })
+	if len(clash) == 0 {
+		return false, nil
+	}
+	return false, fmt.Errorf("nvdomain is being uninstalled, and the device plugin gave this container GPU(s) %s, which nvdomain gave other containers before the uninstall (%s; the kubelet does not know, since nvdomain chose them): "+
+		"refused until those pods end, so that no GPU runs two pods' containers. The kubelet retries; delete or roll those pods to finish sooner",
+		names.FormatGPUList(clash), p.holdersLocked(clash))
 }
 
 // mismatch explains a pinned container whose GPUs differ from its annotated count. When the

@@ -25,6 +25,8 @@ func BindFlags(fs *flag.FlagSet) func(logr.Logger) (RunOptions, error) {
 	nvmlFlag := fs.Bool("nvml", false, "deprecated: use --source nvml")
 	fs.StringVar(&o.CDIKind, "cdi-kind", cdispec.DevicePluginGPU.String(), "CDI kind (vendor/class) to add GPUs with when a container came with GPU device nodes but no CDI names")
 	fs.BoolVar(&o.SharedGPUs, "shared-gpus", false, "the node time-slices its GPUs: leave GPU containers without a domain as the device plugin made them, refuse tensor-parallel ones")
+	fs.StringVar(&o.HookDir, "hook-dir", "", "mounted host directory holding the hook the chart installed, removed at the end of an uninstall once no pod here requires the plugin; empty: none")
+	fs.StringVar(&o.ContainerdConfDir, "containerd-conf-dir", "", "mounted host directory holding containerd's NRI snippet the chart installed, removed with the hook; empty: none")
 	fs.StringVar(&o.HookPath, "hook-path", "", "node-side path of nvdomain-nri-hook, which removes the device nodes of GPUs a container must not have (empty: they stay, denied by the device cgroup)")
 	cdiDirs := fs.String("cdi-spec-dirs", "/etc/cdi,/var/run/cdi", "comma-separated CDI spec directories, to know every device node a GPU's CDI device brings")
 	strategies := fs.String("device-list-strategy", strings.Join(names.DefaultDeviceListStrategies, ","),

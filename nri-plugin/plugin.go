@@ -250,6 +250,15 @@ func (p *Plugin) SetPassThrough() {
 	p.report.Changed(snap)
 }
 
+// DropHook stops adding the OCI hook to containers: the end of an uninstall removes it from
+// the host, and runc would fail a container whose hook is missing. Removed GPUs' device nodes
+// then stay in such containers, denied by the device cgroup.
+func (p *Plugin) DropHook() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cfg.HookPath = ""
+}
+
 // Ready says whether the plugin is connected to the runtime and has synchronized with it;
 // while it is not, containerd refuses every container that requires it.
 func (p *Plugin) Ready() bool { return p.ready.Load() }

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -601,7 +602,7 @@ func TestParallelCreatesNeverShareAGPU(t *testing.T) {
 func TestStateFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "run", "nri-state.json")
 	ctx, cancel := context.WithCancel(context.Background())
-	s := NewStateFile(ctx, path, logr.Discard())
+	s := NewStateFile(ctx, path, logr.Discard(), nil)
 	s.Changed(Snapshot{Generation: 1, Assignments: []Assignment{{ContainerID: "a", GPUs: []int{1}, Domain: -1}}})
 	s.Changed(Snapshot{Generation: 3, Fingerprint: "f", Assignments: []Assignment{{ContainerID: "a", GPUs: []int{1}, Domain: -1}, {ContainerID: "b", GPUs: []int{4, 5}, Domain: 1}}})
 	// A snapshot taken earlier but delivered later is ignored.
@@ -621,6 +622,39 @@ func TestStateFile(t *testing.T) {
 	time.Sleep(50 * time.Millisecond)
 	if doc, _ := nristate.Read(path); doc == nil || len(doc.Assignments) != 2 {
 		t.Fatalf("an older snapshot replaced the newer one: %+v", doc)
+	}
+}
+
+// At the end of an uninstall the host files go before the state file says the node is
+// drained (the agent then lets the DaemonSets go), and only once.
+func TestStateFileRemovesHostFilesBeforeSayingDrained(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "nri-state.json")
+	var calls atomic.Int32
+	var sawDrained atomic.Bool
+	s := NewStateFile(t.Context(), path, logr.Discard(), func() {
+		calls.Add(1)
+		if doc, err := nristate.Read(path); err == nil && doc.PassThrough && doc.RequiringPods == 0 {
+			sawDrained.Store(true)
+		}
+	})
+	s.Changed(Snapshot{Generation: 1, PassThrough: true, RequiringPods: 1, Synchronized: true})
+	s.Changed(Snapshot{Generation: 2, PassThrough: true, RequiringPods: 0, Synchronized: true})
+	eventuallyTrue(t, func() bool { doc, err := nristate.Read(path); return err == nil && doc.Generation == 2 })
+	s.Changed(Snapshot{Generation: 3, PassThrough: true, RequiringPods: 0, Synchronized: true})
+	eventuallyTrue(t, func() bool { doc, err := nristate.Read(path); return err == nil && doc.Generation == 3 })
+	if calls.Load() != 1 || sawDrained.Load() {
+		t.Errorf("onDrained ran %d times (want 1), after the file said drained: %v", calls.Load(), sawDrained.Load())
+	}
+}
+
+func eventuallyTrue(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition never held")
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -1028,6 +1062,15 @@ func TestOnlyPerGPUNodesAreDeniedAndRemoved(t *testing.T) {
 	}
 	if len(adj.Hooks.CreateContainer) != 1 || !slices.Equal(adj.Hooks.CreateContainer[0].Args[1:], []string{"remove-devices", "/dev/nvidia0", "/dev/dri/card1"}) {
 		t.Errorf("hook %+v", adj.Hooks.CreateContainer)
+	}
+	// The end of an uninstall removes the hook from the host: no container is given it after.
+	p.DropHook()
+	adj, _, err = p.CreateContainer(context.Background(), pinnedPod("b", 1, `{"vllm":1}`), given(ctr("b1", "b", "vllm"), names.StrategyCDICRI, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(adj.GetLinux().GetResources().GetDevices()) == 0 || len(adj.GetHooks().GetCreateContainer()) != 0 {
+		t.Errorf("after DropHook: denials %v, hooks %+v; want denials and no hook", adj.GetLinux().GetResources().GetDevices(), adj.GetHooks())
 	}
 }
 
@@ -1533,7 +1576,9 @@ func TestPassThroughKeepsTheGPUsItChoseUntilTheirPodsEnd(t *testing.T) {
 		t.Fatalf("before the uninstall: %v, %v", adj.GetAnnotations(), err)
 	}
 	p.SetPassThrough()
-	plain := func(id string) *api.PodSandbox { return &api.PodSandbox{Id: id, Name: "job-" + id, Namespace: "team-b"} }
+	plain := func(id string) *api.PodSandbox {
+		return &api.PodSandbox{Id: id, Name: "job-" + id, Namespace: "team-b"}
+	}
 	_, _, err = p.CreateContainer(ctx, plain("b"), envGiven("b1", "b", "main", 4, 5, 6, 7))
 	if err == nil || !strings.Contains(err.Error(), "nvdomain is being uninstalled, and the device plugin gave this container GPU(s) 4,5,6,7") ||
 		!strings.Contains(err.Error(), "4 by default/pod-a/vllm") {

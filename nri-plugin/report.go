@@ -28,6 +28,11 @@ import (
 type StateFile struct {
 	path string
 	log  logr.Logger
+	// onDrained runs once, before the first write that says the uninstall is drained on this
+	// node (pass-through, synchronized, no pod requiring the plugin): the agent reads that
+	// file and then lets the DaemonSets go, so what must leave the host goes first.
+	onDrained func()
+	drained   bool
 
 	mu      sync.Mutex
 	latest  Snapshot
@@ -35,9 +40,10 @@ type StateFile struct {
 	wake    chan struct{}
 }
 
-// NewStateFile starts the writer; it stops when ctx ends, after a final write.
-func NewStateFile(ctx context.Context, path string, log logr.Logger) *StateFile {
-	s := &StateFile{path: path, log: log, wake: make(chan struct{}, 1)}
+// NewStateFile starts the writer; it stops when ctx ends, after a final write. onDrained
+// (nil: nothing) runs before the file first says the node's uninstall is drained.
+func NewStateFile(ctx context.Context, path string, log logr.Logger, onDrained func()) *StateFile {
+	s := &StateFile{path: path, log: log, wake: make(chan struct{}, 1), onDrained: onDrained}
 	go s.loop(ctx)
 	return s
 }
@@ -92,6 +98,10 @@ func (s *StateFile) flush() {
 	latest := s.latest
 	s.pending = false
 	s.mu.Unlock()
+	if latest.PassThrough && latest.Synchronized && latest.RequiringPods == 0 && !s.drained && s.onDrained != nil {
+		s.drained = true // flush runs on the writer goroutine alone
+		s.onDrained()
+	}
 	written, err := nristate.Write(s.path, nristate.Doc{Generation: latest.Generation, TopologyFingerprint: latest.Fingerprint, Assignments: latest.Assignments,
 		PassThrough: latest.PassThrough, RequiringPods: latest.RequiringPods, Runtime: latest.Runtime, Synchronized: latest.Synchronized})
 	switch {

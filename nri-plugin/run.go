@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/nvdomain/nvdomain/pkg/cdispec"
+	"github.com/nvdomain/nvdomain/pkg/hostfiles"
 	"github.com/nvdomain/nvdomain/pkg/lifecycle"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/nristate"
@@ -43,6 +44,12 @@ type RunOptions struct {
 	// CDI device's nodes (see Config).
 	HookPath    string
 	CDISpecDirs []string
+	// HookDir and ContainerdConfDir are where the chart's install step put the hook and
+	// containerd's NRI snippet on the host; the plugin removes both at the end of an
+	// uninstall, once no pod on the node requires it. The plugin, not the agent, holds the
+	// write access: the plugin can already give any container any OCI hook, the agent could
+	// otherwise replace the binary runc runs as root (review node-side M1). Empty: none.
+	HookDir, ContainerdConfDir string
 	// DRA makes the plugin check, not rewrite (Config.DRA).
 	DRA bool
 	// DeviceListStrategies are the device plugin's, TrustedNamespaces those left alone
@@ -166,7 +173,11 @@ func Run(ctx context.Context, o RunOptions, log logr.Logger) error {
 		if doc, err := nristate.Read(o.StateFile); err == nil && doc.TopologyFingerprint == top.Fingerprint() {
 			previous = doc.Assignments
 		}
-		reporters = append(reporters, NewStateFile(ctx, o.StateFile, log.WithName("state")))
+		var onDrained func()
+		if o.HookDir != "" || o.ContainerdConfDir != "" {
+			onDrained = func() { removeHostFiles(log, plugin.Load(), o.HookDir, o.ContainerdConfDir) }
+		}
+		reporters = append(reporters, NewStateFile(ctx, o.StateFile, log.WithName("state"), onDrained))
 	}
 	var cs kubernetes.Interface
 	if o.Report {
@@ -407,4 +418,18 @@ func setSelf(p *Plugin, s stub.Stub) {
 	}
 	f := s.RuntimeNRIVersion
 	p.runtimeNRI.Store(&f)
+}
+
+// removeHostFiles ends an uninstall on this node: no pod requires the plugin any more, so the
+// hook and containerd's NRI snippet leave the host (hostfiles.Remove). The plugin stops naming
+// the hook first, so no container created meanwhile is given a hook that is gone.
+func removeHostFiles(log logr.Logger, p *Plugin, hookDir, confDir string) {
+	if p != nil {
+		p.DropHook()
+	}
+	removed, err := hostfiles.Remove(hookDir, confDir)
+	if err != nil {
+		log.Error(err, "remove nvdomain's files from the host at the end of the uninstall")
+	}
+	log.Info("no pod here requires the plugin: host files removed", "paths", removed)
 }

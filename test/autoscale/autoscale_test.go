@@ -639,7 +639,24 @@ func conditionTime(conds []corev1.NodeCondition, typ string, status corev1.Condi
 }
 
 // nodeClaimInitialized is when Karpenter marked the NodeClaim of node Initialized.
+//
+// The scheduler may bind a pod to the node the moment its room shows, a little before
+// Karpenter's next reconcile marks the NodeClaim Initialized, so this waits up to a minute for
+// the condition (its time, not the wait, is what is compared) and returns zero only if it
+// never comes.
 func nodeClaimInitialized(ctx context.Context, t *testing.T, dyn dynamic.Interface, node string) time.Time {
+	t.Helper()
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	var at time.Time
+	_ = hacluster.Poll(wctx, 500*time.Millisecond, func() (bool, error) {
+		at = nodeClaimInitializedNow(ctx, t, dyn, node)
+		return !at.IsZero(), nil
+	})
+	return at
+}
+
+func nodeClaimInitializedNow(ctx context.Context, t *testing.T, dyn dynamic.Interface, node string) time.Time {
 	t.Helper()
 	claims, err := dyn.Resource(schema.GroupVersionResource{Group: "karpenter.sh", Version: "v1", Resource: "nodeclaims"}).List(ctx, metav1.ListOptions{})
 	if err != nil {

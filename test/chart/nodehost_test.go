@@ -223,8 +223,9 @@ func TestHostBinDir(t *testing.T) {
 		if !slices.Contains(nri.Args, "--hook-path="+tc.want+"/nvdomain-nri-hook") {
 			t.Errorf("%v: nri args %v lack --hook-path under %s", tc.args, nri.Args, tc.want)
 		}
-		if m := mountAt(nri, tc.want); m == nil || !m.ReadOnly {
-			t.Errorf("%v: the NRI plugin must see the hook at its host path %s (read-only): %+v", tc.args, tc.want, m)
+		// Writable: the plugin removes the hook at the end of an uninstall (--hook-dir).
+		if m := mountAt(nri, tc.want); m == nil || !slices.Contains(nri.Args, "--hook-dir="+tc.want) {
+			t.Errorf("%v: the NRI plugin must see the hook at its host path %s and remove it there: %+v, %v", tc.args, tc.want, m, nri.Args)
 		}
 	}
 }
@@ -288,6 +289,38 @@ func TestCanaryGetsTheReleasesPullSecrets(t *testing.T) {
 			if strings.HasPrefix(a, "--canary-image-pull-secrets") {
 				t.Errorf("%s agent passes %s without pull secrets", ds, a)
 			}
+		}
+	}
+}
+
+// Review node-side M1: runc runs the hook as root before pivot_root, so whoever can write the
+// host's hook directory runs code as root on every re-selected container, and whoever can
+// write containerd's conf.d loads any config at its next restart. Only the install-hook init
+// container and the NRI plugin (which can give any container any OCI hook anyway, and removes
+// the files at the end of an uninstall) may write them; the agent may not.
+func TestOnlyTheInstallStepAndThePluginWriteTheHostFiles(t *testing.T) {
+	for _, args := range [][]string{nil, {"--set", "node.enableNRIInitContainer=true"}} {
+		ds := nodeDaemonSet(t, args...)
+		writers := map[string][]string{}
+		for _, c := range append(slices.Clone(ds.Spec.Template.Spec.InitContainers), ds.Spec.Template.Spec.Containers...) {
+			for _, m := range c.VolumeMounts {
+				if (m.Name == "hook" || m.Name == "containerd-conf") && !m.ReadOnly {
+					writers[m.Name] = append(writers[m.Name], c.Name)
+				}
+			}
+		}
+		if got := writers["hook"]; !slices.Equal(got, []string{"install-hook", "nri"}) {
+			t.Errorf("%v: the hook directory is writable by %v; want install-hook and nri alone", args, got)
+		}
+		if got := writers["containerd-conf"]; len(args) > 0 && !slices.Equal(got, []string{"enable-nri", "nri"}) {
+			t.Errorf("%v: containerd's conf.d is writable by %v; want enable-nri and nri alone", args, got)
+		}
+		nri := container(t, ds.Spec.Template.Spec, "nri")
+		if !slices.Contains(nri.Args, "--hook-dir=/opt/nvdomain/bin") {
+			t.Errorf("%v: the plugin does not remove the hook at the end of an uninstall: %v", args, nri.Args)
+		}
+		if len(args) > 0 && !slices.Contains(nri.Args, "--containerd-conf-dir=/host-conf.d") {
+			t.Errorf("%v: the plugin does not remove the snippet at the end of an uninstall: %v", args, nri.Args)
 		}
 	}
 }

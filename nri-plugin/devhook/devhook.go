@@ -44,6 +44,14 @@ var (
 // filesystem (symlinks, absolute ones and "..", stay inside it), the last component is never
 // followed, and only a character device of the expected major is removed.
 //
+// Mounts are the other way out (review node-side M2): a pod may mount the host's /dev/dri, or
+// all of /dev, at the same path with a hostPath volume, and unlinking there would delete the
+// host's nodes even for a container that runs as non-root. So /dev is opened once from the
+// root filesystem (the container's own /dev is a mount, runc's tmpfs), and everything below it
+// is resolved from there with RESOLVE_NO_XDEV: a directory that is another mount (the host's
+// /dev/dri bound in) is never entered. A /dev that is the host's own (same device as the
+// hook's /dev, which before pivot_root is the host's) is left alone entirely.
+//
 // A node it cannot remove is reported on stderr (which runc logs) and left in place: the
 // plugin has already denied it in the container's device cgroup, which is what keeps the GPU
 // out, so failing the container over it would only stop a container that is safe to run.
@@ -63,34 +71,73 @@ func Run(args []string, stderr io.Writer) error {
 	}
 	defer unix.Close(root)
 	var errs []error
+	var nodes []string
 	for _, p := range args[1:] {
 		clean := filepath.Clean(p)
 		if !Removable(clean) {
 			errs = append(errs, fmt.Errorf("%s is not a GPU device node; not removed", p))
 			continue
 		}
-		if err := removeNode(root, strings.TrimPrefix(clean, "/")); err != nil {
+		nodes = append(nodes, clean)
+	}
+	dev, err := openDev(root)
+	if err != nil {
+		if len(nodes) > 0 && !errors.Is(err, unix.ENOENT) {
+			fmt.Fprintf(stderr, "nvdomain-nri-hook: %s stay in the container, denied by its device cgroup: %v\n", strings.Join(nodes, ", "), err)
+		}
+		return errors.Join(errs...)
+	}
+	defer unix.Close(dev)
+	for _, p := range nodes {
+		if err := removeNode(dev, strings.TrimPrefix(p, "/dev/")); err != nil {
 			fmt.Fprintf(stderr, "nvdomain-nri-hook: %s stays in the container, denied by its device cgroup: %v\n", p, err)
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// removeNode removes one device node, rel to the container's root. In a user namespace runc
+// hostDevDir is the host's /dev as the hook sees it: before pivot_root the container's mount
+// namespace still shows the host's tree at /. A variable for the tests alone.
+var hostDevDir = "/dev"
+
+// openDev opens the container's /dev inside its root filesystem, unless it is the host's /dev
+// (a hostPath mount of /dev, or a runtime that gave none of its own).
+func openDev(root int) (int, error) {
+	dev, err := unix.Openat2(root, "dev", &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC, Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS})
+	if err != nil {
+		return -1, fmt.Errorf("open /dev inside the container's root: %w", err)
+	}
+	var st, host unix.Stat_t
+	if err := unix.Fstat(dev, &st); err != nil {
+		unix.Close(dev)
+		return -1, fmt.Errorf("stat the container's /dev: %w", err)
+	}
+	if err := unix.Stat(hostDevDir, &host); err == nil && st.Dev == host.Dev {
+		unix.Close(dev)
+		return -1, fmt.Errorf("the container's /dev is the host's %s (a hostPath mount of /dev): removing there would remove the host's nodes", hostDevDir)
+	}
+	return dev, nil
+}
+
+// removeNode removes one device node, rel to the container's /dev. In a user namespace runc
 // cannot mknod, so it bind-mounts the host's node onto an empty file instead, and a mount
 // point cannot be unlinked (EBUSY): the mount is detached first, then the file under it
-// removed.
-func removeNode(root int, rel string) error {
+// removed. That is the one mount the hook handles: the node itself, never a directory above
+// it (RESOLVE_NO_XDEV), which would be the host's.
+func removeNode(dev int, rel string) error {
 	dir, name := filepath.Split(rel)
 	if dir == "" {
 		dir = "."
 	}
-	dirfd, err := unix.Openat2(root, dir, &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC, Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS})
+	dirfd, err := unix.Openat2(dev, dir, &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC, Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_XDEV | unix.RESOLVE_NO_MAGICLINKS})
 	if errors.Is(err, unix.ENOENT) {
 		return nil
 	}
+	if errors.Is(err, unix.EXDEV) {
+		return fmt.Errorf("/dev/%s is another mount (a hostPath volume of the host's directory) or leads out of /dev: removing there would remove the host's nodes", dir)
+	}
 	if err != nil {
-		return fmt.Errorf("open %s inside the container's root: %w", dir, err)
+		return fmt.Errorf("open /dev/%s inside the container: %w", dir, err)
 	}
 	defer unix.Close(dirfd)
 	var st unix.Stat_t
@@ -101,7 +148,7 @@ func removeNode(root int, rel string) error {
 		return fmt.Errorf("stat: %w", err)
 	}
 	want := uint32(names.GPUDeviceMajor)
-	if strings.HasPrefix(rel, "dev/dri/") {
+	if strings.HasPrefix(rel, "dri/") {
 		want = names.DRMDeviceMajor
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFCHR || unix.Major(uint64(st.Rdev)) != want {

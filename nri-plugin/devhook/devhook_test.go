@@ -12,18 +12,84 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// mknod makes a character device node (root only: the hook removes nothing else).
+// mknod makes a character device node (root only: the hook removes nothing else). Not root
+// fails rather than skips: CI runs as root, and a skip would hide the tier that proves the
+// hook stays inside the container.
 func mknod(t *testing.T, path string, major, minor uint32) {
 	t.Helper()
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	if err := unix.Mknod(path, unix.S_IFCHR|0o666, int(unix.Mkdev(major, minor))); err != nil {
-		if os.Geteuid() != 0 {
-			t.Skipf("device nodes need root: %v", err)
-		}
+		t.Fatalf("mknod %s (the hook's tests run as root, as CI does): %v", path, err)
+	}
+}
+
+// bindMount mounts dir onto target for the test (root only).
+func bindMount(t *testing.T, dir, target string) {
+	t.Helper()
+	if err := os.MkdirAll(target, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	if err := unix.Mount(dir, target, "", unix.MS_BIND, ""); err != nil {
+		t.Fatalf("bind mount %s on %s: %v", dir, target, err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(target, unix.MNT_DETACH) })
+}
+
+// Review node-side M2: a pod that mounts the host's /dev/dri (or all of /dev) at the same
+// path with a hostPath volume must not have the host's nodes removed by the root hook, even
+// though they are the very paths the hook was given. Nodes in the container's own /dev still
+// go.
+func TestHookNeverRemovesThroughAHostMount(t *testing.T) {
+	t.Run("/dev/dri from the host", func(t *testing.T) {
+		hostDRI := filepath.Join(t.TempDir(), "dri")
+		mknod(t, filepath.Join(hostDRI, "card4"), 226, 4)
+		root := t.TempDir()
+		mknod(t, filepath.Join(root, "dev", "nvidia4"), 195, 4)
+		bindMount(t, hostDRI, filepath.Join(root, "dev", "dri"))
+		t.Chdir(root)
+		var stderr bytes.Buffer
+		if err := Run([]string{RemoveDevices, "/dev/nvidia4", "/dev/dri/card4"}, &stderr); err != nil {
+			t.Fatalf("hook: %v", err)
+		}
+		if _, err := os.Lstat(filepath.Join(hostDRI, "card4")); err != nil {
+			t.Errorf("the host's card4 is gone: %v", err)
+		}
+		if _, err := os.Lstat(filepath.Join(root, "dev", "nvidia4")); !os.IsNotExist(err) {
+			t.Errorf("the container's own /dev/nvidia4 stayed: %v", err)
+		}
+		if !strings.Contains(stderr.String(), "/dev/dri/card4 stays") || !strings.Contains(stderr.String(), "another mount") {
+			t.Errorf("stderr %q: want card4 reported as kept behind a mount", stderr.String())
+		}
+	})
+	t.Run("all of /dev from the host", func(t *testing.T) {
+		hostDev := filepath.Join(t.TempDir(), "hostdev")
+		if err := os.MkdirAll(hostDev, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Mount("tmpfs", hostDev, "tmpfs", 0, ""); err != nil { // a device of its own, as devtmpfs is
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = unix.Unmount(hostDev, unix.MNT_DETACH) })
+		mknod(t, filepath.Join(hostDev, "nvidia4"), 195, 4)
+		saved := hostDevDir
+		hostDevDir = hostDev
+		t.Cleanup(func() { hostDevDir = saved })
+		root := t.TempDir()
+		bindMount(t, hostDev, filepath.Join(root, "dev"))
+		t.Chdir(root)
+		var stderr bytes.Buffer
+		if err := Run([]string{RemoveDevices, "/dev/nvidia4"}, &stderr); err != nil {
+			t.Fatalf("hook: %v", err)
+		}
+		if _, err := os.Lstat(filepath.Join(hostDev, "nvidia4")); err != nil {
+			t.Errorf("the host's nvidia4 is gone: %v", err)
+		}
+		if !strings.Contains(stderr.String(), "is the host's") {
+			t.Errorf("stderr %q: want the host's /dev named", stderr.String())
+		}
+	})
 }
 
 func TestHookRemovesOnlyGPUDeviceNodes(t *testing.T) {

@@ -384,7 +384,7 @@ func TestChartPoliciesMatchManifests(t *testing.T) {
 		return out
 	}
 	got, want := specs(rendered), specs(string(manifest))
-	if len(got) != 10 || !reflect.DeepEqual(got, want) {
+	if len(got) != 12 || !reflect.DeepEqual(got, want) {
 		t.Fatalf("chart policies and manifests/policies differ (regenerate the manifest):\nchart     %v\nmanifests %v", got, want)
 	}
 }
@@ -397,7 +397,7 @@ func TestNodeScopePolicyComesWithTheNodePods(t *testing.T) {
 		args []string
 		want []string
 	}{
-		{nil, []string{"nvdomain-dra-blocks", "nvdomain-gpu-env", "nvdomain-node-scope", "nvdomain-pod-annotations", "nvdomain-trusted-namespaces"}},
+		{nil, []string{"nvdomain-dra-blocks", "nvdomain-gpu-env", "nvdomain-node-scope", "nvdomain-gpu-pods-require-nri", "nvdomain-pod-annotations", "nvdomain-trusted-namespaces"}},
 		{[]string{"--set", "policies.enabled=false"}, []string{"nvdomain-node-scope"}},
 		{[]string{"--set", "policies.enabled=false", "-f", filepath.Join(root(), "charts", "nvdomain", "ci", "dra-values.yaml")}, []string{"nvdomain-node-scope"}},
 		{[]string{"--set", "policies.enabled=false", "--set", "node.enabled=false"}, nil},

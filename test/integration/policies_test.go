@@ -143,7 +143,7 @@ func TestHandWrittenDomainAnnotationIsDenied(t *testing.T) {
 		{handAnnotated("sneaky"), "metadata.annotations[gpu.nvidia.com/nvswitch-domain]: says domain 0 but no container requests nvidia.com/nvswitch-domain-0"},
 		{tpOnly, "come only with nvdomain's gpu.nvidia.com/nvswitch-domain"},
 		{reported, "a new pod cannot carry it"},
-		{pinned, ""},
+		{requiresNRI(pinned), ""},
 		{dra, ""},
 	}
 	for _, tc := range cases {
@@ -515,7 +515,7 @@ func TestRequiredPluginsAnnotationIsFixed(t *testing.T) {
 	ctx := context.Background()
 	p := gpuPod("required", false, 1)
 	p.Namespace = "default"
-	p.Annotations = map[string]string{"required-plugins.noderesource.dev/container.vllm": `["nvdomain"]`}
+	p.Annotations = map[string]string{"required-plugins.noderesource.dev/container.vllm": `["nvdomain"]`, "required-plugins.noderesource.dev/pod": `["nvdomain"]`}
 	if _, err := c.client.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -866,7 +866,7 @@ func TestDRABlocksAreAskedForOnlyAsTheTemplatesDo(t *testing.T) {
 		{implicit("implicit-block-init", true, "deviceclass.resource.kubernetes.io/gpu-block.nvdomain.io"), "container(s) warmup request"},
 		// The GPU class's implicit resource is charged under nvidia.com/gpu, as its claim is.
 		{implicit("implicit-gpu", false, "deviceclass.resource.kubernetes.io/gpu.nvdomain.io"), ""},
-		{gpuPod("plain", false, 2), ""},
+		{requiresNRI(gpuPod("plain", false, 2)), ""},
 	}
 	for _, tc := range pods {
 		if tc.pod.Namespace == "" {
@@ -925,5 +925,62 @@ func TestOnlyAnAdministratorCreatesATrustedNamespace(t *testing.T) {
 	}
 	if err := create(c.client, "nvidia-gpu-operator", false); err != nil {
 		t.Errorf("an administrator could not create the GPU Operator's namespace: %v", err)
+	}
+}
+
+// requiresNRI gives a GPU pod the required-plugins annotation nvdomain's webhook writes, which
+// the gpu-pods-require-nri policy demands of every pod asking for nvidia.com/ resources.
+func requiresNRI(p *corev1.Pod) *corev1.Pod {
+	if p.Annotations == nil {
+		p.Annotations = map[string]string{}
+	}
+	p.Annotations["required-plugins.noderesource.dev/pod"] = `["nvdomain"]`
+	return p
+}
+
+// Review node-side H5: a GPU pod admitted while the webhook was unavailable carries no
+// required-plugins annotation, and containerd would start its containers with raw GPUs
+// whenever the plugin is down. The policy refuses it, naming the fix; a pod that lists
+// nvdomain (beside another plugin, and in each container-scoped key) passes, as do pods
+// without nvidia.com/ requests and pods of the namespaces the webhook leaves alone.
+func TestGPUPodsMustRequireTheNRIPlugin(t *testing.T) {
+	c := startPolicyCluster(t)
+	ctx := context.Background()
+	withAnn := func(p *corev1.Pod, kv ...string) *corev1.Pod {
+		p.Annotations = map[string]string{}
+		for i := 0; i+1 < len(kv); i += 2 {
+			p.Annotations[kv[i]] = kv[i+1]
+		}
+		return p
+	}
+	noGPU := gpuPod("no-gpu", false, 0)
+	noGPU.Spec.Containers[0].Resources = corev1.ResourceRequirements{}
+	system := gpuPod("system", false, 1)
+	system.Namespace = "kube-system"
+	for _, tc := range []struct {
+		pod  *corev1.Pod
+		want string // "" admitted
+	}{
+		{gpuPod("outage", false, 1), "required-plugins.noderesource.dev/pod is missing"},
+		{withAnn(gpuPod("webhooked", false, 1), "required-plugins.noderesource.dev/pod", `["nvdomain"]`), ""},
+		{withAnn(gpuPod("two-plugins", false, 1), "required-plugins.noderesource.dev/pod", "[other, nvdomain]"), ""},
+		{withAnn(gpuPod("opted-out", false, 1), "required-plugins.noderesource.dev/pod", `["nvdomain"]`, "required-plugins.noderesource.dev/container.vllm", "[]"),
+			"required-plugins.noderesource.dev/container.vllm leave nvdomain out"},
+		{withAnn(gpuPod("lookalike", false, 1), "required-plugins.noderesource.dev/pod", `["nvdomain-fake"]`), "leave nvdomain out"},
+		{noGPU, ""},
+		{system, ""},
+	} {
+		ns := tc.pod.Namespace
+		if ns == "" {
+			ns = "default"
+		}
+		var err error
+		eventually(t, 30*time.Second, "the policy decides "+tc.pod.Name, func() bool {
+			_, err = c.client.CoreV1().Pods(ns).Create(ctx, tc.pod, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+			return (tc.want == "") == (err == nil)
+		})
+		if tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%s: %v, want a refusal containing %q", tc.pod.Name, err, tc.want)
+		}
 	}
 }

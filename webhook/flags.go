@@ -26,6 +26,7 @@ func DefaultServerOptions() ServerOptions {
 		LeaderElectionNamespace: os.Getenv("POD_NAMESPACE"),
 		Drain:                   &Drain{},
 		ShutdownDelay:           10 * time.Second,
+		Replicas:                1,
 		KueueWatch:              true,
 		CertRotation: CertRotationOptions{
 			Validity:    365 * 24 * time.Hour,
@@ -49,6 +50,7 @@ func (so *ServerOptions) AddFlags(fs *flag.FlagSet) (complete func() error) {
 	mode := fs.String("mode", string(so.Handlers.Mode), "which node pools TP pods go to: classic (pin to a domain id), dra (rewrite onto the ResourceClaimTemplate nvdomain-tp-<k>; DRA pools only) or mixed (DRA for pods that select only nodes labelled nvdomain-mode=dra, classic for the rest); docs/dra.md")
 	so.DRATemplates.AddFlags(fs)
 	excluded := fs.String("exclude-namespaces", strings.Join(so.Handlers.ExcludedNamespaces, ","), "comma-separated namespaces never touched (add the webhook's own)")
+	fs.IntVar(&so.Replicas, "replicas", so.Replicas, "how many webhook replicas admit pods (the chart passes the Deployment's replicas): each keeps its own reservations and enforces its share of the per-namespace reservation caps, so all of them together hold no more than one namespace's caps")
 	fs.DurationVar(&so.ShutdownDelay, "shutdown-delay", so.ShutdownDelay, "after SIGTERM, how long to keep serving with readiness failing, so the Service's endpoints drop this replica before it closes (keep it under the pod's terminationGracePeriodSeconds)")
 	fs.BoolVar(&so.LeaderElection, "leader-elect", so.LeaderElection, "elect one replica to run the re-pin and template controllers (every replica serves admissions)")
 	fs.StringVar(&so.LeaderElectionID, "leader-election-id", so.LeaderElectionID, "name of the leader-election Lease; give each release in a namespace its own (the chart uses <release>-repin)")
@@ -103,6 +105,9 @@ func (so *ServerOptions) AddFlags(fs *flag.FlagSet) (complete func() error) {
 func (so ServerOptions) Validate() error {
 	if so.Port <= 0 || so.Port > 65535 {
 		return fmt.Errorf("--port=%d: must be a TCP port", so.Port)
+	}
+	if so.Replicas < 1 {
+		return fmt.Errorf("--replicas=%d: give the number of webhook replicas, at least 1", so.Replicas)
 	}
 	if so.ShutdownDelay < 0 {
 		return fmt.Errorf("--shutdown-delay=%s: must not be negative", so.ShutdownDelay)

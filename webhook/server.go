@@ -73,6 +73,9 @@ type ServerOptions struct {
 	// long it keeps serving after that.
 	Drain         *Drain
 	ShutdownDelay time.Duration
+	// Replicas is how many webhook replicas admit pods: each enforces its share of the
+	// per-namespace reservation caps (clusterview.View.SetReplicas).
+	Replicas int
 	// CertRotation, when CertRotation.Secret is set, makes and renews the self-signed
 	// serving certificate in that Secret on the elected replica, and every replica serves it
 	// from there (package certrotation).
@@ -185,6 +188,7 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 	}
 	view := clusterview.New(so.Handlers.Names)
 	view.SetDRABlocks(so.DRATemplates.Blocks)
+	view.SetReplicas(so.Replicas)
 	synced, err := feedView(mgr.GetCache(), view, watchClaims)
 	if err != nil {
 		return nil, nil, err

@@ -121,7 +121,15 @@ func (m *Decider) mutate(pod *corev1.Pod, seed uint64, admission string) (*corev
 		if out.Annotations == nil {
 			out.Annotations = map[string]string{}
 		}
-		out.Annotations[n.PodAdmissionAnnotation()] = admission
+		// A pin another replica made on this create (re-invoked here) keeps that replica's
+		// id beside this one's: its reservation is retired by the pod it was made for, not
+		// left to expire as a failed create. Only the last one is kept: the apiserver
+		// re-invokes a webhook once.
+		id := admission
+		if prior := clusterview.AdmissionIDs(pod, n); kept && len(prior) > 0 && prior[len(prior)-1] != admission {
+			id = prior[len(prior)-1] + "," + admission
+		}
+		out.Annotations[n.PodAdmissionAnnotation()] = id
 	}
 	if out == pod {
 		return nil, plan

@@ -1,11 +1,14 @@
 package clusterview
 
 import (
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/placement"
 )
 
@@ -17,9 +20,11 @@ import (
 const ReservationTTL = 10 * time.Second
 
 // MaxReservationsPerNamespace and MaxReservedGPUsPerNamespace bound the live reservations of
-// one namespace: a burst beyond either (informer lag during a large scale-up) pushes out the
-// namespace's oldest, so no namespace can make more than this much room look taken, however
-// fast it creates. A pushed-out reservation is no sign of failure: its pod may still come.
+// one namespace across all webhook replicas: a burst beyond either (informer lag during a
+// large scale-up) pushes out the namespace's oldest, so no namespace can make more than this
+// much room look taken, however fast it creates. Each replica keeps its own reservations, so
+// each enforces its share of the bound (SetReplicas). A pushed-out reservation is no sign of
+// failure: its pod may still come.
 const (
 	MaxReservationsPerNamespace = 32
 	MaxReservedGPUsPerNamespace = 64
@@ -27,23 +32,26 @@ const (
 
 // FailingCreatesHold is how long a namespace whose reservation expired without its pod ever
 // appearing (its creates fail after admission) has its reservations left out of every
-// choice. Each further unconsumed expiry renews it, and the first pod of the namespace that
-// arrives ends it. While it lasts, the namespace's creates are still pinned as usual; only
-// the room they would take before the informer delivers them is not held for them, which
-// costs a burst from that namespace some spread, never correctness.
+// choice. Each further unconsumed expiry renews it, and only its passing ends it: a pod of
+// the namespace that arrives proves nothing about the creates that fail, or a tenant could
+// clear the mark with one successful create per TTL and hold phantom room again at once.
+// While it lasts, the namespace's creates are still pinned as usual; only the room they
+// would take before the informer delivers them is not held for them, which costs a burst
+// from that namespace some spread, never correctness.
 const FailingCreatesHold = time.Minute
 
 // reservations are the webhook replica's domain choices for pods the informer has not
-// delivered yet. Each names the pod it was made for (namespace, and name or generateName),
-// so that only that pod retires it: pods of another namespace or another workload, or pods
-// another replica admitted, never retire this one's reservations. Reservations whose pod
-// never came (the create failed after admission) expire after ReservationTTL, and mark their
-// namespace as failing, whose reservations then count for nothing (FailingCreatesHold); so
-// does a second reservation under a name that already has one. A tenant that loops failing
-// creates therefore holds phantom room for at most one TTL, and never more than
-// MaxReservationsPerNamespace pods or MaxReservedGPUsPerNamespace GPUs. Only a reservation
-// its pod consumes ends the mark: a tenant mixing successful and failing creates renews the
-// bound once per TTL only with creates that really succeed and really hold GPUs.
+// delivered yet. Each carries the id of the admission request that made it, which the
+// mutating webhook writes on the pod (names.PodAdmissionAnnotation), so that only that pod
+// retires it: a pod of the same name or generateName, which a tenant controls, cannot retire
+// the reservation of a create that failed. Reservations whose pod never came (the create
+// failed after admission) expire after ReservationTTL, and mark their namespace as failing,
+// whose reservations then count for nothing until FailingCreatesHold passes without another
+// failure; so does a second reservation under a name that already has one. Nothing else ends
+// the mark. A tenant that loops failing creates, mixed with successful ones or not, therefore
+// holds phantom room for one TTL, and again only after a whole FailingCreatesHold without a
+// failure: at most one TTL in every TTL+FailingCreatesHold, and never more than its share of
+// MaxReservationsPerNamespace pods or MaxReservedGPUsPerNamespace GPUs on each replica.
 type reservations struct {
 	mu sync.Mutex
 	// queue is every reservation not yet expired, in expiry order (the TTL is constant).
@@ -57,6 +65,8 @@ type reservations struct {
 	// pushed lists, per namespace, the reservations the namespace cap pushed out that have
 	// not expired yet: their pods may still consume them.
 	pushed map[string][]*reservation
+	// maxPods and maxGPUs are this replica's share of the namespace caps (SetReplicas).
+	maxPods, maxGPUs int
 }
 
 type reservation struct {
@@ -72,7 +82,23 @@ type reservation struct {
 }
 
 func newReservations() reservations {
-	return reservations{byNamespace: map[string][]*reservation{}, counted: map[demand]int{}, failing: map[string]time.Time{}, pushed: map[string][]*reservation{}}
+	return reservations{byNamespace: map[string][]*reservation{}, counted: map[demand]int{}, failing: map[string]time.Time{}, pushed: map[string][]*reservation{},
+		maxPods: MaxReservationsPerNamespace, maxGPUs: MaxReservedGPUsPerNamespace}
+}
+
+// SetReplicas tells the view how many webhook replicas admit pods (the Deployment's
+// replicas), so that this replica enforces its share of the namespace caps and all replicas
+// together hold no more than MaxReservationsPerNamespace pods and MaxReservedGPUsPerNamespace
+// GPUs of one namespace. The share is rounded up, and never below one TP pod of the largest
+// size the caps allow, so a namespace can always reserve for at least one pod per replica.
+func (v *View) SetReplicas(replicas int) {
+	if replicas < 1 {
+		replicas = 1
+	}
+	v.res.mu.Lock()
+	defer v.res.mu.Unlock()
+	v.res.maxPods = max(1, (MaxReservationsPerNamespace+replicas-1)/replicas)
+	v.res.maxGPUs = max(8, (MaxReservedGPUsPerNamespace+replicas-1)/replicas)
 }
 
 // ChooseAndReserve chooses a domain for a pod being created (ChooseDomain) and reserves the
@@ -83,6 +109,9 @@ func (v *View) ChooseAndReserve(pod *corev1.Pod, k int, seed uint64, admission s
 	v.decideMu.Lock()
 	defer v.decideMu.Unlock()
 	dec, err := v.ChooseDomain(pod, k, seed)
+	if v.chooseHook != nil {
+		v.chooseHook()
+	}
 	if err == nil {
 		v.res.add(pod, admission, demand{dec.Domain, k}, v.now())
 	}
@@ -102,20 +131,33 @@ func (v *View) ReserveIfRoom(pod *corev1.Pod, domain, gpus int, admission string
 	return true
 }
 
+// AdmissionIDs returns the admission request ids pod records (names.PodAdmissionAnnotation):
+// the request that pinned it and, when the apiserver re-invoked the webhook on another
+// replica that pinned it anew, that replica's too, comma-separated.
+func AdmissionIDs(pod *corev1.Pod, n names.Names) []string {
+	var ids []string
+	for _, id := range strings.Split(pod.Annotations[n.PodAdmissionAnnotation()], ",") {
+		if id = strings.TrimSpace(id); id != "" {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
 // Reserved reports whether this replica holds a live reservation for gpus GPUs of domain made
 // by the admission that pod records (names.PodAdmissionAnnotation): the webhook has just
 // pinned it, and this is the
 // same create coming back (a re-invoked admission). A pin copied from another pod carries
 // another admission's id, whose reservation is long gone or another pod's.
 func (v *View) Reserved(pod *corev1.Pod, domain, gpus int) bool {
-	id := pod.Annotations[v.names.PodAdmissionAnnotation()]
-	if id == "" {
+	ids := AdmissionIDs(pod, v.names)
+	if len(ids) == 0 {
 		return false
 	}
 	v.res.mu.Lock()
 	defer v.res.mu.Unlock()
 	for _, r := range v.res.byNamespace[pod.Namespace] {
-		if r.id == id && r.demand == (demand{domain, gpus}) {
+		if slices.Contains(ids, r.id) && r.demand == (demand{domain, gpus}) {
 			return true
 		}
 	}
@@ -143,7 +185,7 @@ func (rs *reservations) add(pod *corev1.Pod, id string, d demand, now time.Time)
 			}
 		}
 	}
-	for list := rs.byNamespace[ns]; len(list) > 0 && (len(list) >= MaxReservationsPerNamespace || reservedGPUs(list)+d.gpus > MaxReservedGPUsPerNamespace); list = rs.byNamespace[ns] {
+	for list := rs.byNamespace[ns]; len(list) > 0 && (len(list) >= rs.maxPods || reservedGPUs(list)+d.gpus > rs.maxGPUs); list = rs.byNamespace[ns] {
 		list[0].pushed = true
 		rs.pushed[ns] = append(rs.pushed[ns], list[0])
 		rs.retireLocked(list[0])
@@ -158,33 +200,42 @@ func (rs *reservations) add(pod *corev1.Pod, id string, d demand, now time.Time)
 	rs.byNamespace[ns] = append(rs.byNamespace[ns], r)
 }
 
-// consume retires the reservation made for pod, which has just arrived: one of its namespace
-// and demand made under its name, or under its generateName, or (a reservation made for a
-// pod without either, as tests make) for any pod. A live one first; else one the namespace
-// cap pushed out, which is marked consumed so that its expiry is no sign of failure. Only a
-// reservation consumed by its pod ends the namespace's failing mark: a pod that comes
-// without one (pinned by hand, or by another replica) proves nothing about the creates that
-// fail, or a tenant could renew its phantom room with one such pod per TTL.
-func (rs *reservations) consume(pod *corev1.Pod, d demand, now time.Time) {
+// consume retires the reservations made for pod, which has just arrived: those of its
+// namespace made by an admission request the pod records (names.PodAdmissionAnnotation;
+// ids, since a re-invoked admission that another replica pinned anew records both), or, for
+// a reservation made without an id (tests make them), one of its demand made under its name
+// or generateName. A live one is retired; one the namespace cap pushed out is marked
+// consumed, so that its expiry is no sign of failure. Consuming never ends the namespace's
+// failing mark (FailingCreatesHold).
+func (rs *reservations) consume(pod *corev1.Pod, ids []string, d demand) {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	match := func(r *reservation) bool {
-		return r.namespace == pod.Namespace && r.demand == d && !r.consumed &&
-			((r.name != "" && r.name == pod.Name) || (r.name == "" && r.generateName == pod.GenerateName))
+		if r.namespace != pod.Namespace || r.consumed {
+			return false
+		}
+		if r.id != "" {
+			return slices.Contains(ids, r.id)
+		}
+		return r.demand == d && ((r.name != "" && r.name == pod.Name) || (r.name == "" && r.generateName == pod.GenerateName))
 	}
-	for _, r := range rs.byNamespace[pod.Namespace] {
-		if match(r) {
-			r.consumed = true
+	// Each id made one reservation; a pod without one retires one reservation made without.
+	anonymous := false
+	take := func(r *reservation) bool {
+		if !match(r) || (r.id == "" && anonymous) {
+			return false
+		}
+		anonymous = anonymous || r.id == ""
+		r.consumed = true
+		return true
+	}
+	for _, r := range slices.Clone(rs.byNamespace[pod.Namespace]) {
+		if take(r) {
 			rs.retireLocked(r)
-			delete(rs.failing, pod.Namespace)
-			return
 		}
 	}
 	for _, r := range rs.pushed[pod.Namespace] {
-		if match(r) {
-			r.consumed = true
-			return
-		}
+		take(r)
 	}
 }
 
@@ -249,7 +300,7 @@ func (rs *reservations) dropPushedLocked(r *reservation) {
 
 // markFailingLocked marks namespace ns as failing its creates: none of its reservations
 // counts, those it holds now included, until FailingCreatesHold has passed without another
-// failure or one of its pods arrives.
+// failure.
 func (rs *reservations) markFailingLocked(ns string, now time.Time) {
 	rs.failing[ns] = now.Add(FailingCreatesHold)
 	for _, r := range rs.byNamespace[ns] {

@@ -116,6 +116,9 @@ type View struct {
 
 	// matchHook, when set (tests), runs each time RepinInputs matches waiters to nodes.
 	matchHook func()
+	// chooseHook, when set (tests), runs in ChooseAndReserve between the choice and the
+	// reservation.
+	chooseHook func()
 
 	// decideMu makes a domain choice and its reservation one step (ChooseAndReserve), so
 	// concurrent admissions on this replica never take the same room.
@@ -442,7 +445,7 @@ func (v *View) UpsertPod(pod *corev1.Pod) {
 		// later updates of the pod (the scheduler's status, say) must not retire the
 		// reservation of another pod. A pod the scheduler bound before the informer saw it
 		// unbound retires its reservation too.
-		v.res.consume(pod, demand{d, held}, v.now())
+		v.res.consume(pod, AdmissionIDs(pod, v.names), demand{d, held})
 	}
 	if !bound {
 		e.gated = len(pod.Spec.SchedulingGates) > 0

@@ -389,6 +389,7 @@ func Start(t testing.TB, o Options) *Cluster {
 			"--cert-dir=" + c.CertDir, "--host=" + ip, fmt.Sprintf("--port=%d", Port),
 			"--metrics-bind-address=0", fmt.Sprintf("--health-probe-bind-address=%s:%d", ip, ProbePort),
 			"--leader-election-namespace=" + Namespace, "--exclude-namespaces=kube-system," + Namespace,
+			fmt.Sprintf("--replicas=%d", o.Replicas),
 		}, o.WebhookArgs...)
 		if o.Pprof {
 			r.args = append(r.args, fmt.Sprintf("--pprof-bind-address=%s:%d", ip, PprofPort))

@@ -218,7 +218,7 @@ func (p *Plugin) snapshotLocked() Snapshot {
 	// newer than anything its predecessor wrote.
 	p.generation = max(time.Now().UnixNano(), p.generation+1)
 	snap := Snapshot{Generation: p.generation, Fingerprint: p.top.Fingerprint(), Assignments: out, PassThrough: p.passThrough.Load(), RequiringPods: len(p.requiring),
-		Synchronized: p.syncs.Load() > 0}
+		Synchronized: p.syncs.Load() > 0, Disconnected: !p.ready.Load()}
 	if p.runtime.Name != "" {
 		r := p.runtime
 		snap.Runtime = &r

@@ -162,11 +162,11 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, ctrs []*
 		p.stopped[a.ContainerID] = true
 	}
 	p.syncs.Add(1) // before the snapshot, which says the books are the runtime's now
+	p.ready.Store(true)
 	all := p.snapshotLocked()
 	p.mu.Unlock()
 	p.log.Info("synchronized", "containers", len(ctrs), "holdingGPUs", len(all.Assignments))
 	p.report.Changed(all)
-	p.ready.Store(true)
 	p.metrics.Connected.Set(1)
 	return nil, nil
 }

@@ -153,8 +153,8 @@ type Snapshot struct {
 	RequiringPods int
 	// Runtime is the runtime the plugin registered with (nil before the first registration).
 	Runtime *Runtime
-	// Synchronized: see nristate.Doc.
-	Synchronized bool
+	// Synchronized and Disconnected: see nristate.Doc.
+	Synchronized, Disconnected bool
 }
 
 // New returns a plugin over the node's topology.
@@ -263,8 +263,16 @@ func (p *Plugin) DropHook() {
 // while it is not, containerd refuses every container that requires it.
 func (p *Plugin) Ready() bool { return p.ready.Load() }
 
-// disconnected records that the connection to the runtime is gone.
+// disconnected records that the connection to the runtime is gone, and says so in the state
+// file, so that the agent stops offering the node's room until the plugin has synchronized
+// again (containerd refuses every container that requires it meanwhile).
 func (p *Plugin) disconnected() {
-	p.ready.Store(false)
+	if !p.ready.Swap(false) {
+		return
+	}
 	p.metrics.Connected.Set(0)
+	p.mu.Lock()
+	snap := p.snapshotLocked()
+	p.mu.Unlock()
+	p.report.Changed(snap)
 }

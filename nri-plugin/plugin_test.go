@@ -1484,7 +1484,7 @@ func TestRestartDuringBackOffKeepsTheHoldFromTheStateFile(t *testing.T) {
 // nvdomain_nri_connected says what up cannot: the metrics server answers while the plugin
 // waits to reconnect to containerd, when containerd refuses every GPU container requiring it.
 func TestConnectedGaugeFollowsTheRuntimeConnection(t *testing.T) {
-	p, _, m := newPlugin(t)
+	p, rec, m := newPlugin(t)
 	if got := testutil.ToFloat64(m.Connected); got != 0 {
 		t.Fatalf("connected before any Synchronize = %v", got)
 	}
@@ -1494,9 +1494,29 @@ func TestConnectedGaugeFollowsTheRuntimeConnection(t *testing.T) {
 	if got := testutil.ToFloat64(m.Connected); got != 1 {
 		t.Fatalf("connected after Synchronize = %v", got)
 	}
+	rec.mu.Lock()
+	if rec.snap.Disconnected {
+		t.Error("the snapshot taken at Synchronize says disconnected")
+	}
+	rec.mu.Unlock()
 	p.disconnected()
 	if got := testutil.ToFloat64(m.Connected); got != 0 || p.Ready() {
 		t.Fatalf("after the connection was lost: connected %v, ready %v", got, p.Ready())
+	}
+	// The state file says so, so the agent stops offering the node's room (review classic
+	// M7); the next Synchronize says connected again.
+	rec.mu.Lock()
+	if !rec.snap.Disconnected {
+		t.Error("no snapshot says the plugin is disconnected")
+	}
+	rec.mu.Unlock()
+	if _, err := p.Synchronize(context.Background(), nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if rec.snap.Disconnected {
+		t.Error("after a new Synchronize the snapshot still says disconnected")
 	}
 }
 

@@ -103,7 +103,7 @@ func (s *StateFile) flush() {
 		s.onDrained()
 	}
 	written, err := nristate.Write(s.path, nristate.Doc{Generation: latest.Generation, TopologyFingerprint: latest.Fingerprint, Assignments: latest.Assignments,
-		PassThrough: latest.PassThrough, RequiringPods: latest.RequiringPods, Runtime: latest.Runtime, Synchronized: latest.Synchronized})
+		PassThrough: latest.PassThrough, RequiringPods: latest.RequiringPods, Runtime: latest.Runtime, Synchronized: latest.Synchronized, Disconnected: latest.Disconnected})
 	switch {
 	case err != nil:
 		s.log.Error(err, "write state file", "path", s.path)

@@ -92,6 +92,8 @@ type Agent struct {
 	// pluginTopology is the NRI plugin's topology fingerprint from its state file; mismatch
 	// whether it differed at the last publish.
 	pluginTopology string
+	// pluginDisconnected: the NRI plugin's state file says it has lost the runtime.
+	pluginDisconnected bool
 	mismatch       bool
 }
 
@@ -277,7 +279,8 @@ func (a *Agent) loaded(ctx context.Context, top *topology.Topology) {
 func (a *Agent) publish(ctx context.Context) error {
 	mismatch := a.pluginTopology != "" && a.pluginTopology != a.lastGood.Fingerprint()
 	d, err := Desire(a.o.Names, a.lastGood, a.unpinned, Health{Stale: a.stale, Mismatch: mismatch, FailOpen: a.failOpen,
-		Unproven: a.o.Canary.Image != "" && !a.proven, WithholdCapacity: a.o.Canary.WithholdCapacity, Proof: a.proof()})
+		Unproven: a.o.Canary.Image != "" && !a.proven, WithholdCapacity: a.o.Canary.WithholdCapacity, Proof: a.proof(),
+		PluginDisconnected: a.pluginDisconnected})
 	if err != nil {
 		return err
 	}
@@ -369,8 +372,12 @@ func (a *Agent) readNRIState() bool {
 		// A file written before the plugin registered (a restart) says nothing of it.
 		a.pluginRuntime = doc.Runtime
 	}
-	fpChanged := doc.TopologyFingerprint != a.pluginTopology
+	fpChanged := doc.TopologyFingerprint != a.pluginTopology || doc.Disconnected != a.pluginDisconnected
 	a.pluginTopology = doc.TopologyFingerprint
+	if doc.Disconnected != a.pluginDisconnected {
+		a.o.Log.Info("the NRI plugin's connection to the runtime changed; the node offers room only while it is connected", "disconnected", doc.Disconnected)
+	}
+	a.pluginDisconnected = doc.Disconnected
 	top := a.lastGood
 	usage := nristate.UnpinnedByDomain(doc, func(g int) (int, bool) {
 		gpu, ok := top.GPU(g)

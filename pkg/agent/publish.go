@@ -46,6 +46,11 @@ type Health struct {
 	// room too, so a tensor-parallel pod never lands on a node before it is proven
 	// fail-closed, and an autoscaler's node is initialized only once it is.
 	FailOpen, Unproven, WithholdCapacity bool
+	// PluginDisconnected marks a node whose NRI plugin has lost the runtime (its state file
+	// says so): every domain is published with no room whatever WithholdCapacity says, since
+	// containerd refuses each container that requires the plugin, so a pod placed there
+	// would only be refused (review classic M7).
+	PluginDisconnected bool
 	// Proof is the value of FailClosedProvenAnnotation: the node's boot ID while a canary
 	// refused during this boot proves it, names.NotProven otherwise. It is always written, so
 	// a node without it was last published by a release that did not write it (seedFailOpen).
@@ -72,7 +77,7 @@ func Desire(n names.Names, top *topology.Topology, unpinned map[int]int, h Healt
 		d.Labels[n.DomainSizeLabel(dom.ID)] = strconv.Itoa(dom.Size())
 		d.Annotations[n.DomainGPUsAnnotation(dom.ID)] = names.FormatGPUList(dom.GPUs)
 		room := int64(max(0, dom.Size()-unpinned[dom.ID]))
-		if (h.FailOpen || h.Unproven) && h.WithholdCapacity {
+		if ((h.FailOpen || h.Unproven) && h.WithholdCapacity) || h.PluginDisconnected {
 			room = 0
 		}
 		d.Capacity[n.DomainResource(dom.ID)] = room

@@ -1,12 +1,18 @@
 package agent
 
 import (
+	"os"
+	"path/filepath"
 	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/nristate"
 	"github.com/nvdomain/nvdomain/pkg/topology"
 )
 
@@ -82,5 +88,39 @@ func TestPatchesTouchOnlyOwnedKeys(t *testing.T) {
 	}
 	if _, touched := res["nvidia.com/gpu"]; touched {
 		t.Error("the device plugin's resource was touched")
+	}
+}
+
+// A node whose NRI plugin has lost the runtime offers no room, whatever the canary settings:
+// containerd refuses every container that requires the plugin, so a pod placed there would
+// only be refused (review classic M7). The agent learns it from the plugin's state file and
+// offers the room again once the plugin has synchronized.
+func TestADisconnectedPluginWithholdsTheNodesRoom(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "nri-state.json")
+	a := New(Options{Names: n, Node: "gpu-node01", NRIStateFile: state, Log: logr.Discard(), Metrics: newMetrics()})
+	a.lastGood = seed(t)
+	for i, tc := range []struct {
+		disconnected bool
+		room         int64
+	}{{false, 4}, {true, 0}, {false, 4}} {
+		if _, err := nristate.Write(state, nristate.Doc{Generation: int64(i + 1), Synchronized: true, Disconnected: tc.disconnected}); err != nil {
+			t.Fatal(err)
+		}
+		// The agent notices a change by the file's modification time.
+		if err := os.Chtimes(state, time.Now(), time.Now().Add(time.Duration(i)*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		if changed := a.readNRIState(); !changed && i > 0 {
+			t.Errorf("step %d: a change of the plugin's connection is no change to publish", i)
+		}
+		d, err := Desire(n, a.lastGood, a.unpinned, Health{PluginDisconnected: a.pluginDisconnected})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for res, room := range d.Capacity {
+			if room != tc.room {
+				t.Errorf("step %d (disconnected %v): %s = %d, want %d", i, tc.disconnected, res, room, tc.room)
+			}
+		}
 	}
 }

@@ -54,12 +54,14 @@ func StripPod(n names.Names) func(any) (any, error) {
 				}
 			}
 		}
-		if pod.Spec.NodeName != "" && pod.Status.Phase == corev1.PodPending {
-			// A container the node's nvdomain plugin refused, for the re-pin controller
-			// (repin.RefusedByNode): the waiting state alone, of those containers only.
+		if pod.Spec.NodeName != "" {
+			// A container the node refused, by nvdomain's plugin or for want of it, for the
+			// re-pin controller (repin.RefusedByNode), whatever the pod's phase (a restart
+			// refused after the container ran reports Running): the waiting state alone, of
+			// those containers only.
 			for _, cs := range [][]corev1.ContainerStatus{pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses} {
 				for _, c := range cs {
-					if w := c.State.Waiting; w != nil && w.Reason == CreateContainerError && strings.Contains(w.Message, names.NRIPluginName+": ") {
+					if w := c.State.Waiting; w != nil && w.Reason == CreateContainerError && strings.Contains(w.Message, names.NRIPluginName) {
 						out.Status.ContainerStatuses = append(out.Status.ContainerStatuses, corev1.ContainerStatus{Name: c.Name, State: corev1.ContainerState{Waiting: w}})
 					}
 				}

@@ -52,3 +52,34 @@ func TestStripPodKeepsWhatTheRepinNeeds(t *testing.T) {
 		})
 	}
 }
+
+// A bound pod keeps the waiting state of the containers its node refuses, whatever its
+// phase: the re-pin controller finds refused restarts of pods that ran (phase Running) and
+// refusals for want of the plugin (review classic H4, M7). Nothing else of the status is kept.
+func TestStripPodKeepsRefusalsInEveryPhase(t *testing.T) {
+	for _, tc := range []struct {
+		phase corev1.PodPhase
+		msg   string
+		kept  bool
+	}{
+		{corev1.PodPending, "nvdomain: pod default/x container vllm: NVSwitch domain 0 (GPUs 0,1,2,3) has 0 free GPU(s), 4 requested", true},
+		{corev1.PodRunning, "nvdomain: pod default/x container vllm: NVSwitch domain 0 (GPUs 0,1,2,3) has 0 free GPU(s), 4 requested", true},
+		{corev1.PodRunning, `validation failed: required plugin "nvdomain" not present`, true},
+		{corev1.PodRunning, "exec format error", false},
+	} {
+		p := pinnedPod("gpu-node01", 0, 4)
+		p.Status.Phase = tc.phase
+		p.Status.ContainerStatuses = []corev1.ContainerStatus{
+			{Name: "ok", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}},
+			{Name: "vllm", State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: CreateContainerError, Message: tc.msg}}},
+		}
+		obj, err := StripPod(n)(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := obj.(*corev1.Pod).Status.ContainerStatuses
+		if kept := len(got) == 1 && got[0].Name == "vllm" && got[0].State.Waiting.Message == tc.msg; kept != tc.kept || (!tc.kept && len(got) != 0) {
+			t.Errorf("%s, %q: kept statuses %+v, want the refused one kept: %v", tc.phase, tc.msg, got, tc.kept)
+		}
+	}
+}

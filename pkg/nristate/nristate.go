@@ -57,6 +57,12 @@ type Doc struct {
 	// at least once, so RequiringPods counts the pods that run (before that it counts only
 	// the creations it saw, none after a restart).
 	Synchronized bool `json:"synchronized,omitempty"`
+	// Disconnected: the plugin that wrote the file has lost its connection to the runtime
+	// (containerd restarted, the plugin's stub closed) and not synchronized again. While it
+	// is, containerd refuses every container that requires the plugin, so the agent offers
+	// no room on the node (review classic M7). Absent in files of releases before it: those
+	// count as connected.
+	Disconnected bool `json:"disconnected,omitempty"`
 }
 
 // Runtime is a container runtime as the NRI plugin saw it at registration, and what it

@@ -46,8 +46,12 @@ const affinityMismatch = "node(s) didn't match Pod's node affinity/selector"
 //     pinned to the new id for them, which the plan then leaves alone (one recreation, no
 //     loop).
 //
+// Nodes the pod may not use at all (an untolerated taint, a cordon) are left out of the
+// second rule: the plan never targets them, and the scheduler stops at their first failing
+// filter, so they say nothing about the plan's node.
+//
 // Nothing else moves a pod. A pod the scheduler also rejects for its CPU, memory, other
-// extended resources, untolerated taints, volumes' node affinity, pod (anti-)affinity or
+// extended resources, volumes' node affinity, pod (anti-)affinity or
 // topology spread would wait after a move just as before, and the replacement of a pod
 // whose owner takes a restart badly is not free. What preemption found (after the first
 // ". ") is not a reason the pod failed.
@@ -58,13 +62,50 @@ func DomainBlocked(p *corev1.Pod, n names.Names) bool {
 		if res, ok := strings.CutPrefix(r, "Insufficient "); ok && (res == names.GPUResource || n.IsDomainResource(res)) {
 			return true
 		}
-		if r == affinityMismatch {
+		switch {
+		case r == affinityMismatch:
 			affinity = true
-		} else {
+		case unavailableNode(r):
+			// A node the pod may not use at all (a taint it does not tolerate, cordoned, not
+			// ready): the plan never moves a pod there, so such a node says nothing about the
+			// node the plan found (review classic H5).
+		default:
 			other = true
 		}
 	}
 	return affinity && !other
+}
+
+// unavailableNode reports whether a filter reason is the scheduler's verdict on a node the
+// pod may not use at all, whatever its domains: an untolerated taint (NoSchedule taints
+// include not-ready, unreachable and the control plane's) or a cordon. The re-pin plan judges
+// the same from the node objects (clusterview's availability), so a node behind such a
+// reason is never where it moves a pod.
+func unavailableNode(reason string) bool {
+	return strings.HasPrefix(reason, "node(s) had untolerated taint") || reason == "node(s) were unschedulable"
+}
+
+// WaitsForGPUs reports whether the scheduler's verdict on a pending pod says that it waits
+// for GPUs somewhere it may run: "Insufficient" for one of nvdomain's domain resources or
+// nvidia.com/gpu among its reasons. A pod the scheduler has judged and rejected for other
+// reasons only (pod affinity no pod satisfies, CPU, volumes, taints) would stay Pending
+// however much GPU room there were; it returns false for it. A pod not judged yet returns
+// true: it may well bind.
+func WaitsForGPUs(p *corev1.Pod, n names.Names) bool {
+	msg := SchedulerMessage(p)
+	if msg == "" {
+		return true
+	}
+	reasons := filterReasons(msg)
+	if len(reasons) == 0 {
+		return true // not the default scheduler's wording: no verdict to trust
+	}
+	for _, r := range reasons {
+		if res, ok := strings.CutPrefix(r, "Insufficient "); ok && (res == names.GPUResource || n.IsDomainResource(res)) {
+			return true
+		}
+	}
+	return false
 }
 
 // filterReasons splits the filter part of a scheduling failure message, "0/N nodes are

@@ -1,6 +1,7 @@
 package repin
 
 import (
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -34,7 +35,13 @@ func TestDomainBlocked(t *testing.T) {
 		// term it fails there is nvdomain's (its pinned id is gone from every such node).
 		{"only node affinity: the pinned id exists nowhere with room", names.Default(), cond(corev1.ConditionFalse, "0/4 nodes are available: 4 node(s) didn't match Pod's node affinity/selector."), true},
 		{"node affinity and the domain resource", names.Default(), cond(corev1.ConditionFalse, "0/4 nodes are available: 2 Insufficient "+names.Default().DomainResource(1)+", 2 node(s) didn't match Pod's node affinity/selector. preemption: 0/4 nodes are available: 4 No preemption victims found for incoming pod."), true},
-		{"node affinity and taints", names.Default(), cond(corev1.ConditionFalse, "0/4 nodes are available: 1 node(s) had untolerated taint {dedicated: llm}, 3 node(s) didn't match Pod's node affinity/selector."), false},
+		// Review classic H5: a node the pod may not use at all (a taint it does not
+		// tolerate, a cordon) is never the plan's target, so it does not block the move.
+		{"node affinity and taints", names.Default(), cond(corev1.ConditionFalse, "0/4 nodes are available: 1 node(s) had untolerated taint {dedicated: llm}, 3 node(s) didn't match Pod's node affinity/selector."), true},
+		{"node affinity and a cordoned node", names.Default(), cond(corev1.ConditionFalse, "0/4 nodes are available: 1 node(s) were unschedulable, 3 node(s) didn't match Pod's node affinity/selector. preemption: 0/4 nodes are available: 4 Preemption is not helpful for scheduling."), true},
+		{"node affinity and a control-plane node", names.Default(), cond(corev1.ConditionFalse, "0/4 nodes are available: 1 node(s) had untolerated taint {node-role.kubernetes.io/control-plane: }, 3 node(s) didn't match Pod's node affinity/selector."), true},
+		{"taints and a cordon only", names.Default(), cond(corev1.ConditionFalse, "0/2 nodes are available: 1 node(s) had untolerated taint {dedicated: llm}, 1 node(s) were unschedulable."), false},
+		{"node affinity, taints and pod affinity", names.Default(), cond(corev1.ConditionFalse, "0/4 nodes are available: 1 node(s) had untolerated taint {dedicated: llm}, 1 node(s) didn't match pod affinity rules, 2 node(s) didn't match Pod's node affinity/selector."), false},
 		{"node affinity and CPU", names.Default(), cond(corev1.ConditionFalse, "0/4 nodes are available: 1 Insufficient cpu, 3 node(s) didn't match Pod's node affinity/selector."), false},
 		{"CPU only", names.Default(), cond(corev1.ConditionFalse, "0/1 nodes are available: 1 Insufficient cpu."), false},
 		{"time-sliced GPUs", names.Default(), cond(corev1.ConditionFalse, "0/1 nodes are available: 1 Insufficient "+names.SharedGPUResource+"."), false},
@@ -49,6 +56,42 @@ func TestDomainBlocked(t *testing.T) {
 			p := &corev1.Pod{Status: corev1.PodStatus{Conditions: tc.conds}}
 			if got := DomainBlocked(p, tc.names); got != tc.want {
 				t.Fatalf("DomainBlocked(%q) = %v, want %v", SchedulerMessage(p), got, tc.want)
+			}
+		})
+	}
+}
+
+// RefusedByNode finds the refusals a move can repair by the container's waiting state, in
+// any live phase: a restart refused after the container ran reports Running (review classic
+// H4), and containerd's own refusal for want of the plugin counts too (review classic M7).
+func TestRefusedByNode(t *testing.T) {
+	full := `failed to create containerd container: validate and prepare: nvdomain: pod default/x container vllm: NVSwitch domain 0 (GPUs 0,1,2,3) has 0 free GPU(s), 4 requested; the GPUs in use there: 0 by default/rogue/c`
+	missing := `failed to create containerd container: NRI validation failed: validation failed: required plugin "nvdomain" not present`
+	escaped := `failed to create containerd container: validation failed: required plugins \"dra,nvdomain\" not present`
+	pod := func(node string, phase corev1.PodPhase, reason, msg string) *corev1.Pod {
+		return &corev1.Pod{Spec: corev1.PodSpec{NodeName: node}, Status: corev1.PodStatus{Phase: phase, ContainerStatuses: []corev1.ContainerStatus{
+			{Name: "vllm", State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: reason, Message: msg}}}}}}
+	}
+	cases := []struct {
+		name string
+		pod  *corev1.Pod
+		want string // "" when not refused
+	}{
+		{"pending, domain full", pod("n1", corev1.PodPending, "CreateContainerError", full), "nvdomain: pod default/x container vllm: NVSwitch domain 0 (GPUs 0,1,2,3) has 0 free GPU(s), 4 requested; the GPUs in use there: 0 by default/rogue/c"},
+		{"a restart refused: phase Running", pod("n1", corev1.PodRunning, "CreateContainerError", full), "nvdomain: pod default/x"},
+		{"the plugin is not connected", pod("n1", corev1.PodPending, "CreateContainerError", missing), `not connected to the node's container runtime (required plugin "nvdomain" not present)`},
+		{"several required plugins, escaped quotes", pod("n1", corev1.PodRunning, "CreateContainerError", escaped), `required plugins "dra,nvdomain" not present`},
+		{"another plugin missing", pod("n1", corev1.PodPending, "CreateContainerError", `validation failed: required plugin "dra" not present`), ""},
+		{"another refusal of nvdomain's", pod("n1", corev1.PodPending, "CreateContainerError", "nvdomain: pod default/x container vllm: the annotation is not nvdomain's"), ""},
+		{"not bound", pod("", corev1.PodPending, "CreateContainerError", full), ""},
+		{"finished", pod("n1", corev1.PodFailed, "CreateContainerError", full), ""},
+		{"an image pull", pod("n1", corev1.PodPending, "ErrImagePull", full), ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ok := RefusedByNode(tc.pod)
+			if ok != (tc.want != "") || !strings.Contains(got, tc.want) {
+				t.Fatalf("RefusedByNode = %q, %v; want %q", got, ok, tc.want)
 			}
 		})
 	}

@@ -64,14 +64,23 @@ func Unschedulable(p *corev1.Pod) bool {
 	return false
 }
 
-// RefusedByNode returns the node's refusal of a pod bound there, when nvdomain's NRI plugin
-// refused one of its containers for want of free GPUs (domain-full, node-full): GPUs held by
-// containers the scheduler's counters do not see (admitted while the webhook was down, say).
-// The kubelet retries such a container forever; moving the pod is the repair. Other
-// refusals (a hand-written annotation, a strategy mismatch) are not about room, and moving
-// the pod would not help. The pod must be as clusterview.StripPod keeps it, or whole.
+// RefusedByNode returns the node's refusal of a pod bound there, when one of its containers
+// is refused at creation in a way a move can repair:
+//
+//   - nvdomain's NRI plugin refused it for want of free GPUs (domain-full, node-full): GPUs
+//     held by containers the scheduler's counters do not see (admitted while the webhook was
+//     down, say);
+//   - containerd refused it because nvdomain's plugin, which the pod requires, is not
+//     connected on the node (NRI's "required plugin … not present"): the node is a black hole
+//     for GPU pods until the plugin is back (review classic M7).
+//
+// The kubelet retries such a container forever. It is judged by the container's waiting
+// state, not by the pod's phase: a pod whose container ran and is now refused on its restart
+// (after a node reboot, say) reports phase Running (review classic H4). Other refusals (a
+// hand-written annotation, a strategy mismatch) are not about room, and moving the pod would
+// not help. The pod must be as clusterview.StripPod keeps it, or whole.
 func RefusedByNode(p *corev1.Pod) (string, bool) {
-	if p.Spec.NodeName == "" || p.DeletionTimestamp != nil || p.Status.Phase != corev1.PodPending {
+	if p.Spec.NodeName == "" || p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 		return "", false
 	}
 	for _, cs := range [][]corev1.ContainerStatus{p.Status.InitContainerStatuses, p.Status.ContainerStatuses} {
@@ -80,15 +89,30 @@ func RefusedByNode(p *corev1.Pod) (string, bool) {
 			if w == nil || w.Reason != "CreateContainerError" {
 				continue
 			}
-			i := strings.Index(w.Message, names.NRIPluginName+": ")
-			if i < 0 || !strings.Contains(w.Message[i:], " free GPU(s), ") {
-				continue
+			if msg, ok := RefusalMessage(w.Message); ok {
+				return msg, true
 			}
-			msg := w.Message[i:]
-			if j := strings.IndexAny(msg, "\"\n"); j >= 0 {
-				msg = msg[:j]
-			}
-			return msg, true
+		}
+	}
+	return "", false
+}
+
+// RefusalMessage returns the part of a CreateContainerError message that RefusedByNode counts
+// as a refusal a move can repair, and whether it is one.
+func RefusalMessage(msg string) (string, bool) {
+	if i := strings.Index(msg, names.NRIPluginName+": "); i >= 0 && strings.Contains(msg[i:], " free GPU(s), ") {
+		msg = msg[i:]
+		if j := strings.IndexAny(msg, "\"\n"); j >= 0 {
+			msg = msg[:j]
+		}
+		return msg, true
+	}
+	// NRI's default validator: `required plugin "nvdomain" not present`, or with several
+	// names `required plugins "a,nvdomain" not present`; the kubelet may escape the quotes.
+	if i := strings.Index(msg, "required plugin"); i >= 0 {
+		rest := msg[i:]
+		if j := strings.Index(rest, " not present"); j >= 0 && strings.Contains(rest[:j], names.NRIPluginName) {
+			return "nvdomain's NRI plugin is not connected to the node's container runtime (" + strings.ReplaceAll(rest[:j+len(" not present")], `\"`, `"`) + ")", true
 		}
 	}
 	return "", false

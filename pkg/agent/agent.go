@@ -94,7 +94,7 @@ type Agent struct {
 	pluginTopology string
 	// pluginDisconnected: the NRI plugin's state file says it has lost the runtime.
 	pluginDisconnected bool
-	mismatch       bool
+	mismatch           bool
 }
 
 // New returns an agent; Run starts it.

@@ -71,6 +71,7 @@ func (ns *nameSources) read(b *bucket, s *placement.NodeSample) string {
 // only keep a pod from being rejected, and are waited for only when no available node has a
 // domain large enough. seed spreads ties between equally good ids (0: lowest id).
 func (v *View) ChooseDomain(pod *corev1.Pod, k int, seed uint64) (placement.Decision, error) {
+	v.releaseRejected()
 	reserved := v.liveReservations()
 	v.mu.RLock()
 	defer v.mu.RUnlock()
@@ -151,6 +152,7 @@ func (v *View) HasRoom(pod *corev1.Pod, d, k int) bool {
 	if d < 0 || k <= 0 {
 		return false
 	}
+	v.releaseRejected()
 	reserved := v.liveReservations()
 	v.mu.RLock()
 	defer v.mu.RUnlock()

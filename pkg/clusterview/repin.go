@@ -45,6 +45,7 @@ type repinNode struct {
 // never wait for it. Waiters that constrain nodes alike (the replicas of one workload) share
 // one match: the cost is O(distinct constraints × nodes), not O(waiters × nodes).
 func (v *View) RepinInputs(waiting []WaitingPod) ([]placement.NodeRoom, []placement.Waiter) {
+	v.releaseRejected()
 	nodes, rooms := v.repinSnapshot()
 	type group struct {
 		pod      *corev1.Pod // a stand-in carrying only the constraints
@@ -58,7 +59,9 @@ func (v *View) RepinInputs(waiting []WaitingPod) ([]placement.NodeRoom, []placem
 		}
 		p := rules.Inspect(wp.Pod, v.names)
 		d := p.PinnedDomain()
-		if d < 0 {
+		if d < 0 || v.Released(wp.Pod.UID) {
+			// A pod whose room the view no longer counts claims none in the plan either:
+			// the webhook and the plan keep agreeing where room is.
 			continue
 		}
 		gpus := domainHeld(p)

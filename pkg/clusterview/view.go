@@ -30,6 +30,7 @@ import (
 	"github.com/nvdomain/nvdomain/pkg/dra"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/placement"
+	prepin "github.com/nvdomain/nvdomain/pkg/repin"
 	"github.com/nvdomain/nvdomain/pkg/rules"
 )
 
@@ -116,6 +117,11 @@ type View struct {
 
 	// matchHook, when set (tests), runs each time RepinInputs matches waiters to nodes.
 	matchHook func()
+	// rejected holds, for each pending pod the scheduler rejects for reasons other than GPUs
+	// whose room is still counted, when UnschedulableHold ends for it; rejectedDue is the
+	// earliest of those (zero: none), so that decisions check it in O(1).
+	rejected    map[types.UID]time.Time
+	rejectedDue time.Time
 	// chooseHook, when set (tests), runs in ChooseAndReserve between the choice and the
 	// reservation.
 	chooseHook func()
@@ -240,7 +246,22 @@ type podEntry struct {
 	gated bool
 	// group is the pendingGroup key of a pending pod with node constraints ("" for none).
 	group string
+	// rejectedSince is when the view first saw the scheduler reject this pending pod for
+	// reasons other than GPUs alone (repin.WaitsForGPUs is false); zero otherwise. released:
+	// that has lasted UnschedulableHold, and its room is no longer counted (releaseRejected).
+	rejectedSince time.Time
+	released      bool
 }
+
+// UnschedulableHold is how long a pending pod that the scheduler rejects for reasons other
+// than GPUs alone (pod affinity no pod satisfies, CPU no node has, a volume's zone, taints)
+// keeps the GPU room it is pinned to counted as its own. After it, the room is counted free
+// for everyone else, until the scheduler's verdict names GPUs again or the pod binds: such a
+// pod would stay Pending however much GPU room it had, and a tenant could otherwise keep
+// another tenant's TP pods off a free domain for ever with two pods that can never bind
+// (review classic H2). Five minutes is the scheduler's own longest wait before it retries
+// an unschedulable pod, so a pod the scheduler is about to bind is not released early.
+const UnschedulableHold = 5 * time.Minute
 
 // leavingPod is a bound pod being deleted: where its GPUs are and until when they count as
 // about to free (deletionTimestamp + LeavingMargin).
@@ -268,6 +289,7 @@ func New(n names.Names) *View {
 		advertised:  map[string]int{},
 		claims:      map[types.UID]claimUse{},
 		draUsed:     map[string]map[int]int{},
+		rejected:    map[types.UID]time.Time{},
 	}
 }
 
@@ -381,6 +403,9 @@ func stableLabels(labels map[string]string) map[string]string {
 // Generation changes whenever a node or a pod the view counts changes; equal generations
 // mean the view holds the same nodes, pods and counters.
 func (v *View) Generation() uint64 {
+	// A hold that ended changes what is counted (releaseRejected), with no informer event
+	// to say so.
+	v.releaseRejected()
 	return v.gen.Load()
 }
 
@@ -430,7 +455,7 @@ func (v *View) UpsertPod(pod *corev1.Pod) {
 	bound := pod.Spec.NodeName != ""
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	_, known := v.pods[pod.UID]
+	prev, known := v.pods[pod.UID]
 	if known || d >= 0 {
 		v.gen.Add(1)
 	}
@@ -449,6 +474,22 @@ func (v *View) UpsertPod(pod *corev1.Pod) {
 	}
 	if !bound {
 		e.gated = len(pod.Spec.SchedulingGates) > 0
+		if !e.gated && !prepin.WaitsForGPUs(pod, v.names) {
+			e.rejectedSince = v.now()
+			if !prev.rejectedSince.IsZero() {
+				e.rejectedSince = prev.rejectedSince
+			}
+			due := e.rejectedSince.Add(UnschedulableHold)
+			if !v.now().Before(due) {
+				e.released = true
+				v.pods[pod.UID] = e
+				return
+			}
+			v.rejected[pod.UID] = due
+			if v.rejectedDue.IsZero() || due.Before(v.rejectedDue) {
+				v.rejectedDue = due
+			}
+		}
 		if !e.gated && v.hasNodeConstraints(pod) {
 			c := v.constraintsOf(pod)
 			e.group = c.key(0)
@@ -513,24 +554,12 @@ func (v *View) removePodLocked(uid types.UID) {
 	}
 	delete(v.pods, uid)
 	delete(v.leaving, uid)
-	if e.gated {
+	delete(v.rejected, uid)
+	if e.gated || e.released {
 		return
 	}
 	if e.node == "" {
-		k := demand{e.domain, e.gpus}
-		if e.group != "" {
-			g := v.constrained[e.group]
-			if g.byDemand[k]--; g.byDemand[k] <= 0 {
-				delete(g.byDemand, k)
-				if len(g.byDemand) == 0 {
-					delete(v.constrained, e.group)
-				}
-			}
-			return
-		}
-		if v.pending[k]--; v.pending[k] <= 0 {
-			delete(v.pending, k)
-		}
+		v.uncountWaiterLocked(e)
 		return
 	}
 	if v.used[e.node][e.domain] -= e.gpus; v.used[e.node][e.domain] <= 0 {
@@ -540,6 +569,73 @@ func (v *View) removePodLocked(uid types.UID) {
 		}
 	}
 	v.refreshHistLocked(e.node)
+}
+
+// uncountWaiterLocked takes a pending pod's demand out of the counts.
+func (v *View) uncountWaiterLocked(e podEntry) {
+	k := demand{e.domain, e.gpus}
+	if e.group != "" {
+		g := v.constrained[e.group]
+		if g.byDemand[k]--; g.byDemand[k] <= 0 {
+			delete(g.byDemand, k)
+			if len(g.byDemand) == 0 {
+				delete(v.constrained, e.group)
+			}
+		}
+		return
+	}
+	if v.pending[k]--; v.pending[k] <= 0 {
+		delete(v.pending, k)
+	}
+}
+
+// releaseRejected stops counting the room of the pending pods the scheduler has rejected for
+// reasons other than GPUs for UnschedulableHold (see there). Decisions call it first; it
+// takes the write lock only when a hold has ended.
+func (v *View) releaseRejected() {
+	now := v.now()
+	v.mu.RLock()
+	due := v.rejectedDue
+	v.mu.RUnlock()
+	if due.IsZero() || now.Before(due) {
+		return
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.rejectedDue = time.Time{}
+	for uid, until := range v.rejected {
+		if now.Before(until) {
+			if v.rejectedDue.IsZero() || until.Before(v.rejectedDue) {
+				v.rejectedDue = until
+			}
+			continue
+		}
+		delete(v.rejected, uid)
+		e, ok := v.pods[uid]
+		if !ok || e.node != "" || e.gated || e.released {
+			continue
+		}
+		v.uncountWaiterLocked(e)
+		e.released = true
+		v.pods[uid] = e
+		v.gen.Add(1)
+	}
+}
+
+// SetClock replaces the view's clock (time.Now), for callers that simulate time: the re-pin
+// controller's tests, which run its passes on a clock of their own. Set it before the view
+// is used.
+func (v *View) SetClock(now func() time.Time) {
+	v.now = now
+}
+
+// Released reports whether the view no longer counts the room of pending pod uid: the
+// scheduler has rejected it for reasons other than GPUs for UnschedulableHold.
+func (v *View) Released(uid types.UID) bool {
+	v.releaseRejected()
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	return v.pods[uid].released
 }
 
 func (v *View) free(name string, nd *node, d int) int {

@@ -3,13 +3,13 @@ package repin
 import (
 	"errors"
 	"fmt"
-	"github.com/nvdomain/nvdomain/pkg/kubeevents"
 	"strings"
 	"time"
 
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
+	"github.com/nvdomain/nvdomain/pkg/kubeevents"
 	"github.com/nvdomain/nvdomain/pkg/placement"
 )
 
@@ -191,6 +191,12 @@ func GatedNote(gates []string, domain int, bare bool) string {
 		return s + "; if domain " + fmt.Sprint(domain) + " has no room then while another has, nvdomain moves it (its owner recreates it)"
 	}
 	return s + "; it has no owner, so if domain " + fmt.Sprint(domain) + " has no room then, it waits. Fix: create such pods through a Job or Deployment (Kueue's batch/v1 Job integration) so nvdomain can move them, or run the pool in DRA mode (docs/dra.md), where the domain is chosen at scheduling time"
+}
+
+// RoomReleasedNote is the Event on a pending pod whose GPU room nvdomain no longer holds: the
+// scheduler has rejected it for reasons other than GPUs for hold.
+func RoomReleasedNote(domain int, msg string, hold time.Duration) string {
+	return fmt.Sprintf("the scheduler has rejected this pod for reasons other than GPUs for more than %s (%q), so nvdomain no longer holds the room of NVSwitch domain %d for it: other pods may take it. It is held again as soon as the scheduler's reason names GPUs. Fix: the scheduler's reason (pod affinity, topology spread, volumes, CPU or memory)", hold, msg, domain)
 }
 
 // BlockedNote says why a pod waits although nvdomain counts room for it in its pinned

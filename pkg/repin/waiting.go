@@ -17,6 +17,10 @@ const (
 	// ReasonRepinGivenUp: a workload moved MaxMovesWithoutRunning times without running is
 	// left alone (GivenUpText).
 	ReasonRepinGivenUp = "RepinGivenUp"
+	// ReasonRoomReleased: the scheduler has rejected a pending pod for reasons other than
+	// GPUs for clusterview.UnschedulableHold, and nvdomain no longer holds its GPU room for
+	// it (RoomReleasedNote).
+	ReasonRoomReleased = "RoomReleased"
 )
 
 // Waiting returns the pods pinned to a domain by nvdomain, not bound, not being deleted and

@@ -34,6 +34,7 @@ import (
 	"github.com/nvdomain/nvdomain/pkg/kubeevents"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/placement"
+	"github.com/nvdomain/nvdomain/pkg/rules"
 	prepin "github.com/nvdomain/nvdomain/pkg/repin"
 )
 
@@ -65,6 +66,9 @@ func refusedKey(o client.Object) []string {
 type Metrics struct {
 	Repins   *prometheus.CounterVec
 	Stranded prometheus.Gauge
+	// Released counts the pending pods whose room the view no longer holds (the scheduler
+	// rejects them for reasons other than GPUs: clusterview.UnschedulableHold).
+	Released prometheus.Gauge
 }
 
 // NewMetrics registers the series with reg.
@@ -78,8 +82,12 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "nvdomain_stranded_pods",
 			Help: "Pods whose pinned domain id has no room on any node they may run on while another id has room (leader only).",
 		}),
+		Released: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "nvdomain_room_released_pods",
+			Help: "Pending pods pinned to a domain whose room nvdomain no longer holds, because the scheduler has rejected them for reasons other than GPUs for longer than the hold (leader only).",
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.Repins, m.Stranded} {
+	for _, c := range []prometheus.Collector{m.Repins, m.Stranded, m.Released} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register re-pin metrics: %w", err)
 		}
@@ -120,6 +128,9 @@ type Reconciler struct {
 	// still calls Unschedulable: after Options.After the scheduler's verdict wins
 	// (trackIgnoredRoom).
 	roomIgnored map[types.UID]time.Time
+	// released are the waiting pods whose room the view no longer holds, each told once
+	// (trackReleased).
+	released map[types.UID]bool
 
 	// The last plan, the view generation it was made for and the pods it was made over: a
 	// pass over an unchanged view reuses it and only acts on the clock (Options.After).
@@ -219,6 +230,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 	stranded := map[types.UID]bool{}
 	strandedWorkloads := map[types.UID]bool{}
 	waitingBlocked := r.trackIgnoredRoom(now)
+	r.trackReleased()
 	for _, dec := range r.plan {
 		if dec.Verdict != placement.Stranded {
 			continue
@@ -322,6 +334,34 @@ func (r *Reconciler) trackIgnoredRoom(now time.Time) map[types.UID]bool {
 			delete(r.roomIgnored, uid)
 		}
 	}
+	return seen
+}
+
+// trackReleased finds the waiting pods whose room the view no longer holds: the scheduler has
+// rejected them for reasons other than GPUs for clusterview.UnschedulableHold, and other
+// pods may be pinned to that room meanwhile. Each gets one Warning Event per release, naming
+// the reason and the fix; the gauge counts them.
+func (r *Reconciler) trackReleased() map[types.UID]bool {
+	if r.released == nil {
+		r.released = map[types.UID]bool{}
+	}
+	seen := map[types.UID]bool{}
+	for _, pod := range r.planPods {
+		if !r.View.Released(pod.UID) {
+			continue
+		}
+		seen[pod.UID] = true
+		if !r.released[pod.UID] {
+			r.released[pod.UID] = true
+			r.Recorder.Eventf(pod, nil, corev1.EventTypeWarning, prepin.ReasonRoomReleased, "Wait", "%s", kubeevents.Cap(prepin.RoomReleasedNote(rules.Inspect(pod, r.Names).PinnedDomain(), prepin.SchedulerMessage(pod), clusterview.UnschedulableHold)))
+		}
+	}
+	for uid := range r.released {
+		if !seen[uid] {
+			delete(r.released, uid)
+		}
+	}
+	r.Metrics.Released.Set(float64(len(seen)))
 	return seen
 }
 

@@ -101,6 +101,9 @@ func pinned(name, nodeName string, d int, opts ...podOpt) *corev1.Pod {
 	return p
 }
 
+// harnessStart is where the harness's clock starts; the view reads it too.
+var harnessStart = time.Unix(1_000_000, 0)
+
 type harness struct {
 	r      *Reconciler
 	c      client.Client
@@ -126,7 +129,7 @@ func newHarnessWith(t *testing.T, opts prepin.Options, funcs interceptor.Funcs, 
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
 	}
-	h := &harness{rec: events.NewFakeRecorder(100), clock: time.Unix(1_000_000, 0)}
+	h := &harness{rec: events.NewFakeRecorder(100), clock: harnessStart}
 	if funcs.SubResourceCreate == nil {
 		funcs.SubResourceCreate = func(ctx context.Context, c client.Client, sub string, obj client.Object, subObj client.Object, opts ...client.SubResourceCreateOption) error {
 			ev, ok := subObj.(*policyv1.Eviction)
@@ -152,6 +155,9 @@ func newHarnessWith(t *testing.T, opts prepin.Options, funcs interceptor.Funcs, 
 		WithInterceptorFuncs(funcs).
 		Build()
 	view := clusterview.New(n)
+	// The view reads the harness's clock from the start: the times it records as pods
+	// arrive (UnschedulableHold) are on it.
+	view.SetClock(func() time.Time { return h.clock })
 	for _, o := range objs {
 		switch o := o.(type) {
 		case *corev1.Node:
@@ -661,8 +667,7 @@ func leavingSince(start time.Time, grace int64) podOpt {
 // A waiter whose own domain is held by a pod being deleted (its predecessor in a rolling
 // update) waits for that room instead of being evicted to a domain with room now; a pod stuck
 // past its grace period (plus clusterview.LeavingMargin) is no longer room about to free,
-// and the waiter is moved as before. The view reads the wall clock, so the deletions are
-// placed well inside or well outside that window.
+// and the waiter is moved as before.
 func TestWaiterForItsPredecessorsDomainIsNotMoved(t *testing.T) {
 	cases := []struct {
 		name    string
@@ -674,7 +679,7 @@ func TestWaiterForItsPredecessorsDomainIsNotMoved(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			leaving := pinned("predecessor", "gpu-node01", 0, leavingSince(time.Now().Add(-tc.since), 30))
+			leaving := pinned("predecessor", "gpu-node01", 0, leavingSince(harnessStart.Add(-tc.since), 30))
 			h := newHarness(t, testOptions(), node("gpu-node01"), leaving,
 				pinned("waiter", "", 0, ownedBy("ReplicaSet", "apps/v1", "rs"), unschedulable), replicaSet("rs"))
 			h.pass(t, 0)
@@ -956,5 +961,38 @@ func TestRefusedReplacementsAreGivenUp(t *testing.T) {
 	}
 	if got := h.eventsWith(prepin.ReasonRepinGivenUp); len(got) != 2 {
 		t.Fatalf("RepinGivenUp events = %q; want one on the pod and one on its owner", got)
+	}
+}
+
+// Review classic H2: two bare pods hand-pinned to the only free domain, with a pod affinity
+// no pod satisfies, never bind. Once the scheduler has rejected them for that (not for GPUs)
+// for clusterview.UnschedulableHold, their room is no longer held: each gets a RoomReleased
+// Event, the gauge counts them, and another tenant's pod waiting behind them in the full
+// domain is moved to the free one.
+func TestPodsThatCanNeverBindDoNotKeepOthersWaiting(t *testing.T) {
+	const affinity = "0/1 nodes are available: 1 node(s) didn't match pod affinity rules. preemption: 0/1 nodes are available: 1 Preemption is not helpful for scheduling."
+	evil1 := pinned("evil-1", "", 1, schedulerSays(affinity))
+	evil2 := pinned("evil-2", "", 1, schedulerSays(affinity))
+	evil1.CreationTimestamp = metav1.NewTime(harnessStart.Add(-time.Hour)) // older: first in line
+	evil2.CreationTimestamp = metav1.NewTime(harnessStart.Add(-time.Hour))
+	h := newHarness(t, testOptions(), strandedCluster(pinned("victim", "", 0, ownedBy("ReplicaSet", "apps/v1", "rs"), unschedulable), replicaSet("rs"), evil1, evil2)...)
+	for range 6 { // one minute: the line holds
+		h.pass(t, 10*time.Second)
+	}
+	if !h.exists("victim") || len(h.eventsWith(prepin.ReasonRoomReleased)) != 0 {
+		t.Fatalf("moved before the hold ended: events %q", h.events)
+	}
+	for range 30 { // five more minutes
+		h.pass(t, 10*time.Second)
+	}
+	if h.exists("victim") {
+		t.Fatalf("the victim still waits behind pods that can never bind; events %q", h.events)
+	}
+	got := h.eventsWith(prepin.ReasonRoomReleased)
+	if len(got) != 2 || !strings.Contains(got[0], "pod affinity rules") || !strings.Contains(got[0], "no longer holds the room of NVSwitch domain 1") {
+		t.Fatalf("RoomReleased events = %q; want one on each pod that can never bind, naming the scheduler's reason", got)
+	}
+	if g := testutil.ToFloat64(h.r.Metrics.Released); g != 2 {
+		t.Fatalf("released gauge = %v, want 2", g)
 	}
 }

@@ -34,8 +34,8 @@ import (
 	"github.com/nvdomain/nvdomain/pkg/kubeevents"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/placement"
-	"github.com/nvdomain/nvdomain/pkg/rules"
 	prepin "github.com/nvdomain/nvdomain/pkg/repin"
+	"github.com/nvdomain/nvdomain/pkg/rules"
 )
 
 // Results of nvdomain_repins_total.

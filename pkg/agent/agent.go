@@ -95,6 +95,11 @@ type Agent struct {
 	// pluginDisconnected: the NRI plugin's state file says it has lost the runtime.
 	pluginDisconnected bool
 	mismatch           bool
+	// holders and unpinnedHolds are the pinned and the unpinned assignments of the last state
+	// file read; holderChecks what the API server said of the pinned ones' pods
+	// (checkHolders).
+	holders, unpinnedHolds []nristate.Assignment
+	holderChecks           map[string]holderCheck
 }
 
 // New returns an agent; Run starts it.
@@ -102,7 +107,8 @@ func New(o Options) *Agent {
 	if o.StatePoll == 0 {
 		o.StatePoll = time.Second
 	}
-	return &Agent{o: o, publisher: Publisher{Client: o.Client, Names: o.Names, Node: o.Node}, unpinned: map[int]int{}, pinned: map[int]int{}, canaryNow: make(chan struct{}, 1)}
+	return &Agent{o: o, publisher: Publisher{Client: o.Client, Names: o.Names, Node: o.Node}, unpinned: map[int]int{}, pinned: map[int]int{}, canaryNow: make(chan struct{}, 1),
+		holderChecks: map[string]holderCheck{}}
 }
 
 // Ready reports whether the agent has published a good topology at least once.
@@ -222,6 +228,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.applyCanary(ctx, r)
 		case <-polls:
 			changed := a.readNRIState()
+			changed = a.checkHolders(ctx) || changed
 			a.followRuntime(ctx)
 			if changed {
 				if err := a.publish(ctx); err != nil {
@@ -353,6 +360,7 @@ func (a *Agent) readNRIState() bool {
 		if len(a.unpinned) > 0 || len(a.pinned) > 0 {
 			changed := len(a.unpinned) > 0
 			a.unpinned, a.pinned, a.stateMTime = map[int]int{}, map[int]int{}, time.Time{}
+			a.holders, a.unpinnedHolds = nil, nil
 			a.recordOccupancy()
 			return changed
 		}
@@ -379,13 +387,15 @@ func (a *Agent) readNRIState() bool {
 	}
 	a.pluginDisconnected = doc.Disconnected
 	top := a.lastGood
-	usage := nristate.UnpinnedByDomain(doc, func(g int) (int, bool) {
-		gpu, ok := top.GPU(g)
-		if !ok || gpu.Domain == nil {
-			return 0, false
+	a.holders, a.unpinnedHolds = a.holders[:0], a.unpinnedHolds[:0]
+	for _, h := range doc.Assignments {
+		if h.Domain >= 0 {
+			a.holders = append(a.holders, h)
+		} else {
+			a.unpinnedHolds = append(a.unpinnedHolds, h)
 		}
-		return *gpu.Domain, true
-	})
+	}
+	usage := a.usage()
 	changed := fpChanged || len(usage) != len(a.unpinned)
 	for d, v := range usage {
 		changed = changed || a.unpinned[d] != v

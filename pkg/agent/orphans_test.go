@@ -28,7 +28,7 @@ func TestGPUsOfPodsTheSchedulerNoLongerCountsLeaveTheRoom(t *testing.T) {
 	cases := []struct {
 		name string
 		pod  *corev1.Pod // the API's pod named like the holder's; nil: none
-		room int64      // domain 0's published room; the holder holds 4 of its 4 GPUs
+		room int64       // domain 0's published room; the holder holds 4 of its 4 GPUs
 	}{
 		{"the pod runs", pod("tp", "uid-tp", "gpu-a", corev1.PodRunning), 4},
 		{"the pod was force-deleted", nil, 0},

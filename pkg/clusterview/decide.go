@@ -165,6 +165,28 @@ func (v *View) HasRoom(pod *corev1.Pod, d, k int) bool {
 	return false
 }
 
+// Places counts where pod fits k GPUs now: the (node, domain) pairs of the nodes it may run on
+// that are available, after the pods pinned before it and the live reservations took their
+// room. The re-pin controller compares it over time to tell a change that could help a
+// workload it gave up on from one that could not.
+func (v *View) Places(pod *corev1.Pod, k int) int {
+	if k <= 0 {
+		return 0
+	}
+	v.releaseRejected()
+	reserved := v.liveReservations()
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	buckets, _, _ := v.roomLocked(pod, k, reserved)
+	n := 0
+	for _, b := range buckets {
+		if !b.unavail && b.cf.free >= k {
+			n += b.nodes
+		}
+	}
+	return n
+}
+
 // bucketsLocked folds the nodes the pod could run on into (domain, capacity, free) buckets,
 // from the histograms when the pod has no label constraints, else by scanning nodes. Buckets
 // with room for k GPUs say where to read hostnames: the histogram buckets they came from on

@@ -129,6 +129,11 @@ func MoveText(dec placement.RepinDecision) string {
 	return fmt.Sprintf("domain %d → %d", dec.From, dec.To)
 }
 
+// NoRoomForReplacement says why a pod its node refuses is not moved: the webhook would pin
+// its replacement to no domain with room now (the node's room is published without the GPUs
+// the refusal is about), so an eviction would only bring another refusal or another wait.
+const NoRoomForReplacement = "the webhook has no NVSwitch domain with room for its replacement now, so an eviction would only make it wait or be refused again; it is moved once room frees. Fix: free GPUs, or stop the container that holds its GPUs (the refusal names it)"
+
 // WebhookDisagrees says why a stranded pod is not moved although the plan found room for it:
 // the webhook, which pins the replacement, would not pin it to a domain with room now.
 func WebhookDisagrees(domain int, fits bool, dec placement.RepinDecision) string {

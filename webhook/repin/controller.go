@@ -236,7 +236,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 			continue
 		}
 		pod := r.planPods[dec.ID]
-		strandedFor, left := r.strandedClock(pod, now, stranded, strandedWorkloads)
+		strandedFor, left := r.strandedClock(ctx, pod, now, stranded, strandedWorkloads)
 		if left > 0 {
 			next = min(next, left)
 			continue
@@ -299,7 +299,28 @@ func (r *Reconciler) act(ctx context.Context, pod *corev1.Pod, dec placement.Rep
 	default:
 		dec.To = target.Domain
 	}
-	return r.move(ctx, pod, owners, cause, prepin.MoveText(dec), "")
+	return r.move(ctx, pod, owners, cause, prepin.MoveText(dec), "", r.outlook(pod, target))
+}
+
+// outlook is what could help a workload: where the webhook would pin its replacement, and in
+// how many places (node, domain) that replacement fits now.
+type outlook struct {
+	domain int
+	fits   bool
+	places int
+}
+
+func (r *Reconciler) outlook(pod *corev1.Pod, target admission.PinPlan) outlook {
+	unpinned := admission.Unpin(pod, r.Names)
+	return outlook{domain: target.Domain, fits: target.Decision.Fits, places: r.View.Places(unpinned, target.Pod.DomainGPUs())}
+}
+
+// better reports whether o could help a workload given up on at was: the replacement fits
+// where it did not, or in more places, or in another domain. A full node joining, a cordon
+// elsewhere or a label rewritten changes none of it (review classic H3: any node change
+// anywhere used to restart the moves).
+func (o outlook) better(was outlook) bool {
+	return (o.fits && !was.fits) || o.places > was.places || (o.fits && o.domain != was.domain)
 }
 
 // trackIgnoredRoom follows the pods the plan says will schedule, room in their own id on a
@@ -381,7 +402,7 @@ func (r *Reconciler) repairRefused(ctx context.Context, now time.Time, next time
 		if !ok || r.Decider.Options.Excluded(pod.Namespace) {
 			continue
 		}
-		if _, left := r.strandedClock(pod, now, stranded, strandedWorkloads); left > 0 {
+		if _, left := r.strandedClock(ctx, pod, now, stranded, strandedWorkloads); left > 0 {
 			next = min(next, left)
 			continue
 		}
@@ -397,7 +418,17 @@ func (r *Reconciler) repairRefused(ctx context.Context, now time.Time, next time
 			r.eventOnce(pod, corev1.EventTypeWarning, prepin.ReasonRepinSkipped, "Repin", "%s", prepin.EventMessage("Stranded, not moved", owners.Skip, "", cause))
 			continue
 		}
-		if retry := r.move(ctx, pod, owners, cause, "refused on node "+pod.Spec.NodeName, pod.Spec.NodeName); retry > 0 {
+		// Evict only toward room the webhook's own decision gives the replacement now. The
+		// refusing node's room is what the agent publishes, less the GPUs held for pods the
+		// scheduler no longer counts and nothing at all while its plugin is disconnected, so
+		// the replacement is not pinned straight back to it (review classic H3).
+		target := r.Decider.Plan(admission.Unpin(pod, r.Names), 0)
+		if target.Outcome != admission.OutcomeDRA && (target.Outcome != admission.OutcomePinned || !target.Chosen || !target.Decision.Fits) {
+			r.Metrics.Repins.WithLabelValues(ResultSkipped).Inc()
+			r.eventOnce(pod, corev1.EventTypeWarning, prepin.ReasonRepinSkipped, "Repin", "%s", prepin.EventMessage("Refused by its node, not moved", prepin.NoRoomForReplacement, "", cause))
+			continue
+		}
+		if retry := r.move(ctx, pod, owners, cause, "refused on node "+pod.Spec.NodeName, pod.Spec.NodeName, r.outlook(pod, target)); retry > 0 {
 			next = min(next, retry)
 		}
 	}
@@ -407,9 +438,9 @@ func (r *Reconciler) repairRefused(ctx context.Context, now time.Time, next time
 // strandedClock records pod as stranded in this pass, and its workload (whose moves are then
 // remembered: forgetMoves), starts its clock the first time, and returns how long it has been
 // stranded and how long is left until Options.After (0 or less once reached).
-func (r *Reconciler) strandedClock(pod *corev1.Pod, now time.Time, stranded, workloads map[types.UID]bool) (time.Duration, time.Duration) {
+func (r *Reconciler) strandedClock(ctx context.Context, pod *corev1.Pod, now time.Time, stranded, workloads map[types.UID]bool) (time.Duration, time.Duration) {
 	stranded[pod.UID] = true
-	if key, ok := workloadKey(pod); ok {
+	if key, ok := r.workloadKey(ctx, pod); ok {
 		workloads[key] = true
 	}
 	since, ok := r.since[pod.UID]
@@ -425,17 +456,28 @@ func (r *Reconciler) strandedClock(pod *corev1.Pod, now time.Time, stranded, wor
 // (MaxMovesWithoutRunning), or the rate limit says later. boundTo is the node a pod refused
 // there is bound to ("" for a pod the scheduler has not placed): the pod is evicted only
 // while it is still exactly as judged. It returns when to look again, if at all.
-func (r *Reconciler) move(ctx context.Context, pod *corev1.Pod, owners prepin.OwnerVerdict, cause, moveText, boundTo string) time.Duration {
+func (r *Reconciler) move(ctx context.Context, pod *corev1.Pod, owners prepin.OwnerVerdict, cause, moveText, boundTo string, target outlook) time.Duration {
 	ctrl := metav1.GetControllerOfNoCopy(pod)
-	key, _ := workloadKey(pod)
+	key, _ := r.workloadKey(ctx, pod)
 	m := r.moves[key]
-	repeat := m != nil && m.replaces(pod)
-	if m != nil && m.givenUp {
-		return 0 // left alone until something changes (forgetMoves)
+	if m != nil && r.ranSince(ctx, pod.Namespace, key, m.last) {
+		// A pod of the workload created since the last move runs: the moves worked (an
+		// autoscaled Deployment's new pods strand one after another), and this is no repeat
+		// (review classic M3).
+		delete(r.moves, key)
+		m = nil
 	}
+	if m != nil && m.givenUp {
+		if !target.better(m.target) {
+			return 0 // left alone until something could help it (forgetMoves)
+		}
+		delete(r.moves, key)
+		m = nil
+	}
+	repeat := m != nil && m.replaces(pod)
 	if repeat {
 		if m.repeats+1 >= prepin.MaxMovesWithoutRunning {
-			m.givenUp, m.givenUpAt, m.nodeGen = true, r.now(), r.View.NodeGeneration()
+			m.givenUp, m.givenUpAt, m.target = true, r.now(), target
 			r.Metrics.Repins.WithLabelValues(ResultGivenUp).Inc()
 			text := prepin.GivenUpText(cause, m.repeats+1)
 			r.Log.Info("gave up re-pinning a workload", "namespace", pod.Namespace, "pod", pod.Name, "controller", ctrl.Name, "moves", m.repeats+1)
@@ -489,7 +531,7 @@ func (r *Reconciler) move(ctx context.Context, pod *corev1.Pod, owners prepin.Ow
 		// of one of them is no repeat.
 		m.known = map[types.UID]bool{}
 		for _, p := range r.planPods {
-			if k, ok := workloadKey(p); ok && k == key && p.UID != pod.UID {
+			if k, ok := r.workloadKey(ctx, p); ok && k == key && p.UID != pod.UID {
 				m.known[p.UID] = true
 			}
 		}
@@ -526,10 +568,11 @@ type workloadMoves struct {
 	// since), which no clock, skewed or not, has to decide.
 	known map[types.UID]bool
 	// givenUp: the workload was moved MaxMovesWithoutRunning times without running; it is
-	// left alone until what the nodes offer changes, it stops stranding, or GiveUpFor passes.
+	// left alone until where the webhook would pin its replacement changes (target, a
+	// signature of its outlook), one of its pods runs, it stops stranding, or GiveUpFor passes.
 	givenUp   bool
 	givenUpAt time.Time
-	nodeGen   uint64
+	target    outlook
 }
 
 // replaces reports whether pod came after the workload's last move: the replacement of the
@@ -539,29 +582,57 @@ func (m *workloadMoves) replaces(pod *corev1.Pod) bool {
 }
 
 // workloadKey is the workload whose moves the backoff and the give-up count: the pod's
-// controller, but for a LeaderWorkerSet group, its group. A group restart (what evicting one
-// member makes LWS do) replaces the workers' StatefulSet, whose UID then changes, and all the
-// groups' leaders share one StatefulSet: keyed by controller, the workers' moves would never
-// repeat and one group's moves would count against the others'. The labels are LWS's own,
-// and the key stays inside the pod's namespace.
-func workloadKey(pod *corev1.Pod) (types.UID, bool) {
+// top-level owner (a Deployment, not its ReplicaSet, so a rollout does not reset the count;
+// review classic M1/H3), but for a LeaderWorkerSet group, its group. A group restart (what
+// evicting one member makes LWS do) replaces the workers' StatefulSet, whose UID then
+// changes, and all the groups' leaders share one StatefulSet: keyed by controller, the
+// workers' moves would never repeat and one group's moves would count against the others'.
+// The labels are LWS's own, and the key stays inside the pod's namespace. The owners are
+// read from the metadata caches (prepin.WalkOwners); a walk that cannot go further stops at
+// the last owner it read.
+func (r *Reconciler) workloadKey(ctx context.Context, pod *corev1.Pod) (types.UID, bool) {
 	if lws, group := pod.Labels[names.LWSNameLabel], pod.Labels[names.LWSGroupIndexLabel]; lws != "" && group != "" {
 		return types.UID("lws/" + pod.Namespace + "/" + lws + "/" + group), true
 	}
-	if ref := metav1.GetControllerOfNoCopy(pod); ref != nil {
-		return ref.UID, true
+	if metav1.GetControllerOfNoCopy(pod) == nil {
+		return "", false
 	}
-	return "", false
+	if top := prepin.WalkOwners(ctx, pod, r.Options.OwnerKinds, r.owners).Top(); top != nil {
+		return top.UID, true
+	}
+	return metav1.GetControllerOfNoCopy(pod).UID, true
+}
+
+// ranSince reports whether a pod of workload key created after since is bound and not
+// refused by its node: the workload made progress since its last move.
+func (r *Reconciler) ranSince(ctx context.Context, namespace string, key types.UID, since time.Time) bool {
+	var list corev1.PodList
+	if err := r.Client.List(ctx, &list, client.InNamespace(namespace), client.UnsafeDisableDeepCopy); err != nil {
+		return false
+	}
+	for i := range list.Items {
+		p := &list.Items[i]
+		if p.Spec.NodeName == "" || p.DeletionTimestamp != nil || !p.CreationTimestamp.Time.After(since) {
+			continue
+		}
+		if _, refused := prepin.RefusedByNode(p); refused {
+			continue
+		}
+		if k, ok := r.workloadKey(ctx, p); ok && k == key {
+			return true
+		}
+	}
+	return false
 }
 
 // forgetMoves ends what the controller remembers of a workload once it has made progress: it
 // has no stranded pod some time after its last move (its replacement ran), or, given up on,
-// it no longer strands, the nodes changed, or GiveUpFor passed.
+// it no longer strands or GiveUpFor passed. A change of where the webhook would pin its
+// replacement, or a pod of it that runs, is seen when it is next judged (move).
 func (r *Reconciler) forgetMoves(now time.Time, stranded map[types.UID]bool) {
-	gen := r.View.NodeGeneration()
 	for uid, m := range r.moves {
 		switch {
-		case m.givenUp && (!stranded[uid] || gen != m.nodeGen || now.Sub(m.givenUpAt) >= prepin.GiveUpFor):
+		case m.givenUp && (!stranded[uid] || now.Sub(m.givenUpAt) >= prepin.GiveUpFor):
 			delete(r.moves, uid)
 		case !m.givenUp && !stranded[uid] && now.Sub(m.last) >= prepin.MoveBackoff(r.Options.After, prepin.MaxMovesWithoutRunning):
 			delete(r.moves, uid)

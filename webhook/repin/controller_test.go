@@ -774,15 +774,30 @@ func TestReplacementsThatStrandAgainAreGivenUp(t *testing.T) {
 	if got := len(h.evictions); got != prepin.MaxMovesWithoutRunning {
 		t.Fatalf("after a label change: %d evictions; the workload given up on was moved again", got)
 	}
-	// The nodes change (a node joins, full at once): the workload is looked at again.
+	// A node joins full at once, and another elsewhere is cordoned: nothing that could help
+	// this workload, so it stays given up on (review classic H3: any node change anywhere
+	// used to restart the moves).
 	h.r.View.UpsertNode(node("gpu-node02"))
 	h.r.View.UpsertPod(pinned("busy-0", "gpu-node02", 0))
 	h.r.View.UpsertPod(pinned("busy-1", "gpu-node02", 1))
+	cordoned := node("gpu-node09")
+	cordoned.Spec.Unschedulable = true
+	h.r.View.UpsertNode(cordoned)
+	for range 3 {
+		h.pass(t, 10*time.Second)
+	}
+	if got := len(h.evictions); got != prepin.MaxMovesWithoutRunning {
+		t.Fatalf("after a full node joined: %d evictions; the workload given up on was moved again", got)
+	}
+	// A node with room for it joins (its domain 1 is free): where the webhook would pin the
+	// replacement changes, and the workload is looked at again.
+	h.r.View.UpsertNode(node("gpu-node03"))
+	h.r.View.UpsertPod(pinned("busy-3", "gpu-node03", 0))
 	for range 3 {
 		h.pass(t, 10*time.Second)
 	}
 	if got := len(h.evictions); got != prepin.MaxMovesWithoutRunning+1 {
-		t.Fatalf("after a node joined: %d evictions, want %d", got, prepin.MaxMovesWithoutRunning+1)
+		t.Fatalf("after a node with room joined: %d evictions, want %d", got, prepin.MaxMovesWithoutRunning+1)
 	}
 }
 
@@ -824,10 +839,10 @@ func TestAnLWSGroupThatStrandsAgainIsGivenUp(t *testing.T) {
 	if got := h.eventsWith(prepin.ReasonRepinGivenUp); len(got) != 2 {
 		t.Fatalf("RepinGivenUp events = %q", got)
 	}
-	if key, _ := workloadKey(restarted(nil, 7)); key != "lws/default/vllm/0" {
+	if key, _ := h.r.workloadKey(context.Background(), restarted(nil, 7)); key != "lws/default/vllm/0" {
 		t.Fatalf("a group's key is %q", key)
 	}
-	if a, _ := workloadKey(pinned("x", "", 0, group("1", "vllm-1-gen0"))); a == "lws/default/vllm/0" {
+	if a, _ := h.r.workloadKey(context.Background(), pinned("x", "", 0, group("1", "vllm-1-gen0"))); a == "lws/default/vllm/0" {
 		t.Fatal("another group of the LWS shares group 0's moves")
 	}
 }
@@ -994,5 +1009,54 @@ func TestPodsThatCanNeverBindDoNotKeepOthersWaiting(t *testing.T) {
 	}
 	if g := testutil.ToFloat64(h.r.Metrics.Released); g != 2 {
 		t.Fatalf("released gauge = %v, want 2", g)
+	}
+}
+
+// Review classic H3: a pod its node refuses is evicted only toward room the webhook gives its
+// replacement now. With both domains of the only node taken (the refused pod's own counters
+// and another pod's), no replacement would fit anywhere: the pod is not evicted, and its
+// RepinSkipped Event says why.
+func TestARefusedPodIsNotEvictedWithoutRoomForItsReplacement(t *testing.T) {
+	refused := pinned("refused", "gpu-node01", 0, ownedBy("ReplicaSet", "apps/v1", "rs"), refusedBy)
+	h := newHarness(t, testOptions(), node("gpu-node01"), refused, pinned("busy", "gpu-node01", 1), replicaSet("rs"))
+	for range 6 {
+		h.pass(t, 10*time.Second)
+	}
+	if len(h.evictions) != 0 {
+		t.Fatalf("%d evictions of a refused pod whose replacement has no room anywhere", len(h.evictions))
+	}
+	if got := h.eventsWith(prepin.ReasonRepinSkipped); len(got) != 1 || !strings.Contains(got[0], "no NVSwitch domain with room for its replacement") {
+		t.Fatalf("RepinSkipped events = %q", got)
+	}
+}
+
+// Review classic M3: an autoscaled Deployment whose new pods strand one after another, each
+// moved and each replacement running, is never given up on: a repeat is a replacement that
+// strands again while no pod of the workload has run since the last move.
+func TestAScalingWorkloadWhoseMovesWorkIsNotGivenUp(t *testing.T) {
+	waiter := pinned("tp4-0", "", 0, ownedBy("ReplicaSet", "apps/v1", "tp4-7d9"), unschedulable)
+	h := newHarness(t, testOptions(), strandedCluster(waiter, replicaSet("tp4-7d9", controlledBy("Deployment", "apps/v1", "tp4")), owner(&appsv1.Deployment{}, "tp4"))...)
+	for i := range 6 {
+		for range 3 {
+			h.pass(t, 10*time.Second)
+		}
+		if got := len(h.evictions); got != i+1 {
+			t.Fatalf("scale-up %d: %d evictions, want %d; events %q", i, got, i+1, h.events)
+		}
+		// The moved pod's replacement ran on domain 1 and finished its request (it is gone
+		// again, so domain 1 is free); the HPA adds another pod, pinned to the full domain 0.
+		ran := pinned(fmt.Sprintf("ran-%d", i), "gpu-node01", 1, ownedBy("ReplicaSet", "apps/v1", "tp4-7d9"))
+		ran.CreationTimestamp = metav1.NewTime(h.clock.Add(time.Second))
+		if err := h.c.Create(context.Background(), ran); err != nil {
+			t.Fatal(err)
+		}
+		next := pinned(fmt.Sprintf("tp4-%d", i+1), "", 0, ownedBy("ReplicaSet", "apps/v1", "tp4-7d9"), unschedulable)
+		if err := h.c.Create(context.Background(), next); err != nil {
+			t.Fatal(err)
+		}
+		h.r.View.UpsertPod(next)
+	}
+	if got := h.eventsWith(prepin.ReasonRepinGivenUp); len(got) != 0 {
+		t.Fatalf("a workload whose moves all worked was given up on: %q", got)
 	}
 }

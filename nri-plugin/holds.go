@@ -154,12 +154,32 @@ func (p *Plugin) holdersLocked(gpus []int) string {
 
 func (p *Plugin) recordLocked(a Assignment) {
 	p.releaseLocked(a.ContainerID)
-	// The pod's stopped containers that this one restarts (same name) or whose GPUs it takes
-	// over give them up.
+	// A stopped container of the pod that this one restarts (same name) gives its GPUs up.
+	// One whose GPUs this one takes over (an init container's, for the first main
+	// container) gives up only those: the rest stay its until the pod's other containers
+	// take them or the pod ends, as the scheduler counts the pod's GPUs (the largest init
+	// container's or the main containers' sum, whichever is more). Released whole, they would
+	// be free in these books while the pod's second main container waits for its image, and
+	// an unpinned container packed there would have them (review classic M4).
 	for id := range p.stopped {
 		b := p.assigned[id]
-		if b.PodSandboxID == a.PodSandboxID && (b.ContainerName == a.ContainerName || slices.ContainsFunc(b.GPUs, func(g int) bool { return slices.Contains(a.GPUs, g) })) {
+		if b.PodSandboxID != a.PodSandboxID {
+			continue
+		}
+		if b.ContainerName == a.ContainerName {
 			p.releaseLocked(id)
+			continue
+		}
+		rest := slices.DeleteFunc(slices.Clone(b.GPUs), func(g int) bool { return slices.Contains(a.GPUs, g) })
+		if len(rest) == len(b.GPUs) {
+			continue
+		}
+		kept := *b
+		kept.GPUs = rest
+		p.releaseLocked(id)
+		if len(rest) > 0 {
+			p.addHolderLocked(kept)
+			p.stopped[id] = true
 		}
 	}
 	p.addHolderLocked(a)

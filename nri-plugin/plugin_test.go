@@ -1415,8 +1415,8 @@ func TestInitContainerHandsItsGPUsToTheMainOne(t *testing.T) {
 }
 
 // An init container of 2 GPUs exits and the main container asks for 1: it takes one of the
-// init container's GPUs, whose hold then ends, so the pod holds 1 GPU as the scheduler counts
-// max(2, 1) for it and a 1-GPU pod still fits beside it.
+// init container's GPUs, and the pod holds 2 GPUs as the scheduler counts max(2, 1) for it,
+// so a 1-GPU pod still fits beside it in the domain's fourth GPU.
 func TestMainContainerTakesItsInitContainersGPUs(t *testing.T) {
 	p, _, _ := newPlugin(t)
 	ctx := context.Background()
@@ -1441,6 +1441,47 @@ func TestMainContainerTakesItsInitContainersGPUs(t *testing.T) {
 	}
 	if _, _, err := p.CreateContainer(ctx, pinnedPod("y", 1, `{"vllm":1}`), envGiven("y1", "y", "vllm", 0)); err != nil {
 		t.Fatalf("a 1-GPU pod beside them was refused: the init container still holds its GPUs: %v", err)
+	}
+}
+
+// Review classic M4: an init container of 4 GPUs exits, and the first of two main containers
+// of 2 GPUs takes two of them. The other two stay the pod's (the scheduler counts max(4, 2+2)
+// for it) while the second main container waits for its image: an unpinned container of
+// another pod is not packed onto them, and the second main container gets them.
+func TestTwoMainContainersKeepTheirInitContainersGPUs(t *testing.T) {
+	p, _, _ := newPlugin(t)
+	ctx := context.Background()
+	if _, _, err := p.CreateContainer(ctx, pinnedPod("x", 0, `{"vllm":4}`), envGiven("x1", "x", "vllm", 0, 1, 2, 3)); err != nil {
+		t.Fatal(err) // domain 0 is full
+	}
+	pod := pinnedPod("w", 1, `{"warmup":4,"a":2,"b":2}`)
+	if _, _, err := p.CreateContainer(ctx, pod, envGiven("w-init", "w", "warmup", 0, 1, 2, 3)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.StopContainer(ctx, nil, ctr("w-init", "w", "warmup")); err != nil {
+		t.Fatal(err)
+	}
+	adjA, _, err := p.CreateContainer(ctx, pod, envGiven("w-a", "w", "a", 0, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain := &api.PodSandbox{Id: "u", Name: "unpinned", Namespace: "other"}
+	if adj, _, err := p.CreateContainer(ctx, plain, envGiven("u1", "u", "c", 0, 1)); err == nil {
+		t.Fatalf("an unpinned container of another pod got %s, GPUs the pod's second main container is owed", envOf(adj)["NVIDIA_VISIBLE_DEVICES"])
+	}
+	adjB, _, err := p.CreateContainer(ctx, pod, envGiven("w-b", "w", "b", 0, 1))
+	if err != nil {
+		t.Fatalf("the second main container was refused: %v", err)
+	}
+	got := envOf(adjA)["NVIDIA_VISIBLE_DEVICES"] + "," + envOf(adjB)["NVIDIA_VISIBLE_DEVICES"]
+	for _, g := range []string{"GPU-4", "GPU-5", "GPU-6", "GPU-7"} {
+		if !strings.Contains(got, g) {
+			t.Fatalf("the main containers got %s; want all of domain 1", got)
+		}
+	}
+	// Both main containers run: the init container's hold is gone, nothing more is held.
+	if held := p.Assignments(); len(held) != 3 {
+		t.Fatalf("holds after both main containers started: %+v", held)
 	}
 }
 

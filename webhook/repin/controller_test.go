@@ -1060,3 +1060,22 @@ func TestAScalingWorkloadWhoseMovesWorkIsNotGivenUp(t *testing.T) {
 		t.Fatalf("a workload whose moves all worked was given up on: %q", got)
 	}
 }
+
+// The controller honours the webhook's --exclude-namespaces: a stranded pod and a pod its node
+// refuses, in an excluded namespace, are never evicted, while the same pods elsewhere are.
+func TestExcludedNamespacesAreNeverMoved(t *testing.T) {
+	for _, excluded := range []bool{false, true} {
+		stranded := pinned("stranded", "", 0, ownedBy("ReplicaSet", "apps/v1", "rs"), unschedulable)
+		refused := pinned("refused", "gpu-node02", 0, ownedBy("ReplicaSet", "apps/v1", "rs2"), refusedBy)
+		h := newHarness(t, testOptions(), strandedCluster(stranded, node("gpu-node02"), refused, replicaSet("rs"), replicaSet("rs2"))...)
+		if excluded {
+			h.r.Decider.Options.ExcludedNamespaces = []string{"kube-system", "default"}
+		}
+		for range 3 {
+			h.pass(t, 10*time.Second)
+		}
+		if got := len(h.evictions); (got == 0) != excluded || (!excluded && got != 2) {
+			t.Fatalf("excluded %v: %d evictions; want none when excluded, both pods otherwise; events %q", excluded, got, h.events)
+		}
+	}
+}

@@ -125,6 +125,18 @@ func Uninstall(ctx context.Context, o UninstallOptions) error {
 		return err
 	}
 	mark, _ := jsonPatch(map[string]any{"metadata": map[string]any{"annotations": map[string]string{o.Names.UninstallAnnotation(): time.Now().UTC().Format(time.RFC3339)}}})
+	// The node Role and ClusterRole first, then the DaemonSets, whose mark starts the drain:
+	// the node-scope policy lets a node pod delete each of them only while it carries the
+	// mark, so one compromised node cannot tear nvdomain down on every node (review node-side
+	// M3).
+	if len(marked) > 0 {
+		if _, err := c.RbacV1().Roles(rel.Namespace).Patch(ctx, rel.Node(), types.MergePatchType, mark, metav1.PatchOptions{}); ignoreNotFound(err) != nil {
+			return fmt.Errorf("mark Role %s/%s for uninstall: %w", rel.Namespace, rel.Node(), err)
+		}
+		if _, err := c.RbacV1().ClusterRoles().Patch(ctx, rel.Node(), types.MergePatchType, mark, metav1.PatchOptions{}); ignoreNotFound(err) != nil {
+			return fmt.Errorf("mark ClusterRole %s for uninstall: %w", rel.Node(), err)
+		}
+	}
 	for _, name := range marked {
 		if _, err := c.AppsV1().DaemonSets(rel.Namespace).Patch(ctx, name, types.MergePatchType, mark, metav1.PatchOptions{}); err != nil {
 			return fmt.Errorf("mark DaemonSet %s/%s for uninstall: %w", rel.Namespace, name, err)

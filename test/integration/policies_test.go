@@ -15,6 +15,7 @@ import (
 	"time"
 
 	admissionregv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -981,6 +982,78 @@ func TestGPUPodsMustRequireTheNRIPlugin(t *testing.T) {
 		})
 		if tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
 			t.Errorf("%s: %v, want a refusal containing %q", tc.pod.Name, err, tc.want)
+		}
+	}
+}
+
+// Review node-side M3: RBAC lets the node pods delete the node DaemonSets, Role and
+// ClusterRole, which the last of them does at the end of an uninstall. One compromised node
+// pod must not be able to do it before: that would remove the NRI plugin from every node. The
+// node-scope policy allows each delete only while an uninstall has marked the object
+// (lifecycle marks all three).
+func TestANodePodDeletesNvdomainOnlyAtTheEndOfAnUninstall(t *testing.T) {
+	c := startPolicyCluster(t)
+	ctx := context.Background()
+	if _, err := c.client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-a"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	agent := c.nodeClient("gpu-a")
+	ns := "nvdomain-system"
+	// RBAC as the chart grants it for the teardown, so that only the policy decides.
+	teardown := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "nvdomain-node-teardown"}, Rules: []rbacv1.PolicyRule{
+		{APIGroups: []string{"apps"}, Resources: []string{"daemonsets"}, Verbs: []string{"delete"}},
+		{APIGroups: []string{"rbac.authorization.k8s.io"}, Resources: []string{"roles", "clusterroles"}, Verbs: []string{"delete"}},
+	}}
+	if _, err := c.client.RbacV1().ClusterRoles().Create(ctx, teardown, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.client.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "nvdomain-node-teardown"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "nvdomain-node-teardown"},
+		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: "nvdomain-node", Namespace: ns}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	const mark = "gpu.nvidia.com/uninstall"
+	ann := func(marked bool) map[string]string {
+		if marked {
+			return map[string]string{mark: "2026-12-04T00:00:00Z"}
+		}
+		return map[string]string{mark: ""} // as the chart renders it: the mark cleared
+	}
+	labels := map[string]string{"app": "nvdomain-node"}
+	for _, marked := range []bool{false, true} {
+		ds := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "nvdomain-node", Namespace: ns, Annotations: ann(marked)}, Spec: appsv1.DaemonSetSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "agent", Image: "nvdomain"}}}}}}
+		if _, err := c.client.AppsV1().DaemonSets(ns).Create(ctx, ds, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.client.RbacV1().Roles(ns).Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "nvdomain-node-x", Annotations: ann(marked)}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.client.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "nvdomain-node-x", Annotations: ann(marked)}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		for what, del := range map[string]func() error{
+			"the node DaemonSet": func() error {
+				return agent.AppsV1().DaemonSets(ns).Delete(ctx, "nvdomain-node", metav1.DeleteOptions{})
+			},
+			"the node Role": func() error { return agent.RbacV1().Roles(ns).Delete(ctx, "nvdomain-node-x", metav1.DeleteOptions{}) },
+			"the node ClusterRole": func() error {
+				return agent.RbacV1().ClusterRoles().Delete(ctx, "nvdomain-node-x", metav1.DeleteOptions{})
+			},
+		} {
+			err := del()
+			switch {
+			case marked && err != nil:
+				t.Errorf("marked for uninstall, deleting %s: %v", what, err)
+			case !marked && (err == nil || !strings.Contains(err.Error(), "only at the end of an uninstall, once it carries the "+mark+" mark")):
+				t.Errorf("not marked, deleting %s: %v; want the policy's refusal", what, err)
+			}
+		}
+		if !marked {
+			_ = c.client.AppsV1().DaemonSets(ns).Delete(ctx, "nvdomain-node", metav1.DeleteOptions{})
+			_ = c.client.RbacV1().Roles(ns).Delete(ctx, "nvdomain-node-x", metav1.DeleteOptions{})
+			_ = c.client.RbacV1().ClusterRoles().Delete(ctx, "nvdomain-node-x", metav1.DeleteOptions{})
 		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	decision "github.com/nvdomain/nvdomain/pkg/admission"
+	"github.com/nvdomain/nvdomain/pkg/clusterview"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	prepin "github.com/nvdomain/nvdomain/pkg/repin"
 )
@@ -27,6 +28,7 @@ func DefaultServerOptions() ServerOptions {
 		Drain:                   &Drain{},
 		ShutdownDelay:           10 * time.Second,
 		Replicas:                1,
+		UnschedulableHold:       clusterview.UnschedulableHold,
 		KueueWatch:              true,
 		CertRotation: CertRotationOptions{
 			Validity:    365 * 24 * time.Hour,
@@ -50,6 +52,7 @@ func (so *ServerOptions) AddFlags(fs *flag.FlagSet) (complete func() error) {
 	mode := fs.String("mode", string(so.Handlers.Mode), "which node pools TP pods go to: classic (pin to a domain id), dra (rewrite onto the ResourceClaimTemplate nvdomain-tp-<k>; DRA pools only) or mixed (DRA for pods that select only nodes labelled nvdomain-mode=dra, classic for the rest); docs/dra.md")
 	so.DRATemplates.AddFlags(fs)
 	excluded := fs.String("exclude-namespaces", strings.Join(so.Handlers.ExcludedNamespaces, ","), "comma-separated namespaces never touched (add the webhook's own)")
+	fs.DurationVar(&so.UnschedulableHold, "unschedulable-hold", so.UnschedulableHold, "how long a pending pod that the scheduler rejects for reasons other than GPUs (pod affinity, CPU, volumes) keeps the GPU room it is pinned to; after it, that room counts free for other pods (docs/architecture.md)")
 	fs.IntVar(&so.Replicas, "replicas", so.Replicas, "how many webhook replicas admit pods (the chart passes the Deployment's replicas): each keeps its own reservations and enforces its share of the per-namespace reservation caps, so all of them together hold no more than one namespace's caps")
 	fs.DurationVar(&so.ShutdownDelay, "shutdown-delay", so.ShutdownDelay, "after SIGTERM, how long to keep serving with readiness failing, so the Service's endpoints drop this replica before it closes (keep it under the pod's terminationGracePeriodSeconds)")
 	fs.BoolVar(&so.LeaderElection, "leader-elect", so.LeaderElection, "elect one replica to run the re-pin and template controllers (every replica serves admissions)")
@@ -105,6 +108,9 @@ func (so *ServerOptions) AddFlags(fs *flag.FlagSet) (complete func() error) {
 func (so ServerOptions) Validate() error {
 	if so.Port <= 0 || so.Port > 65535 {
 		return fmt.Errorf("--port=%d: must be a TCP port", so.Port)
+	}
+	if so.UnschedulableHold <= 0 {
+		return fmt.Errorf("--unschedulable-hold=%s: must be positive", so.UnschedulableHold)
 	}
 	if so.Replicas < 1 {
 		return fmt.Errorf("--replicas=%d: give the number of webhook replicas, at least 1", so.Replicas)

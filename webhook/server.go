@@ -76,6 +76,8 @@ type ServerOptions struct {
 	// Replicas is how many webhook replicas admit pods: each enforces its share of the
 	// per-namespace reservation caps (clusterview.View.SetReplicas).
 	Replicas int
+	// UnschedulableHold: clusterview.View.SetUnschedulableHold.
+	UnschedulableHold time.Duration
 	// CertRotation, when CertRotation.Secret is set, makes and renews the self-signed
 	// serving certificate in that Secret on the elected replica, and every replica serves it
 	// from there (package certrotation).
@@ -189,6 +191,7 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 	view := clusterview.New(so.Handlers.Names)
 	view.SetDRABlocks(so.DRATemplates.Blocks)
 	view.SetReplicas(so.Replicas)
+	view.SetUnschedulableHold(so.UnschedulableHold)
 	synced, err := feedView(mgr.GetCache(), view, watchClaims)
 	if err != nil {
 		return nil, nil, err

@@ -122,6 +122,8 @@ type View struct {
 	// earliest of those (zero: none), so that decisions check it in O(1).
 	rejected    map[types.UID]time.Time
 	rejectedDue time.Time
+	// hold is UnschedulableHold unless SetUnschedulableHold changed it.
+	hold time.Duration
 	// chooseHook, when set (tests), runs in ChooseAndReserve between the choice and the
 	// reservation.
 	chooseHook func()
@@ -290,8 +292,19 @@ func New(n names.Names) *View {
 		claims:      map[types.UID]claimUse{},
 		draUsed:     map[string]map[int]int{},
 		rejected:    map[types.UID]time.Time{},
+		hold:        UnschedulableHold,
 	}
 }
+
+// SetUnschedulableHold changes how long a pending pod the scheduler rejects for reasons other
+// than GPUs keeps its room (UnschedulableHold by default; --unschedulable-hold). Set it
+// before the view is used.
+func (v *View) SetUnschedulableHold(d time.Duration) {
+	v.hold = d
+}
+
+// UnschedulableHoldFor returns the hold in force (SetUnschedulableHold).
+func (v *View) UnschedulableHoldFor() time.Duration { return v.hold }
 
 // UpsertNode records a node's domains, taints, labels and advertised resources.
 func (v *View) UpsertNode(obj *corev1.Node) {
@@ -479,7 +492,7 @@ func (v *View) UpsertPod(pod *corev1.Pod) {
 			if !prev.rejectedSince.IsZero() {
 				e.rejectedSince = prev.rejectedSince
 			}
-			due := e.rejectedSince.Add(UnschedulableHold)
+			due := e.rejectedSince.Add(v.hold)
 			if !v.now().Before(due) {
 				e.released = true
 				v.pods[pod.UID] = e

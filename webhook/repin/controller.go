@@ -374,7 +374,7 @@ func (r *Reconciler) trackReleased() map[types.UID]bool {
 		seen[pod.UID] = true
 		if !r.released[pod.UID] {
 			r.released[pod.UID] = true
-			r.Recorder.Eventf(pod, nil, corev1.EventTypeWarning, prepin.ReasonRoomReleased, "Wait", "%s", kubeevents.Cap(prepin.RoomReleasedNote(rules.Inspect(pod, r.Names).PinnedDomain(), prepin.SchedulerMessage(pod), clusterview.UnschedulableHold)))
+			r.Recorder.Eventf(pod, nil, corev1.EventTypeWarning, prepin.ReasonRoomReleased, "Wait", "%s", kubeevents.Cap(prepin.RoomReleasedNote(rules.Inspect(pod, r.Names).PinnedDomain(), prepin.SchedulerMessage(pod), r.View.UnschedulableHoldFor())))
 		}
 	}
 	for uid := range r.released {

@@ -191,7 +191,9 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 	view := clusterview.New(so.Handlers.Names)
 	view.SetDRABlocks(so.DRATemplates.Blocks)
 	view.SetReplicas(so.Replicas)
-	view.SetUnschedulableHold(so.UnschedulableHold)
+	if so.UnschedulableHold > 0 { // zero: options built without DefaultServerOptions
+		view.SetUnschedulableHold(so.UnschedulableHold)
+	}
 	synced, err := feedView(mgr.GetCache(), view, watchClaims)
 	if err != nil {
 		return nil, nil, err

@@ -281,7 +281,11 @@ const ReportGPUs = `echo GPU_DEVICES=$(for d in /dev/nvidia[0-9]*; do [ -e $d ] 
 // observe reads, from a running pod's log, which GPU device nodes its container holds.
 func (c *Cluster) observe(p *corev1.Pod, rep *Report) PodResult {
 	n := names.Default()
-	log, _, _ := c.Kubectl("logs", p.Name)
+	ns := p.Namespace
+	if ns == "" {
+		ns = "default"
+	}
+	log, _, _ := c.Kubectl("logs", "-n", ns, p.Name)
 	r := PodResult{Name: p.Name, TPSize: p.Annotations[n.PodTPSizeAnnotation()], Node: p.Spec.NodeName, Domain: p.Annotations[n.PodDomainAnnotation()],
 		Phase: string(p.Status.Phase)}
 	byMinor := map[int]int{}

@@ -47,9 +47,9 @@ type Health struct {
 	// fail-closed, and an autoscaler's node is initialized only once it is.
 	FailOpen, Unproven, WithholdCapacity bool
 	// PluginDisconnected marks a node whose NRI plugin has lost the runtime (its state file
-	// says so): every domain is published with no room whatever WithholdCapacity says, since
-	// containerd refuses each container that requires the plugin, so a pod placed there
-	// would only be refused (review classic M7).
+	// says so): the node gets names.PluginDisconnectedLabel, which the webhook reads as an
+	// unavailable node. Its capacity stays: the kubelet would reject running pods above it at
+	// its next restart, which is when containerd restarts too.
 	PluginDisconnected bool
 	// Proof is the value of FailClosedProvenAnnotation: the node's boot ID while a canary
 	// refused during this boot proves it, names.NotProven otherwise. It is always written, so
@@ -73,11 +73,14 @@ func Desire(n names.Names, top *topology.Topology, unpinned map[int]int, h Healt
 	if h.FailOpen {
 		d.Labels[n.FailOpenLabel()] = "true"
 	}
+	if h.PluginDisconnected {
+		d.Labels[n.PluginDisconnectedLabel()] = "true"
+	}
 	for _, dom := range top.Domains {
 		d.Labels[n.DomainSizeLabel(dom.ID)] = strconv.Itoa(dom.Size())
 		d.Annotations[n.DomainGPUsAnnotation(dom.ID)] = names.FormatGPUList(dom.GPUs)
 		room := int64(max(0, dom.Size()-unpinned[dom.ID]))
-		if ((h.FailOpen || h.Unproven) && h.WithholdCapacity) || h.PluginDisconnected {
+		if (h.FailOpen || h.Unproven) && h.WithholdCapacity {
 			room = 0
 		}
 		d.Capacity[n.DomainResource(dom.ID)] = room
@@ -111,7 +114,7 @@ func ownsLabel(n names.Names, key string) bool {
 		return true
 	}
 	switch key {
-	case n.DomainCountLabel(), n.DomainMaxLabel(), n.TopologySourceLabel(), n.TopologyStaleLabel(), n.TopologyMismatchLabel(), n.FailOpenLabel():
+	case n.DomainCountLabel(), n.DomainMaxLabel(), n.TopologySourceLabel(), n.TopologyStaleLabel(), n.TopologyMismatchLabel(), n.FailOpenLabel(), n.PluginDisconnectedLabel():
 		return true
 	}
 	return false

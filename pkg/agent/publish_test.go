@@ -91,19 +91,16 @@ func TestPatchesTouchOnlyOwnedKeys(t *testing.T) {
 	}
 }
 
-// A node whose NRI plugin has lost the runtime offers no room, whatever the canary settings:
-// containerd refuses every container that requires the plugin, so a pod placed there would
-// only be refused (review classic M7). The agent learns it from the plugin's state file and
-// offers the room again once the plugin has synchronized.
-func TestADisconnectedPluginWithholdsTheNodesRoom(t *testing.T) {
+// A node whose NRI plugin has lost the runtime is labelled so, for the webhook to count no
+// room there (review classic M7), and labelled no longer once the plugin has synchronized.
+// Its capacity stays: below what bound pods request, the kubelet would reject them at its next
+// restart. The agent learns it from the plugin's state file.
+func TestADisconnectedPluginMarksTheNode(t *testing.T) {
 	state := filepath.Join(t.TempDir(), "nri-state.json")
 	a := New(Options{Names: n, Node: "gpu-node01", NRIStateFile: state, Log: logr.Discard(), Metrics: newMetrics()})
 	a.lastGood = seed(t)
-	for i, tc := range []struct {
-		disconnected bool
-		room         int64
-	}{{false, 4}, {true, 0}, {false, 4}} {
-		if _, err := nristate.Write(state, nristate.Doc{Generation: int64(i + 1), Synchronized: true, Disconnected: tc.disconnected}); err != nil {
+	for i, disconnected := range []bool{false, true, false} {
+		if _, err := nristate.Write(state, nristate.Doc{Generation: int64(i + 1), Synchronized: true, Disconnected: disconnected}); err != nil {
 			t.Fatal(err)
 		}
 		// The agent notices a change by the file's modification time.
@@ -117,10 +114,16 @@ func TestADisconnectedPluginWithholdsTheNodesRoom(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if got := d.Labels[n.PluginDisconnectedLabel()] == "true"; got != disconnected {
+			t.Errorf("step %d (disconnected %v): label %s = %q", i, disconnected, n.PluginDisconnectedLabel(), d.Labels[n.PluginDisconnectedLabel()])
+		}
 		for res, room := range d.Capacity {
-			if room != tc.room {
-				t.Errorf("step %d (disconnected %v): %s = %d, want %d", i, tc.disconnected, res, room, tc.room)
+			if room != 4 {
+				t.Errorf("step %d (disconnected %v): %s = %d, want 4 (capacity is left alone)", i, disconnected, res, room)
 			}
 		}
+	}
+	if !ownsLabel(n, n.PluginDisconnectedLabel()) {
+		t.Error("the agent does not own the label, so it would never remove it")
 	}
 }

@@ -207,3 +207,31 @@ func TestUnavailableNodesAreNoPinTarget(t *testing.T) {
 		})
 	}
 }
+
+// A node whose NRI plugin has lost the runtime (the agent's label) is no pin target: every GPU
+// container would be refused there (review classic M7).
+func TestANodeWhosePluginIsDisconnectedIsNoPinTarget(t *testing.T) {
+	for _, disconnected := range []bool{false, true} {
+		v := New(n)
+		labels := map[string]string{}
+		if disconnected {
+			labels[n.PluginDisconnectedLabel()] = "true"
+		}
+		// a's domain 0 is the tightest fit for a TP=4 pod (4 free of 4); b's is looser.
+		v.UpsertNode(gpuNode("a", []int{4, 4}, labels))
+		v.UpsertNode(gpuNode("b", []int{8, 4}, nil))
+		v.UpsertPod(pinnedPod("a", 1, 4))
+		v.UpsertPod(pinnedPod("b", 1, 4))
+		dec, err := v.ChooseDomain(newTP(), 4, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := "a"
+		if disconnected {
+			want = "b"
+		}
+		if dec.Domain != 0 || !dec.Fits || dec.Node != want {
+			t.Fatalf("disconnected %v: decision %+v; want domain 0 on node %s", disconnected, dec, want)
+		}
+	}
+}

@@ -309,6 +309,10 @@ func (v *View) UnschedulableHoldFor() time.Duration { return v.hold }
 // UpsertNode records a node's domains, taints, labels and advertised resources.
 func (v *View) UpsertNode(obj *corev1.Node) {
 	ts := taintSet{hard: hardTaints(obj.Spec.Taints), avail: availabilityTaints(obj)}
+	if obj.Labels[v.names.PluginDisconnectedLabel()] == "true" {
+		// Its NRI plugin has lost the runtime: every GPU container would be refused there.
+		ts.avail = append(ts.avail, corev1.Taint{Key: v.names.PluginDisconnectedLabel(), Effect: corev1.TaintEffectNoSchedule})
+	}
 	nd := &node{obj: obj, taints: ts, taintKey: ts.key(), capacity: map[int]int{}, hist: map[int]*histEntry{}}
 	for res, q := range obj.Status.Allocatable {
 		if q.Value() <= 0 {

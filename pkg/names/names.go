@@ -349,6 +349,7 @@ const (
 	topologyStale      = "topology-stale"
 	uninstallSuffix    = "uninstall"
 	failOpen           = "nri-fail-open"
+	pluginDisconnected = "nri-disconnected"
 	failClosedProven   = "fail-closed-proven"
 	uninstallDrained   = "uninstall-drained"
 	topologyMismatch   = "topology-mismatch"
@@ -385,6 +386,14 @@ func (n Names) TopologyStaleLabel() string { return n.label(topologyStale) }
 // placing it. With node.requireFailClosed (the default) its domain capacity is then 0, and
 // no tensor-parallel pod is placed there until the canary is refused again.
 func (n Names) FailOpenLabel() string { return n.label(failOpen) }
+
+// PluginDisconnectedLabel is "true" on a node whose NRI plugin has lost the container runtime
+// and not synchronized again: containerd refuses every container that requires the plugin
+// meanwhile. The webhook counts no room there (the node is unavailable, as a cordoned one), so
+// no pod is pinned toward it and a refused pod is not moved back to it. The published capacity
+// is left alone: a capacity below what bound pods request would make the kubelet reject them
+// at its next restart (review classic M7).
+func (n Names) PluginDisconnectedLabel() string { return n.label(pluginDisconnected) }
 
 // UninstallAnnotation, on a node DaemonSet, says its release is being uninstalled: the
 // chart's pre-delete hook sets it (docs/operations.md, Uninstall). The node pods then take

@@ -1,10 +1,12 @@
 package clusterview
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/nvdomain/nvdomain/pkg/placement"
 )
@@ -18,24 +20,30 @@ func rejectedFor(p *corev1.Pod, msg string) *corev1.Pod {
 // required pod affinity no pod satisfies. They never bind. For UnschedulableHold they keep
 // their room, as any pending pod does; after it, the room counts free for everyone else, the
 // victim's TP=8 pod is pinned to it, and a victim already pinned to the full domain is
-// Stranded in the plan (so it is moved) instead of Waiting behind them for ever. A pending pod
-// the scheduler rejects for GPUs keeps its room however long it waits.
+// Stranded in the plan (so it is moved) instead of Waiting behind them for ever. The release
+// sticks: a later verdict that names GPUs does not restart the clock. A verdict that names GPUs
+// beside a pod-affinity failure (the same id partly used on other nodes) releases too; a pod
+// no scheduler judges is released after twice the hold; a pod that waits for GPUs keeps its
+// room however long it waits.
 func TestPodsThatCanNeverBindStopHoldingRoom(t *testing.T) {
 	const affinity = "0/2 nodes are available: 1 node(s) didn't match pod affinity rules, 1 node(s) didn't match Pod's node affinity/selector. preemption: 0/2 nodes are available: 2 Preemption is not helpful for scheduling."
+	gpuOnly := "0/2 nodes are available: 1 Insufficient " + n.DomainResource(1) + ", 1 node(s) didn't match Pod's node affinity/selector."
 	cases := []struct {
-		name     string
-		msg      string
-		released bool
+		name    string
+		msg     string
+		release time.Duration // 0: never
 	}{
-		{"pod affinity no pod satisfies", affinity, true},
-		{"CPU no node has", "0/2 nodes are available: 2 Insufficient cpu.", true},
-		{"waiting for GPUs", "0/2 nodes are available: 1 Insufficient " + n.DomainResource(1) + ", 1 node(s) didn't match Pod's node affinity/selector.", false},
-		{"not judged yet", "", false},
+		{"pod affinity no pod satisfies", affinity, UnschedulableHold},
+		{"CPU no node has", "0/2 nodes are available: 2 Insufficient cpu.", UnschedulableHold},
+		{"the domain partly used elsewhere, pod affinity where it has room", "0/3 nodes are available: 1 Insufficient " + n.DomainResource(1) + ", 1 node(s) didn't match pod affinity rules, 1 node(s) didn't match Pod's node affinity/selector.", UnschedulableHold},
+		{"no verdict (a schedulerName no scheduler serves)", "", 2 * UnschedulableHold},
+		{"waiting for GPUs", gpuOnly, 0},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			v := New(n)
-			clock := time.Unix(1_000_000, 0)
+			start := time.Unix(1_000_000, 0)
+			clock := start
 			v.now = func() time.Time { return clock }
 			v.UpsertNode(gpuNode("a", []int{8}, nil))
 			v.UpsertNode(gpuNode("b", []int{8, 8}, nil))
@@ -44,7 +52,7 @@ func TestPodsThatCanNeverBindStopHoldingRoom(t *testing.T) {
 			var evil []*corev1.Pod
 			for range 2 {
 				p := pinnedPod("", 1, 8)
-				p.Namespace = "evil"
+				p.Namespace, p.CreationTimestamp = "evil", metav1.NewTime(start)
 				if tc.msg != "" {
 					rejectedFor(p, tc.msg)
 				}
@@ -75,22 +83,25 @@ func TestPodsThatCanNeverBindStopHoldingRoom(t *testing.T) {
 				if got := verdict == placement.Stranded; got != wantFree {
 					t.Errorf("%s: the victim pinned to the full domain is %v in the plan; want Stranded: %v", when, verdict, wantFree)
 				}
-				if got := v.Released(evil[0].UID); got != (wantFree && tc.released) {
+				if got := v.Released(evil[0].UID); got != wantFree {
 					t.Errorf("%s: Released = %v", when, got)
 				}
 			}
 			check("at once", false)
-			clock = clock.Add(UnschedulableHold - time.Second)
-			v.UpsertPod(evil[0]) // an update keeps the clock the first verdict started
-			check("just before the hold ends", false)
-			clock = clock.Add(2 * time.Second)
-			check("after the hold", tc.released)
-			// The verdict names GPUs again: the pod's room counts again.
-			if tc.released {
+			for _, at := range []time.Duration{UnschedulableHold, 2 * UnschedulableHold} {
+				clock = start.Add(at - time.Second)
+				v.UpsertPod(evil[0]) // an update keeps the clock the first verdict started
+				check(fmt.Sprintf("just before %s", at), tc.release != 0 && tc.release < at)
+				clock = start.Add(at + time.Second)
+				check(fmt.Sprintf("just after %s", at), tc.release != 0 && tc.release <= at)
+			}
+			if tc.release != 0 {
+				// A verdict that names GPUs alone (the tenant fills the domain for a moment)
+				// does not bring the room back.
 				for _, p := range evil {
-					v.UpsertPod(rejectedFor(p.DeepCopy(), "0/2 nodes are available: 1 Insufficient "+n.DomainResource(1)+", 1 node(s) didn't match Pod's node affinity/selector."))
+					v.UpsertPod(rejectedFor(p.DeepCopy(), gpuOnly))
 				}
-				check("once the scheduler waits for GPUs", false)
+				check("after a verdict that names GPUs", true)
 			}
 		})
 	}

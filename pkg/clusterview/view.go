@@ -248,9 +248,9 @@ type podEntry struct {
 	gated bool
 	// group is the pendingGroup key of a pending pod with node constraints ("" for none).
 	group string
-	// rejectedSince is when the view first saw the scheduler reject this pending pod for
-	// reasons other than GPUs alone (repin.WaitsForGPUs is false); zero otherwise. released:
-	// that has lasted UnschedulableHold, and its room is no longer counted (releaseRejected).
+	// rejectedSince is when the scheduler first rejected this pending pod for reasons other
+	// than GPUs (repin.WaitsForGPUs is false; releaseDue); zero otherwise. released: its hold
+	// has ended, and its room is no longer counted (releaseRejected).
 	rejectedSince time.Time
 	released      bool
 }
@@ -491,20 +491,25 @@ func (v *View) UpsertPod(pod *corev1.Pod) {
 	}
 	if !bound {
 		e.gated = len(pod.Spec.SchedulingGates) > 0
-		if !e.gated && !prepin.WaitsForGPUs(pod, v.names) {
-			e.rejectedSince = v.now()
-			if !prev.rejectedSince.IsZero() {
-				e.rejectedSince = prev.rejectedSince
-			}
-			due := e.rejectedSince.Add(v.hold)
-			if !v.now().Before(due) {
-				e.released = true
+		if !e.gated {
+			if prev.released {
+				// Released stays released until the pod binds or goes: a tenant must not
+				// restart the clock with one verdict that names GPUs (filling the domain
+				// for a moment with a pod of its own).
+				e.released, e.rejectedSince = true, prev.rejectedSince
 				v.pods[pod.UID] = e
 				return
 			}
-			v.rejected[pod.UID] = due
-			if v.rejectedDue.IsZero() || due.Before(v.rejectedDue) {
-				v.rejectedDue = due
+			if due, ok := v.releaseDue(pod, prev, &e); ok {
+				if !v.now().Before(due) {
+					e.released = true
+					v.pods[pod.UID] = e
+					return
+				}
+				v.rejected[pod.UID] = due
+				if v.rejectedDue.IsZero() || due.Before(v.rejectedDue) {
+					v.rejectedDue = due
+				}
 			}
 		}
 		if !e.gated && v.hasNodeConstraints(pod) {
@@ -586,6 +591,37 @@ func (v *View) removePodLocked(uid types.UID) {
 		}
 	}
 	v.refreshHistLocked(e.node)
+}
+
+// releaseDue returns when a pending pod stops holding its room (releaseRejected), and false
+// when it holds it for as long as it waits:
+//
+//   - the scheduler rejects it for reasons other than GPUs (prepin.WaitsForGPUs): after the
+//     hold, counted from the first such verdict (the condition's transition time, the same on
+//     every replica, or when this replica first saw it) and not restarted by a later verdict
+//     that names GPUs;
+//   - no verdict the default scheduler's wording gives (a schedulerName no scheduler serves,
+//     or another scheduler's): after twice the hold from the pod's creation;
+//   - otherwise (it waits for GPUs) never.
+func (v *View) releaseDue(pod *corev1.Pod, prev podEntry, e *podEntry) (time.Time, bool) {
+	switch {
+	case !prev.rejectedSince.IsZero():
+		e.rejectedSince = prev.rejectedSince
+	case prepin.Unjudged(pod):
+		since := pod.CreationTimestamp.Time
+		if since.IsZero() {
+			since = v.now()
+		}
+		return since.Add(2 * v.hold), true
+	case !prepin.WaitsForGPUs(pod, v.names):
+		e.rejectedSince = v.now()
+		if t := prepin.UnschedulableSince(pod); !t.IsZero() && t.Before(e.rejectedSince) {
+			e.rejectedSince = t
+		}
+	default:
+		return time.Time{}, false
+	}
+	return e.rejectedSince.Add(v.hold), true
 }
 
 // uncountWaiterLocked takes a pending pod's demand out of the counts.

@@ -199,9 +199,10 @@ func GatedNote(gates []string, domain int, bare bool) string {
 }
 
 // RoomReleasedNote is the Event on a pending pod whose GPU room nvdomain no longer holds: the
-// scheduler has rejected it for reasons other than GPUs for hold.
+// scheduler has rejected it for reasons other than GPUs for hold (or judged it in no wording
+// nvdomain reads for twice that).
 func RoomReleasedNote(domain int, msg string, hold time.Duration) string {
-	return fmt.Sprintf("the scheduler has rejected this pod for reasons other than GPUs for more than %s (%q), so nvdomain no longer holds the room of NVSwitch domain %d for it: other pods may take it. It is held again as soon as the scheduler's reason names GPUs. Fix: the scheduler's reason (pod affinity, topology spread, volumes, CPU or memory)", hold, msg, domain)
+	return fmt.Sprintf("the scheduler has rejected this pod for reasons other than GPUs for more than %s (%q), so nvdomain no longer holds the room of NVSwitch domain %d for it: other pods may take it, until this pod binds or is recreated. Fix: the scheduler's reason (pod affinity, topology spread, volumes, CPU or memory)", hold, msg, domain)
 }
 
 // BlockedNote says why a pod waits although nvdomain counts room for it in its pinned

@@ -2,6 +2,7 @@ package repin
 
 import (
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -86,26 +87,61 @@ func unavailableNode(reason string) bool {
 }
 
 // WaitsForGPUs reports whether the scheduler's verdict on a pending pod says that it waits
-// for GPUs somewhere it may run: "Insufficient" for one of nvdomain's domain resources or
-// nvidia.com/gpu among its reasons. A pod the scheduler has judged and rejected for other
-// reasons only (pod affinity no pod satisfies, CPU, volumes, taints) would stay Pending
-// however much GPU room there were; it returns false for it. A pod not judged yet returns
-// true: it may well bind.
+// for GPUs: "Insufficient" for one of nvdomain's domain resources or nvidia.com/gpu among its
+// reasons, and no node that had room for its GPUs rejected it for something else. The
+// scheduler stops at a node's first failing filter, and NodeResourcesFit runs before the
+// volume, topology-spread and pod (anti-)affinity filters, so a node that fails one of those
+// had the GPUs the pod asks for: the room the pod is counted for there is room it cannot use
+// (two pods hand-pinned with a pod affinity no pod satisfies, on a cluster where the same
+// domain id is partly used elsewhere and reported Insufficient there). A pod rejected for
+// other reasons only (pod affinity, CPU, volumes, taints) would stay Pending however much GPU
+// room there were. A pod not judged yet, or judged in another scheduler's wording, returns
+// true: Unjudged tells those apart.
 func WaitsForGPUs(p *corev1.Pod, n names.Names) bool {
-	msg := SchedulerMessage(p)
-	if msg == "" {
+	reasons := filterReasons(SchedulerMessage(p))
+	if len(reasons) == 0 {
 		return true
 	}
-	reasons := filterReasons(msg)
-	if len(reasons) == 0 {
-		return true // not the default scheduler's wording: no verdict to trust
-	}
+	gpus := false
 	for _, r := range reasons {
 		if res, ok := strings.CutPrefix(r, "Insufficient "); ok && (res == names.GPUResource || n.IsDomainResource(res)) {
+			gpus = true
+		}
+		if afterFit(r) {
+			return false
+		}
+	}
+	return gpus
+}
+
+// afterFit reports whether a filter reason is one of the filters that run after
+// NodeResourcesFit in the default scheduler: a node that fails it had room for the pod's
+// resources.
+func afterFit(reason string) bool {
+	for _, s := range []string{"pod affinity rules", "pod anti-affinity rules", "existing pods anti-affinity rules", "topology spread constraints", "volume node affinity conflict", "available persistent volumes to bind", "max volume count"} {
+		if strings.Contains(reason, s) {
 			return true
 		}
 	}
 	return false
+}
+
+// Unjudged reports whether the default scheduler has given no verdict on a pending pod that it
+// can read: no PodScheduled=False condition (not tried yet, or a schedulerName no scheduler
+// serves), or a message in another scheduler's wording.
+func Unjudged(p *corev1.Pod) bool {
+	return len(filterReasons(SchedulerMessage(p))) == 0
+}
+
+// UnschedulableSince is when the pod's PodScheduled condition turned False, by the apiserver's
+// clock (zero when it has none): the same on every webhook replica, and across restarts.
+func UnschedulableSince(p *corev1.Pod) time.Time {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse {
+			return c.LastTransitionTime.Time
+		}
+	}
+	return time.Time{}
 }
 
 // filterReasons splits the filter part of a scheduling failure message, "0/N nodes are

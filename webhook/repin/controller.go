@@ -316,9 +316,10 @@ func (r *Reconciler) outlook(pod *corev1.Pod, target admission.PinPlan) outlook 
 }
 
 // better reports whether o could help a workload given up on at was: the replacement fits
-// where it did not, or in more places, or in another domain. A full node joining, a cordon
-// elsewhere or a label rewritten changes none of it (review classic H3: any node change
-// anywhere used to restart the moves).
+// where it did not, or in more places than ever since the give-up (move ratchets them), or in
+// another domain. A full node joining, a cordon elsewhere, a label rewritten or room that
+// comes and goes changes none of it (review classic H3: any node change anywhere used to
+// restart the moves).
 func (o outlook) better(was outlook) bool {
 	return (o.fits && !was.fits) || o.places > was.places || (o.fits && o.domain != was.domain)
 }
@@ -469,6 +470,10 @@ func (r *Reconciler) move(ctx context.Context, pod *corev1.Pod, owners prepin.Ow
 	}
 	if m != nil && m.givenUp {
 		if !target.better(m.target) {
+			// The most places it has fitted since the give-up: room that comes and goes as
+			// other pods start and end is no news, only more room than ever is (helper
+			// review M2).
+			m.target.places = max(m.target.places, target.places)
 			return 0 // left alone until something could help it (forgetMoves)
 		}
 		delete(r.moves, key)
@@ -603,8 +608,11 @@ func (r *Reconciler) workloadKey(ctx context.Context, pod *corev1.Pod) (types.UI
 	return metav1.GetControllerOfNoCopy(pod).UID, true
 }
 
-// ranSince reports whether a pod of workload key created after since is bound and not
-// refused by its node: the workload made progress since its last move.
+// ranSince reports whether a pod of workload key created after since runs (phase Running:
+// bound, its image pulled, a container started) and is not refused by its node: the workload
+// made progress since its last move. A pod still pulling its image is no progress yet.
+// CreationTimestamp is the apiserver's, since the leader's: a skew of a second or two only
+// shifts which pods count.
 func (r *Reconciler) ranSince(ctx context.Context, namespace string, key types.UID, since time.Time) bool {
 	var list corev1.PodList
 	if err := r.Client.List(ctx, &list, client.InNamespace(namespace), client.UnsafeDisableDeepCopy); err != nil {
@@ -612,7 +620,7 @@ func (r *Reconciler) ranSince(ctx context.Context, namespace string, key types.U
 	}
 	for i := range list.Items {
 		p := &list.Items[i]
-		if p.Spec.NodeName == "" || p.DeletionTimestamp != nil || !p.CreationTimestamp.Time.After(since) {
+		if p.Spec.NodeName == "" || p.Status.Phase != corev1.PodRunning || p.DeletionTimestamp != nil || !p.CreationTimestamp.Time.After(since) {
 			continue
 		}
 		if _, refused := prepin.RefusedByNode(p); refused {

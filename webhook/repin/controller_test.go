@@ -1046,6 +1046,7 @@ func TestAScalingWorkloadWhoseMovesWorkIsNotGivenUp(t *testing.T) {
 		// The moved pod's replacement ran on domain 1 and finished its request (it is gone
 		// again, so domain 1 is free); the HPA adds another pod, pinned to the full domain 0.
 		ran := pinned(fmt.Sprintf("ran-%d", i), "gpu-node01", 1, ownedBy("ReplicaSet", "apps/v1", "tp4-7d9"))
+		ran.Status.Phase = corev1.PodRunning
 		ran.CreationTimestamp = metav1.NewTime(h.clock.Add(time.Second))
 		if err := h.c.Create(context.Background(), ran); err != nil {
 			t.Fatal(err)

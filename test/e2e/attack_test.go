@@ -43,8 +43,8 @@ func TestAHostileTenantTakesNoGPUsOrRoomFromAnother(t *testing.T) {
 	if !strings.Contains(ar.TrustedNamespace, "trusted-namespaces") {
 		t.Errorf("(A) creating nvidia-gpu-operator as a tenant: %q; want the trusted-namespaces policy's refusal", ar.TrustedNamespace)
 	}
-	if len(ar.EnvFrom.GPUs) > 1 {
-		t.Errorf("(B) a 1-GPU pod naming every GPU through envFrom holds %v", ar.EnvFrom.GPUs)
+	if len(ar.EnvFrom.GPUs) != 1 && ar.EnvFromRefusal == "" {
+		t.Errorf("(B) a 1-GPU pod naming every GPU through envFrom holds %v and was not refused; want exactly one GPU, or a refusal", ar.EnvFrom.GPUs)
 	}
 	if ar.FailedCreates == 0 || ar.SucceededCreates == 0 {
 		t.Errorf("(C) the attack made %d failing and %d successful creates; it needs both", ar.FailedCreates, ar.SucceededCreates)

@@ -216,7 +216,7 @@ func (c *Cluster) RunAttacks(ctx context.Context, w io.Writer, rep *Report) (*At
 	ar.FreeDomain = map[string]string{"0": "1", "1": "0"}[filler.Domain]
 	say("  filler runs in domain %s; domain %s is free", filler.Domain, ar.FreeDomain)
 
-	say("\n== (C) phantom room: failing TP=4 creates (ResourceQuota) mixed with one successful create every few seconds")
+	say("\n== (C) phantom room: every reservation TTL, one successful create, then one TP=4 create that ResourceQuota refuses")
 	quota := &corev1.ResourceQuota{ObjectMeta: metav1.ObjectMeta{Name: "gpus", Namespace: Evil},
 		Spec: corev1.ResourceQuotaSpec{Hard: corev1.ResourceList{"requests.nvidia.com/gpu": resource.MustParse("2")}}}
 	if _, err := cs.CoreV1().ResourceQuotas(Evil).Create(ctx, quota, metav1.CreateOptions{}); err != nil {
@@ -226,29 +226,31 @@ func (c *Cluster) RunAttacks(ctx context.Context, w io.Writer, rep *Report) (*At
 	attackDone := make(chan struct{})
 	go func() {
 		defer close(attackDone)
+		// The pattern of review classic H1: the successful create's pod consumes its
+		// reservation, which used to end the namespace's failing mark, so the failing create
+		// right after it held the free domain for a whole TTL, every TTL.
 		for i := 0; attackCtx.Err() == nil; i++ {
+			ok := tpPodIn(Evil, fmt.Sprintf("ok-%d", i), 2)
+			ok.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: "example.com/hold"}}
+			if _, err := evil.CoreV1().Pods(Evil).Create(attackCtx, ok, metav1.CreateOptions{}); err == nil {
+				ar.SucceededCreates++
+			}
+			time.Sleep(500 * time.Millisecond) // the informer delivers it: its reservation is consumed
 			p := tpPodIn(Evil, "", 4)
 			p.GenerateName, p.Labels = "phantom-", tpLabels("phantom")
 			if _, err := evil.CoreV1().Pods(Evil).Create(attackCtx, p, metav1.CreateOptions{}); err != nil {
 				ar.FailedCreates++
 			}
-			if i%10 == 0 {
-				ok := tpPodIn(Evil, fmt.Sprintf("ok-%d", i), 2)
-				ok.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: "example.com/hold"}}
-				if _, err := evil.CoreV1().Pods(Evil).Create(attackCtx, ok, metav1.CreateOptions{}); err == nil {
-					ar.SucceededCreates++
-					_ = evil.CoreV1().Pods(Evil).Delete(attackCtx, ok.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))})
-				}
-			}
+			_ = evil.CoreV1().Pods(Evil).Delete(attackCtx, ok.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))})
 			select {
 			case <-attackCtx.Done():
-			case <-time.After(500 * time.Millisecond):
+			case <-time.After(10 * time.Second): // the reservations' TTL
 			}
 		}
 	}()
 	select {
 	case <-ctx.Done():
-	case <-time.After(15 * time.Second): // past the reservations' TTL
+	case <-time.After(15 * time.Second): // inside the second round's TTL
 	}
 	start := time.Now()
 	if _, err := team.CoreV1().Pods(Team).Create(ctx, tpPodIn(Team, "victim-phantom", 4), metav1.CreateOptions{}); err != nil {

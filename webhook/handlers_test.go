@@ -16,6 +16,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	gomodjsonpatch "gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -208,8 +209,10 @@ func TestRejectionsCarryTheExactMessage(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t, decision.NonTPAuto, seedNode())
 			_, mresp, vresp := f.admit(t, tc.pod)
-			if !mresp.Allowed || len(mresp.Patches) != 0 {
-				t.Errorf("mutator should pass invalid pods through untouched: %+v", mresp)
+			// Untouched but for the NRI requirement of a pod that asks for GPUs, which the
+			// gpu-pods-require-nri policy checks before this webhook's denial is reached.
+			if !mresp.Allowed || !onlyRequiresPlugin(mresp.Patches) || (tc.name == "no GPU") != (len(mresp.Patches) == 0) {
+				t.Errorf("mutator should pass invalid pods through unpinned, only requiring the NRI plugin: %+v", mresp)
 			}
 			if vresp.Allowed || vresp.Result.Message != tc.want || vresp.Result.Code != 403 {
 				t.Fatalf("validate = allowed %v code %d\n got %q\nwant %q", vresp.Allowed, vresp.Result.Code, vresp.Result.Message, tc.want)
@@ -712,10 +715,42 @@ func TestEveryContainerOfAGPUPodRequiresTheNRIPlugin(t *testing.T) {
 	if again := f.mut.Handle(context.Background(), request(t, out)); len(again.Patches) != 0 {
 		t.Errorf("re-admission patched: %v", again.Patches)
 	}
-	// A pod the validating webhook denies is left as it came.
-	if resp := f.mut.Handle(context.Background(), request(t, pod(true, 3))); len(resp.Patches) != 0 {
-		t.Errorf("an invalid pod was changed: %v", resp.Patches)
+	// A pod the validating webhook denies is left as it came but for the requirement, so that
+	// the gpu-pods-require-nri policy lets the webhook's denial through.
+	if resp := f.mut.Handle(context.Background(), request(t, pod(true, 3))); len(resp.Patches) == 0 || !onlyRequiresPlugin(resp.Patches) {
+		t.Errorf("an invalid pod was changed beyond the NRI requirement: %v", resp.Patches)
 	}
+}
+
+// onlyRequiresPlugin reports whether patches only add NRI's required-plugins annotations.
+func onlyRequiresPlugin(patches []gomodjsonpatch.JsonPatchOperation) bool {
+	for _, p := range patches {
+		switch {
+		case p.Path == "/metadata/annotations":
+			var keys []string
+			switch m := p.Value.(type) {
+			case map[string]any:
+				for k := range m {
+					keys = append(keys, k)
+				}
+			case map[string]string:
+				for k := range m {
+					keys = append(keys, k)
+				}
+			default:
+				return false
+			}
+			for _, k := range keys {
+				if !strings.HasPrefix(k, "required-plugins.noderesource.dev/") {
+					return false
+				}
+			}
+		case strings.HasPrefix(p.Path, "/metadata/annotations/required-plugins.noderesource.dev~1"):
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 func TestGPUInitContainers(t *testing.T) {

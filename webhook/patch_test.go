@@ -370,8 +370,10 @@ func TestDirectPatchTable(t *testing.T) {
 		{"DRA: two GPU containers share the claim", with(tp(2), func(p *corev1.Pod) {
 			p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: "draft", Image: "vllm", Resources: corev1.ResourceRequirements{Limits: gpu(2)}})
 		}), true},
-		// In classic mode no node of the pool is a classic one: left for the validator to deny.
-		{"DRA: selects the DRA pool", with(tp(8), func(p *corev1.Pod) { p.Spec.NodeSelector = map[string]string{"pool": "dra"} }), false},
+		// In classic mode no node of the pool is a classic one: left for the validator to deny,
+		// requiring the NRI plugin only (so the gpu-pods-require-nri policy lets the denial
+		// through).
+		{"DRA: selects the DRA pool", with(tp(8), func(p *corev1.Pod) { p.Spec.NodeSelector = map[string]string{"pool": "dra"} }), true},
 	}
 	for _, fm := range patchFixtures(t) {
 		for _, tc := range append(cases, draCases...) {

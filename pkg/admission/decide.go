@@ -83,11 +83,22 @@ func (m *Decider) mutate(pod *corev1.Pod, seed uint64, admission string) (*corev
 	}
 	plan := m.plan(work, seed, admission)
 	stamp = stamp || (reserve && plan.Chosen)
-	// A tensor-parallel pod the validating webhook will deny passes untouched, so that the
-	// denial names the pod's own fields, hand-written annotations included.
+	// A tensor-parallel pod the validating webhook will deny passes unpinned, so that the
+	// denial names the pod's own fields, hand-written annotations included. It still
+	// requires the NRI plugin, as every whole-GPU pod does: the gpu-pods-require-nri policy,
+	// which runs before the validating webhook, would otherwise answer first with a message
+	// about the annotation instead of the webhook's about the pod's GPUs.
 	denied := plan.Outcome == OutcomeInvalid || (plan.Outcome == OutcomeNoDomain && plan.Pod.TP)
-	if plan.Outcome == OutcomeExcluded || denied {
+	if plan.Outcome == OutcomeExcluded {
 		return nil, plan
+	}
+	if denied {
+		if plan.Pod.DomainGPUs() == 0 || m.Options.Mode == ModeDRA {
+			return nil, plan
+		}
+		out := pod.DeepCopy()
+		RequirePlugin(out, plan.Pod)
+		return out, plan
 	}
 	out := work
 	switch plan.Outcome {

@@ -958,6 +958,12 @@ func TestGPUPodsMustRequireTheNRIPlugin(t *testing.T) {
 	noGPU.Spec.Containers[0].Resources = corev1.ResourceRequirements{}
 	system := gpuPod("system", false, 1)
 	system.Namespace = "kube-system"
+	// MIG slices (and vGPU, time-sliced GPUs) are not placed by the plugin, so the webhook does
+	// not make their pods require it: neither does the policy.
+	mig := gpuPod("mig", false, 0)
+	mig.Spec.Containers[0].Resources = corev1.ResourceRequirements{Limits: corev1.ResourceList{"nvidia.com/mig-1g.10gb": resource.MustParse("1")}}
+	pinned := gpuPod("pinned-outage", false, 0)
+	pinned.Spec.Containers[0].Resources = corev1.ResourceRequirements{Limits: corev1.ResourceList{"nvidia.com/nvswitch-domain-1": resource.MustParse("4")}}
 	for _, tc := range []struct {
 		pod  *corev1.Pod
 		want string // "" admitted
@@ -970,6 +976,8 @@ func TestGPUPodsMustRequireTheNRIPlugin(t *testing.T) {
 		{withAnn(gpuPod("lookalike", false, 1), "required-plugins.noderesource.dev/pod", `["nvdomain-fake"]`), "leave nvdomain out"},
 		{noGPU, ""},
 		{system, ""},
+		{mig, ""},
+		{pinned, "required-plugins.noderesource.dev/pod is missing"},
 	} {
 		ns := tc.pod.Namespace
 		if ns == "" {

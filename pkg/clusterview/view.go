@@ -253,6 +253,9 @@ type podEntry struct {
 	// has ended, and its room is no longer counted (releaseRejected).
 	rejectedSince time.Time
 	released      bool
+	// unjudgedSince is when this replica first saw the pending pod with no verdict in the
+	// default scheduler's wording (releaseDue); zero otherwise.
+	unjudgedSince time.Time
 }
 
 // UnschedulableHold is how long a pending pod that the scheduler rejects for reasons other
@@ -601,18 +604,20 @@ func (v *View) removePodLocked(uid types.UID) {
 //     every replica, or when this replica first saw it) and not restarted by a later verdict
 //     that names GPUs;
 //   - no verdict the default scheduler's wording gives (a schedulerName no scheduler serves,
-//     or another scheduler's): after twice the hold from the pod's creation;
+//     or another scheduler's): after twice the hold from when this replica first saw it so;
 //   - otherwise (it waits for GPUs) never.
 func (v *View) releaseDue(pod *corev1.Pod, prev podEntry, e *podEntry) (time.Time, bool) {
 	switch {
 	case !prev.rejectedSince.IsZero():
 		e.rejectedSince = prev.rejectedSince
 	case prepin.Unjudged(pod):
-		since := pod.CreationTimestamp.Time
-		if since.IsZero() {
-			since = v.now()
+		// Counted from when this replica first saw it so (a restart starts again), not from
+		// the pod's creation: a pod the scheduler judges a moment later was never at risk.
+		e.unjudgedSince = prev.unjudgedSince
+		if e.unjudgedSince.IsZero() {
+			e.unjudgedSince = v.now()
 		}
-		return since.Add(2 * v.hold), true
+		return e.unjudgedSince.Add(2 * v.hold), true
 	case !prepin.WaitsForGPUs(pod, v.names):
 		e.rejectedSince = v.now()
 		if t := prepin.UnschedulableSince(pod); !t.IsZero() && t.Before(e.rejectedSince) {

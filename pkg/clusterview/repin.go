@@ -46,6 +46,7 @@ type repinNode struct {
 // one match: the cost is O(distinct constraints × nodes), not O(waiters × nodes).
 func (v *View) RepinInputs(waiting []WaitingPod) ([]placement.NodeRoom, []placement.Waiter) {
 	v.releaseRejected()
+	released := v.releasedAmong(waiting)
 	nodes, rooms := v.repinSnapshot()
 	type group struct {
 		pod      *corev1.Pod // a stand-in carrying only the constraints
@@ -59,7 +60,7 @@ func (v *View) RepinInputs(waiting []WaitingPod) ([]placement.NodeRoom, []placem
 		}
 		p := rules.Inspect(wp.Pod, v.names)
 		d := p.PinnedDomain()
-		if d < 0 || v.Released(wp.Pod.UID) {
+		if d < 0 || released[wp.Pod.UID] {
 			// A pod whose room the view no longer counts claims none in the plan either:
 			// the webhook and the plan keep agreeing where room is.
 			continue

@@ -696,6 +696,20 @@ func (v *View) Released(uid types.UID) bool {
 	return v.pods[uid].released
 }
 
+// releasedAmong returns which of the waiting pods the view no longer holds room for, under one
+// read lock (RepinInputs; the caller has run releaseRejected).
+func (v *View) releasedAmong(waiting []WaitingPod) map[types.UID]bool {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	out := map[types.UID]bool{}
+	for _, wp := range waiting {
+		if v.pods[wp.Pod.UID].released {
+			out[wp.Pod.UID] = true
+		}
+	}
+	return out
+}
+
 func (v *View) free(name string, nd *node, d int) int {
 	return nd.capacity[d] - v.used[name][d]
 }

@@ -33,6 +33,10 @@ func (a *Agent) checkHolders(ctx context.Context) bool {
 	if a.o.Client == nil {
 		return false
 	}
+	// One deadline for the whole pass: with the API unreachable, the agent's loop waits at
+	// most this long, not a timeout per holder; the holders not asked are asked next pass.
+	ctx, cancel := context.WithTimeout(ctx, holdersPassTimeout)
+	defer cancel()
 	now := time.Now()
 	seen := map[string]bool{}
 	changed := false
@@ -70,9 +74,10 @@ func (a *Agent) checkHolders(ctx context.Context) bool {
 	return changed
 }
 
+// holdersPassTimeout bounds one checkHolders pass's API calls together.
+const holdersPassTimeout = 5 * time.Second
+
 func (a *Agent) isOrphan(ctx context.Context, h nristate.Assignment) (orphan, known bool) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
 	pod, err := a.o.Client.CoreV1().Pods(h.PodNamespace).Get(ctx, h.PodName, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):

@@ -16,7 +16,9 @@ import (
 // single-node cluster: two tenant namespaces, each with a ServiceAccount that may manage its
 // own pods only; the attacker may also create namespaces. Whatever the attacker does, it gets
 // no GPU it did not ask for, no namespace nvdomain trusts, and the victim's TP=4 pods run in
-// the free domain within a bound; at the end no GPU is held twice.
+// the free domain within a bound; at the end no GPU is held twice. A pod on a CUDA image
+// created while the NRI plugin is down gets no GPU under the toolkit setting the docs
+// recommend.
 func TestAHostileTenantTakesNoGPUsOrRoomFromAnother(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
@@ -60,6 +62,18 @@ func TestAHostileTenantTakesNoGPUsOrRoomFromAnother(t *testing.T) {
 	}
 	if ar.CrashRestarts < 2 || ar.CrashGPUs == "" || len(ar.BesideCrash.GPUs) != 2 {
 		t.Errorf("(E) crash loop: %d restarts on GPUs %q; beside it %v", ar.CrashRestarts, ar.CrashGPUs, ar.BesideCrash.GPUs)
+	}
+	if len(ar.CUDAPluginUp.GPUs) != 0 {
+		t.Errorf("(F) a pod asking for no GPU on a CUDA image holds %v with the NRI plugin up; want none", ar.CUDAPluginUp.GPUs)
+	}
+	// Under the toolkit's default the image's `all` is honoured while the plugin is down: the
+	// documented open configuration, and the proof that the closed case below is not closed
+	// by the stand-in toolkit ignoring `all`.
+	if want := len(rep.Topology.GPUs); len(ar.CUDAPluginDown.GPUs) != want {
+		t.Errorf("(F) plugin down, toolkit default: the CUDA-image pod holds %v; want all %d GPUs (the open configuration docs/node-side.md names), else the closed case proves nothing", ar.CUDAPluginDown.GPUs, want)
+	}
+	if len(ar.CUDAPluginDownClosed.GPUs) != 0 {
+		t.Errorf("(F) plugin down, accept-nvidia-visible-devices-envvar-when-unprivileged = false: the CUDA-image pod holds %v; want none", ar.CUDAPluginDownClosed.GPUs)
 	}
 	if len(ar.DoubleHeld) > 0 {
 		t.Errorf("GPUs held twice: %v", ar.DoubleHeld)

@@ -55,6 +55,11 @@ type AttackReport struct {
 	CrashRestarts int32
 	CrashGPUs     string
 	BesideCrash   PodResult
+	// A pod that asks for no GPU on a CUDA image (ENV NVIDIA_VISIBLE_DEVICES=all): with the
+	// plugin up, created while the plugin is down (as a restart during a rollout would be)
+	// under the toolkit's default, and the same with
+	// accept-nvidia-visible-devices-envvar-when-unprivileged = false (docs/node-side.md).
+	CUDAPluginUp, CUDAPluginDown, CUDAPluginDownClosed PodResult
 	// Held is, at the end, each running pod's GPUs; DoubleHeld the GPUs two pods hold.
 	Held       []PodResult
 	DoubleHeld []string
@@ -242,9 +247,11 @@ func (c *Cluster) RunAttacks(ctx context.Context, w io.Writer, rep *Report) (*At
 				ar.FailedCreates++
 			}
 			_ = evil.CoreV1().Pods(Evil).Delete(attackCtx, ok.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))})
+			// The next round once this one's reservation has expired (the reservations' TTL
+			// is 10 s), so the namespace is already marked failing when the success arrives.
 			select {
 			case <-attackCtx.Done():
-			case <-time.After(10 * time.Second): // the reservations' TTL
+			case <-time.After(11 * time.Second):
 			}
 		}
 	}()
@@ -385,7 +392,69 @@ func (c *Cluster) RunAttacks(ctx context.Context, w io.Writer, rep *Report) (*At
 		}
 	}
 	sort.Strings(ar.DoubleHeld)
-	return ar, nil
+	_ = evil.CoreV1().Pods(Evil).Delete(ctx, "crash", metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))})
+
+	return ar, c.cudaImageWhilePluginDown(ctx, cs, evil, say, ar, rep)
+}
+
+// cudaImageWhilePluginDown is attack (F): a pod that asks for no GPU, on a CUDA base image
+// whose ENV names every GPU, created while the NRI plugin is down, as a container restarted
+// during a plugin rollout is. No policy sees an image's ENV and no required-plugins key is on
+// such a pod, so only the toolkit's accept-nvidia-visible-devices-envvar-when-unprivileged =
+// false closes it; the suite shows the attack open under the toolkit's default (so the stand-in
+// toolkit really grants `all`) and closed under the setting.
+func (c *Cluster) cudaImageWhilePluginDown(ctx context.Context, cs, evil *kubernetes.Clientset, say func(string, ...any), ar *AttackReport, rep *Report) error {
+	cudaPod := func(name string) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: Evil}, Spec: corev1.PodSpec{
+			HostNetwork: true, TerminationGracePeriodSeconds: ptr.To(int64(0)),
+			Containers: []corev1.Container{{Name: "cuda", Image: CUDAImage, Command: []string{"/bin/sh", "-c"},
+				Args: []string{ReportGPUs + " trap 'exit 0' TERM; while true; do sleep 1; done"}}},
+		}}
+	}
+	run := func(name string) (PodResult, error) {
+		if _, err := evil.CoreV1().Pods(Evil).Create(ctx, cudaPod(name), metav1.CreateOptions{}); err != nil {
+			return PodResult{}, err
+		}
+		r, err := c.waitRunning(ctx, cs, Evil, name, 90*time.Second, rep)
+		_ = evil.CoreV1().Pods(Evil).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))})
+		return r, err
+	}
+	var err error
+	say("\n== (F) a pod that asks for no GPU, on a CUDA image (ENV NVIDIA_VISIBLE_DEVICES=all)")
+	if ar.CUDAPluginUp, err = run("cuda-plugin-up"); err != nil {
+		return err
+	}
+	say("  with the NRI plugin up: GPUs %v (NVIDIA_VISIBLE_DEVICES=%s)", ar.CUDAPluginUp.GPUs, ar.CUDAPluginUp.Env)
+	patch := `[{"op":"add","path":"/spec/template/spec/containers/1/args/-","value":"--source=file"},` +
+		`{"op":"add","path":"/spec/template/spec/containers/1/args/-","value":"--topology-file=/plugin-stopped-by-the-attacker-suite"}]`
+	if _, errOut, err := c.Kubectl("patch", "daemonset", "-n", "nvdomain-system", "nvdomain-node", "--type=json", "-p", patch); err != nil {
+		return fmt.Errorf("break the NRI container: %v: %s", err, errOut)
+	}
+	say("$ kubectl patch daemonset nvdomain-node ...   # a rollout whose NRI container does not start")
+	restore := func() error {
+		if _, errOut, err := c.Kubectl("rollout", "undo", "daemonset/nvdomain-node", "-n", "nvdomain-system"); err != nil {
+			return fmt.Errorf("restore the NRI container: %v: %s", err, errOut)
+		}
+		if err := c.SetToolkitAcceptsEnvvarWhenUnprivileged(true); err != nil {
+			return err
+		}
+		return c.waitNodePod(ctx, true)
+	}
+	if err := c.waitNodePod(ctx, false); err != nil {
+		return err
+	}
+	if ar.CUDAPluginDown, err = run("cuda-plugin-down"); err != nil {
+		return err
+	}
+	say("  plugin down, toolkit default: GPUs %v (open: docs/node-side.md, The tenant boundary)", ar.CUDAPluginDown.GPUs)
+	if err := c.SetToolkitAcceptsEnvvarWhenUnprivileged(false); err != nil {
+		return err
+	}
+	if ar.CUDAPluginDownClosed, err = run("cuda-plugin-down-closed"); err != nil {
+		return err
+	}
+	say("  plugin down, accept-nvidia-visible-devices-envvar-when-unprivileged = false: GPUs %v", ar.CUDAPluginDownClosed.GPUs)
+	return restore()
 }
 
 // eventOf returns the message of the last Event of reason on pod ns/name ("" when none).
@@ -402,7 +471,9 @@ func (ar *AttackReport) Write(w io.Writer) {
 	fmt.Fprintf(w, "  (C) phantom room: %d failing + %d successful creates; victim in domain %s after %s (free domain %s)\n", ar.FailedCreates, ar.SucceededCreates, ar.PhantomVictim.Domain, ar.PhantomTook.Round(100*time.Millisecond), ar.FreeDomain)
 	fmt.Fprintf(w, "  (D) pods that can never bind: victim in domain %s after %s; %s\n", ar.BlockedVictim.Domain, ar.BlockedTook.Round(100*time.Millisecond), ar.RoomReleased)
 	fmt.Fprintf(w, "  (E) crash loop: %d restarts on GPUs %s; beside it GPUs %v\n", ar.CrashRestarts, ar.CrashGPUs, ar.BesideCrash.GPUs)
-	fmt.Fprintln(w, "  GPUs held at the end:")
+	fmt.Fprintf(w, "  (F) no-GPU pod on a CUDA image: plugin up GPUs %v; plugin down, toolkit default GPUs %v; plugin down, envvar refused for the unprivileged GPUs %v\n",
+		ar.CUDAPluginUp.GPUs, ar.CUDAPluginDown.GPUs, ar.CUDAPluginDownClosed.GPUs)
+	fmt.Fprintln(w, "  GPUs held at the end of (E):")
 	for _, p := range ar.Held {
 		fmt.Fprintf(w, "    %-24s %v\n", p.Name, p.GPUs)
 	}

@@ -370,6 +370,30 @@ imports = []
 `, dir, PauseImage, runtime, nriSocket, CDISpecDir(dir))
 }
 
+// SetToolkitAcceptsEnvvarWhenUnprivileged changes the node's toolkit setting
+// accept-nvidia-visible-devices-envvar-when-unprivileged for the containers created from now
+// on (test/toolkit reads its configuration at each creation).
+func (c *Cluster) SetToolkitAcceptsEnvvarWhenUnprivileged(accept bool) error {
+	path := filepath.Join(c.Dir, "nvdomain-toolkit.json")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	cfg := map[string]any{}
+	if err := json.Unmarshal(data, &cfg); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	cfg["acceptEnvvarWhenUnprivileged"] = accept
+	if data, err = json.Marshal(cfg); err != nil {
+		return err
+	}
+	// Renamed into place: a container created meanwhile reads the old file or the new one.
+	if err := os.WriteFile(path+".new", data, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(path+".new", path)
+}
+
 // CDISpecDir is where the CDI specs of a cluster or node under dir live.
 func CDISpecDir(dir string) string { return filepath.Join(dir, "cdi") }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/nvdomain/nvdomain/pkg/image"
+	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/test/ocitest"
 )
 
@@ -21,6 +22,9 @@ import (
 const (
 	BusyboxImage = "docker.io/library/busybox:nvdomain"
 	PauseImage   = "registry.k8s.io/pause:nvdomain"
+	// CUDAImage is the busybox shell with the environment NVIDIA's CUDA base images set
+	// (nvidia/cuda's Dockerfiles): every GPU, unless something on the node says otherwise.
+	CUDAImage = "docker.io/nvidia/cuda:nvdomain"
 )
 
 // Environment variables through which `make demo` and `make e2e` hand over the image `make
@@ -104,7 +108,9 @@ func (c *Cluster) importImages(ctx context.Context) error {
 	}
 	busybox := ocitest.Image{Ref: BusyboxImage, Files: busyboxFiles(), Env: []string{"PATH=/bin"}, Entrypoint: []string{"/bin/sh"}}
 	pause := ocitest.Image{Ref: PauseImage, Files: map[string]ocitest.File{"pause": {Source: pauseBin}}, Entrypoint: []string{"/pause"}}
-	for _, img := range []ocitest.Image{busybox, pause} {
+	cuda := ocitest.Image{Ref: CUDAImage, Files: busyboxFiles(), Entrypoint: []string{"/bin/sh"},
+		Env: []string{"PATH=/bin", names.VisibleDevicesEnv + "=all", "NVIDIA_DRIVER_CAPABILITIES=compute,utility"}}
+	for _, img := range []ocitest.Image{busybox, pause, cuda} {
 		tarPath := c.path("images", strings.NewReplacer("/", "_", ":", "_").Replace(img.Ref)+".tar")
 		if err := ocitest.WriteArchive(img, tarPath); err != nil {
 			return err

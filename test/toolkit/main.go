@@ -8,7 +8,15 @@
 //
 // It is configured by a JSON file beside the binary (<binary>.json): {"runc": "/usr/sbin/runc",
 // "cdiSpecDirs": ["…"], "kind": "k8s.device-plugin.nvidia.com/gpu"}, because the shim that
-// starts it passes runc's arguments and nothing else.
+// starts it passes runc's arguments and nothing else. The file is read at every container
+// creation, so a test can change the toolkit's settings on a running node, as an
+// administrator editing /etc/nvidia-container-runtime/config.toml would.
+//
+// Like the toolkit, `all` names every GPU (what CUDA base images set in their ENV), and
+// "acceptEnvvarWhenUnprivileged": false stands for its
+// accept-nvidia-visible-devices-envvar-when-unprivileged = false: an unprivileged container's
+// NVIDIA_VISIBLE_DEVICES list then names nothing (the volume-mounts form still counts, as with
+// accept-nvidia-visible-devices-as-volume-mounts = true).
 package main
 
 import (
@@ -30,6 +38,20 @@ type config struct {
 	Runc        string   `json:"runc"`
 	CDISpecDirs []string `json:"cdiSpecDirs"`
 	Kind        string   `json:"kind"`
+	// AcceptEnvvarWhenUnprivileged is the toolkit's setting of that name; nil is its default,
+	// true.
+	AcceptEnvvarWhenUnprivileged *bool `json:"acceptEnvvarWhenUnprivileged,omitempty"`
+}
+
+// acceptsEnvvar says whether the variable's GPU list counts for a container of spec.
+func (c config) acceptsEnvvar(spec *oci.Spec) bool {
+	return c.AcceptEnvvarWhenUnprivileged == nil || *c.AcceptEnvvarWhenUnprivileged || privileged(spec)
+}
+
+// privileged is the toolkit's test (image.IsPrivileged): CAP_SYS_ADMIN in the bounding set.
+func privileged(spec *oci.Spec) bool {
+	return spec.Process != nil && spec.Process.Capabilities != nil &&
+		slices.Contains(spec.Process.Capabilities.Bounding, "CAP_SYS_ADMIN")
 }
 
 func main() {
@@ -91,8 +113,8 @@ func inject(cfg config, bundle string) error {
 	if err := json.Unmarshal(data, &spec); err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
-	ids := requested(&spec)
-	if len(ids) == 0 {
+	ids, all := requested(&spec, cfg.acceptsEnvvar(&spec))
+	if len(ids) == 0 && !all {
 		return nil
 	}
 	cache, err := cdi.NewCache(cdi.WithSpecDirs(cfg.CDISpecDirs...), cdi.WithAutoRefresh(false))
@@ -102,6 +124,22 @@ func inject(cfg config, bundle string) error {
 	devices := make([]string, len(ids))
 	for i, id := range ids {
 		devices[i] = cfg.Kind + "=" + id
+	}
+	if all {
+		// The spec's own "all" device where it has one (nvidia-ctk writes it), else each GPU.
+		known := cache.ListDevices()
+		if slices.Contains(known, cfg.Kind+"=all") {
+			devices = append(devices, cfg.Kind+"=all")
+		} else {
+			for _, d := range known {
+				if strings.HasPrefix(d, cfg.Kind+"=") {
+					devices = append(devices, d)
+				}
+			}
+		}
+	}
+	if len(devices) == 0 {
+		return nil
 	}
 	if _, err := cache.InjectDevices(&spec, devices...); err != nil {
 		return err
@@ -113,10 +151,11 @@ func inject(cfg config, bundle string) error {
 	return os.WriteFile(path, out, 0o644)
 }
 
-// requested reads the GPU ids the way the toolkit does.
-func requested(spec *oci.Spec) []string {
+// requested reads the GPU ids the way the toolkit does; all says the container names every
+// GPU. envvar says whether a GPU list in the variable counts (acceptsEnvvar).
+func requested(spec *oci.Spec, envvar bool) (ids []string, all bool) {
 	if spec.Process == nil {
-		return nil
+		return nil, false
 	}
 	var v string
 	for _, e := range spec.Process.Env {
@@ -125,16 +164,21 @@ func requested(spec *oci.Spec) []string {
 		}
 	}
 	switch v = strings.TrimSpace(v); v {
-	case "", "all", "none", names.VisibleDevicesVoid:
-		return nil
+	case "", "none", names.VisibleDevicesVoid:
+		return nil, false
 	case names.VolumeMountsDir:
-		var ids []string
 		for _, m := range spec.Mounts {
 			if id, ok := strings.CutPrefix(m.Destination, names.VolumeMountsDir+"/"); ok {
 				ids = append(ids, id)
 			}
 		}
-		return ids
+		return ids, false
 	}
-	return strings.Split(v, ",")
+	if !envvar {
+		return nil, false
+	}
+	if v == "all" {
+		return nil, true
+	}
+	return strings.Split(v, ","), false
 }

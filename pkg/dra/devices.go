@@ -88,6 +88,14 @@ func devicesOf(top *topology.Topology, p Publish) []resourceapi.Device {
 	out := make([]resourceapi.Device, 0, len(top.GPUs)*2)
 	doms := domainsBySize(top)
 	unhealthy := func(i int) bool { g, _ := top.GPU(i); return g.Unhealthy != "" }
+	// A device a claim holds is never left out: once an allocated device leaves its slice the
+	// allocator stops counting its counters (kubernetes#140802), and would offer its GPUs
+	// again through the devices that share them. Without taints it stays untainted until its
+	// claim is unprepared; the next publish then leaves it out.
+	held := make(map[string]bool, len(p.Held))
+	for _, name := range p.Held {
+		held[name] = true
+	}
 	if p.Blocks {
 		for _, d := range doms {
 			if !blocksFor(d) {
@@ -98,14 +106,16 @@ func devicesOf(top *topology.Topology, p Publish) []resourceapi.Device {
 					gpus := d.GPUs[off : off+b]
 					// Without device taints, a block holding an unhealthy GPU is left out, as
 					// the GPU is: its taint would be dropped.
-					if len(names.DRABlockName(gpus)) <= maxDeviceName && (!p.WithholdUnhealthy || !slices.ContainsFunc(gpus, unhealthy)) {
+					if name := names.DRABlockName(gpus); len(name) <= maxDeviceName && (!p.WithholdUnhealthy || !slices.ContainsFunc(gpus, unhealthy) || held[name]) {
 						out = append(out, blockDevice(top, d, gpus))
 					}
 				}
 			}
 		}
 	}
-	keep := func(g topology.GPU) bool { return !p.WithholdUnhealthy || g.Unhealthy == "" }
+	keep := func(g topology.GPU) bool {
+		return !p.WithholdUnhealthy || g.Unhealthy == "" || held[names.DRADeviceName(g.Index)]
+	}
 	for _, g := range top.GPUs {
 		if g.Domain == nil && !g.MIG && keep(g) { // a MIG-mode GPU is its MIG devices, not a whole GPU
 			out = append(out, gpuDevice(top, g, p))

@@ -401,25 +401,31 @@ func TestDevicesSharingAGPUWithAnUnpublishedHeldDeviceAreTainted(t *testing.T) {
 }
 
 // Without device taints a block holding an unhealthy GPU is left out with the GPU, since the
-// apiserver would drop the block's taint and offer the GPU in it.
+// apiserver would drop the block's taint and offer the GPU in it; but never a device a claim
+// holds: the allocator stops counting an allocated device's counters once it leaves its slice
+// (kubernetes#140802), so its GPUs would be offered again through the other devices sharing
+// them.
 func TestBlocksOfAnUnhealthyGPUAreWithheldWithoutTaints(t *testing.T) {
 	top := hgx(t)
 	top.GPUs[3].Unhealthy = "row remapping failed"
 	for _, tc := range []struct {
 		withhold bool
+		held     []string
 		want     []string // devices holding GPU 3
 	}{
-		{false, []string{"gpus-2-3", "gpus-0-1-2-3", "gpu-3"}},
-		{true, nil},
+		{false, nil, []string{"gpus-2-3", "gpus-0-1-2-3", "gpu-3"}},
+		{true, nil, nil},
+		{true, []string{"gpus-0-1-2-3"}, []string{"gpus-0-1-2-3"}},
+		{true, []string{"gpu-3", "gpus-2-3"}, []string{"gpus-2-3", "gpu-3"}},
 	} {
 		var got []string
-		for _, d := range Devices(top, Publish{Blocks: true, WithholdUnhealthy: tc.withhold}) {
+		for _, d := range Devices(top, Publish{Blocks: true, WithholdUnhealthy: tc.withhold, Held: tc.held}) {
 			if gs, _ := names.ParseDRADeviceGPUs(d.Name); slices.Contains(gs, 3) {
 				got = append(got, d.Name)
 			}
 		}
 		if !slices.Equal(got, tc.want) {
-			t.Errorf("withhold %v: devices holding GPU 3 %v, want %v", tc.withhold, got, tc.want)
+			t.Errorf("withhold %v, held %v: devices holding GPU 3 %v, want %v", tc.withhold, tc.held, got, tc.want)
 		}
 	}
 }

@@ -47,8 +47,9 @@ type Options struct {
 	// Topology is the node's topology at start; SetTopology replaces it.
 	Topology *topology.Topology
 	// Blocks publishes each domain's aligned blocks beside its GPUs (Publish.Blocks). When
-	// the apiserver drops the counters (partitionable devices off, as by default before 1.36)
-	// the driver publishes the GPUs alone, says so, and goes on.
+	// the apiserver is older than BlocksMinVersion, or drops the counters (partitionable
+	// devices off, as by default before 1.36), the driver publishes the GPUs alone, says so,
+	// and goes on.
 	Blocks bool
 	// Metrics records the driver's series; nil records nothing.
 	Metrics *Metrics
@@ -184,6 +185,8 @@ func Start(ctx context.Context, o Options) (*Driver, error) {
 	// And entries kept for pods that still run are marked before the first publish, so their
 	// GPUs are tainted from it on.
 	d.markOrphans(ctx)
+	// Blocks only on an allocator that runs them at scale, decided before the first publish.
+	d.checkAllocator(ctx)
 	if err := d.SetTopology(ctx, o.Topology); err != nil {
 		helper.Stop()
 		return nil, err

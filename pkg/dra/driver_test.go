@@ -16,6 +16,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/version"
+	fakediscovery "k8s.io/client-go/discovery/fake"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
@@ -244,5 +246,60 @@ func TestOptionsNameTheFlagAtFault(t *testing.T) {
 		if err := o.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Validate = %v, want a message naming %s", err, tc.want)
 		}
+	}
+}
+
+// Blocks cost O(N²) per pod on a scheduler allocator without kubernetes#138917 (before 1.37):
+// the driver publishes them only for an apiserver of BlocksMinVersion or later, and says why
+// on the Node otherwise. A version it cannot parse (a development build) is not judged.
+func TestBlocksArePublishedOnlyForAnAllocatorThatScalesWithThem(t *testing.T) {
+	for _, tc := range []struct {
+		version    string
+		wantBlocks bool
+	}{
+		{"v1.35.4", false},
+		{"v1.36.3", false},
+		{"v1.37.0-rc.1", true},
+		{"v1.37.2", true},
+		{"v1.38.0", true},
+		{"v0.0.0-master+$Format:%H$", true},
+	} {
+		t.Run(tc.version, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			dir := shortDir(t)
+			cs := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, UID: "node-uid"}})
+			cs.Discovery().(*fakediscovery.FakeDiscovery).FakedServerVersion = &version.Info{GitVersion: tc.version}
+			o := Options{Node: node, Client: cs, KubeletDir: dir, CDI: CDINvdomain, CDISpecDir: filepath.Join(dir, "cdi"), Topology: hgx(t),
+				Blocks: true, Log: logr.Discard()}
+			d, err := Start(ctx, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer d.Stop()
+			k := kubelet{t, dir}
+			k.register(ctx)
+			waitFor(t, "a ResourceSlice with the node's GPUs", func() bool { return slices.Contains(sliceDevices(ctx, t, cs), "gpu-8") })
+			blocks := slices.ContainsFunc(sliceDevices(ctx, t, cs), func(name string) bool { return strings.HasPrefix(name, "gpus-") })
+			if blocks != tc.wantBlocks {
+				t.Errorf("blocks published: %v, want %v (devices %v)", blocks, tc.wantBlocks, sliceDevices(ctx, t, cs))
+			}
+			events, err := cs.CoreV1().Events("").List(ctx, metav1.ListOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var refused []string
+			for _, e := range events.Items {
+				if e.Reason == ReasonBlocksRefused {
+					refused = append(refused, e.Message)
+				}
+			}
+			switch {
+			case tc.wantBlocks && len(refused) > 0:
+				t.Errorf("refusal Event on an allocator that scales: %v", refused)
+			case !tc.wantBlocks && (len(refused) != 1 || !strings.Contains(refused[0], tc.version) || !strings.Contains(refused[0], "1.37") || !strings.Contains(refused[0], "dra.blocks=false")):
+				t.Errorf("refusal Events %q; want one naming %s, 1.37 and dra.blocks=false", refused, tc.version)
+			}
+		})
 	}
 }

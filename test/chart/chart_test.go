@@ -139,11 +139,27 @@ func TestBadValuesAreRejected(t *testing.T) {
 		// GOARCH names, as kubernetes.io/arch has them (not uname's).
 		{[]string{"--set-json", `node.architectures=["x86_64"]`}, "at '/node/architectures/0'"},
 		{[]string{"--set-json", `node.architectures=[]`}, "at '/node/architectures'"},
+		// Blocks need the 1.37 allocator (kubernetes#138917).
+		{[]string{"--set", "dra.enabled=true", "--set", "dra.blocks=true", "--kube-version", "v1.36.3"}, "dra.blocks: Kubernetes v1.36.3's scheduler allocator"},
 	}
 	for _, tc := range cases {
 		_, err := render(t, tc.args...)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("helm template %v: %v, want an error mentioning %q", tc.args, err, tc.want)
+		}
+	}
+}
+
+// dra.blocks renders on Kubernetes 1.37 and later, whose allocator runs blocks at scale, and
+// reaches both the driver and the webhook; below 1.37 TestBadValuesAreRejected has the refusal.
+func TestBlocksRenderFromKubernetes137(t *testing.T) {
+	for _, v := range []string{"v1.37.0", "v1.38.1"} {
+		out, err := render(t, "--set", "dra.enabled=true", "--set", "dra.blocks=true", "--kube-version", v)
+		if err != nil {
+			t.Fatalf("helm template with dra.blocks on %s: %v", v, err)
+		}
+		if n := strings.Count(out, "--dra-blocks=true"); n != 2 {
+			t.Errorf("%s: --dra-blocks=true appears %d times; want the DRA DaemonSet's and the webhook's", v, n)
 		}
 	}
 }

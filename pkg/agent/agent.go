@@ -187,13 +187,13 @@ func (a *Agent) Run(ctx context.Context) error {
 			return a.uninstall(ctx)
 		}
 	}
-	a.loaded(ctx, top)
 	a.seedFailOpen(ctx)
 	a.readNRIState()
 	a.followRuntime(ctx) // before the first publish: no room shows on an old runtime
 	if err := a.publish(ctx); err != nil {
 		a.o.Log.Error(err, "first publish failed; retrying every period")
 	}
+	a.loaded(ctx, top) // after the Node shows it (sync)
 	canaryCtx, stopCanaries := context.WithCancel(ctx)
 	defer stopCanaries()
 	canaries := a.startCanaries(canaryCtx)
@@ -244,6 +244,10 @@ func (a *Agent) Run(ctx context.Context) error {
 // records an Event on the Node once per distinct error.
 func (a *Agent) sync(ctx context.Context) {
 	top, err := a.o.Source.Load(ctx)
+	// The DRA driver gets a new topology after the Node's annotation shows it (review DRA
+	// 2026-12 #6): the webhook's hint, and `nvdomain status`, stop naming a lost or unhealthy
+	// GPU before the allocator stops offering it, never after.
+	var reloaded *topology.Topology
 	switch {
 	case err != nil:
 		a.o.Metrics.Errors.WithLabelValues("source").Inc()
@@ -258,8 +262,7 @@ func (a *Agent) sync(ctx context.Context) {
 		// (in DRA mode, tainted): the kept topology takes the marks.
 		if o, ok := a.o.Source.(source.Overlayer); ok && a.lastGood != nil {
 			if top := o.Overlay(a.lastGood); top != a.lastGood {
-				a.lastGood = top
-				a.loaded(ctx, top)
+				a.lastGood, reloaded = top, top
 			}
 		}
 	default:
@@ -267,13 +270,15 @@ func (a *Agent) sync(ctx context.Context) {
 			a.o.Log.Info("topology source is valid again", "source", a.o.Source.Describe())
 			a.event(ctx, corev1.EventTypeNormal, "TopologyRecovered", fmt.Sprintf("%s is valid again", a.o.Source.Describe()))
 		}
-		a.lastGood, a.stale, a.lastErr = top, false, ""
-		a.loaded(ctx, top)
+		a.lastGood, a.stale, a.lastErr, reloaded = top, false, "", top
 	}
 	a.readNRIState()
 	a.followRuntime(ctx)
 	if err := a.publish(ctx); err != nil {
 		a.o.Log.Error(err, "publish")
+	}
+	if reloaded != nil {
+		a.loaded(ctx, reloaded)
 	}
 }
 

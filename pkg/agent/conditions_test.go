@@ -2,7 +2,9 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -154,17 +156,28 @@ func (s *overlaySource) Overlay(top *topology.Topology) *topology.Topology {
 
 // A source that fails after a GPU fell off the bus keeps the last good topology published
 // (stale), and the marks it still knows reach that topology: the DRA driver is handed it
-// (TopologyLoaded), once.
+// (TopologyLoaded), once, and only after the Node's topology annotation shows it, so the
+// webhook's hint and `nvdomain status` never lag the allocator (review DRA 2026-12 #6).
 func TestAKeptTopologyTakesTheSourcesMarks(t *testing.T) {
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-node01"}})
 	src := &overlaySource{top: seed(t), changes: make(chan struct{}, 1)}
 	var mu sync.Mutex
 	var loaded []string
+	var annotationLags []string
 	a := New(Options{Names: names.Default(), Node: "gpu-node01", Source: src, Client: client, Period: time.Hour, RetryInitial: 20 * time.Millisecond,
-		Log: logr.Discard(), Metrics: newMetrics(), TopologyLoaded: func(_ context.Context, top *topology.Topology) {
+		Log: logr.Discard(), Metrics: newMetrics(), TopologyLoaded: func(ctx context.Context, top *topology.Topology) {
 			mu.Lock()
 			defer mu.Unlock()
 			loaded = append(loaded, top.GPUs[3].Unhealthy)
+			node, err := client.CoreV1().Nodes().Get(ctx, "gpu-node01", metav1.GetOptions{})
+			if err != nil {
+				annotationLags = append(annotationLags, err.Error())
+				return
+			}
+			var published topology.Topology
+			if err := json.Unmarshal([]byte(node.Annotations[names.Default().TopologyAnnotation()]), &published); err != nil || len(published.GPUs) < 4 || published.GPUs[3].Unhealthy != top.GPUs[3].Unhealthy {
+				annotationLags = append(annotationLags, fmt.Sprintf("driver handed GPU 3 unhealthy %q while the Node showed %+v (%v)", top.GPUs[3].Unhealthy, published.GPUs, err))
+			}
 		}})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -184,5 +197,8 @@ func TestAKeptTopologyTakesTheSourcesMarks(t *testing.T) {
 	defer mu.Unlock()
 	if len(loaded) != 2 || loaded[0] != "" || loaded[1] != "XID 79" {
 		t.Errorf("topologies handed on: GPU 3 unhealthy %q, want the good one and then the kept one marked, once", loaded)
+	}
+	if len(annotationLags) > 0 {
+		t.Errorf("the DRA driver got a topology before the Node showed it: %v", annotationLags)
 	}
 }

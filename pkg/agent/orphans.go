@@ -45,6 +45,9 @@ func (a *Agent) checkHolders(ctx context.Context) bool {
 			continue
 		}
 		seen[h.PodUID] = true
+		if ctx.Err() != nil {
+			continue // past the pass's deadline: the rest keep their last answers (seen) until the next pass
+		}
 		last, ok := a.holderChecks[h.PodUID]
 		if ok && now.Sub(last.at) < HolderRecheck {
 			continue

@@ -82,12 +82,19 @@ func GPUNode(minor int) *cdi.DeviceNode {
 // NVIDIA_VISIBLE_DEVICES=void go with any of them, as in NVIDIA's own specs.
 func ForGPUs(kind Kind, gpus []topology.GPU) *cdi.Spec {
 	spec := &cdi.Spec{Version: Version, Kind: kind.String(), ContainerEdits: CommonEdits()}
+	var all cdi.ContainerEdits
 	for _, g := range gpus {
 		edits := cdi.ContainerEdits{DeviceNodes: []*cdi.DeviceNode{GPUNode(g.DeviceMinor())}}
 		if g.UUID != "" {
 			spec.Devices = append(spec.Devices, cdi.Device{Name: g.UUID, ContainerEdits: edits})
 		}
 		spec.Devices = append(spec.Devices, cdi.Device{Name: strconv.Itoa(g.Index), ContainerEdits: edits})
+		all.DeviceNodes = append(all.DeviceNodes, GPUNode(g.DeviceMinor()))
+	}
+	// nvidia-ctk's specs (and the device plugin's, made with the same library) also name
+	// every GPU at once; the toolkit resolves NVIDIA_VISIBLE_DEVICES=all to it.
+	if len(gpus) > 0 {
+		spec.Devices = append(spec.Devices, cdi.Device{Name: AllDevices, ContainerEdits: all})
 	}
 	return spec
 }

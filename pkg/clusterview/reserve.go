@@ -88,9 +88,10 @@ func newReservations() reservations {
 
 // SetReplicas tells the view how many webhook replicas admit pods (the Deployment's
 // replicas), so that this replica enforces its share of the namespace caps and all replicas
-// together hold no more than MaxReservationsPerNamespace pods and MaxReservedGPUsPerNamespace
-// GPUs of one namespace. The share is rounded up, and never below one TP pod of the largest
-// size the caps allow, so a namespace can always reserve for at least one pod per replica.
+// together hold about MaxReservationsPerNamespace pods and MaxReservedGPUsPerNamespace GPUs
+// of one namespace. The share is rounded up, and never below one pod of 8 GPUs, so a
+// namespace can always reserve for a TP=8 pod on each replica: together the replicas may
+// exceed the caps by the rounding, or, past 8 replicas, by 8 GPUs a replica.
 func (v *View) SetReplicas(replicas int) {
 	if replicas < 1 {
 		replicas = 1

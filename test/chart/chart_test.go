@@ -208,6 +208,9 @@ func apiServer(t *testing.T) (*rest.Config, string) {
 		t.Fatal(err)
 	}
 	env := &envtest.Environment{BinaryAssetsDirectory: assets}
+	// DeviceClass.spec.extendedResourceName, which the chart's lookup reads, is alpha and off
+	// before 1.36 (`make matrix` runs 1.35): without the gate the apiserver drops the field.
+	env.ControlPlane.GetAPIServer().Configure().Append("feature-gates", "DRAExtendedResource=true")
 	cfg, err := env.Start()
 	if err != nil {
 		t.Fatalf("start envtest: %v", err)

@@ -223,15 +223,18 @@ func TestEnvNamingGPUsIsNeutralisedUnderTheCDIStrategies(t *testing.T) {
 		all = append(all, fmt.Sprintf("GPU-seed-%d", g))
 	}
 	cases := []struct {
-		pod     podSpec
-		env     string
-		wantEnv string // "": refused
+		pod      podSpec
+		env      string
+		wantEnv  string // "": refused
+		wantGPUs int
 	}{
 		// This node's GPU ids in the envvar form while envvar is off: refused with the flag to
 		// set (a device plugin running envvar would otherwise start pods without GPUs, silently).
-		{podSpec{name: "greedy"}, strings.Join(all, ","), ""},
-		{podSpec{name: "cuda-image"}, "all", "void"},
-		{podSpec{name: "dcgm-exporter", namespace: "gpu-operator"}, "all", "all"},
+		{podSpec{name: "greedy"}, strings.Join(all, ","), "", 0},
+		{podSpec{name: "cuda-image"}, "all", "void", 0},
+		// Left as it is in a trusted namespace: the toolkit gives it every GPU (the CDI spec's
+		// "all" device).
+		{podSpec{name: "dcgm-exporter", namespace: "gpu-operator"}, "all", "all", 8},
 	}
 	for _, tc := range cases {
 		pod, cfg := n.runPod(tc.pod)
@@ -251,8 +254,8 @@ func TestEnvNamingGPUsIsNeutralisedUnderTheCDIStrategies(t *testing.T) {
 		if got := n.envOf(id, names.VisibleDevicesEnv); got != tc.wantEnv {
 			t.Errorf("%s: NVIDIA_VISIBLE_DEVICES=%q inside, want %q", tc.pod.name, got, tc.wantEnv)
 		}
-		if got := n.gpuNodes(id); len(got) != 0 {
-			t.Errorf("%s: GPU device nodes %v", tc.pod.name, got)
+		if got := n.gpuNodes(id); len(got) != tc.wantGPUs {
+			t.Errorf("%s: GPU device nodes %v, want %d", tc.pod.name, got, tc.wantGPUs)
 		}
 	}
 	for d := range 2 {

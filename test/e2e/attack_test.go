@@ -63,6 +63,9 @@ func TestAHostileTenantTakesNoGPUsOrRoomFromAnother(t *testing.T) {
 	if ar.CrashRestarts < 2 || ar.CrashGPUs == "" || len(ar.BesideCrash.GPUs) != 2 {
 		t.Errorf("(E) crash loop: %d restarts on GPUs %q; beside it %v", ar.CrashRestarts, ar.CrashGPUs, ar.BesideCrash.GPUs)
 	}
+	if ar.CUDAError != "" {
+		t.Errorf("(F) the CUDA-image attack did not run to its end: %s", ar.CUDAError)
+	}
 	if len(ar.CUDAPluginUp.GPUs) != 0 {
 		t.Errorf("(F) a pod asking for no GPU on a CUDA image holds %v with the NRI plugin up; want none", ar.CUDAPluginUp.GPUs)
 	}

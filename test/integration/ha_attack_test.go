@@ -3,12 +3,14 @@ package integration
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
@@ -50,6 +52,16 @@ func (h *haCluster) tenants(ctx context.Context, nss ...string) map[string]kuber
 		cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:" + ns + ":tenant",
 			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"}}
 		out[ns] = kubernetes.NewForConfigOrDie(cfg)
+		// The authorizer sees new bindings through its informers: wait until it does.
+		review := &authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{
+			ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: ns, Verb: "create", Resource: "pods"}}}
+		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			r, err := out[ns].AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, review, metav1.CreateOptions{})
+			return err == nil && r.Status.Allowed, nil
+		})
+		if err != nil {
+			h.t.Fatalf("tenant %s may never create pods: %v", ns, err)
+		}
 	}
 	return out
 }
@@ -121,19 +133,29 @@ func TestAHostileTenantThroughTwoReplicasTakesNoRoomFromAnother(t *testing.T) {
 	attackCtx, stopAttack := context.WithCancel(ctx)
 	var failed, succeeded atomic.Int64
 	var attack sync.WaitGroup
+	// secondBurst is closed once the second round's burst is in: the namespace was marked
+	// failing by the first round's expired reservations, a success came after, and the burst
+	// would now hold the free domains if that success had cleared the mark.
+	secondBurst := make(chan struct{})
 	attack.Go(func() {
 		for i := 0; attackCtx.Err() == nil; i++ {
-			// Successes through every replica (six creates leave one replica without any
-			// in one round of 32): each is gated, so it stays and consumes its reservation.
-			var oks []string
+			// Successes through every replica: concurrent, so they go over several
+			// connections, which the apiserver spreads over the replicas (sequential
+			// requests would reuse one). Each is gated, so it stays and consumes its
+			// reservation.
+			var oks sync.Map
+			var wave sync.WaitGroup
 			for j := range 6 {
-				ok := gpuPod(fmt.Sprintf("ok-%d-%d", i, j), true, 2)
-				ok.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: "example.com/hold"}}
-				if _, err := evil.CoreV1().Pods("evil").Create(attackCtx, ok, metav1.CreateOptions{}); err == nil {
-					succeeded.Add(1)
-					oks = append(oks, ok.Name)
-				}
+				wave.Go(func() {
+					ok := gpuPod(fmt.Sprintf("ok-%d-%d", i, j), true, 2)
+					ok.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: "example.com/hold"}}
+					if _, err := evil.CoreV1().Pods("evil").Create(attackCtx, ok, metav1.CreateOptions{}); err == nil {
+						succeeded.Add(1)
+						oks.Store(ok.Name, true)
+					}
+				})
 			}
+			wave.Wait()
 			time.Sleep(300 * time.Millisecond) // the replicas' informers see them: their reservations are consumed
 			// A burst the apiserver spreads over both replicas: more than one replica's share.
 			var burst sync.WaitGroup
@@ -141,15 +163,23 @@ func TestAHostileTenantThroughTwoReplicasTakesNoRoomFromAnother(t *testing.T) {
 				burst.Go(func() {
 					p := gpuPod("", true, []int64{8, 4}[j%2])
 					p.GenerateName, p.Spec.PriorityClassName = "phantom-", "attack"
-					if _, err := evil.CoreV1().Pods("evil").Create(attackCtx, p, metav1.CreateOptions{}); err != nil && attackCtx.Err() == nil {
+					_, err := evil.CoreV1().Pods("evil").Create(attackCtx, p, metav1.CreateOptions{})
+					switch {
+					case err != nil && strings.Contains(err.Error(), "exceeded quota"):
 						failed.Add(1)
+					case attackCtx.Err() == nil:
+						t.Errorf("a phantom create was not refused by the quota, after nvdomain's webhook: %v", err)
 					}
 				})
 			}
 			burst.Wait()
-			for _, name := range oks {
-				_ = evil.CoreV1().Pods("evil").Delete(attackCtx, name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))})
+			if i == 1 {
+				close(secondBurst)
 			}
+			oks.Range(func(name, _ any) bool {
+				_ = evil.CoreV1().Pods("evil").Delete(attackCtx, name.(string), metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))})
+				return true
+			})
 			// The next round starts once this burst's reservations have expired, so the
 			// namespace is marked failing before the next success arrives (which used to
 			// clear the mark and let the next burst hold room for a whole lifetime).
@@ -159,7 +189,11 @@ func TestAHostileTenantThroughTwoReplicasTakesNoRoomFromAnother(t *testing.T) {
 			}
 		}
 	})
-	time.Sleep(clusterview.ReservationTTL + 3*time.Second) // inside the second burst's lifetime
+	select {
+	case <-secondBurst: // the victims come inside its reservations' lifetime
+	case <-time.After(2*clusterview.ReservationTTL + 30*time.Second):
+		t.Fatal("the attack's second round never ended")
+	}
 	for _, v := range []struct {
 		name, node, free string
 		k                int64

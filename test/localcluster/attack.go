@@ -2,6 +2,7 @@ package localcluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"sort"
@@ -60,6 +61,8 @@ type AttackReport struct {
 	// under the toolkit's default, and the same with
 	// accept-nvidia-visible-devices-envvar-when-unprivileged = false (docs/node-side.md).
 	CUDAPluginUp, CUDAPluginDown, CUDAPluginDownClosed PodResult
+	// CUDAError is why (F) could not run to its end ("" when it did).
+	CUDAError string
 	// Held is, at the end, each running pod's GPUs; DoubleHeld the GPUs two pods hold.
 	Held       []PodResult
 	DoubleHeld []string
@@ -394,7 +397,11 @@ func (c *Cluster) RunAttacks(ctx context.Context, w io.Writer, rep *Report) (*At
 	sort.Strings(ar.DoubleHeld)
 	_ = evil.CoreV1().Pods(Evil).Delete(ctx, "crash", metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))})
 
-	return ar, c.cudaImageWhilePluginDown(ctx, cs, evil, say, ar, rep)
+	// (F)'s failure is reported beside the others', not instead of them.
+	if err := c.cudaImageWhilePluginDown(ctx, cs, evil, say, ar, rep); err != nil {
+		ar.CUDAError = err.Error()
+	}
+	return ar, nil
 }
 
 // cudaImageWhilePluginDown is attack (F): a pod that asks for no GPU, on a CUDA base image
@@ -403,7 +410,7 @@ func (c *Cluster) RunAttacks(ctx context.Context, w io.Writer, rep *Report) (*At
 // such a pod, so only the toolkit's accept-nvidia-visible-devices-envvar-when-unprivileged =
 // false closes it; the suite shows the attack open under the toolkit's default (so the stand-in
 // toolkit really grants `all`) and closed under the setting.
-func (c *Cluster) cudaImageWhilePluginDown(ctx context.Context, cs, evil *kubernetes.Clientset, say func(string, ...any), ar *AttackReport, rep *Report) error {
+func (c *Cluster) cudaImageWhilePluginDown(ctx context.Context, cs, evil *kubernetes.Clientset, say func(string, ...any), ar *AttackReport, rep *Report) (err error) {
 	cudaPod := func(name string) *corev1.Pod {
 		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: Evil}, Spec: corev1.PodSpec{
 			HostNetwork: true, TerminationGracePeriodSeconds: ptr.To(int64(0)),
@@ -419,7 +426,6 @@ func (c *Cluster) cudaImageWhilePluginDown(ctx context.Context, cs, evil *kubern
 		_ = evil.CoreV1().Pods(Evil).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))})
 		return r, err
 	}
-	var err error
 	say("\n== (F) a pod that asks for no GPU, on a CUDA image (ENV NVIDIA_VISIBLE_DEVICES=all)")
 	if ar.CUDAPluginUp, err = run("cuda-plugin-up"); err != nil {
 		return err
@@ -431,15 +437,14 @@ func (c *Cluster) cudaImageWhilePluginDown(ctx context.Context, cs, evil *kubern
 		return fmt.Errorf("break the NRI container: %v: %s", err, errOut)
 	}
 	say("$ kubectl patch daemonset nvdomain-node ...   # a rollout whose NRI container does not start")
-	restore := func() error {
-		if _, errOut, err := c.Kubectl("rollout", "undo", "daemonset/nvdomain-node", "-n", "nvdomain-system"); err != nil {
-			return fmt.Errorf("restore the NRI container: %v: %s", err, errOut)
+	// Whatever happens below, the node gets its plugin and the toolkit its default back.
+	defer func() {
+		_, errOut, undoErr := c.Kubectl("rollout", "undo", "daemonset/nvdomain-node", "-n", "nvdomain-system")
+		if undoErr != nil {
+			undoErr = fmt.Errorf("restore the NRI container: %v: %s", undoErr, errOut)
 		}
-		if err := c.SetToolkitAcceptsEnvvarWhenUnprivileged(true); err != nil {
-			return err
-		}
-		return c.waitNodePod(ctx, true)
-	}
+		err = errors.Join(err, undoErr, c.SetToolkitAcceptsEnvvarWhenUnprivileged(true), c.waitNodePod(ctx, true))
+	}()
 	if err := c.waitNodePod(ctx, false); err != nil {
 		return err
 	}
@@ -454,7 +459,7 @@ func (c *Cluster) cudaImageWhilePluginDown(ctx context.Context, cs, evil *kubern
 		return err
 	}
 	say("  plugin down, accept-nvidia-visible-devices-envvar-when-unprivileged = false: GPUs %v", ar.CUDAPluginDownClosed.GPUs)
-	return restore()
+	return nil
 }
 
 // eventOf returns the message of the last Event of reason on pod ns/name ("" when none).

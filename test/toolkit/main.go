@@ -126,17 +126,9 @@ func inject(cfg config, bundle string) error {
 		devices[i] = cfg.Kind + "=" + id
 	}
 	if all {
-		// The spec's own "all" device where it has one (nvidia-ctk writes it), else each GPU.
-		known := cache.ListDevices()
-		if slices.Contains(known, cfg.Kind+"=all") {
-			devices = append(devices, cfg.Kind+"=all")
-		} else {
-			for _, d := range known {
-				if strings.HasPrefix(d, cfg.Kind+"=") {
-					devices = append(devices, d)
-				}
-			}
-		}
+		// As the toolkit does: the spec's own "all" device (nvidia-ctk writes one), and the
+		// container is refused as unresolvable where no spec has it.
+		devices = append(devices, cfg.Kind+"=all")
 	}
 	if len(devices) == 0 {
 		return nil

@@ -129,8 +129,7 @@ type Driver struct {
 	// orphans are the checkpoint entries kept although their claims look stale, because a pod
 	// they were prepared for still runs here (podRunning); staleMu guards it too.
 	orphans map[types.UID]bool
-	// unjudged are the checkpoint entries (with pods recorded) the start check could not
-	// judge: the apiserver did not answer within StartCheckTimeout. Their GPUs are tainted
+	// unjudged are the checkpoint entries the start check could not judge: the apiserver did not answer within StartCheckTimeout. Their GPUs are tainted
 	// like an orphan's until housekeeping or a Prepare's conflict judges them; staleMu guards
 	// it too.
 	unjudged map[types.UID]bool
@@ -304,10 +303,13 @@ func (d *Driver) heldDevices() (held, orphaned []string) {
 	}
 	d.staleMu.Lock()
 	defer d.staleMu.Unlock()
-	orphans := 0
+	orphans, unjudged := 0, 0
 	for uid, pc := range claims {
 		if d.orphans[uid] {
 			orphans++
+		}
+		if d.unjudged[uid] {
+			unjudged++
 		}
 		for _, dev := range pc.Devices {
 			if dev.Pool != d.o.Node || dev.AdminAccess {
@@ -324,7 +326,7 @@ func (d *Driver) heldDevices() (held, orphaned []string) {
 	slices.Sort(held)
 	slices.Sort(orphaned)
 	d.lastHeld = held
-	d.o.Metrics.orphaned(orphans)
+	d.o.Metrics.orphaned(orphans, unjudged)
 	return held, orphaned
 }
 

@@ -356,37 +356,44 @@ func (d *Driver) markOrphans(ctx context.Context) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, StartCheckTimeout)
 	defer cancel()
-	var unjudged []types.UID
-	for _, uid := range slices.Sorted(maps.Keys(claims)) {
-		pc := claims[uid]
-		if len(pc.Pods) == 0 {
-			continue // written before pods were recorded: judged on the claim alone
-		}
-		if ctx.Err() != nil {
-			unjudged = append(unjudged, uid)
-			continue
-		}
-		why, pod, known := d.judge(ctx, uid, pc)
-		switch {
-		case !known:
-			unjudged = append(unjudged, uid)
-		case why != "" && pod != "":
-			d.markOrphan(ctx, uid, pc, why, pod)
-		}
-	}
-	if len(unjudged) == 0 {
-		return
-	}
+	// Every entry starts unjudged and each judgement clears its mark, here or in a Prepare's
+	// conflict check that the kubelet may run meanwhile: marking only what this loop could
+	// not judge, after it, re-marked an entry such a Prepare had just judged (review DRA
+	// 2026-12 #3b). Entries written before pods were recorded are judged on the claim alone,
+	// and stay marked too while the apiserver cannot say (#3a).
 	d.staleMu.Lock()
 	if d.unjudged == nil {
 		d.unjudged = map[types.UID]bool{}
 	}
-	for _, uid := range unjudged {
+	for uid := range claims {
 		d.unjudged[uid] = true
 	}
 	d.staleMu.Unlock()
-	d.o.Log.Info("the apiserver could not say whether these prepared claims still hold their GPUs; their GPUs carry the held device taint until housekeeping can",
-		"claims", len(unjudged), "taint", names.DRATaintHeld)
+	for _, uid := range slices.Sorted(maps.Keys(claims)) {
+		pc := claims[uid]
+		if ctx.Err() != nil {
+			break
+		}
+		why, pod, known := d.judge(ctx, uid, pc)
+		if !known {
+			continue
+		}
+		d.judged(uid)
+		if why != "" && pod != "" {
+			d.markOrphan(ctx, uid, pc, why, pod)
+		}
+	}
+	if n := d.unjudgedCount(); n > 0 {
+		d.o.Log.Info("the apiserver could not say whether these prepared claims still hold their GPUs; their GPUs carry the held device taint until housekeeping can",
+			"claims", n, "taint", names.DRATaintHeld)
+	}
+}
+
+// unjudgedCount is how many checkpoint entries wait for a judgement (markOrphans).
+func (d *Driver) unjudgedCount() int {
+	d.staleMu.Lock()
+	defer d.staleMu.Unlock()
+	return len(d.unjudged)
 }
 
 // judged forgets that the start check could not judge uid: the apiserver has now.

@@ -897,7 +897,10 @@ func TestAStaleSharedClaimIsJudgedInOneList(t *testing.T) {
 // GPUs in the period before housekeeping judges it. Housekeeping then lifts the taints of the
 // live claims and keeps the orphan's.
 func TestAStartWithoutTheApiserverTaintsWhatItCouldNotJudge(t *testing.T) {
-	orphan, live := claim("orphan", 0, 1), claim("live", 2)
+	// "early" was prepared with no pod recorded (as before pods were recorded, or reserved
+	// later): it is judged on the claim alone, and is not judged either while the apiserver
+	// is down (review DRA 2026-12 #3a).
+	orphan, live, early := claim("orphan", 0, 1), claim("live", 2), claim("early", 3)
 	for i, c := range []*resourceapi.ResourceClaim{orphan, live} {
 		c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: fmt.Sprintf("vllm-%d", i), UID: types.UID(fmt.Sprintf("pod-%d", i))}}
 	}
@@ -908,7 +911,7 @@ func TestAStartWithoutTheApiserverTaintsWhatItCouldNotJudge(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	dir := shortDir(t)
-	cs := fake.NewClientset(orphan, live, running(0), running(1), plainNode())
+	cs := fake.NewClientset(orphan, live, early, running(0), running(1), plainNode())
 	var down atomic.Bool
 	cs.PrependReactor("get", "resourceclaims", func(k8stesting.Action) (bool, k8sruntime.Object, error) {
 		if down.Load() {
@@ -926,7 +929,7 @@ func TestAStartWithoutTheApiserverTaintsWhatItCouldNotJudge(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range []*resourceapi.ResourceClaim{orphan, live} {
+	for _, c := range []*resourceapi.ResourceClaim{orphan, live, early} {
 		if _, err := first.prepare(ctx, c); err != nil {
 			first.Stop()
 			t.Fatal(err)
@@ -943,24 +946,30 @@ func TestAStartWithoutTheApiserverTaintsWhatItCouldNotJudge(t *testing.T) {
 	}
 	t.Cleanup(second.Stop)
 	waitFor(t, "every prepared GPU tainted: none could be judged", func() bool {
-		return slices.Equal(heldTainted(ctx, t, cs), []string{"gpu-0", "gpu-1", "gpu-2"})
+		return slices.Equal(heldTainted(ctx, t, cs), []string{"gpu-0", "gpu-1", "gpu-2", "gpu-3"})
 	})
 	if got := testutil.ToFloat64(m.Orphaned); got != 0 {
 		t.Errorf("nvdomain_dra_orphaned_claims = %v before any entry was judged, want 0", got)
 	}
+	if got := testutil.ToFloat64(m.Unjudged); got != 3 {
+		t.Errorf("nvdomain_dra_unjudged_claims = %v, want 3", got)
+	}
 	second.Housekeep(ctx) // still down: nothing changes
-	if got := heldTainted(ctx, t, cs); !slices.Equal(got, []string{"gpu-0", "gpu-1", "gpu-2"}) {
+	if got := heldTainted(ctx, t, cs); !slices.Equal(got, []string{"gpu-0", "gpu-1", "gpu-2", "gpu-3"}) {
 		t.Errorf("a round without the apiserver changed the taints to %v", got)
 	}
 	down.Store(false)
 	second.Housekeep(ctx)
-	waitFor(t, "the live claim's gpu-2 untainted, the orphan's kept", func() bool {
+	waitFor(t, "the live claims' gpu-2 and gpu-3 untainted, the orphan's kept", func() bool {
 		return slices.Equal(heldTainted(ctx, t, cs), []string{"gpu-0", "gpu-1"})
 	})
-	if got := preparedUIDs(t, second); !slices.Equal(got, []string{"live", "orphan"}) {
+	if got := preparedUIDs(t, second); !slices.Equal(got, []string{"early", "live", "orphan"}) {
 		t.Errorf("the checkpoint holds %v", got)
 	}
 	if got := testutil.ToFloat64(m.Orphaned); got != 1 {
 		t.Errorf("nvdomain_dra_orphaned_claims = %v, want 1 (the orphan; an unjudged entry is not counted)", got)
+	}
+	if got := testutil.ToFloat64(m.Unjudged); got != 0 {
+		t.Errorf("nvdomain_dra_unjudged_claims = %v once the apiserver answered, want 0", got)
 	}
 }

@@ -23,6 +23,9 @@ type Metrics struct {
 	// Orphaned is the checkpoint entries kept although their claims look stale, because a pod
 	// they were prepared for still runs on the node: GPUs held outside any claim and quota.
 	Orphaned prometheus.Gauge
+	// Unjudged is the checkpoint entries a (re)started driver could not judge yet (the
+	// apiserver did not answer): their GPUs carry the held taint until it does.
+	Unjudged prometheus.Gauge
 }
 
 // NewMetrics creates and registers the driver's series.
@@ -42,8 +45,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "GPUs published with the unhealthy device taint."}),
 		Orphaned: prometheus.NewGauge(prometheus.GaugeOpts{Name: "nvdomain_dra_orphaned_claims",
 			Help: "Prepared claims kept although the claim looks stale (gone, re-created or no longer allocated), because a pod they were prepared for still runs on the node: their GPUs are held outside any claim and quota until the pod ends."}),
+		Unjudged: prometheus.NewGauge(prometheus.GaugeOpts{Name: "nvdomain_dra_unjudged_claims",
+			Help: "Prepared claims a (re)started driver could not yet ask the apiserver about: their GPUs carry the held device taint, so no new claim gets them, until housekeeping judges them."}),
 	}
-	for _, c := range []prometheus.Collector{m.Requests, m.Duration, m.StaleRemoved, m.SliceErrors, m.Withdrawn, m.Tainted, m.Orphaned} {
+	for _, c := range []prometheus.Collector{m.Requests, m.Duration, m.StaleRemoved, m.SliceErrors, m.Withdrawn, m.Tainted, m.Orphaned, m.Unjudged} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -83,8 +88,9 @@ func (m *Metrics) published(withdrawn bool, tainted int) {
 	m.Tainted.Set(float64(tainted))
 }
 
-func (m *Metrics) orphaned(n int) {
+func (m *Metrics) orphaned(orphans, unjudged int) {
 	if m != nil {
-		m.Orphaned.Set(float64(n))
+		m.Orphaned.Set(float64(orphans))
+		m.Unjudged.Set(float64(unjudged))
 	}
 }

@@ -43,6 +43,9 @@ func PrepareDevices(node string, claim *resourceapi.ResourceClaim, top *topology
 		if !ok {
 			return nil, fmt.Errorf("claim %s/%s: device %q is not a device this driver publishes (gpu-<index> or gpus-<index>-…)", claim.Namespace, claim.Name, r.Device)
 		}
+		if err := blockThroughItsClass(claim, r); err != nil {
+			return nil, err
+		}
 		// A block stands for its GPUs: each is prepared, and the kubelet gets all their CDI
 		// devices for the one allocated device (Driver.PrepareResourceClaims groups them).
 		for _, idx := range gpus {
@@ -66,6 +69,50 @@ func PrepareDevices(node string, claim *resourceapi.ResourceClaim, top *topology
 		}
 	}
 	return out, nil
+}
+
+// blockThroughItsClass refuses a block allocated through any DeviceClass but
+// names.DRABlockDeviceClass. The dra-blocks policy keeps tenants' claims from asking that class
+// for blocks outside the templates' shape, and quota charges blocks under it; another class
+// whose selector also matches blocks (made by anyone who may create DeviceClasses) would hand
+// out k GPUs as one device that no quota line counts as k (review DRA 2026-12 #4a). An
+// admin-access result takes nothing from other claims and passes.
+func blockThroughItsClass(claim *resourceapi.ResourceClaim, r resourceapi.DeviceRequestAllocationResult) error {
+	if !strings.HasPrefix(r.Device, names.DRABlockPrefix) || (r.AdminAccess != nil && *r.AdminAccess) {
+		return nil
+	}
+	class := requestClass(claim, r.Request)
+	if class == names.DRABlockDeviceClass {
+		return nil
+	}
+	if class == "" {
+		class = "(no class the claim's spec names for request " + r.Request + ")"
+	}
+	return fmt.Errorf("claim %s/%s: device %s, a block of GPUs, was allocated through DeviceClass %s; nvdomain hands out blocks only through %s, as its nvdomain-tp-<k> templates ask for them (quota and the %s policy count them there): remove blocks from that class's selector (add !(\"blockSize\" in device.attributes[\"%s\"])), or ask for GPUs through %s",
+		claim.Namespace, claim.Name, r.Device, class, names.DRABlockDeviceClass, "dra-blocks", names.DRADriver, names.DRADeviceClass)
+}
+
+// requestClass is the DeviceClass of a claim's request or subrequest ("<request>/<sub>"), as
+// an allocation result names it ("" when the spec has no such request).
+func requestClass(claim *resourceapi.ResourceClaim, request string) string {
+	name, sub, _ := strings.Cut(request, "/")
+	for _, req := range claim.Spec.Devices.Requests {
+		if req.Name != name {
+			continue
+		}
+		if sub == "" {
+			if req.Exactly != nil {
+				return req.Exactly.DeviceClassName
+			}
+			return ""
+		}
+		for _, s := range req.FirstAvailable {
+			if s.Name == sub {
+				return s.DeviceClassName
+			}
+		}
+	}
+	return ""
 }
 
 // State prepares and unprepares claims on one node, keeping the checkpoint and the CDI specs.

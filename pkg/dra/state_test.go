@@ -464,3 +464,43 @@ func reserved(c *resourceapi.ResourceClaim, pods ...string) *resourceapi.Resourc
 	}
 	return c
 }
+
+// A block is prepared only when it was allocated through the block class, which the
+// dra-blocks policy and quota watch; another class whose selector also matches blocks would
+// hand out k GPUs as one uncounted device (review DRA 2026-12 #4a).
+func TestABlockIsPreparedOnlyThroughTheBlockClass(t *testing.T) {
+	top := hgx(t)
+	through := func(class string, admin bool) *resourceapi.ResourceClaim {
+		c := claim("u1")
+		c.Spec.Devices.Requests = []resourceapi.DeviceRequest{{Name: "gpus", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: class, Count: 1}}}
+		c.Status.Allocation.Devices.Results = []resourceapi.DeviceRequestAllocationResult{{Request: "gpus", Driver: names.DRADriver, Pool: node,
+			Device: names.DRABlockName([]int{0, 1}), AdminAccess: ptr.To(admin)}}
+		return c
+	}
+	for _, tc := range []struct {
+		name  string
+		claim *resourceapi.ResourceClaim
+		want  string // "": prepared
+	}{
+		{"the templates' subrequest of the block class", blockClaim("u1", 0, 1), ""},
+		{"a request of the block class", through(names.DRABlockDeviceClass, false), ""},
+		{"another class selecting blocks", through("all-gpus.example.com", false), "allocated through DeviceClass all-gpus.example.com"},
+		{"the single-GPU class", through(names.DRADeviceClass, false), "allocated through DeviceClass " + names.DRADeviceClass},
+		{"admin access through another class", through("all-gpus.example.com", true), ""},
+		{"a request the spec does not name", func() *resourceapi.ResourceClaim {
+			c := through(names.DRABlockDeviceClass, false)
+			c.Status.Allocation.Devices.Results[0].Request = "other"
+			return c
+		}(), "no class the claim's spec names for request other"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			devs, err := PrepareDevices(node, tc.claim, top, CDINvdomain)
+			switch {
+			case tc.want == "" && (err != nil || len(devs) != 2):
+				t.Errorf("prepared %v, %v; want the block's 2 GPUs", devs, err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), names.DRABlockDeviceClass)):
+				t.Errorf("prepared %v, %v; want a refusal mentioning %q and the block class", devs, err, tc.want)
+			}
+		})
+	}
+}

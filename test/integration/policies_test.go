@@ -1065,3 +1065,67 @@ func TestANodePodDeletesNvdomainOnlyAtTheEndOfAnUninstall(t *testing.T) {
 		}
 	}
 }
+
+// nvdomain's device taints keep the allocator off GPUs another claim holds (gpu.nvdomain.io/held)
+// or that are unhealthy: a tenant's claim or template that tolerates them, or every taint
+// through a toleration without a key, is refused naming the field (review DRA 2026-12 #4b).
+// Tolerations of other keys pass, as do nvdomain's own template controller and the claims
+// kube-controller-manager makes from templates.
+func TestClaimsDoNotTolerateNvdomainsDeviceTaints(t *testing.T) {
+	c := startPolicyCluster(t)
+	ctx := context.Background()
+	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	tolerating := func(name string, tol resourcev1.DeviceToleration, sub bool) *resourcev1.ResourceClaim {
+		req := resourcev1.DeviceRequest{Name: "gpus"}
+		if sub {
+			req.FirstAvailable = []resourcev1.DeviceSubRequest{{Name: "any", DeviceClassName: names.DRADeviceClass, AllocationMode: resourcev1.DeviceAllocationModeExactCount, Count: 2,
+				Tolerations: []resourcev1.DeviceToleration{tol}}}
+		} else {
+			req.Exactly = &resourcev1.ExactDeviceRequest{DeviceClassName: names.DRADeviceClass, AllocationMode: resourcev1.DeviceAllocationModeExactCount, Count: 2,
+				Tolerations: []resourcev1.DeviceToleration{tol}}
+		}
+		return &resourcev1.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+			Spec: resourcev1.ResourceClaimSpec{Devices: resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{req}}}}
+	}
+	held := resourcev1.DeviceToleration{Key: names.DRATaintHeld, Operator: resourcev1.DeviceTolerationOpExists, Effect: resourcev1.DeviceTaintEffectNoSchedule}
+	const denied = "spec.devices.requests[].tolerations: request(s) gpus tolerate nvdomain device taints"
+	eventually(t, 30*time.Second, "the dra-blocks policy takes effect", func() bool {
+		_, err := c.client.ResourceV1().ResourceClaims("default").Create(ctx, tolerating("probe", held, false), dry)
+		return err != nil && strings.Contains(err.Error(), denied)
+	})
+	for _, tc := range []struct {
+		claim *resourcev1.ResourceClaim
+		want  string // "": admitted
+	}{
+		{tolerating("held", held, false), denied},
+		{tolerating("unhealthy-in-a-subrequest", resourcev1.DeviceToleration{Key: names.DRATaintUnhealthy, Operator: resourcev1.DeviceTolerationOpExists}, true), denied},
+		{tolerating("every-taint", resourcev1.DeviceToleration{Operator: resourcev1.DeviceTolerationOpExists}, false), denied},
+		{tolerating("another-key", resourcev1.DeviceToleration{Key: "example.com/maintenance", Operator: resourcev1.DeviceTolerationOpExists}, false), ""},
+	} {
+		_, err := c.client.ResourceV1().ResourceClaims("default").Create(ctx, tc.claim, dry)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("claim %s refused: %v", tc.claim.Name, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("claim %s: got %v, want a refusal containing %q", tc.claim.Name, err, tc.want)
+		}
+	}
+	tmpl := func(name string) *resourcev1.ResourceClaimTemplate {
+		return &resourcev1.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+			Spec: resourcev1.ResourceClaimTemplateSpec{Spec: tolerating("", held, true).Spec}}
+	}
+	if _, err := c.client.ResourceV1().ResourceClaimTemplates("default").Create(ctx, tmpl("mine"), dry); err == nil || !strings.Contains(err.Error(), denied) {
+		t.Errorf("a tenant's template tolerating %s: %v", names.DRATaintHeld, err)
+	}
+	for _, user := range []string{"system:serviceaccount:nvdomain-system:nvdomain-webhook", "system:kube-controller-manager"} {
+		cfg := rest.CopyConfig(c.cfg)
+		cfg.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: []string{"system:masters"}}
+		as := kubernetes.NewForConfigOrDie(cfg)
+		if _, err := as.ResourceV1().ResourceClaimTemplates("default").Create(ctx, tmpl("theirs"), dry); err != nil {
+			t.Errorf("%s's template refused: %v", user, err)
+		}
+		if _, err := as.ResourceV1().ResourceClaims("default").Create(ctx, tolerating("theirs", held, true), dry); err != nil {
+			t.Errorf("%s's claim refused: %v", user, err)
+		}
+	}
+}

@@ -1101,6 +1101,12 @@ func TestClaimsDoNotTolerateNvdomainsDeviceTaints(t *testing.T) {
 		{tolerating("unhealthy-in-a-subrequest", resourcev1.DeviceToleration{Key: names.DRATaintUnhealthy, Operator: resourcev1.DeviceTolerationOpExists}, true), denied},
 		{tolerating("every-taint", resourcev1.DeviceToleration{Operator: resourcev1.DeviceTolerationOpExists}, false), denied},
 		{tolerating("another-key", resourcev1.DeviceToleration{Key: "example.com/maintenance", Operator: resourcev1.DeviceTolerationOpExists}, false), ""},
+		// Another driver's claim tolerating all of its own taints takes none of these GPUs.
+		{func() *resourcev1.ResourceClaim {
+			cl := tolerating("nic-every-taint", resourcev1.DeviceToleration{Operator: resourcev1.DeviceTolerationOpExists}, false)
+			cl.Spec.Devices.Requests[0].Exactly.DeviceClassName = "nic.example.com"
+			return cl
+		}(), ""},
 	} {
 		_, err := c.client.ResourceV1().ResourceClaims("default").Create(ctx, tc.claim, dry)
 		switch {

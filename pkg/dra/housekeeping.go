@@ -56,7 +56,7 @@ const StaleGrace = 10 * time.Second
 // consumersLive reads the pods a claim is reserved for (State.SetConsumersLive): one is live
 // when it exists with the UID the claim names, is not being deleted and has not ended.
 func (d *Driver) consumersLive(ctx context.Context, claim *resourceapi.ResourceClaim) (live, known bool) {
-	// Bounded: this runs under the state's lock, before a Prepare the kubelet waits for.
+	// Bounded: a Prepare the kubelet waits for asks this (before the state's lock).
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	for _, r := range podConsumers(claim) {

@@ -241,7 +241,12 @@ func consumerPods(claim *resourceapi.ResourceClaim) []types.UID {
 // live the apiserver says (consumersLive); when it cannot, the tombstone's record does: the
 // claim is reserved for nobody, or only for pods the tombstone lists (a pod that is new since
 // the Unprepare is a real consumer).
-func (s *State) late(ctx context.Context, cp *Checkpoint, claim *resourceapi.ResourceClaim) (time.Time, bool) {
+//
+// The apiserver's answer is asked for before the State's lock (askConsumers): one GET per pod,
+// bounded at 5 s, must not stall every other Prepare, Unprepare and publish on the node (review
+// DRA 2026-12 #2). A tombstone written between that read and the lock has no answer, and its
+// record decides.
+func (s *State) late(cp *Checkpoint, claim *resourceapi.ResourceClaim, asked consumersAnswer) (time.Time, bool) {
 	ts, ok := cp.Unprepared[claim.UID]
 	if !ok || s.now().Sub(ts.At) > UnpreparedMemory {
 		return time.Time{}, false
@@ -249,10 +254,8 @@ func (s *State) late(ctx context.Context, cp *Checkpoint, claim *resourceapi.Res
 	if claim.DeletionTimestamp != nil {
 		return ts.At, true
 	}
-	if s.consumersLive != nil {
-		if live, known := s.consumersLive(ctx, claim); known {
-			return ts.At, !live
-		}
+	if asked.known {
+		return ts.At, !asked.live
 	}
 	for _, uid := range consumerPods(claim) {
 		if !slices.Contains(ts.Consumers, uid) {
@@ -260,6 +263,31 @@ func (s *State) late(ctx context.Context, cp *Checkpoint, claim *resourceapi.Res
 		}
 	}
 	return ts.At, true
+}
+
+// consumersAnswer is what the apiserver said of a claim's pods (ConsumersLive); known is false
+// when it was not asked or could not say.
+type consumersAnswer struct{ live, known bool }
+
+// askConsumers asks the apiserver whether a pod claim is reserved for is live, outside the
+// State's lock, when the claim has a recent tombstone (the checkpoint is replaced atomically,
+// so it can be read without the lock) and a ConsumersLive is set.
+func (s *State) askConsumers(ctx context.Context, claim *resourceapi.ResourceClaim) consumersAnswer {
+	s.mu.Lock()
+	f := s.consumersLive
+	s.mu.Unlock()
+	if f == nil || claim.DeletionTimestamp != nil {
+		return consumersAnswer{}
+	}
+	cp, err := ReadCheckpoint(s.checkpointPath)
+	if err != nil {
+		return consumersAnswer{}
+	}
+	if ts, ok := cp.Unprepared[claim.UID]; !ok || s.now().Sub(ts.At) > UnpreparedMemory {
+		return consumersAnswer{}
+	}
+	live, known := f(ctx, claim)
+	return consumersAnswer{live: live, known: known}
 }
 
 // HeldError is Prepare's refusal of a GPU that another checkpointed claim holds.
@@ -295,13 +323,14 @@ func (s *State) SetTopology(top *topology.Topology) {
 // the driver is the last line of defence against a device given twice. A Prepare that comes
 // after the claim's Unprepare for the same pods is refused too (*LateError).
 func (s *State) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) ([]PreparedDevice, error) {
+	asked := s.askConsumers(ctx, claim)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	cp, err := ReadCheckpoint(s.checkpointPath)
 	if err != nil {
 		return nil, err
 	}
-	if at, late := s.late(ctx, cp, claim); late {
+	if at, late := s.late(cp, claim, asked); late {
 		return nil, &LateError{Claim: claim, At: at}
 	}
 	if pc, ok := cp.Claims[claim.UID]; ok {

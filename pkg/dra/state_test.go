@@ -504,3 +504,51 @@ func TestABlockIsPreparedOnlyThroughTheBlockClass(t *testing.T) {
 		})
 	}
 }
+
+// The apiserver is asked about a tombstoned claim's pods outside the State's lock: while it
+// takes its time (up to 5 s of GETs for a shared claim), the node's other Prepares and
+// Unprepares go on (review DRA 2026-12 #2).
+func TestALateClaimsPodsAreAskedAboutOutsideTheLock(t *testing.T) {
+	ctx := context.Background()
+	s := NewState(node, hgx(t), CDINvdomain, t.TempDir(), t.TempDir(), logr.Discard())
+	late := claim("late", 2)
+	if _, err := s.Prepare(ctx, reserved(late, "pod-a")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Unprepare(ctx, late.UID); err != nil {
+		t.Fatal(err)
+	}
+	asking, answer := make(chan struct{}), make(chan struct{})
+	s.SetConsumersLive(func(context.Context, *resourceapi.ResourceClaim) (bool, bool) {
+		close(asking)
+		<-answer
+		return false, true
+	})
+	lateDone := make(chan error, 1)
+	go func() {
+		_, err := s.Prepare(ctx, reserved(late, "pod-a"))
+		lateDone <- err
+	}()
+	<-asking
+	otherDone := make(chan error, 1)
+	go func() {
+		_, err := s.Prepare(ctx, reserved(claim("other", 5), "pod-b"))
+		if err == nil {
+			err = s.Unprepare(ctx, "other")
+		}
+		otherDone <- err
+	}()
+	select {
+	case err := <-otherDone:
+		if err != nil {
+			t.Errorf("another claim's Prepare and Unprepare: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("another claim's Prepare waited for the apiserver's answer about the late one")
+	}
+	close(answer)
+	var le *LateError
+	if err := <-lateDone; !errors.As(err, &le) {
+		t.Errorf("the late Prepare: %v, want a LateError (its pod is gone)", err)
+	}
+}

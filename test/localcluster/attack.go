@@ -10,6 +10,7 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -112,8 +113,30 @@ func (c *Cluster) setUpTenants(ctx context.Context, cs *kubernetes.Clientset) er
 	crb := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "e2e-namespace-self-service"},
 		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "e2e-namespace-self-service"},
 		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: "tenant", Namespace: Evil}}}
-	_, err := cs.RbacV1().ClusterRoleBindings().Create(ctx, crb, metav1.CreateOptions{})
-	return err
+	if _, err := cs.RbacV1().ClusterRoleBindings().Create(ctx, crb, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	// The authorizer sees new bindings through its informers: until it does, a tenant's
+	// create is refused by RBAC, not by what the attack is about.
+	for _, can := range []struct{ ns, resource string }{{Evil, "pods"}, {Team, "pods"}, {"", "namespaces"}} {
+		tenant := Evil
+		if can.ns != "" {
+			tenant = can.ns
+		}
+		as, err := c.tenantClient(tenant)
+		if err != nil {
+			return err
+		}
+		review := &authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{
+			ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: can.ns, Verb: "create", Resource: can.resource}}}
+		if err := waitUntil(ctx, 30*time.Second, "tenant "+tenant+" may create "+can.resource, func() bool {
+			r, err := as.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, review, metav1.CreateOptions{})
+			return err == nil && r.Status.Allowed
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func tpPodIn(ns, name string, k int64) *corev1.Pod {

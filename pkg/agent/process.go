@@ -170,6 +170,12 @@ func RunProcess(ctx context.Context, o ProcessOptions, log logr.Logger) error {
 		if err != nil {
 			return nil
 		}
+		// The Node shows the topology before the driver's first slices do, as on every reload
+		// (Agent.sync): the webhook's hint and `nvdomain status` never lag the allocator. A
+		// failed publish is retried by Run.
+		if err := a.publish(ctx); err != nil {
+			log.Error(err, "publish the node before the DRA driver's first slices")
+		}
 		mode, _ := o.draCDI() // validated above
 		dm, err := dra.NewMetrics(reg)
 		if err != nil {

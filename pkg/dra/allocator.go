@@ -3,6 +3,7 @@ package dra
 import (
 	"context"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/version"
@@ -33,25 +34,55 @@ func blocksRefusal(gitVersion string) string {
 		gitVersion, BlocksMinVersion.Major(), BlocksMinVersion.Minor(), BlocksMinVersion.Major(), BlocksMinVersion.Minor())
 }
 
-// checkAllocator turns blocks off, with a Warning Event on the Node, when the apiserver is
-// older than BlocksMinVersion. An apiserver that cannot be asked now leaves blocks as
-// configured: the chart refused the values below that version already.
-func (d *Driver) checkAllocator(ctx context.Context) {
-	if !d.o.Blocks || d.o.Client == nil {
-		return
-	}
-	info, err := d.o.Client.Discovery().ServerVersion()
-	if err != nil {
-		d.o.Log.Error(err, "read the apiserver's version; blocks stay as configured")
-		return
-	}
-	why := blocksRefusal(info.GitVersion)
-	if why == "" {
-		return
-	}
+// versionTimeout bounds the apiserver version read (discovery takes no context).
+const versionTimeout = 10 * time.Second
+
+// checkAllocator decides, once, whether blocks may be published: not below BlocksMinVersion
+// (a Warning Event on the Node says why). Until the apiserver has told its version (down at
+// the driver's start, say) no blocks are published, and housekeeping asks again each round;
+// it reports whether the decision changed what to publish. The chart refuses dra.blocks
+// below that version too, but a `helm template` without --kube-version (Helm 4 assumes the
+// newest release) or a downgraded control plane gets past it.
+func (d *Driver) checkAllocator(ctx context.Context) bool {
 	d.mu.Lock()
-	d.noBlocks = true
+	decided := d.allocatorChecked
 	d.mu.Unlock()
+	if !d.o.Blocks || d.o.Client == nil || decided {
+		return false
+	}
+	type answer struct {
+		v   string
+		err error
+	}
+	got := make(chan answer, 1)
+	go func() {
+		info, err := d.o.Client.Discovery().ServerVersion()
+		if err != nil {
+			got <- answer{err: err}
+			return
+		}
+		got <- answer{v: info.GitVersion}
+	}()
+	var a answer
+	select {
+	case a = <-got:
+	case <-time.After(versionTimeout):
+		a.err = fmt.Errorf("no answer within %s", versionTimeout)
+	case <-ctx.Done():
+		a.err = ctx.Err()
+	}
+	if a.err != nil {
+		d.o.Log.Error(a.err, "read the apiserver's version; no blocks are published until it answers")
+		return false
+	}
+	why := blocksRefusal(a.v)
+	d.mu.Lock()
+	d.allocatorChecked, d.noBlocks = true, d.noBlocks || why != ""
+	d.mu.Unlock()
+	if why == "" {
+		return true
+	}
 	d.o.Log.Info(why)
 	d.event(ctx, corev1.EventTypeWarning, ReasonBlocksRefused, why)
+	return false
 }

@@ -88,13 +88,16 @@ func devicesOf(top *topology.Topology, p Publish) []resourceapi.Device {
 	out := make([]resourceapi.Device, 0, len(top.GPUs)*2)
 	doms := domainsBySize(top)
 	unhealthy := func(i int) bool { g, _ := top.GPU(i); return g.Unhealthy != "" }
-	// A device a claim holds is never left out: once an allocated device leaves its slice the
-	// allocator stops counting its counters (kubernetes#140802), and would offer its GPUs
-	// again through the devices that share them. Without taints it stays untainted until its
-	// claim is unprepared; the next publish then leaves it out.
+	// With blocks, a device a claim holds is never left out: once an allocated device leaves
+	// its slice the allocator stops counting its counters (kubernetes#140802), and would offer
+	// its GPUs again through the devices that share them. Without taints it stays untainted
+	// until its claim is unprepared; the next publish then leaves it out. Without blocks
+	// there are no counters, and leaving it out is what keeps it from new claims.
 	held := make(map[string]bool, len(p.Held))
-	for _, name := range p.Held {
-		held[name] = true
+	if p.Blocks {
+		for _, name := range p.Held {
+			held[name] = true
+		}
 	}
 	if p.Blocks {
 		for _, d := range doms {

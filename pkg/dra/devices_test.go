@@ -428,6 +428,13 @@ func TestBlocksOfAnUnhealthyGPUAreWithheldWithoutTaints(t *testing.T) {
 			t.Errorf("withhold %v, held %v: devices holding GPU 3 %v, want %v", tc.withhold, tc.held, got, tc.want)
 		}
 	}
+	// Without blocks there are no counters: leaving the held GPU out is what keeps it from
+	// new claims.
+	for _, d := range Devices(top, Publish{WithholdUnhealthy: true, Held: []string{"gpu-3"}}) {
+		if d.Name == "gpu-3" {
+			t.Error("without blocks, the held unhealthy gpu-3 was published untainted")
+		}
+	}
 }
 
 // A GPU in MIG mode is its MIG devices, which NVIDIA's own driver publishes; nvdomain does not

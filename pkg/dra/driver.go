@@ -108,6 +108,9 @@ type Driver struct {
 	// noBlocks is set once the apiserver dropped the blocks' counters, noTaints once it
 	// dropped a device taint (unhealthy GPUs are then withheld).
 	noBlocks, noTaints bool
+	// allocatorChecked is set once the apiserver's version said whether blocks may be
+	// published (checkAllocator); until then none are.
+	allocatorChecked bool
 	// withdrawn is set while a device plugin advertises nvidia.com/gpu on the node: the driver
 	// then publishes no devices. conditionSet: the Node condition was written once.
 	withdrawn bool
@@ -164,6 +167,8 @@ func Start(ctx context.Context, o Options) (*Driver, error) {
 		return nil, err
 	}
 	ctx = klog.NewContext(ctx, o.Log)
+	// Before the kubelet can call: every entry is unjudged until something judges it.
+	d.markUnjudged()
 	helper, err := kubeletplugin.Start(ctx, d,
 		kubeletplugin.DriverName(names.DRADriver),
 		kubeletplugin.KubeClient(o.Client),
@@ -263,7 +268,7 @@ func (d *Driver) publishLocked(ctx context.Context) error {
 	} else {
 		var held []string
 		held, orphaned = d.heldDevices()
-		res, covered = resources(d.o.Node, top, Publish{Blocks: d.o.Blocks && !d.noBlocks, WithholdUnhealthy: d.noTaints, Held: held, Orphaned: orphaned})
+		res, covered = resources(d.o.Node, top, Publish{Blocks: d.o.Blocks && !d.noBlocks && d.allocatorChecked, WithholdUnhealthy: d.noTaints, Held: held, Orphaned: orphaned})
 	}
 	d.state.SetTopology(top)
 	if d.published != nil && apiequality.Semantic.DeepEqual(*d.published, res) {

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,9 +17,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/version"
 	fakediscovery "k8s.io/client-go/discovery/fake"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
@@ -285,6 +288,7 @@ func TestBlocksArePublishedOnlyForAnAllocatorThatScalesWithThem(t *testing.T) {
 				t.Errorf("blocks published: %v, want %v (devices %v)", blocks, tc.wantBlocks, sliceDevices(ctx, t, cs))
 			}
 			events, err := cs.CoreV1().Events("").List(ctx, metav1.ListOptions{})
+
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -302,4 +306,43 @@ func TestBlocksArePublishedOnlyForAnAllocatorThatScalesWithThem(t *testing.T) {
 			}
 		})
 	}
+}
+
+// An apiserver that cannot tell its version when the driver starts gets no blocks until it
+// can: housekeeping asks again each round, and publishes them once the answer allows.
+func TestBlocksWaitForTheApiserversVersion(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	dir := shortDir(t)
+	cs := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, UID: "node-uid"}})
+	cs.Discovery().(*fakediscovery.FakeDiscovery).FakedServerVersion = &version.Info{GitVersion: "v1.37.2"}
+	var down atomic.Bool
+	down.Store(true)
+	cs.PrependReactor("get", "version", func(k8stesting.Action) (bool, k8sruntime.Object, error) {
+		if down.Load() {
+			return true, nil, errors.New("connection refused")
+		}
+		return false, nil, nil
+	})
+	d, err := Start(ctx, Options{Node: node, Client: cs, KubeletDir: dir, CDI: CDINvdomain, CDISpecDir: filepath.Join(dir, "cdi"), Topology: hgx(t),
+		Blocks: true, Log: logr.Discard(), HousekeepingPeriod: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Stop()
+	(kubelet{t, dir}).register(ctx)
+	blocks := func() bool {
+		return slices.ContainsFunc(sliceDevices(ctx, t, cs), func(name string) bool { return strings.HasPrefix(name, "gpus-") })
+	}
+	waitFor(t, "a ResourceSlice with the node's GPUs", func() bool { return slices.Contains(sliceDevices(ctx, t, cs), "gpu-8") })
+	if blocks() {
+		t.Fatal("blocks published before the apiserver told its version")
+	}
+	d.Housekeep(ctx) // still down
+	if blocks() {
+		t.Fatal("blocks published while the apiserver still cannot tell its version")
+	}
+	down.Store(false)
+	d.Housekeep(ctx)
+	waitFor(t, "blocks once the apiserver says v1.37.2", blocks)
 }

@@ -224,6 +224,14 @@ func (d *Driver) housekeeping(ctx context.Context, period time.Duration) {
 // it leaves is past its grace (0: none waits).
 func (d *Driver) Housekeep(ctx context.Context) (next time.Duration) {
 	defer d.checkDevicePlugin(ctx)
+	if d.checkAllocator(ctx) {
+		// The apiserver answered at last, and blocks may be published.
+		d.mu.Lock()
+		if err := d.publishLocked(ctx); err != nil {
+			d.o.Log.Error(err, "publish the blocks once the apiserver's version allows them")
+		}
+		d.mu.Unlock()
+	}
 	claims, err := d.state.Prepared()
 	if err != nil {
 		d.o.Log.Error(err, "read the DRA checkpoint for housekeeping")
@@ -356,19 +364,6 @@ func (d *Driver) markOrphans(ctx context.Context) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, StartCheckTimeout)
 	defer cancel()
-	// Every entry starts unjudged and each judgement clears its mark, here or in a Prepare's
-	// conflict check that the kubelet may run meanwhile: marking only what this loop could
-	// not judge, after it, re-marked an entry such a Prepare had just judged (review DRA
-	// 2026-12 #3b). Entries written before pods were recorded are judged on the claim alone,
-	// and stay marked too while the apiserver cannot say (#3a).
-	d.staleMu.Lock()
-	if d.unjudged == nil {
-		d.unjudged = map[types.UID]bool{}
-	}
-	for uid := range claims {
-		d.unjudged[uid] = true
-	}
-	d.staleMu.Unlock()
 	for _, uid := range slices.Sorted(maps.Keys(claims)) {
 		pc := claims[uid]
 		if ctx.Err() != nil {
@@ -386,6 +381,28 @@ func (d *Driver) markOrphans(ctx context.Context) {
 	if n := d.unjudgedCount(); n > 0 {
 		d.o.Log.Info("the apiserver could not say whether these prepared claims still hold their GPUs; their GPUs carry the held device taint until housekeeping can",
 			"claims", n, "taint", names.DRATaintHeld)
+	}
+}
+
+// markUnjudged marks every checkpoint entry unjudged. Start calls it before the kubelet
+// plugin serves, and each judgement clears the mark (markOrphans, housekeeping, a Prepare's
+// conflict check): marking only what the start check could not judge, after it, re-marked an
+// entry a concurrent Prepare had just judged (review DRA 2026-12 #3b). Entries written before
+// pods were recorded are judged on the claim alone, and stay marked too while the apiserver
+// cannot say (#3a).
+func (d *Driver) markUnjudged() {
+	claims, err := d.state.Prepared()
+	if err != nil {
+		d.o.Log.Error(err, "read the DRA checkpoint to mark its entries unjudged; housekeeping will judge them")
+		return
+	}
+	d.staleMu.Lock()
+	defer d.staleMu.Unlock()
+	if d.unjudged == nil {
+		d.unjudged = map[types.UID]bool{}
+	}
+	for uid := range claims {
+		d.unjudged[uid] = true
 	}
 }
 
@@ -584,7 +601,7 @@ func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
 		d.mu.Unlock()
 		text := fmt.Sprintf("the apiserver dropped fields of the DRA driver's ResourceSlices (%v)", err)
 		if fallback {
-			text += "; it does not serve partitionable devices (enable the DRAPartitionableDevices feature gate on Kubernetes 1.34/1.35), so the driver publishes the GPUs without blocks; TP claims take k GPUs of one domain"
+			text += "; it does not serve partitionable devices (blocks need Kubernetes 1.37 or later, where they are on by default), so the driver publishes the GPUs without blocks; TP claims take k GPUs of one domain"
 		}
 		if withhold {
 			text += "; it does not serve device taints (DRADeviceTaints, on by default from 1.36), so unhealthy GPUs are left out of the slices instead of tainted"

@@ -254,7 +254,7 @@ func (s *State) late(cp *Checkpoint, claim *resourceapi.ResourceClaim, asked con
 	if claim.DeletionTimestamp != nil {
 		return ts.At, true
 	}
-	if asked.known {
+	if asked.known && asked.tombstone.Equal(ts.At) {
 		return ts.At, !asked.live
 	}
 	for _, uid := range consumerPods(claim) {
@@ -267,7 +267,13 @@ func (s *State) late(cp *Checkpoint, claim *resourceapi.ResourceClaim, asked con
 
 // consumersAnswer is what the apiserver said of a claim's pods (ConsumersLive); known is false
 // when it was not asked or could not say.
-type consumersAnswer struct{ live, known bool }
+type consumersAnswer struct {
+	live, known bool
+	// tombstone is when the tombstone it was asked for was written: an answer counts only
+	// for that one, not for a Prepare and Unprepare that came between the question and the
+	// lock.
+	tombstone time.Time
+}
 
 // askConsumers asks the apiserver whether a pod claim is reserved for is live, outside the
 // State's lock, when the claim has a recent tombstone (the checkpoint is replaced atomically,
@@ -283,11 +289,12 @@ func (s *State) askConsumers(ctx context.Context, claim *resourceapi.ResourceCla
 	if err != nil {
 		return consumersAnswer{}
 	}
-	if ts, ok := cp.Unprepared[claim.UID]; !ok || s.now().Sub(ts.At) > UnpreparedMemory {
+	ts, ok := cp.Unprepared[claim.UID]
+	if !ok || s.now().Sub(ts.At) > UnpreparedMemory {
 		return consumersAnswer{}
 	}
 	live, known := f(ctx, claim)
-	return consumersAnswer{live: live, known: known}
+	return consumersAnswer{live: live, known: known, tombstone: ts.At}
 }
 
 // HeldError is Prepare's refusal of a GPU that another checkpointed claim holds.

@@ -6,12 +6,12 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
@@ -513,11 +513,26 @@ func (d *Driver) now() time.Time {
 	return time.Now()
 }
 
-// advertisedGPUs is the Node's nvidia.com/gpu capacity, and whether it is non-zero: what a
-// device plugin on the node advertises.
-func advertisedGPUs(node *corev1.Node) (resource.Quantity, bool) {
-	q, ok := node.Status.Capacity[names.GPUResource]
-	return q, ok && !q.IsZero()
+// advertisedGPUs names what a GPU device plugin on the node advertises ("nvidia.com/gpu=8",
+// comma-separated, sorted; "" for nothing): nvidia.com/gpu, its time-slicing and MPS renames
+// (nvidia.com/gpu.shared, or any nvidia.com/gpu.<x> or gpu-<x>), and the MIG slices of the mixed
+// strategy (nvidia.com/mig-<profile>), each with a non-zero capacity (review DRA 2026-12 #2a:
+// only nvidia.com/gpu was read). Other nvidia.com resources (the Network Operator's NICs) are
+// not GPUs. A rename to a name without "gpu" or "mig" is not recognised: docs/dra.md says so.
+func advertisedGPUs(node *corev1.Node) string {
+	var found []string
+	for name, q := range node.Status.Capacity {
+		n := string(name)
+		rest, ok := strings.CutPrefix(n, "nvidia.com/")
+		if !ok || q.IsZero() {
+			continue
+		}
+		if rest == "gpu" || strings.HasPrefix(rest, "gpu.") || strings.HasPrefix(rest, "gpu-") || strings.HasPrefix(rest, "mig-") {
+			found = append(found, n+"="+q.String())
+		}
+	}
+	slices.Sort(found)
+	return strings.Join(found, ", ")
 }
 
 // checkDevicePlugin withdraws the driver's devices while the Node advertises nvidia.com/gpu.
@@ -532,7 +547,8 @@ func (d *Driver) checkDevicePlugin(ctx context.Context) {
 		d.o.Log.Error(err, "read the node for the device plugin check")
 		return
 	}
-	q, foreign := advertisedGPUs(node)
+	advertised := advertisedGPUs(node)
+	foreign := advertised != ""
 	d.mu.Lock()
 	changed := foreign != d.withdrawn
 	was := d.withdrawn
@@ -553,8 +569,8 @@ func (d *Driver) checkDevicePlugin(ctx context.Context) {
 		Message: fmt.Sprintf("the DRA driver %s publishes this node's GPUs", names.DRADriver)}
 	if foreign {
 		cond = corev1.NodeCondition{Type: names.ConditionDRADevices, Status: corev1.ConditionFalse, Reason: names.ReasonDevicePluginOnDRANode,
-			Message: fmt.Sprintf("the node advertises %s=%s from a device plugin, which would hand out the same GPUs as the DRA driver %s: its devices are withdrawn until the device plugin is removed from this DRA node (uninstall NVIDIA's device plugin here, or label the node %s=classic)",
-				names.GPUResource, q.String(), names.DRADriver, d.o.ModeLabel)}
+			Message: fmt.Sprintf("the node advertises %s from a device plugin, which would hand out the same GPUs as the DRA driver %s: its devices are withdrawn until the device plugin is removed from this DRA node (uninstall NVIDIA's device plugin here, or label the node %s=classic)",
+				advertised, names.DRADriver, d.o.ModeLabel)}
 	}
 	if last == cond.Status {
 		return

@@ -973,3 +973,25 @@ func TestAStartWithoutTheApiserverTaintsWhatItCouldNotJudge(t *testing.T) {
 		t.Errorf("nvdomain_dra_unjudged_claims = %v once the apiserver answered, want 0", got)
 	}
 }
+
+// A device plugin on a DRA node is found by every name NVIDIA's device plugin advertises GPUs
+// under: nvidia.com/gpu, its time-slicing and MPS renames, and the mixed strategy's MIG slices
+// (review DRA 2026-12 #2a); not by other NVIDIA resources, nor by a zero capacity.
+func TestADevicePluginIsFoundUnderEveryGPUResourceName(t *testing.T) {
+	for _, tc := range []struct {
+		capacity corev1.ResourceList
+		want     string
+	}{
+		{corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("8")}, "nvidia.com/gpu=8"},
+		{corev1.ResourceList{"nvidia.com/gpu.shared": resource.MustParse("32")}, "nvidia.com/gpu.shared=32"},
+		{corev1.ResourceList{"nvidia.com/mig-1g.10gb": resource.MustParse("7"), "nvidia.com/mig-3g.40gb": resource.MustParse("2")}, "nvidia.com/mig-1g.10gb=7, nvidia.com/mig-3g.40gb=2"},
+		{corev1.ResourceList{"nvidia.com/gpu-a100": resource.MustParse("4")}, "nvidia.com/gpu-a100=4"},
+		{corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("0")}, ""},
+		{corev1.ResourceList{"nvidia.com/mlnx_sriov_rdma": resource.MustParse("8"), "cpu": resource.MustParse("64")}, ""},
+		{corev1.ResourceList{"example.com/gpu": resource.MustParse("1")}, ""},
+	} {
+		if got := advertisedGPUs(&corev1.Node{Status: corev1.NodeStatus{Capacity: tc.capacity}}); got != tc.want {
+			t.Errorf("capacity %v: advertised %q, want %q", tc.capacity, got, tc.want)
+		}
+	}
+}

@@ -27,7 +27,8 @@ import (
 // class without a selector is 2-3x cheaper per node, but it matches every driver's devices
 // for any claim (or implicit extended resource) that names it, and TP claims of a class that
 // does not map nvidia.com/gpu stop counting against that quota (docs/dra.md, "Scheduler
-// cost").
+// cost"). "plain DRA" is the cost peer: k devices of a driver-only class, no constraint, the
+// claim NVIDIA's driver or the example driver gives a pod (which keeps nothing in one domain).
 func BenchmarkAllocatorPerNode(b *testing.B) {
 	features := v136Features
 	n := node(HGX8, 0, 0, 1, 2, 3)
@@ -39,10 +40,14 @@ func BenchmarkAllocatorPerNode(b *testing.B) {
 		}
 	}
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name}}
-	for _, sel := range []struct{ name, expr string }{
-		{"shipped", dra.GPUClassSelector},
-		{"driver only", fmt.Sprintf("device.driver == %q", names.DRADriver)},
-		{"no selector", ""},
+	for _, sel := range []struct {
+		name, expr string
+		plain      bool
+	}{
+		{"shipped", dra.GPUClassSelector, false},
+		{"driver only", fmt.Sprintf("device.driver == %q", names.DRADriver), false},
+		{"no selector", "", false},
+		{"plain DRA", fmt.Sprintf("device.driver == %q", names.DRADriver), true},
 	} {
 		classes := classLister(dra.DeviceClasses(""))
 		for _, c := range classes {
@@ -55,8 +60,16 @@ func BenchmarkAllocatorPerNode(b *testing.B) {
 		}
 		for _, k := range []int{1, 2, 4} {
 			claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "ns", UID: "uid"}, Spec: dratemplates.Desired("ns", k, false).Spec.Spec}
+			name := fmt.Sprintf("%s/k=%d", sel.name, k)
+			if sel.plain {
+				// Plain DRA, the cost peer (issue 35): what NVIDIA's driver or the example
+				// driver gives a pod, k devices of a driver-only class with no constraint, so
+				// nothing keeps them in one domain.
+				claim.Spec = resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: "gpus",
+					Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: names.DRADeviceClass, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: int64(k)}}}}}
+			}
 			cache := cel.NewCache(10, cel.Features{})
-			b.Run(fmt.Sprintf("%s/k=%d", sel.name, k), func(b *testing.B) {
+			b.Run(name, func(b *testing.B) {
 				for b.Loop() {
 					alloc, err := structured.NewAllocator(context.Background(), features, structured.AllocatedState{AllocatedDevices: inUse}, classes, rs, cache)
 					if err != nil {

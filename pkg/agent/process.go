@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"sync/atomic"
 	"time"
 
@@ -181,8 +182,16 @@ func RunProcess(ctx context.Context, o ProcessOptions, log logr.Logger) error {
 		if err != nil {
 			return err
 		}
+		// The kubelet's PodResources socket under its root dir (the chart mounts it): which pods
+		// run here, without `list pods` on the cluster. Dialled lazily; where it is not
+		// mounted the driver asks the apiserver.
+		pods, closePods, err := dra.DialPodResources(filepath.Join(o.DRAKubeletDir, "pod-resources", "kubelet.sock"))
+		if err != nil {
+			return err
+		}
+		defer func() { _ = closePods() }()
 		d, err := dra.Start(ctx, dra.Options{Node: o.Node, Client: client, KubeletDir: o.DRAKubeletDir, CDI: mode, CDISpecDir: o.CDISpecDir,
-			Topology: top, Blocks: o.DRABlocks, Metrics: dm, ModeLabel: o.Names.ModeLabel(), Log: log.WithName("dra"), Fatal: func(err error) { cancel(err) }})
+			Topology: top, Blocks: o.DRABlocks, Pods: pods, Metrics: dm, ModeLabel: o.Names.ModeLabel(), Log: log.WithName("dra"), Fatal: func(err error) { cancel(err) }})
 		if err != nil {
 			return err
 		}

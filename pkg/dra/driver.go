@@ -51,6 +51,10 @@ type Options struct {
 	// devices off, as by default before 1.36), the driver publishes the GPUs alone, says so,
 	// and goes on.
 	Blocks bool
+	// Pods is the kubelet's PodResources answer (DialPodResources): housekeeping asks it which
+	// of a checkpoint entry's pods still run here, and the apiserver only when it cannot say.
+	// nil asks the apiserver.
+	Pods ActivePods
 	// Metrics records the driver's series; nil records nothing.
 	Metrics *Metrics
 	// HousekeepingPeriod is how often stale checkpoint entries and a device plugin on the node

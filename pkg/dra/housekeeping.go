@@ -111,7 +111,26 @@ func (d *Driver) staleHolder(ctx context.Context, uid types.UID, pc PreparedClai
 // node and has not ended ("" when none is), and reports whether the apiserver could tell. A
 // pod being deleted counts: its containers run until the kubelet stops them, and a kubelet
 // that is down never does.
+//
+// The kubelet answers first (Options.Pods, its PodResources List): a pod of the entry's name it
+// runs counts, unless the kubelet reports claims for it and none is the entry's (a
+// StatefulSet's replacement under the same name, with a claim of its own). Only when the
+// kubelet cannot answer is the apiserver asked.
 func (d *Driver) podRunning(ctx context.Context, pc PreparedClaim) (pod string, known bool) {
+	if d.o.Pods != nil {
+		active, err := d.o.Pods.ActivePods(ctx)
+		if err == nil {
+			for _, uid := range slices.Sorted(maps.Keys(pc.Pods)) {
+				key := pc.Namespace + "/" + pc.Pods[uid]
+				claims, ok := active[key]
+				if ok && (len(claims) == 0 || slices.Contains(claims, pc.Namespace+"/"+pc.Name)) {
+					return key, true
+				}
+			}
+			return "", true
+		}
+		d.o.Log.Error(err, "ask the kubelet which pods run here; asking the apiserver")
+	}
 	// Bounded like consumersLive: a Prepare the kubelet waits for may be the caller.
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -122,8 +141,8 @@ func (d *Driver) podRunning(ctx context.Context, pc PreparedClaim) (pod string, 
 		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", d.o.Node).String()})
 	switch {
 	case apierrors.IsForbidden(err):
-		// A ClusterRole from before the driver listed pods (an upgrade that rolled the
-		// DaemonSet first, a hand-written role): one GET each, as before.
+		// The chart grants the node pods no `list pods` (the kubelet answers first, above):
+		// one GET each.
 		return d.podRunningByName(ctx, pc)
 	case err != nil:
 		return "", false

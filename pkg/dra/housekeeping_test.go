@@ -995,3 +995,42 @@ func TestADevicePluginIsFoundUnderEveryGPUResourceName(t *testing.T) {
 		}
 	}
 }
+
+// fakeKubelet is a PodResources answer.
+type fakeKubelet struct {
+	pods map[string][]string
+	err  error
+}
+
+func (f fakeKubelet) ActivePods(context.Context) (map[string][]string, error) { return f.pods, f.err }
+
+// Which of an entry's pods still run here is the kubelet's answer (PodResources), which needs
+// no `list pods` on the cluster: a pod of the entry's name counts when it uses the entry's
+// claim, or the kubelet reports no claims for it; a same-name pod with a claim of its own (a
+// StatefulSet's replacement) does not. Only when the kubelet cannot answer is the apiserver
+// asked (review DRA 2026-12, leak 1).
+func TestThePodsOfAnEntryAreJudgedByTheKubelet(t *testing.T) {
+	pc := PreparedClaim{Namespace: "ml", Name: "vllm-0-gpus", Pods: map[types.UID]string{"uid-0": "vllm-0"}}
+	apiPod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: "vllm-0", UID: "uid-0"}, Spec: corev1.PodSpec{NodeName: node},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+	for _, tc := range []struct {
+		name    string
+		kubelet ActivePods
+		api     []k8sruntime.Object
+		want    string
+	}{
+		{"the pod uses the entry's claim", fakeKubelet{pods: map[string][]string{"ml/vllm-0": {"ml/vllm-0-gpus"}}}, nil, "ml/vllm-0"},
+		{"no claims reported (an older kubelet)", fakeKubelet{pods: map[string][]string{"ml/vllm-0": nil}}, nil, "ml/vllm-0"},
+		{"a same-name pod with a claim of its own", fakeKubelet{pods: map[string][]string{"ml/vllm-0": {"ml/vllm-0-gpus-x7k2"}}}, []k8sruntime.Object{apiPod}, ""},
+		{"not running here", fakeKubelet{pods: map[string][]string{"ml/other": nil}}, []k8sruntime.Object{apiPod}, ""},
+		{"the kubelet cannot answer: the apiserver does", fakeKubelet{err: errTransient}, []k8sruntime.Object{apiPod}, "ml/vllm-0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := &Driver{o: Options{Node: node, Client: fake.NewClientset(tc.api...), Pods: tc.kubelet, Log: logr.Discard()}}
+			pod, known := d.podRunning(context.Background(), pc)
+			if pod != tc.want || !known {
+				t.Errorf("podRunning = %q, %v; want %q, true", pod, known, tc.want)
+			}
+		})
+	}
+}

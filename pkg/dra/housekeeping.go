@@ -113,23 +113,17 @@ func (d *Driver) staleHolder(ctx context.Context, uid types.UID, pc PreparedClai
 // that is down never does.
 //
 // The kubelet answers first (Options.Pods, its PodResources List): a pod of the entry's name it
-// runs counts, unless the kubelet reports claims for it and none is the entry's (a
+// runs counts when it uses the entry's claim, and not when it uses only others (a
 // StatefulSet's replacement under the same name, with a claim of its own). Only when the
-// kubelet cannot answer is the apiserver asked.
+// kubelet cannot answer, or reports no claims for such a pod, is the apiserver asked.
 func (d *Driver) podRunning(ctx context.Context, pc PreparedClaim) (pod string, known bool) {
 	if d.o.Pods != nil {
 		active, err := d.o.Pods.ActivePods(ctx)
-		if err == nil {
-			for _, uid := range slices.Sorted(maps.Keys(pc.Pods)) {
-				key := pc.Namespace + "/" + pc.Pods[uid]
-				claims, ok := active[key]
-				if ok && (len(claims) == 0 || slices.Contains(claims, pc.Namespace+"/"+pc.Name)) {
-					return key, true
-				}
-			}
-			return "", true
+		if err != nil {
+			d.o.Log.Error(err, "ask the kubelet which pods run here; asking the apiserver")
+		} else if pod, known := kubeletSays(active, pc); known {
+			return pod, true
 		}
-		d.o.Log.Error(err, "ask the kubelet which pods run here; asking the apiserver")
 	}
 	// Bounded like consumersLive: a Prepare the kubelet waits for may be the caller.
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -156,6 +150,24 @@ func (d *Driver) podRunning(ctx context.Context, pc PreparedClaim) (pod string, 
 		// that ignores it.
 		if p, ok := here[uid]; ok && p.Spec.NodeName == d.o.Node && !podEnded(p) {
 			return pc.Namespace + "/" + p.Name, true
+		}
+	}
+	return "", true
+}
+
+// kubeletSays is podRunning from the kubelet's answer; known is false when a pod of the
+// entry's name runs but the kubelet reports no claims for it (dynamic resources off in its
+// PodResources): only its UID, which the apiserver has, tells it from a replacement.
+func kubeletSays(active map[string][]string, pc PreparedClaim) (pod string, known bool) {
+	for _, uid := range slices.Sorted(maps.Keys(pc.Pods)) {
+		key := pc.Namespace + "/" + pc.Pods[uid]
+		claims, ok := active[key]
+		switch {
+		case !ok:
+		case len(claims) == 0:
+			return "", false
+		case slices.Contains(claims, pc.Namespace+"/"+pc.Name):
+			return key, true
 		}
 	}
 	return "", true

@@ -1020,7 +1020,13 @@ func TestThePodsOfAnEntryAreJudgedByTheKubelet(t *testing.T) {
 		want    string
 	}{
 		{"the pod uses the entry's claim", fakeKubelet{pods: map[string][]string{"ml/vllm-0": {"ml/vllm-0-gpus"}}}, nil, "ml/vllm-0"},
-		{"no claims reported (an older kubelet)", fakeKubelet{pods: map[string][]string{"ml/vllm-0": nil}}, nil, "ml/vllm-0"},
+		// An older kubelet reports no claims: the apiserver tells the pod from a replacement.
+		{"no claims reported, the same pod", fakeKubelet{pods: map[string][]string{"ml/vllm-0": nil}}, []k8sruntime.Object{apiPod}, "ml/vllm-0"},
+		{"no claims reported, a replacement", fakeKubelet{pods: map[string][]string{"ml/vllm-0": nil}}, []k8sruntime.Object{func() *corev1.Pod {
+			p := apiPod.DeepCopy()
+			p.UID = "uid-1"
+			return p
+		}()}, ""},
 		{"a same-name pod with a claim of its own", fakeKubelet{pods: map[string][]string{"ml/vllm-0": {"ml/vllm-0-gpus-x7k2"}}}, []k8sruntime.Object{apiPod}, ""},
 		{"not running here", fakeKubelet{pods: map[string][]string{"ml/other": nil}}, []k8sruntime.Object{apiPod}, ""},
 		{"the kubelet cannot answer: the apiserver does", fakeKubelet{err: errTransient}, []k8sruntime.Object{apiPod}, "ml/vllm-0"},

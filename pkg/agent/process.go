@@ -232,7 +232,7 @@ func buildSource(ctx context.Context, o ProcessOptions, client kubernetes.Interf
 	src, err := o.Topology.Open(o.Node, source.KubeNodeLabels(client, o.Node))
 	if nv, ok := src.(source.NVML); ok && err == nil && o.Topology.NVMLXIDs {
 		// The agent publishes health, so it alone watches XIDs; the watcher ends with ctx.
-		return nv.WatchXIDs(ctx, o.Topology.NVMLXIDIgnore, log.WithName("xid")), nil
+		return nv.WatchXIDs(ctx, o.Topology.NVMLXIDIgnore, o.Topology.NVMLXIDMarksFile, log.WithName("xid")), nil
 	}
 	if err != nil || src != nil {
 		return src, err

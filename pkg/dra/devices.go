@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"strconv"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -247,16 +248,45 @@ func gpuDevice(top *topology.Topology, g topology.GPU, p Publish) resourceapi.De
 	return dev
 }
 
-// unhealthyTaint is the NoSchedule taint of a device holding an unhealthy GPU: no new claim
+// unhealthyTaint gives the NoSchedule taints of a device holding unhealthy GPUs: no new claim
 // gets it (the allocator skips tainted devices a claim does not tolerate) while claims that
-// hold it already keep it.
+// hold it already keep it. Every unhealthy device carries names.DRATaintUnhealthy, which is
+// what tolerations, alerts and status have keyed on; beside it, one taint per problem, in
+// the schema of NVIDIA's driver (gpu.nvidia.com/xid=<n>, gpu-lost), so that an operator
+// can tell a double-bit ECC error from a lost GPU on the slice alone: names.DRATaintXID
+// with the XID as its value for each critical XID the watcher saw, and
+// names.DRATaintGPULost for a GPU NVML lost. A block's taints are its GPUs', each once; an
+// XID taint more than the API allows per device (resourceapi.DeviceTaintsMaxLength, 16, with
+// room for the held taint) is left out, as the umbrella taint already keeps claims off.
 func unhealthyTaint(gpus ...topology.GPU) []resourceapi.DeviceTaint {
+	var out []resourceapi.DeviceTaint
+	var lost bool
+	var xids []uint64
 	for _, g := range gpus {
-		if g.Unhealthy != "" {
-			return []resourceapi.DeviceTaint{{Key: names.DRATaintUnhealthy, Effect: resourceapi.DeviceTaintEffectNoSchedule}}
+		if g.Unhealthy == "" {
+			continue
+		}
+		if out == nil {
+			out = []resourceapi.DeviceTaint{{Key: names.DRATaintUnhealthy, Effect: resourceapi.DeviceTaintEffectNoSchedule}}
+		}
+		lost = lost || g.Lost
+		for _, id := range g.XIDs {
+			if !slices.Contains(xids, id) {
+				xids = append(xids, id)
+			}
 		}
 	}
-	return nil
+	if lost {
+		out = append(out, resourceapi.DeviceTaint{Key: names.DRATaintGPULost, Effect: resourceapi.DeviceTaintEffectNoSchedule})
+	}
+	slices.Sort(xids)
+	for _, id := range xids {
+		if len(out) >= resourceapi.DeviceTaintsMaxLength-1 {
+			break
+		}
+		out = append(out, resourceapi.DeviceTaint{Key: names.DRATaintXID, Value: strconv.FormatUint(id, 10), Effect: resourceapi.DeviceTaintEffectNoSchedule})
+	}
+	return out
 }
 
 func blockDevice(top *topology.Topology, d topology.Domain, gpus []int) resourceapi.Device {

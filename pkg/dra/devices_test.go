@@ -457,3 +457,57 @@ func TestMIGModeGPUsAreNotPublished(t *testing.T) {
 		t.Errorf("%d devices, want the 8 whole GPUs", got)
 	}
 }
+
+// An unhealthy GPU's devices carry the umbrella taint and one taint per problem, in the
+// schema of NVIDIA's driver: gpu.nvdomain.io/xid=<n> for each critical XID, gpu-lost for a
+// GPU NVML lost (review DRA 5c); a block carries its GPUs' problems once each, within the
+// API's limit of taints per device.
+func TestUnhealthyDevicesNameEachProblem(t *testing.T) {
+	unhealthy := resourceapi.DeviceTaint{Key: names.DRATaintUnhealthy, Effect: resourceapi.DeviceTaintEffectNoSchedule}
+	lost := resourceapi.DeviceTaint{Key: names.DRATaintGPULost, Effect: resourceapi.DeviceTaintEffectNoSchedule}
+	xid := func(n string) resourceapi.DeviceTaint {
+		return resourceapi.DeviceTaint{Key: names.DRATaintXID, Value: n, Effect: resourceapi.DeviceTaintEffectNoSchedule}
+	}
+	many := make([]uint64, 20)
+	for i := range many {
+		many[i] = uint64(100 + i)
+	}
+	cases := []struct {
+		name string
+		gpus []topology.GPU
+		want []resourceapi.DeviceTaint
+	}{
+		{name: "healthy", gpus: []topology.GPU{{Index: 0}, {Index: 1}}},
+		{name: "NVML state alone", gpus: []topology.GPU{{Unhealthy: "row remapping failed"}}, want: []resourceapi.DeviceTaint{unhealthy}},
+		{name: "an XID", gpus: []topology.GPU{{Unhealthy: "XID 48 ...", XIDs: []uint64{48}}}, want: []resourceapi.DeviceTaint{unhealthy, xid("48")}},
+		{name: "lost", gpus: []topology.GPU{{Unhealthy: "a GPU fell off the bus", Lost: true}}, want: []resourceapi.DeviceTaint{unhealthy, lost}},
+		{name: "a block's GPUs, each problem once", gpus: []topology.GPU{
+			{Unhealthy: "XID 79, XID 48", XIDs: []uint64{79, 48}, Lost: true}, {}, {Unhealthy: "XID 48", XIDs: []uint64{48}}},
+			want: []resourceapi.DeviceTaint{unhealthy, lost, xid("48"), xid("79")}},
+		{name: "fields without a reason are no problem", gpus: []topology.GPU{{XIDs: []uint64{48}, Lost: true}}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := unhealthyTaint(tc.gpus...); !slices.Equal(got, tc.want) {
+				t.Errorf("taints %v, want %v", got, tc.want)
+			}
+		})
+	}
+	got := unhealthyTaint(topology.GPU{Unhealthy: "many XIDs", XIDs: many})
+	if len(got) != resourceapi.DeviceTaintsMaxLength-1 || got[0] != unhealthy {
+		t.Errorf("%d taints for 20 XIDs (first %v), want %d with the umbrella first and room for the held taint", len(got), got[0], resourceapi.DeviceTaintsMaxLength-1)
+	}
+	// Published: the block holding GPU 3 carries GPU 3's problems, and GPU 2 stays clean.
+	top := hgx(t)
+	top.GPUs[3].Unhealthy, top.GPUs[3].XIDs = "XID 48 (double-bit ECC error)", []uint64{48}
+	for _, d := range Devices(top, Publish{Blocks: true}) {
+		gs, _ := names.ParseDRADeviceGPUs(d.Name)
+		want := []resourceapi.DeviceTaint(nil)
+		if slices.Contains(gs, 3) {
+			want = []resourceapi.DeviceTaint{unhealthy, xid("48")}
+		}
+		if !slices.Equal(d.Taints, want) {
+			t.Errorf("%s: taints %v, want %v", d.Name, d.Taints, want)
+		}
+	}
+}

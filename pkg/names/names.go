@@ -609,6 +609,12 @@ const (
 	// DRATaintUnhealthy is the device taint (effect NoSchedule) the driver puts on the devices
 	// of an unhealthy GPU and on every block holding it.
 	DRATaintUnhealthy = DRADriver + "/unhealthy"
+	// DRATaintXID (value: the XID, e.g. "48") and DRATaintGPULost name the problem beside
+	// DRATaintUnhealthy, one taint each, in the schema of NVIDIA's driver (gpu.nvidia.com/xid,
+	// gpu-lost): a critical XID the agent's watcher saw the GPU raise since boot, and a GPU
+	// NVML lost.
+	DRATaintXID     = DRADriver + "/xid"
+	DRATaintGPULost = DRADriver + "/gpu-lost"
 	// DRATaintHeld is the device taint (effect NoSchedule) the driver puts on every device it
 	// publishes that shares a GPU with a device a prepared claim holds but the driver no longer
 	// publishes (a block, after blocks were switched off or fell back, or a topology change).

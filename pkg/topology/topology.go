@@ -41,6 +41,12 @@ type GPU struct {
 	// Fabric Manager or NVSwitch fault; the simulated document's health field); empty when
 	// healthy. The DRA driver taints the GPU's devices (docs/dra.md).
 	Unhealthy string `json:"unhealthy,omitempty"`
+	// XIDs are the critical XIDs the agent's watcher saw the GPU raise since the node booted,
+	// and Lost says NVML lost the GPU (off the bus); both are also in Unhealthy's text. The
+	// DRA driver names a device taint after each (names.DRATaintXID, names.DRATaintGPULost),
+	// as NVIDIA's driver does, so a toleration or an alert can tell the faults apart.
+	XIDs []uint64 `json:"xids,omitempty"`
+	Lost bool     `json:"lost,omitempty"`
 	// MIG is true when the GPU runs in MIG mode: its MIG devices are the device plugin's to
 	// hand out, to other pods, so the GPU is in no domain and never packed as a whole GPU
 	// (it is neither in Domains nor in Unlinked). Otherwise a plain 1-GPU container could be

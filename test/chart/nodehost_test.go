@@ -324,3 +324,53 @@ func TestOnlyTheInstallStepAndThePluginWriteTheHostFiles(t *testing.T) {
 		}
 	}
 }
+
+// With the XID watch on, the agent keeps its marks where a rollout of the node pod finds them
+// again: a directory of its own under node.stateDir in classic mode (the rest of the state
+// directory stays read-only to it), the driver's kubelet plugin directory in DRA mode; with
+// the watch off, neither the flag nor the mount is rendered.
+func TestXIDMarksOutliveTheNodePod(t *testing.T) {
+	nvml := []string{"--set", "node.agent.source=nvml", "--set", "node.nvmlXIDs=true"}
+	cases := []struct {
+		name, ds  string
+		args      []string
+		wantFlag  string
+		wantMount string // "" when the file lives in a directory the agent mounts anyway
+	}{
+		{name: "classic", ds: "nvdomain-node", args: nvml,
+			wantFlag: "--nvml-xid-marks-file=/run/nvdomain/xid/marks.json", wantMount: "/run/nvdomain/xid"},
+		{name: "dra", ds: "nvdomain-node-dra", args: append([]string{"--set", "dra.enabled=true"}, nvml...),
+			wantFlag: "--nvml-xid-marks-file=/var/lib/kubelet/plugins/gpu.nvdomain.io/xid-marks.json"},
+		{name: "watch off", ds: "nvdomain-node", args: []string{"--set", "node.agent.source=nvml"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ds := daemonSet(t, tc.ds, tc.args...)
+			agent := container(t, ds.Spec.Template.Spec, "agent")
+			var flag string
+			for _, a := range agent.Args {
+				if strings.HasPrefix(a, "--nvml-xid-marks-file") {
+					flag = a
+				}
+			}
+			if flag != tc.wantFlag {
+				t.Errorf("agent flag %q, want %q", flag, tc.wantFlag)
+			}
+			v := volume(ds.Spec.Template.Spec, "xid-marks")
+			if (v != nil) != (tc.wantMount != "") {
+				t.Fatalf("xid-marks volume rendered = %v, want %v", v != nil, tc.wantMount != "")
+			}
+			if v == nil {
+				return
+			}
+			if v.HostPath == nil || v.HostPath.Path != tc.wantMount {
+				t.Errorf("xid-marks volume %+v, want hostPath %s", v.VolumeSource, tc.wantMount)
+			}
+			for _, m := range agent.VolumeMounts {
+				if m.Name == "xid-marks" && (m.MountPath != tc.wantMount || m.ReadOnly) {
+					t.Errorf("agent mounts xid-marks at %s read-only %v, want %s writable", m.MountPath, m.ReadOnly, tc.wantMount)
+				}
+			}
+		})
+	}
+}

@@ -34,8 +34,8 @@ type Options struct {
 	// mock cannot answer it: tests answer here.
 	FabricInfo func(nvml.Device) (nvml.GpuFabricInfo_v3, nvml.Return)
 	// Marks says why a GPU, by UUID, is unhealthy beyond what NVML's state shows: the XIDs
-	// it raised (XIDs.Mark). nil: none. Ignored with NoHealth.
-	Marks func(uuid string) string
+	// it raised, or its loss (XIDs.Problem). nil: none. Ignored with NoHealth.
+	Marks func(uuid string) Mark
 }
 
 // Discover initialises NVML, reads every GPU and its NVLinks, and shuts NVML down again.
@@ -89,9 +89,7 @@ func Discover(ctx context.Context, lib nvml.Interface, o Options) (top *topology
 				d.warn("GPU %d: %s", i, note)
 			}
 			if o.Marks != nil {
-				if m := o.Marks(gpu.UUID); m != "" {
-					gpu.Unhealthy = strings.Join(appendIf(appendIf(nil, gpu.Unhealthy), m), "; ")
-				}
+				o.Marks(gpu.UUID).Apply(&gpu)
 			}
 		}
 		devices[i] = dev

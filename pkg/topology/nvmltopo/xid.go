@@ -2,8 +2,13 @@ package nvmltopo
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -40,13 +45,15 @@ var xidMeaning = map[uint64]string{
 
 // XIDs watches NVML's critical-error events (XIDs) and marks the GPUs they name unhealthy.
 // Health (discover.go) reads state the driver keeps until a reset; an XID is an event, seen
-// once, so the watcher remembers it: a GPU that raised one stays marked for the life of the
-// process, as NVIDIA's device plugin keeps it, since NVML offers no reliable way to tell
-// that the GPU was reset since. Clearing a mark is therefore an operator's act: a reboot (or
-// a restart of the node pod). Discovery adds the marks to topology.GPU.Unhealthy
-// (Options.Marks), and Overlay to a topology kept from before a discovery that fails (a GPU
-// off the bus fails it); Changes signals a new mark so the agent publishes it at once rather
-// than a period later.
+// once, so the watcher remembers it: a GPU that raised one stays marked until the node
+// reboots, since NVML offers no reliable way to tell that the GPU was reset since. With a
+// marks file (Persist) the marks outlive the process too: a DaemonSet rollout or an agent
+// crash would otherwise make a GPU with a double-bit ECC error placeable again (review DRA
+// 5a). The file is keyed by the kernel's boot id, so a reboot clears it; clearing a mark
+// without one is an operator's act (delete the file, restart the node pod). Discovery adds
+// the marks to topology.GPU (Options.Marks), and Overlay to a topology kept from before a
+// discovery that fails (a GPU off the bus fails it); Changes signals a new mark so the agent
+// publishes it at once rather than a period later.
 //
 // The watcher holds NVML open for as long as it runs, as NVIDIA's device plugin and DCGM do:
 // an in-place GPU reset, or unloading the kernel module for a driver upgrade, needs the node
@@ -59,9 +66,15 @@ type XIDs struct {
 	log     logr.Logger
 	now     func() time.Time
 	retry   time.Duration // retryPeriod; shorter in tests
+	// reinitAfter is how many failed waits in a row make the watcher start NVML anew
+	// (reinitAfter); fewer in tests.
+	reinitAfter int
 
 	mu    sync.Mutex
 	marks map[string]*xidMark // by GPU UUID; allGPUs for a GPU NVML could not name
+	// file and bootID: where the marks are kept across restarts, and the boot they hold for
+	// (Persist); file is empty when they live in memory only.
+	file, bootID string
 	// changed has room for one signal: a mark made while one is pending is published by
 	// the same reload.
 	changed chan struct{}
@@ -73,8 +86,20 @@ type XIDs struct {
 const allGPUs = "*"
 
 type xidMark struct {
-	first time.Time
-	codes []string // distinct, in the order seen
+	First time.Time `json:"first"`
+	Codes []string  `json:"codes"` // distinct, in the order seen
+	// XIDs are the critical XIDs among Codes, in the order seen; Lost says NVML answered
+	// "GPU is lost". The DRA driver names its device taints after them.
+	XIDs []uint64 `json:"xids,omitempty"`
+	Lost bool     `json:"lost,omitempty"`
+}
+
+// Mark is what the watcher knows against one GPU: Text for its Unhealthy reason (empty when
+// unmarked), the critical XIDs it raised and whether NVML lost it.
+type Mark struct {
+	Text string
+	XIDs []uint64
+	Lost bool
 }
 
 // Overlay returns top with the marks added to its GPUs' Unhealthy (top itself when no GPU
@@ -86,8 +111,8 @@ func (x *XIDs) Overlay(top *topology.Topology) *topology.Topology {
 	}
 	var out *topology.Topology
 	for i, g := range top.GPUs {
-		m := x.Mark(g.UUID)
-		if m == "" || strings.Contains(g.Unhealthy, m) {
+		m := x.Problem(g.UUID)
+		if m.Text == "" || strings.Contains(g.Unhealthy, m.Text) {
 			continue
 		}
 		if out == nil {
@@ -95,7 +120,7 @@ func (x *XIDs) Overlay(top *topology.Topology) *topology.Topology {
 			c.GPUs = slices.Clone(top.GPUs)
 			out = &c
 		}
-		out.GPUs[i].Unhealthy = strings.Join(appendIf(appendIf(nil, g.Unhealthy), m), "; ")
+		m.Apply(&out.GPUs[i])
 	}
 	if out == nil {
 		return top
@@ -109,7 +134,7 @@ func NewXIDs(lib nvml.Interface, ignored []uint64, log logr.Logger) *XIDs {
 	if ignored == nil {
 		ignored = DefaultIgnoredXIDs
 	}
-	x := &XIDs{lib: lib, ignored: map[uint64]bool{}, log: log, now: time.Now, retry: retryPeriod, marks: map[string]*xidMark{}, changed: make(chan struct{}, 1)}
+	x := &XIDs{lib: lib, ignored: map[uint64]bool{}, log: log, now: time.Now, retry: retryPeriod, reinitAfter: reinitAfter, marks: map[string]*xidMark{}, changed: make(chan struct{}, 1)}
 	for _, id := range ignored {
 		x.ignored[id] = true
 	}
@@ -120,17 +145,138 @@ func NewXIDs(lib nvml.Interface, ignored []uint64, log logr.Logger) *XIDs {
 func (x *XIDs) Changes() <-chan struct{} { return x.changed }
 
 // Mark says why the GPU with this UUID is marked ("" when it is not).
-func (x *XIDs) Mark(uuid string) string {
+func (x *XIDs) Mark(uuid string) string { return x.Problem(uuid).Text }
+
+// Problem is the mark against the GPU with this UUID, a mark for every GPU included (the
+// zero Mark when there is none).
+func (x *XIDs) Problem(uuid string) Mark {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	var out []string
+	var p Mark
 	for _, key := range []string{uuid, allGPUs} {
 		if m := x.marks[key]; m != nil {
-			out = append(out, fmt.Sprintf("%s since %s: drain the node and reboot it, which clears the mark (an in-place `nvidia-smi -r` needs every process off the GPU, this node's nvdomain agent included, which holds NVML open to watch XIDs)",
-				strings.Join(m.codes, ", "), m.first.UTC().Format(time.RFC3339)))
+			out = append(out, fmt.Sprintf("%s since %s: drain the node and reboot it, which clears the mark (an in-place `nvidia-smi -r` needs every process off the GPU, this node's nvdomain agent included, which holds NVML open to watch XIDs, and the marks file deleted)",
+				strings.Join(m.Codes, ", "), m.First.UTC().Format(time.RFC3339)))
+			for _, id := range m.XIDs {
+				if !slices.Contains(p.XIDs, id) {
+					p.XIDs = append(p.XIDs, id)
+				}
+			}
+			p.Lost = p.Lost || m.Lost
 		}
 	}
-	return strings.Join(out, "; ")
+	p.Text = strings.Join(out, "; ")
+	return p
+}
+
+// Apply adds the mark to g: its text to Unhealthy, its XIDs and loss to the fields the DRA
+// driver names taints after. A zero Mark changes nothing.
+func (m Mark) Apply(g *topology.GPU) {
+	if m.Text == "" {
+		return
+	}
+	g.Unhealthy = strings.Join(appendIf(appendIf(nil, g.Unhealthy), m.Text), "; ")
+	for _, id := range m.XIDs {
+		if !slices.Contains(g.XIDs, id) {
+			g.XIDs = append(g.XIDs, id)
+		}
+	}
+	g.Lost = g.Lost || m.Lost
+}
+
+// marksFile is the marks file's content.
+type marksFile struct {
+	// BootID is /proc/sys/kernel/random/boot_id when the marks were written: marks of
+	// another boot are dropped, as a reboot resets the GPUs.
+	BootID string              `json:"bootID"`
+	Marks  map[string]*xidMark `json:"marks"`
+}
+
+// BootIDFile is where Linux tells the current boot's id; it is the host's in a container too
+// (procfs does not namespace it).
+const BootIDFile = "/proc/sys/kernel/random/boot_id"
+
+// Persist keeps the marks in path from now on, and restores those it holds for bootID (the
+// content of BootIDFile). A file from another boot is removed; one that cannot be read or
+// parsed is an error, and the watcher then keeps its marks in memory only, since writing over
+// it would lose what it held. Call it before Run.
+func (x *XIDs) Persist(path, bootID string) error {
+	bootID = strings.TrimSpace(bootID)
+	if bootID == "" {
+		return fmt.Errorf("XID marks file %s: no boot id to key it by (read %s)", path, BootIDFile)
+	}
+	data, err := os.ReadFile(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+	case err != nil:
+		return fmt.Errorf("read the XID marks file: %w", err)
+	default:
+		var f marksFile
+		if err := json.Unmarshal(data, &f); err != nil {
+			return fmt.Errorf("XID marks file %s is not valid (%v): delete it to start without the marks it held", path, err)
+		}
+		if f.BootID != bootID {
+			x.log.Info("the XID marks file is from an earlier boot, which reset the GPUs: its marks are cleared", "file", path, "marks", len(f.Marks))
+			if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return fmt.Errorf("remove the XID marks of an earlier boot: %w", err)
+			}
+			break
+		}
+		x.mu.Lock()
+		for key, m := range f.Marks {
+			if m != nil && len(m.Codes) > 0 {
+				x.marks[key] = m
+			}
+		}
+		x.mu.Unlock()
+		if len(f.Marks) > 0 {
+			x.log.Info("XID marks restored from this boot", "file", path, "gpus", slices.Sorted(maps.Keys(f.Marks)))
+		}
+	}
+	x.mu.Lock()
+	x.file, x.bootID = path, bootID
+	x.mu.Unlock()
+	return nil
+}
+
+// save writes the marks to the marks file, atomically (a crash leaves the old file or the
+// new, never half); x.mu is held. A write that fails is logged: the mark still holds in
+// memory and reaches the node, and only a restart before the next good write would lose it.
+func (x *XIDs) save() {
+	if x.file == "" {
+		return
+	}
+	data, err := json.Marshal(marksFile{BootID: x.bootID, Marks: x.marks})
+	if err == nil {
+		err = writeAtomic(x.file, data)
+	}
+	if err != nil {
+		x.log.Error(err, "could not keep the XID marks across restarts; they hold in memory until the node pod restarts", "file", x.file)
+	}
+}
+
+func writeAtomic(path string, data []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return fmt.Errorf("write the XID marks file: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return fmt.Errorf("write the XID marks file: %w", err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return fmt.Errorf("sync the XID marks file: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("write the XID marks file: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("replace the XID marks file: %w", err)
+	}
+	return nil
 }
 
 // eventMask is what the watcher registers: critical XIDs only. A double-bit ECC error comes
@@ -164,6 +310,12 @@ func (x *XIDs) Run(ctx context.Context) {
 
 // retryPeriod is how often a watch that could not be set up is tried again.
 const retryPeriod = 30 * time.Second
+
+// reinitAfter is how many failed waits in a row (a second apart) end a watch, so that Run
+// starts NVML and the event set anew: a wait that keeps failing with something other than a
+// timeout is a dead event set (a driver that recovered underneath, a handle NVML dropped),
+// and waiting on it for ever would watch nothing (review DRA 5b).
+const reinitAfter = 30
 
 // watch registers every GPU's critical-error events and records them until ctx ends (nil). It
 // returns an error when NVML or its event set cannot be set up; a GPU that cannot be opened
@@ -208,7 +360,7 @@ func (x *XIDs) watch(ctx context.Context) error {
 		watched++
 	}
 	x.log.Info("watching XID events", "gpus", watched, "ignored", slices.Sorted(maps.Keys(x.ignored)))
-	failing := nvml.SUCCESS
+	failing, failures := nvml.SUCCESS, 0
 	for ctx.Err() == nil {
 		e, ret := set.Wait(waitMillis)
 		switch ret {
@@ -217,7 +369,7 @@ func (x *XIDs) watch(ctx context.Context) error {
 		case nvml.ERROR_TIMEOUT:
 		default:
 			if ret == nvml.ERROR_GPU_IS_LOST {
-				x.lost(byHandle, "a GPU fell off the bus (NVML: GPU is lost)")
+				x.lost(byHandle, "a GPU fell off the bus (NVML: GPU is lost)", 0)
 			}
 			// Not an event: back off rather than spin (a lost GPU answers at once, every
 			// time), and say so once per kind of failure.
@@ -225,13 +377,16 @@ func (x *XIDs) watch(ctx context.Context) error {
 				failing = ret
 				x.log.Info("waiting for XID events failed; retrying every second", "nvml", ret)
 			}
+			if failures++; failures >= x.reinitAfter {
+				return fmt.Errorf("waiting for XID events failed %d times in a row (NVML: %v): starting NVML anew", failures, ret)
+			}
 			select {
 			case <-ctx.Done():
 			case <-time.After(time.Second):
 			}
 			continue
 		}
-		failing = nvml.SUCCESS
+		failing, failures = nvml.SUCCESS, 0
 	}
 	return nil
 }
@@ -239,16 +394,17 @@ func (x *XIDs) watch(ctx context.Context) error {
 // lost marks the GPUs that no longer answer (GetUUID says GPU is lost) with why, or every GPU
 // when none can be told apart: an event NVML cannot attribute takes the node's GPUs out of
 // new placements (fail closed), which is what a lost GPU does to a TP job anyway.
-func (x *XIDs) lost(byHandle map[nvml.Device]string, why string) {
+func (x *XIDs) lost(byHandle map[nvml.Device]string, why string, xid uint64) {
 	found := false
 	for dev, uuid := range byHandle {
 		if _, ret := dev.GetUUID(); ret == nvml.ERROR_GPU_IS_LOST {
-			x.mark(uuid, why)
+			x.mark(uuid, why, xid, true)
 			found = true
 		}
 	}
 	if !found {
-		x.mark(allGPUs, why)
+		// Lost only when NVML said so; an XID it could not attribute is that XID's mark.
+		x.mark(allGPUs, why, xid, xid == 0)
 	}
 }
 
@@ -269,26 +425,33 @@ func (x *XIDs) record(e nvml.EventData, byHandle map[nvml.Device]string) {
 		}
 	}
 	if !ok {
-		x.lost(byHandle, code)
+		x.lost(byHandle, code, e.EventData)
 		return
 	}
-	x.mark(uuid, code)
+	x.mark(uuid, code, e.EventData, false)
 }
 
-// mark records code against key; a code already recorded there changes nothing (no new
-// signal, the mark's text stays), so a GPU that repeats an XID does not republish each time.
-func (x *XIDs) mark(key, code string) {
+// mark records code against key, with its XID (0: none) and whether NVML lost the GPU; a
+// code already recorded there changes nothing (no new signal, the mark's text stays), so a
+// GPU that repeats an XID does not republish each time. A new mark is saved to the marks file
+// before it is signalled.
+func (x *XIDs) mark(key, code string, xid uint64, lost bool) {
 	x.mu.Lock()
 	m := x.marks[key]
 	if m == nil {
-		m = &xidMark{first: x.now()}
+		m = &xidMark{First: x.now()}
 		x.marks[key] = m
 	}
-	if slices.Contains(m.codes, code) {
+	if slices.Contains(m.Codes, code) {
 		x.mu.Unlock()
 		return
 	}
-	m.codes = append(m.codes, code)
+	m.Codes = append(m.Codes, code)
+	if xid != 0 && !slices.Contains(m.XIDs, xid) {
+		m.XIDs = append(m.XIDs, xid)
+	}
+	m.Lost = m.Lost || lost
+	x.save()
 	x.mu.Unlock()
 	gpu := key
 	if key == allGPUs {

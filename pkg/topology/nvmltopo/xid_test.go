@@ -2,6 +2,10 @@ package nvmltopo
 
 import (
 	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -79,22 +83,24 @@ func TestXIDsMarkTheGPUThatRaisedThem(t *testing.T) {
 		want    map[int]string // GPU → substring of its reason; absent: healthy
 		all     string         // substring of every GPU's reason, instead of want
 		signals int
+		xids    []uint64 // the XIDs every marked GPU carries for the DRA driver's taints
+		lost    bool     // every marked GPU carries Lost
 	}{
 		{name: "fallen off the bus", waits: func(m *eventMachine) []wait { return []wait{m.xid(3, 79)} },
-			want: map[int]string{3: "XID 79 (the GPU has fallen off the bus) since "}, signals: 1},
+			want: map[int]string{3: "XID 79 (the GPU has fallen off the bus) since "}, signals: 1, xids: []uint64{79}},
 		{name: "repeats and a second code", waits: func(m *eventMachine) []wait { return []wait{m.xid(3, 79), m.xid(3, 79), m.xid(3, 48)} },
-			want: map[int]string{3: "XID 79 (the GPU has fallen off the bus), XID 48 (double-bit ECC error) since"}, signals: 2},
+			want: map[int]string{3: "XID 79 (the GPU has fallen off the bus), XID 48 (double-bit ECC error) since"}, signals: 2, xids: []uint64{79, 48}},
 		{name: "an application's page fault", waits: func(m *eventMachine) []wait { return []wait{m.xid(3, 31), m.xid(5, 13)} }},
 		{name: "page faults not ignored", ignored: []uint64{}, waits: func(m *eventMachine) []wait { return []wait{m.xid(3, 31)} },
-			want: map[int]string{3: "XID 31 since"}, signals: 1},
+			want: map[int]string{3: "XID 31 since"}, signals: 1, xids: []uint64{31}},
 		{name: "not a critical XID event", waits: func(m *eventMachine) []wait {
 			return []wait{{e: nvml.EventData{Device: m.srv.Devices[3], EventType: nvml.EventTypeSingleBitEccError, EventData: 79}, ret: nvml.SUCCESS}}
 		}},
 		{name: "a device NVML cannot name", waits: func(*eventMachine) []wait {
 			return []wait{{e: nvml.EventData{Device: unknown, EventType: nvml.EventTypeXidCriticalError, EventData: 74}, ret: nvml.SUCCESS}}
-		}, all: "XID 74 (NVLink error) since", signals: 1},
+		}, all: "XID 74 (NVLink error) since", signals: 1, xids: []uint64{74}},
 		{name: "a lost GPU", waits: func(*eventMachine) []wait { return []wait{{ret: nvml.ERROR_GPU_IS_LOST}} },
-			all: "a GPU fell off the bus (NVML: GPU is lost) since", signals: 1},
+			all: "a GPU fell off the bus (NVML: GPU is lost) since", signals: 1, lost: true},
 		{name: "a failing wait is no event", waits: func(*eventMachine) []wait { return []wait{{ret: nvml.ERROR_UNKNOWN}} }},
 	}
 	for _, tc := range cases {
@@ -125,7 +131,7 @@ func TestXIDsMarkTheGPUThatRaisedThem(t *testing.T) {
 				t.Errorf("%d change signals pending, want %d", signals, want)
 			}
 			o := m.opts(false)
-			o.Marks = x.Mark
+			o.Marks = x.Problem
 			top, err := Discover(ctx, lib, o)
 			if err != nil {
 				t.Fatal(err)
@@ -140,6 +146,10 @@ func TestXIDsMarkTheGPUThatRaisedThem(t *testing.T) {
 					t.Errorf("GPU %d marked: %q", g.Index, g.Unhealthy)
 				case marked && !strings.Contains(g.Unhealthy, want):
 					t.Errorf("GPU %d: %q, want it to contain %q", g.Index, g.Unhealthy, want)
+				case marked && (!slices.Equal(g.XIDs, tc.xids) || g.Lost != tc.lost):
+					t.Errorf("GPU %d: XIDs %v lost %v, want %v and %v", g.Index, g.XIDs, g.Lost, tc.xids, tc.lost)
+				case !marked && (g.XIDs != nil || g.Lost):
+					t.Errorf("unmarked GPU %d: XIDs %v lost %v", g.Index, g.XIDs, g.Lost)
 				}
 			}
 			cancel()
@@ -238,5 +248,150 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// startWatch runs x until the test ends and waits until it registered GPUs 0-6.
+func startWatch(t *testing.T, m *eventMachine, x *XIDs) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { x.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	waitUntil(t, "the watcher registered", func() bool { m.mu.Lock(); defer m.mu.Unlock(); return len(m.registered) == 7 })
+}
+
+// The marks outlive the node pod (a DaemonSet rollout, a crash) within one boot, and a boot
+// clears them: a GPU that raised XID 48 is not placeable again after a restart (review DRA
+// 5a). A marks file that cannot be parsed is an error and is left alone, so what it held is
+// not overwritten.
+func TestXIDMarksOutliveTheNodePodWithinOneBoot(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "xid-marks.json")
+	m := newEventMachine()
+	lib := m.lib()
+	uuid3 := m.srv.Devices[3].(*server.Device).UUID
+	uuid5 := m.srv.Devices[5].(*server.Device).UUID
+
+	first := NewXIDs(lib, nil, logr.Discard())
+	if err := first.Persist(file, "boot-a\n"); err != nil {
+		t.Fatal(err)
+	}
+	startWatch(t, m, first)
+	m.waits <- m.xid(3, 48)
+	m.waits <- m.xid(3, 79)
+	waitUntil(t, "GPU 3 marked twice", func() bool { return strings.Contains(first.Mark(uuid3), "XID 79") })
+
+	cases := []struct {
+		name string
+		boot string
+		// want: GPU 3's mark after the restart; "" when the restart clears it.
+		want     Mark
+		fileGone bool
+	}{
+		{name: "a restart in the same boot", boot: "boot-a", want: Mark{XIDs: []uint64{48, 79}}},
+		{name: "after a reboot", boot: "boot-b", fileGone: true},
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := os.WriteFile(file, data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			next := NewXIDs(lib, nil, logr.Discard())
+			if err := next.Persist(file, tc.boot); err != nil {
+				t.Fatal(err)
+			}
+			got := next.Problem(uuid3)
+			if tc.want.XIDs == nil {
+				if got.Text != "" {
+					t.Errorf("GPU 3 still marked after a reboot: %q", got.Text)
+				}
+			} else if !strings.Contains(got.Text, "XID 48 (double-bit ECC error), XID 79") || !slices.Equal(got.XIDs, tc.want.XIDs) || got.Lost {
+				t.Errorf("GPU 3 after the restart: %+v, want XIDs %v in the text and fields", got, tc.want.XIDs)
+			}
+			if next.Mark(uuid5) != "" {
+				t.Errorf("GPU 5 marked: %q", next.Mark(uuid5))
+			}
+			if _, err := os.Stat(file); tc.fileGone != os.IsNotExist(err) {
+				t.Errorf("marks file present = %v, want %v", err == nil, !tc.fileGone)
+			}
+		})
+	}
+
+	// A new mark of the restarted watcher is kept with the boot's id and the restored ones.
+	t.Run("new marks are written with the old", func(t *testing.T) {
+		if err := os.WriteFile(file, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		m2 := newEventMachine()
+		next := NewXIDs(m2.lib(), nil, logr.Discard())
+		if err := next.Persist(file, "boot-a"); err != nil {
+			t.Fatal(err)
+		}
+		startWatch(t, m2, next)
+		m2.waits <- wait{ret: nvml.ERROR_GPU_IS_LOST}
+		waitUntil(t, "every GPU marked lost", func() bool { return next.Problem(uuid5).Lost })
+		var f marksFile
+		raw, err := os.ReadFile(file)
+		if err == nil {
+			err = json.Unmarshal(raw, &f)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f.BootID != "boot-a" || f.Marks[uuid3] == nil || !slices.Equal(f.Marks[uuid3].XIDs, []uint64{48, 79}) || f.Marks[allGPUs] == nil || !f.Marks[allGPUs].Lost {
+			t.Errorf("marks file after a new mark: %s", raw)
+		}
+	})
+
+	t.Run("a file that cannot be parsed", func(t *testing.T) {
+		if err := os.WriteFile(file, []byte("{not json"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		next := NewXIDs(lib, nil, logr.Discard())
+		err := next.Persist(file, "boot-a")
+		if err == nil || !strings.Contains(err.Error(), "delete it") {
+			t.Fatalf("Persist over a broken file: %v, want an error naming the fix", err)
+		}
+		next.mark(uuid5, "XID 74", 74, false)
+		if raw, _ := os.ReadFile(file); string(raw) != "{not json" {
+			t.Errorf("the broken file was overwritten: %s", raw)
+		}
+	})
+	if err := NewXIDs(lib, nil, logr.Discard()).Persist(file, " \n"); err == nil {
+		t.Error("Persist without a boot id succeeded")
+	}
+}
+
+// A wait that keeps failing with something other than a timeout (a dead event set) ends the
+// watch, and the watcher starts NVML and its event set anew, then records XIDs again (review
+// DRA 5b).
+func TestADeadEventSetIsSetUpAnew(t *testing.T) {
+	m := newEventMachine()
+	var starts atomic.Int32
+	init := m.srv.InitFunc
+	m.srv.InitFunc = func() nvml.Return { starts.Add(1); return init() }
+	lib := m.lib()
+	x := NewXIDs(lib, nil, logr.Discard())
+	x.retry, x.reinitAfter = 10*time.Millisecond, 3
+	startWatch(t, m, x)
+	for range 3 {
+		m.waits <- wait{ret: nvml.ERROR_UNKNOWN}
+	}
+	waitUntil(t, "NVML started anew", func() bool { return starts.Load() >= 2 })
+	m.waits <- m.xid(2, 48)
+	uuid := m.srv.Devices[2].(*server.Device).UUID
+	waitUntil(t, "GPU 2 marked after the new start", func() bool { return strings.Contains(x.Mark(uuid), "XID 48") })
+	if p := x.Problem(uuid); !slices.Equal(p.XIDs, []uint64{48}) || p.Lost {
+		t.Errorf("GPU 2's mark: %+v, want XID 48, not lost", p)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.inits != 1 {
+		t.Errorf("NVML initialised %d times more than shut down, want 1 (the running watch)", m.inits)
 	}
 }

@@ -47,7 +47,7 @@ func (s NVML) Describe() string { return "NVML" }
 func (s NVML) Load(ctx context.Context) (*topology.Topology, error) {
 	o := nvmltopo.Options{NoHealth: s.NoHealth}
 	if s.XIDs != nil {
-		o.Marks = s.XIDs.Mark
+		o.Marks = s.XIDs.Problem
 	}
 	return nvmltopo.Discover(ctx, s.Lib, o)
 }
@@ -60,13 +60,24 @@ func (s NVML) Changes() <-chan struct{} {
 }
 
 // WatchXIDs returns the source with an XID watcher over its library running until ctx ends
-// (ignored: the XIDs not to mark for, nvmltopo.DefaultIgnoredXIDs when nil). A source without
-// health checks is returned as it is.
-func (s NVML) WatchXIDs(ctx context.Context, ignored []uint64, log logr.Logger) NVML {
+// (ignored: the XIDs not to mark for, nvmltopo.DefaultIgnoredXIDs when nil; marksFile: where
+// the marks outlive the process, keyed by the boot id, "" for memory only). A marks file
+// that cannot be used is logged and the marks live in memory: the watch matters more than
+// its memory. A source without health checks is returned as it is.
+func (s NVML) WatchXIDs(ctx context.Context, ignored []uint64, marksFile string, log logr.Logger) NVML {
 	if s.NoHealth {
 		return s
 	}
 	s.XIDs = nvmltopo.NewXIDs(s.Lib, ignored, log)
+	if marksFile != "" {
+		boot, err := os.ReadFile(nvmltopo.BootIDFile)
+		if err == nil {
+			err = s.XIDs.Persist(marksFile, string(boot))
+		}
+		if err != nil {
+			log.Error(err, "XID marks will not outlive this node pod", "file", marksFile)
+		}
+	}
 	go s.XIDs.Run(ctx)
 	return s
 }

@@ -57,6 +57,9 @@ type ProcessOptions struct {
 	DRA           bool
 	DRAKubeletDir string
 	DRACDI        string
+	// DRANVIDIASpecDirs are the runtime's CDI spec directories where, with --dra-cdi=nvidia,
+	// each new claim's GPUs are looked up in NVIDIA's spec (dra.NVIDIASpecs).
+	DRANVIDIASpecDirs []string
 	// DRABlocks publishes each domain's aligned blocks beside its GPUs (dra.Options.Blocks).
 	DRABlocks bool
 	// Release, Namespace, DaemonSet and Pod place this pod in its Helm release for the
@@ -190,7 +193,7 @@ func RunProcess(ctx context.Context, o ProcessOptions, log logr.Logger) error {
 			return err
 		}
 		defer func() { _ = closePods() }()
-		d, err := dra.Start(ctx, dra.Options{Node: o.Node, Client: client, KubeletDir: o.DRAKubeletDir, CDI: mode, CDISpecDir: o.CDISpecDir,
+		d, err := dra.Start(ctx, dra.Options{Node: o.Node, Client: client, KubeletDir: o.DRAKubeletDir, CDI: mode, CDISpecDir: o.CDISpecDir, NVIDIASpecDirs: o.DRANVIDIASpecDirs,
 			Topology: top, Blocks: o.DRABlocks, Pods: pods, Metrics: dm, ModeLabel: o.Names.ModeLabel(), Log: log.WithName("dra"), Fatal: func(err error) { cancel(err) }})
 		if err != nil {
 			return err

@@ -2,14 +2,17 @@ package dra
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/types"
+	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 	cdi "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/nvdomain/nvdomain/pkg/cdispec"
 	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/topology"
 )
 
 // CDIMode says which CDI devices a prepared claim hands to the container runtime.
@@ -98,4 +101,59 @@ func ClaimSpec(claim types.UID, devices []PreparedDevice) *cdi.Spec {
 		})
 	}
 	return spec
+}
+
+// NVIDIASpecs finds, in NVIDIA's own CDI specs (kind nvidia.com/gpu, written by nvidia-ctk or
+// the GPU Operator's toolkit), the device name a GPU has there. In CDINVIDIA mode the driver
+// hands the kubelet names of that spec; a spec generated with another naming (index only,
+// while the driver would name the UUID) or none at all made every container of the claim fail
+// at CreateContainer with "unresolvable CDI devices", long after the allocation (review DRA
+// 2026-12 #7). Checked at Prepare, the pod's Events name the spec and the fix instead.
+type NVIDIASpecs struct {
+	// Dirs are the container runtime's cdi_spec_dirs as the driver sees them (the chart's
+	// node.cdiSpecDirs, mounted read-only at the same paths).
+	Dirs []string
+}
+
+// Resolve returns the fully qualified CDI name of gpu in NVIDIA's specs: by UUID when the spec
+// names it, else by index (nvidia-ctk's default naming). An error names the directories read,
+// the names the specs offer and the fix.
+func (n NVIDIASpecs) Resolve(gpu topology.GPU) (string, error) {
+	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(n.Dirs...), cdiapi.WithAutoRefresh(false))
+	if err != nil && cache == nil {
+		return "", fmt.Errorf("read the CDI specs in %s: %w", strings.Join(n.Dirs, ", "), err)
+	}
+	var ids []string
+	if gpu.UUID != "" {
+		ids = append(ids, gpu.UUID)
+	}
+	ids = append(ids, strconv.Itoa(gpu.Index))
+	for _, id := range ids {
+		if name := NVIDIAKind.Device(id); cache.GetDevice(name) != nil {
+			return name, nil
+		}
+	}
+	var offered []string
+	for _, name := range cache.ListDevices() {
+		if kind, _, ok := cdispec.ParseName(name); ok && kind == NVIDIAKind {
+			offered = append(offered, name)
+		}
+	}
+	var broken []string
+	for path, errs := range cache.GetErrors() {
+		for _, e := range errs {
+			broken = append(broken, fmt.Sprintf("%s: %v", path, e))
+		}
+	}
+	slices.Sort(broken)
+	why := ""
+	if len(broken) > 0 {
+		why = "; spec files that could not be read: " + strings.Join(broken, "; ")
+	}
+	if len(offered) == 0 {
+		return "", fmt.Errorf("no CDI spec of kind %s in %s%s: the driver runs with --dra-cdi=nvidia, so containers get GPUs through NVIDIA's spec; generate it (`nvidia-ctk cdi generate --output=/var/run/cdi/nvidia.yaml`, or the GPU Operator's toolkit with CDI enabled), list its directory in node.cdiSpecDirs, or set dra.cdi=nvdomain",
+			NVIDIAKind, strings.Join(n.Dirs, ", "), why)
+	}
+	return "", fmt.Errorf("NVIDIA's CDI spec in %s names no device for GPU %d (UUID %q), only %s%s: the spec is not this node's, or was generated before a GPU change; regenerate it with `nvidia-ctk cdi generate --device-name-strategy=uuid` (or index)",
+		strings.Join(n.Dirs, ", "), gpu.Index, gpu.UUID, strings.Join(offered, ", "), why)
 }

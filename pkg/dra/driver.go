@@ -44,6 +44,9 @@ type Options struct {
 	// go (a directory in the container runtime's cdi_spec_dirs).
 	CDI        CDIMode
 	CDISpecDir string
+	// NVIDIASpecDirs are the runtime's CDI spec directories where NVIDIA's spec is looked
+	// up at each new Prepare in CDINVIDIA mode (NVIDIASpecs); none: the names are not checked.
+	NVIDIASpecDirs []string
 	// Topology is the node's topology at start; SetTopology replaces it.
 	Topology *topology.Topology
 	// Blocks publishes each domain's aligned blocks beside its GPUs (Publish.Blocks). When
@@ -166,6 +169,7 @@ func Start(ctx context.Context, o Options) (*Driver, error) {
 		}
 	}
 	d := &Driver{o: o, state: NewState(o.Node, o.Topology, o.CDI, o.CDISpecDir, o.PluginDir(), o.Log)}
+	d.state.SetNVIDIASpecs(NVIDIASpecs{Dirs: o.NVIDIASpecDirs})
 	d.state.SetConsumersLive(d.consumersLive)
 	if err := d.state.RemoveOrphanSpecs(); err != nil {
 		return nil, err

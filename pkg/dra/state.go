@@ -118,9 +118,12 @@ func requestClass(claim *resourceapi.ResourceClaim, request string) string {
 // State prepares and unprepares claims on one node, keeping the checkpoint and the CDI specs.
 // It is safe for concurrent use.
 type State struct {
-	node           string
-	mode           CDIMode
-	cdiDir         string
+	node   string
+	mode   CDIMode
+	cdiDir string
+	// nvidia, when set in CDINVIDIA mode, checks a new claim's CDI names against NVIDIA's
+	// specs on the node (SetNVIDIASpecs).
+	nvidia         *NVIDIASpecs
 	checkpointPath string
 	log            logr.Logger
 
@@ -315,6 +318,16 @@ func NewState(node string, top *topology.Topology, mode CDIMode, cdiDir, dataDir
 	return &State{node: node, mode: mode, cdiDir: cdiDir, checkpointPath: filepath.Join(dataDir, CheckpointFile), log: log, top: top, now: time.Now}
 }
 
+// SetNVIDIASpecs makes Prepare, in CDINVIDIA mode, name each GPU as NVIDIA's CDI specs in
+// specs.Dirs name it, and refuse a claim whose GPU they do not name. Call it before serving.
+func (s *State) SetNVIDIASpecs(specs NVIDIASpecs) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(specs.Dirs) > 0 {
+		s.nvidia = &specs
+	}
+}
+
 // SetTopology replaces the topology that allocated device names are resolved against.
 // Prepared claims keep what they hold.
 func (s *State) SetTopology(top *topology.Topology) {
@@ -361,6 +374,16 @@ func (s *State) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) (
 	devices, err := PrepareDevices(s.node, claim, s.top, s.mode)
 	if err != nil {
 		return nil, err
+	}
+	if s.mode == CDINVIDIA && s.nvidia != nil {
+		for i, d := range devices {
+			g, _ := s.top.GPU(d.GPU)
+			name, err := s.nvidia.Resolve(g)
+			if err != nil {
+				return nil, fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err)
+			}
+			devices[i].CDIDeviceIDs = []string{name}
+		}
 	}
 	for _, d := range devices {
 		if d.AdminAccess {

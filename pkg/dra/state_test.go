@@ -18,7 +18,9 @@ import (
 	"k8s.io/utils/ptr"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
+	"github.com/nvdomain/nvdomain/pkg/cdispec"
 	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/topology"
 )
 
 const node = "node-a"
@@ -550,5 +552,69 @@ func TestALateClaimsPodsAreAskedAboutOutsideTheLock(t *testing.T) {
 	var le *LateError
 	if err := <-lateDone; !errors.As(err, &le) {
 		t.Errorf("the late Prepare: %v, want a LateError (its pod is gone)", err)
+	}
+}
+
+// In CDINVIDIA mode a new claim's GPUs are named as NVIDIA's own CDI spec on the node names
+// them (by UUID, else by index), and a claim whose GPU no spec names is refused at Prepare
+// with the fix, instead of every container failing at creation (review DRA 2026-12 #7); the
+// refusal writes no checkpoint entry, so the claim prepares once the spec is right.
+func TestNVIDIAModeNamesWhatNVIDIAsSpecNames(t *testing.T) {
+	gpus := hgx(t).GPUs
+	byIndex := slices.Clone(gpus)
+	for i := range byIndex {
+		byIndex[i].UUID = ""
+	}
+	other := []topology.GPU{{Index: 0, UUID: "GPU-elsewhere"}}
+	cases := []struct {
+		name    string
+		spec    []topology.GPU // NVIDIA's spec in the second directory; nil: none
+		broken  bool           // and a spec file that cannot be parsed in the first
+		want    []string
+		wantErr []string
+	}{
+		{name: "named by UUID", spec: gpus, want: []string{"nvidia.com/gpu=GPU-4", "nvidia.com/gpu=GPU-5"}},
+		{name: "named by index only", spec: byIndex, want: []string{"nvidia.com/gpu=4", "nvidia.com/gpu=5"}},
+		{name: "no spec", wantErr: []string{"no CDI spec of kind nvidia.com/gpu", "nvidia-ctk cdi generate", "node.cdiSpecDirs"}},
+		{name: "another machine's spec", spec: other, broken: true,
+			wantErr: []string{"names no device for GPU 4", "nvidia.com/gpu=GPU-elsewhere", "could not be read", "--device-name-strategy"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s, _, _ := newState(t, CDINVIDIA)
+			dirs := []string{t.TempDir(), t.TempDir()}
+			if tc.spec != nil {
+				if err := cdispec.Write(dirs[1], NVIDIAKind, cdispec.ForGPUs(NVIDIAKind, tc.spec)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.broken {
+				if err := os.WriteFile(filepath.Join(dirs[0], "broken.yaml"), []byte("cdiVersion: [\n"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			s.SetNVIDIASpecs(NVIDIASpecs{Dirs: dirs})
+			devs, err := s.Prepare(context.Background(), claim("u1", 4, 5))
+			if tc.wantErr != nil {
+				if err == nil {
+					t.Fatalf("prepared %v, want a refusal", cdiIDs(devs))
+				}
+				for _, w := range tc.wantErr {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("error %q does not name %q", err, w)
+					}
+				}
+				if pcs, _ := s.Prepared(); len(pcs) != 0 {
+					t.Errorf("a refused claim was checkpointed: %v", pcs)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := cdiIDs(devs); !slices.Equal(got, tc.want) {
+				t.Errorf("CDI devices %v, want %v", got, tc.want)
+			}
+		})
 	}
 }

@@ -1,6 +1,7 @@
 package chart
 
 import (
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -370,6 +371,54 @@ func TestXIDMarksOutliveTheNodePod(t *testing.T) {
 				if m.Name == "xid-marks" && (m.MountPath != tc.wantMount || m.ReadOnly) {
 					t.Errorf("agent mounts xid-marks at %s read-only %v, want %s writable", m.MountPath, m.ReadOnly, tc.wantMount)
 				}
+			}
+		})
+	}
+}
+
+// With NVIDIA's CDI spec (dra.cdi=nvidia, or auto on real GPUs) the DRA driver is told the
+// runtime's CDI directories and sees them read-only, but for dra.cdiSpecDir, which it writes
+// already; with its own per-claim specs (simulated GPUs) it is told nothing.
+func TestTheDRADriverReadsNVIDIAsCDISpec(t *testing.T) {
+	cases := []struct {
+		name     string
+		args     []string
+		wantFlag string
+		wantRO   []string
+	}{
+		{name: "auto on real GPUs", args: []string{"--set", "node.agent.source=nvml"},
+			wantFlag: "--dra-nvidia-cdi-dirs=/etc/cdi,/var/run/cdi", wantRO: []string{"/etc/cdi"}},
+		{name: "nvidia on a topo-matrix node", args: []string{"--set", "dra.cdi=nvidia", "--set", "node.agent.source=topo-matrix", "--set", "node.agent.topoMatrixFile=/etc/nvdomain/topo.txt"},
+			wantFlag: "--dra-nvidia-cdi-dirs=/etc/cdi,/var/run/cdi", wantRO: []string{"/etc/cdi"}},
+		{name: "auto on simulated GPUs", args: []string{"-f", filepath.Join(root(), "charts", "nvdomain", "ci", "simulated-values.yaml")}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ds := daemonSet(t, "nvdomain-node-dra", append([]string{"--set", "dra.enabled=true"}, tc.args...)...)
+			agent := container(t, ds.Spec.Template.Spec, "agent")
+			var flag string
+			for _, a := range agent.Args {
+				if strings.HasPrefix(a, "--dra-nvidia-cdi-dirs") {
+					flag = a
+				}
+			}
+			if flag != tc.wantFlag {
+				t.Errorf("agent flag %q, want %q", flag, tc.wantFlag)
+			}
+			var ro []string
+			for _, m := range agent.VolumeMounts {
+				if strings.HasPrefix(m.Name, "nvidia-cdi-") {
+					if !m.ReadOnly {
+						t.Errorf("%s mounted writable", m.MountPath)
+					}
+					ro = append(ro, m.MountPath)
+					if v := volume(ds.Spec.Template.Spec, m.Name); v == nil || v.HostPath == nil || v.HostPath.Path != m.MountPath {
+						t.Errorf("volume %s is not the host's %s", m.Name, m.MountPath)
+					}
+				}
+			}
+			if !slices.Equal(ro, tc.wantRO) {
+				t.Errorf("read-only CDI mounts %v, want %v", ro, tc.wantRO)
 			}
 		})
 	}

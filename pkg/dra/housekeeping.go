@@ -384,9 +384,12 @@ const StartCheckTimeout = 10 * time.Second
 // housekeeping round, a period later, and the allocator could hand them to a new claim,
 // whose pod would then wait in Prepare. An entry the apiserver cannot tell about now (it is
 // down, or slow past StartCheckTimeout) is marked unjudged: its GPUs are tainted as an
-// orphan's until it is judged. The taint costs a live claim nothing (its GPUs are allocated
-// to it, so the allocator would not hand them out anyway), while publishing an orphan's GPUs
-// untainted the moment the apiserver is back would offer them to the allocator.
+// orphan's until it is judged. The taint costs a live claim almost nothing (its GPUs are
+// allocated to it, so the allocator would not hand them out anyway); what it does cost is
+// admin-access claims: on 1.36 a NoSchedule device taint binds admin-access requests too, so
+// a monitoring claim (DCGM) cannot be allocated a live GPU while it is marked (review DRA
+// 2026-12 #3d). Publishing an orphan's GPUs untainted the moment the apiserver is back would
+// offer them to the allocator, which is worse.
 func (d *Driver) markOrphans(ctx context.Context) {
 	claims, err := d.state.Prepared()
 	if err != nil {

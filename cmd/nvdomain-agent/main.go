@@ -37,13 +37,10 @@ func main() {
 	strategies := flag.String("device-list-strategy", strings.Join(deviceplugin.DefaultStrategies, ","), "how the device plugin hands GPUs to containers, as NVIDIA's does: a comma-separated list of envvar, volume-mounts, cdi-annotations, cdi-cri")
 	flag.StringVar(&o.CDISpecDir, "cdi-spec-dir", "/var/run/cdi", "where the device plugin, or the DRA driver, writes its CDI specs (a directory in containerd's cdi_spec_dirs)")
 	flag.BoolVar(&o.DRA, "dra", false, "run the DRA driver "+names.DRADriver+" for this node (docs/dra.md): publish its GPUs as ResourceSlice devices, prepare claims, label the node "+names.DefaultLabelPrefix+"/nvdomain-mode=dra and publish no per-domain extended resources; excludes --device-plugin")
-	flag.Func("dra-nvidia-cdi-dirs", "comma-separated CDI spec directories of the container runtime (containerd's cdi_spec_dirs) where, with --dra-cdi=nvidia, each new claim's GPUs must be named by NVIDIA's spec (nvidia.com/gpu=<uuid> or =<index>), so a missing or mismatched spec is refused at Prepare with the fix instead of failing at container creation; empty: not checked", func(v string) error {
-		o.DRANVIDIASpecDirs = nil
-		for _, d := range strings.Split(v, ",") {
-			if d = strings.TrimSpace(d); d != "" {
-				o.DRANVIDIASpecDirs = append(o.DRANVIDIASpecDirs, d)
-			}
-		}
+	// The chart passes it as $NVDOMAIN_DRA_NVIDIA_CDI_DIRS, which an older image ignores.
+	o.DRANVIDIASpecDirs = splitDirs(os.Getenv("NVDOMAIN_DRA_NVIDIA_CDI_DIRS"))
+	flag.Func("dra-nvidia-cdi-dirs", "($NVDOMAIN_DRA_NVIDIA_CDI_DIRS) comma-separated CDI spec directories of the container runtime (containerd's cdi_spec_dirs) where, with --dra-cdi=nvidia, each new claim's GPUs must be named by NVIDIA's spec (nvidia.com/gpu=<uuid> or =<index>), so a missing or mismatched spec is refused at Prepare with the fix instead of failing at container creation; empty: not checked", func(v string) error {
+		o.DRANVIDIASpecDirs = splitDirs(v)
 		return nil
 	})
 	flag.StringVar(&o.DRAKubeletDir, "dra-kubelet-dir", dra.DefaultKubeletDir, "the kubelet's --root-dir, where the DRA driver registers (plugins_registry) and keeps its socket and checkpoint (plugins/"+names.DRADriver+")")
@@ -87,4 +84,15 @@ func main() {
 		fmt.Fprintf(os.Stderr, "nvdomain-agent: %v\n", err)
 		os.Exit(1)
 	}
+}
+
+// splitDirs reads a comma-separated list of directories, without empty items.
+func splitDirs(v string) []string {
+	var out []string
+	for _, d := range strings.Split(v, ",") {
+		if d = strings.TrimSpace(d); d != "" {
+			out = append(out, d)
+		}
+	}
+	return out
 }

@@ -248,6 +248,11 @@ func gpuDevice(top *topology.Topology, g topology.GPU, p Publish) resourceapi.De
 	return dev
 }
 
+// maxDeviceTaints is the fewest taints per device an apiserver the driver may meet accepts:
+// 16 from 1.35 (resourceapi.DeviceTaintsMaxLength), 4 before. A slice with one device over the
+// limit is refused whole, and then no new taint of the node is published (review DRA 2026-12).
+const maxDeviceTaints = 4
+
 // unhealthyTaint gives the NoSchedule taints of a device holding unhealthy GPUs: no new claim
 // gets it (the allocator skips tainted devices a claim does not tolerate) while claims that
 // hold it already keep it. Every unhealthy device carries names.DRATaintUnhealthy, which is
@@ -255,9 +260,9 @@ func gpuDevice(top *topology.Topology, g topology.GPU, p Publish) resourceapi.De
 // the schema of NVIDIA's driver (gpu.nvidia.com/xid=<n>, gpu-lost), so that an operator
 // can tell a double-bit ECC error from a lost GPU on the slice alone: names.DRATaintXID
 // with the XID as its value for each critical XID the watcher saw, and
-// names.DRATaintGPULost for a GPU NVML lost. A block's taints are its GPUs', each once; an
-// XID taint more than the API allows per device (resourceapi.DeviceTaintsMaxLength, 16, with
-// room for the held taint) is left out, as the umbrella taint already keeps claims off.
+// names.DRATaintGPULost for a GPU NVML lost. A block's taints are its GPUs', each once. A
+// device carries at most maxDeviceTaints in all (the held taint included); XID taints beyond
+// that are left out, as the umbrella taint already keeps claims off.
 func unhealthyTaint(gpus ...topology.GPU) []resourceapi.DeviceTaint {
 	var out []resourceapi.DeviceTaint
 	var lost bool
@@ -281,7 +286,7 @@ func unhealthyTaint(gpus ...topology.GPU) []resourceapi.DeviceTaint {
 	}
 	slices.Sort(xids)
 	for _, id := range xids {
-		if len(out) >= resourceapi.DeviceTaintsMaxLength-1 {
+		if len(out) >= maxDeviceTaints-1 {
 			break
 		}
 		out = append(out, resourceapi.DeviceTaint{Key: names.DRATaintXID, Value: strconv.FormatUint(id, 10), Effect: resourceapi.DeviceTaintEffectNoSchedule})

@@ -483,7 +483,10 @@ func TestUnhealthyDevicesNameEachProblem(t *testing.T) {
 		{name: "lost", gpus: []topology.GPU{{Unhealthy: "a GPU fell off the bus", Lost: true}}, want: []resourceapi.DeviceTaint{unhealthy, lost}},
 		{name: "a block's GPUs, each problem once", gpus: []topology.GPU{
 			{Unhealthy: "XID 79, XID 48", XIDs: []uint64{79, 48}, Lost: true}, {}, {Unhealthy: "XID 48", XIDs: []uint64{48}}},
-			want: []resourceapi.DeviceTaint{unhealthy, lost, xid("48"), xid("79")}},
+			want: []resourceapi.DeviceTaint{unhealthy, lost, xid("48")}},
+		{name: "a block's XIDs, each once", gpus: []topology.GPU{
+			{Unhealthy: "XID 79, XID 48", XIDs: []uint64{79, 48}}, {Unhealthy: "XID 48", XIDs: []uint64{48}}},
+			want: []resourceapi.DeviceTaint{unhealthy, xid("48"), xid("79")}},
 		{name: "fields without a reason are no problem", gpus: []topology.GPU{{XIDs: []uint64{48}, Lost: true}}},
 	}
 	for _, tc := range cases {
@@ -493,9 +496,10 @@ func TestUnhealthyDevicesNameEachProblem(t *testing.T) {
 			}
 		})
 	}
-	got := unhealthyTaint(topology.GPU{Unhealthy: "many XIDs", XIDs: many})
-	if len(got) != resourceapi.DeviceTaintsMaxLength-1 || got[0] != unhealthy {
-		t.Errorf("%d taints for 20 XIDs (first %v), want %d with the umbrella first and room for the held taint", len(got), got[0], resourceapi.DeviceTaintsMaxLength-1)
+	// At most 4 taints a device on any apiserver (4 before 1.35), the held taint included.
+	got := unhealthyTaint(topology.GPU{Unhealthy: "many XIDs", XIDs: many, Lost: true})
+	if want := []resourceapi.DeviceTaint{unhealthy, lost, xid("100")}; !slices.Equal(got, want) {
+		t.Errorf("taints for a lost GPU with 20 XIDs %v, want %v (room left for the held taint)", got, want)
 	}
 	// Published: the block holding GPU 3 carries GPU 3's problems, and GPU 2 stays clean.
 	top := hgx(t)

@@ -112,22 +112,36 @@ func (d *Driver) staleHolder(ctx context.Context, uid types.UID, pc PreparedClai
 // pod being deleted counts: its containers run until the kubelet stops them, and a kubelet
 // that is down never does.
 //
-// The kubelet answers first (Options.Pods, its PodResources List): a pod of the entry's name it
-// runs counts when it uses the entry's claim, and not when it uses only others (a
-// StatefulSet's replacement under the same name, with a claim of its own). Only when the
-// kubelet cannot answer, or reports no claims for such a pod, is the apiserver asked.
+// The kubelet answers first (Options.Pods, its PodResources List), but only "no": it names
+// pods by namespace and name, which are the tenant's to reuse, so a pod of a recorded name
+// that uses a claim of the entry's name (or reports no claims) may be a replacement with a
+// re-created claim of the same name. Those few are looked up by UID (a GET each, which the
+// node role keeps); a pod of that name using only other claims does not count. When the
+// apiserver cannot say, the kubelet's claim match counts as running: keeping an entry too long
+// holds GPUs, dropping a live one would hand them out twice (review DRA 2026-12, the
+// PodResources change). Without the kubelet, the apiserver is asked about every pod.
 func (d *Driver) podRunning(ctx context.Context, pc PreparedClaim) (pod string, known bool) {
+	// Bounded like consumersLive: a Prepare the kubelet waits for may be the caller.
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
 	if d.o.Pods != nil {
 		active, err := d.o.Pods.ActivePods(ctx)
 		if err != nil {
 			d.o.Log.Error(err, "ask the kubelet which pods run here; asking the apiserver")
-		} else if pod, known := kubeletSays(active, pc); known {
-			return pod, true
+		} else {
+			uids, likely := kubeletCandidates(active, pc)
+			if len(uids) == 0 {
+				return "", true
+			}
+			if pod, known := d.podRunningByName(ctx, pc, uids); known {
+				return pod, true
+			}
+			if likely != "" {
+				return likely, true
+			}
+			return "", false
 		}
 	}
-	// Bounded like consumersLive: a Prepare the kubelet waits for may be the caller.
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
 	// One List of the namespace's pods on this node answers for every pod of the entry. A
 	// shared claim records up to 256 pods, and a GET each, at client-go's 5 requests a second,
 	// ran past the bound: such an entry was never judged, so neither dropped nor marked.
@@ -137,7 +151,7 @@ func (d *Driver) podRunning(ctx context.Context, pc PreparedClaim) (pod string, 
 	case apierrors.IsForbidden(err):
 		// The chart grants the node pods no `list pods` (the kubelet answers first, above):
 		// one GET each.
-		return d.podRunningByName(ctx, pc)
+		return d.podRunningByName(ctx, pc, slices.Sorted(maps.Keys(pc.Pods)))
 	case err != nil:
 		return "", false
 	}
@@ -155,27 +169,33 @@ func (d *Driver) podRunning(ctx context.Context, pc PreparedClaim) (pod string, 
 	return "", true
 }
 
-// kubeletSays is podRunning from the kubelet's answer; known is false when a pod of the
-// entry's name runs but the kubelet reports no claims for it (dynamic resources off in its
-// PodResources): only its UID, which the apiserver has, tells it from a replacement.
-func kubeletSays(active map[string][]string, pc PreparedClaim) (pod string, known bool) {
+// kubeletCandidates reads the kubelet's answer for an entry: the recorded pods (by UID) whose
+// name the kubelet runs with the entry's claim or with no claims reported (dynamic resources
+// off in its PodResources), and the first of them that uses the entry's claim ("" when none
+// does). A recorded name the kubelet runs with only other claims is a replacement (a
+// StatefulSet's, with a claim of its own) and is left out.
+func kubeletCandidates(active map[string][]string, pc PreparedClaim) (uids []types.UID, likely string) {
 	for _, uid := range slices.Sorted(maps.Keys(pc.Pods)) {
 		key := pc.Namespace + "/" + pc.Pods[uid]
 		claims, ok := active[key]
 		switch {
 		case !ok:
 		case len(claims) == 0:
-			return "", false
+			uids = append(uids, uid)
 		case slices.Contains(claims, pc.Namespace+"/"+pc.Name):
-			return key, true
+			uids = append(uids, uid)
+			if likely == "" {
+				likely = key
+			}
 		}
 	}
-	return "", true
+	return uids, likely
 }
 
-// podRunningByName is podRunning through a GET of each pod, for a driver not allowed to list.
-func (d *Driver) podRunningByName(ctx context.Context, pc PreparedClaim) (pod string, known bool) {
-	for _, uid := range slices.Sorted(maps.Keys(pc.Pods)) {
+// podRunningByName is podRunning through a GET of each of the entry's pods in uids, for a
+// driver not allowed to list, or for the few the kubelet could not tell apart.
+func (d *Driver) podRunningByName(ctx context.Context, pc PreparedClaim, uids []types.UID) (pod string, known bool) {
+	for _, uid := range uids {
 		name := pc.Pods[uid]
 		p, err := d.o.Client.CoreV1().Pods(pc.Namespace).Get(ctx, name, metav1.GetOptions{})
 		switch {

@@ -1019,7 +1019,17 @@ func TestThePodsOfAnEntryAreJudgedByTheKubelet(t *testing.T) {
 		api     []k8sruntime.Object
 		want    string
 	}{
-		{"the pod uses the entry's claim", fakeKubelet{pods: map[string][]string{"ml/vllm-0": {"ml/vllm-0-gpus"}}}, nil, "ml/vllm-0"},
+		{"the pod uses the entry's claim", fakeKubelet{pods: map[string][]string{"ml/vllm-0": {"ml/vllm-0-gpus"}}}, []k8sruntime.Object{apiPod}, "ml/vllm-0"},
+		// The same pod and claim names, both re-created (a tenant who stripped the claim's
+		// finalizer): the kubelet cannot tell, the pod's UID does.
+		{"a replacement with a re-created claim of the same name", fakeKubelet{pods: map[string][]string{"ml/vllm-0": {"ml/vllm-0-gpus"}}}, []k8sruntime.Object{func() *corev1.Pod {
+			p := apiPod.DeepCopy()
+			p.UID = "uid-1"
+			return p
+		}()}, ""},
+		// The apiserver cannot say: the kubelet's claim match keeps the entry (holding GPUs
+		// too long is safe, handing them out twice is not).
+		{"the apiserver cannot say, the kubelet's match counts", fakeKubelet{pods: map[string][]string{"ml/vllm-0": {"ml/vllm-0-gpus"}}}, nil, "ml/vllm-0"},
 		// An older kubelet reports no claims: the apiserver tells the pod from a replacement.
 		{"no claims reported, the same pod", fakeKubelet{pods: map[string][]string{"ml/vllm-0": nil}}, []k8sruntime.Object{apiPod}, "ml/vllm-0"},
 		{"no claims reported, a replacement", fakeKubelet{pods: map[string][]string{"ml/vllm-0": nil}}, []k8sruntime.Object{func() *corev1.Pod {
@@ -1032,7 +1042,17 @@ func TestThePodsOfAnEntryAreJudgedByTheKubelet(t *testing.T) {
 		{"the kubelet cannot answer: the apiserver does", fakeKubelet{err: errTransient}, []k8sruntime.Object{apiPod}, "ml/vllm-0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d := &Driver{o: Options{Node: node, Client: fake.NewClientset(tc.api...), Pods: tc.kubelet, Log: logr.Discard()}}
+			client := fake.NewClientset(tc.api...)
+			// As the chart's node role: GET pods, no List.
+			client.PrependReactor("list", "pods", func(k8stesting.Action) (bool, k8sruntime.Object, error) {
+				return true, nil, apierrors.NewForbidden(corev1.Resource("pods"), "", errors.New("no list pods"))
+			})
+			if tc.api == nil {
+				client.PrependReactor("get", "pods", func(k8stesting.Action) (bool, k8sruntime.Object, error) {
+					return true, nil, errTransient
+				})
+			}
+			d := &Driver{o: Options{Node: node, Client: client, Pods: tc.kubelet, Log: logr.Discard()}}
 			pod, known := d.podRunning(context.Background(), pc)
 			if pod != tc.want || !known {
 				t.Errorf("podRunning = %q, %v; want %q, true", pod, known, tc.want)

@@ -20,6 +20,9 @@ type ActivePods interface {
 	ActivePods(ctx context.Context) (map[string][]string, error)
 }
 
+// podResourcesMaxMessage is the largest List answer read, as the kubelet's own client allows.
+const podResourcesMaxMessage = 16 << 20
+
 // podResourcesTimeout bounds one List: the kubelet answers from memory.
 const podResourcesTimeout = 2 * time.Second
 
@@ -31,7 +34,10 @@ type podResources struct {
 // (<kubelet root>/pod-resources/kubelet.sock). The connection is made lazily, so a kubelet
 // that is not up yet is asked again at the next call.
 func DialPodResources(socket string) (ActivePods, func() error, error) {
-	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	// The kubelet's own PodResources client allows 16 MiB answers (gRPC's default is 4): a
+	// node with many pods and devices must not make every List fail.
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(podResourcesMaxMessage)))
 	if err != nil {
 		return nil, nil, fmt.Errorf("kubelet PodResources socket %s: %w", socket, err)
 	}

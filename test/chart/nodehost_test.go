@@ -339,23 +339,22 @@ func TestXIDMarksOutliveTheNodePod(t *testing.T) {
 		wantMount string // "" when the file lives in a directory the agent mounts anyway
 	}{
 		{name: "classic", ds: "nvdomain-node", args: nvml,
-			wantFlag: "--nvml-xid-marks-file=/run/nvdomain/xid/marks.json", wantMount: "/run/nvdomain/xid"},
+			wantFlag: "/run/nvdomain/xid/marks.json", wantMount: "/run/nvdomain/xid"},
 		{name: "dra", ds: "nvdomain-node-dra", args: append([]string{"--set", "dra.enabled=true"}, nvml...),
-			wantFlag: "--nvml-xid-marks-file=/var/lib/kubelet/plugins/gpu.nvdomain.io/xid-marks.json"},
+			wantFlag: "/var/lib/kubelet/plugins/gpu.nvdomain.io/xid-marks.json"},
 		{name: "watch off", ds: "nvdomain-node", args: []string{"--set", "node.agent.source=nvml"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			ds := daemonSet(t, tc.ds, tc.args...)
 			agent := container(t, ds.Spec.Template.Spec, "agent")
-			var flag string
-			for _, a := range agent.Args {
-				if strings.HasPrefix(a, "--nvml-xid-marks-file") {
-					flag = a
-				}
-			}
+			// An environment variable, not a flag an older image would refuse.
+			flag, _ := envValue(agent, "NVDOMAIN_XID_MARKS_FILE")
 			if flag != tc.wantFlag {
-				t.Errorf("agent flag %q, want %q", flag, tc.wantFlag)
+				t.Errorf("agent's NVDOMAIN_XID_MARKS_FILE %q, want %q", flag, tc.wantFlag)
+			}
+			if slices.ContainsFunc(agent.Args, func(a string) bool { return strings.HasPrefix(a, "--nvml-xid-marks-file") }) {
+				t.Error("the marks file is passed as a flag, which an older image refuses")
 			}
 			v := volume(ds.Spec.Template.Spec, "xid-marks")
 			if (v != nil) != (tc.wantMount != "") {
@@ -387,23 +386,18 @@ func TestTheDRADriverReadsNVIDIAsCDISpec(t *testing.T) {
 		wantRO   []string
 	}{
 		{name: "auto on real GPUs", args: []string{"--set", "node.agent.source=nvml"},
-			wantFlag: "--dra-nvidia-cdi-dirs=/etc/cdi,/var/run/cdi", wantRO: []string{"/etc/cdi"}},
+			wantFlag: "/etc/cdi,/var/run/cdi", wantRO: []string{"/etc/cdi"}},
 		{name: "nvidia on a topo-matrix node", args: []string{"--set", "dra.cdi=nvidia", "--set", "node.agent.source=topo-matrix", "--set", "node.agent.topoMatrixFile=/etc/nvdomain/topo.txt"},
-			wantFlag: "--dra-nvidia-cdi-dirs=/etc/cdi,/var/run/cdi", wantRO: []string{"/etc/cdi"}},
+			wantFlag: "/etc/cdi,/var/run/cdi", wantRO: []string{"/etc/cdi"}},
 		{name: "auto on simulated GPUs", args: []string{"-f", filepath.Join(root(), "charts", "nvdomain", "ci", "simulated-values.yaml")}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			ds := daemonSet(t, "nvdomain-node-dra", append([]string{"--set", "dra.enabled=true"}, tc.args...)...)
 			agent := container(t, ds.Spec.Template.Spec, "agent")
-			var flag string
-			for _, a := range agent.Args {
-				if strings.HasPrefix(a, "--dra-nvidia-cdi-dirs") {
-					flag = a
-				}
-			}
+			flag, _ := envValue(agent, "NVDOMAIN_DRA_NVIDIA_CDI_DIRS")
 			if flag != tc.wantFlag {
-				t.Errorf("agent flag %q, want %q", flag, tc.wantFlag)
+				t.Errorf("agent's NVDOMAIN_DRA_NVIDIA_CDI_DIRS %q, want %q", flag, tc.wantFlag)
 			}
 			var ro []string
 			for _, m := range agent.VolumeMounts {

@@ -34,6 +34,10 @@ var DefaultIgnoredXIDs = []uint64{13, 31, 43, 45, 63, 68, 92, 94, 109}
 
 // xidMeaning names the XIDs operators meet most on HGX nodes, for the mark's text; the rest
 // are looked up in NVIDIA's XID catalog.
+// xidFallenOffTheBus is the XID the driver raises for a GPU lost from the bus; it marks the
+// GPU lost (the gpu-lost device taint) as NVML's "GPU is lost" does.
+const xidFallenOffTheBus = 79
+
 var xidMeaning = map[uint64]string{
 	48:  "double-bit ECC error",
 	74:  "NVLink error",
@@ -75,6 +79,8 @@ type XIDs struct {
 	// file and bootID: where the marks are kept across restarts, and the boot they hold for
 	// (Persist); file is empty when they live in memory only.
 	file, bootID string
+	// dirty says the last save failed; the watch loop tries again each wait.
+	dirty bool
 	// changed has room for one signal: a mark made while one is pending is published by
 	// the same reload.
 	changed chan struct{}
@@ -156,7 +162,7 @@ func (x *XIDs) Problem(uuid string) Mark {
 	var p Mark
 	for _, key := range []string{uuid, allGPUs} {
 		if m := x.marks[key]; m != nil {
-			out = append(out, fmt.Sprintf("%s since %s: drain the node and reboot it, which clears the mark (an in-place `nvidia-smi -r` needs every process off the GPU, this node's nvdomain agent included, which holds NVML open to watch XIDs, and the marks file deleted)",
+			out = append(out, fmt.Sprintf("%s since %s: drain the node and reboot it, which clears the mark (an in-place `nvidia-smi -r` needs every process off the GPU, this node's nvdomain agent included, which holds NVML open to watch XIDs; with a marks file, delete it before the pod restarts)",
 				strings.Join(m.Codes, ", "), m.First.UTC().Format(time.RFC3339)))
 			for _, id := range m.XIDs {
 				if !slices.Contains(p.XIDs, id) {
@@ -198,9 +204,11 @@ type marksFile struct {
 const BootIDFile = "/proc/sys/kernel/random/boot_id"
 
 // Persist keeps the marks in path from now on, and restores those it holds for bootID (the
-// content of BootIDFile). A file from another boot is removed; one that cannot be read or
-// parsed is an error, and the watcher then keeps its marks in memory only, since writing over
-// it would lose what it held. Call it before Run.
+// content of BootIDFile). A file from another boot is removed. One that cannot be parsed is
+// moved aside (<path>.corrupt, for whoever looks into it) and reported in the error, and the
+// watcher goes on keeping its marks there: a broken file must not turn persistence off for
+// every later start. One that cannot be read at all is an error, and the marks then live in
+// memory only. Call it before Run.
 func (x *XIDs) Persist(path, bootID string) error {
 	bootID = strings.TrimSpace(bootID)
 	if bootID == "" {
@@ -214,7 +222,14 @@ func (x *XIDs) Persist(path, bootID string) error {
 	default:
 		var f marksFile
 		if err := json.Unmarshal(data, &f); err != nil {
-			return fmt.Errorf("XID marks file %s is not valid (%v): delete it to start without the marks it held", path, err)
+			aside := path + ".corrupt"
+			if rerr := os.Rename(path, aside); rerr != nil {
+				return fmt.Errorf("XID marks file %s is not valid (%v) and cannot be moved aside (%v): delete it to start without the marks it held", path, err, rerr)
+			}
+			x.mu.Lock()
+			x.file, x.bootID = path, bootID
+			x.mu.Unlock()
+			return fmt.Errorf("XID marks file %s was not valid (%v): moved to %s; marks are kept anew from now on, and a GPU marked before is unmarked until it raises an XID again", path, err, aside)
 		}
 		if f.BootID != bootID {
 			x.log.Info("the XID marks file is from an earlier boot, which reset the GPUs: its marks are cleared", "file", path, "marks", len(f.Marks))
@@ -252,7 +267,25 @@ func (x *XIDs) save() {
 		err = writeAtomic(x.file, data)
 	}
 	if err != nil {
-		x.log.Error(err, "could not keep the XID marks across restarts; they hold in memory until the node pod restarts", "file", x.file)
+		if !x.dirty {
+			x.log.Error(err, "could not keep the XID marks across restarts; they hold in memory, and the write is tried again every second", "file", x.file)
+		}
+		x.dirty = true
+		return
+	}
+	if x.dirty {
+		x.log.Info("the XID marks are kept across restarts again", "file", x.file)
+	}
+	x.dirty = false
+}
+
+// retrySave writes the marks again after a save failed (a full or read-only disk), so that a
+// restart once the disk is back does not lose them.
+func (x *XIDs) retrySave() {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.dirty {
+		x.save()
 	}
 }
 
@@ -362,6 +395,7 @@ func (x *XIDs) watch(ctx context.Context) error {
 	x.log.Info("watching XID events", "gpus", watched, "ignored", slices.Sorted(maps.Keys(x.ignored)))
 	failing, failures := nvml.SUCCESS, 0
 	for ctx.Err() == nil {
+		x.retrySave()
 		e, ret := set.Wait(waitMillis)
 		switch ret {
 		case nvml.SUCCESS:
@@ -428,7 +462,8 @@ func (x *XIDs) record(e nvml.EventData, byHandle map[nvml.Device]string) {
 		x.lost(byHandle, code, e.EventData)
 		return
 	}
-	x.mark(uuid, code, e.EventData, false)
+	// XID 79 is the driver's own word that the GPU fell off the bus.
+	x.mark(uuid, code, e.EventData, e.EventData == xidFallenOffTheBus)
 }
 
 // mark records code against key, with its XID (0: none) and whether NVML lost the GPU; a
@@ -457,7 +492,7 @@ func (x *XIDs) mark(key, code string, xid uint64, lost bool) {
 	if key == allGPUs {
 		gpu = "all (the event named no GPU NVML knows)"
 	}
-	x.log.Info("a GPU raised a critical XID: marking it unhealthy until the node pod restarts", "gpu", gpu, "xid", code)
+	x.log.Info("a GPU raised a critical XID: marking it unhealthy until the node reboots", "gpu", gpu, "xid", code)
 	select {
 	case x.changed <- struct{}{}:
 	default:

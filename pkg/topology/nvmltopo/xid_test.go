@@ -87,9 +87,9 @@ func TestXIDsMarkTheGPUThatRaisedThem(t *testing.T) {
 		lost    bool     // every marked GPU carries Lost
 	}{
 		{name: "fallen off the bus", waits: func(m *eventMachine) []wait { return []wait{m.xid(3, 79)} },
-			want: map[int]string{3: "XID 79 (the GPU has fallen off the bus) since "}, signals: 1, xids: []uint64{79}},
+			want: map[int]string{3: "XID 79 (the GPU has fallen off the bus) since "}, signals: 1, xids: []uint64{79}, lost: true},
 		{name: "repeats and a second code", waits: func(m *eventMachine) []wait { return []wait{m.xid(3, 79), m.xid(3, 79), m.xid(3, 48)} },
-			want: map[int]string{3: "XID 79 (the GPU has fallen off the bus), XID 48 (double-bit ECC error) since"}, signals: 2, xids: []uint64{79, 48}},
+			want: map[int]string{3: "XID 79 (the GPU has fallen off the bus), XID 48 (double-bit ECC error) since"}, signals: 2, xids: []uint64{79, 48}, lost: true},
 		{name: "an application's page fault", waits: func(m *eventMachine) []wait { return []wait{m.xid(3, 31), m.xid(5, 13)} }},
 		{name: "page faults not ignored", ignored: []uint64{}, waits: func(m *eventMachine) []wait { return []wait{m.xid(3, 31)} },
 			want: map[int]string{3: "XID 31 since"}, signals: 1, xids: []uint64{31}},
@@ -289,7 +289,8 @@ func TestXIDMarksOutliveTheNodePodWithinOneBoot(t *testing.T) {
 		want     Mark
 		fileGone bool
 	}{
-		{name: "a restart in the same boot", boot: "boot-a", want: Mark{XIDs: []uint64{48, 79}}},
+		// XID 79 is a GPU off the bus: lost.
+		{name: "a restart in the same boot", boot: "boot-a", want: Mark{XIDs: []uint64{48, 79}, Lost: true}},
 		{name: "after a reboot", boot: "boot-b", fileGone: true},
 	}
 	data, err := os.ReadFile(file)
@@ -310,7 +311,7 @@ func TestXIDMarksOutliveTheNodePodWithinOneBoot(t *testing.T) {
 				if got.Text != "" {
 					t.Errorf("GPU 3 still marked after a reboot: %q", got.Text)
 				}
-			} else if !strings.Contains(got.Text, "XID 48 (double-bit ECC error), XID 79") || !slices.Equal(got.XIDs, tc.want.XIDs) || got.Lost {
+			} else if !strings.Contains(got.Text, "XID 48 (double-bit ECC error), XID 79") || !slices.Equal(got.XIDs, tc.want.XIDs) || !got.Lost {
 				t.Errorf("GPU 3 after the restart: %+v, want XIDs %v in the text and fields", got, tc.want.XIDs)
 			}
 			if next.Mark(uuid5) != "" {
@@ -348,18 +349,39 @@ func TestXIDMarksOutliveTheNodePodWithinOneBoot(t *testing.T) {
 		}
 	})
 
+	// A broken file is moved aside, and the marks are kept anew in its place: it must not turn
+	// persistence off for every later start.
 	t.Run("a file that cannot be parsed", func(t *testing.T) {
 		if err := os.WriteFile(file, []byte("{not json"), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		next := NewXIDs(lib, nil, logr.Discard())
 		err := next.Persist(file, "boot-a")
-		if err == nil || !strings.Contains(err.Error(), "delete it") {
-			t.Fatalf("Persist over a broken file: %v, want an error naming the fix", err)
+		if err == nil || !strings.Contains(err.Error(), file+".corrupt") {
+			t.Fatalf("Persist over a broken file: %v, want an error naming where it went", err)
+		}
+		if raw, _ := os.ReadFile(file + ".corrupt"); string(raw) != "{not json" {
+			t.Errorf("the broken file was not kept aside: %q", raw)
 		}
 		next.mark(uuid5, "XID 74", 74, false)
-		if raw, _ := os.ReadFile(file); string(raw) != "{not json" {
-			t.Errorf("the broken file was overwritten: %s", raw)
+		if raw, _ := os.ReadFile(file); !strings.Contains(string(raw), "XID 74") {
+			t.Errorf("a new mark after a broken file was not kept: %s", raw)
+		}
+	})
+	// A save that fails (a read-only or full disk) is tried again until it succeeds.
+	t.Run("a failed save is retried", func(t *testing.T) {
+		sub := filepath.Join(t.TempDir(), "gone")
+		next := NewXIDs(lib, nil, logr.Discard())
+		if err := next.Persist(filepath.Join(sub, "marks.json"), "boot-a"); err != nil {
+			t.Fatal(err)
+		}
+		next.mark(uuid5, "XID 74", 74, false) // the directory does not exist: the write fails
+		if err := os.Mkdir(sub, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		next.retrySave()
+		if raw, _ := os.ReadFile(filepath.Join(sub, "marks.json")); !strings.Contains(string(raw), "XID 74") {
+			t.Errorf("the retried save wrote %q", raw)
 		}
 	})
 	if err := NewXIDs(lib, nil, logr.Discard()).Persist(file, " \n"); err == nil {

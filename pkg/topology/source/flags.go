@@ -3,6 +3,7 @@ package source
 import (
 	"flag"
 	"fmt"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -49,7 +50,9 @@ func (f *Flags) AddFlags(fs *flag.FlagSet, def string) {
 	fs.StringVar(&f.NVMLLibrary, "nvml-library", "", "path of libnvidia-ml.so.1 (--source nvml); empty: the usual driver paths, then the loader's search")
 	fs.BoolVar(&f.NVMLHealth, "nvml-health", true, "mark GPUs unhealthy whose NVLink fabric Fabric Manager has not registered, whose row remap failed, or (the agent) that raised a critical XID (--source nvml); DRA mode then taints their devices")
 	fs.BoolVar(&f.NVMLXIDs, "nvml-xids", false, "the agent watches NVML's critical XID events and marks the GPU that raised one unhealthy until the node reboots (--source nvml, with --nvml-health); it holds NVML open, so an in-place GPU reset or a driver module unload needs the node pod gone first")
-	fs.StringVar(&f.NVMLXIDMarksFile, "nvml-xid-marks-file", "", "file on the node where the XID watcher (--nvml-xids) keeps its marks, so a restart of the node pod does not make a GPU that raised a critical XID placeable again; keyed by the node's boot id, so a reboot clears it (empty: marks live in memory only)")
+	// The chart passes it as $NVDOMAIN_XID_MARKS_FILE, which an older image pinned or rolled
+	// back to ignores, where it would refuse an unknown flag.
+	fs.StringVar(&f.NVMLXIDMarksFile, "nvml-xid-marks-file", os.Getenv("NVDOMAIN_XID_MARKS_FILE"), "($NVDOMAIN_XID_MARKS_FILE) file on the node where the XID watcher (--nvml-xids) keeps its marks, so a restart of the node pod does not make a GPU that raised a critical XID placeable again; keyed by the node's boot id, so a reboot clears it (empty: marks live in memory only)")
 	f.NVMLXIDIgnore = slices.Clone(nvmltopo.DefaultIgnoredXIDs)
 	fs.Func("nvml-xid-ignore", fmt.Sprintf("comma-separated XIDs the agent's watcher (--nvml-xids) does not mark a GPU unhealthy for; replaces the default, those an application causes and the memory events the GPU's state carries (default %s; \"none\" ignores none)", joinUints(nvmltopo.DefaultIgnoredXIDs)), func(v string) error {
 		ids, err := parseXIDs(v)

@@ -115,14 +115,27 @@ type NVIDIASpecs struct {
 	Dirs []string
 }
 
-// Resolve returns the fully qualified CDI name of gpu in NVIDIA's specs: by UUID when the spec
-// names it, else by index (nvidia-ctk's default naming). An error names the directories read,
-// the names the specs offer and the fix.
-func (n NVIDIASpecs) Resolve(gpu topology.GPU) (string, error) {
+// Resolve returns the fully qualified CDI name of each of gpus in NVIDIA's specs, read once:
+// by UUID when the spec names it, else by index (nvidia-ctk's default naming). An error names
+// the directories read, the names the specs offer and the fix.
+func (n NVIDIASpecs) Resolve(gpus []topology.GPU) ([]string, error) {
 	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(n.Dirs...), cdiapi.WithAutoRefresh(false))
 	if err != nil && cache == nil {
-		return "", fmt.Errorf("read the CDI specs in %s: %w", strings.Join(n.Dirs, ", "), err)
+		return nil, fmt.Errorf("read the CDI specs in %s: %w", strings.Join(n.Dirs, ", "), err)
 	}
+	out := make([]string, 0, len(gpus))
+	for _, g := range gpus {
+		name, err := n.resolve(cache, g)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, name)
+	}
+	return out, nil
+}
+
+// resolve is Resolve for one GPU, over specs already read.
+func (n NVIDIASpecs) resolve(cache *cdiapi.Cache, gpu topology.GPU) (string, error) {
 	var ids []string
 	if gpu.UUID != "" {
 		ids = append(ids, gpu.UUID)

@@ -376,13 +376,16 @@ func (s *State) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) (
 		return nil, err
 	}
 	if s.mode == CDINVIDIA && s.nvidia != nil {
+		gpus := make([]topology.GPU, len(devices))
 		for i, d := range devices {
-			g, _ := s.top.GPU(d.GPU)
-			name, err := s.nvidia.Resolve(g)
-			if err != nil {
-				return nil, fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err)
-			}
-			devices[i].CDIDeviceIDs = []string{name}
+			gpus[i], _ = s.top.GPU(d.GPU)
+		}
+		names, err := s.nvidia.Resolve(gpus)
+		if err != nil {
+			return nil, fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err)
+		}
+		for i := range devices {
+			devices[i].CDIDeviceIDs = []string{names[i]}
 		}
 	}
 	for _, d := range devices {

@@ -18,7 +18,7 @@ import (
 
 // draTopoNode is a DRA node as the webhook's cache keeps it: size labels, the mode label and
 // the topology annotation (StripNode), here 8 GPUs in the given domains.
-func draTopoNode(t *testing.T, name string, domains [][]int, labels map[string]string) *corev1.Node {
+func draTopoNode(t testing.TB, name string, domains [][]int, labels map[string]string) *corev1.Node {
 	t.Helper()
 	var sizes []int
 	for _, d := range domains {

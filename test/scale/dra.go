@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"sort"
 	"strconv"
@@ -69,8 +70,15 @@ type DRAReport struct {
 	// Served says the apiserver serves resource.k8s.io/v1.
 	Served bool
 	Setup  time.Duration
-	// Classic and DRA are the two runs of the stream.
-	Classic, DRA Phase
+	// Classic, Plain and DRA are the three runs of the stream: classic mode, plain DRA (the
+	// cost peer: k devices of a driver-only DeviceClass, no constraint, no webhook) and
+	// nvdomain's DRA mode.
+	Classic, Plain, DRA Phase
+	// PlainAcross is how many of plain DRA's claims got GPUs of more than one NVSwitch domain:
+	// what the peer costs a TP pod, which nvdomain's DRA mode never does.
+	PlainAcross int
+	// Cores is the machine's CPU count (runtime.NumCPU), which every absolute figure depends on.
+	Cores int
 }
 
 // RunDRA starts the cluster, publishes the nodes and runs the pod stream in classic mode and
@@ -79,7 +87,7 @@ type DRAReport struct {
 func RunDRA(t testing.TB, cfg Config) DRAReport {
 	t.Helper()
 	start := time.Now()
-	rep := DRAReport{Config: cfg}
+	rep := DRAReport{Config: cfg, Cores: runtime.NumCPU()}
 	c := hacluster.Start(t, hacluster.Options{
 		Replicas: 2, WebhookArgs: []string{"--tp-sizes=1,2,4,8", "--mode=mixed", "--dra-templates"}, AlsoBuild: []string{fleetPackage},
 		KwokFinishesDeletions: true,
@@ -124,12 +132,34 @@ func RunDRA(t testing.TB, cfg Config) DRAReport {
 	if err := waitAdmitsDRA(ctx, c.Client, 8); err != nil {
 		t.Fatalf("%v\n%s", err, c.ReplicaLogs())
 	}
+	// Plain DRA first, on the same nodes and slices: the peer pays every DRA cost (the claim's
+	// writes, the allocator on each filtered node) and nothing of nvdomain's (no webhook: its
+	// pods carry no tensor-parallel label and no nvidia.com/ limit, so neither webhook is
+	// called; no constraint). It runs before nvdomain's stream, so that nvdomain's, on an etcd
+	// that has seen one more stream, is the one that pays any drift.
+	const plainNS = "dra-bench-plain"
+	if err := createPlainTemplates(ctx, c.Client, plainNS); err != nil {
+		t.Fatal(err)
+	}
+	plain := newClaimWatcher(domains)
+	plain.plain = true
+	stop, err := plain.start(ctx, c.Client, plainNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep.Plain = runPhase(t, c, cfg, "plain DRA", plainNS, false, sizes, fleet.caps, procs, plain)
+	stop()
+	rep.PlainAcross = plain.acrossDomains()
+	if err := deleteAll(ctx, c.Client, plainNS); err != nil {
+		t.Fatal(err)
+	}
+
 	const ns = "dra-bench-dra"
 	if err := createWithTemplates(ctx, c.Client, ns); err != nil {
 		t.Fatalf("%v\n%s", err, c.ReplicaLogs())
 	}
 	claims := newClaimWatcher(domains)
-	stop, err := claims.start(ctx, c.Client, ns)
+	stop, err = claims.start(ctx, c.Client, ns)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,6 +175,51 @@ func draPod(name string, k int) *corev1.Pod {
 	p := tpPod(name, k)
 	p.Spec.NodeSelector = map[string]string{names.Default().ModeLabel(): names.ModeDRA}
 	return p
+}
+
+// The plain-DRA peer's DeviceClass and claim templates: the shape of the example driver's
+// class (`device.driver == 'gpu.example.com'`) and of NVIDIA's (driver and type), on
+// nvdomain's published devices. They are the benchmark's own objects, not names nvdomain
+// publishes.
+const (
+	plainClass          = "plain-gpu.bench.nvdomain.io"
+	plainTemplatePrefix = "plain-gpus-"
+)
+
+// plainPod is the peer's TP pod: the same container, no tensor-parallel label and no
+// nvidia.com/gpu limit, so no nvdomain webhook sees it, and a claim from the plain template of
+// its size, on the DRA nodes.
+func plainPod(name string, k int) *corev1.Pod {
+	p := tpPod(name, k)
+	delete(p.Labels, names.TPLabel)
+	p.Spec.NodeSelector = map[string]string{names.Default().ModeLabel(): names.ModeDRA}
+	c := &p.Spec.Containers[0]
+	delete(c.Resources.Limits, names.GPUResource)
+	c.Resources.Claims = []corev1.ResourceClaim{{Name: names.DRARequest}}
+	p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: names.DRARequest, ResourceClaimTemplateName: ptr.To(plainTemplatePrefix + strconv.Itoa(k))}}
+	return p
+}
+
+// createPlainTemplates creates the peer's DeviceClass (a driver-only selector) and, in a new
+// namespace ns, a claim template of every TP size: k devices of that class, no constraint.
+func createPlainTemplates(ctx context.Context, client kubernetes.Interface, ns string) error {
+	class := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: plainClass}, Spec: resourceapi.DeviceClassSpec{
+		Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: fmt.Sprintf("device.driver == %q", names.DRADriver)}}}}}
+	if _, err := client.ResourceV1().DeviceClasses().Create(ctx, class, metav1.CreateOptions{}); ignoreExists(err) != nil {
+		return fmt.Errorf("create the plain DeviceClass: %w", err)
+	}
+	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); ignoreExists(err) != nil {
+		return fmt.Errorf("create namespace %s: %w", ns, err)
+	}
+	for _, k := range TPSizes {
+		tmpl := &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Name: plainTemplatePrefix + strconv.Itoa(k), Namespace: ns},
+			Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
+				Name: names.DRARequest, Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: plainClass, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: int64(k)}}}}}}}
+		if _, err := client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tmpl, metav1.CreateOptions{}); ignoreExists(err) != nil {
+			return fmt.Errorf("create the plain claim template %s: %w", tmpl.Name, err)
+		}
+	}
+	return nil
 }
 
 // deviceKey names one device of one node's pool.
@@ -270,6 +345,9 @@ func createWithTemplates(ctx context.Context, client kubernetes.Interface, ns st
 // over-commit, and whether each allocation is what the pod asked for.
 type claimWatcher struct {
 	domains map[deviceKey]int64
+	// plain watches the plain-DRA peer's claims: GPUs of more than one domain are what the
+	// peer gives, counted (across) rather than flagged; one node and k devices still hold.
+	plain bool
 
 	mu      sync.Mutex
 	holder  map[deviceKey]string // device → claim holding it
@@ -279,6 +357,7 @@ type claimWatcher struct {
 	peak    int64
 	over    []string
 	invalid []string
+	across  int
 }
 
 func newClaimWatcher(domains map[deviceKey]int64) *claimWatcher {
@@ -355,6 +434,10 @@ func (w *claimWatcher) observe(c *resourceapi.ResourceClaim, deleted bool) {
 				want += r.FirstAvailable[len(r.FirstAvailable)-1].Count
 			}
 		}
+		if w.plain && len(doms) > 1 {
+			w.across++
+			doms = map[int64]bool{0: true}
+		}
 		if int64(len(keys)) != want || len(pools) != 1 || len(doms) != 1 {
 			w.invalid = append(w.invalid, fmt.Sprintf("%s asks for %d GPUs of one domain and got %v", name, want, keys))
 		}
@@ -394,6 +477,29 @@ func (w *claimWatcher) results() (over, invalid []string, peak int64) {
 	return slices.Clone(w.over), slices.Clone(w.invalid), w.peak
 }
 
+// acrossDomains is how many claims got GPUs of more than one domain (plain watchers count them).
+func (w *claimWatcher) acrossDomains() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.across
+}
+
+// mkPod is the stream's pod for the watched run.
+func (w *claimWatcher) mkPod(name string, k int) *corev1.Pod {
+	if w.plain {
+		return plainPod(name, k)
+	}
+	return draPod(name, k)
+}
+
+// template is the claim template a pod of k GPUs of the watched run must use.
+func (w *claimWatcher) template(k int) string {
+	if w.plain {
+		return plainTemplatePrefix + strconv.Itoa(k)
+	}
+	return names.DRATemplate(k)
+}
+
 // draViolations checks every pod of the DRA run: rewritten onto the claim template of its size
 // (no nvidia.com/gpu left in its containers, no domain pinned), and, if bound, bound to the
 // node its claim's devices were allocated on.
@@ -413,8 +519,8 @@ func (w *claimWatcher) draViolations(ctx context.Context, client kubernetes.Inte
 			out = append(out, fmt.Sprintf("%s: no size in the name", p.Name))
 			continue
 		}
-		if len(p.Spec.ResourceClaims) != 1 || ptr.Deref(p.Spec.ResourceClaims[0].ResourceClaimTemplateName, "") != names.DRATemplate(k) {
-			out = append(out, fmt.Sprintf("%s (%d GPUs) was not rewritten onto %s: %v", p.Name, k, names.DRATemplate(k), p.Spec.ResourceClaims))
+		if len(p.Spec.ResourceClaims) != 1 || ptr.Deref(p.Spec.ResourceClaims[0].ResourceClaimTemplateName, "") != w.template(k) {
+			out = append(out, fmt.Sprintf("%s (%d GPUs) was not rewritten onto %s: %v", p.Name, k, w.template(k), p.Spec.ResourceClaims))
 			continue
 		}
 		if req := nvidiaRequests(&p); len(req) > 0 {
@@ -443,9 +549,79 @@ func ignoreExists(err error) error {
 	return err
 }
 
-// DRARows are the report as a table: what, classic mode, DRA mode, and their ratio.
-func (r DRAReport) DRARows() [][4]string {
-	return phaseRows(r.Classic, r.DRA, []string{"kube-scheduler", "kube-apiserver", "etcd", "kube-controller-manager", "kwok"})
+// draProcs are the processes whose CPU time the report gives; controlPlane are those whose sum,
+// with the webhook replicas', is the control plane's cost per pod (kwok stands in for the
+// kubelets and the load generator is the users: neither is the control plane's).
+// The peer's control plane has no webhook: the replicas' CPU during the plain run (they watch
+// every ResourceClaim and Node, as they would beside any driver) is not charged to it, which
+// makes the bound on nvdomain the stricter one.
+var (
+	draProcs     = []string{"kube-scheduler", "kube-apiserver", "etcd", "kube-controller-manager", "kwok"}
+	peerPlane    = []string{"kube-scheduler", "kube-apiserver", "etcd", "kube-controller-manager"}
+	controlPlane = append(slices.Clone(peerPlane), "webhook")
+)
+
+// DRARows are the report as a table: what, classic mode, plain DRA, nvdomain's DRA mode, and
+// nvdomain's DRA mode over plain DRA (the cost peer).
+func (r DRAReport) DRARows() [][5]string {
+	peer := phaseRows(r.Plain, r.DRA, draProcs)
+	ref := phaseRows(r.Classic, r.Plain, draProcs)
+	out := make([][5]string, len(peer))
+	for i := range peer {
+		out[i] = [5]string{peer[i][0], ref[i][1], peer[i][1], peer[i][2], peer[i][3]}
+	}
+	return out
+}
+
+// Target is one of the cost targets of nvdomain's DRA mode against plain DRA (issue 35).
+type Target struct {
+	What string
+	// Ratio is nvdomain's DRA mode over plain DRA; Limit the bound it must keep; AtLeast says
+	// the bound is a floor (throughput) rather than a ceiling (CPU).
+	Ratio, Limit float64
+	AtLeast      bool
+}
+
+// Met says whether the target holds.
+func (t Target) Met() bool {
+	if t.AtLeast {
+		return t.Ratio >= t.Limit
+	}
+	return t.Ratio <= t.Limit
+}
+
+// cpuPerPod is the CPU the named processes (webhook: all replicas) spent per pod scheduled, in
+// milliseconds.
+func cpuPerPod(p Phase, who ...string) float64 {
+	if p.Scheduled == 0 {
+		return 0
+	}
+	var s time.Duration
+	for _, u := range p.Usage {
+		for _, w := range who {
+			if u.Name == w || (w == "webhook" && strings.HasPrefix(u.Name, "webhook-")) {
+				s += u.CPU
+			}
+		}
+	}
+	return float64(s.Microseconds()) / 1000 / float64(p.Scheduled)
+}
+
+// Targets are the cost targets, judged on this run: throughput at least 0.9x plain DRA's,
+// kube-scheduler CPU per pod at most 1.1x, control-plane CPU per pod (webhook included) at
+// most 1.15x.
+func (r DRAReport) Targets() []Target {
+	ratio := func(x, y float64) float64 {
+		if y == 0 {
+			return 0
+		}
+		return x / y
+	}
+	return []Target{
+		{What: "scheduled per second", Ratio: ratio(r.DRA.Throughput, r.Plain.Throughput), Limit: 0.9, AtLeast: true},
+		{What: "kube-scheduler CPU per pod", Ratio: ratio(cpuPerPod(r.DRA, "kube-scheduler"), cpuPerPod(r.Plain, "kube-scheduler")), Limit: 1.1},
+		{What: "control-plane CPU per pod (" + strings.Join(peerPlane, ", ") + "; nvdomain's webhook replicas on nvdomain's side)", Ratio: ratio(cpuPerPod(r.DRA, controlPlane...), cpuPerPod(r.Plain, peerPlane...)), Limit: 1.15},
+	}
 }
 
 // Markdown is the report as the section of docs/benchmarks.md under heading.
@@ -453,30 +629,42 @@ func (r DRAReport) Markdown(heading, command string) string {
 	c := r.Config
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s\n\n", heading)
-	fmt.Fprintf(&b, "Scheduling throughput, by `%s` (test/scale, `RunDRA`), on a machine of 2 cores shared by everything: etcd,\n", command)
-	fmt.Fprintf(&b, "kube-apiserver (serving resource.k8s.io/v1: %s), kube-scheduler v1.36 (DRA on by default), kube-controller-manager with\n", yes(r.Served))
+	fmt.Fprintf(&b, "Scheduling throughput and cost, by `%s` (test/scale, `RunDRA`), on a machine of %d cores shared by everything: etcd,\n", command, r.Cores)
+	fmt.Fprintf(&b, "kube-apiserver (serving resource.k8s.io/v1: %s), kube-scheduler (DRA on by default), kube-controller-manager with\n", yes(r.Served))
 	fmt.Fprintf(&b, "its resourceclaim controller, kwok, nvdomain's agent publishing every node, two webhook replicas in `--mode=mixed`\n")
 	fmt.Fprintf(&b, "with `--dra-templates`, and the load generator. %d nodes: %d with one 8-GPU NVSwitch domain, %d with two 4-GPU\n", c.Nodes(), c.HGX, c.Split)
 	fmt.Fprintf(&b, "domains. %d TP pods (TP 1/2/4/8 = %d/%d/%d/%d %%) created at %.0f a second; kwok runs each for %s, then it Succeeds.\n",
 		c.Pods, c.Mix[0], c.Mix[1], c.Mix[2], c.Mix[3], c.Rate, c.Lifetime)
-	fmt.Fprintf(&b, "The same stream runs twice on the same nodes:\n\n")
+	fmt.Fprintf(&b, "The same stream runs three times on the same nodes, in this order:\n\n")
 	fmt.Fprintf(&b, "- **classic**: the agent publishes the domains as node labels and extended resources; the webhook pins each pod to a\n")
-	fmt.Fprintf(&b, "  domain id; the scheduler counts `nvidia.com/nvswitch-domain-<id>`.\n")
-	fmt.Fprintf(&b, "- **DRA**: the nodes are labelled `nvdomain-mode=dra` and get the ResourceSlices pkg/dra builds from the same\n")
-	fmt.Fprintf(&b, "  simulated topology (%d slices, created in %s: kwok nodes have no kubelet for the driver to register with); the pods\n",
+	fmt.Fprintf(&b, "  domain id; the scheduler counts `nvidia.com/nvswitch-domain-<id>`. For reference: it bypasses DRA.\n")
+	fmt.Fprintf(&b, "- **plain DRA**, the cost peer: the nodes are labelled `nvdomain-mode=dra` and get the ResourceSlices pkg/dra builds\n")
+	fmt.Fprintf(&b, "  from the same simulated topology (%d slices, created in %s: kwok nodes have no kubelet for the driver to register\n",
 		r.Slices, r.SlicesTook.Round(100*time.Millisecond))
-	fmt.Fprintf(&b, "  select those nodes, the webhook rewrites each onto the claim template of its size (`matchAttribute` on the domain),\n")
-	fmt.Fprintf(&b, "  the resourceclaim controller makes the claim, and the scheduler's DRA allocator picks the devices.\n\n")
+	fmt.Fprintf(&b, "  with); each pod asks for k devices of a driver-only DeviceClass with no constraint, the claim NVIDIA's driver or\n")
+	fmt.Fprintf(&b, "  the example driver gives a pod, and no nvidia.com/gpu limit and no tensor-parallel label, so no webhook sees it.\n")
+	fmt.Fprintf(&b, "  It keeps nothing in one domain: %d of its %d claims got GPUs of two domains.\n", r.PlainAcross, r.Plain.Scheduled)
+	fmt.Fprintf(&b, "- **nvdomain DRA**: the same pods as classic's select those nodes; the webhook rewrites each onto the claim template\n")
+	fmt.Fprintf(&b, "  of its size (`matchAttribute` on the domain) and adds its placement hint; the resourceclaim controller makes the\n")
+	fmt.Fprintf(&b, "  claim, and the scheduler's DRA allocator picks the devices.\n\n")
 	fmt.Fprintf(&b, "Scheduled = a watch sees the pod bound. Over-commits are checked at every binding (classic: `nvidia.com/gpu` and\n")
 	fmt.Fprintf(&b, "every domain resource of the node) or every claim allocation (DRA: a device allocated to two claims at once), in the\n")
 	fmt.Fprintf(&b, "apiserver's order. The agent published all nodes in %s; setup took %s.\n\n", r.Published.Round(100*time.Millisecond), r.Setup.Round(time.Second))
-	fmt.Fprintf(&b, "| | classic | DRA | ratio |\n|---|---|---|---|\n")
+	fmt.Fprintf(&b, "| | classic | plain DRA | nvdomain DRA | nvdomain / plain |\n|---|---|---|---|---|\n")
 	for _, row := range r.DRARows() {
-		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", row[0], row[1], row[2], row[3])
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", row[0], row[1], row[2], row[3], row[4])
+	}
+	fmt.Fprintf(&b, "\n**Cost targets against plain DRA, this run:**\n\n| target | nvdomain / plain | bound | met |\n|---|---|---|---|\n")
+	for _, t := range r.Targets() {
+		bound := "≤ "
+		if t.AtLeast {
+			bound = "≥ "
+		}
+		fmt.Fprintf(&b, "| %s | %.2f | %s%.2f | %s |\n", t.What, t.Ratio, bound, t.Limit, yes(t.Met()))
 	}
 	fmt.Fprintf(&b, "\n%s\n", r.reading())
-	b.WriteString(SchedulerMarkdown([]Phase{r.Classic, r.DRA}))
-	for _, p := range []Phase{r.Classic, r.DRA} {
+	b.WriteString(SchedulerMarkdown([]Phase{r.Classic, r.Plain, r.DRA}))
+	for _, p := range []Phase{r.Classic, r.Plain, r.DRA} {
 		for _, s := range append(slices.Clone(p.OverCommits), p.Violations...)[:min(5, len(p.OverCommits)+len(p.Violations))] {
 			fmt.Fprintf(&b, "\n- %s: %s", p.Name, s)
 		}
@@ -519,35 +707,28 @@ func phaseRows(a, b Phase, procs []string) [][4]string {
 	return rows
 }
 
-// reading sums the run up from its own figures: what each mode cost the scheduler per pod,
-// and how full the nodes got, which says whether pods waited for room or for the scheduler.
+// reading sums the run up from its own figures: what each run cost the scheduler and the
+// control plane per pod, and how full the nodes got, which says whether pods waited for room or
+// for the scheduler.
 func (r DRAReport) reading() string {
 	gpus := float64(GPUsPerNode * r.Config.Nodes())
-	perPod := func(p Phase) float64 {
-		for _, u := range p.Usage {
-			if u.Name == "kube-scheduler" && p.Scheduled > 0 {
-				return float64(u.CPU.Milliseconds()) / float64(p.Scheduled)
-			}
+	ratio := func(x, y float64) float64 {
+		if y == 0 {
+			return 0
 		}
-		return 0
+		return x / y
 	}
-	c, d := perPod(r.Classic), perPod(r.DRA)
-	ratio := 0.0
-	if c > 0 {
-		ratio = d / c
-	}
-	checks := "Neither mode over-committed a GPU or placed a pod outside one domain of its size."
-	if n := len(r.Classic.OverCommits) + len(r.Classic.Violations) + len(r.DRA.OverCommits) + len(r.DRA.Violations); n > 0 {
+	checks := "No run over-committed a GPU; neither classic nor nvdomain DRA placed a pod outside one domain of its size."
+	if n := len(r.Classic.OverCommits) + len(r.Classic.Violations) + len(r.Plain.OverCommits) + len(r.Plain.Violations) + len(r.DRA.OverCommits) + len(r.DRA.Violations); n > 0 {
 		checks = fmt.Sprintf("The checks found %d problems, listed below.", n)
 	}
-	tput := 0.0
-	if r.Classic.Throughput > 0 {
-		tput = r.DRA.Throughput / r.Classic.Throughput
-	}
-	return fmt.Sprintf(`Reading: DRA mode placed pods at %.2fx the rate of classic mode. The kube-scheduler spent %.0f ms of CPU per pod
-in DRA mode against %.0f ms in classic mode (%.1fx): in DRA mode its DynamicResources filter runs the structured
-allocator over the ResourceSlices of every node it considers, where classic mode compares a few extended-resource
-counts. At most %.0f%% of the GPUs were held at once in the DRA run, so its pods waited mostly for the scheduler
-rather than for room; the classic run reached %.0f%%, where part of its latency is waiting for room, since kwok, on
-the same loaded cores, ends pods later than their lifetime: its rate is a lower bound. %s`, tput, d, c, ratio, 100*float64(r.DRA.PeakGPUs)/gpus, 100*float64(r.Classic.PeakGPUs)/gpus, checks)
+	ps, ds, cs := cpuPerPod(r.Plain, "kube-scheduler"), cpuPerPod(r.DRA, "kube-scheduler"), cpuPerPod(r.Classic, "kube-scheduler")
+	pc, dc := cpuPerPod(r.Plain, peerPlane...), cpuPerPod(r.DRA, controlPlane...)
+	return fmt.Sprintf(`Reading: nvdomain's DRA mode placed pods at %.2fx the rate of plain DRA (%.2fx classic's). The kube-scheduler spent
+%.1f ms of CPU per pod under nvdomain DRA, %.1f ms under plain DRA and %.1f ms under classic: every DRA pod pays the
+structured allocator over the slices of each node the scheduler filters, whatever its driver. The control plane
+(webhook included) spent %.1f ms per pod under nvdomain DRA against %.1f ms under plain DRA, which has none (%.2fx). At most %.0f%%
+(plain) and %.0f%% (nvdomain) of the GPUs were held at once by allocated claims, %.0f%% by classic's bound pods. %s`,
+		ratio(r.DRA.Throughput, r.Plain.Throughput), ratio(r.DRA.Throughput, r.Classic.Throughput), ds, ps, cs, dc, pc, ratio(dc, pc),
+		100*float64(r.Plain.PeakGPUs)/gpus, 100*float64(r.DRA.PeakGPUs)/gpus, 100*float64(r.Classic.PeakGPUs)/gpus, checks)
 }

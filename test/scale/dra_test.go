@@ -13,11 +13,12 @@ import (
 	"github.com/nvdomain/nvdomain/webhook/dratemplates"
 )
 
-// The 50-node smoke version of `make bench-dra`: in both modes every pod is created and
-// scheduled, nothing is over-committed (classic: a node's domain resources; DRA: a device in
-// two claims at once), every classic pod is pinned to one domain of its size and every DRA pod
-// was rewritten onto the claim template of its size and got k devices of one domain on the
-// node it is bound to. The figures are logged, not judged.
+// The 50-node smoke version of `make bench-dra`: in all three runs every pod is created and
+// scheduled and nothing is over-committed (classic: a node's domain resources; DRA: a device
+// in two claims at once); every classic pod is pinned to one domain of its size, every plain
+// DRA pod got k devices on the node it is bound to, and every nvdomain DRA pod was rewritten
+// onto the claim template of its size and got k devices of one domain on the node it is bound
+// to. The figures are logged, not judged.
 func TestDRASmoke(t *testing.T) {
 	cfg := DRASmoke()
 	rep := RunDRA(t, cfg)
@@ -25,7 +26,7 @@ func TestDRASmoke(t *testing.T) {
 	if !rep.Served {
 		t.Error("resource.k8s.io/v1 is not served")
 	}
-	for _, p := range []Phase{rep.Classic, rep.DRA} {
+	for _, p := range []Phase{rep.Classic, rep.Plain, rep.DRA} {
 		if p.Created != cfg.Pods || p.Failed != 0 {
 			t.Errorf("%s: %d pods created, %d failed (%s); want all %d", p.Name, p.Created, p.Failed, p.FailSample, cfg.Pods)
 		}
@@ -51,7 +52,7 @@ func BenchmarkDRA(b *testing.B) {
 	cfg := DRAFull()
 	for b.Loop() {
 		rep := RunDRA(b, cfg)
-		b.Logf("\n%s", rep.Markdown("### DRA against classic", "make bench-dra"))
+		b.Logf("\n%s", rep.Markdown("### DRA against plain DRA and classic", "make bench-dra"))
 		if path := os.Getenv("NVDOMAIN_DRA_REPORT"); path != "" {
 			data, err := json.MarshalIndent(rep, "", "  ")
 			if err != nil {
@@ -63,6 +64,7 @@ func BenchmarkDRA(b *testing.B) {
 		}
 		b.ReportMetric(rep.DRA.Throughput, "pods/s-dra")
 		b.ReportMetric(rep.Classic.Throughput, "pods/s-classic")
+		b.ReportMetric(rep.Plain.Throughput, "pods/s-plain")
 		b.ReportMetric(float64(rep.DRA.P50.Milliseconds()), "p50-ms-dra")
 		b.ReportMetric(float64(rep.DRA.P99.Milliseconds()), "p99-ms-dra")
 		b.ReportMetric(float64(rep.Classic.P50.Milliseconds()), "p50-ms-classic")

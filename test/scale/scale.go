@@ -802,7 +802,7 @@ func runPhase(t testing.TB, c *hacluster.Cluster, cfg Config, name, ns string, w
 	}
 	mkPod := tpPod
 	if claims != nil {
-		mkPod = draPod
+		mkPod = claims.mkPod
 	}
 	w := newWatcher(caps)
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(ns))

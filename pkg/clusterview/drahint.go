@@ -106,26 +106,36 @@ func (v *View) DRAHint(pod *corev1.Pod, k int, tp bool) []string {
 	defer v.mu.RUnlock()
 	var best dra.Fit
 	var out []string
+	worst := -1 // the index in out of the name that sorts last, once out is full
 	for name, nd := range v.nodes {
-		if !nd.dra || nd.draSlots == nil || nd.draWithdrawn || nd.draGPUs-len(v.draUsed[name]) < k || !eligible(pod, req, nd) || !available(pod, nd) {
+		if !nd.dra || nd.draSlots == nil || nd.draWithdrawn {
 			continue
 		}
 		used := v.draUsed[name]
+		if nd.draGPUs-len(used) < k || !eligible(pod, req, nd) || !available(pod, nd) {
+			continue
+		}
 		f, ok := dra.Predict(nd.draSlots, func(g int) bool { return used[g] > 0 }, k, tp, v.draBlocks)
 		switch {
 		case !ok || (len(out) > 0 && best.Tighter(f)):
 			continue
 		case len(out) == 0 || f.Tighter(best):
-			best, out = f, out[:0]
+			best, out, worst = f, out[:0], -1
 		}
 		// Of more ties than the hint names, the first names: every call (the apiserver's
 		// reinvocation, another replica) names the same nodes, not those the map's order
 		// happens to give first.
-		h := nodeHostname(nd)
-		if len(out) < placement.MaxHintNodes {
+		h := nd.draHost
+		switch {
+		case len(out) < placement.MaxHintNodes:
 			out = append(out, h)
-		} else if last := slices.Index(out, slices.Max(out)); h < out[last] {
-			out[last] = h
+			continue
+		case worst < 0:
+			worst = slices.Index(out, slices.Max(out))
+		}
+		if h < out[worst] {
+			out[worst] = h
+			worst = slices.Index(out, slices.Max(out))
 		}
 	}
 	slices.Sort(out)

@@ -233,6 +233,10 @@ type node struct {
 	draTopo  string
 	draSlots []dra.Slot
 	draGPUs  int
+	// draHost is the node's kubernetes.io/hostname label (its name without one), which the
+	// hint's preferred term matches on; kept so that DRAHint does not read the label map for
+	// every one of thousands of tied nodes.
+	draHost string
 	// draWithdrawn: the driver publishes none of the node's devices now (its
 	// NvdomainDRADevices condition is False: a device plugin advertises nvidia.com/gpu there).
 	draWithdrawn bool
@@ -339,6 +343,7 @@ func (v *View) UpsertNode(obj *corev1.Node) {
 	if nd.dra {
 		nd.draTopo = obj.Annotations[v.names.TopologyAnnotation()]
 		nd.draSlots, nd.draGPUs = draTopology(nd.draTopo, v.nodes[obj.Name], v.draBlocks)
+		nd.draHost = nodeHostname(nd)
 		nd.draWithdrawn = slices.ContainsFunc(obj.Status.Conditions, func(c corev1.NodeCondition) bool {
 			return c.Type == names.ConditionDRADevices && c.Status == corev1.ConditionFalse
 		})

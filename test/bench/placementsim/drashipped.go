@@ -50,6 +50,30 @@ type DRAShipped struct {
 	// by default).
 	Blocks bool
 	hint   map[int][]int
+	// next is where the scheduler starts its next search for feasible nodes (sampling, below).
+	next int
+	// tainted says whether GPU g of node ni carries a device taint that a job of k GPUs does
+	// not tolerate (DRAReserve's reservations); nil for none.
+	tainted func(ni, g, k int) bool
+}
+
+// Node sampling, as kube-scheduler's numFeasibleNodesToFind and nextStartNodeIndex do it with
+// the default percentageOfNodesToScore (adaptive): on a cluster of at least 100 nodes the
+// scheduler stops filtering once it has found max(100, N×(50−N/125)%, N×5%) feasible nodes
+// (235 of 512, 500 of 5,000), starting where the previous search stopped, and scores only
+// those. A hint whose nodes all lie outside that window is not seen; at 64 nodes every node is.
+const (
+	minFeasibleNodesToFind           = 100
+	minFeasibleNodesPercentageToFind = 5
+)
+
+// feasibleToFind is how many feasible nodes the scheduler looks for among n.
+func feasibleToFind(n int) int {
+	if n < minFeasibleNodesToFind {
+		return n
+	}
+	pct := max(50-n/125, minFeasibleNodesPercentageToFind)
+	return max(n*pct/100, minFeasibleNodesToFind)
 }
 
 func (p *DRAShipped) Name() string {
@@ -82,18 +106,28 @@ func (p *DRAShipped) Admit(j *Job, nodes []*Node) bool {
 		if p.hint == nil {
 			p.hint = map[int][]int{}
 		}
-		p.hint[j.ID] = tightestNodes(nodes, j.Size, placement.MaxHintNodes, p.Blocks)
+		p.hint[j.ID] = p.tightestNodes(nodes, j.Size, placement.MaxHintNodes)
 	}
 	return true
 }
 
+// usedFor is what a job of k GPUs cannot take on node ni: GPUs in use, and GPUs whose taint it
+// does not tolerate.
+func (p *DRAShipped) usedFor(nodes []*Node, ni, k int) func(int) bool {
+	n := nodes[ni]
+	if p.tainted == nil {
+		return n.inUse
+	}
+	return func(g int) bool { return n.used[g] || p.tainted(ni, g, k) }
+}
+
 // tightestNodes are up to limit nodes whose predicted fit (dra.Predict) is the tightest
 // (dra.Fit.Tighter), in node order.
-func tightestNodes(nodes []*Node, k, limit int, blocks bool) []int {
+func (p *DRAShipped) tightestNodes(nodes []*Node, k, limit int) []int {
 	var best dra.Fit
 	var out []int
 	for i, n := range nodes {
-		f, ok := shippedAllocate(n, k, blocks)
+		f, ok := allocateWith(n, k, p.Blocks, p.usedFor(nodes, i, k))
 		if !ok {
 			continue
 		}
@@ -117,8 +151,10 @@ func (p *DRAShipped) Place(j *Job, nodes []*Node, rng *rand.Rand) (int, []int, b
 	}
 	var cands []cand
 	bestSub := -1
-	for i, n := range nodes {
-		f, ok := shippedAllocate(n, j.Size, p.Blocks)
+	want, start, processed := feasibleToFind(len(nodes)), p.next, len(nodes)
+	for c := range nodes {
+		i := (start + c) % len(nodes)
+		f, ok := allocateWith(nodes[i], j.Size, p.Blocks, p.usedFor(nodes, i, j.Size))
 		if !ok {
 			continue
 		}
@@ -126,7 +162,12 @@ func (p *DRAShipped) Place(j *Job, nodes []*Node, rng *rand.Rand) (int, []int, b
 		if f.Sub >= 0 && (bestSub < 0 || f.Sub < bestSub) {
 			bestSub = f.Sub
 		}
+		if len(cands) == want {
+			processed = c + 1
+			break
+		}
 	}
+	p.next = (start + processed) % len(nodes)
 	if len(cands) == 0 {
 		return 0, nil, false
 	}
@@ -182,5 +223,10 @@ func slots(n *Node, blocks bool) []dra.Slot {
 // shippedAllocate is the allocator on one node for a job of k GPUs (dra.Predict, production
 // code): one-GPU jobs are plain pods, larger ones TP pods.
 func shippedAllocate(n *Node, k int, blocks bool) (dra.Fit, bool) {
-	return dra.Predict(slots(n, blocks), n.inUse, k, k > 1, blocks)
+	return allocateWith(n, k, blocks, n.inUse)
+}
+
+// allocateWith is shippedAllocate with used saying which GPUs the allocator may not take.
+func allocateWith(n *Node, k int, blocks bool, used func(int) bool) (dra.Fit, bool) {
+	return dra.Predict(slots(n, blocks), used, k, k > 1, blocks)
 }

@@ -68,3 +68,26 @@ func (s Scenario) Trace(seed uint64, load, horizon float64) ([]Job, error) {
 	}
 	return jobs, nil
 }
+
+// Scaled is the scenario on f times its nodes (the same mix of machines, repeated) with f
+// times its services: the same load on a larger cluster, where the scheduler samples nodes
+// (DRAShipped) and a hint names 8 of many.
+func (s Scenario) Scaled(f int) Scenario {
+	base := s.Nodes
+	s.Nodes = func() []*Node {
+		var out []*Node
+		for range f {
+			for _, n := range base() {
+				out = append(out, newNode(n.Kind, len(out)))
+			}
+		}
+		return out
+	}
+	var svc []int
+	for range f {
+		svc = append(svc, s.Services...)
+	}
+	s.Services = svc
+	s.Name = fmt.Sprintf("%s ×%d", s.Name, f)
+	return s
+}

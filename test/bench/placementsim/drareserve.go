@@ -1,0 +1,148 @@
+package placementsim
+
+import (
+	"math"
+	"math/rand/v2"
+)
+
+// DRAReserve is DRA mode as shipped (hints, the stock scheduler's node sampling) plus
+// reservations without pins (issue 35, item 3): when a TP job of at least MinSize GPUs waits
+// after a scheduling pass, the driver publishes a NoSchedule device taint
+// (gpu.nvdomain.io/reserved=<k>) on every GPU of one domain, the domain the waiter will get.
+// Claim templates of k GPUs or more tolerate a reservation of k (nvdomain-tp-<k'> for k' ≥ k),
+// so a job of fewer GPUs can no longer take the domain's free GPUs while it drains, and the
+// waiter, or one of its size or larger ahead of it, gets it when it has room. Nothing pins the
+// waiter: the allocator may still place it anywhere it fits, and the reservation ends as soon
+// as it is placed (or gone). A reservation lasts TTL time units, after which the driver may
+// choose again for the same waiter (its target may have changed).
+//
+// The domain is chosen among those not reserved whose size is at least k: the nearest size
+// class first (a domain of exactly k, then at most 2k, then larger: what the templates'
+// prioritized list and the webhook's hint prefer), then the most free GPUs (the least to
+// drain), then node order. Waiters reserve in scheduling order, one domain each.
+type DRAReserve struct {
+	DRAShipped
+	// MinSize is the smallest TP size that reserves.
+	MinSize int
+	// TTL bounds one reservation, in time units (a mean job lasts 10).
+	TTL float64
+
+	res   map[domKey]reservation
+	byJob map[int]domKey
+}
+
+type domKey struct{ node, domain int }
+
+type reservation struct {
+	job     int
+	size    int
+	expires float64
+}
+
+// NewDRAReserve is the model with hints on and reservations for TP jobs of minSize GPUs or
+// more, each lasting ttl.
+func NewDRAReserve(minSize int, ttl float64) *DRAReserve {
+	p := &DRAReserve{DRAShipped: DRAShipped{Hints: true}, MinSize: minSize, TTL: ttl,
+		res: map[domKey]reservation{}, byJob: map[int]domKey{}}
+	return p
+}
+
+func (p *DRAReserve) Name() string { return "DRA mode + reservations" }
+
+// Admit is DRAShipped's, with the reservations in force when the hint is computed.
+func (p *DRAReserve) Admit(j *Job, nodes []*Node) bool {
+	p.bind(nodes)
+	return p.DRAShipped.Admit(j, nodes)
+}
+
+// Place is DRAShipped's under the reservations' taints; a placed waiter's reservation ends.
+func (p *DRAReserve) Place(j *Job, nodes []*Node, rng *rand.Rand) (int, []int, bool) {
+	p.bind(nodes)
+	ni, gs, ok := p.DRAShipped.Place(j, nodes, rng)
+	if ok {
+		if k, held := p.byJob[j.ID]; held {
+			delete(p.res, k)
+			delete(p.byJob, j.ID)
+		}
+	}
+	return ni, gs, ok
+}
+
+// FitKey: jobs of one size see the same taints, so they still fit in the same places.
+func (p *DRAReserve) FitKey(j *Job) int { return j.Size }
+
+// bind gives the embedded policy the taints of the current reservations.
+func (p *DRAReserve) bind(nodes []*Node) {
+	if p.tainted != nil {
+		return
+	}
+	p.tainted = func(ni, g, k int) bool {
+		d := nodes[ni].domainOf(g)
+		r, ok := p.res[domKey{ni, d}]
+		return ok && k < r.size
+	}
+}
+
+// Act implements Controller: after every pass, drop the reservations of waiters that left the
+// queue or whose TTL ran out, and reserve a domain for each waiter of MinSize or more that has
+// none. It never moves a job (it returns nil); it asks to be woken when the next reservation
+// expires.
+func (p *DRAReserve) Act(now float64, queue []*Job, nodes []*Node) (*Job, float64) {
+	p.bind(nodes)
+	waiting := map[int]bool{}
+	for _, j := range queue {
+		waiting[j.ID] = true
+	}
+	for k, r := range p.res {
+		if !waiting[r.job] || r.expires <= now {
+			delete(p.res, k)
+			delete(p.byJob, r.job)
+		}
+	}
+	for _, j := range queue {
+		if j.Size < p.MinSize || j.Size < 2 {
+			continue
+		}
+		if _, held := p.byJob[j.ID]; held {
+			continue
+		}
+		best, found := domKey{}, false
+		bestClass, bestFree := 0, 0
+		for ni, n := range nodes {
+			for d, gs := range n.Domains {
+				if len(gs) < j.Size {
+					continue
+				}
+				if _, taken := p.res[domKey{ni, d}]; taken {
+					continue
+				}
+				class, free := sizeClass(len(gs), j.Size), n.domainFree(d)
+				if !found || class < bestClass || (class == bestClass && free > bestFree) {
+					best, bestClass, bestFree, found = domKey{ni, d}, class, free, true
+				}
+			}
+		}
+		if !found {
+			continue
+		}
+		p.res[best] = reservation{job: j.ID, size: j.Size, expires: now + p.TTL}
+		p.byJob[j.ID] = best
+	}
+	wake := math.Inf(1)
+	for _, r := range p.res {
+		wake = math.Min(wake, r.expires)
+	}
+	return nil, wake
+}
+
+// sizeClass is how far a domain of size gpus is from a job of k: 0 for at most k, 1 for at
+// most 2k, 2 for larger (dra.Fit's Class).
+func sizeClass(gpus, k int) int {
+	switch {
+	case gpus <= k:
+		return 0
+	case gpus <= 2*k:
+		return 1
+	}
+	return 2
+}

@@ -44,7 +44,7 @@ IMAGE_ENV   := NVDOMAIN_IMAGE=$(IMAGE) NVDOMAIN_IMAGE_ARCHIVE=$(IMAGE_ARCHIVE)
 # marks deprecated, which only adds compiler noise.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all build image chart test unit e2e matrix host-deps k8s-assets containerd-assets helm-assets kwok-assets karpenter-assets kueue-assets lws-assets registry-assets cross-deps demo-assets demo-helm demo-image lint fmt vet staticcheck cover fuzz bench bench-placement bench-admission bench-dra scale demo down clean
+.PHONY: all build image chart test unit e2e matrix host-deps k8s-assets containerd-assets helm-assets kwok-assets karpenter-assets kueue-assets lws-assets registry-assets cross-deps demo-assets demo-helm demo-image lint fmt vet staticcheck cover fuzz bench bench-placement bench-admission bench-dra bench-dra-blocks bench-placement-huge scale demo down clean
 
 all: build
 
@@ -179,10 +179,15 @@ cover: cross-deps
 bench: host-deps k8s-assets containerd-assets
 	$(GO) run ./test/bench
 
-## bench-placement: only the placement simulation (about a minute and a half); rewrites its
+## bench-placement: only the placement simulation (some minutes: the 512-node runs take most); rewrites its
 ## section and summary rows of docs/benchmarks.md and the plot, and leaves the rest as it is.
 bench-placement:
 	$(GO) run ./test/bench -only placement
+
+## bench-placement-huge: the placement simulation's DRA policies on the mixed cluster 78 times over
+## (4,992 nodes, where kube-scheduler scores 549 of the feasible nodes), printed only.
+bench-placement-huge:
+	$(GO) run ./test/bench -only placement-huge
 
 ## bench-admission: only pod creation through a real kube-apiserver, nvdomain's webhook pair
 ## against a no-op pair registered the same way (a few minutes), then a CPU profile of one
@@ -205,6 +210,13 @@ scale: k8s-assets kwok-assets
 ## placement simulation's (bench-placement).
 bench-dra: k8s-assets kwok-assets
 	$(GO) run ./test/bench -only dra
+
+## bench-dra-blocks: bench-dra with blocks (dra.blocks): the slices publish each domain's aligned
+## blocks, the templates ask for one first, and the plain-DRA peer's class selects the GPUs
+## alone. Needs Kubernetes 1.37 or later (kubernetes#138917). Prints its tables only (about 6
+## minutes). Root.
+bench-dra-blocks: k8s-assets kwok-assets
+	NVDOMAIN_DRA_BLOCKS=1 $(GO) test -run '^$$' -bench '^BenchmarkDRA$$' -benchtime 1x -timeout 30m -v ./test/scale/
 
 ## matrix: the previous two Kubernetes releases (MATRIX_VERSIONS), each built into
 ## bin/k8s/<version> like the default one: the unit and integration tests (envtest, the HA

@@ -37,7 +37,7 @@ func main() {
 	ctrllog.SetLogger(logr.Discard())
 	quick := flag.Bool("quick", false, "short runs (seconds), for a smoke check")
 	out := flag.String("out", "docs/benchmarks.md", "report file; empty skips writing it")
-	only := flag.String("only", "", `run one part alone and rewrite only its parts of the report: "placement", "admission", "scale" or "dra"`)
+	only := flag.String("only", "", `run one part alone and rewrite only its parts of the report: "placement", "admission", "scale" or "dra"; "placement-huge" prints the 4,992-node placement runs`)
 	flag.Parse()
 	var err error
 	switch *only {
@@ -51,6 +51,8 @@ func main() {
 		err = runScaleOnly(*out)
 	case "dra":
 		err = runDRAOnly(*out)
+	case "placement-huge":
+		err = runHuge()
 	default:
 		err = fmt.Errorf("-only %q: the parts that run alone are \"placement\", \"admission\", \"scale\" and \"dra\"", *only)
 	}

@@ -62,13 +62,14 @@ func placementPolicies() []placementsim.Policy {
 		&placementsim.DRAShipped{Hints: true, Blocks: true},
 		&placementsim.DRAShipped{Hints: true, PackPlain: true},
 		&placementsim.DRAShipped{Hints: true, NodeScore: placementsim.SpreadNode},
+		newReserve(),
 	}
 }
 
 // draPolicies are the rows of the DRA comparison: classic mode (the webhook's tightest-fit pin,
 // alone and with the re-pin controller, production's default), the ideal domain-aware
 // tightest fit, and DRA mode under both models of node scoring.
-var draPolicies = []string{policyNvdomain, policyRepin, policyAny, policyDRA, policyDRASpread, policyShipped, policyShippedNoHint, policyShippedBlocks, policyShippedPack, policyShippedSpread}
+var draPolicies = []string{policyNvdomain, policyRepin, policyAny, policyDRA, policyDRASpread, policyShipped, policyShippedNoHint, policyShippedBlocks, policyShippedPack, policyShippedSpread, policyReserve}
 
 // whatIf is a change production does not make by default, run for nvdomain + re-pin at
 // targetLoad to show what would close the rest of its gap to "any domain with room".
@@ -107,6 +108,9 @@ type placementBench struct {
 	whatIfs map[string][]placementsim.Result
 	bounds  map[simKey]float64
 	took    time.Duration
+	// scaled are the reservation and node-sampling runs on larger clusters (reserve.go).
+	scaled     []scaledResult
+	scaledTook time.Duration
 }
 
 func runPlacement(quick bool) (*placementBench, error) {
@@ -141,6 +145,10 @@ func runPlacement(quick bool) (*placementBench, error) {
 				b.whatIfs[sc.Name] = append(b.whatIfs[sc.Name], r)
 			}
 		}
+	}
+	var err error
+	if b.scaled, b.scaledTook, err = runScaled(quick, false); err != nil {
+		return nil, err
 	}
 	b.took = time.Since(start)
 	return b, nil
@@ -243,6 +251,15 @@ func (b *placementBench) printTables(w io.Writer) {
 	for _, t := range b.targets() {
 		fmt.Fprintf(tw, "%s\t%.2f vs %.2f\t%s\t%d vs %d\t%s\t%.1f%%\t%.1f\t%s\n", t.scenario, t.repin.MeanWait, t.any.MeanWait, t.waitRatio,
 			t.repin.NeverPlaced, t.any.NeverPlaced, t.neverRatio, t.repin.CrossDomainPct, perThousand(t.repin.Repins, t.repin.Jobs), yesNo(t.met))
+	}
+	_ = tw.Flush()
+	fmt.Fprintf(w, "\nplacement: reservations and node sampling at 64 and 512 nodes\n")
+	printScaled(w, b.scaled)
+	fmt.Fprintf(w, "\nplacement target at %.0f%% load: %s TP mean wait within %.1fx\n", targetLoad*100, policyReserve, reserveRatio)
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SCENARIO\tNODES\tAGAINST\tTP MEAN WAIT\tRATIO\tMET")
+	for _, t := range reserveTargets(b.scaled) {
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%.2f vs %.2f\t%s\t%s\n", t.scenario, t.nodes, t.against, t.got.TPMeanWait, t.ideal.TPMeanWait, t.ratio, yesNo(t.met))
 	}
 	_ = tw.Flush()
 	fmt.Fprintf(w, "(placement simulation %s)\n", b.took.Round(time.Second))
@@ -479,6 +496,7 @@ func (b *placementBench) markdown(png string) string {
 			fmt.Sprintf("%d vs %d", t.shipped.NeverPlaced, t.classic.NeverPlaced), t.neverRatio,
 			fmt.Sprintf("%.2f / %d", t.before.TPMeanWait, t.before.NeverPlaced), yesNo(t.met)}))
 	}
+	w.WriteString(reserveMarkdown(b.scaled, b.scaledTook))
 	fmt.Fprintf(&w, "\n![utilisation, mean wait and cross-domain placements by scenario, policy and load](%s)\n", png)
 	fmt.Fprintf(&w, "\n### Reading\n\n%s\n\n", b.reading())
 	return w.String()

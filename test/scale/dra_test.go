@@ -49,10 +49,13 @@ func TestDRASmoke(t *testing.T) {
 // metrics and, when NVDOMAIN_DRA_REPORT names a file, the whole report as JSON for the bench
 // runner (test/bench -only dra).
 func BenchmarkDRA(b *testing.B) {
-	cfg := DRAFull()
+	cfg, command := DRAFull(), "make bench-dra"
+	if os.Getenv("NVDOMAIN_DRA_BLOCKS") == "1" {
+		cfg, command = DRABlocks(), "make bench-dra-blocks"
+	}
 	for b.Loop() {
 		rep := RunDRA(b, cfg)
-		b.Logf("\n%s", rep.Markdown("### DRA against plain DRA and classic", "make bench-dra"))
+		b.Logf("\n%s", rep.Markdown("### DRA against plain DRA and classic", command))
 		if path := os.Getenv("NVDOMAIN_DRA_REPORT"); path != "" {
 			data, err := json.MarshalIndent(rep, "", "  ")
 			if err != nil {

@@ -103,6 +103,8 @@ type Config struct {
 	// 2 busy cores, kwok starts and ends pods later than their lifetime, so bound pods pile up
 	// and a fast stream waits for room rather than for the scheduler.
 	KwokPodWorkers uint
+	// Blocks runs the DRA phases with blocks published and asked for first (RunDRA only).
+	Blocks bool `json:",omitempty"`
 }
 
 // Full is `make scale`: 1,000 nodes and 5,000 pods at 25 a second, a rate this 2-core machine

@@ -3,6 +3,7 @@ package placementsim
 import (
 	"math"
 	"math/rand/v2"
+	"sort"
 )
 
 // DRAReserve is DRA mode as shipped (hints, the stock scheduler's node sampling) plus
@@ -13,7 +14,7 @@ import (
 // so a job of fewer GPUs can no longer take the domain's free GPUs while it drains, and the
 // waiter, or one of its size or larger ahead of it, gets it when it has room. Nothing pins the
 // waiter: the allocator may still place it anywhere it fits, and the reservation ends as soon
-// as it is placed (or gone). A reservation lasts TTL time units, after which the driver may
+// as it is placed (or gone), or another job takes GPUs of the domain. A reservation lasts TTL time units, after which the driver may
 // choose again for the same waiter (its target may have changed).
 //
 // The domain is chosen among those not reserved whose size is at least k: the nearest size
@@ -26,6 +27,18 @@ type DRAReserve struct {
 	MinSize int
 	// TTL bounds one reservation, in time units (a mean job lasts 10).
 	TTL float64
+	// Grace is how long a waiter waits before it reserves: a wait shorter than that is left
+	// to ordinary churn, which frees room for it without taking any from smaller jobs.
+	Grace float64
+	// Stranded reserves only for a waiter that fragmentation strands: the cluster has at
+	// least k free GPUs but no domain has k. A waiter short of GPUs altogether gets room by
+	// churn anyway; a reservation would only make smaller jobs wait too.
+	Stranded bool
+	// PerSize reserves for at most this many waiters of each size at once (0: no limit),
+	// the first in scheduling order.
+	PerSize int
+
+	since map[int]float64
 
 	res   map[domKey]reservation
 	byJob map[int]domKey
@@ -43,7 +56,7 @@ type reservation struct {
 // more, each lasting ttl.
 func NewDRAReserve(minSize int, ttl float64) *DRAReserve {
 	p := &DRAReserve{DRAShipped: DRAShipped{Hints: true}, MinSize: minSize, TTL: ttl,
-		res: map[domKey]reservation{}, byJob: map[int]domKey{}}
+		res: map[domKey]reservation{}, byJob: map[int]domKey{}, since: map[int]float64{}}
 	return p
 }
 
@@ -59,11 +72,20 @@ func (p *DRAReserve) Admit(j *Job, nodes []*Node) bool {
 func (p *DRAReserve) Place(j *Job, nodes []*Node, rng *rand.Rand) (int, []int, bool) {
 	p.bind(nodes)
 	ni, gs, ok := p.DRAShipped.Place(j, nodes, rng)
-	if ok {
-		if k, held := p.byJob[j.ID]; held {
-			delete(p.res, k)
-			delete(p.byJob, j.ID)
-		}
+	if !ok {
+		return ni, gs, ok
+	}
+	if k, held := p.byJob[j.ID]; held {
+		delete(p.res, k)
+		delete(p.byJob, j.ID)
+	}
+	// A job of the reserved size or larger (it tolerates the taint) that takes GPUs of a
+	// domain reserved for another ends that reservation: the waiter's room is gone, and the
+	// next Act reserves for it again, elsewhere if need be.
+	k := domKey{ni, nodes[ni].domainOf(gs[0])}
+	if r, held := p.res[k]; held {
+		delete(p.res, k)
+		delete(p.byJob, r.job)
 	}
 	return ni, gs, ok
 }
@@ -99,6 +121,27 @@ func (p *DRAReserve) Act(now float64, queue []*Job, nodes []*Node) (*Job, float6
 			delete(p.byJob, r.job)
 		}
 	}
+	for id := range p.since {
+		if !waiting[id] {
+			delete(p.since, id)
+		}
+	}
+	total, roomiest := 0, 0
+	for _, n := range nodes {
+		if !p.Stranded {
+			break
+		}
+		total += n.free()
+		for d := range n.Domains {
+			roomiest = max(roomiest, n.domainFree(d))
+		}
+	}
+	wake := math.Inf(1)
+	order := map[int][]domKey{}
+	perSize := map[int]int{}
+	for _, r := range p.res {
+		perSize[r.size]++
+	}
 	for _, j := range queue {
 		if j.Size < p.MinSize || j.Size < 2 {
 			continue
@@ -106,33 +149,72 @@ func (p *DRAReserve) Act(now float64, queue []*Job, nodes []*Node) (*Job, float6
 		if _, held := p.byJob[j.ID]; held {
 			continue
 		}
-		best, found := domKey{}, false
-		bestClass, bestFree := 0, 0
-		for ni, n := range nodes {
-			for d, gs := range n.Domains {
-				if len(gs) < j.Size {
-					continue
-				}
-				if _, taken := p.res[domKey{ni, d}]; taken {
-					continue
-				}
-				class, free := sizeClass(len(gs), j.Size), n.domainFree(d)
-				if !found || class < bestClass || (class == bestClass && free > bestFree) {
-					best, bestClass, bestFree, found = domKey{ni, d}, class, free, true
-				}
-			}
+		if p.PerSize > 0 && perSize[j.Size] >= p.PerSize {
+			continue
 		}
+		if p.Stranded && (j.Size > total || j.Size <= roomiest) {
+			continue
+		}
+		t0, seen := p.since[j.ID]
+		if !seen {
+			p.since[j.ID], t0 = now, now
+		}
+		// Compared as the instant it ends, which is also the wake-up time: now−t0 < Grace can
+		// hold at now = t0+Grace by rounding, and would ask to be woken at now forever.
+		if end := t0 + p.Grace; now < end {
+			wake = math.Min(wake, end)
+			continue
+		}
+		best, found := p.pick(nodes, j.Size, order)
 		if !found {
 			continue
 		}
 		p.res[best] = reservation{job: j.ID, size: j.Size, expires: now + p.TTL}
 		p.byJob[j.ID] = best
+		perSize[j.Size]++
 	}
-	wake := math.Inf(1)
 	for _, r := range p.res {
 		wake = math.Min(wake, r.expires)
 	}
 	return nil, wake
+}
+
+// pick is the domain a waiter of k GPUs reserves: the first of order[k] (built on first use:
+// every domain of at least k GPUs, by size class, then most free GPUs, then node order) that
+// no reservation holds.
+func (p *DRAReserve) pick(nodes []*Node, k int, order map[int][]domKey) (domKey, bool) {
+	list, ok := order[k]
+	if !ok {
+		type cand struct {
+			key         domKey
+			class, free int
+		}
+		var cs []cand
+		for ni, n := range nodes {
+			for d, gs := range n.Domains {
+				if len(gs) >= k {
+					cs = append(cs, cand{domKey{ni, d}, sizeClass(len(gs), k), n.domainFree(d)})
+				}
+			}
+		}
+		sort.SliceStable(cs, func(a, b int) bool {
+			if cs[a].class != cs[b].class {
+				return cs[a].class < cs[b].class
+			}
+			return cs[a].free > cs[b].free
+		})
+		for _, c := range cs {
+			list = append(list, c.key)
+		}
+	}
+	for i, key := range list {
+		if _, taken := p.res[key]; !taken {
+			order[k] = list[i+1:]
+			return key, true
+		}
+	}
+	order[k] = nil
+	return domKey{}, false
 }
 
 // sizeClass is how far a domain of size gpus is from a job of k: 0 for at most k, 1 for at

@@ -3,6 +3,7 @@ package placementsim
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -11,9 +12,11 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/dynamic-resource-allocation/structured"
+	"k8s.io/utils/ptr"
 
 	"github.com/nvdomain/nvdomain/pkg/dra"
 	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/topology"
 	"github.com/nvdomain/nvdomain/webhook/dratemplates"
 )
 
@@ -82,5 +85,62 @@ func BenchmarkAllocatorPerNode(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// BenchmarkAllocatorAttributes is what the device's attributes and capacity cost the allocator
+// per node (review DRA 2026-12, "trim device attributes"): the same half-used HGX node and
+// TP=4 claim on the shipped class, with the devices as pkg/dra publishes them from NVML (index,
+// domain, domain size, UUID, product name and the memory capacity), without the memory
+// capacity, and with only what placement reads (index, domain, domain size).
+func BenchmarkAllocatorAttributes(b *testing.B) {
+	n := node(HGX8, 0, 0, 1, 2, 3)
+	full := make([]topology.GPU, len(n.used))
+	for i := range full {
+		full[i] = topology.GPU{Index: i, UUID: fmt.Sprintf("GPU-5c4e2d9a-0f1b-4c3d-8e7f-%012d", i), Product: "NVIDIA H100 80GB HBM3", MemoryMiB: 81559}
+	}
+	noMemory := slices.Clone(full)
+	placementOnly := slices.Clone(full)
+	for i := range full {
+		noMemory[i].MemoryMiB = 0
+		placementOnly[i] = topology.GPU{Index: i}
+	}
+	inUse := sets.New[structured.DeviceID]()
+	for g, u := range n.used {
+		if u {
+			inUse.Insert(structured.MakeDeviceID(names.DRADriver, n.name, names.DRADeviceName(g)))
+		}
+	}
+	nd := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name}}
+	classes := classLister(dra.DeviceClasses(""))
+	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "ns", UID: "uid"}, Spec: dratemplates.Desired("ns", 4, false).Spec.Spec}
+	for _, tc := range []struct {
+		name string
+		gpus []topology.GPU
+	}{{"as published", full}, {"no memory capacity", noMemory}, {"placement attributes only", placementOnly}} {
+		top, err := topology.FromDomains("nvml", tc.gpus, n.Domains, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		pool := dra.Resources(n.name, top, dra.Publish{}).Pools[n.name]
+		var rs []*resourceapi.ResourceSlice
+		for i, s := range pool.Slices {
+			rs = append(rs, &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", n.name, i)}, Spec: resourceapi.ResourceSliceSpec{
+				Driver: names.DRADriver, NodeName: ptr.To(n.name), Devices: s.Devices,
+				Pool: resourceapi.ResourcePool{Name: n.name, Generation: 1, ResourceSliceCount: int64(len(pool.Slices))}}})
+		}
+		cache := cel.NewCache(10, cel.Features{})
+		b.Run(tc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				alloc, err := structured.NewAllocator(context.Background(), v136Features, structured.AllocatedState{AllocatedDevices: inUse}, classes, rs, cache)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if res, err := alloc.Allocate(context.Background(), nd, []*resourceapi.ResourceClaim{claim}); err != nil || len(res) != 1 {
+					b.Fatalf("allocate: %v (%d results)", err, len(res))
+				}
+			}
+		})
 	}
 }

@@ -176,3 +176,27 @@ func TestDRAHintIsTheSameAcrossCalls(t *testing.T) {
 		}
 	}
 }
+
+// The hint names nodes by their hostname label, as its preferred term matches, follows a
+// label that changes, and starts over when a tighter node turns up however many ties it
+// had collected.
+func TestDRAHintNamesHostnamesAndStartsOverOnATighterFit(t *testing.T) {
+	v := New(n)
+	hgx := [][]int{{0, 1, 2, 3, 4, 5, 6, 7}}
+	for i := range 20 {
+		v.UpsertNode(draTopoNode(t, fmt.Sprintf("node-%02d", i), hgx, map[string]string{corev1.LabelHostname: fmt.Sprintf("host-%02d", i)}))
+	}
+	want := []string{"host-00", "host-01", "host-02", "host-03", "host-04", "host-05", "host-06", "host-07"}
+	if got := v.DRAHint(newTP(), 4, true); !slices.Equal(got, want) {
+		t.Fatalf("hint %v, want %v", got, want)
+	}
+	v.UpsertNode(draTopoNode(t, "node-15", hgx, map[string]string{corev1.LabelHostname: "a-host"}))
+	want = []string{"a-host", "host-00", "host-01", "host-02", "host-03", "host-04", "host-05", "host-06"}
+	if got := v.DRAHint(newTP(), 4, true); !slices.Equal(got, want) {
+		t.Fatalf("after node-15's hostname changed, hint %v, want %v", got, want)
+	}
+	v.UpsertClaim(stripClaimOf(t, claimOn("c1", "node-19", "gpu-0", "gpu-1")))
+	if got := v.DRAHint(newTP(), 4, true); !slices.Equal(got, []string{"host-19"}) {
+		t.Errorf("with 2 GPUs held on node-19, hint %v, want only [host-19], the tightest", got)
+	}
+}

@@ -641,6 +641,12 @@ func TestTraceIsDeterministic(t *testing.T) {
 			for _, mk := range []func() Policy{
 				func() Policy { return &Nvdomain{} },
 				func() Policy { return NewNvdomainRepin(DefaultRepinAfter, DefaultRepinsPerUnit) },
+				func() Policy { return &DRAShipped{Hints: true} },
+				func() Policy {
+					p := NewDRAReserve(4, 20)
+					p.Stranded, p.PerSize = true, 1
+					return p
+				},
 			} {
 				r1 := Run(mk(), sc.Nodes, a, 100, 10, 3)
 				r2 := Run(mk(), sc.Nodes, b, 100, 10, 3)

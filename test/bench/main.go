@@ -6,8 +6,9 @@
 // its parts of the report; `-only admission` runs only pod creation through the apiserver
 // against the no-op webhook pair, with a CPU profile of a replica; `-only scale` (`make scale`)
 // runs test/scale's 1,000-node run, which the full run leaves out because it takes about a
-// quarter of an hour; `-only dra` (`make bench-dra`) runs test/scale's DRA run, classic mode
-// against DRA mode on the same 500 kwok nodes, which the full run leaves out too.
+// quarter of an hour; `-only dra` (`make bench-dra`) runs test/scale's DRA run, classic mode,
+// plain DRA and nvdomain's DRA mode on the same 500 kwok nodes, which the full run leaves out
+// too; `-only placement-huge` prints the placement simulation's 4,992-node DRA runs.
 package main
 
 import (

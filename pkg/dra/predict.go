@@ -77,7 +77,9 @@ func (f Fit) Tighter(g Fit) bool {
 	return f.Free < g.Free
 }
 
-func classOf(domainSize, k int) int {
+// SizeClass is how far a domain of domainSize GPUs is from a pod of k: 0 for at most k, 1 for
+// at most 2k, 2 for larger (Fit's Class).
+func SizeClass(domainSize, k int) int {
 	switch {
 	case domainSize <= k:
 		return 0
@@ -110,18 +112,18 @@ func Predict(slots []Slot, used func(int) bool, k int, tp, blocks bool) (Fit, bo
 	if blocks && TemplateBlocks(k) {
 		for _, s := range slots {
 			if s.Block == k && s.free(used) {
-				return Fit{Sub: 0, GPUs: s.GPUs, Free: domainFree(slots, used, s.Domain), Class: classOf(s.DomainSize, k)}, true
+				return Fit{Sub: 0, GPUs: s.GPUs, Free: domainFree(slots, used, s.Domain), Class: SizeClass(s.DomainSize, k)}, true
 			}
 		}
 		if gs := firstFound(slots, used, k); gs != nil {
 			d := domainOf(slots, gs[0])
-			return Fit{Sub: 1, GPUs: gs, Free: domainFree(slots, used, d), Class: classOf(domainSize(slots, d), k)}, true
+			return Fit{Sub: 1, GPUs: gs, Free: domainFree(slots, used, d), Class: SizeClass(domainSize(slots, d), k)}, true
 		}
 		return Fit{}, false
 	}
 	if gs := firstFound(slots, used, k); gs != nil {
 		d := domainOf(slots, gs[0])
-		return Fit{Sub: -1, GPUs: gs, Free: domainFree(slots, used, d), Class: classOf(domainSize(slots, d), k)}, true
+		return Fit{Sub: -1, GPUs: gs, Free: domainFree(slots, used, d), Class: SizeClass(domainSize(slots, d), k)}, true
 	}
 	return Fit{}, false
 }

@@ -4,6 +4,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"sort"
+
+	"github.com/nvdomain/nvdomain/pkg/dra"
 )
 
 // DRAReserve is DRA mode as shipped (hints, the stock scheduler's node sampling) plus
@@ -193,7 +195,7 @@ func (p *DRAReserve) pick(nodes []*Node, k int, order map[int][]domKey) (domKey,
 		for ni, n := range nodes {
 			for d, gs := range n.Domains {
 				if len(gs) >= k {
-					cs = append(cs, cand{domKey{ni, d}, sizeClass(len(gs), k), n.domainFree(d)})
+					cs = append(cs, cand{domKey{ni, d}, dra.SizeClass(len(gs), k), n.domainFree(d)})
 				}
 			}
 		}
@@ -215,16 +217,4 @@ func (p *DRAReserve) pick(nodes []*Node, k int, order map[int][]domKey) (domKey,
 	}
 	order[k] = nil
 	return domKey{}, false
-}
-
-// sizeClass is how far a domain of size gpus is from a job of k: 0 for at most k, 1 for at
-// most 2k, 2 for larger (dra.Fit's Class).
-func sizeClass(gpus, k int) int {
-	switch {
-	case gpus <= k:
-		return 0
-	case gpus <= 2*k:
-		return 1
-	}
-	return 2
 }

@@ -636,12 +636,8 @@ func (t Target) Met() bool {
 	return t.Ratio <= t.Limit
 }
 
-// cpuPerPod is the CPU the named processes (webhook: all replicas) spent per pod scheduled, in
-// milliseconds.
-func cpuPerPod(p Phase, who ...string) float64 {
-	if p.Scheduled == 0 {
-		return 0
-	}
+// cpuOf is the CPU the named processes spent in a run ("webhook": every replica).
+func cpuOf(p Phase, who ...string) time.Duration {
 	var s time.Duration
 	for _, u := range p.Usage {
 		for _, w := range who {
@@ -650,23 +646,33 @@ func cpuPerPod(p Phase, who ...string) float64 {
 			}
 		}
 	}
-	return float64(s.Microseconds()) / 1000 / float64(p.Scheduled)
+	return s
+}
+
+// cpuPerPod is the CPU the named processes spent per pod scheduled, in milliseconds.
+func cpuPerPod(p Phase, who ...string) float64 {
+	if p.Scheduled == 0 {
+		return 0
+	}
+	return float64(cpuOf(p, who...).Microseconds()) / 1000 / float64(p.Scheduled)
+}
+
+// ratioOf is x/y, 0 when y is 0.
+func ratioOf(x, y float64) float64 {
+	if y == 0 {
+		return 0
+	}
+	return x / y
 }
 
 // Targets are the cost targets, judged on this run: throughput at least 0.9x plain DRA's,
 // kube-scheduler CPU per pod at most 1.1x, control-plane CPU per pod (webhook included) at
 // most 1.15x.
 func (r DRAReport) Targets() []Target {
-	ratio := func(x, y float64) float64 {
-		if y == 0 {
-			return 0
-		}
-		return x / y
-	}
 	return []Target{
-		{What: "scheduled per second", Ratio: ratio(r.DRA.Throughput, r.Plain.Throughput), Limit: 0.9, AtLeast: true},
-		{What: "kube-scheduler CPU per pod", Ratio: ratio(cpuPerPod(r.DRA, "kube-scheduler"), cpuPerPod(r.Plain, "kube-scheduler")), Limit: 1.1},
-		{What: "control-plane CPU per pod (" + strings.Join(peerPlane, ", ") + "; nvdomain's webhook replicas on nvdomain's side)", Ratio: ratio(cpuPerPod(r.DRA, controlPlane...), cpuPerPod(r.Plain, peerPlane...)), Limit: 1.15},
+		{What: "scheduled per second", Ratio: ratioOf(r.DRA.Throughput, r.Plain.Throughput), Limit: 0.9, AtLeast: true},
+		{What: "kube-scheduler CPU per pod", Ratio: ratioOf(cpuPerPod(r.DRA, "kube-scheduler"), cpuPerPod(r.Plain, "kube-scheduler")), Limit: 1.1},
+		{What: "control-plane CPU per pod (" + strings.Join(peerPlane, ", ") + "; nvdomain's webhook replicas on nvdomain's side)", Ratio: ratioOf(cpuPerPod(r.DRA, controlPlane...), cpuPerPod(r.Plain, peerPlane...)), Limit: 1.15},
 	}
 }
 
@@ -738,15 +744,7 @@ func yes(ok bool) string {
 // CPU time of the processes named in procs and of the webhook replicas.
 func phaseRows(a, b Phase, procs []string) [][4]string {
 	rows := streamRows(a, b, "most GPUs held at once (classic: by bound pods; DRA: by allocated claims)", "over-commits", violationsLabel)
-	use := func(p Phase, name string) float64 {
-		var s float64
-		for _, u := range p.Usage {
-			if u.Name == name || (name == "webhook" && strings.HasPrefix(u.Name, "webhook-")) {
-				s += u.CPU.Seconds()
-			}
-		}
-		return s
-	}
+	use := func(p Phase, name string) float64 { return cpuOf(p, name).Seconds() }
 	for _, who := range append(slices.Clone(procs), "webhook") {
 		label := who + " CPU time"
 		if who == "webhook" {
@@ -762,12 +760,6 @@ func phaseRows(a, b Phase, procs []string) [][4]string {
 // for the scheduler.
 func (r DRAReport) reading() string {
 	gpus := float64(GPUsPerNode * r.Config.Nodes())
-	ratio := func(x, y float64) float64 {
-		if y == 0 {
-			return 0
-		}
-		return x / y
-	}
 	checks := "No run over-committed a GPU; neither classic nor nvdomain DRA placed a pod outside one domain of its size."
 	if n := len(r.Classic.OverCommits) + len(r.Classic.Violations) + len(r.Plain.OverCommits) + len(r.Plain.Violations) + len(r.DRA.OverCommits) + len(r.DRA.Violations); n > 0 {
 		checks = fmt.Sprintf("The checks found %d problems, listed below.", n)
@@ -779,6 +771,6 @@ func (r DRAReport) reading() string {
 structured allocator over the slices of each node the scheduler filters, whatever its driver. The control plane
 (webhook included) spent %.1f ms per pod under nvdomain DRA against %.1f ms under plain DRA, which has none (%.2fx). At most %.0f%%
 (plain) and %.0f%% (nvdomain) of the GPUs were held at once by allocated claims, %.0f%% by classic's bound pods. %s`,
-		ratio(r.DRA.Throughput, r.Plain.Throughput), ratio(r.DRA.Throughput, r.Classic.Throughput), ds, ps, cs, dc, pc, ratio(dc, pc),
+		ratioOf(r.DRA.Throughput, r.Plain.Throughput), ratioOf(r.DRA.Throughput, r.Classic.Throughput), ds, ps, cs, dc, pc, ratioOf(dc, pc),
 		100*float64(r.Plain.PeakGPUs)/gpus, 100*float64(r.DRA.PeakGPUs)/gpus, 100*float64(r.Classic.PeakGPUs)/gpus, checks)
 }

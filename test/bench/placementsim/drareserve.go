@@ -57,9 +57,8 @@ type reservation struct {
 // NewDRAReserve is the model with hints on and reservations for TP jobs of minSize GPUs or
 // more, each lasting ttl.
 func NewDRAReserve(minSize int, ttl float64) *DRAReserve {
-	p := &DRAReserve{DRAShipped: DRAShipped{Hints: true}, MinSize: minSize, TTL: ttl,
+	return &DRAReserve{DRAShipped: DRAShipped{Hints: true}, MinSize: minSize, TTL: ttl,
 		res: map[domKey]reservation{}, byJob: map[int]domKey{}, since: map[int]float64{}}
-	return p
 }
 
 func (p *DRAReserve) Name() string { return "DRA mode + reservations" }
@@ -71,6 +70,8 @@ func (p *DRAReserve) Admit(j *Job, nodes []*Node) bool {
 }
 
 // Place is DRAShipped's under the reservations' taints; a placed waiter's reservation ends.
+// FitKey stays DRAShipped's (the size): jobs of one size tolerate the same taints, so they
+// still fit in the same places.
 func (p *DRAReserve) Place(j *Job, nodes []*Node, rng *rand.Rand) (int, []int, bool) {
 	p.bind(nodes)
 	ni, gs, ok := p.DRAShipped.Place(j, nodes, rng)
@@ -91,9 +92,6 @@ func (p *DRAReserve) Place(j *Job, nodes []*Node, rng *rand.Rand) (int, []int, b
 	}
 	return ni, gs, ok
 }
-
-// FitKey: jobs of one size see the same taints, so they still fit in the same places.
-func (p *DRAReserve) FitKey(j *Job) int { return j.Size }
 
 // bind gives the embedded policy the taints of the current reservations.
 func (p *DRAReserve) bind(nodes []*Node) {
@@ -128,15 +126,9 @@ func (p *DRAReserve) Act(now float64, queue []*Job, nodes []*Node) (*Job, float6
 			delete(p.since, id)
 		}
 	}
-	total, roomiest := 0, 0
-	for _, n := range nodes {
-		if !p.Stranded {
-			break
-		}
-		total += n.free()
-		for d := range n.Domains {
-			roomiest = max(roomiest, n.domainFree(d))
-		}
+	var total, roomiest int
+	if p.Stranded {
+		total, roomiest = freeAndRoomiest(nodes)
 	}
 	wake := math.Inf(1)
 	order := map[int][]domKey{}

@@ -412,18 +412,24 @@ func (s *sim) tryQueue(now float64) {
 // markStranded records the TP jobs that arrived now and wait although the cluster has as many
 // free GPUs as they need: no domain has that many.
 func (s *sim) markStranded(now float64) {
-	total, roomiest := 0, 0
-	for _, n := range s.nodes {
-		total += n.free()
-		for d := range n.Domains {
-			roomiest = max(roomiest, n.domainFree(d))
-		}
-	}
+	total, roomiest := freeAndRoomiest(s.nodes)
 	for _, j := range s.queue {
 		if j.Arrival == now && j.Size >= 2 && j.Arrival >= s.warmup && j.Size <= total && j.Size > roomiest {
 			s.stranded[j.ID] = true
 		}
 	}
+}
+
+// freeAndRoomiest is the cluster's free GPUs and the most free GPUs of any one domain: a job
+// of k GPUs with k ≤ total but k > roomiest is stranded by fragmentation.
+func freeAndRoomiest(nodes []*Node) (total, roomiest int) {
+	for _, n := range nodes {
+		total += n.free()
+		for d := range n.Domains {
+			roomiest = max(roomiest, n.domainFree(d))
+		}
+	}
+	return total, roomiest
 }
 
 func (s *sim) start(j *Job, now float64, ni int, gs []int) {

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -66,13 +67,18 @@ func TestLeaderWorkerSetGroupsOfTPPods(t *testing.T) {
 	first := podNames(pods)
 
 	// 2. A rolling update: every group is replaced, and each new pod runs in one domain.
-	cur, err := dyn.Resource(lwsGVR).Namespace(ns).Get(ctx, "vllm", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	setArgs(t, cur, []any{"--model", "meta-llama/Llama-3.3-70B-Instruct", "--tensor-parallel-size", "4"})
-	if _, err := dyn.Resource(lwsGVR).Namespace(ns).Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
+	// The LWS controller writes the object (status, revision annotations) while it settles, so
+	// the update is retried on a conflict as kubectl apply would.
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur, err := dyn.Resource(lwsGVR).Namespace(ns).Get(ctx, "vllm", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		setArgs(t, cur, []any{"--model", "meta-llama/Llama-3.3-70B-Instruct", "--tensor-parallel-size", "4"})
+		_, err = dyn.Resource(lwsGVR).Namespace(ns).Update(ctx, cur, metav1.UpdateOptions{})
+		return err
+	}); err != nil {
+		t.Fatalf("updating the LeaderWorkerSet: %v", err)
 	}
 	var updated []corev1.Pod
 	if err := hacluster.Poll(ctx, 250*time.Millisecond, func() (bool, error) {

@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 )
 
@@ -112,16 +113,20 @@ func TestRollingUpdateOfAFullTPDeploymentCompletes(t *testing.T) {
 	pods := rolledOut("the first rollout")
 	t.Logf("before: %v", domains(pods))
 	for round := 1; round <= 2; round++ {
-		d, err := deps.Get(ctx, "llama", metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if d.Spec.Template.Annotations == nil {
-			d.Spec.Template.Annotations = map[string]string{}
-		}
-		d.Spec.Template.Annotations["example.com/rollout"] = fmt.Sprint(round)
-		if _, err := deps.Update(ctx, d, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
+		// The Deployment controller writes status while it settles: retry on a conflict.
+		if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			d, err := deps.Get(ctx, "llama", metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if d.Spec.Template.Annotations == nil {
+				d.Spec.Template.Annotations = map[string]string{}
+			}
+			d.Spec.Template.Annotations["example.com/rollout"] = fmt.Sprint(round)
+			_, err = deps.Update(ctx, d, metav1.UpdateOptions{})
+			return err
+		}); err != nil {
+			t.Fatalf("rolling update %d: %v", round, err)
 		}
 		start := time.Now()
 		pods = rolledOut(fmt.Sprintf("rolling update %d", round))

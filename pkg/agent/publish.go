@@ -85,6 +85,18 @@ func Desire(n names.Names, top *topology.Topology, unpinned map[int]int, h Healt
 		}
 		d.Capacity[n.DomainResource(dom.ID)] = room
 	}
+	// The multi-node NVLink clique (GB200/GB300 NVL72), in GFD's label and format. GPUs that
+	// disagree put the node in no clique: a group must not count it in either.
+	if f, ok, err := top.Clique(); err == nil && ok {
+		d.Labels[names.GPUCliqueLabel] = f.Label()
+		d.Annotations[n.CliquePublishedAnnotation()] = f.Label()
+		if f.CliqueGPUs > 0 {
+			d.Labels[n.CliqueGPUsLabel()] = strconv.Itoa(f.CliqueGPUs)
+		}
+		if f.CliqueNodes > 0 {
+			d.Labels[n.CliqueNodesLabel()] = strconv.Itoa(f.CliqueNodes)
+		}
+	}
 	doc, err := json.Marshal(top)
 	if err != nil {
 		return Desired{}, fmt.Errorf("encode topology: %w", err)
@@ -114,7 +126,8 @@ func ownsLabel(n names.Names, key string) bool {
 		return true
 	}
 	switch key {
-	case n.DomainCountLabel(), n.DomainMaxLabel(), n.TopologySourceLabel(), n.TopologyStaleLabel(), n.TopologyMismatchLabel(), n.FailOpenLabel(), n.PluginDisconnectedLabel():
+	case n.DomainCountLabel(), n.DomainMaxLabel(), n.TopologySourceLabel(), n.TopologyStaleLabel(), n.TopologyMismatchLabel(), n.FailOpenLabel(), n.PluginDisconnectedLabel(),
+		n.CliqueGPUsLabel(), n.CliqueNodesLabel():
 		return true
 	}
 	return false
@@ -122,7 +135,29 @@ func ownsLabel(n names.Names, key string) bool {
 
 func ownsAnnotation(n names.Names, key string) bool {
 	_, ok := n.ParseDomainGPUsAnnotation(key)
-	return ok || key == n.TopologyAnnotation() || key == n.FailClosedProvenAnnotation()
+	return ok || key == n.TopologyAnnotation() || key == n.FailClosedProvenAnnotation() || key == n.CliquePublishedAnnotation()
+}
+
+// shareClique applies the clique label's ownership to what the agent desires of a node: the
+// label is GFD's (names.GPUCliqueLabel). A value on the node that the agent did not write
+// (CliquePublishedAnnotation differs) is kept as it is, and the agent writes neither the
+// label nor its annotation; a value the agent wrote is the agent's to change, or to remove
+// once its topology knows no clique (removeLabel). Both read the same NVML fabric info, so on
+// real racks they agree; the rule only keeps them from fighting where they do not.
+func shareClique(n names.Names, node *corev1.Node, d Desired) (out Desired, removeLabel bool) {
+	cur, has := node.Labels[names.GPUCliqueLabel]
+	ours := has && node.Annotations[n.CliquePublishedAnnotation()] == cur
+	_, wants := d.Labels[names.GPUCliqueLabel]
+	switch {
+	case has && !ours:
+		out = Desired{Labels: maps.Clone(d.Labels), Annotations: maps.Clone(d.Annotations), Capacity: d.Capacity}
+		delete(out.Labels, names.GPUCliqueLabel)
+		delete(out.Annotations, n.CliquePublishedAnnotation())
+		return out, false
+	case ours && !wants:
+		return d, true
+	}
+	return d, false
 }
 
 // Publisher writes Desired onto one Node with patches scoped to the agent's own keys.
@@ -148,7 +183,11 @@ func (p *Publisher) Publish(ctx context.Context, d Desired) (Result, error) {
 		return Result{}, fmt.Errorf("get node %s: %w", p.Node, err)
 	}
 	var res Result
+	d, removeClique := shareClique(p.Names, node, d)
 	labels := diff(node.Labels, d.Labels, func(k string) bool { return ownsLabel(p.Names, k) })
+	if removeClique {
+		labels[names.GPUCliqueLabel] = nil
+	}
 	annotations := diff(node.Annotations, d.Annotations, func(k string) bool { return ownsAnnotation(p.Names, k) })
 	if len(labels) > 0 || len(annotations) > 0 {
 		meta := map[string]any{}

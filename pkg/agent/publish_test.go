@@ -1,8 +1,10 @@
 package agent
 
 import (
+	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +12,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/nristate"
@@ -125,5 +129,86 @@ func TestADisconnectedPluginMarksTheNode(t *testing.T) {
 	}
 	if !ownsLabel(n, n.PluginDisconnectedLabel()) {
 		t.Error("the agent does not own the label, so it would never remove it")
+	}
+}
+
+// rack is seed's node as a tray of an NVL72 rack: every GPU in clique 3 of one fabric.
+func rack(t *testing.T, clique uint32) *topology.Topology {
+	t.Helper()
+	top := seed(t)
+	for i := range top.GPUs {
+		top.GPUs[i].Fabric = &topology.Fabric{ClusterUUID: "6f1a5f2e-0000-4000-8000-00000000aa01", CliqueID: clique, CliqueNodes: 18, CliqueGPUs: 72}
+	}
+	return top
+}
+
+// The clique label is GFD's: the agent writes it where it is absent, keeps a value another
+// writer set, and changes or removes only the value it wrote itself.
+func TestCliqueLabelIsShared(t *testing.T) {
+	const uuid = "6f1a5f2e-0000-4000-8000-00000000aa01"
+	clique3, clique4 := uuid+".3", uuid+".4"
+	cases := []struct {
+		name string
+		// on the node before the publish
+		label, published string
+		top              func(t *testing.T) *topology.Topology
+		wantLabel        string // "" = absent
+		wantPublished    string
+	}{
+		{"absent: written", "", "", func(t *testing.T) *topology.Topology { return rack(t, 3) }, clique3, clique3},
+		{"GFD's value kept, though another", clique4, "", func(t *testing.T) *topology.Topology { return rack(t, 3) }, clique4, ""},
+		{"GFD's equal value kept, not claimed", clique3, "", func(t *testing.T) *topology.Topology { return rack(t, 3) }, clique3, ""},
+		{"ours, repartitioned: changed", clique3, clique3, func(t *testing.T) *topology.Topology { return rack(t, 4) }, clique4, clique4},
+		{"ours, no clique any more: removed", clique3, clique3, seed, "", ""},
+		{"GFD's, no clique known: kept", clique3, "", seed, clique3, ""},
+		{"GFD overwrote ours: kept, our mark dropped", clique4, clique3, func(t *testing.T) *topology.Topology { return rack(t, 3) }, clique4, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gb-0", Labels: map[string]string{}, Annotations: map[string]string{}}}
+			if tc.label != "" {
+				node.Labels[names.GPUCliqueLabel] = tc.label
+			}
+			if tc.published != "" {
+				node.Annotations[n.CliquePublishedAnnotation()] = tc.published
+			}
+			c := fake.NewClientset(node)
+			d, err := Desire(n, tc.top(t), nil, Health{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := (&Publisher{Client: c, Names: n, Node: "gb-0"}).Publish(context.Background(), d); err != nil {
+				t.Fatal(err)
+			}
+			got, err := c.CoreV1().Nodes().Get(context.Background(), "gb-0", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if l := got.Labels[names.GPUCliqueLabel]; l != tc.wantLabel {
+				t.Errorf("%s = %q, want %q", names.GPUCliqueLabel, l, tc.wantLabel)
+			}
+			if a := got.Annotations[n.CliquePublishedAnnotation()]; a != tc.wantPublished {
+				t.Errorf("%s = %q, want %q", n.CliquePublishedAnnotation(), a, tc.wantPublished)
+			}
+			// The size labels are the agent's own whatever the clique label's writer.
+			if tc.top(t).GPUs[0].Fabric != nil && (got.Labels[n.CliqueGPUsLabel()] != "72" || got.Labels[n.CliqueNodesLabel()] != "18") {
+				t.Errorf("clique size labels = %q GPUs, %q nodes, want 72 and 18", got.Labels[n.CliqueGPUsLabel()], got.Labels[n.CliqueNodesLabel()])
+			}
+		})
+	}
+}
+
+func TestNodeOfTwoCliquesJoinsNone(t *testing.T) {
+	top := rack(t, 3)
+	top.GPUs[5].Fabric = &topology.Fabric{ClusterUUID: top.GPUs[0].Fabric.ClusterUUID, CliqueID: 4}
+	if _, ok, err := top.Clique(); ok || err == nil || !strings.Contains(err.Error(), "GPU 5") {
+		t.Fatalf("Clique() = %v, %v; want an error naming GPU 5", ok, err)
+	}
+	d, err := Desire(n, top, nil, Health{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := d.Labels[names.GPUCliqueLabel]; ok {
+		t.Errorf("a node whose GPUs disagree is labelled %s=%s", names.GPUCliqueLabel, v)
 	}
 }

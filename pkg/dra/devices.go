@@ -2,7 +2,6 @@ package dra
 
 import (
 	"cmp"
-	"fmt"
 	"slices"
 	"strconv"
 
@@ -233,7 +232,7 @@ func gpuDevice(top *topology.Topology, g topology.GPU, p Publish) resourceapi.De
 		attrs[attr(names.DRAAttrProduct)] = resourceapi.DeviceAttribute{StringValue: ptr.To(truncate(g.Product))}
 	}
 	if g.Fabric != nil {
-		attrs[attr(names.DRAAttrClique)] = resourceapi.DeviceAttribute{StringValue: ptr.To(fmt.Sprintf("%s.%d", g.Fabric.ClusterUUID, g.Fabric.CliqueID))}
+		attrs[attr(names.DRAAttrClique)] = resourceapi.DeviceAttribute{StringValue: ptr.To(g.Fabric.Label())}
 	}
 	dev := resourceapi.Device{Name: names.DRADeviceName(g.Index), Attributes: attrs}
 	if g.MemoryMiB > 0 {
@@ -306,7 +305,7 @@ func blockDevice(top *topology.Topology, d topology.Domain, gpus []int) resource
 		attrs[attr(names.DRAAttrProduct)] = resourceapi.DeviceAttribute{StringValue: ptr.To(truncate(first.Product))}
 	}
 	if first.Fabric != nil {
-		attrs[attr(names.DRAAttrClique)] = resourceapi.DeviceAttribute{StringValue: ptr.To(fmt.Sprintf("%s.%d", first.Fabric.ClusterUUID, first.Fabric.CliqueID))}
+		attrs[attr(names.DRAAttrClique)] = resourceapi.DeviceAttribute{StringValue: ptr.To(first.Fabric.Label())}
 	}
 	var mem int64
 	var held []topology.GPU

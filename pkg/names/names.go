@@ -57,6 +57,12 @@ const (
 	NVIDIAPrefix = "nvidia.com/"
 	// WorkloadConfigLabel is GPU Operator's per-node workload mode label.
 	WorkloadConfigLabel = "nvidia.com/gpu.workload.config"
+	// GPUCliqueLabel is NVIDIA GPU Feature Discovery's node label for the multi-node NVLink
+	// clique a node's GPUs are in (GB200/GB300 NVL72), <cluster UUID>.<clique id>. nvdomain's
+	// agent writes the same value where GFD does not run (topology.Fabric.Label), and never
+	// overwrites a value another writer set (agent.Publisher).
+	GPUCliqueLabel = "nvidia.com/gpu.clique"
+
 	// ToolkitDeployLabel is set to "true" by the GPU Operator on nodes where it runs its
 	// container toolkit, which restarts containerd after writing its config.
 	ToolkitDeployLabel = "nvidia.com/gpu.deploy.container-toolkit"
@@ -360,6 +366,9 @@ const (
 	podAssignedSuffix  = "assigned-gpus"
 	podAdmissionSuffix = "admission-id"
 	nriHandledSuffix   = "nri-handled"
+	cliqueGPUsSuffix   = "nvlink-clique-gpus"
+	cliqueNodesSuffix  = "nvlink-clique-nodes"
+	cliqueByAgent      = "nvlink-clique-published"
 )
 
 // Node labels.
@@ -408,6 +417,18 @@ func (n Names) UninstallDrainedAnnotation() string { return n.label(uninstallDra
 // TopologyMismatchLabel is "true" while the NRI plugin on the node serves another topology
 // than the agent publishes, so domain ids in pod annotations may mean other GPUs there.
 func (n Names) TopologyMismatchLabel() string { return n.label(topologyMismatch) }
+
+// CliqueGPUsLabel and CliqueNodesLabel hold the size of the node's multi-node NVLink clique
+// (GPUCliqueLabel) in GPUs and in nodes (compute trays), where the agent knows it: a simulated
+// rack declares it; NVML reports membership only, and the webhook then counts the clique's
+// nodes from their GPUCliqueLabel.
+func (n Names) CliqueGPUsLabel() string  { return n.label(cliqueGPUsSuffix) }
+func (n Names) CliqueNodesLabel() string { return n.label(cliqueNodesSuffix) }
+
+// CliquePublishedAnnotation holds the GPUCliqueLabel value the agent itself wrote. The label
+// is GFD's: the agent writes it only where it is absent, and later changes or removes it only
+// while it still holds the value the agent wrote, so the two never fight over it.
+func (n Names) CliquePublishedAnnotation() string { return n.label(cliqueByAgent) }
 
 // ParseDomainSizeLabel returns the domain id of a DomainSizeLabel key; ok is false for any
 // other key, including DomainMaxLabel and DomainCountLabel.

@@ -67,6 +67,36 @@ func (g GPU) DeviceMinor() int {
 type Fabric struct {
 	ClusterUUID string `json:"clusterUUID"`
 	CliqueID    uint32 `json:"cliqueID"`
+	// CliqueNodes and CliqueGPUs are the clique's size across nodes, where the source knows
+	// it (a simulated rack); NVML reports only membership, and 0 means unknown: the webhook
+	// then counts the clique's nodes itself.
+	CliqueNodes int `json:"cliqueNodes,omitempty"`
+	CliqueGPUs  int `json:"cliqueGPUs,omitempty"`
+}
+
+// Label is the clique as NVIDIA GPU Feature Discovery labels a node with it
+// (nvidia.com/gpu.clique): <cluster UUID>.<clique id>.
+func (f Fabric) Label() string { return fmt.Sprintf("%s.%d", f.ClusterUUID, f.CliqueID) }
+
+// Clique is the multi-node NVLink clique the node's GPUs are in: ok is false when no GPU
+// reports one, and err says which GPUs disagree when they report several (a partition Fabric
+// Manager is still changing, or a misconfigured simulated rack), in which case the node is
+// in no clique until they agree.
+func (t *Topology) Clique() (f Fabric, ok bool, err error) {
+	for _, g := range t.GPUs {
+		if g.Fabric == nil {
+			continue
+		}
+		if !ok {
+			f, ok = *g.Fabric, true
+			continue
+		}
+		if g.Fabric.Label() != f.Label() {
+			return Fabric{}, false, fmt.Errorf("GPUs of this node report different NVLink cliques (%s and %s, GPU %d): the node joins no clique until Fabric Manager reports one for every GPU",
+				f.Label(), g.Fabric.Label(), g.Index)
+		}
+	}
+	return f, ok, nil
 }
 
 // Domain is a set of GPUs in which every pair talks over NVLink, directly or through NVSwitch.

@@ -170,9 +170,9 @@ type entryPoints struct {
 	numaNode bool
 	// remoteType: nvmlDeviceGetNvLinkRemoteDeviceType, from R460.
 	remoteType bool
-	// fabricV: nvmlDeviceGetGpuFabricInfoV; fabricV1: the deprecated nvmlDeviceGetGpuFabricInfo
-	// (driverFabricQueries).
-	fabricV, fabricV1 bool
+	// fabricV4: nvmlDeviceGetGpuFabricInfo_v4 (NVML 13); fabricV: nvmlDeviceGetGpuFabricInfoV;
+	// fabricV1: the deprecated nvmlDeviceGetGpuFabricInfo (driverFabricQueries).
+	fabricV4, fabricV, fabricV1 bool
 }
 
 func lookupEntryPoints(lib nvml.Interface) entryPoints {
@@ -180,6 +180,7 @@ func lookupEntryPoints(lib nvml.Interface) entryPoints {
 	return entryPoints{
 		numaNode:   ext.LookupSymbol("nvmlDeviceGetNumaNodeId") == nil,
 		remoteType: ext.LookupSymbol("nvmlDeviceGetNvLinkRemoteDeviceType") == nil,
+		fabricV4:   ext.LookupSymbol("nvmlDeviceGetGpuFabricInfo_v4") == nil,
 		fabricV:    ext.LookupSymbol("nvmlDeviceGetGpuFabricInfoV") == nil,
 		fabricV1:   ext.LookupSymbol("nvmlDeviceGetGpuFabricInfo") == nil,
 	}
@@ -370,13 +371,13 @@ func fabricConfigProblem(c uint32) string {
 }
 
 // fabricQueries are the driver's fabric queries, each nil where the loaded driver lacks its
-// entry point: nvmlDeviceGetGpuFabricInfoV at version 3 (HealthMask and HealthSummary) and at
+// entry point: nvmlDeviceGetGpuFabricInfo_v4 (per-type cliques), nvmlDeviceGetGpuFabricInfoV at version 3 (HealthMask and HealthSummary) and at
 // version 2 (the mask), and the deprecated nvmlDeviceGetGpuFabricInfo (state, status and
 // clique only), all answered in the version 3 layout. They are separate so that the order
 // read follows can be tested: go-nvml's handler for the versioned query calls the C library
 // itself, which no mock can answer.
 type fabricQueries struct {
-	v3, v2, v1 func(nvml.Device) (nvml.GpuFabricInfo_v3, nvml.Return)
+	v4, v3, v2, v1 func(nvml.Device) (nvml.GpuFabricInfo_v3, nvml.Return)
 }
 
 // read asks the newest query the driver has; a versioned one that does not know its struct
@@ -385,7 +386,7 @@ type fabricQueries struct {
 // GPU without a fabric (NOT_SUPPORTED).
 func (q fabricQueries) read(dev nvml.Device) (nvml.GpuFabricInfo_v3, nvml.Return) {
 	ret := nvml.ERROR_NOT_SUPPORTED
-	for _, query := range []func(nvml.Device) (nvml.GpuFabricInfo_v3, nvml.Return){q.v3, q.v2, q.v1} {
+	for _, query := range []func(nvml.Device) (nvml.GpuFabricInfo_v3, nvml.Return){q.v4, q.v3, q.v2, q.v1} {
 		if query == nil {
 			continue
 		}
@@ -401,10 +402,15 @@ func (q fabricQueries) read(dev nvml.Device) (nvml.GpuFabricInfo_v3, nvml.Return
 
 // driverFabricQueries are the loaded driver's fabric queries (entryPoints says why each is
 // looked up first). NVML 13 deprecates version 3 and the unversioned query in favour of
-// nvmlDeviceGetGpuFabricInfo_v4, which go-nvml v0.13.4 does not wrap; when a driver drops
-// them, every GPU reads as having no fabric, and the agent warns only if the call errs.
+// nvmlDeviceGetGpuFabricInfo_v4, read first where the driver has it.
 func driverFabricQueries(has entryPoints) fabricQueries {
 	var q fabricQueries
+	if has.fabricV4 {
+		q.v4 = func(dev nvml.Device) (nvml.GpuFabricInfo_v3, nvml.Return) {
+			v4, ret := dev.GetGpuFabricInfo_v4()
+			return fromV4(v4), ret
+		}
+	}
 	if has.fabricV {
 		q.v3 = func(dev nvml.Device) (nvml.GpuFabricInfo_v3, nvml.Return) { return dev.GetGpuFabricInfoV().V3() }
 		q.v2 = func(dev nvml.Device) (nvml.GpuFabricInfo_v3, nvml.Return) {
@@ -419,6 +425,21 @@ func driverFabricQueries(has entryPoints) fabricQueries {
 		}
 	}
 	return q
+}
+
+// fromV4 is version 4's answer in the version 3 layout. Version 4 lists one clique per kind of
+// fabric access; the clique id of version 3, the one GFD labels nodes with, is the id of the
+// first unicast-pointer entry (nvml.h says so). A GPU without one has clique id 0, as version
+// 3 reports for a GPU outside every partition.
+func fromV4(v4 nvml.GpuFabricInfo_v4) nvml.GpuFabricInfo_v3 {
+	fi := nvml.GpuFabricInfo_v3{ClusterUuid: v4.ClusterUuid, Status: v4.Status, State: v4.State, HealthMask: v4.HealthMask, HealthSummary: v4.HealthSummary}
+	for _, c := range v4.Cliques[:min(int(v4.NumCliques), len(v4.Cliques))] {
+		if c.Type == nvml.GPU_FABRIC_CLIQUE_TYPE_UNICAST_POINTER {
+			fi.CliqueId = c.Id
+			break
+		}
+	}
+	return fi
 }
 
 func fabricState(s uint8) string {

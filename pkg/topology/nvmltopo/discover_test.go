@@ -406,6 +406,8 @@ func TestFabricQueriesFallBackOnAVersionMismatchOnly(t *testing.T) {
 		wantClique uint32
 		wantRet    nvml.Return
 	}{
+		{"version 4", fabricQueries{v4: answer(4, nvml.SUCCESS), v3: answer(3, nvml.SUCCESS), v2: answer(2, nvml.SUCCESS), v1: answer(1, nvml.SUCCESS)}, 4, nvml.SUCCESS},
+		{"version 4 unknown to the driver", fabricQueries{v4: mismatch, v3: answer(3, nvml.SUCCESS)}, 3, nvml.SUCCESS},
 		{"version 3", fabricQueries{v3: answer(3, nvml.SUCCESS), v2: answer(2, nvml.SUCCESS), v1: answer(1, nvml.SUCCESS)}, 3, nvml.SUCCESS},
 		{"version 3 unknown to the driver", fabricQueries{v3: mismatch, v2: answer(2, nvml.SUCCESS), v1: answer(1, nvml.SUCCESS)}, 2, nvml.SUCCESS},
 		{"neither version known", fabricQueries{v3: mismatch, v2: mismatch, v1: answer(1, nvml.SUCCESS)}, 1, nvml.SUCCESS},
@@ -537,6 +539,29 @@ func TestDiscoverReportsUnhealthyGPUs(t *testing.T) {
 			// An unhealthy GPU keeps its domain: it is the devices that are tainted.
 			if len(top.Domains) != 1 || top.Domains[0].Size() != 8 {
 				t.Errorf("domains %v", domains(top))
+			}
+		})
+	}
+}
+
+// Version 4's clique is the first unicast-pointer entry, whatever comes before it.
+func TestFabricV4CliqueIsTheUnicastPointerOne(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		cliques []nvml.GpuFabricClique_v1
+		want    uint32
+	}{
+		{"Blackwell: four kinds", []nvml.GpuFabricClique_v1{{Type: nvml.GPU_FABRIC_CLIQUE_TYPE_UNICAST_POINTER, Id: 7}, {Type: nvml.GPU_FABRIC_CLIQUE_TYPE_MULTICAST_POINTER, Id: 9}, {Type: nvml.GPU_FABRIC_CLIQUE_TYPE_UNICAST_LOGICAL_ENDPOINT, Id: 11}}, 7},
+		{"multicast only", []nvml.GpuFabricClique_v1{{Type: nvml.GPU_FABRIC_CLIQUE_TYPE_MULTICAST_POINTER, Id: 9}}, 0},
+		{"none", nil, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var v4 nvml.GpuFabricInfo_v4
+			v4.NumCliques = uint32(copy(v4.Cliques[:], tc.cliques))
+			v4.ClusterUuid[0], v4.State = 0xab, nvml.GPU_FABRIC_STATE_COMPLETED
+			fi := fromV4(v4)
+			if fi.CliqueId != tc.want || fi.ClusterUuid[0] != 0xab || fi.State != nvml.GPU_FABRIC_STATE_COMPLETED {
+				t.Errorf("fromV4 = clique %d, uuid[0] %x, state %d; want clique %d", fi.CliqueId, fi.ClusterUuid[0], fi.State, tc.want)
 			}
 		})
 	}

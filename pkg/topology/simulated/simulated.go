@@ -210,7 +210,20 @@ func NewParser() (*Parser, error) {
 
 type wireDoc struct {
 	Nodes []wireNode `json:"nodes"`
+	Racks []wireRack `json:"racks"`
 	Pools []wirePool `json:"pools"`
+}
+
+type wireRack struct {
+	Name        string       `json:"name"`
+	ClusterUUID string       `json:"clusterUUID"`
+	Nodes       []string     `json:"nodes"`
+	Cliques     []wireClique `json:"cliques"`
+}
+
+type wireClique struct {
+	ID    uint32   `json:"id"`
+	Nodes []string `json:"nodes"`
 }
 
 type wirePool struct {
@@ -263,6 +276,7 @@ func (p *Parser) Parse(data []byte) (*Document, error) {
 		return nil, Errors{{Msg: fmt.Sprintf("decode: %v", err)}}
 	}
 	if len(w.Nodes) == 0 && len(w.Pools) == 0 {
+		// racks name nodes described under nodes, so a document of racks alone lists none.
 		return nil, Errors{{Msg: "the document declares nothing: list nodes under \"nodes\", or GPU pools that scale from zero under \"pools\""}}
 	}
 	var errs Errors
@@ -282,6 +296,7 @@ func (p *Parser) Parse(data []byte) (*Document, error) {
 		}
 		doc.Nodes = append(doc.Nodes, Node{Name: n.Name, Topology: top})
 	}
+	errs = append(errs, joinRacks(w.Racks, doc.Nodes, seen)...)
 	pools := map[string]int{}
 	for i, wp := range w.Pools {
 		path := fmt.Sprintf("pools[%d]", i)
@@ -307,6 +322,119 @@ func (p *Parser) Parse(data []byte) (*Document, error) {
 		return nil, errs
 	}
 	return doc, nil
+}
+
+// joinRacks gives every GPU of each rack's nodes its fabric membership: the rack's cluster
+// UUID, the id of the node's clique, and the clique's size in nodes and GPUs. A node is in one
+// rack and, within it, in one clique; a rack without cliques is one clique of id 0. Nodes not
+// described (or described wrongly: already reported) are errors at the rack's path.
+func joinRacks(racks []wireRack, nodes []Node, described map[string]int) Errors {
+	byName := make(map[string]*topology.Topology, len(nodes))
+	for _, n := range nodes {
+		byName[n.Name] = n.Topology
+	}
+	var errs Errors
+	rackOf := map[string]int{}     // node → rack index
+	labelOf := map[string]string{} // clique label → "racks[i].cliques[j]"
+	rackNames := map[string]int{}
+	for i, r := range racks {
+		path := fmt.Sprintf("racks[%d]", i)
+		if prev, dup := rackNames[r.Name]; dup {
+			errs = append(errs, &PathError{path + ".name", fmt.Sprintf("rack %q is already declared by racks[%d]; give each rack its own name", r.Name, prev)})
+			continue
+		}
+		rackNames[r.Name] = i
+		uuid := r.ClusterUUID
+		if uuid == "" {
+			uuid = rackUUID(r.Name)
+		}
+		members := map[string]bool{}
+		ok := true
+		for j, name := range r.Nodes {
+			at := fmt.Sprintf("%s.nodes[%d]", path, j)
+			switch prev, dup := rackOf[name]; {
+			case dup && prev == i:
+				errs = append(errs, &PathError{at, fmt.Sprintf("node %q is listed twice in this rack", name)})
+				ok = false
+			case dup:
+				errs = append(errs, &PathError{at, fmt.Sprintf("node %q is already a tray of racks[%d]; a node is in one rack", name, prev)})
+				ok = false
+			case byName[name] == nil && isDescribed(described, name):
+				ok = false // its own entry's error is reported at nodes[]
+			case byName[name] == nil:
+				errs = append(errs, &PathError{at, fmt.Sprintf("node %q is not described under nodes[]; add it there with its GPUs and domains (a GB200/GB300 tray: gpuCount 4, one domain of GPUs 0-3)", name)})
+				ok = false
+			}
+			rackOf[name] = i
+			members[name] = true
+		}
+		cliques := r.Cliques
+		if len(cliques) == 0 {
+			cliques = []wireClique{{ID: 0, Nodes: r.Nodes}}
+		}
+		cliqueOf := map[string]int{}
+		ids := map[uint32]int{}
+		for c, cl := range cliques {
+			cpath := fmt.Sprintf("%s.cliques[%d]", path, c)
+			if prev, dup := ids[cl.ID]; dup {
+				errs = append(errs, &PathError{cpath + ".id", fmt.Sprintf("clique id %d is already cliques[%d]'s; give each partition of the rack its own id", cl.ID, prev)})
+				ok = false
+				continue
+			}
+			ids[cl.ID] = c
+			label := topology.Fabric{ClusterUUID: uuid, CliqueID: cl.ID}.Label()
+			if prev, dup := labelOf[label]; dup {
+				errs = append(errs, &PathError{cpath + ".id", fmt.Sprintf("clique %s is already %s's: racks that share a clusterUUID share one fabric, and need distinct clique ids", label, prev)})
+				ok = false
+			}
+			labelOf[label] = cpath
+			for j, name := range cl.Nodes {
+				switch prev, dup := cliqueOf[name]; {
+				case !members[name]:
+					errs = append(errs, &PathError{fmt.Sprintf("%s.nodes[%d]", cpath, j), fmt.Sprintf("node %q is not in this rack's nodes; list it there first", name)})
+					ok = false
+				case dup:
+					errs = append(errs, &PathError{fmt.Sprintf("%s.nodes[%d]", cpath, j), fmt.Sprintf("node %q is already in cliques[%d]; a GPU is in one NVLink partition", name, prev)})
+					ok = false
+				}
+				cliqueOf[name] = c
+			}
+		}
+		for _, name := range r.Nodes {
+			if _, in := cliqueOf[name]; !in && ok {
+				errs = append(errs, &PathError{path + ".cliques", fmt.Sprintf("node %q of this rack is in no clique; add it to one (a tray outside every partition has no NVLink peers on other trays: leave it out of the rack instead)", name)})
+				ok = false
+			}
+		}
+		if !ok {
+			continue
+		}
+		for _, cl := range cliques {
+			gpus := 0
+			for _, name := range cl.Nodes {
+				gpus += len(byName[name].GPUs)
+			}
+			for _, name := range cl.Nodes {
+				top := byName[name]
+				for g := range top.GPUs {
+					top.GPUs[g].Fabric = &topology.Fabric{ClusterUUID: uuid, CliqueID: cl.ID, CliqueNodes: len(cl.Nodes), CliqueGPUs: gpus}
+				}
+			}
+		}
+	}
+	return errs
+}
+
+func isDescribed(described map[string]int, name string) bool {
+	_, ok := described[name]
+	return ok
+}
+
+// rackUUID is a stable cluster UUID for a rack that declares none.
+func rackUUID(rack string) string {
+	sum := sha256.Sum256([]byte("nvdomain-simulated-rack/" + rack))
+	h := hex.EncodeToString(sum[:16])
+	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:32]
 }
 
 // under puts an entry's error at the entry's path.

@@ -259,3 +259,77 @@ func TestForNodeLabelsGivesAPoolNodeThePoolsShape(t *testing.T) {
 		t.Fatalf("UUIDs: hgx-1 %s, hgx-2 %s, hgx-1 again %s", a.GPUs[0].UUID, b.GPUs[0].UUID, a2.GPUs[0].UUID)
 	}
 }
+
+// The NVL72 example: rack a is one clique of 18 trays, rack b two partitions of 9. Every GPU
+// of a tray carries its clique, and the clique's size.
+func TestRacksGiveEveryTrayItsClique(t *testing.T) {
+	data, err := os.ReadFile("../../../manifests/examples/nvl72-racks-topology.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, err := newParser(t).Parse(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cliques := map[string][]string{}
+	for _, n := range doc.Nodes {
+		f, ok, err := n.Topology.Clique()
+		if err != nil || !ok {
+			t.Fatalf("%s: clique %v, %v", n.Name, ok, err)
+		}
+		want := map[bool][2]int{true: {18, 72}, false: {9, 36}}[strings.HasPrefix(n.Name, "gb200-a-")]
+		if f.CliqueNodes != want[0] || f.CliqueGPUs != want[1] {
+			t.Errorf("%s: clique size %d nodes, %d GPUs; want %v", n.Name, f.CliqueNodes, f.CliqueGPUs, want)
+		}
+		cliques[f.Label()] = append(cliques[f.Label()], n.Name)
+	}
+	if len(cliques) != 3 {
+		t.Fatalf("cliques = %v, want 3", cliques)
+	}
+	if got := cliques["3c1f7c52-6e0a-4d8e-9a43-0b5f2d7e9b21.2"]; len(got) != 9 || got[0] != "gb200-b-09" {
+		t.Errorf("rack b's clique 2 = %v, want gb200-b-09..17", got)
+	}
+	// A rack with no clusterUUID gets a stable one from its name.
+	again, _ := newParser(t).Parse(data)
+	f1, _, _ := doc.Nodes[0].Topology.Clique()
+	f2, _, _ := again.Nodes[0].Topology.Clique()
+	if f1.ClusterUUID != f2.ClusterUUID || len(f1.ClusterUUID) != 36 {
+		t.Errorf("derived cluster UUID %q, then %q", f1.ClusterUUID, f2.ClusterUUID)
+	}
+}
+
+func TestInvalidRacksNameTheJSONPath(t *testing.T) {
+	nodes := `"nodes":[{"name":"t0","gpuCount":4},{"name":"t1","gpuCount":4},{"name":"t2","gpuCount":4}]`
+	cases := []struct{ name, racks, want string }{
+		{"undescribed tray", `[{"name":"r","nodes":["t0","t9"]}]`,
+			`racks[0].nodes[1]: node "t9" is not described under nodes[]; add it there`},
+		{"tray in two racks", `[{"name":"r","nodes":["t0"]},{"name":"s","nodes":["t1","t0"]}]`,
+			`racks[1].nodes[1]: node "t0" is already a tray of racks[0]; a node is in one rack`},
+		{"tray twice", `[{"name":"r","nodes":["t0","t0"]}]`,
+			`racks[0].nodes[1]: node "t0" is listed twice in this rack`},
+		{"duplicate rack", `[{"name":"r","nodes":["t0"]},{"name":"r","nodes":["t1"]}]`,
+			`racks[1].name: rack "r" is already declared by racks[0]`},
+		{"clique of another rack's tray", `[{"name":"r","nodes":["t0","t1"],"cliques":[{"id":1,"nodes":["t0","t2"]},{"id":2,"nodes":["t1"]}]}]`,
+			`racks[0].cliques[0].nodes[1]: node "t2" is not in this rack's nodes`},
+		{"tray in two cliques", `[{"name":"r","nodes":["t0","t1"],"cliques":[{"id":1,"nodes":["t0","t1"]},{"id":2,"nodes":["t1"]}]}]`,
+			`racks[0].cliques[1].nodes[0]: node "t1" is already in cliques[0]; a GPU is in one NVLink partition`},
+		{"tray in no clique", `[{"name":"r","nodes":["t0","t1"],"cliques":[{"id":1,"nodes":["t0"]}]}]`,
+			`racks[0].cliques: node "t1" of this rack is in no clique`},
+		{"duplicate clique id", `[{"name":"r","nodes":["t0","t1"],"cliques":[{"id":1,"nodes":["t0"]},{"id":1,"nodes":["t1"]}]}]`,
+			`racks[0].cliques[1].id: clique id 1 is already cliques[0]'s`},
+		{"two racks on one fabric, one clique id", `[{"name":"r","clusterUUID":"3c1f7c52-6e0a-4d8e-9a43-0b5f2d7e9b21","nodes":["t0"]},{"name":"s","clusterUUID":"3c1f7c52-6e0a-4d8e-9a43-0b5f2d7e9b21","nodes":["t1"]}]`,
+			`racks[1].cliques[0].id: clique 3c1f7c52-6e0a-4d8e-9a43-0b5f2d7e9b21.0 is already racks[0].cliques[0]'s`},
+		{"schema: bad cluster UUID", `[{"name":"r","clusterUUID":"ABC","nodes":["t0"]}]`,
+			`racks[0].clusterUUID: `},
+		{"schema: no nodes", `[{"name":"r","nodes":[]}]`,
+			`racks[0].nodes: minItems: got 0, want 1`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := newParser(t).Parse([]byte(`{` + nodes + `,"racks":` + tc.racks + `}`))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error = %v\nwant it to contain %q", err, tc.want)
+			}
+		})
+	}
+}

@@ -81,7 +81,18 @@ func (m *Decider) mutate(pod *corev1.Pod, seed uint64, admission string) (*corev
 		work = pod.DeepCopy()
 		StripOwned(work, n)
 	}
+	// A group's pod goes to its group's clique first, so that the domain is then chosen
+	// among that clique's nodes.
+	group := m.planGroup(work, rules.Inspect(work, n), seed)
+	if group.Clique != "" && work.Annotations[n.PodCliqueAnnotation()] != group.Clique {
+		work = PinClique(work, group.Clique, n)
+	}
 	plan := m.plan(work, seed, admission)
+	plan.Group = group
+	if reserve && group.Clique != "" && !group.Followed && plan.Outcome == OutcomePinned {
+		g := plan.Pod.Group
+		m.View.ReserveClique(pod.Namespace, pod.Name, g.Key, group.Clique, g.Leader, g.Size, plan.Pod.GPUs)
+	}
 	stamp = stamp || (reserve && plan.Chosen)
 	// A tensor-parallel pod the validating webhook will deny passes unpinned, so that the
 	// denial names the pod's own fields, hand-written annotations included. It still
@@ -251,6 +262,8 @@ type PinPlan struct {
 	DecisionTime time.Duration
 	// Err says why no domain can hold the pod, when Outcome is OutcomeNoDomain.
 	Err error
+	// Group is the clique decision for a pod of a LeaderWorkerSet group (group.go).
+	Group GroupPlan
 }
 
 // Plan decides what the mutating webhook does with a pod being created. seed spreads ties
@@ -351,6 +364,7 @@ func (v *Decider) review(pod *corev1.Pod) ([]rules.Violation, []Warning) {
 		vs = append(vs, tp...)
 		if len(tp) == 0 {
 			vs = append(vs, v.placementViolations(pod, p)...)
+			vs = append(vs, v.groupViolations(pod, p)...)
 		}
 	}
 	return vs, v.warnings(pod, p)

@@ -128,6 +128,11 @@ type View struct {
 	// reservation.
 	chooseHook func()
 
+	// groupPins are the clique pins of groups' pods, and cliqueRes the cliques chosen at
+	// admission for pods the informer has not delivered yet, by namespace/name (cliques.go).
+	groupPins map[types.UID]groupPin
+	cliqueRes map[string]cliqueReservation
+
 	// decideMu makes a domain choice and its reservation one step (ChooseAndReserve), so
 	// concurrent admissions on this replica never take the same room.
 	decideMu sync.Mutex
@@ -300,6 +305,8 @@ func New(n names.Names) *View {
 		draUsed:     map[string]map[int]int{},
 		rejected:    map[types.UID]time.Time{},
 		hold:        UnschedulableHold,
+		groupPins:   map[types.UID]groupPin{},
+		cliqueRes:   map[string]cliqueReservation{},
 	}
 }
 
@@ -485,6 +492,7 @@ func (v *View) UpsertPod(pod *corev1.Pod) {
 		v.gen.Add(1)
 	}
 	v.removePodLocked(pod.UID)
+	v.recordGroupLocked(pod, p)
 	if d < 0 || terminal || (!bound && deleting) {
 		return
 	}
@@ -575,6 +583,7 @@ func (v *View) DeletePod(uid types.UID) {
 		v.gen.Add(1)
 	}
 	v.removePodLocked(uid)
+	v.forgetGroupLocked(uid)
 }
 
 func (v *View) removePodLocked(uid types.UID) {

@@ -45,6 +45,12 @@ const (
 	// on every pod of a group: the LeaderWorkerSet and the group's index.
 	LWSNameLabel       = "leaderworkerset.sigs.k8s.io/name"
 	LWSGroupIndexLabel = "leaderworkerset.sigs.k8s.io/group-index"
+	// LWSWorkerIndexLabel is the pod's place in its group ("0": the leader), LWSSizeAnnotation
+	// the group's pod count, and LWSLeaderNameAnnotation, on workers, the leader's pod name
+	// (LeaderWorkerSet v0.8).
+	LWSWorkerIndexLabel     = "leaderworkerset.sigs.k8s.io/worker-index"
+	LWSSizeAnnotation       = "leaderworkerset.sigs.k8s.io/size"
+	LWSLeaderNameAnnotation = "leaderworkerset.sigs.k8s.io/leader-name"
 	// GPUResource is the NVIDIA device plugin's whole-GPU resource.
 	GPUResource = "nvidia.com/gpu"
 	// SharedGPUResource is what the device plugin advertises for time-sliced GPUs when
@@ -369,6 +375,7 @@ const (
 	cliqueGPUsSuffix   = "nvlink-clique-gpus"
 	cliqueNodesSuffix  = "nvlink-clique-nodes"
 	cliqueByAgent      = "nvlink-clique-published"
+	podCliqueSuffix    = "nvlink-clique"
 )
 
 // Node labels.
@@ -429,6 +436,11 @@ func (n Names) CliqueNodesLabel() string { return n.label(cliqueNodesSuffix) }
 // is GFD's: the agent writes it only where it is absent, and later changes or removes it only
 // while it still holds the value the agent wrote, so the two never fight over it.
 func (n Names) CliquePublishedAnnotation() string { return n.label(cliqueByAgent) }
+
+// PodCliqueAnnotation, on a pod of a group (a LeaderWorkerSet group), is the multi-node
+// NVLink clique (GPUCliqueLabel value) the webhook pinned the group to; the pod also requires
+// that label value through node affinity. The group's later pods follow it.
+func (n Names) PodCliqueAnnotation() string { return n.label(podCliqueSuffix) }
 
 // ParseDomainSizeLabel returns the domain id of a DomainSizeLabel key; ok is false for any
 // other key, including DomainMaxLabel and DomainCountLabel.

@@ -8,6 +8,7 @@ package rules
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -52,6 +53,32 @@ type Pod struct {
 	GPUs int
 	// Containers lists every container, init containers first, in spec order.
 	Containers []Container
+	// Group is the LeaderWorkerSet group the pod is in; nil for a pod outside one, or in a
+	// group of one pod (which needs no clique: its NVLink domain is inside its node).
+	Group *Group
+}
+
+// Group is a pod's LeaderWorkerSet group, from the labels and annotations LWS puts on it.
+type Group struct {
+	// Key names the group within the namespace: <LeaderWorkerSet>/<group index>.
+	Key string
+	// Size is the group's pod count (leaderworkerset.sigs.k8s.io/size), at least 2.
+	Size int
+	// Leader is true for the group's first pod (worker index 0), which LWS creates first.
+	Leader bool
+}
+
+// SizeField is the field a message about the group's size names.
+const SizeField = "metadata.annotations[" + names.LWSSizeAnnotation + "]"
+
+// groupOf reads the pod's group; nil outside one, or for a size LWS never writes.
+func groupOf(pod *corev1.Pod) *Group {
+	lws, index := pod.Labels[names.LWSNameLabel], pod.Labels[names.LWSGroupIndexLabel]
+	size, err := strconv.Atoi(pod.Annotations[names.LWSSizeAnnotation])
+	if lws == "" || index == "" || err != nil || size < 2 {
+		return nil
+	}
+	return &Group{Key: lws + "/" + index, Size: size, Leader: pod.Labels[names.LWSWorkerIndexLabel] == "0"}
 }
 
 // GPUContainers returns the containers that run with the pod and ask for nvidia.com/gpu.
@@ -67,7 +94,7 @@ func (p Pod) GPUContainers() []Container {
 
 // Inspect reads a pod's GPU ask.
 func Inspect(pod *corev1.Pod, n names.Names) Pod {
-	p := Pod{TP: pod.Labels[names.TPLabel] == names.TPLabelValue}
+	p := Pod{TP: pod.Labels[names.TPLabel] == names.TPLabelValue, Group: groupOf(pod)}
 	for i := range pod.Spec.InitContainers {
 		c := &pod.Spec.InitContainers[i]
 		sidecar := c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways

@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 
@@ -88,6 +89,12 @@ func TestValidateTP(t *testing.T) {
 			[]string{"spec.containers[0].resources.limits[nvidia.com/gpu.shared]: time-sliced GPU replicas have no NVLink between them, so a tensor-parallel pod cannot use them; request whole GPUs with nvidia.com/gpu, or remove the tensor-parallel=true label"}},
 		{"an init container with a GPU is allowed (it gets it from the pod's domain)", initGPU, 8, nil},
 		{"a GPU sidecar counts toward the TP size", sidecar, 8, nil},
+		{"LWS group: tp × pp over the group", inGroup(tpPod(container("vllm", gpus(4), "--tensor-parallel-size", "8", "--pipeline-parallel-size", "2")), 4, "0"), 8, nil},
+		{"LWS group: per-pod engine", inGroup(tpPod(container("vllm", gpus(4), "--tensor-parallel-size", "4")), 4, "0"), 8, nil},
+		{"LWS group: flags fit neither", inGroup(tpPod(container("vllm", gpus(4), "--tensor-parallel-size", "8")), 4, "0"), 8,
+			[]string{"spec.containers[0].args[0]: --tensor-parallel-size 8 disagrees with the group's 4 pods × 4 GPUs (16 GPUs; leaderworkerset.sigs.k8s.io/size=4, nvidia.com/gpu: 4 in resources.limits) and with the container's own 4 GPUs; the engine would fail or leave GPUs idle, so set the flags to the group's GPUs, or change the group size or the GPUs per pod"}},
+		{"LWS group of one is a pod", inGroup(tpPod(container("vllm", gpus(4), "--tensor-parallel-size", "8")), 1, "0"), 8,
+			[]string{"spec.containers[0].args[0]: --tensor-parallel-size 8 disagrees with the container's 4 GPUs (nvidia.com/gpu: 4 in resources.limits); the engine would fail or leave GPUs idle, so set both to the same number"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -200,5 +207,31 @@ func TestDomainGPUsCountsAsTheScheduler(t *testing.T) {
 				t.Fatalf("DomainGPUs = %d, want %d", got, tc.want)
 			}
 		})
+	}
+}
+
+// inGroup labels a pod as LeaderWorkerSet v0.8 labels group members.
+func inGroup(pod *corev1.Pod, size int, worker string) *corev1.Pod {
+	pod.Labels[names.LWSNameLabel] = "llama"
+	pod.Labels[names.LWSGroupIndexLabel] = "0"
+	pod.Labels[names.LWSWorkerIndexLabel] = worker
+	pod.Annotations = map[string]string{names.LWSSizeAnnotation: strconv.Itoa(size)}
+	return pod
+}
+
+func TestGroupOf(t *testing.T) {
+	if g := Inspect(inGroup(tpPod(container("a", gpus(4))), 4, "0"), n).Group; g == nil || g.Key != "llama/0" || g.Size != 4 || !g.Leader {
+		t.Errorf("leader's group = %+v", g)
+	}
+	if g := Inspect(inGroup(tpPod(container("a", gpus(4))), 4, "2"), n).Group; g == nil || g.Leader {
+		t.Errorf("worker's group = %+v", g)
+	}
+	bad := inGroup(tpPod(container("a", gpus(4))), 4, "0")
+	bad.Annotations[names.LWSSizeAnnotation] = "four"
+	if g := Inspect(bad, n).Group; g != nil {
+		t.Errorf("a size LWS never writes makes group %+v", g)
+	}
+	if g := Inspect(tpPod(container("a", gpus(4))), n).Group; g != nil {
+		t.Errorf("a pod outside LWS has group %+v", g)
 	}
 }

@@ -21,6 +21,7 @@ const (
 	ReasonSharedGPU      = "mig-or-shared-gpu"
 	ReasonDomainConflict = "domain-conflict"
 	ReasonNotPinned      = "not-pinned"
+	ReasonNoClique       = "no-clique-large-enough"
 )
 
 // Violation is one reason to reject a pod.
@@ -86,7 +87,7 @@ func ValidateTP(p Pod, cfg Config, largest func() int) []Violation {
 			fmt.Sprintf("%s is not allowed (allowed: %s); request one of those GPU counts", size, joinInts(shown(cfg.AllowedTPSizes, largest)))})
 	}
 	for _, c := range gpuContainers {
-		if v, ok := engineMismatch(c); ok {
+		if v, ok := engineMismatch(c, p.Group); ok {
 			vs = append(vs, v)
 		}
 	}
@@ -175,7 +176,11 @@ type flagHit struct {
 // engineMismatch compares the parallelism flags on a container's command line with its GPUs.
 // It reads command and args, and the script of `sh -c`/`bash -c`, and resolves $(VAR) and
 // $VAR from literal env values; a value it cannot resolve is not judged.
-func engineMismatch(c Container) (Violation, bool) {
+//
+// In a LeaderWorkerSet group (g) the engine spans the group: vLLM over Ray, SGLang's
+// --nnodes and TensorRT-LLM count tensor × pipeline parallel over every pod, so the flags
+// may also equal the group's size times the container's GPUs.
+func engineMismatch(c Container, g *Group) (Violation, bool) {
 	hits := map[string]flagHit{}
 	scan := func(tokens []string, fieldOf func(i int) string) {
 		for i := 0; i < len(tokens); i++ {
@@ -229,12 +234,17 @@ func engineMismatch(c Container) (Violation, bool) {
 		product *= v
 		parts = append(parts, fmt.Sprintf("%s %d", h.flag, v))
 	}
-	if product == c.GPUs {
+	if product == c.GPUs || (g != nil && product == g.Size*c.GPUs) {
 		return Violation{}, false
 	}
 	says := parts[0]
 	if len(parts) > 1 {
 		says = fmt.Sprintf("%s (= %d GPUs)", strings.Join(parts, " × "), product)
+	}
+	if g != nil {
+		return Violation{tp.field, ReasonEngineMismatch,
+			fmt.Sprintf("%s disagrees with the group's %d pods × %d GPUs (%d GPUs; %s=%d, %s: %d in resources.limits) and with the container's own %d GPUs; the engine would fail or leave GPUs idle, so set the flags to the group's GPUs, or change the group size or the GPUs per pod",
+				says, g.Size, c.GPUs, g.Size*c.GPUs, names.LWSSizeAnnotation, g.Size, names.GPUResource, c.GPUs, c.GPUs)}, true
 	}
 	return Violation{tp.field, ReasonEngineMismatch,
 		fmt.Sprintf("%s disagrees with the container's %d GPUs (%s: %d in resources.limits); the engine would fail or leave GPUs idle, so set both to the same number",

@@ -1,0 +1,155 @@
+package webhook
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	decision "github.com/nvdomain/nvdomain/pkg/admission"
+	"github.com/nvdomain/nvdomain/pkg/names"
+)
+
+// tray is one compute tray of an NVL72 rack: one 4-GPU domain, in clique.
+func tray(name, clique string) *corev1.Node {
+	extra := map[string]string{}
+	if clique != "" {
+		extra[names.GPUCliqueLabel] = clique
+	}
+	return node(name, []int{4}, extra, nil)
+}
+
+// groupPod is a pod of LeaderWorkerSet lws's group index as LWS v0.8 labels it.
+func groupPod(lws string, group, worker, size int, gpus int64) *corev1.Pod {
+	p := pod(true, gpus)
+	p.Name = fmt.Sprintf("%s-%d", lws, group)
+	if worker > 0 {
+		p.Name += fmt.Sprintf("-%d", worker)
+	}
+	p.UID = types.UID(p.Name + "-uid")
+	p.Labels[names.LWSNameLabel] = lws
+	p.Labels[names.LWSGroupIndexLabel] = fmt.Sprint(group)
+	p.Labels[names.LWSWorkerIndexLabel] = fmt.Sprint(worker)
+	p.Annotations = map[string]string{names.LWSSizeAnnotation: fmt.Sprint(size)}
+	return p
+}
+
+// requiredClique is the clique the pod's every required term pins it to ("" if any term
+// lacks one, or they differ).
+func requiredClique(p *corev1.Pod) string {
+	a := p.Spec.Affinity
+	if a == nil || a.NodeAffinity == nil || a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil {
+		return ""
+	}
+	found := ""
+	for _, t := range a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
+		this := ""
+		for _, e := range t.MatchExpressions {
+			if e.Key == names.GPUCliqueLabel && e.Operator == corev1.NodeSelectorOpIn && len(e.Values) == 1 {
+				this = e.Values[0]
+			}
+		}
+		if this == "" || (found != "" && this != found) {
+			return ""
+		}
+		found = this
+	}
+	return found
+}
+
+// Two racks: clique a of three trays, clique b of two; and an HGX node in no clique.
+func rackFixture(t *testing.T) *fixture {
+	return newFixture(t, decision.NonTPAuto,
+		tray("a-0", "a"), tray("a-1", "a"), tray("a-2", "a"), tray("b-0", "b"), tray("b-1", "b"),
+		node("hgx-0", []int{8}, nil, nil))
+}
+
+func TestGroupIsPinnedToOneClique(t *testing.T) {
+	f := rackFixture(t)
+	// A group of two trays fits b exactly (the tightest fit), and its pod lands in b's domain.
+	leader, mresp, vresp := f.admit(t, groupPod("llama", 0, 0, 2, 4))
+	if !mresp.Allowed || !vresp.Allowed {
+		t.Fatalf("mutate %+v validate %+v", mresp.Result, vresp.Result)
+	}
+	if c := requiredClique(leader); c != "b" || leader.Annotations[n.PodCliqueAnnotation()] != "b" {
+		t.Fatalf("leader pinned to %q (annotation %q), want b", c, leader.Annotations[n.PodCliqueAnnotation()])
+	}
+	if leader.Annotations[n.PodDomainAnnotation()] != "0" {
+		t.Errorf("leader's domain = %q, want 0", leader.Annotations[n.PodDomainAnnotation()])
+	}
+	// The leader is scheduled; its worker follows it to b, whatever else has room.
+	leader.Spec.NodeName = "b-0"
+	f.view.UpsertPod(leader)
+	worker, mresp, vresp := f.admit(t, groupPod("llama", 0, 1, 2, 4))
+	if !mresp.Allowed || !vresp.Allowed || requiredClique(worker) != "b" {
+		t.Fatalf("worker pinned to %q; mutate %+v validate %+v", requiredClique(worker), mresp.Result, vresp.Result)
+	}
+	// Re-admitting the pinned worker changes nothing.
+	if again := f.mut.Handle(context.Background(), request(t, worker)); !again.Allowed || len(again.Patches) != 0 {
+		t.Errorf("re-admission patched: %v", again.Patches)
+	}
+	// The next group of two finds b taken (its worker is pending there) and goes to a.
+	next, _, vresp := f.admit(t, groupPod("llama", 1, 0, 2, 4))
+	if c := requiredClique(next); c != "a" || !vresp.Allowed {
+		t.Errorf("second group pinned to %q (validate %+v), want a", c, vresp.Result)
+	}
+}
+
+// A leader admitted but not yet seen by the informer holds its clique's room: the group
+// admitted just after it on the same replica goes elsewhere.
+func TestConcurrentGroupsDoNotShareAClique(t *testing.T) {
+	f := rackFixture(t)
+	first, _, _ := f.admit(t, groupPod("a", 0, 0, 2, 4))
+	second, _, _ := f.admit(t, groupPod("b", 0, 0, 2, 4))
+	if requiredClique(first) == "" || requiredClique(first) == requiredClique(second) {
+		t.Errorf("groups pinned to %q and %q", requiredClique(first), requiredClique(second))
+	}
+}
+
+func TestGroupNoCliqueCanHoldIsRejected(t *testing.T) {
+	f := rackFixture(t)
+	_, mresp, vresp := f.admit(t, groupPod("llama", 0, 0, 4, 4))
+	if !mresp.Allowed || vresp.Allowed {
+		t.Fatalf("mutate allowed %v, validate allowed %v; want the validating webhook to deny", mresp.Allowed, vresp.Allowed)
+	}
+	msg := vresp.Result.Message
+	for _, want := range []string{
+		"metadata.annotations[leaderworkerset.sigs.k8s.io/size]",
+		"no NVLink clique can hold a group of 4 pods × 4 GPUs (16 GPUs): the largest, a, holds 3 such pods (12 GPUs on 3 nodes)",
+		"lower the group size (spec.leaderWorkerTemplate.size)",
+	} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("denial %q does not say %q", msg, want)
+		}
+	}
+}
+
+// Without a node in any clique a group is not pinned to one: its pods talk over the network.
+func TestGroupWithoutCliquesIsPinnedPerPod(t *testing.T) {
+	f := newFixture(t, decision.NonTPAuto, node("hgx-0", []int{8}, nil, nil), node("hgx-1", []int{8}, nil, nil))
+	out, mresp, vresp := f.admit(t, groupPod("llama", 0, 0, 2, 8))
+	if !mresp.Allowed || !vresp.Allowed {
+		t.Fatalf("mutate %+v validate %+v", mresp.Result, vresp.Result)
+	}
+	if c := requiredClique(out); c != "" || out.Annotations[n.PodCliqueAnnotation()] != "" {
+		t.Errorf("pinned to clique %q without cliques", c)
+	}
+	if out.Annotations[n.PodDomainAnnotation()] != "0" {
+		t.Errorf("domain annotation = %q", out.Annotations[n.PodDomainAnnotation()])
+	}
+}
+
+// A clique expression the user wrote is narrowed to the clique chosen among those it allows.
+func TestUsersCliqueChoiceIsRespected(t *testing.T) {
+	f := rackFixture(t)
+	p := groupPod("llama", 0, 0, 2, 4)
+	p.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+		NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: names.GPUCliqueLabel, Operator: corev1.NodeSelectorOpIn, Values: []string{"a", "c"}}}}}}}}
+	out, _, vresp := f.admit(t, p)
+	if c := requiredClique(out); c != "a" || !vresp.Allowed {
+		t.Errorf("pinned to %q (validate %+v), want a, the only allowed clique that exists", c, vresp.Result)
+	}
+}

@@ -153,3 +153,31 @@ func TestUsersCliqueChoiceIsRespected(t *testing.T) {
 		t.Errorf("pinned to %q (validate %+v), want a, the only allowed clique that exists", c, vresp.Result)
 	}
 }
+
+// A pod in no group is steered (by the hint) into the clique with the fewest empty trays, so
+// that whole trays stay together where groups need them.
+func TestSinglePodFillsTheFragmentedClique(t *testing.T) {
+	f := rackFixture(t)
+	// One TP=2 pod runs on a-0: clique a has two empty trays and a half one, b two empty.
+	f.view.UpsertPod(bound("a-0", 0, 2, "running-on-a"))
+	out, _, vresp := f.admit(t, pod(true, 2, "--tensor-parallel-size", "2"))
+	if !vresp.Allowed {
+		t.Fatalf("validate %+v", vresp.Result)
+	}
+	if hint := hintOf(t, out); len(hint) != 1 || hint[0] != "a-0" {
+		t.Errorf("hint = %v, want [a-0], the half-used tray of the fragmented clique", hint)
+	}
+	if c := requiredClique(out); c != "" {
+		t.Errorf("a pod in no group is required in clique %q; it must stay free to run anywhere", c)
+	}
+	// The scheduler follows the hint.
+	out.UID, out.Spec.NodeName = "tp2-uid", "a-0"
+	f.view.UpsertPod(out)
+	// Fill b's first tray: b now has one empty tray, a two, so b is the fragmented one, and the
+	// TP=4 pod that breaks a tray breaks one of b's.
+	f.view.UpsertPod(bound("b-0", 0, 4, "running-on-b"))
+	out, _, _ = f.admit(t, pod(true, 4, "--tensor-parallel-size", "4"))
+	if hint := hintOf(t, out); len(hint) != 1 || hint[0] != "b-1" {
+		t.Errorf("hint = %v, want [b-1]", hint)
+	}
+}

@@ -117,7 +117,9 @@ func (m *Decider) mutate(pod *corev1.Pod, seed uint64, admission string) (*corev
 		// A pod pinned already (re-admitted, or pinned by hand) gets no hint: Pin adds
 		// nothing to a pod that has nvdomain's preferred terms. In mixed mode it is also kept
 		// off DRA nodes, which publish no domain resources.
-		out = m.keepOffDRA(Pin(work, plan.Pod, plan.Domain, PreferenceOf(plan.Decision), n))
+		pref := PreferenceOf(plan.Decision)
+		pref.Clique = plan.HintClique
+		out = m.keepOffDRA(Pin(work, plan.Pod, plan.Domain, pref, n))
 	case OutcomeDRA:
 		// A dry run gets the same answer and creates nothing: the templates come from the
 		// dratemplates controller, not from admission.
@@ -264,6 +266,9 @@ type PinPlan struct {
 	Err error
 	// Group is the clique decision for a pod of a LeaderWorkerSet group (group.go).
 	Group GroupPlan
+	// HintClique is the clique a pod in no group was steered to (View.FragmentedClique):
+	// Decision is the tightest fit there.
+	HintClique string
 }
 
 // Plan decides what the mutating webhook does with a pod being created. seed spreads ties
@@ -319,10 +324,22 @@ func (m *Decider) plan(pod *corev1.Pod, seed uint64, admission string) PinPlan {
 	start := time.Now()
 	var dec placement.Decision
 	var err error
+	// On a cluster with cliques, a pod in no group is placed in the most fragmented clique
+	// with room (View.FragmentedClique), through the hint only: its nodes are the tightest
+	// fit there. The pod may still run anywhere its pin allows.
+	choose := pod
+	if p.Group == nil {
+		if c := m.View.FragmentedClique(pod, p.DomainGPUs()); c != "" {
+			inClique := requireClique(pod, c)
+			if d, err := m.View.ChooseDomain(inClique, p.DomainGPUs(), seed); err == nil && d.Fits {
+				choose, plan.HintClique = inClique, c
+			}
+		}
+	}
 	if admission != "" {
-		dec, err = m.View.ChooseAndReserve(pod, p.DomainGPUs(), seed, admission)
+		dec, err = m.View.ChooseAndReserve(choose, p.DomainGPUs(), seed, admission)
 	} else {
-		dec, err = m.View.ChooseDomain(pod, p.DomainGPUs(), seed)
+		dec, err = m.View.ChooseDomain(choose, p.DomainGPUs(), seed)
 	}
 	plan.DecisionTime = time.Since(start)
 	if err != nil {

@@ -57,11 +57,17 @@ func (m *Decider) planGroup(pod *corev1.Pod, p rules.Pod, seed uint64) GroupPlan
 // ORed). An expression the pod already has on the label is narrowed to the clique: the clique
 // was chosen among the nodes that expression selects.
 func PinClique(pod *corev1.Pod, clique string, n names.Names) *corev1.Pod {
-	out := pod.DeepCopy()
+	out := requireClique(pod, clique)
 	if out.Annotations == nil {
 		out.Annotations = map[string]string{}
 	}
 	out.Annotations[n.PodCliqueAnnotation()] = clique
+	return out
+}
+
+// requireClique is a copy of pod whose every required node affinity term selects clique.
+func requireClique(pod *corev1.Pod, clique string) *corev1.Pod {
+	out := pod.DeepCopy()
 	expr := corev1.NodeSelectorRequirement{Key: names.GPUCliqueLabel, Operator: corev1.NodeSelectorOpIn, Values: []string{clique}}
 	na := requireOnEveryTerm(out, expr)
 	for i := range na.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {

@@ -143,6 +143,8 @@ func RequirePlugin(pod *corev1.Pod, p rules.Pod) {
 type Preference struct {
 	// Hint names the nodes where the pinned domain is the tightest fit now (Decision.Hint).
 	Hint []string
+	// Clique, when set, is the multi-node NVLink clique the Hint's nodes were chosen in.
+	Clique string
 	// Sizes are the capacities the pinned id has on the nodes the pod may use, where it is
 	// large enough (Decision.Sizes). Nil when unknown: every size term is written.
 	Sizes []int
@@ -163,6 +165,11 @@ func PreferenceOf(dec placement.Decision) Preference {
 // on a 4-GPU half). Pods of one size pinned to one id then have the same spec, which the
 // scheduler's opportunistic batching can reuse a cycle for.
 func (p Preference) hintNeeded(k int) bool {
+	if p.Clique != "" {
+		// Its nodes are in the clique the pod is steered to (View.FragmentedClique): equally
+		// tight trays elsewhere are not where it should go.
+		return true
+	}
 	if p.Sizes == nil || p.LeftOver != 0 || p.Capacity != k {
 		return true
 	}

@@ -242,3 +242,39 @@ func (v *View) Cliques() []CliqueStatus {
 	}
 	return out
 }
+
+// FragmentedClique is where a pod of k GPUs that is in no group is best placed on a cluster
+// with cliques: the clique with the fewest empty nodes (every GPU free) among those where
+// some available node has room for it now, then the one with the most free GPUs on nodes in
+// use (room a pod fills without breaking a node), then the smallest id. Packing such pods into cliques already broken keeps whole nodes together in
+// the others for the groups that need them: the placement simulation (docs/benchmarks.md,
+// "Groups on NVL72 racks") measures what it buys. Room groups pinned to a clique still wait
+// for is not room. "" when no clique has room for the pod.
+func (v *View) FragmentedClique(pod *corev1.Pod, k int) string {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	cliques, gpus, pods := v.cliquesLocked(pod, k)
+	takeWaiting(cliques, gpus, pods)
+	best, bestEmpty, bestPartial := "", 0, 0
+	for _, c := range cliques {
+		room, empty, partial := false, 0, 0
+		for _, n := range c.Nodes {
+			if n.Unavailable {
+				continue
+			}
+			room = room || n.Slots > 0
+			if n.Free == n.GPUs {
+				empty++
+			} else {
+				partial += n.Free
+			}
+		}
+		if !room {
+			continue
+		}
+		if best == "" || empty < bestEmpty || (empty == bestEmpty && partial > bestPartial) {
+			best, bestEmpty, bestPartial = c.ID, empty, partial
+		}
+	}
+	return best
+}

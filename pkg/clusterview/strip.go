@@ -68,7 +68,9 @@ func StripPod(n names.Names) func(any) (any, error) {
 			}
 		}
 		for k, v := range pod.Annotations {
-			if strings.HasPrefix(k, n.LabelPrefix()+"/") {
+			// nvdomain's own, and LeaderWorkerSet's group size: the view needs it to know a
+			// group's pods (rules.Group) and the clique they follow (cliques.go).
+			if strings.HasPrefix(k, n.LabelPrefix()+"/") || k == names.LWSSizeAnnotation {
 				if out.Annotations == nil {
 					out.Annotations = map[string]string{}
 				}

@@ -8,7 +8,8 @@
 // runs test/scale's 1,000-node run, which the full run leaves out because it takes about a
 // quarter of an hour; `-only dra` (`make bench-dra`) runs test/scale's DRA run, classic mode,
 // plain DRA and nvdomain's DRA mode on the same 500 kwok nodes, which the full run leaves out
-// too; `-only placement-huge` prints the placement simulation's 4,992-node DRA runs.
+// too; `-only placement-huge` prints the placement simulation's 4,992-node DRA runs; `-only cliques`
+// prints the simulation of groups on NVL72 racks (issue 36), which writes nothing to the report.
 package main
 
 import (
@@ -38,7 +39,7 @@ func main() {
 	ctrllog.SetLogger(logr.Discard())
 	quick := flag.Bool("quick", false, "short runs (seconds), for a smoke check")
 	out := flag.String("out", "docs/benchmarks.md", "report file; empty skips writing it")
-	only := flag.String("only", "", `run one part alone and rewrite only its parts of the report: "placement", "admission", "scale" or "dra"; "placement-huge" prints the 4,992-node placement runs`)
+	only := flag.String("only", "", `run one part alone and rewrite only its parts of the report: "placement", "admission", "scale" or "dra"; "placement-huge" prints the 4,992-node placement runs, "cliques" the groups on NVL72 racks`)
 	flag.Parse()
 	var err error
 	switch *only {
@@ -54,8 +55,10 @@ func main() {
 		err = runDRAOnly(*out)
 	case "placement-huge":
 		err = runHuge()
+	case "cliques":
+		err = runCliquesOnly(*quick)
 	default:
-		err = fmt.Errorf("-only %q: the parts that run alone are \"placement\", \"admission\", \"scale\" and \"dra\"", *only)
+		err = fmt.Errorf("-only %q: the parts that run alone are \"placement\", \"admission\", \"scale\" and \"dra\", and \"placement-huge\" and \"cliques\" print", *only)
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "bench: %v\n", err)

@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -24,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/utils/ptr"
@@ -383,7 +385,14 @@ func startCluster(t *testing.T, controllers ...string) (*hacluster.Cluster, dyna
 // publishes its domains as the agent does; kwok keeps it Ready and runs its pods.
 func publishNode(ctx context.Context, t *testing.T, c *hacluster.Cluster, name string, domains [][]int) {
 	t.Helper()
+	publishLabelledNode(ctx, t, c, name, domains, nil)
+}
+
+// publishLabelledNode is publishNode for a node that also carries labels (GFD's clique label).
+func publishLabelledNode(ctx context.Context, t *testing.T, c *hacluster.Cluster, name string, domains [][]int, labels map[string]string) {
+	t.Helper()
 	nd := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"kubernetes.io/hostname": name}, Annotations: map[string]string{}}}
+	maps.Copy(nd.Labels, labels)
 	total, largest := 0, 0
 	res := corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("64"), corev1.ResourceMemory: resource.MustParse("512Gi"), corev1.ResourcePods: resource.MustParse("110")}
 	for id, gpus := range domains {
@@ -396,12 +405,19 @@ func publishNode(ctx context.Context, t *testing.T, c *hacluster.Cluster, name s
 	nd.Labels[n.DomainCountLabel()] = fmt.Sprint(len(domains))
 	nd.Labels[n.DomainMaxLabel()] = fmt.Sprint(largest)
 	res[names.GPUResource] = *resource.NewQuantity(int64(total), resource.DecimalSI)
-	created, err := c.Client.CoreV1().Nodes().Create(ctx, nd, metav1.CreateOptions{})
-	if err != nil {
+	if _, err := c.Client.CoreV1().Nodes().Create(ctx, nd, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	created.Status.Capacity, created.Status.Allocatable = res, res
-	if _, err := c.Client.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+	// kwok takes the node over at once (its status and leases): retry on a conflict.
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur, err := c.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		cur.Status.Capacity, cur.Status.Allocatable = res, res
+		_, err = c.Client.CoreV1().Nodes().UpdateStatus(ctx, cur, metav1.UpdateOptions{})
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
 }

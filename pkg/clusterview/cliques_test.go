@@ -1,0 +1,121 @@
+package clusterview
+
+import (
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/pkg/placement"
+)
+
+// member is a pod of LeaderWorkerSet llama's group 0, pinned to clique, bound to node ("":
+// pending), as the informer hands it over (StripPod).
+func member(t *testing.T, worker, node, clique string) *corev1.Pod {
+	t.Helper()
+	p := pinnedPod(node, 0, 4)
+	p.Labels = map[string]string{names.LWSNameLabel: "llama", names.LWSGroupIndexLabel: "0", names.LWSWorkerIndexLabel: worker, "tensor-parallel": "true"}
+	p.Annotations = map[string]string{names.LWSSizeAnnotation: "3", n.PodCliqueAnnotation(): clique, "example.com/other": "dropped"}
+	out, err := StripPod(n)(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out.(*corev1.Pod)
+}
+
+func cliqueView() *View {
+	v := New(n)
+	for _, c := range []struct {
+		name, clique string
+	}{{"a-0", "a"}, {"a-1", "a"}, {"a-2", "a"}, {"b-0", "b"}, {"b-1", "b"}, {"b-2", "b"}, {"b-3", "b"}} {
+		v.UpsertNode(gpuNode(c.name, []int{4}, map[string]string{names.GPUCliqueLabel: c.clique}))
+	}
+	return v
+}
+
+// The informer's copy of a group's pod keeps what the view needs to follow the group: the
+// group's size and its clique. A pending leader holds its whole group's room in the clique.
+func TestGroupPinsThroughTheInformer(t *testing.T) {
+	v := cliqueView()
+	leader := member(t, "0", "", "a")
+	if leader.Annotations["example.com/other"] != "" || leader.Annotations[names.LWSSizeAnnotation] != "3" {
+		t.Fatalf("stripped annotations = %v", leader.Annotations)
+	}
+	v.UpsertPod(leader)
+	if c := v.GroupClique("default", "llama/0"); c != "a" {
+		t.Fatalf("GroupClique = %q, want a", c)
+	}
+	// a's three trays are promised to the pending group: another group of three goes to b.
+	dec, ok, err := v.ChooseClique(newTP(), placement.Group{Pods: 3, GPUsPerPod: 4}, 0)
+	if err != nil || !ok || dec.Clique != "b" || !dec.Fits {
+		t.Fatalf("second group: %+v, %v, %v; want b, fitting", dec, ok, err)
+	}
+	st := v.Cliques()
+	if len(st) != 2 || st[0].ID != "a" || st[0].WaitingGPUs != 12 || len(st[0].Groups) != 1 || st[0].Groups[0] != "default/llama/0" {
+		t.Errorf("Cliques() = %+v", st)
+	}
+	// Bound, the leader holds only its own GPUs (as a bound pod); its workers, pending, theirs.
+	bound := leader.DeepCopy()
+	bound.Spec.NodeName = "a-0"
+	v.UpsertPod(bound)
+	if st := v.Cliques(); st[0].WaitingGPUs != 0 || st[0].Free != 8 {
+		t.Errorf("after the leader binds: %+v", st[0])
+	}
+	// The group gone, it is forgotten.
+	v.DeletePod(leader.UID)
+	if c := v.GroupClique("default", "llama/0"); c != "" {
+		t.Errorf("GroupClique after the delete = %q", c)
+	}
+}
+
+// A clique reserved at admission holds until the informer delivers the pod, or for
+// cliqueReservationTTL.
+func TestCliqueReservationExpires(t *testing.T) {
+	v := cliqueView()
+	now := time.Date(2026, 12, 4, 0, 0, 0, 0, time.UTC)
+	v.SetClock(func() time.Time { return now })
+	v.ReserveClique("default", "llama-0", "llama/0", "a", true, 3, 4)
+	if c := v.GroupClique("default", "llama/0"); c != "a" {
+		t.Fatalf("GroupClique = %q", c)
+	}
+	if dec, _, _ := v.ChooseClique(newTP(), placement.Group{Pods: 3, GPUsPerPod: 4}, 0); dec.Clique != "b" {
+		t.Errorf("with a reserved: %+v", dec)
+	}
+	now = now.Add(cliqueReservationTTL)
+	if c := v.GroupClique("default", "llama/0"); c != "" {
+		t.Errorf("GroupClique after the TTL = %q", c)
+	}
+	if dec, _, _ := v.ChooseClique(newTP(), placement.Group{Pods: 3, GPUsPerPod: 4}, 0); dec.Clique != "a" {
+		t.Errorf("after the TTL: %+v, want a (the tighter fit)", dec)
+	}
+	// The pod delivered retires its reservation.
+	v.ReserveClique("default", "llama-0", "llama/0", "a", true, 3, 4)
+	p := member(t, "0", "", "a")
+	p.Name = "llama-0"
+	v.UpsertPod(p)
+	if len(v.cliqueRes) != 0 {
+		t.Errorf("reservations left: %v", v.cliqueRes)
+	}
+}
+
+// Unavailable trays are no room, and a cordoned rack is a line only when nothing else is
+// large enough; nodes the pod may not use do not count at all.
+func TestCliqueRoomFollowsTaintsAndSelectors(t *testing.T) {
+	v := cliqueView()
+	cordon := gpuNode("b-3", []int{4}, map[string]string{names.GPUCliqueLabel: "b"})
+	cordon.Spec.Unschedulable = true
+	v.UpsertNode(cordon)
+	dec, _, err := v.ChooseClique(newTP(), placement.Group{Pods: 4, GPUsPerPod: 4}, 0)
+	if err != nil || dec.Clique != "b" || dec.Fits {
+		t.Errorf("group of 4 with b-3 cordoned: %+v, %v; want to wait for b", dec, err)
+	}
+	sel := newTP()
+	sel.Spec.NodeSelector = map[string]string{names.GPUCliqueLabel: "a"}
+	if _, _, err := v.ChooseClique(sel, placement.Group{Pods: 4, GPUsPerPod: 4}, 0); err == nil {
+		t.Errorf("a group of 4 selecting clique a (3 trays) is not refused")
+	}
+	if _, ok, _ := New(n).ChooseClique(newTP(), placement.Group{Pods: 2, GPUsPerPod: 4}, 0); ok {
+		t.Errorf("a view without cliques chose one")
+	}
+}

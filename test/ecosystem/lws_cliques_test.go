@@ -1,0 +1,192 @@
+package ecosystem
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/util/retry"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
+	"github.com/nvdomain/nvdomain/test/hacluster"
+)
+
+// TestLeaderWorkerSetGroupsInOneClique runs LeaderWorkerSet v0.8's controller (built from the
+// module proxy) beside the real scheduler and two nvdomain webhook replicas, on kwok trays of
+// three NVL72-style cliques (5, 4 and 3 trays of 4 GPUs, labelled nvidia.com/gpu.clique as
+// GFD labels them):
+//
+//  1. manifests/examples/vllm-nvl72-lws.yaml (2 groups of 4 pods × 4 GPUs, TP 16 over Ray)
+//     runs, and every group's pods are in one clique;
+//  2. a rolling update of the leader template replaces every group, and each new group is
+//     again in one clique;
+//  3. a group of 6 trays, more than any clique has, is refused when its leader is created,
+//     with the webhook's message in the StatefulSet's FailedCreate event.
+func TestLeaderWorkerSetGroupsInOneClique(t *testing.T) {
+	lwsDir := buildTool(t, "build-lws.sh")
+	c, dyn := startCluster(t, "replicaset", "statefulset", "garbagecollector")
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	cliqueOf := map[string]string{}
+	for _, rack := range []struct {
+		clique string
+		trays  int
+	}{{"rack-a.0", 5}, {"rack-b.0", 4}, {"rack-c.0", 3}} {
+		for i := range rack.trays {
+			name := fmt.Sprintf("gb200-%s-%d", rack.clique[5:6], i)
+			publishLabelledNode(ctx, t, c, name, [][]int{{0, 1, 2, 3}}, map[string]string{names.GPUCliqueLabel: rack.clique})
+			cliqueOf[name] = rack.clique
+		}
+	}
+	if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	installLWS(ctx, t, c, lwsDir)
+
+	var obj map[string]any
+	example(t, "vllm-nvl72-lws.yaml", &obj)
+	lws := &unstructured.Unstructured{Object: obj}
+	lws.SetNamespace(ns)
+	if _, err := dyn.Resource(lwsGVR).Namespace(ns).Create(ctx, lws, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	selector := lwsNameLabel + "=vllm-nvl72"
+	if err := hacluster.Poll(ctx, 250*time.Millisecond, func() (bool, error) {
+		l, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
+		return err == nil && len(l.Items) > 0, err
+	}); err != nil {
+		t.Fatalf("the LeaderWorkerSet made no pod: %v\nevents:\n%s", err, eventNotes(ctx, t, c))
+	}
+	pods := waitRunning(ctx, t, c, dyn, selector, 8)
+	first := checkGroupsInOneClique(t, pods, cliqueOf, 2, 4)
+	t.Logf("groups: %v", first)
+
+	// 2. A rolling update: every group is recreated, each again in one clique.
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur, err := dyn.Resource(lwsGVR).Namespace(ns).Get(ctx, "vllm-nvl72", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		path := []string{"spec", "leaderWorkerTemplate", "leaderTemplate", "metadata", "annotations"}
+		if err := unstructured.SetNestedStringMap(cur.Object, map[string]string{"example.com/rollout": "2"}, path...); err != nil {
+			return err
+		}
+		_, err = dyn.Resource(lwsGVR).Namespace(ns).Update(ctx, cur, metav1.UpdateOptions{})
+		return err
+	}); err != nil {
+		t.Fatalf("updating the LeaderWorkerSet: %v", err)
+	}
+	var rolled []corev1.Pod
+	if err := hacluster.Poll(ctx, 250*time.Millisecond, func() (bool, error) {
+		l, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
+		if err != nil {
+			return false, err
+		}
+		rolled = rolled[:0]
+		leaders := 0
+		for _, p := range l.Items {
+			if p.Status.Phase != corev1.PodRunning || p.DeletionTimestamp != nil {
+				return false, nil
+			}
+			rolled = append(rolled, p)
+			if p.Labels[names.LWSWorkerIndexLabel] == "0" && p.Annotations["example.com/rollout"] == "2" {
+				leaders++
+			}
+		}
+		return len(rolled) == 8 && leaders == 2, nil
+	}); err != nil {
+		t.Fatalf("the rolling update did not finish: %v\n%s\nlws:\n%s\nreplicas:\n%s", err, describePods(ctx, t, c), c.Log("lws-1", 4000), c.ReplicaLogs())
+	}
+	t.Logf("after the rolling update: %v", checkGroupsInOneClique(t, rolled, cliqueOf, 2, 4))
+
+	// 3. A group larger than every clique: its leader is refused, with the reason.
+	if err := dyn.Resource(lwsGVR).Namespace(ns).Delete(ctx, "vllm-nvl72", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(ctx, t, c, selector)
+	big := lws.DeepCopy()
+	big.SetName("too-big")
+	big.SetResourceVersion("")
+	if err := unstructured.SetNestedField(big.Object, int64(6), "spec", "leaderWorkerTemplate", "size"); err != nil {
+		t.Fatal(err)
+	}
+	// The engine flags follow the size, so that the clique is the only reason.
+	ctrs, _, _ := unstructured.NestedSlice(big.Object, "spec", "leaderWorkerTemplate", "leaderTemplate", "spec", "containers")
+	args := ctrs[0].(map[string]any)["args"].([]any)
+	args[0] = strings.Replace(args[0].(string), "--tensor-parallel-size 16", "--tensor-parallel-size 24", 1)
+	_ = unstructured.SetNestedSlice(big.Object, ctrs, "spec", "leaderWorkerTemplate", "leaderTemplate", "spec", "containers")
+	if _, err := dyn.Resource(lwsGVR).Namespace(ns).Create(ctx, big, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var note string
+	if err := hacluster.Poll(ctx, 250*time.Millisecond, func() (bool, error) {
+		note = findEvent(ctx, t, c, "StatefulSet", "too-big", "FailedCreate")
+		return note != "", nil
+	}); err != nil {
+		t.Fatalf("no FailedCreate event for the oversized group: %v\n%s", err, describePods(ctx, t, c))
+	}
+	for _, want := range []string{"metadata.annotations[leaderworkerset.sigs.k8s.io/size]", "no NVLink clique can hold a group of 6 pods × 4 GPUs (24 GPUs): the largest, rack-a.0, holds 5 such pods"} {
+		if !strings.Contains(note, want) {
+			t.Errorf("the refusal %q does not say %q", note, want)
+		}
+	}
+	t.Logf("oversized group refused: %s", note)
+}
+
+// checkGroupsInOneClique fails unless there are groups groups of size pods, each on nodes of
+// one clique, and returns each group's clique.
+func checkGroupsInOneClique(t *testing.T, pods []corev1.Pod, cliqueOf map[string]string, groups, size int) map[string]string {
+	t.Helper()
+	members := map[string][]string{}
+	cliques := map[string]map[string]bool{}
+	for _, p := range pods {
+		g := p.Labels[names.LWSGroupIndexLabel]
+		members[g] = append(members[g], p.Name+"@"+p.Spec.NodeName)
+		if cliques[g] == nil {
+			cliques[g] = map[string]bool{}
+		}
+		cliques[g][cliqueOf[p.Spec.NodeName]] = true
+		if pin := p.Annotations[n.PodCliqueAnnotation()]; pin != cliqueOf[p.Spec.NodeName] {
+			t.Errorf("pod %s is pinned to clique %q but runs on %s in %q", p.Name, pin, p.Spec.NodeName, cliqueOf[p.Spec.NodeName])
+		}
+	}
+	out := map[string]string{}
+	for g, cs := range cliques {
+		var list []string
+		for c := range cs {
+			list = append(list, c)
+		}
+		sort.Strings(list)
+		if len(list) != 1 || list[0] == "" {
+			t.Errorf("group %s spans cliques %v: %v", g, list, members[g])
+		}
+		if len(members[g]) != size {
+			t.Errorf("group %s has %d pods, want %d", g, len(members[g]), size)
+		}
+		out[g] = strings.Join(list, ",")
+	}
+	if len(cliques) != groups {
+		t.Errorf("%d groups, want %d: %v", len(cliques), groups, members)
+	}
+	return out
+}
+
+// eventNotes lists the test namespace's Events, for a failure's message.
+func eventNotes(ctx context.Context, t *testing.T, c *hacluster.Cluster) string {
+	t.Helper()
+	l, err := c.Client.EventsV1().Events(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err.Error()
+	}
+	var out []string
+	for _, e := range l.Items {
+		out = append(out, fmt.Sprintf("%s %s/%s: %s", e.Reason, e.Regarding.Kind, e.Regarding.Name, e.Note))
+	}
+	return strings.Join(out, "\n")
+}

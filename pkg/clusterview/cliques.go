@@ -244,17 +244,18 @@ func (v *View) Cliques() []CliqueStatus {
 }
 
 // FragmentedClique is where a pod of k GPUs that is in no group is best placed on a cluster
-// with cliques: the clique with the fewest empty nodes (every GPU free) among those where
-// some available node has room for it now, then the one with the most free GPUs on nodes in
-// use (room a pod fills without breaking a node), then the smallest id. Packing such pods into cliques already broken keeps whole nodes together in
-// the others for the groups that need them: the placement simulation (docs/benchmarks.md,
-// "Groups on NVL72 racks") measures what it buys. Room groups pinned to a clique still wait
-// for is not room. "" when no clique has room for the pod.
+// with cliques: among the cliques where one of its available nodes has a slot for the pod
+// now, the one with the fewest empty nodes (every GPU free), then the one with the most free
+// GPUs on nodes in use (room a pod fills without breaking a node), then the smallest id.
+// Packing such pods into cliques already broken keeps whole nodes together in the others for
+// the groups that need them. Groups waiting for a clique do not change the rule: the placement
+// simulation (docs/benchmarks.md, "Groups on NVL72 racks") measured keeping singles off their
+// promised nodes, or off their cliques, and both made groups wait longer than this rule does.
+// "" when no clique has room.
 func (v *View) FragmentedClique(pod *corev1.Pod, k int) string {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	cliques, gpus, pods := v.cliquesLocked(pod, k)
-	takeWaiting(cliques, gpus, pods)
+	cliques, _, _ := v.cliquesLocked(pod, k)
 	best, bestEmpty, bestPartial := "", 0, 0
 	for _, c := range cliques {
 		room, empty, partial := false, 0, 0

@@ -35,6 +35,13 @@ var cliqueLoads = []float64{0.8, cliqueTargetLoad}
 const policyCliqueGang = "label-level gang (first fit)"
 
 // cliquePolicies makes the policies afresh for each run: nvdomain's keep the pins of their run.
+// cliquesSectionHeading is the report's section for `-only cliques`, written by hand from its
+// output and kept by a full run; it has no summary rows (cliquesRowPrefix matches none).
+const (
+	cliquesSectionHeading = "## 7. Groups on NVL72 racks (placement simulation)"
+	cliquesRowPrefix      = "| NVL72 groups |"
+)
+
 func cliquePolicies() []func() placementsim.RackPolicy {
 	return []func() placementsim.RackPolicy{
 		func() placementsim.RackPolicy { return placementsim.CliqueBlind{} },

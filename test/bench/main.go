@@ -162,12 +162,12 @@ func run(quick bool, outPath string) error {
 	if err := plotPlacement(sims, png); err != nil {
 		return err
 	}
-	// The full run does not run the scale and DRA sections (`make scale`, `make bench-dra`): it
-	// keeps the last ones.
+	// The full run does not run the scale and DRA sections (`make scale`, `make bench-dra`), nor
+	// the NVL72 groups one, which `-only cliques` prints for pasting: it keeps the last ones.
 	kept := []struct {
 		prefix, heading, section string
 		rows                     []string
-	}{{prefix: scaleRowPrefix, heading: scaleHeading}, {prefix: draRowPrefix, heading: draSectionHeading}}
+	}{{prefix: scaleRowPrefix, heading: scaleHeading}, {prefix: draRowPrefix, heading: draSectionHeading}, {prefix: cliquesRowPrefix, heading: cliquesSectionHeading}}
 	if old, err := os.ReadFile(outPath); err == nil {
 		for i := range kept {
 			kept[i].section, kept[i].rows = extractSection(string(old), kept[i].prefix, kept[i].heading)

@@ -776,29 +776,20 @@ func (p *NvdomainCliques) recordHint(j *rackJob, dec placement.Decision) error {
 // fragmentedClique is the clique (index; -1 when none has room) where a pod of k GPUs in no
 // group is placed. It mirrors clusterview.(*View).FragmentedClique, whose view is built from
 // Kubernetes objects and too dear to rebuild per pod here, rule for rule (TestFragmentedClique
-// checks the mirror against it): the room the groups pinned to a clique still wait for is
-// taken off its trays first, trays in name order, in pods (slots for a pod of k GPUs) and in
-// GPUs, as takeWaiting does; then among the cliques where some tray has a slot left, the one
-// with the fewest empty trays (every GPU free), then the most free GPUs on trays that are not
-// empty, then the first in label order.
+// checks the mirror against it): among the cliques where some tray has a slot for the pod,
+// the fewest empty trays, then the most free GPUs on trays in use, then the first in label
+// order; groups waiting for a clique do not count.
 func (p *NvdomainCliques) fragmentedClique(s *rackSim, k int) int {
 	best, bestEmpty, bestPartial := -1, 0, 0
 	for i, cl := range s.c.cliques {
-		slots, free := p.waitingPods[cl.id], p.waiting[cl.id]
 		room, empty, partial := false, 0, 0
 		for _, t := range cl.trays {
-			nSlots, nFree := placement.SlotsFor(k, []int{s.c.trays[t].free}), s.c.trays[t].free
-			take := min(slots, nSlots)
-			nSlots -= take
-			slots -= take
-			f := min(free, nFree)
-			nFree -= f
-			free -= f
-			room = room || nSlots > 0
-			if nFree == TrayGPUs {
+			f := s.c.trays[t].free
+			room = room || placement.SlotsFor(k, []int{f}) > 0
+			if f == TrayGPUs {
 				empty++
 			} else {
-				partial += nFree
+				partial += f
 			}
 		}
 		if !room {

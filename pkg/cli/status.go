@@ -59,6 +59,24 @@ type StatusList struct {
 	// Pools are the declared GPU pools that scale from zero (docs/pools.md), with the pods
 	// waiting for each to add a node: pinned pods no node they may run on can hold now.
 	Pools []PoolStatus `json:"pools,omitempty"`
+	// Cliques are the multi-node NVLink cliques (GB200/GB300 NVL72; docs/multinode.md): the
+	// nodes one nvidia.com/gpu.clique value labels, their GPUs and free GPUs, and the
+	// LeaderWorkerSet groups pinned to each.
+	Cliques []CliqueStatus `json:"cliques,omitempty"`
+}
+
+// CliqueStatus is one clique.
+type CliqueStatus struct {
+	ID    string `json:"id"`
+	Nodes int    `json:"nodes"`
+	GPUs  int    `json:"gpus"`
+	Free  int    `json:"free"`
+	// Waiting is the GPUs groups pinned to the clique still wait for.
+	Waiting int `json:"waiting"`
+	// Unavailable counts its nodes that are no room now (cordoned, NotReady, NRI plugin lost).
+	Unavailable int `json:"unavailable,omitempty"`
+	// Groups are namespace/<LeaderWorkerSet>/<group index>, sorted.
+	Groups []string `json:"groups"`
 }
 
 // PoolStatus is one declared pool.
@@ -270,6 +288,9 @@ func (o *StatusOptions) Run(ctx context.Context) error {
 		if err := writePools(o.Out, list.Pools); err != nil {
 			return err
 		}
+		if err := writeCliques(o.Out, list.Cliques); err != nil {
+			return err
+		}
 		return writeWarnings(o.Out, list.Warnings)
 	}
 	switch o.Output {
@@ -288,6 +309,9 @@ func (o *StatusOptions) Run(ctx context.Context) error {
 	}
 	if err == nil {
 		err = writePools(o.Out, list.Pools)
+	}
+	if err == nil {
+		err = writeCliques(o.Out, list.Cliques)
 	}
 	if err == nil {
 		err = writeWarnings(o.Out, list.Warnings)
@@ -519,6 +543,10 @@ func (o *StatusOptions) emptyMessage() string {
 func (o *StatusOptions) statusList(s *snapshot) StatusList {
 	list := StatusList{APIVersion: StatusAPIVersion, Kind: StatusKind, Items: []DomainStatus{}}
 	list.Pools = o.poolStatus(s)
+	for _, c := range s.view.Cliques() {
+		list.Cliques = append(list.Cliques, CliqueStatus{ID: c.ID, Nodes: c.Nodes, GPUs: c.GPUs, Free: c.Free, Waiting: c.WaitingGPUs,
+			Unavailable: c.UnavailableNodes, Groups: orEmpty(c.Groups)})
+	}
 	if s.poolsWarning != "" {
 		list.Warnings = append(list.Warnings, s.poolsWarning)
 	}
@@ -733,6 +761,24 @@ func writePools(w io.Writer, pools []PoolStatus) error {
 			waiting = strings.Join(p.Waiting, ", ")
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", p.Name, p.NodeSelector, strings.Join(sizes, ","), waiting)
+	}
+	return tw.Flush()
+}
+
+// writeCliques writes the cliques' table, when there are any.
+func writeCliques(w io.Writer, cliques []CliqueStatus) error {
+	if len(cliques) == 0 {
+		return nil
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "CLIQUE	NODES	GPUS	FREE	WAITING	UNAVAILABLE	GROUPS")
+	for _, c := range cliques {
+		groups := "-"
+		if len(c.Groups) > 0 {
+			groups = strings.Join(c.Groups, ", ")
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\n", c.ID, c.Nodes, c.GPUs, c.Free, c.Waiting, c.Unavailable, groups)
 	}
 	return tw.Flush()
 }

@@ -429,3 +429,40 @@ func TestStatusWarnsAboutKueue(t *testing.T) {
 		})
 	}
 }
+
+// Cliques: two NVL72-style cliques of trays; a LeaderWorkerSet group pinned to one, its leader
+// running and its worker pending.
+func TestStatusListsCliques(t *testing.T) {
+	inGroup := func(worker string) podOpt {
+		return func(p *corev1.Pod) {
+			p.Labels[names.LWSNameLabel], p.Labels[names.LWSGroupIndexLabel], p.Labels[names.LWSWorkerIndexLabel] = "llama", "0", worker
+			p.Annotations[names.LWSSizeAnnotation], p.Annotations[nm.PodCliqueAnnotation()] = "2", "rack-a.0"
+		}
+	}
+	objs := []runtime.Object{
+		gpuNode("a-0", [][]int{{0, 1, 2, 3}}, withLabel(names.GPUCliqueLabel, "rack-a.0"), failClosed(corev1.ConditionTrue)),
+		gpuNode("a-1", [][]int{{0, 1, 2, 3}}, withLabel(names.GPUCliqueLabel, "rack-a.0"), failClosed(corev1.ConditionTrue)),
+		gpuNode("b-0", [][]int{{0, 1, 2, 3}}, withLabel(names.GPUCliqueLabel, "rack-b.0"), failClosed(corev1.ConditionTrue), cordoned),
+		tpPod("llama-0", 4, 0, inNamespace("ml"), boundTo("a-0", corev1.PodRunning), inGroup("0")),
+		tpPod("llama-0-1", 4, 0, inNamespace("ml"), inGroup("1")),
+	}
+	code, out, errOut := runFake(t, "", objs, "status")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	want := `CLIQUE    NODES  GPUS  FREE  WAITING  UNAVAILABLE  GROUPS
+rack-a.0  2      8     4     4        0            ml/llama/0
+rack-b.0  1      4     0     0        1            -
+`
+	if !strings.Contains(out, want) {
+		t.Errorf("status printed\n%s\nwant it to contain\n%s", out, want)
+	}
+	code, out, _ = runFake(t, "", objs, "status", "-o", "json")
+	var list StatusList
+	if err := json.Unmarshal([]byte(out), &list); code != 0 || err != nil {
+		t.Fatalf("exit %d, %v: %s", code, err, out)
+	}
+	if len(list.Cliques) != 2 || list.Cliques[0].Waiting != 4 || list.Cliques[1].Unavailable != 1 {
+		t.Errorf("cliques = %+v", list.Cliques)
+	}
+}

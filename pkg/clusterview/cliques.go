@@ -210,36 +210,55 @@ type CliqueStatus struct {
 	UnavailableNodes  int
 }
 
-// Cliques lists every clique with its size, free GPUs and the groups pinned to it.
+// Cliques lists every clique with its size, the free GPUs of its available nodes (a
+// cordoned, NotReady or disconnected node is no room: UnavailableNodes), the GPUs groups
+// pinned there still wait for, and those groups.
 func (v *View) Cliques() []CliqueStatus {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	// Every node of every clique, whatever its taints: a pod that tolerates them all.
-	anyPod := &corev1.Pod{Spec: corev1.PodSpec{Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists}}}}
-	all, gpus, _ := v.cliquesLocked(anyPod, 1)
+	byID := map[string]*CliqueStatus{}
+	for name, nd := range v.nodes {
+		id := nd.obj.Labels[names.GPUCliqueLabel]
+		if id == "" || len(nd.capacity) == 0 {
+			continue
+		}
+		c := byID[id]
+		if c == nil {
+			c = &CliqueStatus{ID: id}
+			byID[id] = c
+		}
+		c.Nodes++
+		unavailable := len(nd.taints.avail) > 0
+		if unavailable {
+			c.UnavailableNodes++
+		}
+		for d, size := range nd.capacity {
+			c.GPUs += size
+			if !unavailable {
+				c.Free += max(0, v.free(name, nd, d))
+			}
+		}
+	}
 	groups := map[string]map[string]bool{}
 	for _, g := range v.groupPins {
 		if groups[g.clique] == nil {
 			groups[g.clique] = map[string]bool{}
 		}
 		groups[g.clique][g.namespace+"/"+g.key] = true
-	}
-	out := make([]CliqueStatus, 0, len(all))
-	for _, c := range all {
-		s := CliqueStatus{ID: c.ID, Nodes: len(c.Nodes), WaitingGPUs: gpus[c.ID]}
-		for _, n := range c.Nodes {
-			s.GPUs += n.GPUs
-			s.Free += n.Free
-			if n.Unavailable {
-				s.UnavailableNodes++
-			}
+		gpus, _ := g.waitingGPUs()
+		if c := byID[g.clique]; c != nil {
+			c.WaitingGPUs += gpus
 		}
+	}
+	out := make([]CliqueStatus, 0, len(byID))
+	for _, c := range byID {
 		for g := range groups[c.ID] {
-			s.Groups = append(s.Groups, g)
+			c.Groups = append(c.Groups, g)
 		}
-		slices.Sort(s.Groups)
-		out = append(out, s)
+		slices.Sort(c.Groups)
+		out = append(out, *c)
 	}
+	slices.SortFunc(out, func(a, b CliqueStatus) int { return cmp.Compare(a.ID, b.ID) })
 	return out
 }
 

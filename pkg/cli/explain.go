@@ -262,6 +262,9 @@ func (o *ExplainOptions) explainPod(ctx context.Context, pod *corev1.Pod, events
 	if d >= 0 && pod.Spec.NodeName != "" {
 		o.writeGPUs(kv, n, pod, node, d)
 	}
+	if p.Group != nil {
+		kv("Group", "%s", groupText(pod, p, node, n))
+	}
 	if msg := schedulerMessage(pod); msg != "" && pod.Spec.NodeName == "" {
 		kv("Scheduler", "%s", msg)
 	}
@@ -281,6 +284,29 @@ func (o *ExplainOptions) explainPod(ctx context.Context, pod *corev1.Pod, events
 		}
 	}
 	return o.writeEvents(events)
+}
+
+// groupText says where a LeaderWorkerSet group's pod stands with its multi-node NVLink clique
+// (docs/multinode.md).
+func groupText(pod *corev1.Pod, p rules.Pod, node *corev1.Node, n names.Names) string {
+	g := p.Group
+	role := "a worker"
+	if g.Leader {
+		role = "the leader"
+	}
+	head := fmt.Sprintf("%s of LeaderWorkerSet group %s (%d pods × %d GPUs)", role, g.Key, g.Size, p.GPUs)
+	clique := pod.Annotations[n.PodCliqueAnnotation()]
+	switch {
+	case clique == "":
+		return head + fmt.Sprintf("; not pinned to an NVLink clique: no node it may run on had the %s label when it was admitted (its pods talk over the network between nodes), or nvdomain's webhook did not admit it", names.GPUCliqueLabel)
+	case node == nil && pod.Spec.NodeName == "":
+		return head + fmt.Sprintf("; pinned to clique %s with the rest of its group; it waits for room there (`kubectl nvdomain status` lists the cliques)", clique)
+	case node == nil:
+		return head + fmt.Sprintf("; pinned to clique %s (its node %s no longer exists)", clique, pod.Spec.NodeName)
+	case node.Labels[names.GPUCliqueLabel] != clique:
+		return head + fmt.Sprintf("; pinned to clique %s, but its node %s is in clique %q now (relabelled after it was scheduled): its group no longer shares one NVLink fabric", clique, node.Name, node.Labels[names.GPUCliqueLabel])
+	}
+	return head + fmt.Sprintf("; in clique %s with the rest of its group, on node %s", clique, node.Name)
 }
 
 // writeGPUs writes the domain's GPUs on the node and what the NRI plugin assigned.

@@ -12,6 +12,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/nvdomain/nvdomain/pkg/kubeevents"
+	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/placement"
 	"github.com/nvdomain/nvdomain/pkg/repin"
 )
@@ -291,4 +292,32 @@ func TestExplainWaiterForRoomAboutToFree(t *testing.T) {
 	}
 	assertInOrder(t, out, "domain 0 has no room for 4 GPUs on any node this pod may run on",
 		"re-pin: none; it waits for domain 0 on node gpu-a, where pods being deleted free room for it within their grace period, rather than move to another domain")
+}
+
+// A LeaderWorkerSet group's pod: where it stands with its clique, running or waiting.
+func TestExplainGroupPod(t *testing.T) {
+	inGroup := func(worker string) podOpt {
+		return func(p *corev1.Pod) {
+			p.Labels[names.LWSNameLabel], p.Labels[names.LWSGroupIndexLabel], p.Labels[names.LWSWorkerIndexLabel] = "llama", "0", worker
+			p.Annotations[names.LWSSizeAnnotation], p.Annotations[nm.PodCliqueAnnotation()] = "2", "rack-a.0"
+		}
+	}
+	objs := []runtime.Object{
+		gpuNode("a-0", [][]int{{0, 1, 2, 3}}, withLabel(names.GPUCliqueLabel, "rack-a.0")),
+		gpuNode("b-0", [][]int{{0, 1, 2, 3}}, withLabel(names.GPUCliqueLabel, "rack-b.0")),
+		tpPod("llama-0", 4, 0, boundTo("a-0", corev1.PodRunning), inGroup("0")),
+		tpPod("llama-0-1", 4, 0, inGroup("1"), unschedulable),
+		tpPod("moved", 4, 0, boundTo("b-0", corev1.PodRunning), inGroup("0")),
+	}
+	for _, tc := range []struct{ pod, want string }{
+		{"llama-0", "the leader of LeaderWorkerSet group llama/0 (2 pods × 4 GPUs); in clique rack-a.0 with the rest of its group, on node a-0"},
+		{"llama-0-1", "a worker of LeaderWorkerSet group llama/0 (2 pods × 4 GPUs); pinned to clique rack-a.0 with the rest of its group; it waits for room there"},
+		{"moved", `pinned to clique rack-a.0, but its node b-0 is in clique "rack-b.0" now`},
+	} {
+		code, out, errOut := runFake(t, "", objs, "explain", "pod/"+tc.pod)
+		if code != 0 {
+			t.Fatalf("%s: exit %d: %s", tc.pod, code, errOut)
+		}
+		assertInOrder(t, out, "Group:", tc.want)
+	}
 }

@@ -59,7 +59,11 @@ func (v *View) recordGroupLocked(pod *corev1.Pod, p rules.Pod) {
 	delete(v.cliqueRes, pod.Namespace+"/"+pod.Name)
 	clique := pod.Annotations[v.names.PodCliqueAnnotation()]
 	terminal := pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
-	if p.Group == nil || clique == "" || terminal || (pod.DeletionTimestamp != nil && pod.Spec.NodeName == "") {
+	// A pod being deleted pins nothing: LeaderWorkerSet deletes a whole group to recreate it
+	// (RecreateGroupOnPodRestart, a rolling update), and the new group, with the same names,
+	// must be chosen afresh rather than follow the dying one. Its GPUs still count where it is
+	// bound (UpsertPod).
+	if p.Group == nil || clique == "" || terminal || pod.DeletionTimestamp != nil {
 		return
 	}
 	v.groupPins[pod.UID] = groupPin{namespace: pod.Namespace, key: p.Group.Key, clique: clique, leader: p.Group.Leader,

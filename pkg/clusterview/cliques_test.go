@@ -5,6 +5,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/placement"
@@ -62,6 +63,14 @@ func TestGroupPinsThroughTheInformer(t *testing.T) {
 	if st := v.Cliques(); st[0].WaitingGPUs != 0 || st[0].Free != 8 {
 		t.Errorf("after the leader binds: %+v", st[0])
 	}
+	// Being deleted (LWS recreating the group), it pins nothing: the new leader chooses afresh.
+	dying := bound.DeepCopy()
+	dying.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+	v.UpsertPod(dying)
+	if c := v.GroupClique("default", "llama/0"); c != "" {
+		t.Errorf("GroupClique while the group is deleted = %q", c)
+	}
+	v.UpsertPod(bound)
 	// The group gone, it is forgotten.
 	v.DeletePod(leader.UID)
 	if c := v.GroupClique("default", "llama/0"); c != "" {

@@ -264,6 +264,9 @@ func (o *ExplainOptions) explainPod(ctx context.Context, pod *corev1.Pod, events
 	}
 	if p.Group != nil {
 		kv("Group", "%s", groupText(pod, p, node, n))
+		if pod.Annotations[n.PodCliqueAnnotation()] != "" {
+			kv("IMEX", "%s", imexText(o.client, pod))
+		}
 	}
 	if msg := schedulerMessage(pod); msg != "" && pod.Spec.NodeName == "" {
 		kv("Scheduler", "%s", msg)
@@ -307,6 +310,30 @@ func groupText(pod *corev1.Pod, p rules.Pod, node *corev1.Node, n names.Names) s
 		return head + fmt.Sprintf("; pinned to clique %s, but its node %s is in clique %q now (relabelled after it was scheduled): its group no longer shares one NVLink fabric", clique, node.Name, node.Labels[names.GPUCliqueLabel])
 	}
 	return head + fmt.Sprintf("; in clique %s with the rest of its group, on node %s", clique, node.Name)
+}
+
+// imexText says whether a group pinned to a clique can have the IMEX channel that GPU memory
+// shared over NVLink across trays needs: NVIDIA's ComputeDomain API installed, and a claim on
+// the pod. nvdomain does not check that a claim is a ComputeDomain's channel.
+func imexText(c kubernetes.Interface, pod *corev1.Pod) string {
+	installed := false
+	if groups, err := c.Discovery().ServerGroups(); err == nil {
+		for _, g := range groups.Groups {
+			installed = installed || g.Name == names.ComputeDomainGroup
+		}
+	}
+	switch {
+	case !installed:
+		return fmt.Sprintf("no IMEX channel: NVIDIA's ComputeDomain API (%s.%s, the compute-domain part of NVIDIA's DRA driver for GPUs) is not installed. A group that shares GPU memory over NVLink across trays needs one: install it and give the group's pods the ComputeDomain's claim template in spec.resourceClaims, or set up IMEX on the hosts",
+			names.ComputeDomainResource, names.ComputeDomainGroup)
+	case len(pod.Spec.ResourceClaims) == 0:
+		return fmt.Sprintf("the pod holds no ResourceClaim: %s is installed, but the group gets an IMEX channel only from a ComputeDomain's claim template in spec.resourceClaims", names.ComputeDomainGroup)
+	}
+	claims := make([]string, 0, len(pod.Spec.ResourceClaims))
+	for _, rc := range pod.Spec.ResourceClaims {
+		claims = append(claims, rc.Name)
+	}
+	return fmt.Sprintf("the pod holds claim(s) %s; an IMEX channel comes from a ComputeDomain's claim template (nvdomain does not check which these are)", strings.Join(claims, ", "))
 }
 
 // writeGPUs writes the domain's GPUs on the node and what the NRI plugin assigned.

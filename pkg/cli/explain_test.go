@@ -1,6 +1,8 @@
 package cli
 
 import (
+	"bytes"
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -9,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
 
 	"github.com/nvdomain/nvdomain/pkg/kubeevents"
@@ -318,6 +321,14 @@ func TestExplainGroupPod(t *testing.T) {
 		if code != 0 {
 			t.Fatalf("%s: exit %d: %s", tc.pod, code, errOut)
 		}
-		assertInOrder(t, out, "Group:", tc.want)
+		assertInOrder(t, out, "Group:", tc.want, "IMEX:", "no IMEX channel: NVIDIA's ComputeDomain API (computedomains.resource.nvidia.com")
 	}
+	// With the ComputeDomain API installed, the line says whether the pod holds a claim.
+	c := fake.NewClientset(objs...)
+	c.Fake.Resources = []*metav1.APIResourceList{{GroupVersion: "resource.nvidia.com/v1beta1", APIResources: []metav1.APIResource{{Name: "computedomains", Kind: "ComputeDomain"}}}}
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), CommandName, []string{"explain", "pod/llama-0"}, IOStreams{In: strings.NewReader(""), Out: &out, ErrOut: &errb}, &fakeFactory{client: c}); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	assertInOrder(t, out.String(), "IMEX:", "the pod holds no ResourceClaim: resource.nvidia.com is installed")
 }

@@ -69,6 +69,12 @@ const (
 	// overwrites a value another writer set (agent.Publisher).
 	GPUCliqueLabel = "nvidia.com/gpu.clique"
 
+	// ComputeDomainGroup and ComputeDomainResource are NVIDIA's DRA driver's ComputeDomain
+	// API: a ComputeDomain gives a multi-node NVLink workload its IMEX channel through a
+	// ResourceClaimTemplate its pods claim.
+	ComputeDomainGroup    = "resource.nvidia.com"
+	ComputeDomainResource = "computedomains"
+
 	// ToolkitDeployLabel is set to "true" by the GPU Operator on nodes where it runs its
 	// container toolkit, which restarts containerd after writing its config.
 	ToolkitDeployLabel = "nvidia.com/gpu.deploy.container-toolkit"

@@ -2,8 +2,10 @@ package webhook
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -110,7 +112,7 @@ func TestConcurrentGroupsDoNotShareAClique(t *testing.T) {
 }
 
 func TestGroupNoCliqueCanHoldIsRejected(t *testing.T) {
-	f := rackFixture(t)
+	f := newFixture(t, decision.NonTPAuto, tray("a-0", "a"), tray("a-1", "a"), tray("a-2", "a"), tray("b-0", "b"), tray("b-1", "b"))
 	_, mresp, vresp := f.admit(t, groupPod("llama", 0, 0, 4, 4))
 	if !mresp.Allowed || vresp.Allowed {
 		t.Fatalf("mutate allowed %v, validate allowed %v; want the validating webhook to deny", mresp.Allowed, vresp.Allowed)
@@ -179,5 +181,77 @@ func TestSinglePodFillsTheFragmentedClique(t *testing.T) {
 	out, _, _ = f.admit(t, pod(true, 4, "--tensor-parallel-size", "4"))
 	if hint := hintOf(t, out); len(hint) != 1 || hint[0] != "b-1" {
 		t.Errorf("hint = %v, want [b-1]", hint)
+	}
+}
+
+// On a cluster with cliques and HGX nodes, a group no clique holds still runs where it ran
+// before: on the HGX nodes, unpinned, its pods talking over the network.
+func TestGroupTooLargeForCliquesRunsOutsideThem(t *testing.T) {
+	f := rackFixture(t)
+	out, mresp, vresp := f.admit(t, groupPod("llama", 0, 0, 4, 4))
+	if !mresp.Allowed || !vresp.Allowed {
+		t.Fatalf("mutate %+v validate %+v", mresp.Result, vresp.Result)
+	}
+	if c := requiredClique(out); c != "" {
+		t.Errorf("pinned to clique %q, which cannot hold it", c)
+	}
+}
+
+// A worker whose leader this replica has not seen is refused (LWS creates it again), so that
+// a second replica cannot pick a clique of its own for it; once the leader is seen it follows.
+func TestWorkerWaitsForItsLeader(t *testing.T) {
+	f := rackFixture(t)
+	worker := groupPod("llama", 0, 1, 2, 4)
+	worker.Annotations[names.LWSLeaderNameAnnotation] = "llama-0"
+	_, mresp, vresp := f.admit(t, worker)
+	if !mresp.Allowed || vresp.Allowed || !strings.Contains(vresp.Result.Message, "leader pod llama-0 is not known") {
+		t.Fatalf("mutate allowed %v, validate %+v; want a refusal naming the leader", mresp.Allowed, vresp.Result)
+	}
+	leader, _, _ := f.admit(t, groupPod("llama", 0, 0, 2, 4))
+	f.view.UpsertPod(leader)
+	out, _, vresp := f.admit(t, worker)
+	if !vresp.Allowed || requiredClique(out) != requiredClique(leader) || requiredClique(out) == "" {
+		t.Errorf("worker pinned to %q, leader to %q (validate %+v)", requiredClique(out), requiredClique(leader), vresp.Result)
+	}
+}
+
+// A clique annotation the pod's author wrote is not nvdomain's: it is removed, and the clique
+// is chosen as for any group.
+func TestHandWrittenCliqueIsStripped(t *testing.T) {
+	f := rackFixture(t)
+	p := groupPod("llama", 0, 0, 2, 4)
+	p.Annotations[n.PodCliqueAnnotation()] = "a"
+	out, _, vresp := f.admit(t, p)
+	if !vresp.Allowed || requiredClique(out) != "b" || out.Annotations[n.PodCliqueAnnotation()] != "b" {
+		t.Errorf("pinned to %q, annotation %q (validate %+v); want b, the tightest fit", requiredClique(out), out.Annotations[n.PodCliqueAnnotation()], vresp.Result)
+	}
+}
+
+// Concurrent leaders on one replica, each clique holding one group: never the same clique.
+func TestConcurrentLeadersTakeDistinctCliques(t *testing.T) {
+	for round := range 20 {
+		f := newFixture(t, decision.NonTPAuto, tray("a-0", "a"), tray("a-1", "a"), tray("b-0", "b"), tray("b-1", "b"))
+		got := make([]string, 2)
+		var wg sync.WaitGroup
+		for i := range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				p := groupPod(fmt.Sprintf("g%d", i), 0, 0, 2, 4)
+				req := request(t, p)
+				req.UID = types.UID(fmt.Sprintf("req-%d-%d", round, i))
+				resp := f.mut.Handle(context.Background(), req)
+				out := &corev1.Pod{}
+				if err := json.Unmarshal(applyPatches(t, req.Object.Raw, resp), out); err != nil {
+					t.Error(err)
+					return
+				}
+				got[i] = requiredClique(out)
+			}()
+		}
+		wg.Wait()
+		if got[0] == "" || got[0] == got[1] {
+			t.Fatalf("round %d: leaders pinned to %q and %q", round, got[0], got[1])
+		}
 	}
 }

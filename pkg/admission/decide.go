@@ -83,16 +83,14 @@ func (m *Decider) mutate(pod *corev1.Pod, seed uint64, admission string) (*corev
 	}
 	// A group's pod goes to its group's clique first, so that the domain is then chosen
 	// among that clique's nodes.
-	group := m.planGroup(work, rules.Inspect(work, n), seed)
+	// (A clique chosen here is reserved with the choice, in one step; a pod then denied holds
+	// it for the reservation's 30 s at most.)
+	group := m.planGroup(work, rules.Inspect(work, n), seed, admission)
 	if group.Clique != "" && work.Annotations[n.PodCliqueAnnotation()] != group.Clique {
 		work = PinClique(work, group.Clique, n)
 	}
 	plan := m.plan(work, seed, admission)
 	plan.Group = group
-	if reserve && group.Clique != "" && !group.Followed && plan.Outcome == OutcomePinned {
-		g := plan.Pod.Group
-		m.View.ReserveClique(pod.Namespace, pod.Name, g.Key, group.Clique, g.Leader, g.Size, plan.Pod.GPUs)
-	}
 	stamp = stamp || (reserve && plan.Chosen)
 	// A tensor-parallel pod the validating webhook will deny passes unpinned, so that the
 	// denial names the pod's own fields, hand-written annotations included. It still
@@ -214,7 +212,7 @@ func fromTemplate(pod *corev1.Pod, n names.Names) bool {
 }
 
 func ownsAnnotations(pod *corev1.Pod, n names.Names) bool {
-	for _, k := range []string{n.PodDomainAnnotation(), n.PodTPSizeAnnotation(), n.PodContainerGPUsAnnotation(), n.PodAssignedGPUsAnnotation(), n.PodAdmissionAnnotation()} {
+	for _, k := range []string{n.PodDomainAnnotation(), n.PodTPSizeAnnotation(), n.PodContainerGPUsAnnotation(), n.PodAssignedGPUsAnnotation(), n.PodAdmissionAnnotation(), n.PodCliqueAnnotation()} {
 		if _, ok := pod.Annotations[k]; ok {
 			return true
 		}

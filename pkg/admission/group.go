@@ -3,6 +3,7 @@ package admission
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -29,27 +30,59 @@ type GroupPlan struct {
 	NoCliques bool
 }
 
-// planGroup decides the clique of a tensor-parallel pod in a group. Other pods, and a group
-// in DRA mode (whose claims are per pod and cannot span nodes), get the zero plan.
-func (m *Decider) planGroup(pod *corev1.Pod, p rules.Pod, seed uint64) GroupPlan {
+// planGroup decides the clique of a tensor-parallel pod in a group, and reserves a clique it
+// chooses for admission request admission (when set). Other pods, and pods bound for DRA
+// nodes (whose claims are per pod and cannot span nodes), get the zero plan.
+//
+//   - A pod already pinned (re-admitted: the annotation survives only on the webhook's own
+//     pin, StripOwned removes a hand-written one) keeps its clique.
+//   - A pod of a group some of whose pods are pinned follows them (View.GroupClique: the
+//     leader's, else the clique most of them hold).
+//   - A worker whose leader this replica has not seen yet is refused (ErrLeaderUnknown): the
+//     leader may have been pinned on another replica a moment ago, and a clique of the
+//     worker's own could split the group. Its StatefulSet creates it again.
+//   - Otherwise the pod chooses (ChooseAndReserveClique). A group no clique can hold is an
+//     error, unless some node the pod may use outside every clique could run its pods: they
+//     then run there, over the network, as on HGX nodes.
+func (m *Decider) planGroup(pod *corev1.Pod, p rules.Pod, seed uint64, admission string) GroupPlan {
 	n := m.Options.Names
-	if p.Group == nil || !p.TP || p.GPUs == 0 || m.Options.Mode == ModeDRA || m.Options.Excluded(pod.Namespace) {
+	if p.Group == nil || !p.TP || p.GPUs == 0 || m.Options.Mode == ModeDRA || m.Options.Excluded(pod.Namespace) ||
+		(m.Options.Mode != ModeClassic && p.PinnedDomain() < 0 && m.Options.toDRA(m.View, pod)) {
 		return GroupPlan{}
 	}
 	if c := pod.Annotations[n.PodCliqueAnnotation()]; c != "" {
 		return GroupPlan{Clique: c, Followed: true}
 	}
-	if c := m.View.GroupClique(pod.Namespace, p.Group.Key); c != "" {
-		return GroupPlan{Clique: c, Followed: true}
+	leader := ""
+	if !p.Group.Leader {
+		leader = pod.Annotations[names.LWSLeaderNameAnnotation]
 	}
-	dec, ok, err := m.View.ChooseClique(pod, placement.Group{Pods: p.Group.Size, GPUsPerPod: p.GPUs}, seed)
+	c, known := m.View.GroupClique(pod.Namespace, p.Group.Key, leader)
+	switch {
+	case c != "":
+		return GroupPlan{Clique: c, Followed: true}
+	case !known:
+		return GroupPlan{Err: &LeaderUnknownError{Leader: leader}}
+	}
+	g := placement.Group{Pods: p.Group.Size, GPUsPerPod: p.GPUs}
+	dec, ok, err := m.View.ChooseAndReserveClique(pod, p.Group.Key, p.Group.Leader, g, seed, admission != "")
+	var ie *placement.ImpossibleGroupError
 	switch {
 	case !ok:
+		return GroupPlan{NoCliques: true}
+	case errors.As(err, &ie) && m.View.CliqueOutside(pod, p.GPUs):
 		return GroupPlan{NoCliques: true}
 	case err != nil:
 		return GroupPlan{Err: err}
 	}
 	return GroupPlan{Clique: dec.Clique, Decision: dec}
+}
+
+// LeaderUnknownError refuses a group's worker whose leader this webhook replica has not seen.
+type LeaderUnknownError struct{ Leader string }
+
+func (e *LeaderUnknownError) Error() string {
+	return fmt.Sprintf("the group's leader pod %s is not known to this nvdomain webhook replica yet, so the NVLink clique this pod must share with it is not known either; LeaderWorkerSet creates the pod again in a moment", e.Leader)
 }
 
 // PinClique returns a copy of pod that must run in clique: names.PodCliqueAnnotation, and a
@@ -65,19 +98,34 @@ func PinClique(pod *corev1.Pod, clique string, n names.Names) *corev1.Pod {
 	return out
 }
 
-// requireClique is a copy of pod whose every required node affinity term selects clique.
+// requireClique is a copy of pod whose every required node affinity term also selects clique:
+// the expression is added to each term (the terms are ORed), beside any expression the term
+// already has on the label, so that each term is narrowed to the clique and none widened.
 func requireClique(pod *corev1.Pod, clique string) *corev1.Pod {
 	out := pod.DeepCopy()
 	expr := corev1.NodeSelectorRequirement{Key: names.GPUCliqueLabel, Operator: corev1.NodeSelectorOpIn, Values: []string{clique}}
-	na := requireOnEveryTerm(out, expr)
-	for i := range na.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
-		t := &na.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[i]
-		for j := range t.MatchExpressions {
-			if t.MatchExpressions[j].Key == names.GPUCliqueLabel {
-				t.MatchExpressions[j] = expr
-			}
+	if out.Spec.Affinity == nil {
+		out.Spec.Affinity = &corev1.Affinity{}
+	}
+	if out.Spec.Affinity.NodeAffinity == nil {
+		out.Spec.Affinity.NodeAffinity = &corev1.NodeAffinity{}
+	}
+	na := out.Spec.Affinity.NodeAffinity
+	if na.RequiredDuringSchedulingIgnoredDuringExecution == nil {
+		na.RequiredDuringSchedulingIgnoredDuringExecution = &corev1.NodeSelector{}
+	}
+	terms := na.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
+	if len(terms) == 0 {
+		terms = []corev1.NodeSelectorTerm{{}}
+	}
+	for i := range terms {
+		if !slices.ContainsFunc(terms[i].MatchExpressions, func(e corev1.NodeSelectorRequirement) bool {
+			return e.Key == expr.Key && e.Operator == expr.Operator && slices.Equal(e.Values, expr.Values)
+		}) {
+			terms[i].MatchExpressions = append(terms[i].MatchExpressions, expr)
 		}
 	}
+	na.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms = terms
 	return out
 }
 
@@ -87,11 +135,21 @@ func (v *Decider) groupViolations(pod *corev1.Pod, p rules.Pod) []rules.Violatio
 	if pod.Annotations[v.Options.Names.PodCliqueAnnotation()] != "" {
 		return nil
 	}
-	gp := v.planGroup(pod, p, 0)
+	gp := v.planGroup(pod, p, 0, "")
 	var ie *placement.ImpossibleGroupError
-	if !errors.As(gp.Err, &ie) {
-		return nil
+	var le *LeaderUnknownError
+	switch {
+	case errors.As(gp.Err, &ie):
+		return []rules.Violation{{Field: rules.SizeField, Reason: rules.ReasonNoClique,
+			Message: fmt.Sprintf("the LeaderWorkerSet group cannot run in one NVLink clique: %v; lower the group size (spec.leaderWorkerTemplate.size) or the GPUs per pod, or add racks with larger cliques", ie)}}
+	case errors.As(gp.Err, &le):
+		return []rules.Violation{{Field: "metadata.annotations[" + names.LWSLeaderNameAnnotation + "]", Reason: rules.ReasonNoClique, Message: le.Error()}}
+	case gp.Clique != "":
+		// The group has (or would get) a clique, and this pod is not pinned to it: the
+		// mutating webhook did not pin it (its leader was not known there yet, or the webhook
+		// was not called), and admitted as it is it could split the group.
+		return []rules.Violation{{Field: "metadata.annotations[" + v.Options.Names.PodCliqueAnnotation() + "]", Reason: rules.ReasonNotPinned,
+			Message: fmt.Sprintf("the pod was not pinned to its group's NVLink clique (%s) by nvdomain's mutating webhook; LeaderWorkerSet creates it again, and the webhook then pins it (check that the nvdomain MutatingWebhookConfiguration selects tensor-parallel=true pods)", gp.Clique)}}
 	}
-	return []rules.Violation{{Field: rules.SizeField, Reason: rules.ReasonNoClique,
-		Message: fmt.Sprintf("the LeaderWorkerSet group cannot run in one NVLink clique: %v; lower the group size (spec.leaderWorkerTemplate.size) or the GPUs per pod, or add racks with larger cliques", ie)}}
+	return nil
 }

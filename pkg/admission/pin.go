@@ -90,7 +90,7 @@ func Pin(pod *corev1.Pod, p rules.Pod, d int, pref Preference, n names.Names) *c
 // copy never survives to claim GPUs on the node. It reports whether it removed any.
 func StripOwned(pod *corev1.Pod, n names.Names) bool {
 	removed := false
-	for _, k := range []string{n.PodDomainAnnotation(), n.PodTPSizeAnnotation(), n.PodContainerGPUsAnnotation(), n.PodAssignedGPUsAnnotation(), n.PodAdmissionAnnotation()} {
+	for _, k := range []string{n.PodDomainAnnotation(), n.PodTPSizeAnnotation(), n.PodContainerGPUsAnnotation(), n.PodAssignedGPUsAnnotation(), n.PodAdmissionAnnotation(), n.PodCliqueAnnotation()} {
 		if _, ok := pod.Annotations[k]; ok {
 			delete(pod.Annotations, k)
 			removed = true

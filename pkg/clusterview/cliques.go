@@ -28,24 +28,24 @@ const cliqueReservationTTL = 30 * time.Second
 // groupPin is one pod's part in its group's clique.
 type groupPin struct {
 	namespace, key, clique string
-	// leader: the group's first pod; while it is not bound the whole group waits.
+	// leader: the group's first pod (worker index 0).
 	leader bool
-	pods   int // the group's size
+	size   int // the group's pod count
 	gpus   int // the pod's GPUs
 	bound  bool
+	// gated: held back by scheduling gates; the scheduler does not try it, so it waits for
+	// nothing yet.
+	gated bool
+	// since is when this replica first saw the pod pinned.
+	since time.Time
 }
 
-// waitingGPUs is what the pin still waits for in its clique: the whole group while its
-// leader is pending, else the pod's own GPUs while it is.
-func (g groupPin) waitingGPUs() (gpus, pods int) {
-	switch {
-	case g.bound:
-		return 0, 0
-	case g.leader:
-		return g.pods * g.gpus, g.pods
-	}
-	return g.gpus, 1
-}
+// missingMembersGrace is how long after a group's first pinned pod appears its pods not
+// created yet still count as waiting for the clique: LeaderWorkerSet creates the workers
+// right after the leader, so the room they need is promised that long and no longer. A pod
+// that only looks like a group's (a bare pod with LWS's labels and a large size) cannot hold a
+// clique's room beyond it.
+const missingMembersGrace = 2 * time.Minute
 
 // cliqueReservation is a clique chosen at admission for a pod the informer has not delivered.
 type cliqueReservation struct {
@@ -53,59 +53,164 @@ type cliqueReservation struct {
 	expires time.Time
 }
 
-// recordGroupLocked remembers the clique pin of a group's pod (or forgets the pod's).
+// recordGroupLocked remembers the clique pin of a group's pod (or forgets the pod's). Only a
+// tensor-parallel pod with GPUs counts: the webhook pins nothing else, and strips the clique
+// annotation from a pod it did not pin (admission.StripOwned), so a tenant cannot make a
+// clique look waited for with pods that hold nothing. A pod being deleted pins nothing:
+// LeaderWorkerSet deletes a whole group to recreate it (RecreateGroupOnPodRestart, a rolling
+// update), and the new group, with the same names, must be chosen afresh rather than follow
+// the dying one. Its GPUs still count where it is bound (UpsertPod).
 func (v *View) recordGroupLocked(pod *corev1.Pod, p rules.Pod) {
+	prev, had := v.groupPins[pod.UID]
 	delete(v.groupPins, pod.UID)
 	delete(v.cliqueRes, pod.Namespace+"/"+pod.Name)
-	clique := pod.Annotations[v.names.PodCliqueAnnotation()]
+	if p.Group != nil && p.Group.Leader {
+		delete(v.leaders, pod.Namespace+"/"+pod.Name)
+	}
 	terminal := pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
-	// A pod being deleted pins nothing: LeaderWorkerSet deletes a whole group to recreate it
-	// (RecreateGroupOnPodRestart, a rolling update), and the new group, with the same names,
-	// must be chosen afresh rather than follow the dying one. Its GPUs still count where it is
-	// bound (UpsertPod).
-	if p.Group == nil || clique == "" || terminal || pod.DeletionTimestamp != nil {
+	if p.Group == nil || terminal || pod.DeletionTimestamp != nil {
 		return
 	}
+	clique := pod.Annotations[v.names.PodCliqueAnnotation()]
+	if p.Group.Leader {
+		// Workers look their leader up (GroupClique): whether it is pinned, and where.
+		v.leaders[pod.Namespace+"/"+pod.Name] = leaderSeen{uid: pod.UID, clique: clique}
+	}
+	if clique == "" || !p.TP || p.GPUs == 0 {
+		return
+	}
+	since := v.now()
+	if had {
+		since = prev.since
+	}
 	v.groupPins[pod.UID] = groupPin{namespace: pod.Namespace, key: p.Group.Key, clique: clique, leader: p.Group.Leader,
-		pods: p.Group.Size, gpus: p.GPUs, bound: pod.Spec.NodeName != ""}
+		size: p.Group.Size, gpus: p.GPUs, bound: pod.Spec.NodeName != "", gated: len(pod.Spec.SchedulingGates) > 0, since: since}
 }
 
-// forgetGroupLocked drops a deleted pod's pin.
-func (v *View) forgetGroupLocked(uid types.UID) { delete(v.groupPins, uid) }
-
-// HasCliques reports whether any node is in a multi-node NVLink clique.
-func (v *View) HasCliques() bool {
-	v.mu.RLock()
-	defer v.mu.RUnlock()
-	for _, nd := range v.nodes {
-		if nd.obj.Labels[names.GPUCliqueLabel] != "" {
-			return true
+// forgetGroupLocked drops a deleted pod's pin, and its leader record.
+func (v *View) forgetGroupLocked(uid types.UID) {
+	delete(v.groupPins, uid)
+	for name, l := range v.leaders {
+		if l.uid == uid {
+			delete(v.leaders, name)
 		}
 	}
-	return false
 }
 
-// GroupClique returns the clique the group's other pods are pinned to ("" when none is): the
-// clique every later pod of the group must follow.
-func (v *View) GroupClique(namespace, key string) string {
+// leaderSeen is a group leader pod this replica has seen: its UID and the clique it is pinned
+// to ("" for none).
+type leaderSeen struct {
+	uid    types.UID
+	clique string
+}
+
+// GroupClique returns the clique a pod of group key must follow: the leader's, else the one
+// most of the group's pinned pods hold (the smallest id on a tie), so that every replica
+// answers alike; "" when no pod of the group is pinned.
+//
+// leader, when not empty, names the group's leader pod (a worker's
+// LWSLeaderNameAnnotation): known reports whether this replica has seen it. A worker whose
+// leader this replica has not seen yet must not choose a clique of its own, since the leader
+// may be pinned on another replica a moment ago (admission.Decider denies it, and its
+// StatefulSet creates it again).
+func (v *View) GroupClique(namespace, key, leader string) (clique string, known bool) {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
+	if leader != "" {
+		if l, ok := v.leaders[namespace+"/"+leader]; ok && l.clique != "" {
+			return l.clique, true
+		}
+	}
+	counts := map[string]int{}
 	for _, g := range v.groupPins {
 		if g.namespace == namespace && g.key == key {
-			return g.clique
+			if g.leader {
+				return g.clique, true
+			}
+			counts[g.clique]++
 		}
+	}
+	now := v.now()
+	for _, r := range v.cliqueRes {
+		if r.pin.namespace == namespace && r.pin.key == key && now.Before(r.expires) {
+			if r.pin.leader {
+				return r.pin.clique, true
+			}
+			counts[r.pin.clique]++
+		}
+	}
+	best := ""
+	for c, n := range counts {
+		if best == "" || n > counts[best] || (n == counts[best] && c < best) {
+			best = c
+		}
+	}
+	_, known = v.leaders[namespace+"/"+leader]
+	return best, known || leader == "" || best != ""
+}
+
+// groupWaitingLocked is, per clique, what the groups pinned there still wait for, in GPUs
+// and in pods: each group's pods not bound yet, and its pods not created yet
+// (LeaderWorkerSet creates the workers after the leader) for missingMembersGrace after its
+// first pinned pod appeared. A pod that is gated, or released (the scheduler rejects it for
+// reasons other than GPUs: UnschedulableHold), waits for nothing.
+func (v *View) groupWaitingLocked() (gpus, pods map[string]int) {
+	type group struct {
+		clique           string
+		leaderKnown      bool
+		size, per, known int
+		pending          int
+		first            time.Time
+	}
+	groups := map[string]*group{}
+	now := v.now()
+	add := func(g groupPin, waits bool) {
+		key := g.namespace + "/" + g.key
+		gr := groups[key]
+		if gr == nil {
+			gr = &group{clique: g.clique, first: g.since}
+			groups[key] = gr
+		}
+		if g.leader && !gr.leaderKnown {
+			gr.clique, gr.leaderKnown = g.clique, true
+		}
+		gr.size, gr.per = max(gr.size, g.size), max(gr.per, g.gpus)
+		gr.known++
+		if g.since.Before(gr.first) {
+			gr.first = g.since
+		}
+		if waits && !g.bound {
+			gr.pending++
+		}
+	}
+	for uid, g := range v.groupPins {
+		e, ok := v.pods[uid]
+		add(g, !g.gated && !(ok && (e.released || e.gated)))
 	}
 	for _, r := range v.cliqueRes {
-		if r.pin.namespace == namespace && r.pin.key == key && v.now().Before(r.expires) {
-			return r.pin.clique
+		if now.Before(r.expires) {
+			r.pin.since = now
+			add(r.pin, true)
 		}
 	}
-	return ""
+	gpus, pods = map[string]int{}, map[string]int{}
+	for _, g := range groups {
+		left := g.pending
+		if now.Sub(g.first) < missingMembersGrace {
+			left += max(0, g.size-g.known)
+		}
+		gpus[g.clique] += left * g.per
+		pods[g.clique] += left
+	}
+	return gpus, pods
 }
 
 // cliquesLocked is every clique the pod may use, its nodes' room for pods of k GPUs, and the
-// GPUs (and pods) groups pinned there still wait for.
+// GPUs (and pods) groups pinned there still wait for (groupWaitingLocked).
 func (v *View) cliquesLocked(pod *corev1.Pod, k int) ([]placement.Clique, map[string]int, map[string]int) {
+	if v.cliqueNodes == 0 {
+		return nil, nil, nil
+	}
 	req := nodeaffinity.GetRequiredNodeAffinity(pod)
 	byID := map[string]*placement.Clique{}
 	for name, nd := range v.nodes {
@@ -128,20 +233,7 @@ func (v *View) cliquesLocked(pod *corev1.Pod, k int) ([]placement.Clique, map[st
 		c.Nodes = append(c.Nodes, placement.CliqueNode{Name: name, Slots: placement.SlotsFor(k, free), MaxSlots: placement.SlotsFor(k, size),
 			GPUs: gpus, Free: freeGPUs, Unavailable: !available(pod, nd)})
 	}
-	waitingGPUs, waitingPods := map[string]int{}, map[string]int{}
-	for _, g := range v.groupPins {
-		gpus, pods := g.waitingGPUs()
-		waitingGPUs[g.clique] += gpus
-		waitingPods[g.clique] += pods
-	}
-	now := v.now()
-	for _, r := range v.cliqueRes {
-		if now.Before(r.expires) {
-			gpus, pods := r.pin.waitingGPUs()
-			waitingGPUs[r.pin.clique] += gpus
-			waitingPods[r.pin.clique] += pods
-		}
-	}
+	waitingGPUs, waitingPods := v.groupWaitingLocked()
 	out := make([]placement.Clique, 0, len(byID))
 	for _, c := range byID {
 		slices.SortFunc(c.Nodes, func(a, b placement.CliqueNode) int { return cmp.Compare(a.Name, b.Name) })
@@ -172,25 +264,25 @@ func takeWaiting(cliques []placement.Clique, gpus, pods map[string]int) {
 	}
 }
 
-// ChooseClique picks the clique for a group of pods of k GPUs (placement.ChooseClique, over
-// the nodes the pod may use, with the room groups pinned earlier still wait for taken off).
-// ok is false when no node the pod may use is in a clique: the group needs no clique pin.
-func (v *View) ChooseClique(pod *corev1.Pod, g placement.Group, seed uint64) (dec placement.CliqueDecision, ok bool, err error) {
+// ChooseAndReserveClique picks the clique for a group of pods of k GPUs
+// (placement.ChooseClique, over the nodes the pod may use, with the room groups pinned earlier
+// still wait for taken off) and, when namespace/name is set, reserves it for that pod in the
+// same step (decideMu), so that concurrent admissions on this replica never count the same
+// room. ok is false when no node the pod may use is in a clique.
+func (v *View) ChooseAndReserveClique(pod *corev1.Pod, key string, leader bool, g placement.Group, seed uint64, reserve bool) (dec placement.CliqueDecision, ok bool, err error) {
+	v.decideMu.Lock()
+	defer v.decideMu.Unlock()
 	v.mu.RLock()
-	defer v.mu.RUnlock()
 	cliques, gpus, pods := v.cliquesLocked(pod, g.GPUsPerPod)
+	v.mu.RUnlock()
 	if len(cliques) == 0 {
 		return placement.CliqueDecision{}, false, nil
 	}
 	takeWaiting(cliques, gpus, pods)
 	dec, err = placement.ChooseClique(g, cliques, gpus, seed)
-	return dec, true, err
-}
-
-// ReserveClique records a clique chosen at admission for the group's pod ns/name until the
-// informer delivers the pod (or cliqueReservationTTL passes), so that the next group chosen on
-// this replica does not count the same room.
-func (v *View) ReserveClique(namespace, name, key, clique string, leader bool, size, gpus int) {
+	if err != nil || !reserve {
+		return dec, true, err
+	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	now := v.now()
@@ -199,10 +291,31 @@ func (v *View) ReserveClique(namespace, name, key, clique string, leader bool, s
 			delete(v.cliqueRes, k)
 		}
 	}
-	v.cliqueRes[namespace+"/"+name] = cliqueReservation{
-		pin:     groupPin{namespace: namespace, key: key, clique: clique, leader: leader, pods: size, gpus: gpus},
+	v.cliqueRes[pod.Namespace+"/"+pod.Name] = cliqueReservation{
+		pin:     groupPin{namespace: pod.Namespace, key: key, clique: dec.Clique, leader: leader, size: g.Pods, gpus: g.GPUsPerPod},
 		expires: now.Add(cliqueReservationTTL),
 	}
+	return dec, true, nil
+}
+
+// CliqueOutside reports whether some node the pod may use, outside every clique, has a domain
+// of k GPUs: a group no clique can hold may still run there, its pods talking over the network
+// (as on HGX nodes), so it is not refused.
+func (v *View) CliqueOutside(pod *corev1.Pod, k int) bool {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	req := nodeaffinity.GetRequiredNodeAffinity(pod)
+	for _, nd := range v.nodes {
+		if nd.obj.Labels[names.GPUCliqueLabel] != "" || !eligible(pod, req, nd) {
+			continue
+		}
+		for _, c := range nd.capacity {
+			if c >= k {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // CliqueStatus is one clique as `nvdomain status` shows it.
@@ -249,9 +362,11 @@ func (v *View) Cliques() []CliqueStatus {
 			groups[g.clique] = map[string]bool{}
 		}
 		groups[g.clique][g.namespace+"/"+g.key] = true
-		gpus, _ := g.waitingGPUs()
-		if c := byID[g.clique]; c != nil {
-			c.WaitingGPUs += gpus
+	}
+	waiting, _ := v.groupWaitingLocked()
+	for id, gpus := range waiting {
+		if c := byID[id]; c != nil {
+			c.WaitingGPUs = gpus
 		}
 	}
 	out := make([]CliqueStatus, 0, len(byID))

@@ -132,6 +132,11 @@ type View struct {
 	// admission for pods the informer has not delivered yet, by namespace/name (cliques.go).
 	groupPins map[types.UID]groupPin
 	cliqueRes map[string]cliqueReservation
+	// leaders are the group leader pods seen, by namespace/name, with the clique each is
+	// pinned to ("" for none); cliqueNodes counts the nodes with a clique label, so that a
+	// cluster without any pays nothing for cliques.
+	leaders     map[string]leaderSeen
+	cliqueNodes int
 
 	// decideMu makes a domain choice and its reservation one step (ChooseAndReserve), so
 	// concurrent admissions on this replica never take the same room.
@@ -307,6 +312,7 @@ func New(n names.Names) *View {
 		hold:        UnschedulableHold,
 		groupPins:   map[types.UID]groupPin{},
 		cliqueRes:   map[string]cliqueReservation{},
+		leaders:     map[string]leaderSeen{},
 	}
 }
 
@@ -373,6 +379,9 @@ func (v *View) UpsertNode(obj *corev1.Node) {
 	}
 	if nd.lowered {
 		v.loweredNodes++
+	}
+	if obj.Labels[names.GPUCliqueLabel] != "" {
+		v.cliqueNodes++
 	}
 	v.refreshHistLocked(obj.Name)
 }
@@ -447,6 +456,9 @@ func (v *View) removeNodeLocked(name string) {
 		return
 	}
 	v.setHistLocked(nd, nil)
+	if nd.obj.Labels[names.GPUCliqueLabel] != "" {
+		v.cliqueNodes--
+	}
 	for _, r := range nd.resources {
 		if v.advertised[r]--; v.advertised[r] <= 0 {
 			delete(v.advertised, r)

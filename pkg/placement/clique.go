@@ -127,8 +127,9 @@ func sum(c Clique) cliqueRoom {
 //     whole), then a pick drawn from seed among equals (the lowest id without one), so
 //     concurrent groups admitted by different webhook replicas spread instead of racing.
 //   - Otherwise the shortest line: among cliques whose available nodes could hold the group,
-//     the one with the fewest GPUs already waiting for it (waiting, by clique id, counting
-//     groups pinned there with no room) per GPU of capacity, counting the group itself;
+//     the one with the fewest GPUs already waiting for it (waiting, by clique id: what the
+//     groups pinned there and not yet running still need) per GPU of capacity, counting the
+//     group itself;
 //     lowest id on a tie. When no available clique is large enough, the cliques whose
 //     unavailable nodes would make them so are the line (a rack in maintenance comes back).
 //   - Otherwise an *ImpossibleGroupError naming the largest clique.
@@ -181,7 +182,7 @@ func ChooseClique(g Group, cliques []Clique, waiting map[string]int, seed uint64
 		return CliqueDecision{Clique: r.id, Capacity: r.gpus}, nil
 	}
 	if r, ok := line(func(r cliqueRoom) bool { return r.allMaxSlots >= g.Pods }, func(r cliqueRoom) int { return r.allGPUs }); ok {
-		return CliqueDecision{Clique: r.id, Capacity: r.gpus}, nil
+		return CliqueDecision{Clique: r.id, Capacity: r.allGPUs}, nil
 	}
 
 	e := &ImpossibleGroupError{Group: g, Cliques: len(rooms)}

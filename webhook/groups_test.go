@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -188,12 +189,77 @@ func TestSinglePodFillsTheFragmentedClique(t *testing.T) {
 // before: on the HGX nodes, unpinned, its pods talking over the network.
 func TestGroupTooLargeForCliquesRunsOutsideThem(t *testing.T) {
 	f := rackFixture(t)
-	out, mresp, vresp := f.admit(t, groupPod("llama", 0, 0, 4, 4))
+	f.view.UpsertNode(node("hgx-1", []int{8}, nil, nil))
+	leader, mresp, vresp := f.admit(t, groupPod("llama", 0, 0, 4, 4))
 	if !mresp.Allowed || !vresp.Allowed {
 		t.Fatalf("mutate %+v validate %+v", mresp.Result, vresp.Result)
 	}
-	if c := requiredClique(out); c != "" {
-		t.Errorf("pinned to clique %q, which cannot hold it", c)
+	outside := func(p *corev1.Pod) bool {
+		for _, term := range p.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
+			if !slices.ContainsFunc(term.MatchExpressions, func(e corev1.NodeSelectorRequirement) bool {
+				return e.Key == names.GPUCliqueLabel && e.Operator == corev1.NodeSelectorOpDoesNotExist
+			}) {
+				return false
+			}
+		}
+		return p.Annotations[n.PodCliqueAnnotation()] == names.CliqueNone
+	}
+	if !outside(leader) {
+		t.Errorf("leader not kept out of the cliques: %v %v", leader.Annotations, leader.Spec.Affinity)
+	}
+	// Its worker follows it out.
+	leader.UID, leader.Spec.NodeName = "leader-uid", "hgx-0"
+	f.view.UpsertPod(leader)
+	worker := groupPod("llama", 0, 1, 4, 4)
+	worker.Annotations[names.LWSLeaderNameAnnotation] = leader.Name
+	out, _, vresp := f.admit(t, worker)
+	if !vresp.Allowed || !outside(out) {
+		t.Errorf("worker not kept out of the cliques (validate %+v): %v", vresp.Result, out.Annotations)
+	}
+	// With room for fewer of its pods outside the cliques than it has, it is refused.
+	f2 := rackFixture(t)
+	if _, _, vresp := f2.admit(t, groupPod("llama", 0, 0, 4, 4)); vresp.Allowed {
+		t.Errorf("a group that fits neither a clique nor the nodes outside them is admitted")
+	}
+}
+
+// On a cluster with no clique at all nothing changes: a worker whose leader this replica has
+// not seen is admitted, and nothing is pinned to a clique.
+func TestGroupsWithoutCliquesAreUntouched(t *testing.T) {
+	f := newFixture(t, decision.NonTPAuto, node("hgx-0", []int{8}, nil, nil), node("hgx-1", []int{8}, nil, nil))
+	worker := groupPod("llama", 0, 1, 2, 8)
+	worker.Annotations[names.LWSLeaderNameAnnotation] = "llama-0"
+	out, mresp, vresp := f.admit(t, worker)
+	if !mresp.Allowed || !vresp.Allowed || out.Annotations[n.PodCliqueAnnotation()] != "" {
+		t.Errorf("mutate %+v validate %+v annotations %v", mresp.Result, vresp.Result, out.Annotations)
+	}
+}
+
+// A pod whose leader is not pinned (no GPUs) is not pinned either: its group shares no clique.
+func TestWorkersOfAnUnpinnedLeaderAreNotPinned(t *testing.T) {
+	f := rackFixture(t)
+	leader := groupPod("llama", 0, 0, 3, 0)
+	delete(leader.Labels, "tensor-parallel")
+	leader.Spec.NodeName = "cpu"
+	f.view.UpsertPod(leader)
+	for i := 1; i <= 2; i++ {
+		w := groupPod("llama", 0, i, 3, 4)
+		w.Annotations[names.LWSLeaderNameAnnotation] = leader.Name
+		out, _, vresp := f.admit(t, w)
+		if !vresp.Allowed || out.Annotations[n.PodCliqueAnnotation()] != "" {
+			t.Errorf("worker %d: validate %+v, clique %q", i, vresp.Result, out.Annotations[n.PodCliqueAnnotation()])
+		}
+	}
+}
+
+// A clique pin copied into a manifest, with a size its clique cannot hold, is refused, and the
+// pin's affinity is written so that the annotation cannot claim a clique the pod is not in.
+func TestCopiedCliquePinIsJudged(t *testing.T) {
+	f := rackFixture(t)
+	p := groupPod("llama", 0, 0, 50, 4)
+	p.Annotations[n.PodCliqueAnnotation()] = "a"
+	if _, _, vresp := f.admit(t, p); vresp.Allowed {
+		t.Errorf("a group of 50 pinned by hand to a 3-tray clique is admitted")
 	}
 }
 

@@ -361,7 +361,17 @@ func feedView(c cache.Cache, view *clusterview.View, claims bool) ([]toolscache.
 	}
 	preg, err := pods.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { upsertPod(view, obj) },
-		UpdateFunc: func(_, obj any) { upsertPod(view, obj) },
+		UpdateFunc: func(old, obj any) {
+			// A relist after a watch gap delivers a pod deleted and created again under the
+			// same name (a StatefulSet's, a LeaderWorkerSet's) as an update: the old UID's
+			// GPUs and pins must go with it.
+			if o, ok := old.(*corev1.Pod); ok {
+				if p, ok := obj.(*corev1.Pod); ok && o.UID != p.UID {
+					view.DeletePod(o.UID)
+				}
+			}
+			upsertPod(view, obj)
+		},
 		DeleteFunc: func(obj any) {
 			if p, ok := tombstone(obj).(*corev1.Pod); ok {
 				view.DeletePod(p.UID)

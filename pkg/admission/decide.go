@@ -86,8 +86,15 @@ func (m *Decider) mutate(pod *corev1.Pod, seed uint64, admission string) (*corev
 	// (A clique chosen here is reserved with the choice, in one step; a pod then denied holds
 	// it for the reservation's 30 s at most.)
 	group := m.planGroup(work, rules.Inspect(work, n), seed, admission)
-	if group.Clique != "" && work.Annotations[n.PodCliqueAnnotation()] != group.Clique {
+	if group.Clique != "" && !hasCliquePin(work, group.Clique, n) {
+		// (A pin the pod carries already gets its affinity too: the annotation alone
+		// would let a copied manifest claim a clique it does not run in.)
 		work = PinClique(work, group.Clique, n)
+	}
+	var le *LeaderUnknownError
+	if errors.As(group.Err, &le) {
+		// The validating webhook refuses the pod: reserve nothing for it.
+		admission, reserve = "", false
 	}
 	plan := m.plan(work, seed, admission)
 	plan.Group = group

@@ -47,22 +47,27 @@ type GroupPlan struct {
 func (m *Decider) planGroup(pod *corev1.Pod, p rules.Pod, seed uint64, admission string) GroupPlan {
 	n := m.Options.Names
 	if p.Group == nil || !p.TP || p.GPUs == 0 || m.Options.Mode == ModeDRA || m.Options.Excluded(pod.Namespace) ||
-		(m.Options.Mode != ModeClassic && p.PinnedDomain() < 0 && m.Options.toDRA(m.View, pod)) {
+		!m.View.HasCliques() || (m.Options.Mode != ModeClassic && p.PinnedDomain() < 0 && m.Options.toDRA(m.View, pod)) {
 		return GroupPlan{}
 	}
 	if c := pod.Annotations[n.PodCliqueAnnotation()]; c != "" {
 		return GroupPlan{Clique: c, Followed: true}
 	}
-	leader := ""
 	if !p.Group.Leader {
-		leader = pod.Annotations[names.LWSLeaderNameAnnotation]
-	}
-	c, known := m.View.GroupClique(pod.Namespace, p.Group.Key, leader)
-	switch {
-	case c != "":
+		// The leader decides for its group (View.GroupClique): its clique, CliqueNone, or no
+		// pin at all (a leader with no GPUs, say), which its workers then share.
+		leader := pod.Annotations[names.LWSLeaderNameAnnotation]
+		c, known := m.View.GroupClique(pod.Namespace, p.Group.Key, leader)
+		switch {
+		case !known:
+			return GroupPlan{Err: &LeaderUnknownError{Leader: leader}}
+		case c != "":
+			return GroupPlan{Clique: c, Followed: true}
+		case leader != "":
+			return GroupPlan{}
+		}
+	} else if c, _ := m.View.GroupClique(pod.Namespace, p.Group.Key, ""); c != "" {
 		return GroupPlan{Clique: c, Followed: true}
-	case !known:
-		return GroupPlan{Err: &LeaderUnknownError{Leader: leader}}
 	}
 	g := placement.Group{Pods: p.Group.Size, GPUsPerPod: p.GPUs}
 	dec, ok, err := m.View.ChooseAndReserveClique(pod, p.Group.Key, p.Group.Leader, g, seed, admission != "")
@@ -70,8 +75,8 @@ func (m *Decider) planGroup(pod *corev1.Pod, p rules.Pod, seed uint64, admission
 	switch {
 	case !ok:
 		return GroupPlan{NoCliques: true}
-	case errors.As(err, &ie) && m.View.CliqueOutside(pod, p.GPUs):
-		return GroupPlan{NoCliques: true}
+	case errors.As(err, &ie) && m.View.CliqueOutside(pod, g):
+		return GroupPlan{Clique: names.CliqueNone}
 	case err != nil:
 		return GroupPlan{Err: err}
 	}
@@ -90,7 +95,11 @@ func (e *LeaderUnknownError) Error() string {
 // ORed). An expression the pod already has on the label is narrowed to the clique: the clique
 // was chosen among the nodes that expression selects.
 func PinClique(pod *corev1.Pod, clique string, n names.Names) *corev1.Pod {
-	out := requireClique(pod, clique)
+	expr := corev1.NodeSelectorRequirement{Key: names.GPUCliqueLabel, Operator: corev1.NodeSelectorOpIn, Values: []string{clique}}
+	if clique == names.CliqueNone {
+		expr = corev1.NodeSelectorRequirement{Key: names.GPUCliqueLabel, Operator: corev1.NodeSelectorOpDoesNotExist}
+	}
+	out := requireExpression(pod, expr)
 	if out.Annotations == nil {
 		out.Annotations = map[string]string{}
 	}
@@ -98,12 +107,26 @@ func PinClique(pod *corev1.Pod, clique string, n names.Names) *corev1.Pod {
 	return out
 }
 
+// hasCliquePin reports whether the pod carries the pin PinClique writes for clique: the
+// annotation, and the expression on every required term.
+func hasCliquePin(pod *corev1.Pod, clique string, n names.Names) bool {
+	if pod.Annotations[n.PodCliqueAnnotation()] != clique {
+		return false
+	}
+	return PinClique(pod, clique, n).Spec.Affinity.String() == pod.Spec.Affinity.String()
+}
+
 // requireClique is a copy of pod whose every required node affinity term also selects clique:
 // the expression is added to each term (the terms are ORed), beside any expression the term
 // already has on the label, so that each term is narrowed to the clique and none widened.
 func requireClique(pod *corev1.Pod, clique string) *corev1.Pod {
+	return requireExpression(pod, corev1.NodeSelectorRequirement{Key: names.GPUCliqueLabel, Operator: corev1.NodeSelectorOpIn, Values: []string{clique}})
+}
+
+// requireExpression is a copy of pod with expr added to every required node affinity term
+// that does not have it yet (a term is made when there is none).
+func requireExpression(pod *corev1.Pod, expr corev1.NodeSelectorRequirement) *corev1.Pod {
 	out := pod.DeepCopy()
-	expr := corev1.NodeSelectorRequirement{Key: names.GPUCliqueLabel, Operator: corev1.NodeSelectorOpIn, Values: []string{clique}}
 	if out.Spec.Affinity == nil {
 		out.Spec.Affinity = &corev1.Affinity{}
 	}
@@ -130,9 +153,20 @@ func requireClique(pod *corev1.Pod, clique string) *corev1.Pod {
 }
 
 // groupViolations is the validating webhook's verdict on a group no clique can hold.
-// A pod the mutating webhook pinned to a clique was judged then.
+// A pod carrying a clique pin is judged against the cliques its affinity allows: a pin copied
+// from another manifest, with a larger size, must not pass for nvdomain's own.
 func (v *Decider) groupViolations(pod *corev1.Pod, p rules.Pod) []rules.Violation {
-	if pod.Annotations[v.Options.Names.PodCliqueAnnotation()] != "" {
+	if c := pod.Annotations[v.Options.Names.PodCliqueAnnotation()]; c != "" {
+		if c == names.CliqueNone || p.Group == nil || !p.TP || p.GPUs == 0 {
+			return nil
+		}
+		g := placement.Group{Pods: p.Group.Size, GPUsPerPod: p.GPUs}
+		_, _, err := v.View.ChooseAndReserveClique(pod, p.Group.Key, p.Group.Leader, g, 0, false)
+		var ie *placement.ImpossibleGroupError
+		if errors.As(err, &ie) {
+			return []rules.Violation{{Field: rules.SizeField, Reason: rules.ReasonNoClique,
+				Message: fmt.Sprintf("the LeaderWorkerSet group cannot run in its NVLink clique %s: %v; lower the group size (spec.leaderWorkerTemplate.size) or the GPUs per pod", c, ie)}}
+		}
 		return nil
 	}
 	gp := v.planGroup(pod, p, 0, "")

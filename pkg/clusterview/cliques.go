@@ -72,19 +72,25 @@ func (v *View) recordGroupLocked(pod *corev1.Pod, p rules.Pod) {
 		return
 	}
 	clique := pod.Annotations[v.names.PodCliqueAnnotation()]
+	size := p.Group.Size
+	if had {
+		// What the pod was pinned with stays: a tenant editing the annotations later (they
+		// are not frozen) must not make a clique look waited for.
+		clique, size = prev.clique, prev.size
+	}
 	if p.Group.Leader {
 		// Workers look their leader up (GroupClique): whether it is pinned, and where.
 		v.leaders[pod.Namespace+"/"+pod.Name] = leaderSeen{uid: pod.UID, clique: clique}
 	}
-	if clique == "" || !p.TP || p.GPUs == 0 {
+	if clique == "" || clique == names.CliqueNone || !p.TP || p.GPUs == 0 {
 		return
 	}
-	since := v.now()
-	if had {
-		since = prev.since
+	since := pod.CreationTimestamp.Time
+	if since.IsZero() {
+		since = v.now()
 	}
 	v.groupPins[pod.UID] = groupPin{namespace: pod.Namespace, key: p.Group.Key, clique: clique, leader: p.Group.Leader,
-		size: p.Group.Size, gpus: p.GPUs, bound: pod.Spec.NodeName != "", gated: len(pod.Spec.SchedulingGates) > 0, since: since}
+		size: size, gpus: p.GPUs, bound: pod.Spec.NodeName != "", gated: len(pod.Spec.SchedulingGates) > 0, since: since}
 }
 
 // forgetGroupLocked drops a deleted pod's pin, and its leader record.
@@ -117,7 +123,10 @@ func (v *View) GroupClique(namespace, key, leader string) (clique string, known 
 	v.mu.RLock()
 	defer v.mu.RUnlock()
 	if leader != "" {
-		if l, ok := v.leaders[namespace+"/"+leader]; ok && l.clique != "" {
+		// The leader decides for its group: its clique, CliqueNone, or "" when it is not
+		// pinned (no GPUs, not tensor-parallel, no clique node), and then neither are its
+		// workers: a worker choosing a clique of its own could split the group.
+		if l, ok := v.leaders[namespace+"/"+leader]; ok {
 			return l.clique, true
 		}
 	}
@@ -147,6 +156,13 @@ func (v *View) GroupClique(namespace, key, leader string) (clique string, known 
 	}
 	_, known = v.leaders[namespace+"/"+leader]
 	return best, known || leader == "" || best != ""
+}
+
+// HasCliques reports whether any node is in a multi-node NVLink clique.
+func (v *View) HasCliques() bool {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	return v.cliqueNodes > 0
 }
 
 // groupWaitingLocked is, per clique, what the groups pinned there still wait for, in GPUs
@@ -298,21 +314,25 @@ func (v *View) ChooseAndReserveClique(pod *corev1.Pod, key string, leader bool, 
 	return dec, true, nil
 }
 
-// CliqueOutside reports whether some node the pod may use, outside every clique, has a domain
-// of k GPUs: a group no clique can hold may still run there, its pods talking over the network
-// (as on HGX nodes), so it is not refused.
-func (v *View) CliqueOutside(pod *corev1.Pod, k int) bool {
+// CliqueOutside reports whether the nodes the pod may use outside every clique could hold a
+// group of g.Pods pods of g.GPUsPerPod GPUs, with every GPU free: a group no clique can hold
+// may still run there, its pods talking over the network (as on HGX nodes), so it is not
+// refused but kept there (admission pins it to CliqueNone).
+func (v *View) CliqueOutside(pod *corev1.Pod, g placement.Group) bool {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
 	req := nodeaffinity.GetRequiredNodeAffinity(pod)
+	slots := 0
 	for _, nd := range v.nodes {
 		if nd.obj.Labels[names.GPUCliqueLabel] != "" || !eligible(pod, req, nd) {
 			continue
 		}
+		var sizes []int
 		for _, c := range nd.capacity {
-			if c >= k {
-				return true
-			}
+			sizes = append(sizes, c)
+		}
+		if slots += placement.SlotsFor(g.GPUsPerPod, sizes); slots >= g.Pods {
+			return true
 		}
 	}
 	return false

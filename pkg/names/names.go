@@ -443,6 +443,11 @@ func (n Names) CliqueNodesLabel() string { return n.label(cliqueNodesSuffix) }
 // while it still holds the value the agent wrote, so the two never fight over it.
 func (n Names) CliquePublishedAnnotation() string { return n.label(cliqueByAgent) }
 
+// CliqueNone is PodCliqueAnnotation's value on a group's pods kept out of every clique: a group
+// no clique can hold, run on nodes outside them (with a required DoesNotExist on
+// GPUCliqueLabel), over the network between nodes.
+const CliqueNone = "none"
+
 // PodCliqueAnnotation, on a pod of a group (a LeaderWorkerSet group), is the multi-node
 // NVLink clique (GPUCliqueLabel value) the webhook pinned the group to; the pod also requires
 // that label value through node affinity. The group's later pods follow it.

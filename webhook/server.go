@@ -360,7 +360,7 @@ func feedView(c cache.Cache, view *clusterview.View, claims bool) ([]toolscache.
 		return nil, err
 	}
 	preg, err := pods.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { upsertPod(view, obj) },
+		AddFunc: func(obj any) { upsertPod(view, obj) },
 		UpdateFunc: func(old, obj any) {
 			// A relist after a watch gap delivers a pod deleted and created again under the
 			// same name (a StatefulSet's, a LeaderWorkerSet's) as an update: the old UID's

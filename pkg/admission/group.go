@@ -127,28 +127,9 @@ func requireClique(pod *corev1.Pod, clique string) *corev1.Pod {
 // that does not have it yet (a term is made when there is none).
 func requireExpression(pod *corev1.Pod, expr corev1.NodeSelectorRequirement) *corev1.Pod {
 	out := pod.DeepCopy()
-	if out.Spec.Affinity == nil {
-		out.Spec.Affinity = &corev1.Affinity{}
-	}
-	if out.Spec.Affinity.NodeAffinity == nil {
-		out.Spec.Affinity.NodeAffinity = &corev1.NodeAffinity{}
-	}
-	na := out.Spec.Affinity.NodeAffinity
-	if na.RequiredDuringSchedulingIgnoredDuringExecution == nil {
-		na.RequiredDuringSchedulingIgnoredDuringExecution = &corev1.NodeSelector{}
-	}
-	terms := na.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
-	if len(terms) == 0 {
-		terms = []corev1.NodeSelectorTerm{{}}
-	}
-	for i := range terms {
-		if !slices.ContainsFunc(terms[i].MatchExpressions, func(e corev1.NodeSelectorRequirement) bool {
-			return e.Key == expr.Key && e.Operator == expr.Operator && slices.Equal(e.Values, expr.Values)
-		}) {
-			terms[i].MatchExpressions = append(terms[i].MatchExpressions, expr)
-		}
-	}
-	na.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms = terms
+	addToEveryTerm(out, expr, func(e corev1.NodeSelectorRequirement) bool {
+		return e.Key == expr.Key && e.Operator == expr.Operator && slices.Equal(e.Values, expr.Values)
+	})
 	return out
 }
 

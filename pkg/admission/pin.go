@@ -306,6 +306,13 @@ func hasExpression(exprs []corev1.NodeSelectorRequirement, key string) bool {
 // ORed, so an expression on only some of them would let the pod escape it through the others.
 // It returns the pod's node affinity, for the caller's preferences.
 func requireOnEveryTerm(pod *corev1.Pod, expr corev1.NodeSelectorRequirement) *corev1.NodeAffinity {
+	return addToEveryTerm(pod, expr, func(e corev1.NodeSelectorRequirement) bool { return e.Key == expr.Key })
+}
+
+// addToEveryTerm adds expr to every required node selector term of the pod (making one when
+// there is none) that has no expression present matches, in place, and returns the pod's node
+// affinity.
+func addToEveryTerm(pod *corev1.Pod, expr corev1.NodeSelectorRequirement, present func(corev1.NodeSelectorRequirement) bool) *corev1.NodeAffinity {
 	if pod.Spec.Affinity == nil {
 		pod.Spec.Affinity = &corev1.Affinity{}
 	}
@@ -321,7 +328,7 @@ func requireOnEveryTerm(pod *corev1.Pod, expr corev1.NodeSelectorRequirement) *c
 		terms = []corev1.NodeSelectorTerm{{}}
 	}
 	for i := range terms {
-		if !hasExpression(terms[i].MatchExpressions, expr.Key) {
+		if !slices.ContainsFunc(terms[i].MatchExpressions, present) {
 			terms[i].MatchExpressions = append(terms[i].MatchExpressions, expr)
 		}
 	}

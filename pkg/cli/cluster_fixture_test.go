@@ -119,6 +119,15 @@ func gpuNode(name string, domains [][]int, opts ...nodeOpt) *corev1.Node {
 
 type podOpt func(*corev1.Pod)
 
+// inLWSGroup makes the pod a member (worker index worker) of LeaderWorkerSet llama's group 0
+// of 2, pinned to clique rack-a.0 as nvdomain's webhook pins it.
+func inLWSGroup(worker string) podOpt {
+	return func(p *corev1.Pod) {
+		p.Labels[names.LWSNameLabel], p.Labels[names.LWSGroupIndexLabel], p.Labels[names.LWSWorkerIndexLabel] = "llama", "0", worker
+		p.Annotations[names.LWSSizeAnnotation], p.Annotations[nm.PodCliqueAnnotation()] = "2", "rack-a.0"
+	}
+}
+
 func inNamespace(ns string) podOpt { return func(p *corev1.Pod) { p.Namespace = ns } }
 
 func boundTo(node string, phase corev1.PodPhase) podOpt {

@@ -299,18 +299,12 @@ func TestExplainWaiterForRoomAboutToFree(t *testing.T) {
 
 // A LeaderWorkerSet group's pod: where it stands with its clique, running or waiting.
 func TestExplainGroupPod(t *testing.T) {
-	inGroup := func(worker string) podOpt {
-		return func(p *corev1.Pod) {
-			p.Labels[names.LWSNameLabel], p.Labels[names.LWSGroupIndexLabel], p.Labels[names.LWSWorkerIndexLabel] = "llama", "0", worker
-			p.Annotations[names.LWSSizeAnnotation], p.Annotations[nm.PodCliqueAnnotation()] = "2", "rack-a.0"
-		}
-	}
 	objs := []runtime.Object{
 		gpuNode("a-0", [][]int{{0, 1, 2, 3}}, withLabel(names.GPUCliqueLabel, "rack-a.0")),
 		gpuNode("b-0", [][]int{{0, 1, 2, 3}}, withLabel(names.GPUCliqueLabel, "rack-b.0")),
-		tpPod("llama-0", 4, 0, boundTo("a-0", corev1.PodRunning), inGroup("0")),
-		tpPod("llama-0-1", 4, 0, inGroup("1"), unschedulable),
-		tpPod("moved", 4, 0, boundTo("b-0", corev1.PodRunning), inGroup("0")),
+		tpPod("llama-0", 4, 0, boundTo("a-0", corev1.PodRunning), inLWSGroup("0")),
+		tpPod("llama-0-1", 4, 0, inLWSGroup("1"), unschedulable),
+		tpPod("moved", 4, 0, boundTo("b-0", corev1.PodRunning), inLWSGroup("0")),
 	}
 	for _, tc := range []struct{ pod, want string }{
 		{"llama-0", "the leader of LeaderWorkerSet group llama/0 (2 pods × 4 GPUs); in clique rack-a.0 with the rest of its group, on node a-0"},

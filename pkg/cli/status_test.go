@@ -433,18 +433,12 @@ func TestStatusWarnsAboutKueue(t *testing.T) {
 // Cliques: two NVL72-style cliques of trays; a LeaderWorkerSet group pinned to one, its leader
 // running and its worker pending.
 func TestStatusListsCliques(t *testing.T) {
-	inGroup := func(worker string) podOpt {
-		return func(p *corev1.Pod) {
-			p.Labels[names.LWSNameLabel], p.Labels[names.LWSGroupIndexLabel], p.Labels[names.LWSWorkerIndexLabel] = "llama", "0", worker
-			p.Annotations[names.LWSSizeAnnotation], p.Annotations[nm.PodCliqueAnnotation()] = "2", "rack-a.0"
-		}
-	}
 	objs := []runtime.Object{
 		gpuNode("a-0", [][]int{{0, 1, 2, 3}}, withLabel(names.GPUCliqueLabel, "rack-a.0"), failClosed(corev1.ConditionTrue)),
 		gpuNode("a-1", [][]int{{0, 1, 2, 3}}, withLabel(names.GPUCliqueLabel, "rack-a.0"), failClosed(corev1.ConditionTrue)),
 		gpuNode("b-0", [][]int{{0, 1, 2, 3}}, withLabel(names.GPUCliqueLabel, "rack-b.0"), failClosed(corev1.ConditionTrue), cordoned),
-		tpPod("llama-0", 4, 0, inNamespace("ml"), boundTo("a-0", corev1.PodRunning), inGroup("0")),
-		tpPod("llama-0-1", 4, 0, inNamespace("ml"), inGroup("1")),
+		tpPod("llama-0", 4, 0, inNamespace("ml"), boundTo("a-0", corev1.PodRunning), inLWSGroup("0")),
+		tpPod("llama-0-1", 4, 0, inNamespace("ml"), inLWSGroup("1")),
 	}
 	code, out, errOut := runFake(t, "", objs, "status")
 	if code != 0 {

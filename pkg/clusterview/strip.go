@@ -68,9 +68,10 @@ func StripPod(n names.Names) func(any) (any, error) {
 			}
 		}
 		for k, v := range pod.Annotations {
-			// nvdomain's own, and LeaderWorkerSet's group size: the view needs it to know a
-			// group's pods (rules.Group) and the clique they follow (cliques.go).
-			if strings.HasPrefix(k, n.LabelPrefix()+"/") || k == names.LWSSizeAnnotation {
+			// nvdomain's own, and LeaderWorkerSet's group size and leader: the view needs them
+			// to know a group's pods (rules.Group) and the clique they follow (cliques.go), and
+			// the re-pin controller to move a stranded group through its leader.
+			if strings.HasPrefix(k, n.LabelPrefix()+"/") || k == names.LWSSizeAnnotation || k == names.LWSLeaderNameAnnotation {
 				if out.Annotations == nil {
 					out.Annotations = map[string]string{}
 				}

@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/util/retry"
 
 	"github.com/nvdomain/nvdomain/pkg/names"
+	prepin "github.com/nvdomain/nvdomain/pkg/repin"
 	"github.com/nvdomain/nvdomain/test/hacluster"
 )
 
@@ -189,4 +190,103 @@ func eventNotes(ctx context.Context, t *testing.T, c *hacluster.Cluster) string 
 		out = append(out, fmt.Sprintf("%s %s/%s: %s", e.Reason, e.Regarding.Kind, e.Regarding.Name, e.Note))
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestNVL72RacksWithLWS is the rack tier: 8 NVL72 racks of 18 kwok trays (4 GPUs, one
+// clique per rack, labelled as GFD labels them), the real LeaderWorkerSet controller and the
+// real scheduler with two webhook replicas. Three LeaderWorkerSets of groups of 8, 4 and 2
+// trays (72 trays in all) run with every group in one clique; then a rolling update of the
+// largest replaces each of its groups, and every new group is again in one clique.
+func TestNVL72RacksWithLWS(t *testing.T) {
+	lwsDir := buildTool(t, "build-lws.sh")
+	c, dyn := startCluster(t, "replicaset", "statefulset", "garbagecollector")
+	ctx, cancel := context.WithTimeout(context.Background(), 9*time.Minute)
+	defer cancel()
+	cliqueOf := map[string]string{}
+	for r := range 8 {
+		clique := fmt.Sprintf("6f1a5f2e-0000-4000-8000-0000000000%02d.0", r)
+		for i := range 18 {
+			name := fmt.Sprintf("gb200-r%d-%02d", r, i)
+			publishLabelledNode(ctx, t, c, name, [][]int{{0, 1, 2, 3}}, map[string]string{names.GPUCliqueLabel: clique})
+			cliqueOf[name] = clique
+		}
+	}
+	if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	installLWS(ctx, t, c, lwsDir)
+	var obj map[string]any
+	example(t, "vllm-nvl72-lws.yaml", &obj)
+	start := time.Now()
+	sets := []struct {
+		name           string
+		replicas, size int64
+	}{{"tp32", 4, 8}, {"tp16", 6, 4}, {"tp8", 8, 2}}
+	for _, s := range sets {
+		u := (&unstructured.Unstructured{Object: obj}).DeepCopy()
+		u.SetName(s.name)
+		u.SetNamespace(ns)
+		must := func(err error) {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		must(unstructured.SetNestedField(u.Object, s.replicas, "spec", "replicas"))
+		must(unstructured.SetNestedField(u.Object, s.size, "spec", "leaderWorkerTemplate", "size"))
+		ctrs, _, _ := unstructured.NestedSlice(u.Object, "spec", "leaderWorkerTemplate", "leaderTemplate", "spec", "containers")
+		args := ctrs[0].(map[string]any)["args"].([]any)
+		args[0] = strings.Replace(args[0].(string), "--tensor-parallel-size 16", fmt.Sprintf("--tensor-parallel-size %d", 4*s.size), 1)
+		must(unstructured.SetNestedSlice(u.Object, ctrs, "spec", "leaderWorkerTemplate", "leaderTemplate", "spec", "containers"))
+		if _, err := dyn.Resource(lwsGVR).Namespace(ns).Create(ctx, u, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, s := range sets {
+		pods := waitRunning(ctx, t, c, dyn, lwsNameLabel+"="+s.name, int(s.replicas*s.size))
+		checkGroupsInOneClique(t, pods, cliqueOf, int(s.replicas), int(s.size))
+	}
+	t.Logf("72 trays of groups running, each group in one clique, %s after the LeaderWorkerSets were created; groups moved whole: %d",
+		time.Since(start).Round(time.Second), countEvents(ctx, t, c, prepin.ReasonRepinned, "Pod"))
+
+	// A rolling update of the groups of 8: each is recreated, and lands in one clique again.
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur, err := dyn.Resource(lwsGVR).Namespace(ns).Get(ctx, "tp32", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if err := unstructured.SetNestedStringMap(cur.Object, map[string]string{"example.com/rollout": "2"}, "spec", "leaderWorkerTemplate", "leaderTemplate", "metadata", "annotations"); err != nil {
+			return err
+		}
+		_, err = dyn.Resource(lwsGVR).Namespace(ns).Update(ctx, cur, metav1.UpdateOptions{})
+		return err
+	}); err != nil {
+		t.Fatalf("updating the LeaderWorkerSet: %v", err)
+	}
+	start = time.Now()
+	var rolled []corev1.Pod
+	if err := hacluster.Poll(ctx, 250*time.Millisecond, func() (bool, error) {
+		l, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: lwsNameLabel + "=tp32"})
+		if err != nil {
+			return false, err
+		}
+		rolled, leaders := rolled[:0], 0
+		for _, p := range l.Items {
+			if p.Status.Phase != corev1.PodRunning || p.DeletionTimestamp != nil {
+				return false, nil
+			}
+			rolled = append(rolled, p)
+			if p.Labels[names.LWSWorkerIndexLabel] == "0" && p.Annotations["example.com/rollout"] == "2" {
+				leaders++
+			}
+		}
+		return len(rolled) == 32 && leaders == 4, nil
+	}); err != nil {
+		t.Fatalf("the rolling update did not finish: %v\n%s", err, eventNotes(ctx, t, c))
+	}
+	l, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: lwsNameLabel + "=tp32"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkGroupsInOneClique(t, l.Items, cliqueOf, 4, 8)
+	t.Logf("rolling update of 4 groups of 8 trays done in %s, each group in one clique", time.Since(start).Round(time.Second))
 }

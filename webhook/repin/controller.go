@@ -124,6 +124,10 @@ type Reconciler struct {
 	// moves remembers, per workload (workloadKey), the evictions that did not lead
 	// to a running pod, so that no configuration can make the controller loop.
 	moves map[types.UID]*workloadMoves
+	// groupSince is when each group (namespace/<LWS>/<index>) was first seen with pods
+	// Unschedulable in its clique, and groupMoves its moves (groups.go).
+	groupSince map[string]time.Time
+	groupMoves map[string]*groupMove
 	// roomIgnored is when the plan first found room in its own id for a pod the scheduler
 	// still calls Unschedulable: after Options.After the scheduler's verdict wins
 	// (trackIgnoredRoom).
@@ -176,6 +180,8 @@ func (r *Reconciler) init() {
 		r.lastEvent = map[types.UID]time.Time{}
 		r.moves = map[types.UID]*workloadMoves{}
 		r.roomIgnored = map[types.UID]time.Time{}
+		r.groupSince = map[string]time.Time{}
+		r.groupMoves = map[string]*groupMove{}
 	}
 	if r.owners == nil {
 		r.owners = prepin.NewCachedOwners(r.Client, r.Reader, r.now)
@@ -248,6 +254,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 	next, err := r.repairRefused(ctx, now, next, stranded, strandedWorkloads)
 	if err != nil {
 		return reconcile.Result{}, err
+	}
+	if wait := r.moveStrandedGroups(ctx, now); wait > 0 {
+		next = min(next, wait)
 	}
 	for uid := range r.since {
 		if !stranded[uid] {

@@ -132,14 +132,14 @@ func (r *Reconciler) moveStrandedGroups(ctx context.Context, now time.Time) time
 			next = minPositive(next, time.Second)
 			continue
 		}
-		if r.deleteLeader(ctx, g) {
+		if leader, ok := r.deleteLeader(ctx, g); ok {
 			m.moves++
 			m.last = now
 			delete(r.groupSince, id)
 			r.Metrics.Repins.WithLabelValues(ResultEvicted).Inc()
-			r.groupEvent(ctx, g, corev1.EventTypeNormal, prepin.ReasonRepinned,
-				fmt.Sprintf("LeaderWorkerSet group %s was stranded in NVLink clique %s (its pods Unschedulable for %s) while clique %s has room for all %d pods: its leader %s was deleted so that LeaderWorkerSet recreates the group and nvdomain pins it afresh",
-					g.key, g.clique, now.Sub(since).Round(time.Second), dec.Clique, g.size, g.leader))
+			r.Recorder.Eventf(leader, nil, corev1.EventTypeNormal, prepin.ReasonRepinned, "Repin", "%s", kubeevents.Cap(
+				fmt.Sprintf("LeaderWorkerSet group %s was stranded in NVLink clique %s (its pods Unschedulable for %s) while clique %s has room for all %d pods: its leader %s was evicted so that LeaderWorkerSet recreates the group and nvdomain pins it afresh",
+					g.key, g.clique, now.Sub(since).Round(time.Second), dec.Clique, g.size, g.leader)))
 		}
 	}
 	return next
@@ -147,16 +147,16 @@ func (r *Reconciler) moveStrandedGroups(ctx context.Context, now time.Time) time
 
 // deleteLeader evicts the group's leader pod, as the cache last saw it (the UID
 // precondition keeps a leader LWS recreated meanwhile), and reports whether it did.
-func (r *Reconciler) deleteLeader(ctx context.Context, g *strandedGroup) bool {
+func (r *Reconciler) deleteLeader(ctx context.Context, g *strandedGroup) (*corev1.Pod, bool) {
 	var leader corev1.Pod
 	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: g.namespace, Name: g.leader}, &leader); err != nil {
 		if !apierrors.IsNotFound(err) {
 			r.Log.Error(err, "read a stranded group's leader", "namespace", g.namespace, "name", g.leader)
 		}
-		return false
+		return nil, false
 	}
 	if leader.DeletionTimestamp != nil {
-		return false
+		return nil, false
 	}
 	// Evicted, as the controller moves any pod (the webhook's ServiceAccount may evict, not
 	// delete): a running leader's PodDisruptionBudget is asked, and a leader LWS recreated
@@ -171,10 +171,10 @@ func (r *Reconciler) deleteLeader(ctx context.Context, g *strandedGroup) bool {
 			r.Metrics.Repins.WithLabelValues(ResultError).Inc()
 			r.Log.Error(err, "delete a stranded group's leader", "namespace", g.namespace, "name", g.leader)
 		}
-		return false
+		return nil, false
 	}
 	r.Log.Info("moved a stranded group", "namespace", g.namespace, "group", g.key, "clique", g.clique, "leader", g.leader)
-	return true
+	return &leader, true
 }
 
 // groupEvent records an Event on the group's leader pod, when it is still there.
@@ -193,16 +193,24 @@ func withoutClique(pod *corev1.Pod, n names.Names) *corev1.Pod {
 	c := out.Annotations[n.PodCliqueAnnotation()]
 	delete(out.Annotations, n.PodCliqueAnnotation())
 	if a := out.Spec.Affinity; a != nil && a.NodeAffinity != nil && a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil {
-		terms := a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
-		for i := range terms {
-			kept := terms[i].MatchExpressions[:0]
-			for _, e := range terms[i].MatchExpressions {
+		// A term left with nothing would select no node: it is dropped, and the requirement
+		// with the last one.
+		var terms []corev1.NodeSelectorTerm
+		for _, t := range a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
+			var kept []corev1.NodeSelectorRequirement
+			for _, e := range t.MatchExpressions {
 				if e.Key == names.GPUCliqueLabel && e.Operator == corev1.NodeSelectorOpIn && len(e.Values) == 1 && e.Values[0] == c {
 					continue
 				}
 				kept = append(kept, e)
 			}
-			terms[i].MatchExpressions = kept
+			if t.MatchExpressions = kept; len(kept) > 0 || len(t.MatchFields) > 0 {
+				terms = append(terms, t)
+			}
+		}
+		a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms = terms
+		if len(terms) == 0 {
+			a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution = nil
 		}
 	}
 	return out

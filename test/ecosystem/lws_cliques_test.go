@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/util/retry"
 
 	"github.com/nvdomain/nvdomain/pkg/names"
@@ -69,41 +70,7 @@ func TestLeaderWorkerSetGroupsInOneClique(t *testing.T) {
 	t.Logf("groups: %v", first)
 
 	// 2. A rolling update: every group is recreated, each again in one clique.
-	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		cur, err := dyn.Resource(lwsGVR).Namespace(ns).Get(ctx, "vllm-nvl72", metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		path := []string{"spec", "leaderWorkerTemplate", "leaderTemplate", "metadata", "annotations"}
-		if err := unstructured.SetNestedStringMap(cur.Object, map[string]string{"example.com/rollout": "2"}, path...); err != nil {
-			return err
-		}
-		_, err = dyn.Resource(lwsGVR).Namespace(ns).Update(ctx, cur, metav1.UpdateOptions{})
-		return err
-	}); err != nil {
-		t.Fatalf("updating the LeaderWorkerSet: %v", err)
-	}
-	var rolled []corev1.Pod
-	if err := hacluster.Poll(ctx, 250*time.Millisecond, func() (bool, error) {
-		l, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
-		if err != nil {
-			return false, err
-		}
-		rolled = rolled[:0]
-		leaders := 0
-		for _, p := range l.Items {
-			if p.Status.Phase != corev1.PodRunning || p.DeletionTimestamp != nil {
-				return false, nil
-			}
-			rolled = append(rolled, p)
-			if p.Labels[names.LWSWorkerIndexLabel] == "0" && p.Annotations["example.com/rollout"] == "2" {
-				leaders++
-			}
-		}
-		return len(rolled) == 8 && leaders == 2, nil
-	}); err != nil {
-		t.Fatalf("the rolling update did not finish: %v\n%s\nlws:\n%s\nreplicas:\n%s", err, describePods(ctx, t, c), c.Log("lws-1", 4000), c.ReplicaLogs())
-	}
+	rolled := rollLeaders(ctx, t, c, dyn, "vllm-nvl72", 2, 4)
 	t.Logf("after the rolling update: %v", checkGroupsInOneClique(t, rolled, cliqueOf, 2, 4))
 
 	// 3. A group larger than every clique: its leader is refused, with the reason.
@@ -249,8 +216,19 @@ func TestNVL72RacksWithLWS(t *testing.T) {
 		time.Since(start).Round(time.Second), countEvents(ctx, t, c, prepin.ReasonRepinned, "Pod"))
 
 	// A rolling update of the groups of 8: each is recreated, and lands in one clique again.
+	start = time.Now()
+	rolled := rollLeaders(ctx, t, c, dyn, "tp32", 4, 8)
+	checkGroupsInOneClique(t, rolled, cliqueOf, 4, 8)
+	t.Logf("rolling update of 4 groups of 8 trays done in %s, each group in one clique", time.Since(start).Round(time.Second))
+}
+
+// rollLeaders changes the leader template of LeaderWorkerSet name (an annotation), which
+// rolls every group, and returns its pods once every one of groups groups of size pods runs
+// with the new template.
+func rollLeaders(ctx context.Context, t *testing.T, c *hacluster.Cluster, dyn dynamic.Interface, name string, groups, size int) []corev1.Pod {
+	t.Helper()
 	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		cur, err := dyn.Resource(lwsGVR).Namespace(ns).Get(ctx, "tp32", metav1.GetOptions{})
+		cur, err := dyn.Resource(lwsGVR).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
@@ -260,16 +238,16 @@ func TestNVL72RacksWithLWS(t *testing.T) {
 		_, err = dyn.Resource(lwsGVR).Namespace(ns).Update(ctx, cur, metav1.UpdateOptions{})
 		return err
 	}); err != nil {
-		t.Fatalf("updating the LeaderWorkerSet: %v", err)
+		t.Fatalf("updating LeaderWorkerSet %s: %v", name, err)
 	}
-	start = time.Now()
 	var rolled []corev1.Pod
 	if err := hacluster.Poll(ctx, 250*time.Millisecond, func() (bool, error) {
-		l, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: lwsNameLabel + "=tp32"})
+		l, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: lwsNameLabel + "=" + name})
 		if err != nil {
 			return false, err
 		}
-		rolled, leaders := rolled[:0], 0
+		rolled = rolled[:0]
+		leaders := 0
 		for _, p := range l.Items {
 			if p.Status.Phase != corev1.PodRunning || p.DeletionTimestamp != nil {
 				return false, nil
@@ -279,14 +257,9 @@ func TestNVL72RacksWithLWS(t *testing.T) {
 				leaders++
 			}
 		}
-		return len(rolled) == 32 && leaders == 4, nil
+		return len(rolled) == groups*size && leaders == groups, nil
 	}); err != nil {
-		t.Fatalf("the rolling update did not finish: %v\n%s", err, eventNotes(ctx, t, c))
+		t.Fatalf("the rolling update of %s did not finish: %v\n%s\nevents:\n%s\nreplicas:\n%s", name, err, describePods(ctx, t, c), eventNotes(ctx, t, c), c.ReplicaLogs())
 	}
-	l, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: lwsNameLabel + "=tp32"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	checkGroupsInOneClique(t, l.Items, cliqueOf, 4, 8)
-	t.Logf("rolling update of 4 groups of 8 trays done in %s, each group in one clique", time.Since(start).Round(time.Second))
+	return rolled
 }

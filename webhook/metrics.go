@@ -18,11 +18,11 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		Admissions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nvdomain_webhook_admissions_total",
-			Help: "Admission requests handled, by handler (mutate, validate) and result (patched, allowed, denied, error).",
+			Help: "Admission requests handled, by handler (mutate, validate, validate-lws) and result (patched, allowed, denied, error).",
 		}, []string{"handler", "result"}),
 		Rejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nvdomain_webhook_rejections_total",
-			Help: "Pods rejected, by reason.",
+			Help: "Pods (and LeaderWorkerSets) rejected, by reason.",
 		}, []string{"reason"}),
 		Warnings: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nvdomain_webhook_warnings_total",

@@ -95,7 +95,7 @@ type ServerOptions struct {
 	Pools PoolsConfigMap
 	// PprofAddr serves net/http/pprof there; empty disables it.
 	PprofAddr string
-	// AdmissionOverride, when set, answers on both webhook paths instead of nvdomain's
+	// AdmissionOverride, when set, answers on every webhook path instead of nvdomain's
 	// handlers, and everything else about the process stays as it is: test/noopwebhook sets
 	// it to a handler that allows everything, the baseline against which
 	// docs/benchmarks.md measures what nvdomain's admission costs.
@@ -300,13 +300,14 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 			return nil, nil, fmt.Errorf("ResourceClaimTemplate controller: %w", err)
 		}
 	}
-	var mh, vh admission.Handler = mut, val
+	var mh, vh, lh admission.Handler = mut, val, &LWSValidator{Decider: val.Decider, Metrics: metrics, Log: log.WithName("validate-lws")}
 	if so.AdmissionOverride != nil {
-		mh, vh = so.AdmissionOverride, so.AdmissionOverride
+		mh, vh, lh = so.AdmissionOverride, so.AdmissionOverride, so.AdmissionOverride
 	}
 	srv := mgr.GetWebhookServer()
 	srv.Register(MutatePath, so.Drain.Handler(&crwebhook.Admission{Handler: mh}))
 	srv.Register(ValidatePath, so.Drain.Handler(&crwebhook.Admission{Handler: vh}))
+	srv.Register(ValidateLWSPath, so.Drain.Handler(&crwebhook.Admission{Handler: lh}))
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return nil, nil, err
 	}

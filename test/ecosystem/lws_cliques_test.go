@@ -3,11 +3,13 @@ package ecosystem
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
 	"time"
 
+	admissionregv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -28,8 +30,11 @@ import (
 //     runs, and every group's pods are in one clique;
 //  2. a rolling update of the leader template replaces every group, and each new group is
 //     again in one clique;
-//  3. a group of 6 trays, more than any clique has, is refused when its leader is created,
-//     with the webhook's message in the StatefulSet's FailedCreate event.
+//  3. a LeaderWorkerSet whose group of 6 trays is more than any clique has is refused at
+//     create (lws.nvdomain.io), naming spec.leaderWorkerTemplate.size and the largest clique;
+//  4. with that entry removed from the ValidatingWebhookConfiguration (it fails open, and an
+//     operator may drop it), the same LeaderWorkerSet is accepted and its leader is refused
+//     when LWS creates it, with the webhook's message in the StatefulSet's FailedCreate event.
 func TestLeaderWorkerSetGroupsInOneClique(t *testing.T) {
 	lwsDir := buildTool(t, "build-lws.sh")
 	c, dyn := startCluster(t, "replicaset", "statefulset", "garbagecollector")
@@ -89,6 +94,22 @@ func TestLeaderWorkerSetGroupsInOneClique(t *testing.T) {
 	args := ctrs[0].(map[string]any)["args"].([]any)
 	args[0] = strings.Replace(args[0].(string), "--tensor-parallel-size 16", "--tensor-parallel-size 24", 1)
 	_ = unstructured.SetNestedSlice(big.Object, ctrs, "spec", "leaderWorkerTemplate", "leaderTemplate", "spec", "containers")
+	_, err := dyn.Resource(lwsGVR).Namespace(ns).Create(ctx, big, metav1.CreateOptions{})
+	if err == nil {
+		t.Fatal("a LeaderWorkerSet no clique can hold was accepted at create")
+	}
+	for _, want := range []string{"spec.leaderWorkerTemplate.size: ", "no NVLink clique can hold a group of 6 pods × 4 GPUs (24 GPUs): the largest, rack-a.0, holds 5 such pods"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the refusal at create %q does not say %q", err, want)
+		}
+	}
+	t.Logf("refused at create: %v", err)
+
+	// 4. Without the LeaderWorkerSet check, the pods are still judged.
+	dropLWSCheck(ctx, t, c, func() error {
+		_, err := dyn.Resource(lwsGVR).Namespace(ns).Create(ctx, big, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err
+	})
 	if _, err := dyn.Resource(lwsGVR).Namespace(ns).Create(ctx, big, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -105,6 +126,27 @@ func TestLeaderWorkerSetGroupsInOneClique(t *testing.T) {
 		}
 	}
 	t.Logf("oversized group refused: %s", note)
+}
+
+// dropLWSCheck removes lws.nvdomain.io from the ValidatingWebhookConfiguration, and waits
+// until the apiserver no longer calls it (a LeaderWorkerSet dry run goes through).
+func dropLWSCheck(ctx context.Context, t *testing.T, c *hacluster.Cluster, dryRun func() error) {
+	t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		v, err := c.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, "nvdomain", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		v.Webhooks = slices.DeleteFunc(v.Webhooks, func(w admissionregv1.ValidatingWebhook) bool { return w.Name == "lws.nvdomain.io" })
+		_, err = c.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Update(ctx, v, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("remove lws.nvdomain.io: %v", err)
+	}
+	if err := hacluster.Poll(ctx, 100*time.Millisecond, func() (bool, error) { return dryRun() == nil, nil }); err != nil {
+		t.Fatalf("the apiserver still calls lws.nvdomain.io: %v (%v)", err, dryRun())
+	}
 }
 
 // checkGroupsInOneClique fails unless there are groups groups of size pods, each on nodes of

@@ -11,6 +11,7 @@ import (
 	"github.com/nvdomain/nvdomain/pkg/clusterview"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	prepin "github.com/nvdomain/nvdomain/pkg/repin"
+	"github.com/nvdomain/nvdomain/webhook/imex"
 )
 
 // DefaultServerOptions are the documented defaults of the webhook process.
@@ -30,6 +31,8 @@ func DefaultServerOptions() ServerOptions {
 		Replicas:                1,
 		UnschedulableHold:       clusterview.UnschedulableHold,
 		KueueWatch:              true,
+		IMEXChannels:            true,
+		IMEXRecheck:             imex.DefaultRecheck,
 		CertRotation: CertRotationOptions{
 			Validity:    365 * 24 * time.Hour,
 			RenewBefore: 30 * 24 * time.Hour,
@@ -59,6 +62,8 @@ func (so *ServerOptions) AddFlags(fs *flag.FlagSet) (complete func() error) {
 	fs.StringVar(&so.LeaderElectionID, "leader-election-id", so.LeaderElectionID, "name of the leader-election Lease; give each release in a namespace its own (the chart uses <release>-repin)")
 	fs.StringVar(&so.LeaderElectionNamespace, "leader-election-namespace", so.LeaderElectionNamespace, "namespace of the leader-election Lease (default $POD_NAMESPACE)")
 	so.Repin.AddFlags(fs)
+	fs.BoolVar(&so.IMEXChannels, "imex-channels", so.IMEXChannels, "while NVIDIA's ComputeDomain API ("+names.ComputeDomainResource+"."+names.ComputeDomainGroup+") is served, give the pods of a LeaderWorkerSet group pinned to an NVLink clique an IMEX channel from a ComputeDomain the elected replica makes for the LeaderWorkerSet; when it is not served, warn at admission")
+	fs.DurationVar(&so.IMEXRecheck, "imex-recheck", so.IMEXRecheck, "how often each replica asks discovery whether NVIDIA's ComputeDomain API is served (--imex-channels)")
 	fs.BoolVar(&so.KueueWatch, "kueue-watch", so.KueueWatch, "on the elected replica, follow Kueue's Workloads (kueue.x-k8s.io/"+names.KueueWorkloadVersion+", once Kueue is installed) and record a Warning on each one Kueue holds back because its ClusterQueue does not cover nvdomain's per-domain resource, naming the Kueue setting that fixes it")
 	cr := &so.CertRotation
 	fs.StringVar(&cr.Secret, "cert-secret", cr.Secret, "namespace/name of the Secret the elected replica fills with a self-signed CA and serving certificate at run time, and renews; every replica then serves from it, not from --cert-dir (empty: certificates are managed elsewhere, e.g. cert-manager, and read from --cert-dir)")
@@ -109,6 +114,9 @@ func (so ServerOptions) Validate() error {
 	if so.Port <= 0 || so.Port > 65535 {
 		return fmt.Errorf("--port=%d: must be a TCP port", so.Port)
 	}
+	if so.IMEXChannels && so.IMEXRecheck <= 0 {
+		return fmt.Errorf("--imex-recheck=%s: must be positive (default %s)", so.IMEXRecheck, imex.DefaultRecheck)
+	}
 	if so.UnschedulableHold <= 0 {
 		return fmt.Errorf("--unschedulable-hold=%s: must be positive", so.UnschedulableHold)
 	}
@@ -153,6 +161,6 @@ func (so ServerOptions) Summary() map[string]any {
 		"resourcePrefix": so.Handlers.Names.ResourcePrefix(), "repin": so.Repin.Enabled, "repinAfter": so.Repin.After.String(),
 		"leaderElection": so.LeaderElection, "leaderElectionNamespace": so.LeaderElectionNamespace, "shutdownDelay": so.ShutdownDelay.String(),
 		"certSecret": so.CertRotation.Secret, "certValidity": so.CertRotation.Validity.String(), "certRenewBefore": so.CertRotation.RenewBefore.String(),
-		"mode": so.Handlers.Mode, "draTemplates": so.DRATemplates.Enabled, "pools": so.Pools.Namespace + "/" + so.Pools.Name, "kueueWatch": so.KueueWatch,
+		"mode": so.Handlers.Mode, "draTemplates": so.DRATemplates.Enabled, "pools": so.Pools.Namespace + "/" + so.Pools.Name, "kueueWatch": so.KueueWatch, "imexChannels": so.IMEXChannels,
 	}
 }

@@ -15,6 +15,7 @@ import (
 	sigsjson "sigs.k8s.io/json"
 
 	decision "github.com/nvdomain/nvdomain/pkg/admission"
+	"github.com/nvdomain/nvdomain/pkg/names"
 )
 
 // ValidateLWSPath is where the webhook judges LeaderWorkerSets (lws.nvdomain.io in the
@@ -52,7 +53,7 @@ func decodeLWS(raw []byte) (*lwsObject, error) {
 	if err := sigsjson.UnmarshalCaseSensitivePreserveInts(raw, l); err != nil {
 		return nil, fmt.Errorf("decode LeaderWorkerSet: %w", err)
 	}
-	if l.Kind != "" && l.Kind != "LeaderWorkerSet" {
+	if l.Kind != "" && l.Kind != names.LWSKind {
 		return nil, fmt.Errorf("decode LeaderWorkerSet: the admission request's object is a %s %s", l.APIVersion, l.Kind)
 	}
 	return l, nil
@@ -66,7 +67,7 @@ func (v *LWSValidator) Handle(ctx context.Context, req admission.Request) admiss
 }
 
 func (v *LWSValidator) handle(_ context.Context, req admission.Request) admission.Response {
-	if (req.Operation != admissionv1.Create && req.Operation != admissionv1.Update) || req.Kind.Kind != "LeaderWorkerSet" || v.Options.Excluded(req.Namespace) {
+	if (req.Operation != admissionv1.Create && req.Operation != admissionv1.Update) || req.Kind.Kind != names.LWSKind || v.Options.Excluded(req.Namespace) {
 		return admission.Allowed("")
 	}
 	l, err := decodeLWS(req.Object.Raw)
@@ -95,9 +96,12 @@ func (v *LWSValidator) handle(_ context.Context, req admission.Request) admissio
 	if name == "" {
 		name = req.Name
 	}
-	vs := v.ReviewLeaderWorkerSet(decision.LWSTemplate{Namespace: ns, Name: name, Size: size, Leader: t.LeaderTemplate, Worker: t.WorkerTemplate})
+	vs, warnings := v.ReviewLeaderWorkerSet(decision.LWSTemplate{Namespace: ns, Name: name, Size: size, Leader: t.LeaderTemplate, Worker: t.WorkerTemplate})
+	for _, w := range warnings {
+		v.Metrics.Warnings.WithLabelValues(w.Kind).Inc()
+	}
 	if len(vs) == 0 {
-		return admission.Allowed("")
+		return admission.Allowed("").WithWarnings(decision.Texts(warnings)...)
 	}
 	msgs := make([]string, len(vs))
 	for i, x := range vs {

@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	decision "github.com/nvdomain/nvdomain/pkg/admission"
+	"github.com/nvdomain/nvdomain/pkg/names"
 )
 
 // lwsDoc is a LeaderWorkerSet as kubectl sends it: size pods per group, the worker template
@@ -27,7 +28,7 @@ func lwsDoc(t *testing.T, ns string, size int32, leader, worker *corev1.Pod) []b
 		lwt["leaderTemplate"] = tmpl(leader)
 	}
 	raw, err := json.Marshal(map[string]any{
-		"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+		"apiVersion": names.LWSGroup + "/" + names.LWSVersion, "kind": names.LWSKind,
 		"metadata": map[string]any{"name": "llama", "namespace": ns},
 		"spec":     map[string]any{"leaderWorkerTemplate": lwt},
 	})
@@ -39,8 +40,8 @@ func lwsDoc(t *testing.T, ns string, size int32, leader, worker *corev1.Pod) []b
 
 func lwsRequest(op admissionv1.Operation, ns string, raw, old []byte) admission.Request {
 	return admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
-		UID: "req-lws", Kind: metav1.GroupVersionKind{Group: "leaderworkerset.x-k8s.io", Version: "v1", Kind: "LeaderWorkerSet"},
-		Resource:  metav1.GroupVersionResource{Group: "leaderworkerset.x-k8s.io", Version: "v1", Resource: "leaderworkersets"},
+		UID: "req-lws", Kind: metav1.GroupVersionKind{Group: names.LWSGroup, Version: names.LWSVersion, Kind: names.LWSKind},
+		Resource:  metav1.GroupVersionResource{Group: names.LWSGroup, Version: names.LWSVersion, Resource: names.LWSResource},
 		Namespace: ns, Name: "llama", Operation: op, Object: runtime.RawExtension{Raw: raw}, OldObject: runtime.RawExtension{Raw: old},
 	}}
 }

@@ -37,6 +37,7 @@ import (
 	prepin "github.com/nvdomain/nvdomain/pkg/repin"
 	"github.com/nvdomain/nvdomain/webhook/certrotation"
 	"github.com/nvdomain/nvdomain/webhook/dratemplates"
+	"github.com/nvdomain/nvdomain/webhook/imex"
 	"github.com/nvdomain/nvdomain/webhook/kueuewatch"
 	"github.com/nvdomain/nvdomain/webhook/repin"
 )
@@ -90,6 +91,13 @@ type ServerOptions struct {
 	// holds back for nvdomain's per-domain resource (package kueuewatch); it waits for
 	// Kueue's API when Kueue is not installed.
 	KueueWatch bool
+	// IMEXChannels gives LeaderWorkerSet groups pinned to a clique an IMEX channel from a
+	// ComputeDomain of NVIDIA's, while that API is served (package imex): every replica
+	// watches discovery, the elected one makes the ComputeDomains.
+	IMEXChannels bool
+	// IMEXRecheck is how often every replica asks discovery whether the ComputeDomain API
+	// is served.
+	IMEXRecheck time.Duration
 	// Pools names the ConfigMap that declares GPU pools that scale from zero (docs/pools.md);
 	// empty: none.
 	Pools PoolsConfigMap
@@ -119,7 +127,7 @@ type CertRotationOptions struct {
 
 // leaderOnly reports whether a controller that must run on one replica is on.
 func (so ServerOptions) leaderOnly() bool {
-	return so.Repin.Enabled || so.DRATemplates.Enabled || so.CertRotation.Secret != "" || so.KueueWatch
+	return so.Repin.Enabled || so.DRATemplates.Enabled || so.CertRotation.Secret != "" || so.KueueWatch || so.IMEXChannels
 }
 
 // NewManager builds a controller-runtime manager serving the webhook, with the informers that
@@ -268,6 +276,23 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 			Recorder: mgr.GetEventRecorder("nvdomain-repin"), Metrics: rm, Log: log.WithName("repin")}
 		if err := r.Setup(mgr); err != nil {
 			return nil, nil, fmt.Errorf("re-pin controller: %w", err)
+		}
+	}
+	if so.IMEXChannels {
+		dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+		if err != nil {
+			return nil, nil, fmt.Errorf("IMEX channels: %w", err)
+		}
+		presence := &imex.Presence{Discovery: dc, Recheck: so.IMEXRecheck, Log: log.WithName("imex")}
+		// Asked once now, so that the first admissions know.
+		presence.Check()
+		mut.ComputeDomains = presence
+		if err := mgr.Add(presence); err != nil {
+			return nil, nil, fmt.Errorf("IMEX channels: %w", err)
+		}
+		r := &imex.Reconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Presence: presence, Names: so.Handlers.Names, Log: log.WithName("imex")}
+		if err := r.Setup(mgr); err != nil {
+			return nil, nil, fmt.Errorf("IMEX channels: %w", err)
 		}
 	}
 	if so.KueueWatch {

@@ -27,6 +27,9 @@ import (
 type Decider struct {
 	View    *clusterview.View
 	Options Options
+	// ComputeDomains says whether NVIDIA's ComputeDomain API is served; nil where nobody
+	// watches it (`explain -f`, most tests): no IMEX channel is given and no warning made.
+	ComputeDomains APIPresence
 }
 
 // Mutate is everything the mutating webhook does to a pod being created: nvdomain's
@@ -133,6 +136,10 @@ func (m *Decider) mutate(pod *corev1.Pod, seed uint64, admission string) (*corev
 		if m.Options.Mode == ModeDRA {
 			out = HintDRA(work, plan.Decision.Hint, n.ModeLabel())
 		}
+	}
+	// A group in one clique shares GPU memory across trays through an IMEX channel.
+	if plan.Outcome == OutcomePinned && m.imexWanted(out, group.Clique) {
+		out = GiveIMEXChannel(out, plan.Pod, out.Labels[names.LWSNameLabel], n)
 	}
 	// Every GPU container the node side must see requires the NRI plugin; in DRA mode the
 	// allocator's choice for an ordinary GPU pod needs no rewriting, so those do not wait for it.
@@ -389,7 +396,11 @@ func (v *Decider) review(pod *corev1.Pod) ([]rules.Violation, []Warning) {
 			vs = append(vs, v.groupViolations(pod, p)...)
 		}
 	}
-	return vs, v.warnings(pod, p)
+	ws := v.warnings(pod, p)
+	if c := pod.Annotations[n.PodCliqueAnnotation()]; p.Group != nil && p.Group.Leader && v.noIMEX(c) {
+		ws = append(ws, imexWarning())
+	}
+	return vs, ws
 }
 
 // domainViolations checks what needs the cluster: a domain large enough on some node the pod

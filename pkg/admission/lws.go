@@ -49,9 +49,12 @@ const (
 // judges it). Nothing that depends on current load is judged: a group that fits an empty
 // clique is accepted and waits for room as its pods would. Field paths are the
 // LeaderWorkerSet's (spec.leaderWorkerTemplate.workerTemplate.spec.containers[0]...).
-func (v *Decider) ReviewLeaderWorkerSet(l LWSTemplate) []rules.Violation {
+//
+// The warning, when there is one, says that the group will be pinned to a clique but get no
+// IMEX channel (the ComputeDomain API is not served).
+func (v *Decider) ReviewLeaderWorkerSet(l LWSTemplate) ([]rules.Violation, []Warning) {
 	if v.Options.Excluded(l.Namespace) {
-		return nil
+		return nil, nil
 	}
 	type stamped struct {
 		tmpl   corev1.PodTemplateSpec
@@ -65,6 +68,7 @@ func (v *Decider) ReviewLeaderWorkerSet(l LWSTemplate) []rules.Violation {
 		pods = append(pods, stamped{l.Worker, lwsWorkerField, "0"})
 	}
 	var out []rules.Violation
+	var warnings []Warning
 	for _, s := range pods {
 		pod := l.pod(s.tmpl, s.worker, v.Options.Names)
 		p := rules.Inspect(pod, v.Options.Names)
@@ -76,13 +80,17 @@ func (v *Decider) ReviewLeaderWorkerSet(l LWSTemplate) []rules.Violation {
 			vs = v.impossibleViolations(pod, p)
 		}
 		if len(vs) == 0 && s.worker == "0" {
-			vs = v.impossibleGroupViolations(pod, p)
+			gp := v.planGroup(pod, p, 0, "")
+			vs = impossibleGroupViolations(gp)
+			if len(vs) == 0 && v.noIMEX(gp.Clique) {
+				warnings = append(warnings, imexWarning())
+			}
 		}
 		for _, x := range vs {
 			out = append(out, lwsViolation(x, s.field))
 		}
 	}
-	return out
+	return out, warnings
 }
 
 // pod is the pod LWS would stamp from tmpl for group 0: the template's labels, annotations
@@ -134,9 +142,9 @@ func (v *Decider) impossibleViolations(pod *corev1.Pod, p rules.Pod) []rules.Vio
 }
 
 // impossibleGroupViolations: no clique can ever hold the leader's group, and no node outside
-// the cliques could run it over the network either (planGroup's verdict, reserving nothing).
-func (v *Decider) impossibleGroupViolations(pod *corev1.Pod, p rules.Pod) []rules.Violation {
-	gp := v.planGroup(pod, p, 0, "")
+// the cliques could run it over the network either (planGroup's verdict, made reserving
+// nothing).
+func impossibleGroupViolations(gp GroupPlan) []rules.Violation {
 	var ie *placement.ImpossibleGroupError
 	if !errors.As(gp.Err, &ie) {
 		return nil

@@ -74,6 +74,20 @@ const (
 	// ResourceClaimTemplate its pods claim.
 	ComputeDomainGroup    = "resource.nvidia.com"
 	ComputeDomainResource = "computedomains"
+	// ComputeDomainVersion and ComputeDomainKind are the version and kind nvdomain writes
+	// (NVIDIA's k8s-dra-driver-gpu v25.x serves resource.nvidia.com/v1beta1).
+	ComputeDomainVersion = "v1beta1"
+	ComputeDomainKind    = "ComputeDomain"
+	// IMEXPodClaim is the spec.resourceClaims entry nvdomain gives a group's pods for their
+	// IMEX channel, from the ResourceClaimTemplate of the LeaderWorkerSet's ComputeDomain
+	// (ComputeDomainChannelTemplate); each GPU container claims it.
+	IMEXPodClaim = "nvdomain-imex"
+
+	// LWSGroup, LWSVersion, LWSKind and LWSResource name LeaderWorkerSet's API.
+	LWSGroup    = "leaderworkerset.x-k8s.io"
+	LWSVersion  = "v1"
+	LWSKind     = "LeaderWorkerSet"
+	LWSResource = "leaderworkersets"
 
 	// ToolkitDeployLabel is set to "true" by the GPU Operator on nodes where it runs its
 	// container toolkit, which restarts containerd after writing its config.
@@ -359,29 +373,30 @@ func (n Names) label(suffix string) string    { return n.labelPrefix + "/" + suf
 func (n Names) resource(suffix string) string { return n.resourcePrefix + "/" + suffix }
 
 const (
-	domainSuffix       = "nvswitch-domain-"
-	domainGPUsSuffix   = "gpu-topo-nvswitch-domain-"
-	domainCountSuffix  = "nvswitch-domains"
-	domainMaxSuffix    = "nvswitch-domain-max"
-	topologySrcSuffix  = "topology-source"
-	topologyStale      = "topology-stale"
-	uninstallSuffix    = "uninstall"
-	failOpen           = "nri-fail-open"
-	pluginDisconnected = "nri-disconnected"
-	failClosedProven   = "fail-closed-proven"
-	uninstallDrained   = "uninstall-drained"
-	topologyMismatch   = "topology-mismatch"
-	topologySuffix     = "topology"
-	podDomainSuffix    = "nvswitch-domain"
-	podTPSizeSuffix    = "tp-size"
-	podContainerSuffix = "container-gpus"
-	podAssignedSuffix  = "assigned-gpus"
-	podAdmissionSuffix = "admission-id"
-	nriHandledSuffix   = "nri-handled"
-	cliqueGPUsSuffix   = "nvlink-clique-gpus"
-	cliqueNodesSuffix  = "nvlink-clique-nodes"
-	cliqueByAgent      = "nvlink-clique-published"
-	podCliqueSuffix    = "nvlink-clique"
+	domainSuffix           = "nvswitch-domain-"
+	domainGPUsSuffix       = "gpu-topo-nvswitch-domain-"
+	domainCountSuffix      = "nvswitch-domains"
+	domainMaxSuffix        = "nvswitch-domain-max"
+	topologySrcSuffix      = "topology-source"
+	topologyStale          = "topology-stale"
+	uninstallSuffix        = "uninstall"
+	failOpen               = "nri-fail-open"
+	pluginDisconnected     = "nri-disconnected"
+	failClosedProven       = "fail-closed-proven"
+	uninstallDrained       = "uninstall-drained"
+	topologyMismatch       = "topology-mismatch"
+	topologySuffix         = "topology"
+	podDomainSuffix        = "nvswitch-domain"
+	podTPSizeSuffix        = "tp-size"
+	podContainerSuffix     = "container-gpus"
+	podAssignedSuffix      = "assigned-gpus"
+	podAdmissionSuffix     = "admission-id"
+	nriHandledSuffix       = "nri-handled"
+	cliqueGPUsSuffix       = "nvlink-clique-gpus"
+	cliqueNodesSuffix      = "nvlink-clique-nodes"
+	cliqueByAgent          = "nvlink-clique-published"
+	podCliqueSuffix        = "nvlink-clique"
+	podComputeDomainSuffix = "compute-domain"
 )
 
 // Node labels.
@@ -447,6 +462,19 @@ func (n Names) CliquePublishedAnnotation() string { return n.label(cliqueByAgent
 // no clique can hold, run on nodes outside them (with a required DoesNotExist on
 // GPUCliqueLabel), over the network between nodes.
 const CliqueNone = "none"
+
+// ComputeDomainName is the ComputeDomain nvdomain keeps for the tensor-parallel groups of
+// LeaderWorkerSet lws (one for the LeaderWorkerSet: NVIDIA's driver runs an IMEX domain per
+// clique inside it, and each group is in one clique), owned by the LeaderWorkerSet.
+func ComputeDomainName(lws string) string { return "nvdomain-" + lws }
+
+// ComputeDomainChannelTemplate is the ResourceClaimTemplate NVIDIA's ComputeDomain controller
+// makes for ComputeDomainName(lws) (its spec.channel.resourceClaimTemplate.name).
+func ComputeDomainChannelTemplate(lws string) string { return "nvdomain-" + lws + "-imex" }
+
+// PodComputeDomainAnnotation, on a group's pod, names the ComputeDomain whose channel the
+// webhook gave it (IMEXPodClaim); the webhook's IMEX controller keeps that ComputeDomain.
+func (n Names) PodComputeDomainAnnotation() string { return n.label(podComputeDomainSuffix) }
 
 // PodCliqueAnnotation, on a pod of a group (a LeaderWorkerSet group), is the multi-node
 // NVLink clique (GPUCliqueLabel value) the webhook pinned the group to; the pod also requires

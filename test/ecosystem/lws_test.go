@@ -30,7 +30,7 @@ const (
 	lwsNameLabel = "leaderworkerset.sigs.k8s.io/name"
 )
 
-var lwsGVR = schema.GroupVersionResource{Group: "leaderworkerset.x-k8s.io", Version: "v1", Resource: "leaderworkersets"}
+var lwsGVR = schema.GroupVersionResource{Group: names.LWSGroup, Version: names.LWSVersion, Resource: names.LWSResource}
 
 // TestLeaderWorkerSetGroupsOfTPPods runs the real LeaderWorkerSet controller (v0.8.0) beside
 // nvdomain on two 8-GPU nodes, each split into two NVSwitch domains of 4:

@@ -1,0 +1,210 @@
+// Package imex gives LeaderWorkerSet groups pinned to one multi-node NVLink clique their IMEX
+// channel, through NVIDIA's ComputeDomain API (k8s-dra-driver-gpu's compute domains).
+//
+// Two parts run in the webhook process:
+//
+//   - Presence, on every replica, asks discovery whether resource.nvidia.com serves
+//     computedomains. The mutating webhook gives a group's pods the claim
+//     (admission.GiveIMEXChannel) only while it does, and warns when it does not.
+//   - Reconciler, on the elected replica, keeps one ComputeDomain per LeaderWorkerSet whose
+//     pods were given the claim (names.ComputeDomainName), owned by the LeaderWorkerSet so
+//     that the garbage collector deletes it with it. NVIDIA's controller then makes the
+//     channel's ResourceClaimTemplate the pods' claims come from, and runs an IMEX domain in
+//     each clique the groups use.
+//
+// The pods are created before the ComputeDomain exists (admission must not create objects:
+// a dry run, or a create refused by a later webhook, would leave one behind). Their claims
+// wait for the template, which the kube-controller-manager's resourceclaim controller keeps
+// retrying; the pods start once NVIDIA's controller has made it.
+package imex
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/discovery"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
+)
+
+// GVKs of the objects the reconciler reads and writes.
+var (
+	ComputeDomainGVK = schema.GroupVersionKind{Group: names.ComputeDomainGroup, Version: names.ComputeDomainVersion, Kind: names.ComputeDomainKind}
+	LWSGVK           = schema.GroupVersionKind{Group: names.LWSGroup, Version: names.LWSVersion, Kind: names.LWSKind}
+)
+
+// DefaultRecheck is how often Presence asks discovery again: installing NVIDIA's driver after
+// nvdomain is noticed within half a minute, for one cheap GET.
+const DefaultRecheck = 30 * time.Second
+
+// Presence reports whether the ComputeDomain API is served. It implements
+// admission.APIPresence and manager.Runnable.
+type Presence struct {
+	Discovery discovery.DiscoveryInterface
+	Recheck   time.Duration
+	Log       logr.Logger
+
+	served atomic.Bool
+	known  atomic.Bool
+}
+
+// Served implements admission.APIPresence.
+func (p *Presence) Served() bool { return p.served.Load() }
+
+// Check asks discovery once. A failure other than "not served" (the apiserver unreachable)
+// keeps the last answer.
+func (p *Presence) Check() {
+	gv := schema.GroupVersion{Group: names.ComputeDomainGroup, Version: names.ComputeDomainVersion}.String()
+	list, err := p.Discovery.ServerResourcesForGroupVersion(gv)
+	served := false
+	switch {
+	case err == nil:
+		for _, r := range list.APIResources {
+			served = served || r.Name == names.ComputeDomainResource
+		}
+	case !apierrors.IsNotFound(err):
+		p.Log.V(1).Info("ComputeDomain discovery failed; keeping the last answer", "err", err)
+		return
+	}
+	if old := p.served.Swap(served); old != served || !p.known.Swap(true) {
+		if served {
+			p.Log.Info("NVIDIA's ComputeDomain API is served: LeaderWorkerSet groups pinned to a clique get an IMEX channel", "api", gv)
+		} else {
+			p.Log.Info("NVIDIA's ComputeDomain API is not served: LeaderWorkerSet groups pinned to a clique get no IMEX channel, and their creation is warned about", "api", gv)
+		}
+	}
+}
+
+// NeedLeaderElection: every replica admits pods, so every replica must know.
+func (p *Presence) NeedLeaderElection() bool { return false }
+
+// Start asks discovery every Recheck until ctx ends.
+func (p *Presence) Start(ctx context.Context) error {
+	every := p.Recheck
+	if every <= 0 {
+		every = DefaultRecheck
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		p.Check()
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// Reconciler keeps the ComputeDomain of each LeaderWorkerSet whose pods the webhook gave an
+// IMEX claim. It only creates: the ComputeDomain is owned by the LeaderWorkerSet, and the
+// garbage collector deletes it with it; a ComputeDomain of that name nvdomain did not make is
+// left alone (and logged), and the pods' claim then waits for a template that never comes,
+// which `kubectl describe pod` shows.
+type Reconciler struct {
+	// Client creates; Reader reads from the API server (the manager's APIReader), so that
+	// neither ComputeDomains nor LeaderWorkerSets are cached (or need list and watch).
+	Client   client.Client
+	Reader   client.Reader
+	Presence *Presence
+	Names    names.Names
+	Log      logr.Logger
+}
+
+// Setup registers the reconciler with the manager: it watches the pods the webhook marked
+// (PodComputeDomainAnnotation, which the pod cache keeps), and its request is the
+// LeaderWorkerSet's namespace and name.
+func (r *Reconciler) Setup(mgr ctrl.Manager) error {
+	ann := r.Names.PodComputeDomainAnnotation()
+	marked := predicate.NewPredicateFuncs(func(o client.Object) bool {
+		return o.GetAnnotations()[ann] != "" && o.GetLabels()[names.LWSNameLabel] != "" && o.GetDeletionTimestamp() == nil
+	})
+	toLWS := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+		return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: o.GetLabels()[names.LWSNameLabel]}}}
+	})
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("imex").
+		Watches(&corev1.Pod{}, toLWS, builder.WithPredicates(marked)).
+		Complete(r)
+}
+
+// Reconcile makes the LeaderWorkerSet's ComputeDomain when it is missing.
+func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	if !r.Presence.Served() {
+		// Pods marked while the API was served, and it went away: nothing to make; ask
+		// again later, in case it comes back.
+		return reconcile.Result{RequeueAfter: DefaultRecheck}, nil
+	}
+	log := r.Log.WithValues("namespace", req.Namespace, "leaderWorkerSet", req.Name)
+	name := names.ComputeDomainName(req.Name)
+	cd := &unstructured.Unstructured{}
+	cd.SetGroupVersionKind(ComputeDomainGVK)
+	err := r.Reader.Get(ctx, types.NamespacedName{Namespace: req.Namespace, Name: name}, cd)
+	switch {
+	case err == nil:
+		if cd.GetLabels()[names.DRAManagedByLabel] != names.DRAManagedByValue {
+			log.Info("a ComputeDomain nvdomain did not make has the name nvdomain gives this LeaderWorkerSet's; it is left alone, and the group's pods wait for its channel template, which it may not make",
+				"computeDomain", name, "template", names.ComputeDomainChannelTemplate(req.Name))
+		}
+		return reconcile.Result{}, nil
+	case !apierrors.IsNotFound(err):
+		return reconcile.Result{}, fmt.Errorf("get ComputeDomain %s/%s: %w", req.Namespace, name, err)
+	}
+	lws := &metav1.PartialObjectMetadata{}
+	lws.SetGroupVersionKind(LWSGVK)
+	if err := r.Reader.Get(ctx, req.NamespacedName, lws); err != nil {
+		if apierrors.IsNotFound(err) {
+			// Pods of a LeaderWorkerSet being deleted: no owner, so no ComputeDomain that
+			// would outlive it.
+			return reconcile.Result{}, nil
+		}
+		return reconcile.Result{}, fmt.Errorf("get LeaderWorkerSet %s: %w", req, err)
+	}
+	if lws.GetDeletionTimestamp() != nil {
+		return reconcile.Result{}, nil
+	}
+	obj := ComputeDomain(req.Namespace, req.Name, lws.GetUID())
+	if err := r.Client.Create(ctx, obj); err != nil && !apierrors.IsAlreadyExists(err) {
+		return reconcile.Result{}, fmt.Errorf("create ComputeDomain %s/%s: %w", req.Namespace, name, err)
+	}
+	log.Info("made the LeaderWorkerSet's ComputeDomain for its groups' IMEX channels", "computeDomain", name)
+	return reconcile.Result{}, nil
+}
+
+// ComputeDomain is the ComputeDomain nvdomain keeps for LeaderWorkerSet lws (uid): its
+// channel template is the one GiveIMEXChannel's claim names. numNodes is left at 0, NVIDIA's
+// recommended value since IMEX daemons have DNS names: each IMEX daemon starts with the first
+// pod on its node, and a group's size can change with the LeaderWorkerSet's.
+func ComputeDomain(namespace, lws string, uid types.UID) *unstructured.Unstructured {
+	cd := &unstructured.Unstructured{Object: map[string]any{
+		"spec": map[string]any{
+			"numNodes": int64(0),
+			"channel": map[string]any{
+				"resourceClaimTemplate": map[string]any{"name": names.ComputeDomainChannelTemplate(lws)},
+			},
+		},
+	}}
+	cd.SetGroupVersionKind(ComputeDomainGVK)
+	cd.SetNamespace(namespace)
+	cd.SetName(names.ComputeDomainName(lws))
+	cd.SetLabels(map[string]string{names.DRAManagedByLabel: names.DRAManagedByValue, names.LWSNameLabel: lws})
+	cd.SetOwnerReferences([]metav1.OwnerReference{{
+		APIVersion: LWSGVK.GroupVersion().String(), Kind: LWSGVK.Kind, Name: lws, UID: uid,
+	}})
+	return cd
+}

@@ -1,0 +1,132 @@
+package imex
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/go-logr/logr"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	fakediscovery "k8s.io/client-go/discovery/fake"
+	clienttesting "k8s.io/client-go/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
+)
+
+func lws(name string, deleting bool) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(LWSGVK)
+	u.SetNamespace("team")
+	u.SetName(name)
+	u.SetUID(types.UID(name + "-uid"))
+	if deleting {
+		u.SetFinalizers([]string{"test/hold"})
+		now := metav1.Now()
+		u.SetDeletionTimestamp(&now)
+	}
+	return u
+}
+
+func foreignCD(name string) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{Object: map[string]any{"spec": map[string]any{"numNodes": int64(2)}}}
+	u.SetGroupVersionKind(ComputeDomainGVK)
+	u.SetNamespace("team")
+	u.SetName(name)
+	return u
+}
+
+func presence(served bool) *Presence {
+	p := &Presence{Log: logr.Discard()}
+	p.served.Store(served)
+	return p
+}
+
+func TestReconcilerMakesTheLeaderWorkerSetsComputeDomain(t *testing.T) {
+	cases := []struct {
+		name    string
+		served  bool
+		objects []client.Object
+		// want: the ComputeDomain's spec.numNodes after the reconcile; -1: none exists.
+		wantNumNodes int64
+		wantOwner    bool
+		wantRequeue  bool
+	}{
+		{name: "made, owned by the LeaderWorkerSet", served: true, objects: []client.Object{lws("llama", false)}, wantNumNodes: 0, wantOwner: true},
+		{name: "a ComputeDomain of that name nvdomain did not make is left alone", served: true,
+			objects: []client.Object{lws("llama", false), foreignCD(names.ComputeDomainName("llama"))}, wantNumNodes: 2},
+		{name: "no LeaderWorkerSet: nothing that would outlive it", served: true, wantNumNodes: -1},
+		{name: "a LeaderWorkerSet being deleted", served: true, objects: []client.Object{lws("llama", true)}, wantNumNodes: -1},
+		{name: "the API is not served: asked again later", served: false, objects: []client.Object{lws("llama", false)}, wantNumNodes: -1, wantRequeue: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := fake.NewClientBuilder().WithScheme(runtime.NewScheme()).WithObjects(tc.objects...).Build()
+			r := &Reconciler{Client: c, Reader: c, Presence: presence(tc.served), Names: names.Default(), Log: logr.Discard()}
+			res, err := r.Reconcile(context.Background(), reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "team", Name: "llama"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (res.RequeueAfter > 0) != tc.wantRequeue {
+				t.Errorf("requeue after %s, want requeue %v", res.RequeueAfter, tc.wantRequeue)
+			}
+			cd := &unstructured.Unstructured{}
+			cd.SetGroupVersionKind(ComputeDomainGVK)
+			err = c.Get(context.Background(), types.NamespacedName{Namespace: "team", Name: names.ComputeDomainName("llama")}, cd)
+			if tc.wantNumNodes < 0 {
+				if !apierrors.IsNotFound(err) {
+					t.Fatalf("a ComputeDomain exists (%v): %v", err, cd.Object)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, _, _ := unstructured.NestedInt64(cd.Object, "spec", "numNodes"); got != tc.wantNumNodes {
+				t.Errorf("numNodes = %d, want %d", got, tc.wantNumNodes)
+			}
+			owners := cd.GetOwnerReferences()
+			if tc.wantOwner {
+				if len(owners) != 1 || owners[0].UID != "llama-uid" || owners[0].Kind != names.LWSKind {
+					t.Errorf("owners %+v, want the LeaderWorkerSet", owners)
+				}
+				if tmpl, _, _ := unstructured.NestedString(cd.Object, "spec", "channel", "resourceClaimTemplate", "name"); tmpl != names.ComputeDomainChannelTemplate("llama") {
+					t.Errorf("channel template %q, want %q: the pods' claims name that one", tmpl, names.ComputeDomainChannelTemplate("llama"))
+				}
+			} else if len(owners) != 0 {
+				t.Errorf("a ComputeDomain nvdomain did not make was changed: owners %+v", owners)
+			}
+		})
+	}
+}
+
+func TestPresenceFollowsDiscovery(t *testing.T) {
+	gv := schema.GroupVersion{Group: names.ComputeDomainGroup, Version: names.ComputeDomainVersion}.String()
+	d := &fakediscovery.FakeDiscovery{Fake: &clienttesting.Fake{}}
+	p := &Presence{Discovery: d, Log: logr.Discard()}
+	p.Check()
+	if p.Served() {
+		t.Fatal("served with no API")
+	}
+	d.Resources = []*metav1.APIResourceList{{GroupVersion: gv, APIResources: []metav1.APIResource{{Name: names.ComputeDomainResource}}}}
+	p.Check()
+	if !p.Served() {
+		t.Fatal("not served after the API appeared")
+	}
+	// A discovery failure other than "not found" keeps the last answer.
+	d.PrependReactor("get", "resource", func(clienttesting.Action) (bool, runtime.Object, error) {
+		return true, nil, errors.New("connection refused")
+	})
+	d.Resources = nil
+	p.Check()
+	if !p.Served() {
+		t.Error("a failed discovery call changed the answer")
+	}
+}

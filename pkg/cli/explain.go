@@ -265,7 +265,7 @@ func (o *ExplainOptions) explainPod(ctx context.Context, pod *corev1.Pod, events
 	if p.Group != nil {
 		kv("Group", "%s", groupText(pod, p, node, n))
 		if pod.Annotations[n.PodCliqueAnnotation()] != "" {
-			kv("IMEX", "%s", imexText(o.client, pod))
+			kv("IMEX", "%s", imexText(o.client, pod, n))
 		}
 	}
 	if msg := schedulerMessage(pod); msg != "" && pod.Spec.NodeName == "" {
@@ -315,7 +315,7 @@ func groupText(pod *corev1.Pod, p rules.Pod, node *corev1.Node, n names.Names) s
 // imexText says whether a group pinned to a clique can have the IMEX channel that GPU memory
 // shared over NVLink across trays needs: NVIDIA's ComputeDomain API installed, and a claim on
 // the pod. nvdomain does not check that a claim is a ComputeDomain's channel.
-func imexText(c kubernetes.Interface, pod *corev1.Pod) string {
+func imexText(c kubernetes.Interface, pod *corev1.Pod, n names.Names) string {
 	installed := false
 	if groups, err := c.Discovery().ServerGroups(); err == nil {
 		for _, g := range groups.Groups {
@@ -324,10 +324,14 @@ func imexText(c kubernetes.Interface, pod *corev1.Pod) string {
 	}
 	switch {
 	case !installed:
-		return fmt.Sprintf("no IMEX channel: NVIDIA's ComputeDomain API (%s.%s, the compute-domain part of NVIDIA's DRA driver for GPUs) is not installed. A group that shares GPU memory over NVLink across trays needs one: install it and give the group's pods the ComputeDomain's claim template in spec.resourceClaims, or set up IMEX on the hosts",
+		return fmt.Sprintf("no IMEX channel: NVIDIA's ComputeDomain API (%s.%s, the compute-domain part of NVIDIA's DRA driver for GPUs) is not installed. A group that shares GPU memory over NVLink across trays needs one: install it (nvdomain then gives new groups' pods a channel), or set up IMEX on the hosts",
 			names.ComputeDomainResource, names.ComputeDomainGroup)
+	case pod.Annotations[n.PodComputeDomainAnnotation()] != "":
+		cd := pod.Annotations[n.PodComputeDomainAnnotation()]
+		return fmt.Sprintf("a channel from ComputeDomain %s (claim %s, template %s), given by nvdomain; `kubectl get computedomain %s -n %s` says whether it is Ready",
+			cd, names.IMEXPodClaim, names.ComputeDomainChannelTemplate(pod.Labels[names.LWSNameLabel]), cd, pod.Namespace)
 	case len(pod.Spec.ResourceClaims) == 0:
-		return fmt.Sprintf("the pod holds no ResourceClaim: %s is installed, but the group gets an IMEX channel only from a ComputeDomain's claim template in spec.resourceClaims", names.ComputeDomainGroup)
+		return fmt.Sprintf("the pod holds no ResourceClaim: %s is installed, but the pod was admitted before nvdomain saw it, or with the webhook's --imex-channels=false; a group created now gets one (delete the group's leader to recreate the group)", names.ComputeDomainGroup)
 	}
 	claims := make([]string, 0, len(pod.Spec.ResourceClaims))
 	for _, rc := range pod.Spec.ResourceClaims {

@@ -325,4 +325,14 @@ func TestExplainGroupPod(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
 	assertInOrder(t, out.String(), "IMEX:", "the pod holds no ResourceClaim: resource.nvidia.com is installed")
+	// A pod nvdomain gave the channel names its ComputeDomain.
+	given := tpPod("llama-1", 4, 0, boundTo("a-0", corev1.PodRunning), inLWSGroup("0"))
+	given.Annotations[names.Default().PodComputeDomainAnnotation()] = names.ComputeDomainName("llama")
+	c = fake.NewClientset(append(objs, given)...)
+	c.Fake.Resources = []*metav1.APIResourceList{{GroupVersion: "resource.nvidia.com/v1beta1", APIResources: []metav1.APIResource{{Name: "computedomains", Kind: "ComputeDomain"}}}}
+	out.Reset()
+	if code := run(context.Background(), CommandName, []string{"explain", "pod/llama-1"}, IOStreams{In: strings.NewReader(""), Out: &out, ErrOut: &errb}, &fakeFactory{client: c}); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	assertInOrder(t, out.String(), "IMEX:", "a channel from ComputeDomain nvdomain-llama (claim nvdomain-imex, template nvdomain-llama-imex), given by nvdomain")
 }

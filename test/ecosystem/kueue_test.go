@@ -363,13 +363,19 @@ func kueueCRDs(t *testing.T, dir string) []*apiextensionsv1.CustomResourceDefini
 // finishes their deletions, as kubelets would.
 func startCluster(t *testing.T, controllers ...string) (*hacluster.Cluster, dynamic.Interface) {
 	t.Helper()
+	return startClusterWith(t, nil, controllers...)
+}
+
+// startClusterWith is startCluster with more webhook flags.
+func startClusterWith(t *testing.T, webhookArgs []string, controllers ...string) (*hacluster.Cluster, dynamic.Interface) {
+	t.Helper()
 	kwokDir, err := hacluster.KwokDir()
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := hacluster.Start(t, hacluster.Options{
 		Replicas:              2,
-		WebhookArgs:           []string{"--tp-sizes=2,4,8", "--repin-after=3s", "--repin-interval=1s"},
+		WebhookArgs:           append([]string{"--tp-sizes=2,4,8", "--repin-after=3s", "--repin-interval=1s"}, webhookArgs...),
 		KwokFinishesDeletions: true,
 		Controllers:           controllers,
 	})

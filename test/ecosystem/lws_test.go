@@ -27,7 +27,7 @@ const (
 	lwsService = "lws-webhook-service"
 	lwsIP      = "192.0.2.31"
 	// lwsNameLabel is the label LWS puts on every pod of a LeaderWorkerSet.
-	lwsNameLabel = "leaderworkerset.sigs.k8s.io/name"
+	lwsNameLabel = names.LWSNameLabel
 )
 
 var lwsGVR = schema.GroupVersionResource{Group: names.LWSGroup, Version: names.LWSVersion, Resource: names.LWSResource}

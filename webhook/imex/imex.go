@@ -131,8 +131,12 @@ type Reconciler struct {
 // LeaderWorkerSet's namespace and name.
 func (r *Reconciler) Setup(mgr ctrl.Manager) error {
 	ann := r.Names.PodComputeDomainAnnotation()
+	// Only tensor-parallel pods: the webhook, which fails closed for them, removes a
+	// hand-written annotation, so a tenant cannot make nvdomain create a ComputeDomain by
+	// annotating a pod it never admitted.
 	marked := predicate.NewPredicateFuncs(func(o client.Object) bool {
-		return o.GetAnnotations()[ann] != "" && o.GetLabels()[names.LWSNameLabel] != "" && o.GetDeletionTimestamp() == nil
+		return o.GetAnnotations()[ann] != "" && o.GetLabels()[names.TPLabel] == names.TPLabelValue &&
+			o.GetLabels()[names.LWSNameLabel] != "" && o.GetDeletionTimestamp() == nil
 	})
 	toLWS := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 		return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: o.GetLabels()[names.LWSNameLabel]}}}

@@ -53,6 +53,7 @@ func (so *ServerOptions) AddFlags(fs *flag.FlagSet) (complete func() error) {
 	tpSizes := fs.String("tp-sizes", "2,4,8,16,32,64,128,256", "allowed tensor-parallel sizes")
 	nonTP := fs.String("non-tp-pods", string(so.Handlers.NonTPPods), "what to do with GPU pods that are not tensor-parallel: pin, account or auto")
 	mode := fs.String("mode", string(so.Handlers.Mode), "which node pools TP pods go to: classic (pin to a domain id), dra (rewrite onto the ResourceClaimTemplate nvdomain-tp-<k>; DRA pools only) or mixed (DRA for pods that select only nodes labelled nvdomain-mode=dra, classic for the rest); docs/dra.md")
+	groups := fs.String("group-placement", string(so.Handlers.GroupPlacement), "how a LeaderWorkerSet group is kept in one multi-node NVLink clique: pin (required node affinity on the clique label, chosen at the leader's admission; any release) or workload (a Workload API PodGroup with gang minCount and a topology constraint on the clique label, placed by the scheduler; Kubernetes 1.37 with the GenericWorkload and TopologyAwareWorkloadScheduling gates, else the webhook pins and logs why); docs/multinode.md")
 	so.DRATemplates.AddFlags(fs)
 	excluded := fs.String("exclude-namespaces", strings.Join(so.Handlers.ExcludedNamespaces, ","), "comma-separated namespaces never touched (add the webhook's own)")
 	fs.DurationVar(&so.UnschedulableHold, "unschedulable-hold", so.UnschedulableHold, "how long a pending pod that the scheduler rejects for reasons other than GPUs (pod affinity, CPU, volumes) keeps the GPU room it is pinned to; after it, that room counts free for other pods (docs/architecture.md)")
@@ -83,6 +84,9 @@ func (so *ServerOptions) AddFlags(fs *flag.FlagSet) (complete func() error) {
 		}
 		if so.Handlers.NonTPPods, err = decision.ParseNonTPMode(*nonTP); err != nil {
 			return fmt.Errorf("--non-tp-pods: %w", err)
+		}
+		if so.Handlers.GroupPlacement, err = decision.ParseGroupPlacement(*groups); err != nil {
+			return fmt.Errorf("--group-placement: %w", err)
 		}
 		if so.Handlers.Mode, err = decision.ParseMode(*mode); err != nil {
 			return fmt.Errorf("--mode: %w", err)
@@ -161,6 +165,6 @@ func (so ServerOptions) Summary() map[string]any {
 		"resourcePrefix": so.Handlers.Names.ResourcePrefix(), "repin": so.Repin.Enabled, "repinAfter": so.Repin.After.String(),
 		"leaderElection": so.LeaderElection, "leaderElectionNamespace": so.LeaderElectionNamespace, "shutdownDelay": so.ShutdownDelay.String(),
 		"certSecret": so.CertRotation.Secret, "certValidity": so.CertRotation.Validity.String(), "certRenewBefore": so.CertRotation.RenewBefore.String(),
-		"mode": so.Handlers.Mode, "draTemplates": so.DRATemplates.Enabled, "pools": so.Pools.Namespace + "/" + so.Pools.Name, "kueueWatch": so.KueueWatch, "imexChannels": so.IMEXChannels,
+		"mode": so.Handlers.Mode, "draTemplates": so.DRATemplates.Enabled, "pools": so.Pools.Namespace + "/" + so.Pools.Name, "kueueWatch": so.KueueWatch, "imexChannels": so.IMEXChannels, "groupPlacement": so.Handlers.GroupPlacement,
 	}
 }

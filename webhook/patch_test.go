@@ -147,8 +147,18 @@ func patchFixtures(t *testing.T) []namedFixture {
 	dra := func() []*corev1.Node {
 		return []*corev1.Node{draNode("dra-hgx", []int{8}, map[string]string{"pool": "dra"}), draNode("dra-split", []int{4, 4}, nil)}
 	}
+	trays := func() []*corev1.Node {
+		return []*corev1.Node{tray("a-0", "a"), tray("a-1", "a"), tray("a-2", "a"), tray("b-0", "b"), tray("b-1", "b"), node("hgx", []int{8}, nil, nil)}
+	}
+	pinIMEX := newFixture(t, decision.NonTPPin, trays()...)
+	pinIMEX.mut.ComputeDomains = served(true)
+	workload := newFixture(t, decision.NonTPPin, trays()...)
+	workload.mut.ComputeDomains = served(true)
+	workload.mut.Options.GroupPlacement = decision.GroupWorkload
 	return []namedFixture{
 		{"classic", newFixture(t, decision.NonTPPin, classic()...)},
+		{"cliques, pinned, IMEX", pinIMEX},
+		{"cliques, PodGroups, IMEX", workload},
 		{"dra", newModeFixture(t, decision.ModeDRA, dra()...)},
 		{"mixed", newModeFixture(t, decision.ModeMixed, append(classic(), dra()...)...)},
 	}
@@ -269,6 +279,27 @@ func randomPod(rng *rand.Rand, i int) *corev1.Pod {
 		p.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "scratch"}}
 	case 1: // rewritten for DRA already (re-admitted), or written that way by hand
 		p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: names.DRAPodClaim, ResourceClaimTemplateName: ptr.To(names.DRATemplate(2))}}
+	}
+	if rng.IntN(3) == 0 {
+		// A LeaderWorkerSet group's pod (leader or worker), for the clique fixtures; some
+		// already in a scheduling group or holding an IMEX claim (re-admitted).
+		if p.Labels == nil {
+			p.Labels = map[string]string{}
+		}
+		p.Labels[names.LWSNameLabel] = "lws"
+		p.Labels[names.LWSGroupIndexLabel] = fmt.Sprint(rng.IntN(3))
+		p.Labels[names.LWSWorkerIndexLabel] = fmt.Sprint(rng.IntN(2))
+		p.Labels[names.LWSRevisionLabel] = "rev1"
+		if p.Annotations == nil {
+			p.Annotations = map[string]string{}
+		}
+		p.Annotations[names.LWSSizeAnnotation] = fmt.Sprint(2 + rng.IntN(2))
+		switch rng.IntN(4) {
+		case 0:
+			p.Spec.SchedulingGroup = &corev1.PodSchedulingGroup{PodGroupName: ptr.To("theirs")}
+		case 1:
+			p.Spec.ResourceClaims = append(p.Spec.ResourceClaims, corev1.PodResourceClaim{Name: names.IMEXPodClaim, ResourceClaimTemplateName: ptr.To(names.ComputeDomainChannelTemplate("lws"))})
+		}
 	}
 	return p
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/discovery"
@@ -39,6 +40,7 @@ import (
 	"github.com/nvdomain/nvdomain/webhook/dratemplates"
 	"github.com/nvdomain/nvdomain/webhook/imex"
 	"github.com/nvdomain/nvdomain/webhook/kueuewatch"
+	"github.com/nvdomain/nvdomain/webhook/podgroups"
 	"github.com/nvdomain/nvdomain/webhook/repin"
 )
 
@@ -127,7 +129,8 @@ type CertRotationOptions struct {
 
 // leaderOnly reports whether a controller that must run on one replica is on.
 func (so ServerOptions) leaderOnly() bool {
-	return so.Repin.Enabled || so.DRATemplates.Enabled || so.CertRotation.Secret != "" || so.KueueWatch || so.IMEXChannels
+	return so.Repin.Enabled || so.DRATemplates.Enabled || so.CertRotation.Secret != "" || so.KueueWatch || so.IMEXChannels ||
+		so.Handlers.GroupPlacement == decision.GroupWorkload
 }
 
 // NewManager builds a controller-runtime manager serving the webhook, with the informers that
@@ -228,6 +231,26 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 	metrics, err := NewMetrics(reg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("register metrics: %w", err)
+	}
+	if so.Handlers.GroupPlacement == decision.GroupWorkload {
+		// Checked once, at start: the feature gates and runtime-config of the control plane
+		// change only with a restart of the apiserver, and the webhook replicas roll with an
+		// upgrade anyway. Where the cluster cannot do it, groups are pinned: a TP group is
+		// never left without a clique.
+		ok, reason, err := checkPodGroups(cfg, so.LeaderElectionNamespace)
+		if err != nil {
+			return nil, nil, err
+		}
+		if !ok {
+			log.Error(nil, "--group-placement=workload cannot be used on this cluster; LeaderWorkerSet groups are pinned to a clique instead (--group-placement=pin)", "reason", reason)
+			so.Handlers.GroupPlacement = decision.GroupPin
+		} else {
+			log.Info("LeaderWorkerSet groups are placed through Workload API PodGroups (gang, topology on the clique label)", "api", podgroups.GVR.GroupVersion().String())
+			r := &podgroups.Reconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Names: so.Handlers.Names, Log: log.WithName("podgroups")}
+			if err := r.Setup(mgr); err != nil {
+				return nil, nil, fmt.Errorf("PodGroup controller: %w", err)
+			}
+		}
 	}
 	mut, val := NewHandlers(view, so.Handlers, metrics, log)
 	if source == nil {
@@ -453,4 +476,25 @@ func tombstone(obj any) any {
 		return t.Obj
 	}
 	return obj
+}
+
+// checkPodGroups asks the cluster whether it keeps PodGroups with a topology constraint
+// (podgroups.Check), with a dry-run create in namespace (the release's; "default" when the
+// webhook runs outside a pod).
+func checkPodGroups(cfg *rest.Config, namespace string) (ok bool, reason string, err error) {
+	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		return false, "", fmt.Errorf("--group-placement=workload: %w", err)
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return false, "", fmt.Errorf("--group-placement=workload: %w", err)
+	}
+	if namespace == "" {
+		namespace = metav1.NamespaceDefault
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ok, reason = podgroups.Check(ctx, dc, dyn, namespace)
+	return ok, reason, nil
 }

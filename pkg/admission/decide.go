@@ -89,6 +89,9 @@ func (m *Decider) mutate(pod *corev1.Pod, seed uint64, admission string) (*corev
 	// (A clique chosen here is reserved with the choice, in one step; a pod then denied holds
 	// it for the reservation's 30 s at most.)
 	group := m.planGroup(work, rules.Inspect(work, n), seed, admission)
+	if group.PodGroup != "" && !(hasPodGroup(work, group.PodGroup) && work.Annotations[n.PodGroupAnnotation()] == group.PodGroup) {
+		work = JoinPodGroup(work, group.PodGroup, n)
+	}
 	if group.Clique != "" && !hasCliquePin(work, group.Clique, n) {
 		// (A pin the pod carries already gets its affinity too: the annotation alone
 		// would let a copied manifest claim a clique it does not run in.)
@@ -138,7 +141,7 @@ func (m *Decider) mutate(pod *corev1.Pod, seed uint64, admission string) (*corev
 		}
 	}
 	// A group in one clique shares GPU memory across trays through an IMEX channel.
-	if plan.Outcome == OutcomePinned && m.imexWanted(out, group.Clique) {
+	if plan.Outcome == OutcomePinned && m.imexWanted(out, group) {
 		out = GiveIMEXChannel(out, plan.Pod, out.Labels[names.LWSNameLabel], n)
 	}
 	// Every GPU container the node side must see requires the NRI plugin; in DRA mode the
@@ -397,7 +400,7 @@ func (v *Decider) review(pod *corev1.Pod) ([]rules.Violation, []Warning) {
 		}
 	}
 	ws := v.warnings(pod, p)
-	if c := pod.Annotations[n.PodCliqueAnnotation()]; p.Group != nil && p.Group.Leader && v.noIMEX(c) {
+	if p.Group != nil && p.Group.Leader && v.noIMEX(GroupPlan{Clique: pod.Annotations[n.PodCliqueAnnotation()], PodGroup: pod.Annotations[n.PodGroupAnnotation()]}) {
 		ws = append(ws, imexWarning())
 	}
 	return vs, ws

@@ -28,6 +28,16 @@ type GroupPlan struct {
 	// NoCliques: no node the pod may use is in a clique, so the group is not pinned; its pods
 	// talk over the network between nodes.
 	NoCliques bool
+	// PodGroup, with GroupWorkload placement, is the Workload API PodGroup the pod joins
+	// (spec.schedulingGroup.podGroupName); the scheduler then places the group whole in one
+	// clique. Clique is empty then, except CliqueNone for a group run outside every clique.
+	PodGroup string
+}
+
+// InClique reports whether the plan keeps the pod's group in one clique, by a pin or by a
+// PodGroup.
+func (g GroupPlan) InClique() bool {
+	return (g.Clique != "" && g.Clique != names.CliqueNone) || g.PodGroup != ""
 }
 
 // planGroup decides the clique of a tensor-parallel pod in a group, and reserves a clique it
@@ -52,6 +62,9 @@ func (m *Decider) planGroup(pod *corev1.Pod, p rules.Pod, seed uint64, admission
 	}
 	if c := pod.Annotations[n.PodCliqueAnnotation()]; c != "" {
 		return GroupPlan{Clique: c, Followed: true}
+	}
+	if m.Options.GroupPlacement == GroupWorkload {
+		return m.planPodGroup(pod, p, seed)
 	}
 	if !p.Group.Leader {
 		// The leader decides for its group (View.GroupClique): its clique, CliqueNone, or no
@@ -81,6 +94,53 @@ func (m *Decider) planGroup(pod *corev1.Pod, p rules.Pod, seed uint64, admission
 		return GroupPlan{Err: err}
 	}
 	return GroupPlan{Clique: dec.Clique, Decision: dec}
+}
+
+// planPodGroup is planGroup with GroupWorkload placement: every pod of the group joins the
+// group's PodGroup, and the scheduler chooses the clique for the whole group when it can
+// place all of it (gang minCount, topology constraint on the clique label). Nothing is
+// reserved: the choice is not the webhook's. A group no clique can ever hold is refused, or
+// kept outside every clique when nodes there can run it (a pin, as GroupPin does: those nodes
+// have no clique label for the topology constraint). A pod that already names a scheduling
+// group (its controller's, or the user's) is left in it.
+func (m *Decider) planPodGroup(pod *corev1.Pod, p rules.Pod, seed uint64) GroupPlan {
+	n := m.Options.Names
+	if pg := pod.Annotations[n.PodGroupAnnotation()]; pg != "" && hasPodGroup(pod, pg) {
+		return GroupPlan{PodGroup: pg, Followed: true}
+	}
+	if pod.Spec.SchedulingGroup != nil {
+		return GroupPlan{}
+	}
+	g := placement.Group{Pods: p.Group.Size, GPUsPerPod: p.GPUs}
+	_, ok, err := m.View.ChooseAndReserveClique(pod, p.Group.Key, p.Group.Leader, g, seed, false)
+	var ie *placement.ImpossibleGroupError
+	switch {
+	case !ok:
+		return GroupPlan{NoCliques: true}
+	case errors.As(err, &ie) && m.View.CliqueOutside(pod, g):
+		return GroupPlan{Clique: names.CliqueNone}
+	case err != nil:
+		return GroupPlan{Err: err}
+	}
+	return GroupPlan{PodGroup: names.PodGroupName(pod.Labels[names.LWSNameLabel], pod.Labels[names.LWSGroupIndexLabel], pod.Labels[names.LWSRevisionLabel])}
+}
+
+// hasPodGroup reports whether the pod's spec.schedulingGroup names PodGroup pg.
+func hasPodGroup(pod *corev1.Pod, pg string) bool {
+	sg := pod.Spec.SchedulingGroup
+	return sg != nil && sg.PodGroupName != nil && *sg.PodGroupName == pg
+}
+
+// JoinPodGroup returns a copy of pod in PodGroup pg: spec.schedulingGroup.podGroupName, and
+// PodGroupAnnotation, by which the webhook's PodGroup controller knows to make it.
+func JoinPodGroup(pod *corev1.Pod, pg string, n names.Names) *corev1.Pod {
+	out := pod.DeepCopy()
+	out.Spec.SchedulingGroup = &corev1.PodSchedulingGroup{PodGroupName: &pg}
+	if out.Annotations == nil {
+		out.Annotations = map[string]string{}
+	}
+	out.Annotations[n.PodGroupAnnotation()] = pg
+	return out
 }
 
 // LeaderUnknownError refuses a group's worker whose leader this webhook replica has not seen.
@@ -159,6 +219,10 @@ func (v *Decider) groupViolations(pod *corev1.Pod, p rules.Pod) []rules.Violatio
 			Message: fmt.Sprintf("the LeaderWorkerSet group cannot run in one NVLink clique: %v; lower the group size (spec.leaderWorkerTemplate.size) or the GPUs per pod, or add racks with larger cliques", ie)}}
 	case errors.As(gp.Err, &le):
 		return []rules.Violation{{Field: "metadata.annotations[" + names.LWSLeaderNameAnnotation + "]", Reason: rules.ReasonNoClique, Message: le.Error()}}
+	case gp.PodGroup != "" && !(gp.Followed && hasPodGroup(pod, gp.PodGroup)):
+		return []rules.Violation{{Field: "spec.schedulingGroup.podGroupName", Reason: rules.ReasonNotPinned,
+			Message: fmt.Sprintf("the pod was not put in its group's PodGroup (%s) by nvdomain's mutating webhook, and admitted as it is it could split the group across NVLink cliques; LeaderWorkerSet creates it again, and the webhook then sets it (check that the nvdomain MutatingWebhookConfiguration selects tensor-parallel=true pods)", gp.PodGroup)}}
+	case gp.PodGroup != "":
 	case gp.Clique != "":
 		// The group has (or would get) a clique, and this pod is not pinned to it: the
 		// mutating webhook did not pin it (its leader was not known there yet, or the webhook

@@ -15,12 +15,12 @@ import (
 // ComputeDomain API from discovery.
 type APIPresence interface{ Served() bool }
 
-// imexWanted reports whether a group's pod pinned to clique should get an IMEX channel from
-// nvdomain: the ComputeDomain API is served, the group is in a real clique (not CliqueNone,
-// whose pods talk over the network), and the pod carries no claim of its own (a user who
+// imexWanted reports whether a group's pod should get an IMEX channel from nvdomain: the
+// ComputeDomain API is served, the group is kept in one clique (pinned to a real clique, not
+// CliqueNone, whose pods talk over the network, or in a PodGroup), and the pod carries no claim of its own (a user who
 // wrote a ComputeDomain's claim into the template keeps it, and gets none from nvdomain).
-func (m *Decider) imexWanted(pod *corev1.Pod, clique string) bool {
-	if clique == "" || clique == names.CliqueNone || m.ComputeDomains == nil || !m.ComputeDomains.Served() {
+func (m *Decider) imexWanted(pod *corev1.Pod, gp GroupPlan) bool {
+	if !gp.InClique() || m.ComputeDomains == nil || !m.ComputeDomains.Served() {
 		return false
 	}
 	return !slices.ContainsFunc(pod.Spec.ResourceClaims, func(r corev1.PodResourceClaim) bool {
@@ -74,10 +74,10 @@ func GiveIMEXChannel(pod *corev1.Pod, p rules.Pod, lws string, n names.Names) *c
 	return out
 }
 
-// noIMEX reports whether a group pinned to clique gets no IMEX channel because the
+// noIMEX reports whether a group kept in one clique gets no IMEX channel because the
 // ComputeDomain API is known not to be served.
-func (m *Decider) noIMEX(clique string) bool {
-	return clique != "" && clique != names.CliqueNone && m.ComputeDomains != nil && !m.ComputeDomains.Served()
+func (m *Decider) noIMEX(gp GroupPlan) bool {
+	return gp.InClique() && m.ComputeDomains != nil && !m.ComputeDomains.Served()
 }
 
 // imexWarning is the admission warning for a group pinned to a clique on a cluster without

@@ -82,7 +82,7 @@ func (v *Decider) ReviewLeaderWorkerSet(l LWSTemplate) ([]rules.Violation, []War
 		if len(vs) == 0 && s.worker == "0" {
 			gp := v.planGroup(pod, p, 0, "")
 			vs = impossibleGroupViolations(gp)
-			if len(vs) == 0 && v.noIMEX(gp.Clique) {
+			if len(vs) == 0 && v.noIMEX(gp) {
 				warnings = append(warnings, imexWarning())
 			}
 		}

@@ -44,9 +44,36 @@ type Options struct {
 	NonTPPods      NonTPMode
 	// Mode says which TP pods go to DRA node pools (dra.go, docs/dra.md).
 	Mode Mode
+	// GroupPlacement says how a LeaderWorkerSet group is kept in one clique (group.go).
+	GroupPlacement GroupPlacement
 	// ExcludedNamespaces are never mutated or validated (kube-system, the webhook's own).
 	// The webhook configurations exclude them too; this is the second line.
 	ExcludedNamespaces []string
+}
+
+// GroupPlacement says how the webhook keeps a LeaderWorkerSet group in one multi-node NVLink
+// clique (docs/multinode.md).
+type GroupPlacement string
+
+const (
+	// GroupPin pins the whole group to one clique at the leader's admission, through required
+	// node affinity on the clique label. Works on every release.
+	GroupPin GroupPlacement = "pin"
+	// GroupWorkload puts the group's pods in a PodGroup of the Workload API (gang minCount =
+	// the group's size, a topology constraint on the clique label) and lets the scheduler
+	// choose the clique at the group's place in its queue. Needs Kubernetes 1.37 with
+	// GenericWorkload and TopologyAwareWorkloadScheduling on; the webhook falls back to
+	// GroupPin where they are off.
+	GroupWorkload GroupPlacement = "workload"
+)
+
+// ParseGroupPlacement reads the --group-placement setting.
+func ParseGroupPlacement(s string) (GroupPlacement, error) {
+	switch g := GroupPlacement(s); g {
+	case GroupPin, GroupWorkload:
+		return g, nil
+	}
+	return "", fmt.Errorf("groupPlacement %q: use pin (node affinity on the clique, any release) or workload (the Workload API's PodGroup, Kubernetes 1.37 with the GenericWorkload and TopologyAwareWorkloadScheduling gates)", s)
 }
 
 // DefaultOptions are the documented defaults.
@@ -56,6 +83,7 @@ func DefaultOptions() Options {
 		AllowedTPSizes: rules.DefaultAllowedTPSizes,
 		NonTPPods:      NonTPAuto,
 		Mode:           ModeClassic,
+		GroupPlacement: GroupPin,
 		// The system's, and the GPU Operator's, whose validators request GPUs and must run
 		// whatever state nvdomain is in (the chart adds its release namespace); `explain`
 		// uses these too, so it answers as the installed webhook does.

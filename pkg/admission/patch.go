@@ -15,7 +15,8 @@ import (
 // into out, the pod Mutate admits, from the few fields Mutate changes: metadata.annotations
 // (StripOwned, Pin, RequirePlugin, RewriteForDRA), every container's and init container's
 // resources.limits, resources.requests and resources.claims (Pin, RewriteForDRA),
-// spec.resourceClaims (RewriteForDRA) and spec.affinity.nodeAffinity (Pin, keepOffDRA). A
+// spec.resourceClaims (RewriteForDRA, GiveIMEXChannel), spec.schedulingGroup (JoinPodGroup) and
+// spec.affinity.nodeAffinity (Pin, keepOffDRA). A
 // change to Mutate that writes another field must add it here: the tests compare the two ways
 // on pods of every mode. It replaces diffing the whole pod (admission.PatchResponseFromRaw),
 // which encoded the pod again and decoded both documents into generic maps on every
@@ -45,6 +46,10 @@ func Patch(orig, out *corev1.Pod) []jsonpatch.Operation {
 	p.containers("/spec/containers", orig.Spec.Containers, out.Spec.Containers)
 	p.affinity(orig.Spec.Affinity, out.Spec.Affinity)
 	appendOnly(&p, "/spec/resourceClaims", orig.Spec.ResourceClaims, out.Spec.ResourceClaims)
+	if !reflect.DeepEqual(orig.Spec.SchedulingGroup, out.Spec.SchedulingGroup) {
+		// JoinPodGroup sets it only where it is absent.
+		p.add("/spec/schedulingGroup", out.Spec.SchedulingGroup)
+	}
 	return p.ops
 }
 

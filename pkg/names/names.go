@@ -83,6 +83,18 @@ const (
 	// (ComputeDomainChannelTemplate); each GPU container claims it.
 	IMEXPodClaim = "nvdomain-imex"
 
+	// LWSRevisionLabel is the template revision LeaderWorkerSet puts on a group's pods: a
+	// rolling update makes new groups with a new one.
+	LWSRevisionLabel = "leaderworkerset.sigs.k8s.io/template-revision-hash"
+
+	// PodGroupGroup, PodGroupVersion, PodGroupResource and PodGroupKind name the Workload
+	// API's PodGroup (KEP-4671 gang scheduling, KEP-5732 topology constraints) at the version
+	// nvdomain writes: Kubernetes 1.37's scheduling.k8s.io/v1beta1.
+	PodGroupGroup    = "scheduling.k8s.io"
+	PodGroupVersion  = "v1beta1"
+	PodGroupResource = "podgroups"
+	PodGroupKind     = "PodGroup"
+
 	// LWSGroup, LWSVersion, LWSKind and LWSResource name LeaderWorkerSet's API.
 	LWSGroup    = "leaderworkerset.x-k8s.io"
 	LWSVersion  = "v1"
@@ -397,6 +409,7 @@ const (
 	cliqueByAgent          = "nvlink-clique-published"
 	podCliqueSuffix        = "nvlink-clique"
 	podComputeDomainSuffix = "compute-domain"
+	podGroupSuffix         = "pod-group"
 )
 
 // Node labels.
@@ -471,6 +484,20 @@ func ComputeDomainName(lws string) string { return "nvdomain-" + lws }
 // ComputeDomainChannelTemplate is the ResourceClaimTemplate NVIDIA's ComputeDomain controller
 // makes for ComputeDomainName(lws) (its spec.channel.resourceClaimTemplate.name).
 func ComputeDomainChannelTemplate(lws string) string { return "nvdomain-" + lws + "-imex" }
+
+// PodGroupName is the PodGroup of group index of LeaderWorkerSet lws at template revision
+// rev, the name LeaderWorkerSet's own Volcano integration gives its PodGroups: a group made
+// again by a rolling update gets a new one.
+func PodGroupName(lws, index, rev string) string {
+	if rev == "" {
+		return lws + "-" + index
+	}
+	return lws + "-" + index + "-" + rev
+}
+
+// PodGroupAnnotation, on a group's pod, names the PodGroup the webhook put it in
+// (spec.schedulingGroup.podGroupName); the webhook's PodGroup controller makes it.
+func (n Names) PodGroupAnnotation() string { return n.label(podGroupSuffix) }
 
 // PodComputeDomainAnnotation, on a group's pod, names the ComputeDomain whose channel the
 // webhook gave it (IMEXPodClaim); the webhook's IMEX controller keeps that ComputeDomain.

@@ -50,7 +50,7 @@ var cdGVR = schema.GroupVersionResource{Group: names.ComputeDomainGroup, Version
 //  3. Deleting the LeaderWorkerSet deletes its ComputeDomain (garbage collection).
 func TestLeaderWorkerSetGroupsGetIMEXChannels(t *testing.T) {
 	lwsDir := buildTool(t, "build-lws.sh")
-	c, dyn := startClusterWith(t, []string{"--imex-recheck=1s"}, "replicaset", "statefulset", "garbagecollector", "resourceclaim-controller")
+	c, dyn := startClusterWith(t, func(o *hacluster.Options) { o.WebhookArgs = append(o.WebhookArgs, "--imex-recheck=1s") }, "replicaset", "statefulset", "garbagecollector", "resourceclaim-controller")
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	cliqueOf := map[string]string{}

@@ -366,19 +366,24 @@ func startCluster(t *testing.T, controllers ...string) (*hacluster.Cluster, dyna
 	return startClusterWith(t, nil, controllers...)
 }
 
-// startClusterWith is startCluster with more webhook flags.
-func startClusterWith(t *testing.T, webhookArgs []string, controllers ...string) (*hacluster.Cluster, dynamic.Interface) {
+// startClusterWith is startCluster with more options (webhook flags, feature gates), set by
+// adjust.
+func startClusterWith(t *testing.T, adjust func(*hacluster.Options), controllers ...string) (*hacluster.Cluster, dynamic.Interface) {
 	t.Helper()
 	kwokDir, err := hacluster.KwokDir()
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := hacluster.Start(t, hacluster.Options{
+	o := hacluster.Options{
 		Replicas:              2,
-		WebhookArgs:           append([]string{"--tp-sizes=2,4,8", "--repin-after=3s", "--repin-interval=1s"}, webhookArgs...),
+		WebhookArgs:           []string{"--tp-sizes=2,4,8", "--repin-after=3s", "--repin-interval=1s"},
 		KwokFinishesDeletions: true,
 		Controllers:           controllers,
-	})
+	}
+	if adjust != nil {
+		adjust(&o)
+	}
+	c := hacluster.Start(t, o)
 	kwokConfig := filepath.Join(c.LogDir, "kwok.yaml")
 	if err := os.WriteFile(kwokConfig, []byte(scale.KwokStages(time.Hour)), 0o644); err != nil {
 		t.Fatal(err)

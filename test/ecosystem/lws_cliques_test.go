@@ -22,7 +22,8 @@ import (
 )
 
 // TestLeaderWorkerSetGroupsInOneClique runs LeaderWorkerSet v0.8's controller (built from the
-// module proxy) beside the real scheduler and two nvdomain webhook replicas, on kwok trays of
+// module proxy) beside the real scheduler and two nvdomain webhook replicas (asked for
+// --group-placement=workload on a cluster without the Workload API, so they pin), on kwok trays of
 // three NVL72-style cliques (5, 4 and 3 trays of 4 GPUs, labelled nvidia.com/gpu.clique as
 // GFD labels them):
 //
@@ -37,7 +38,10 @@ import (
 //     when LWS creates it, with the webhook's message in the StatefulSet's FailedCreate event.
 func TestLeaderWorkerSetGroupsInOneClique(t *testing.T) {
 	lwsDir := buildTool(t, "build-lws.sh")
-	c, dyn := startCluster(t, "replicaset", "statefulset", "garbagecollector")
+	// --group-placement=workload on a cluster whose Workload API gates are off: the webhook
+	// falls back to pins, which every step below checks.
+	c, dyn := startClusterWith(t, func(o *hacluster.Options) { o.WebhookArgs = append(o.WebhookArgs, "--group-placement=workload") },
+		"replicaset", "statefulset", "garbagecollector")
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	cliqueOf := map[string]string{}
@@ -153,6 +157,14 @@ func dropLWSCheck(ctx context.Context, t *testing.T, c *hacluster.Cluster, dryRu
 // one clique, and returns each group's clique.
 func checkGroupsInOneClique(t *testing.T, pods []corev1.Pod, cliqueOf map[string]string, groups, size int) map[string]string {
 	t.Helper()
+	return checkGroups(t, pods, cliqueOf, groups, size, true)
+}
+
+// checkGroups is checkGroupsInOneClique; pinned says whether each pod must carry nvdomain's
+// pin to the clique it runs in (GroupPin) or none (GroupWorkload, where the scheduler
+// chooses).
+func checkGroups(t *testing.T, pods []corev1.Pod, cliqueOf map[string]string, groups, size int, pinned bool) map[string]string {
+	t.Helper()
 	members := map[string][]string{}
 	cliques := map[string]map[string]bool{}
 	for _, p := range pods {
@@ -162,8 +174,10 @@ func checkGroupsInOneClique(t *testing.T, pods []corev1.Pod, cliqueOf map[string
 			cliques[g] = map[string]bool{}
 		}
 		cliques[g][cliqueOf[p.Spec.NodeName]] = true
-		if pin := p.Annotations[n.PodCliqueAnnotation()]; pin != cliqueOf[p.Spec.NodeName] {
+		if pin := p.Annotations[n.PodCliqueAnnotation()]; pinned && pin != cliqueOf[p.Spec.NodeName] {
 			t.Errorf("pod %s is pinned to clique %q but runs on %s in %q", p.Name, pin, p.Spec.NodeName, cliqueOf[p.Spec.NodeName])
+		} else if !pinned && pin != "" {
+			t.Errorf("pod %s is pinned to clique %q; with PodGroups the scheduler chooses", p.Name, pin)
 		}
 	}
 	out := map[string]string{}

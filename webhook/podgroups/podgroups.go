@@ -1,0 +1,165 @@
+// Package podgroups keeps the Workload API PodGroups of LeaderWorkerSet groups when the
+// webhook places groups with --group-placement=workload (docs/multinode.md): the mutating
+// webhook puts each pod of a group in PodGroup names.PodGroupName(lws, index, revision)
+// (spec.schedulingGroup.podGroupName), and the elected replica makes that PodGroup: gang
+// minCount = the group's size, a topology constraint on nvidia.com/gpu.clique, owned by the
+// group's leader pod so it goes with the group (LeaderWorkerSet recreates a group by
+// deleting its leader). The stock scheduler then places the group whole, in one clique, at
+// its place in the queue; nvdomain pins nothing. The pods wait at the scheduler's PreEnqueue
+// until their PodGroup exists.
+//
+// Check says whether the cluster can do this: the PodGroup API at scheduling.k8s.io/v1beta1
+// (Kubernetes 1.37, GenericWorkload on, --runtime-config=scheduling.k8s.io/v1beta1=true) and
+// the topology constraint kept (TopologyAwareWorkloadScheduling on: the apiserver drops the
+// field while it is off). Where it cannot, the webhook pins groups instead.
+package podgroups
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/dynamic"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
+)
+
+// GVR and GVK of the PodGroups nvdomain writes.
+var (
+	GVR = schema.GroupVersionResource{Group: names.PodGroupGroup, Version: names.PodGroupVersion, Resource: names.PodGroupResource}
+	GVK = GVR.GroupVersion().WithKind(names.PodGroupKind)
+)
+
+// PodGroup is the PodGroup of a group of size pods whose leader is leader: gang minCount =
+// size (the scheduler places all of the group or none of it), a topology constraint on the
+// clique label (all of it in one clique), owned by the leader pod.
+func PodGroup(name string, size int, leader *corev1.Pod) *unstructured.Unstructured {
+	pg := &unstructured.Unstructured{Object: map[string]any{
+		"spec": map[string]any{
+			"schedulingPolicy":      map[string]any{"gang": map[string]any{"minCount": int64(size)}},
+			"schedulingConstraints": map[string]any{"topology": []any{map[string]any{"key": names.GPUCliqueLabel}}},
+		},
+	}}
+	pg.SetGroupVersionKind(GVK)
+	pg.SetNamespace(leader.Namespace)
+	pg.SetName(name)
+	pg.SetLabels(map[string]string{names.DRAManagedByLabel: names.DRAManagedByValue, names.LWSNameLabel: leader.Labels[names.LWSNameLabel]})
+	if leader.UID != "" {
+		pg.SetOwnerReferences([]metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: leader.Name, UID: leader.UID}})
+	}
+	return pg
+}
+
+// Check reports whether PodGroups with a topology constraint can be written: the API is
+// served at the version nvdomain writes, and a dry-run create in namespace keeps the
+// constraint. reason says what is missing when it is not.
+func Check(ctx context.Context, dc discovery.DiscoveryInterface, dyn dynamic.Interface, namespace string) (ok bool, reason string) {
+	list, err := dc.ServerResourcesForGroupVersion(GVR.GroupVersion().String())
+	served := false
+	if err == nil {
+		for _, r := range list.APIResources {
+			served = served || r.Name == names.PodGroupResource
+		}
+	}
+	if !served {
+		return false, fmt.Sprintf("the apiserver does not serve %s at %s (Kubernetes 1.37 with the GenericWorkload feature gate and --runtime-config=%s=true)", names.PodGroupResource, GVR.GroupVersion(), GVR.GroupVersion())
+	}
+	probe := PodGroup("nvdomain-topology-probe", 2, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: namespace}})
+	out, err := dyn.Resource(GVR).Namespace(namespace).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	if err != nil {
+		return false, fmt.Sprintf("a dry-run PodGroup create in %s failed: %v", namespace, err)
+	}
+	topo, _, _ := unstructured.NestedSlice(out.Object, "spec", "schedulingConstraints", "topology")
+	if len(topo) == 0 {
+		return false, "the apiserver drops a PodGroup's spec.schedulingConstraints (turn on the TopologyAwareWorkloadScheduling feature gate on the apiserver and the scheduler)"
+	}
+	return true, ""
+}
+
+// Reconciler makes the PodGroup of each group whose pods the webhook put in one. It only
+// creates: the leader pod owns the PodGroup, and the garbage collector deletes it with the
+// leader (a group made again gets a new leader, and so a new PodGroup).
+type Reconciler struct {
+	// Client creates; Reader reads PodGroups from the API server (they are not cached).
+	Client client.Client
+	Reader client.Reader
+	Names  names.Names
+	Log    logr.Logger
+}
+
+// Setup registers the reconciler: it watches the tensor-parallel pods the webhook marked
+// (PodGroupAnnotation; the webhook, which fails closed for them, removes a hand-written
+// one), and its request is the group's leader pod.
+func (r *Reconciler) Setup(mgr ctrl.Manager) error {
+	ann := r.Names.PodGroupAnnotation()
+	marked := predicate.NewPredicateFuncs(func(o client.Object) bool {
+		return o.GetAnnotations()[ann] != "" && o.GetLabels()[names.TPLabel] == names.TPLabelValue && o.GetLabels()[names.LWSNameLabel] != ""
+	})
+	toLeader := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+		leader := o.GetName()
+		if o.GetLabels()[names.LWSWorkerIndexLabel] != "0" {
+			leader = o.GetAnnotations()[names.LWSLeaderNameAnnotation]
+		}
+		if leader == "" {
+			return nil
+		}
+		return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: leader}}}
+	})
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("podgroups").
+		Watches(&corev1.Pod{}, toLeader, builder.WithPredicates(marked)).
+		Complete(r)
+}
+
+// staleRetry is how soon a PodGroup still held by a group's previous leader (the garbage
+// collector has not deleted it yet) is looked at again.
+const staleRetry = time.Second
+
+// Reconcile makes the leader's PodGroup when it is missing.
+func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	leader := &corev1.Pod{}
+	if err := r.Client.Get(ctx, req.NamespacedName, leader); err != nil {
+		// Not created yet (its workers wait, and its own creation brings it here), or gone.
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	name := leader.Annotations[r.Names.PodGroupAnnotation()]
+	size, err := strconv.Atoi(leader.Annotations[names.LWSSizeAnnotation])
+	if name == "" || err != nil || size < 2 || leader.DeletionTimestamp != nil || leader.Labels[names.TPLabel] != names.TPLabelValue {
+		return reconcile.Result{}, nil
+	}
+	log := r.Log.WithValues("namespace", req.Namespace, "podGroup", name, "leader", req.Name)
+	pg := &unstructured.Unstructured{}
+	pg.SetGroupVersionKind(GVK)
+	err = r.Reader.Get(ctx, types.NamespacedName{Namespace: req.Namespace, Name: name}, pg)
+	switch {
+	case err == nil:
+		if owners := pg.GetOwnerReferences(); len(owners) == 1 && owners[0].Kind == "Pod" && owners[0].UID != leader.UID {
+			// The previous leader's, not yet collected: its group's pods are gone or going.
+			log.V(1).Info("the PodGroup still belongs to the group's previous leader; waiting for the garbage collector")
+			return reconcile.Result{RequeueAfter: staleRetry}, nil
+		}
+		return reconcile.Result{}, nil
+	case !apierrors.IsNotFound(err):
+		return reconcile.Result{}, fmt.Errorf("get PodGroup %s/%s: %w", req.Namespace, name, err)
+	}
+	if err := r.Client.Create(ctx, PodGroup(name, size, leader)); err != nil && !apierrors.IsAlreadyExists(err) {
+		return reconcile.Result{}, fmt.Errorf("create PodGroup %s/%s: %w", req.Namespace, name, err)
+	}
+	log.Info("made the group's PodGroup", "minCount", size, "topologyKey", names.GPUCliqueLabel)
+	return reconcile.Result{}, nil
+}

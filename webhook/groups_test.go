@@ -321,3 +321,49 @@ func TestConcurrentLeadersTakeDistinctCliques(t *testing.T) {
 		}
 	}
 }
+
+// With --group-placement=workload every pod of a group joins the group's PodGroup and none is
+// pinned to a clique: the scheduler chooses. A group no clique can hold is still refused, and
+// a pod the mutating webhook did not put in its PodGroup is refused by the validating one.
+func TestGroupsJoinPodGroups(t *testing.T) {
+	f := rackFixture(t)
+	f.mut.Options.GroupPlacement = decision.GroupWorkload
+	want := names.PodGroupName("llama", "0", "rev1")
+	for worker := range 2 {
+		p := groupPod("llama", 0, worker, 2, 4)
+		p.Labels[names.LWSRevisionLabel] = "rev1"
+		out, mresp, vresp := f.admit(t, p)
+		if !mresp.Allowed || !vresp.Allowed {
+			t.Fatalf("worker %d: mutate %+v validate %+v", worker, mresp.Result, vresp.Result)
+		}
+		sg := out.Spec.SchedulingGroup
+		if sg == nil || sg.PodGroupName == nil || *sg.PodGroupName != want || out.Annotations[n.PodGroupAnnotation()] != want {
+			t.Errorf("worker %d: schedulingGroup %+v, annotation %q; want PodGroup %s", worker, sg, out.Annotations[n.PodGroupAnnotation()], want)
+		}
+		if c := requiredClique(out); c != "" || out.Annotations[n.PodCliqueAnnotation()] != "" {
+			t.Errorf("worker %d pinned to clique %q", worker, c)
+		}
+		// Re-admitted: nothing changes.
+		if again := f.mut.Handle(context.Background(), request(t, out)); len(again.Patches) != 0 {
+			t.Errorf("re-admission patched: %v", again.Patches)
+		}
+	}
+	// A group of 4 trays: no clique (3 and 2 trays) can hold it.
+	if _, _, vresp := f.admit(t, groupPod("big", 0, 0, 4, 4)); vresp.Allowed {
+		t.Error("a group no clique can hold was allowed")
+	}
+	// Admitted without the mutating webhook's PodGroup.
+	bare := groupPod("llama", 1, 0, 2, 4)
+	if vresp := f.val.Handle(context.Background(), request(t, bare)); vresp.Allowed || !strings.Contains(vresp.Result.Message, "spec.schedulingGroup.podGroupName: ") {
+		t.Errorf("a group pod outside its PodGroup: allowed %v (%+v)", vresp.Allowed, vresp.Result)
+	}
+	// A pod its controller already put in a scheduling group of its own is left there.
+	theirs := groupPod("llama", 2, 0, 2, 4)
+	theirs.Spec.SchedulingGroup = &corev1.PodSchedulingGroup{PodGroupName: ptrTo("theirs")}
+	out, _, vresp := f.admit(t, theirs)
+	if !vresp.Allowed || *out.Spec.SchedulingGroup.PodGroupName != "theirs" {
+		t.Errorf("their scheduling group: allowed %v, now %q", vresp.Allowed, *out.Spec.SchedulingGroup.PodGroupName)
+	}
+}
+
+func ptrTo[T any](v T) *T { return &v }

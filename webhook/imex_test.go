@@ -124,3 +124,67 @@ func TestLeaderWorkerSetWarnedWithoutComputeDomains(t *testing.T) {
 		}
 	}
 }
+
+// NVIDIA's driver gives a node one IMEX channel: a group whose pods share trays gets none
+// (its pods would wait for ever for a second channel), and a warning says why.
+func TestIMEXChannelNeedsAWholeNodePerPod(t *testing.T) {
+	f := rackFixture(t)
+	f.mut.ComputeDomains = served(true)
+	leader, mresp, vresp := f.admit(t, groupPod("half", 0, 0, 4, 2))
+	if !mresp.Allowed || !vresp.Allowed {
+		t.Fatalf("mutate %+v validate %+v", mresp.Result, vresp.Result)
+	}
+	if tmpl, _ := imexClaim(leader); tmpl != "" || requiredClique(leader) == "" {
+		t.Errorf("a group of 2-GPU pods on 4-GPU trays: IMEX claim from %q, clique %q; want a pin and no claim", tmpl, requiredClique(leader))
+	}
+	if !slices.ContainsFunc(vresp.Warnings, func(w string) bool {
+		return strings.Contains(w, "share nodes") && strings.Contains(w, "one IMEX channel")
+	}) {
+		t.Errorf("no shared-node warning: %v", vresp.Warnings)
+	}
+}
+
+// A worker follows its leader: a leader admitted before the API was served has no channel,
+// and neither do its workers admitted after.
+func TestIMEXWorkerFollowsItsLeader(t *testing.T) {
+	f := rackFixture(t)
+	f.mut.ComputeDomains = served(false)
+	leader, _, _ := f.admit(t, groupPod("llama", 0, 0, 2, 4))
+	leader.Spec.NodeName = "b-0"
+	f.view.UpsertPod(leader)
+	f.mut.ComputeDomains = served(true)
+	worker := groupPod("llama", 0, 1, 2, 4)
+	worker.Annotations[names.LWSLeaderNameAnnotation] = leader.Name
+	out, mresp, vresp := f.admit(t, worker)
+	if !mresp.Allowed || !vresp.Allowed {
+		t.Fatalf("mutate %+v validate %+v", mresp.Result, vresp.Result)
+	}
+	if tmpl, _ := imexClaim(out); tmpl != "" {
+		t.Errorf("the worker of a leader without a channel got one from %q", tmpl)
+	}
+	// The next group, admitted with the API served, has one throughout.
+	next, _, _ := f.admit(t, groupPod("llama", 1, 0, 2, 4))
+	if tmpl, _ := imexClaim(next); tmpl == "" {
+		t.Error("a leader admitted with the API served got no channel")
+	}
+}
+
+// The compute-domain and pod-group annotations are nvdomain's: a hand-written one does not
+// survive admission, so it cannot make the elected replica create a ComputeDomain or PodGroup.
+func TestHandWrittenGroupAnnotationsAreStripped(t *testing.T) {
+	f := rackFixture(t)
+	f.mut.ComputeDomains = served(true)
+	for _, p := range []*corev1.Pod{pod(true, 4), groupPod("hgx", 0, 0, 3, 8)} {
+		if p.Annotations == nil {
+			p.Annotations = map[string]string{}
+		}
+		p.Annotations[n.PodComputeDomainAnnotation()] = names.ComputeDomainName("victim")
+		p.Annotations[n.PodGroupAnnotation()] = "victim-0"
+		out, _, _ := f.admit(t, p)
+		for _, k := range []string{n.PodComputeDomainAnnotation(), n.PodGroupAnnotation()} {
+			if v, ok := out.Annotations[k]; ok {
+				t.Errorf("pod %s kept hand-written %s=%q", p.Name, k, v)
+			}
+		}
+	}
+}

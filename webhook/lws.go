@@ -3,7 +3,6 @@ package webhook
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"strings"
 
 	"github.com/go-logr/logr"
@@ -72,7 +71,11 @@ func (v *LWSValidator) handle(_ context.Context, req admission.Request) admissio
 	}
 	l, err := decodeLWS(req.Object.Raw)
 	if err != nil {
-		return admission.Errored(http.StatusBadRequest, err)
+		// Fail open, as the entry does: an object this check cannot read (a newer LWS API,
+		// say) must not block LWS's own writes, its finalizer's removal among them. Its pods
+		// are still judged.
+		v.Log.Error(err, "LeaderWorkerSet not judged", "namespace", req.Namespace, "name", req.Name)
+		return admission.Allowed("").WithWarnings(fmt.Sprintf("nvdomain did not judge this LeaderWorkerSet: %v; its pods are judged when they are created", err))
 	}
 	if req.Operation == admissionv1.Update {
 		// Only a change of the groups is judged: LWS's controller writes its own objects
@@ -96,7 +99,8 @@ func (v *LWSValidator) handle(_ context.Context, req admission.Request) admissio
 	if name == "" {
 		name = req.Name
 	}
-	vs, warnings := v.ReviewLeaderWorkerSet(decision.LWSTemplate{Namespace: ns, Name: name, Size: size, Leader: t.LeaderTemplate, Worker: t.WorkerTemplate})
+	vs, warnings := v.ReviewLeaderWorkerSet(decision.LWSTemplate{Namespace: ns, Name: name, Size: size, Leader: t.LeaderTemplate, Worker: t.WorkerTemplate,
+		Update: req.Operation == admissionv1.Update})
 	for _, w := range warnings {
 		v.Metrics.Warnings.WithLabelValues(w.Kind).Inc()
 	}
@@ -108,6 +112,8 @@ func (v *LWSValidator) handle(_ context.Context, req admission.Request) admissio
 		msgs[i] = x.Error()
 		v.Metrics.Rejections.WithLabelValues(x.Reason).Inc()
 	}
-	v.Log.Info("rejected LeaderWorkerSet", "namespace", ns, "name", name, "reasons", msgs)
+	if !isDryRun(req) {
+		v.Log.Info("rejected LeaderWorkerSet", "namespace", ns, "name", name, "reasons", msgs)
+	}
 	return admission.Denied(strings.Join(msgs, "; "))
 }

@@ -3,6 +3,7 @@ package webhook
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 
@@ -124,16 +125,29 @@ func TestLeaderWorkerSetUpdateJudgedOnlyWhenTheGroupsChange(t *testing.T) {
 	if resp := v.Handle(context.Background(), lwsRequest(admissionv1.Update, "default", big, big)); !resp.Allowed {
 		t.Errorf("an update leaving the groups alone was denied: %+v", resp.Result)
 	}
-	// A change of the groups is judged.
+	// A change of the groups is judged: what the nodes cannot hold now warns (the nodes may
+	// come back, and the object exists), what is wrong in itself is refused.
 	small := lwsDoc(t, "default", 2, nil, pod(true, 4))
-	if resp := v.Handle(context.Background(), lwsRequest(admissionv1.Update, "default", big, small)); resp.Allowed {
-		t.Error("growing the group past every clique was allowed")
+	resp := v.Handle(context.Background(), lwsRequest(admissionv1.Update, "default", big, small))
+	if !resp.Allowed || !slices.ContainsFunc(resp.Warnings, func(w string) bool {
+		return strings.HasPrefix(w, "spec.leaderWorkerTemplate.size: ") && strings.Contains(w, "judged against the nodes now")
+	}) {
+		t.Errorf("growing the group past every clique: allowed %v, warnings %v; want allowed with the clique warning", resp.Allowed, resp.Warnings)
 	}
-	if resp := v.Handle(context.Background(), lwsRequest(admissionv1.Update, "default", small, big)); !resp.Allowed {
-		t.Errorf("shrinking the group to fit was denied: %+v", resp.Result)
+	if resp := v.Handle(context.Background(), lwsRequest(admissionv1.Create, "default", big, nil)); resp.Allowed {
+		t.Error("creating a group no clique can hold was allowed")
 	}
-	// Not a LeaderWorkerSet at all.
-	if resp := v.Handle(context.Background(), lwsRequest(admissionv1.Create, "default", []byte(`{"kind":"Deployment","apiVersion":"apps/v1"}`), nil)); resp.Allowed {
-		t.Error("a Deployment sent to the LeaderWorkerSet path was allowed")
+	flags := lwsDoc(t, "default", 2, nil, pod(true, 4, "--tensor-parallel-size", "4", "--pipeline-parallel-size", "3"))
+	if resp := v.Handle(context.Background(), lwsRequest(admissionv1.Update, "default", flags, small)); resp.Allowed {
+		t.Error("an update whose engine flags disagree with the group was allowed")
+	}
+	if resp := v.Handle(context.Background(), lwsRequest(admissionv1.Update, "default", small, big)); !resp.Allowed || len(resp.Warnings) != 0 {
+		t.Errorf("shrinking the group to fit: allowed %v, warnings %v", resp.Allowed, resp.Warnings)
+	}
+	// An object the check cannot read fails open, with a warning: it must never block LWS's
+	// own writes.
+	resp = v.Handle(context.Background(), lwsRequest(admissionv1.Update, "default", []byte(`{"kind":"Deployment","apiVersion":"apps/v1"}`), big))
+	if !resp.Allowed || len(resp.Warnings) != 1 || !strings.Contains(resp.Warnings[0], "did not judge") {
+		t.Errorf("an unreadable object: allowed %v, warnings %v", resp.Allowed, resp.Warnings)
 	}
 }

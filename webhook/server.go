@@ -302,7 +302,12 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 		}
 	}
 	if so.IMEXChannels {
-		dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+		// Bounded: the first answer is asked for before serving, and a hung apiserver must
+		// not hold the replica's start for ever (the answer then stays "not served" until
+		// the next recheck).
+		dcfg := rest.CopyConfig(cfg)
+		dcfg.Timeout = 10 * time.Second
+		dc, err := discovery.NewDiscoveryClientForConfig(dcfg)
 		if err != nil {
 			return nil, nil, fmt.Errorf("IMEX channels: %w", err)
 		}
@@ -482,6 +487,8 @@ func tombstone(obj any) any {
 // (podgroups.Check), with a dry-run create in namespace (the release's; "default" when the
 // webhook runs outside a pod).
 func checkPodGroups(cfg *rest.Config, namespace string) (ok bool, reason string, err error) {
+	cfg = rest.CopyConfig(cfg)
+	cfg.Timeout = 10 * time.Second
 	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
 	if err != nil {
 		return false, "", fmt.Errorf("--group-placement=workload: %w", err)

@@ -141,8 +141,10 @@ func (m *Decider) mutate(pod *corev1.Pod, seed uint64, admission string) (*corev
 		}
 	}
 	// A group in one clique shares GPU memory across trays through an IMEX channel.
-	if plan.Outcome == OutcomePinned && m.imexWanted(out, group) {
-		out = GiveIMEXChannel(out, plan.Pod, out.Labels[names.LWSNameLabel], n)
+	if plan.Outcome == OutcomePinned {
+		if give, _ := m.imexFor(out, plan.Pod, group); give {
+			out = GiveIMEXChannel(out, plan.Pod, out.Labels[names.LWSNameLabel], n)
+		}
 	}
 	// Every GPU container the node side must see requires the NRI plugin; in DRA mode the
 	// allocator's choice for an ordinary GPU pod needs no rewriting, so those do not wait for it.
@@ -229,7 +231,7 @@ func fromTemplate(pod *corev1.Pod, n names.Names) bool {
 }
 
 func ownsAnnotations(pod *corev1.Pod, n names.Names) bool {
-	for _, k := range []string{n.PodDomainAnnotation(), n.PodTPSizeAnnotation(), n.PodContainerGPUsAnnotation(), n.PodAssignedGPUsAnnotation(), n.PodAdmissionAnnotation(), n.PodCliqueAnnotation()} {
+	for _, k := range ownedAnnotations(n) {
 		if _, ok := pod.Annotations[k]; ok {
 			return true
 		}
@@ -400,8 +402,12 @@ func (v *Decider) review(pod *corev1.Pod) ([]rules.Violation, []Warning) {
 		}
 	}
 	ws := v.warnings(pod, p)
-	if p.Group != nil && p.Group.Leader && v.noIMEX(GroupPlan{Clique: pod.Annotations[n.PodCliqueAnnotation()], PodGroup: pod.Annotations[n.PodGroupAnnotation()]}) {
-		ws = append(ws, imexWarning())
+	if gp := (GroupPlan{Clique: pod.Annotations[n.PodCliqueAnnotation()], PodGroup: pod.Annotations[n.PodGroupAnnotation()]}); p.Group != nil && p.Group.Leader {
+		if v.noIMEX(gp) {
+			ws = append(ws, imexWarning())
+		} else if _, shared := v.imexFor(pod, p, gp); shared {
+			ws = append(ws, sharedTrayWarning(p.GPUs))
+		}
 	}
 	return vs, ws
 }

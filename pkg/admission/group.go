@@ -104,9 +104,11 @@ func (m *Decider) planGroup(pod *corev1.Pod, p rules.Pod, seed uint64, admission
 // have no clique label for the topology constraint). A pod that already names a scheduling
 // group (its controller's, or the user's) is left in it.
 func (m *Decider) planPodGroup(pod *corev1.Pod, p rules.Pod, seed uint64) GroupPlan {
-	n := m.Options.Names
-	if pg := pod.Annotations[n.PodGroupAnnotation()]; pg != "" && hasPodGroup(pod, pg) {
-		return GroupPlan{PodGroup: pg, Followed: true}
+	name := names.PodGroupName(pod.Labels[names.LWSNameLabel], pod.Labels[names.LWSGroupIndexLabel], pod.Labels[names.LWSRevisionLabel])
+	if hasPodGroup(pod, name) {
+		// Put there by this webhook (re-admitted: the annotation may have been stripped
+		// with nvdomain's others), or by hand to the same PodGroup: either way, ours.
+		return GroupPlan{PodGroup: name, Followed: true}
 	}
 	if pod.Spec.SchedulingGroup != nil {
 		return GroupPlan{}
@@ -122,7 +124,7 @@ func (m *Decider) planPodGroup(pod *corev1.Pod, p rules.Pod, seed uint64) GroupP
 	case err != nil:
 		return GroupPlan{Err: err}
 	}
-	return GroupPlan{PodGroup: names.PodGroupName(pod.Labels[names.LWSNameLabel], pod.Labels[names.LWSGroupIndexLabel], pod.Labels[names.LWSRevisionLabel])}
+	return GroupPlan{PodGroup: name}
 }
 
 // hasPodGroup reports whether the pod's spec.schedulingGroup names PodGroup pg.

@@ -28,6 +28,34 @@ func (m *Decider) imexWanted(pod *corev1.Pod, gp GroupPlan) bool {
 	})
 }
 
+// imexFor decides whether a group's pod gets an IMEX channel (imexWanted), and more:
+//
+//   - the group's pods must each take a whole node (View.WholeNodes on the nodes they may
+//     use in the clique): NVIDIA's driver gives a node one channel, which one claim holds, so
+//     pods sharing a tray could not all have one and would wait for ever. sharedTrays reports
+//     this case, for the warning;
+//   - a worker follows its leader: no channel when the leader, seen by this replica, has none
+//     (the API was not served, or not yet known, when the leader was admitted), so a group
+//     never has ranks with a channel and ranks without.
+func (m *Decider) imexFor(pod *corev1.Pod, p rules.Pod, gp GroupPlan) (give, sharedTrays bool) {
+	if !m.imexWanted(pod, gp) {
+		return false, false
+	}
+	clique := gp.Clique
+	if gp.PodGroup != "" {
+		clique = ""
+	}
+	if !m.View.WholeNodes(pod, clique, p.GPUs) {
+		return false, true
+	}
+	if p.Group != nil && !p.Group.Leader {
+		if cd, known := m.View.LeaderComputeDomain(pod.Namespace, pod.Annotations[names.LWSLeaderNameAnnotation]); known && cd == "" {
+			return false, false
+		}
+	}
+	return true, false
+}
+
 // GiveIMEXChannel returns a copy of pod that holds an IMEX channel of LeaderWorkerSet lws's
 // ComputeDomain (names.ComputeDomainName): a spec.resourceClaims entry IMEXPodClaim from the
 // ComputeDomain's channel template, claimed by every container that asks for GPUs, and
@@ -80,11 +108,18 @@ func (m *Decider) noIMEX(gp GroupPlan) bool {
 	return gp.InClique() && m.ComputeDomains != nil && !m.ComputeDomains.Served()
 }
 
+// sharedTrayWarning is the admission warning for a group kept in one clique whose pods share
+// nodes: nvdomain gives them no IMEX channel (imexFor).
+func sharedTrayWarning(gpus int) Warning {
+	return Warning{Kind: "imex-shared-node", Text: fmt.Sprintf(
+		"the group's pods of %d GPUs share nodes in the NVLink clique, and NVIDIA's compute-domain driver gives a node one IMEX channel, which one pod's claim holds; so nvdomain gives the group no IMEX channel and GPU memory is not shared over NVLink across trays; request a whole node's GPUs per pod to get one", gpus)}
+}
+
 // imexWarning is the admission warning for a group pinned to a clique on a cluster without
 // NVIDIA's ComputeDomain API: the pods run in one clique, but without an IMEX channel their
 // GPU memory is not shared over NVLink across trays.
 func imexWarning() Warning {
 	return Warning{Kind: "no-imex-channel", Text: fmt.Sprintf(
-		"nvdomain pins this LeaderWorkerSet group to one NVLink clique, but NVIDIA's ComputeDomain API (%s.%s) is not installed, so its pods get no IMEX channel and GPU memory is not shared over NVLink across trays (NCCL falls back to the network); install NVIDIA's DRA driver for GPUs with compute domains enabled, or set up IMEX on the hosts",
+		"nvdomain keeps this LeaderWorkerSet group in one NVLink clique, but NVIDIA's ComputeDomain API (%s.%s) is not installed, so its pods get no IMEX channel and GPU memory is not shared over NVLink across trays (NCCL falls back to the network); install NVIDIA's DRA driver for GPUs with compute domains enabled (resource.nvidia.com/v1beta1), or, where IMEX runs on the hosts, turn this warning off with the webhook's --imex-channels=false (chart: webhook.imexChannels=false)",
 		names.ComputeDomainResource, names.ComputeDomainGroup)}
 }

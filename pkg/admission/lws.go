@@ -27,6 +27,9 @@ type LWSTemplate struct {
 	// the worker template, as LWS does then.
 	Leader *corev1.PodTemplateSpec
 	Worker corev1.PodTemplateSpec
+	// Update: the LeaderWorkerSet exists and its groups change; what the nodes cannot hold
+	// now is a warning, not a refusal.
+	Update bool
 }
 
 // LWS field paths the messages name.
@@ -47,7 +50,8 @@ const (
 // NVSwitch domain that can hold the pod, and, for the leader on a cluster with cliques, a
 // clique that can ever hold the group (size × the leader's GPUs, as the leader's own admission
 // judges it). Nothing that depends on current load is judged: a group that fits an empty
-// clique is accepted and waits for room as its pods would. Field paths are the
+// clique is accepted and waits for room as its pods would; and on an update what depends on
+// the nodes (a domain or clique that can hold it) only warns. Field paths are the
 // LeaderWorkerSet's (spec.leaderWorkerTemplate.workerTemplate.spec.containers[0]...).
 //
 // The warning, when there is one, says that the group will be pinned to a clique but get no
@@ -70,24 +74,45 @@ func (v *Decider) ReviewLeaderWorkerSet(l LWSTemplate) ([]rules.Violation, []War
 	var out []rules.Violation
 	var warnings []Warning
 	for _, s := range pods {
-		pod := l.pod(s.tmpl, s.worker, v.Options.Names)
+		// A template that takes its GPUs from an nvdomain-tp-<k> claim is judged as its
+		// pods are: as the GPUs it asks for (asRequested).
+		pod := asRequested(l.pod(s.tmpl, s.worker, v.Options.Names), v.Options.Names)
 		p := rules.Inspect(pod, v.Options.Names)
 		if !p.TP {
 			continue
 		}
 		vs := rules.ValidateTP(p, v.Options.rulesConfig(), v.View.LargestDomain)
-		if len(vs) == 0 {
-			vs = v.impossibleViolations(pod, p)
-		}
-		if len(vs) == 0 && s.worker == "0" {
-			gp := v.planGroup(pod, p, 0, "")
-			vs = impossibleGroupViolations(gp)
-			if len(vs) == 0 && v.noIMEX(gp) {
-				warnings = append(warnings, imexWarning())
-			}
-		}
 		for _, x := range vs {
 			out = append(out, lwsViolation(x, s.field))
+		}
+		if len(vs) > 0 {
+			continue
+		}
+		// What the nodes now cannot hold. On an update it only warns: the nodes may be
+		// back soon (a rack drained, nodes replaced), and a refused update would fail a
+		// GitOps sync of an object that already exists; the pods are judged when LWS
+		// creates them either way.
+		cluster := v.impossibleViolations(pod, p)
+		if len(cluster) == 0 && s.worker == "0" {
+			gp := v.planGroup(pod, p, 0, "")
+			cluster = impossibleGroupViolations(gp)
+			switch {
+			case len(cluster) > 0:
+			case v.noIMEX(gp):
+				warnings = append(warnings, imexWarning())
+			default:
+				if _, shared := v.imexFor(pod, p, gp); shared {
+					warnings = append(warnings, sharedTrayWarning(p.GPUs))
+				}
+			}
+		}
+		for _, x := range cluster {
+			x = lwsViolation(x, s.field)
+			if !l.Update {
+				out = append(out, x)
+				continue
+			}
+			warnings = append(warnings, Warning{Kind: x.Reason, Text: x.Error() + " (judged against the nodes now; the update is accepted, and the group's pods are refused until nodes that can hold them are back)"})
 		}
 	}
 	return out, warnings

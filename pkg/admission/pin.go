@@ -90,13 +90,19 @@ func Pin(pod *corev1.Pod, p rules.Pod, d int, pref Preference, n names.Names) *c
 // copy never survives to claim GPUs on the node. It reports whether it removed any.
 func StripOwned(pod *corev1.Pod, n names.Names) bool {
 	removed := false
-	for _, k := range []string{n.PodDomainAnnotation(), n.PodTPSizeAnnotation(), n.PodContainerGPUsAnnotation(), n.PodAssignedGPUsAnnotation(), n.PodAdmissionAnnotation(), n.PodCliqueAnnotation()} {
+	for _, k := range ownedAnnotations(n) {
 		if _, ok := pod.Annotations[k]; ok {
 			delete(pod.Annotations, k)
 			removed = true
 		}
 	}
 	return removed
+}
+
+// ownedAnnotations are the pod annotations only nvdomain writes.
+func ownedAnnotations(n names.Names) []string {
+	return []string{n.PodDomainAnnotation(), n.PodTPSizeAnnotation(), n.PodContainerGPUsAnnotation(), n.PodAssignedGPUsAnnotation(),
+		n.PodAdmissionAnnotation(), n.PodCliqueAnnotation(), n.PodComputeDomainAnnotation(), n.PodGroupAnnotation()}
 }
 
 // RequirePlugin makes containerd refuse each container of the pod unless nvdomain's NRI

@@ -264,7 +264,7 @@ func (o *ExplainOptions) explainPod(ctx context.Context, pod *corev1.Pod, events
 	}
 	if p.Group != nil {
 		kv("Group", "%s", groupText(pod, p, node, n))
-		if pod.Annotations[n.PodCliqueAnnotation()] != "" {
+		if c := pod.Annotations[n.PodCliqueAnnotation()]; (c != "" && c != names.CliqueNone) || pod.Annotations[n.PodGroupAnnotation()] != "" {
 			kv("IMEX", "%s", imexText(o.client, pod, n))
 		}
 	}
@@ -299,6 +299,17 @@ func groupText(pod *corev1.Pod, p rules.Pod, node *corev1.Node, n names.Names) s
 	}
 	head := fmt.Sprintf("%s of LeaderWorkerSet group %s (%d pods × %d GPUs)", role, g.Key, g.Size, p.GPUs)
 	clique := pod.Annotations[n.PodCliqueAnnotation()]
+	if pg := pod.Annotations[n.PodGroupAnnotation()]; pg != "" && clique == "" {
+		// --group-placement=workload: the scheduler chooses the clique for the whole group.
+		head += fmt.Sprintf("; in PodGroup %s (gang of %d, topology on %s): the scheduler places the whole group in one clique", pg, g.Size, names.GPUCliqueLabel)
+		switch {
+		case pod.Spec.NodeName == "":
+			return head + fmt.Sprintf("; it waits until one clique has room for all of it (`kubectl get podgroup %s -n %s -o yaml` shows the scheduler's conditions)", pg, pod.Namespace)
+		case node == nil:
+			return head + fmt.Sprintf("; its node %s no longer exists", pod.Spec.NodeName)
+		}
+		return head + fmt.Sprintf("; on node %s, in clique %s", node.Name, node.Labels[names.GPUCliqueLabel])
+	}
 	switch {
 	case clique == "":
 		return head + fmt.Sprintf("; not pinned to an NVLink clique: no node it may run on had the %s label when it was admitted (its pods talk over the network between nodes), or nvdomain's webhook did not admit it", names.GPUCliqueLabel)

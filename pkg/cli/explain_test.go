@@ -335,4 +335,21 @@ func TestExplainGroupPod(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
 	assertInOrder(t, out.String(), "IMEX:", "a channel from ComputeDomain nvdomain-llama (claim nvdomain-imex, template nvdomain-llama-imex), given by nvdomain")
+
+	// A group placed through a PodGroup (--group-placement=workload): the scheduler chose.
+	for _, tc := range []struct {
+		pod  *corev1.Pod
+		want string
+	}{
+		{tpPod("pg-0", 4, 0, boundTo("b-0", corev1.PodRunning), inLWSGroup("0")), "in PodGroup llama-0-abc (gang of 2, topology on nvidia.com/gpu.clique): the scheduler places the whole group in one clique; on node b-0, in clique rack-b.0"},
+		{tpPod("pg-1", 4, 0, inLWSGroup("1"), unschedulable), "it waits until one clique has room for all of it (`kubectl get podgroup llama-0-abc -n default -o yaml`"},
+	} {
+		delete(tc.pod.Annotations, names.Default().PodCliqueAnnotation())
+		tc.pod.Annotations[names.Default().PodGroupAnnotation()] = "llama-0-abc"
+		code, got, errOut := runFake(t, "", append(objs, tc.pod), "explain", "pod/"+tc.pod.Name)
+		if code != 0 {
+			t.Fatalf("%s: exit %d: %s", tc.pod.Name, code, errOut)
+		}
+		assertInOrder(t, got, "Group:", tc.want, "IMEX:")
+	}
 }

@@ -79,8 +79,9 @@ func (v *View) recordGroupLocked(pod *corev1.Pod, p rules.Pod) {
 		clique, size = prev.clique, prev.size
 	}
 	if p.Group.Leader {
-		// Workers look their leader up (GroupClique): whether it is pinned, and where.
-		v.leaders[pod.Namespace+"/"+pod.Name] = leaderSeen{uid: pod.UID, clique: clique}
+		// Workers look their leader up (GroupClique): whether it is pinned, and where; and
+		// whether it has an IMEX channel (LeaderComputeDomain).
+		v.leaders[pod.Namespace+"/"+pod.Name] = leaderSeen{uid: pod.UID, clique: clique, computeDomain: pod.Annotations[v.names.PodComputeDomainAnnotation()]}
 	}
 	if clique == "" || clique == names.CliqueNone || !p.TP || p.GPUs == 0 {
 		return
@@ -108,6 +109,45 @@ func (v *View) forgetGroupLocked(uid types.UID) {
 type leaderSeen struct {
 	uid    types.UID
 	clique string
+	// computeDomain is the ComputeDomain whose IMEX channel the leader was given ("" for
+	// none): the workers follow the leader, so a group never has ranks with a channel and
+	// ranks without.
+	computeDomain string
+}
+
+// LeaderComputeDomain returns the ComputeDomain whose IMEX channel group leader (a pod name in
+// namespace) was given ("" for none), and whether the view has seen the leader.
+func (v *View) LeaderComputeDomain(namespace, leader string) (computeDomain string, known bool) {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	l, ok := v.leaders[namespace+"/"+leader]
+	return l.computeDomain, ok
+}
+
+// WholeNodes reports whether every node in clique (every node in any clique, for "") that the
+// pod may use has exactly gpus GPUs, so that a group's pods of gpus GPUs each take a node of
+// their own; false when there is no such node. NVIDIA's compute-domain driver gives each node
+// one IMEX channel, which one claim holds: two pods of a group on one node cannot both have one.
+func (v *View) WholeNodes(pod *corev1.Pod, clique string, gpus int) bool {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	req := nodeaffinity.GetRequiredNodeAffinity(pod)
+	seen := false
+	for _, nd := range v.nodes {
+		c := nd.obj.Labels[names.GPUCliqueLabel]
+		if c == "" || (clique != "" && c != clique) || !eligible(pod, req, nd) {
+			continue
+		}
+		total := 0
+		for _, n := range nd.capacity {
+			total += n
+		}
+		if total != gpus {
+			return false
+		}
+		seen = true
+	}
+	return seen
 }
 
 // GroupClique returns the clique a pod of group key must follow: the leader's, else the one

@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
 )
 
 // Options configure the controller.
@@ -50,7 +52,7 @@ type Options struct {
 var DefaultOwnerKinds = []string{"ReplicaSet.apps", "StatefulSet.apps", "ReplicationController", LeaderWorkerSetKind}
 
 // LeaderWorkerSetKind is LeaderWorkerSet as --repin-owner-kinds spells it.
-const LeaderWorkerSetKind = "LeaderWorkerSet.leaderworkerset.x-k8s.io"
+const LeaderWorkerSetKind = names.LWSKind + "." + names.LWSGroup
 
 // DefaultOptions are the documented defaults.
 func DefaultOptions() Options {

@@ -230,8 +230,9 @@ func installComputeDomainStandIn(ctx context.Context, t *testing.T, c *hacluster
 		slice := &resourceapi.ResourceSlice{
 			ObjectMeta: metav1.ObjectMeta{Name: tray + "-" + cdDriver},
 			Spec: resourceapi.ResourceSliceSpec{Driver: cdDriver, NodeName: ptr.To(tray),
-				Pool:    resourceapi.ResourcePool{Name: tray, Generation: 1, ResourceSliceCount: 1},
-				Devices: []resourceapi.Device{{Name: "channel-0"}, {Name: "channel-1"}}},
+				Pool: resourceapi.ResourcePool{Name: tray, Generation: 1, ResourceSliceCount: 1},
+				// One channel per node, as NVIDIA's driver publishes it.
+				Devices: []resourceapi.Device{{Name: "channel-0"}}},
 		}
 		if _, err := c.Client.ResourceV1().ResourceSlices().Create(ctx, slice, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)

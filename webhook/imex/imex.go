@@ -27,6 +27,7 @@ import (
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -81,7 +82,8 @@ func (p *Presence) Check() {
 		p.Log.V(1).Info("ComputeDomain discovery failed; keeping the last answer", "err", err)
 		return
 	}
-	if old := p.served.Swap(served); old != served || !p.known.Swap(true) {
+	first := !p.known.Swap(true)
+	if old := p.served.Swap(served); old != served || first {
 		if served {
 			p.Log.Info("NVIDIA's ComputeDomain API is served: LeaderWorkerSet groups pinned to a clique get an IMEX channel", "api", gv)
 		} else {
@@ -150,31 +152,17 @@ func (r *Reconciler) Setup(mgr ctrl.Manager) error {
 // Reconcile makes the LeaderWorkerSet's ComputeDomain when it is missing.
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	if !r.Presence.Served() {
-		// Pods marked while the API was served, and it went away: nothing to make; ask
-		// again later, in case it comes back.
-		return reconcile.Result{RequeueAfter: DefaultRecheck}, nil
+		// Pods marked while the API was served, and it went away: nothing to make. Pods
+		// admitted from now on get no claim, so none waits for a ComputeDomain.
+		return reconcile.Result{}, nil
 	}
 	log := r.Log.WithValues("namespace", req.Namespace, "leaderWorkerSet", req.Name)
-	name := names.ComputeDomainName(req.Name)
-	cd := &unstructured.Unstructured{}
-	cd.SetGroupVersionKind(ComputeDomainGVK)
-	err := r.Reader.Get(ctx, types.NamespacedName{Namespace: req.Namespace, Name: name}, cd)
-	switch {
-	case err == nil:
-		if cd.GetLabels()[names.DRAManagedByLabel] != names.DRAManagedByValue {
-			log.Info("a ComputeDomain nvdomain did not make has the name nvdomain gives this LeaderWorkerSet's; it is left alone, and the group's pods wait for its channel template, which it may not make",
-				"computeDomain", name, "template", names.ComputeDomainChannelTemplate(req.Name))
-		}
-		return reconcile.Result{}, nil
-	case !apierrors.IsNotFound(err):
-		return reconcile.Result{}, fmt.Errorf("get ComputeDomain %s/%s: %w", req.Namespace, name, err)
-	}
 	lws := &metav1.PartialObjectMetadata{}
 	lws.SetGroupVersionKind(LWSGVK)
 	if err := r.Reader.Get(ctx, req.NamespacedName, lws); err != nil {
-		if apierrors.IsNotFound(err) {
-			// Pods of a LeaderWorkerSet being deleted: no owner, so no ComputeDomain that
-			// would outlive it.
+		if apierrors.IsNotFound(err) || meta.IsNoMatchError(err) {
+			// Pods of a LeaderWorkerSet being deleted (or of no LeaderWorkerSet at all): no
+			// owner, so no ComputeDomain that would outlive it.
 			return reconcile.Result{}, nil
 		}
 		return reconcile.Result{}, fmt.Errorf("get LeaderWorkerSet %s: %w", req, err)
@@ -182,12 +170,46 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if lws.GetDeletionTimestamp() != nil {
 		return reconcile.Result{}, nil
 	}
+	name := names.ComputeDomainName(req.Name)
+	cd := &unstructured.Unstructured{}
+	cd.SetGroupVersionKind(ComputeDomainGVK)
+	err := r.Reader.Get(ctx, types.NamespacedName{Namespace: req.Namespace, Name: name}, cd)
+	switch {
+	case err == nil && cd.GetLabels()[names.DRAManagedByLabel] != names.DRAManagedByValue:
+		log.Info("a ComputeDomain nvdomain did not make has the name nvdomain gives this LeaderWorkerSet's; it is left alone, and the group's pods wait for its channel template, which it may not make: rename it",
+			"computeDomain", name, "template", names.ComputeDomainChannelTemplate(req.Name))
+		return reconcile.Result{}, nil
+	case err == nil && (cd.GetDeletionTimestamp() != nil || !ownedBy(cd, lws.GetUID())):
+		// The ComputeDomain of a LeaderWorkerSet of the same name deleted a moment ago
+		// (kubectl delete and apply, an Argo CD replace): the garbage collector deletes it,
+		// and with it NVIDIA's controller deletes the template the new pods claim from.
+		// Made again once it is gone.
+		log.V(1).Info("the ComputeDomain belongs to a previous LeaderWorkerSet of this name; waiting for the garbage collector", "computeDomain", name)
+		return reconcile.Result{RequeueAfter: staleRetry}, nil
+	case err == nil:
+		return reconcile.Result{}, nil
+	case !apierrors.IsNotFound(err):
+		return reconcile.Result{}, fmt.Errorf("get ComputeDomain %s/%s: %w", req.Namespace, name, err)
+	}
 	obj := ComputeDomain(req.Namespace, req.Name, lws.GetUID())
 	if err := r.Client.Create(ctx, obj); err != nil && !apierrors.IsAlreadyExists(err) {
 		return reconcile.Result{}, fmt.Errorf("create ComputeDomain %s/%s: %w", req.Namespace, name, err)
 	}
 	log.Info("made the LeaderWorkerSet's ComputeDomain for its groups' IMEX channels", "computeDomain", name)
 	return reconcile.Result{}, nil
+}
+
+// staleRetry is how soon a ComputeDomain still owned by a deleted LeaderWorkerSet of the same
+// name is looked at again.
+const staleRetry = 2 * time.Second
+
+func ownedBy(o metav1.Object, uid types.UID) bool {
+	for _, ref := range o.GetOwnerReferences() {
+		if ref.UID == uid {
+			return true
+		}
+	}
+	return false
 }
 
 // ComputeDomain is the ComputeDomain nvdomain keeps for LeaderWorkerSet lws (uid): its

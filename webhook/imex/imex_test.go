@@ -58,13 +58,16 @@ func TestReconcilerMakesTheLeaderWorkerSetsComputeDomain(t *testing.T) {
 		wantNumNodes int64
 		wantOwner    bool
 		wantRequeue  bool
+		wantOwnerUID types.UID
 	}{
 		{name: "made, owned by the LeaderWorkerSet", served: true, objects: []client.Object{lws("llama", false)}, wantNumNodes: 0, wantOwner: true},
 		{name: "a ComputeDomain of that name nvdomain did not make is left alone", served: true,
 			objects: []client.Object{lws("llama", false), foreignCD(names.ComputeDomainName("llama"))}, wantNumNodes: 2},
 		{name: "no LeaderWorkerSet: nothing that would outlive it", served: true, wantNumNodes: -1},
 		{name: "a LeaderWorkerSet being deleted", served: true, objects: []client.Object{lws("llama", true)}, wantNumNodes: -1},
-		{name: "the API is not served: asked again later", served: false, objects: []client.Object{lws("llama", false)}, wantNumNodes: -1, wantRequeue: true},
+		{name: "the API is not served: nothing", served: false, objects: []client.Object{lws("llama", false)}, wantNumNodes: -1},
+		{name: "a previous LeaderWorkerSet's ComputeDomain: waits for the garbage collector", served: true,
+			objects: []client.Object{lws("llama", false), ComputeDomain("team", "llama", "previous-uid")}, wantNumNodes: 0, wantRequeue: true, wantOwnerUID: "previous-uid"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -93,6 +96,9 @@ func TestReconcilerMakesTheLeaderWorkerSetsComputeDomain(t *testing.T) {
 				t.Errorf("numNodes = %d, want %d", got, tc.wantNumNodes)
 			}
 			owners := cd.GetOwnerReferences()
+			if tc.wantOwnerUID != "" && (len(owners) != 1 || owners[0].UID != tc.wantOwnerUID) {
+				t.Errorf("owners %+v, want the previous owner %s left as it is", owners, tc.wantOwnerUID)
+			}
 			if tc.wantOwner {
 				if len(owners) != 1 || owners[0].UID != "llama-uid" || owners[0].Kind != names.LWSKind {
 					t.Errorf("owners %+v, want the LeaderWorkerSet", owners)
@@ -100,7 +106,7 @@ func TestReconcilerMakesTheLeaderWorkerSetsComputeDomain(t *testing.T) {
 				if tmpl, _, _ := unstructured.NestedString(cd.Object, "spec", "channel", "resourceClaimTemplate", "name"); tmpl != names.ComputeDomainChannelTemplate("llama") {
 					t.Errorf("channel template %q, want %q: the pods' claims name that one", tmpl, names.ComputeDomainChannelTemplate("llama"))
 				}
-			} else if len(owners) != 0 {
+			} else if tc.wantOwnerUID == "" && len(owners) != 0 {
 				t.Errorf("a ComputeDomain nvdomain did not make was changed: owners %+v", owners)
 			}
 		})

@@ -1,0 +1,123 @@
+package podgroups
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	fakediscovery "k8s.io/client-go/discovery/fake"
+	fakedynamic "k8s.io/client-go/dynamic/fake"
+	clienttesting "k8s.io/client-go/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/nvdomain/nvdomain/pkg/names"
+)
+
+var n = names.Default()
+
+func leader(annotated bool) *corev1.Pod {
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "llama-0", Namespace: "team", UID: "leader-uid",
+		Labels: map[string]string{names.TPLabel: names.TPLabelValue, names.LWSNameLabel: "llama", names.LWSGroupIndexLabel: "0", names.LWSWorkerIndexLabel: "0", names.LWSRevisionLabel: "abc"},
+		Annotations: map[string]string{names.LWSSizeAnnotation: "4"}}}
+	if annotated {
+		p.Annotations[n.PodGroupAnnotation()] = names.PodGroupName("llama", "0", "abc")
+	}
+	return p
+}
+
+func TestReconcilerMakesTheGroupsPodGroup(t *testing.T) {
+	pgName := names.PodGroupName("llama", "0", "abc")
+	stale := PodGroup(pgName, 4, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "llama-0", Namespace: "team", UID: "previous-leader"}})
+	cases := []struct {
+		name        string
+		objects     []client.Object
+		wantOwner   types.UID // "": no PodGroup
+		wantRequeue bool
+	}{
+		{name: "made, owned by the leader", objects: []client.Object{leader(true)}, wantOwner: "leader-uid"},
+		{name: "a leader the webhook did not put in a PodGroup", objects: []client.Object{leader(false)}},
+		{name: "no leader yet", objects: nil},
+		{name: "the previous leader's PodGroup: waits for the garbage collector", objects: []client.Object{leader(true), stale}, wantOwner: "previous-leader", wantRequeue: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			scheme := runtime.NewScheme()
+			_ = corev1.AddToScheme(scheme)
+			c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(tc.objects...).Build()
+			r := &Reconciler{Client: c, Reader: c, Names: n, Log: logr.Discard()}
+			res, err := r.Reconcile(context.Background(), reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "team", Name: "llama-0"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (res.RequeueAfter > 0) != tc.wantRequeue {
+				t.Errorf("requeue after %s, want requeue %v", res.RequeueAfter, tc.wantRequeue)
+			}
+			pg := &unstructured.Unstructured{}
+			pg.SetGroupVersionKind(GVK)
+			err = c.Get(context.Background(), types.NamespacedName{Namespace: "team", Name: pgName}, pg)
+			if tc.wantOwner == "" {
+				if !apierrors.IsNotFound(err) {
+					t.Fatalf("a PodGroup exists (%v)", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if owners := pg.GetOwnerReferences(); len(owners) != 1 || owners[0].UID != tc.wantOwner || owners[0].Kind != "Pod" {
+				t.Errorf("owners %+v, want the pod %s", owners, tc.wantOwner)
+			}
+			if mc, _, _ := unstructured.NestedInt64(pg.Object, "spec", "schedulingPolicy", "gang", "minCount"); mc != 4 {
+				t.Errorf("minCount %d, want the group's size 4", mc)
+			}
+			topo, _, _ := unstructured.NestedSlice(pg.Object, "spec", "schedulingConstraints", "topology")
+			if len(topo) != 1 || topo[0].(map[string]any)["key"] != names.GPUCliqueLabel {
+				t.Errorf("topology %v, want one constraint on %s", topo, names.GPUCliqueLabel)
+			}
+		})
+	}
+}
+
+func TestCheck(t *testing.T) {
+	served := []*metav1.APIResourceList{{GroupVersion: GVR.GroupVersion().String(), APIResources: []metav1.APIResource{{Name: names.PodGroupResource}}}}
+	cases := []struct {
+		name      string
+		resources []*metav1.APIResourceList
+		// dropTopology: the apiserver answers the dry run without the constraint, as it does
+		// with TopologyAwareWorkloadScheduling off.
+		dropTopology bool
+		want         bool
+		wantReason   string
+	}{
+		{name: "served, constraint kept", resources: served, want: true},
+		{name: "not served", wantReason: "does not serve podgroups"},
+		{name: "served, constraint dropped", resources: served, dropTopology: true, wantReason: "TopologyAwareWorkloadScheduling"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dc := &fakediscovery.FakeDiscovery{Fake: &clienttesting.Fake{Resources: tc.resources}}
+			dyn := fakedynamic.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{GVR: "PodGroupList"})
+			dyn.PrependReactor("create", names.PodGroupResource, func(a clienttesting.Action) (bool, runtime.Object, error) {
+				obj := a.(clienttesting.CreateAction).GetObject().(*unstructured.Unstructured).DeepCopy()
+				if tc.dropTopology {
+					unstructured.RemoveNestedField(obj.Object, "spec", "schedulingConstraints")
+				}
+				return true, obj, nil
+			})
+			ok, reason := Check(context.Background(), dc, dyn, "nvdomain-system")
+			if ok != tc.want || (tc.wantReason != "" && !strings.Contains(reason, tc.wantReason)) {
+				t.Errorf("Check = %v, %q; want %v, a reason with %q", ok, reason, tc.want, tc.wantReason)
+			}
+		})
+	}
+}

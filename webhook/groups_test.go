@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -332,7 +333,14 @@ func TestGroupsJoinPodGroups(t *testing.T) {
 	for worker := range 2 {
 		p := groupPod("llama", 0, worker, 2, 4)
 		p.Labels[names.LWSRevisionLabel] = "rev1"
+		if worker > 0 {
+			p.Annotations[names.LWSLeaderNameAnnotation] = "llama-0"
+		}
 		out, mresp, vresp := f.admit(t, p)
+		if worker == 0 {
+			// The leader is created: the view sees it (its workers follow it).
+			f.view.UpsertPod(out)
+		}
 		if !mresp.Allowed || !vresp.Allowed {
 			t.Fatalf("worker %d: mutate %+v validate %+v", worker, mresp.Result, vresp.Result)
 		}
@@ -352,18 +360,48 @@ func TestGroupsJoinPodGroups(t *testing.T) {
 	if _, _, vresp := f.admit(t, groupPod("big", 0, 0, 4, 4)); vresp.Allowed {
 		t.Error("a group no clique can hold was allowed")
 	}
+	// A worker whose leader this replica has not seen is refused: the leader decides.
+	orphan := groupPod("llama", 5, 1, 2, 4)
+	orphan.Labels[names.LWSRevisionLabel] = "rev1"
+	orphan.Annotations[names.LWSLeaderNameAnnotation] = "llama-5"
+	if _, _, vresp := f.admit(t, orphan); vresp.Allowed {
+		t.Error("a worker whose leader is unknown was allowed")
+	}
 	// Admitted without the mutating webhook's PodGroup.
 	bare := groupPod("llama", 1, 0, 2, 4)
+	bare.Labels[names.LWSRevisionLabel] = "rev1"
 	if vresp := f.val.Handle(context.Background(), request(t, bare)); vresp.Allowed || !strings.Contains(vresp.Result.Message, "spec.schedulingGroup.podGroupName: ") {
 		t.Errorf("a group pod outside its PodGroup: allowed %v (%+v)", vresp.Allowed, vresp.Result)
 	}
-	// A pod its controller already put in a scheduling group of its own is left there.
-	theirs := groupPod("llama", 2, 0, 2, 4)
-	theirs.Spec.SchedulingGroup = &corev1.PodSchedulingGroup{PodGroupName: ptrTo("theirs")}
-	out, _, vresp := f.admit(t, theirs)
-	if !vresp.Allowed || *out.Spec.SchedulingGroup.PodGroupName != "theirs" {
-		t.Errorf("their scheduling group: allowed %v, now %q", vresp.Allowed, *out.Spec.SchedulingGroup.PodGroupName)
+	// Groups that cannot be ganged are pinned instead, their scheduling group left alone: one
+	// its controller put it in, no template revision, LWS's exclusive topology (workers made
+	// once the leader is scheduled), startup policy LeaderReady (once it is Ready).
+	for i, tc := range []struct {
+		name   string
+		adjust func(*corev1.Pod)
+	}{
+		{"their own scheduling group", func(p *corev1.Pod) {
+			p.Spec.SchedulingGroup = &corev1.PodSchedulingGroup{PodGroupName: ptrTo("theirs")}
+		}},
+		{"no template revision", func(p *corev1.Pod) { delete(p.Labels, names.LWSRevisionLabel) }},
+		{"exclusive topology", func(p *corev1.Pod) { p.Annotations[names.LWSExclusiveTopologyAnnotation] = "kubernetes.io/hostname" }},
+		{"LeaderReady", func(p *corev1.Pod) { p.Labels[names.LWSNameLabel] = "ready-first" }},
+	} {
+		f.mut.LWS = startupPolicies{"ready-first": names.LWSStartupLeaderReady}
+		p := groupPod("llama", 10+i, 0, 2, 4)
+		p.Labels[names.LWSRevisionLabel] = "rev1"
+		tc.adjust(p)
+		before := p.Spec.SchedulingGroup
+		out, _, vresp := f.admit(t, p)
+		if !vresp.Allowed || requiredClique(out) == "" || !reflect.DeepEqual(out.Spec.SchedulingGroup, before) {
+			t.Errorf("%s: allowed %v, clique %q, schedulingGroup %+v; want pinned, its scheduling group as it was", tc.name, vresp.Allowed, requiredClique(out), out.Spec.SchedulingGroup)
+		}
 	}
 }
+
+// startupPolicies is an admission.LWSReader over a fixed map.
+type startupPolicies map[string]string
+
+func (s startupPolicies) StartupPolicy(_, name string) (string, error) { return s[name], nil }
 
 func ptrTo[T any](v T) *T { return &v }

@@ -237,22 +237,32 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 		// change only with a restart of the apiserver, and the webhook replicas roll with an
 		// upgrade anyway. Where the cluster cannot do it, groups are pinned: a TP group is
 		// never left without a clique.
-		ok, reason, err := checkPodGroups(cfg, so.LeaderElectionNamespace)
+		ok, reason, err := checkPodGroups(cfg, so.LeaderElectionNamespace, log)
 		if err != nil {
-			return nil, nil, err
+			// No answer either way: a replica that guessed "pin" beside replicas that use
+			// PodGroups would be harmless (workers follow their leader), but one that
+			// guessed "workload" on a cluster without the gates would leave groups unplaced.
+			// The Deployment starts it again.
+			return nil, nil, fmt.Errorf("--group-placement=workload: %w", err)
 		}
 		if !ok {
 			log.Error(nil, "--group-placement=workload cannot be used on this cluster; LeaderWorkerSet groups are pinned to a clique instead (--group-placement=pin)", "reason", reason)
 			so.Handlers.GroupPlacement = decision.GroupPin
 		} else {
 			log.Info("LeaderWorkerSet groups are placed through Workload API PodGroups (gang, topology on the clique label)", "api", podgroups.GVR.GroupVersion().String())
-			r := &podgroups.Reconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Names: so.Handlers.Names, Log: log.WithName("podgroups")}
-			if err := r.Setup(mgr); err != nil {
-				return nil, nil, fmt.Errorf("PodGroup controller: %w", err)
-			}
+		}
+		// On every replica asked for it, whatever its own check said: the elected replica
+		// must make the PodGroups the other replicas' pods name. It does nothing for pods no
+		// replica put in a PodGroup.
+		r := &podgroups.Reconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Names: so.Handlers.Names, Log: log.WithName("podgroups")}
+		if err := r.Setup(mgr); err != nil {
+			return nil, nil, fmt.Errorf("PodGroup controller: %w", err)
 		}
 	}
 	mut, val := NewHandlers(view, so.Handlers, metrics, log)
+	if so.Handlers.GroupPlacement == decision.GroupWorkload {
+		mut.LWS = podgroups.LWSReader{Reader: mgr.GetAPIReader()}
+	}
 	if source == nil {
 		if err := certrotation.RegisterServedExpiry(reg, filepath.Join(so.CertDir, certs.CertFile)); err != nil {
 			return nil, nil, err
@@ -486,7 +496,7 @@ func tombstone(obj any) any {
 // checkPodGroups asks the cluster whether it keeps PodGroups with a topology constraint
 // (podgroups.Check), with a dry-run create in namespace (the release's; "default" when the
 // webhook runs outside a pod).
-func checkPodGroups(cfg *rest.Config, namespace string) (ok bool, reason string, err error) {
+func checkPodGroups(cfg *rest.Config, namespace string, log logr.Logger) (ok bool, reason string, err error) {
 	cfg = rest.CopyConfig(cfg)
 	cfg.Timeout = 10 * time.Second
 	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
@@ -500,8 +510,16 @@ func checkPodGroups(cfg *rest.Config, namespace string) (ok bool, reason string,
 	if namespace == "" {
 		namespace = metav1.NamespaceDefault
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	ok, reason = podgroups.Check(ctx, dc, dyn, namespace)
-	return ok, reason, nil
+	// A fresh install may reach the apiserver before its RBAC has propagated: a minute of
+	// tries before giving up.
+	for try := 1; ; try++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ok, reason, err = podgroups.Check(ctx, dc, dyn, namespace)
+		cancel()
+		if err == nil || try == 12 {
+			return ok, reason, err
+		}
+		log.Info("asking again whether PodGroups can be written", "err", err.Error(), "try", try)
+		time.Sleep(5 * time.Second)
+	}
 }

@@ -30,6 +30,9 @@ type Decider struct {
 	// ComputeDomains says whether NVIDIA's ComputeDomain API is served; nil where nobody
 	// watches it (`explain -f`, most tests): no IMEX channel is given and no warning made.
 	ComputeDomains APIPresence
+	// LWS reads LeaderWorkerSets (--group-placement=workload: a LeaderReady group is pinned,
+	// not ganged); nil: every group is taken to start its workers with its leader.
+	LWS LWSReader
 }
 
 // Mutate is everything the mutating webhook does to a pod being created: nvdomain's

@@ -63,13 +63,22 @@ func (m *Decider) planGroup(pod *corev1.Pod, p rules.Pod, seed uint64, admission
 	if c := pod.Annotations[n.PodCliqueAnnotation()]; c != "" {
 		return GroupPlan{Clique: c, Followed: true}
 	}
-	if m.Options.GroupPlacement == GroupWorkload {
+	if name := podGroupName(pod); name != "" && hasPodGroup(pod, name) {
+		// Put in its PodGroup already (re-admitted: the annotation may have been stripped
+		// with nvdomain's others), or by hand into the same one: either way, ours.
+		return GroupPlan{PodGroup: name, Followed: true}
+	}
+	if p.Group.Leader && m.Options.GroupPlacement == GroupWorkload && m.gangable(pod) {
 		return m.planPodGroup(pod, p, seed)
 	}
 	if !p.Group.Leader {
-		// The leader decides for its group (View.GroupClique): its clique, CliqueNone, or no
-		// pin at all (a leader with no GPUs, say), which its workers then share.
+		// The leader decides for its group, whatever this replica's --group-placement: its
+		// PodGroup (View.LeaderPodGroup), else (View.GroupClique) its clique, CliqueNone, or
+		// no pin at all (a leader with no GPUs, say), which its workers then share.
 		leader := pod.Annotations[names.LWSLeaderNameAnnotation]
+		if pg, known := m.View.LeaderPodGroup(pod.Namespace, leader); known && pg != "" {
+			return GroupPlan{PodGroup: pg, Followed: true}
+		}
 		c, known := m.View.GroupClique(pod.Namespace, p.Group.Key, leader)
 		switch {
 		case !known:
@@ -101,18 +110,10 @@ func (m *Decider) planGroup(pod *corev1.Pod, p rules.Pod, seed uint64, admission
 // place all of it (gang minCount, topology constraint on the clique label). Nothing is
 // reserved: the choice is not the webhook's. A group no clique can ever hold is refused, or
 // kept outside every clique when nodes there can run it (a pin, as GroupPin does: those nodes
-// have no clique label for the topology constraint). A pod that already names a scheduling
-// group (its controller's, or the user's) is left in it.
+// have no clique label for the topology constraint). Only a leader plans (gangable); its
+// workers follow it (planGroup).
 func (m *Decider) planPodGroup(pod *corev1.Pod, p rules.Pod, seed uint64) GroupPlan {
-	name := names.PodGroupName(pod.Labels[names.LWSNameLabel], pod.Labels[names.LWSGroupIndexLabel], pod.Labels[names.LWSRevisionLabel])
-	if hasPodGroup(pod, name) {
-		// Put there by this webhook (re-admitted: the annotation may have been stripped
-		// with nvdomain's others), or by hand to the same PodGroup: either way, ours.
-		return GroupPlan{PodGroup: name, Followed: true}
-	}
-	if pod.Spec.SchedulingGroup != nil {
-		return GroupPlan{}
-	}
+	name := podGroupName(pod)
 	g := placement.Group{Pods: p.Group.Size, GPUsPerPod: p.GPUs}
 	_, ok, err := m.View.ChooseAndReserveClique(pod, p.Group.Key, p.Group.Leader, g, seed, false)
 	var ie *placement.ImpossibleGroupError
@@ -125,6 +126,45 @@ func (m *Decider) planPodGroup(pod *corev1.Pod, p rules.Pod, seed uint64) GroupP
 		return GroupPlan{Err: err}
 	}
 	return GroupPlan{PodGroup: name}
+}
+
+// gangable reports whether a group's leader may be placed through a PodGroup (gang of the
+// group's size). Otherwise it is pinned, as with GroupPin, and its workers follow it:
+//
+//   - the pod names a scheduling group of its own (its controller's): a pin works beside it;
+//   - no template revision label: a PodGroup name without it would be reused by the next
+//     template, whose size may differ, and a PodGroup's constraints are immutable;
+//   - another scheduler: only the default scheduler is known to place gangs by topology;
+//   - LWS creates the workers only after the leader is scheduled (exclusive-topology) or
+//     Ready (startupPolicy LeaderReady): a gang of the group's size would hold the leader
+//     until its workers exist, and they would never be created. The startup policy is read
+//     from the LeaderWorkerSet (m.LWS); when it cannot be read, the group is pinned.
+func (m *Decider) gangable(pod *corev1.Pod) bool {
+	if pod.Spec.SchedulingGroup != nil || pod.Labels[names.LWSRevisionLabel] == "" ||
+		(pod.Spec.SchedulerName != "" && pod.Spec.SchedulerName != corev1.DefaultSchedulerName) ||
+		pod.Annotations[names.LWSExclusiveTopologyAnnotation] != "" {
+		return false
+	}
+	if m.LWS == nil {
+		return true
+	}
+	policy, err := m.LWS.StartupPolicy(pod.Namespace, pod.Labels[names.LWSNameLabel])
+	return err == nil && policy != names.LWSStartupLeaderReady
+}
+
+// LWSReader reads what admission needs of a LeaderWorkerSet that its pods do not carry.
+type LWSReader interface {
+	// StartupPolicy is the LeaderWorkerSet's spec.startupPolicy ("" when unset).
+	StartupPolicy(namespace, name string) (string, error)
+}
+
+// podGroupName is the PodGroup of the pod's group: names.PodGroupName of its LWS labels; ""
+// without the template revision label.
+func podGroupName(pod *corev1.Pod) string {
+	if pod.Labels[names.LWSRevisionLabel] == "" {
+		return ""
+	}
+	return names.PodGroupName(pod.Labels[names.LWSNameLabel], pod.Labels[names.LWSGroupIndexLabel], pod.Labels[names.LWSRevisionLabel])
 }
 
 // hasPodGroup reports whether the pod's spec.schedulingGroup names PodGroup pg.

@@ -23,9 +23,7 @@ func (m *Decider) imexWanted(pod *corev1.Pod, gp GroupPlan) bool {
 	if !gp.InClique() || m.ComputeDomains == nil || !m.ComputeDomains.Served() {
 		return false
 	}
-	return !slices.ContainsFunc(pod.Spec.ResourceClaims, func(r corev1.PodResourceClaim) bool {
-		return r.Name != names.IMEXPodClaim && r.Name != names.DRAPodClaim
-	})
+	return ownClaimsOnly(pod)
 }
 
 // imexFor decides whether a group's pod gets an IMEX channel (imexWanted), and more:
@@ -34,10 +32,17 @@ func (m *Decider) imexWanted(pod *corev1.Pod, gp GroupPlan) bool {
 //     use in the clique): NVIDIA's driver gives a node one channel, which one claim holds, so
 //     pods sharing a tray could not all have one and would wait for ever. sharedTrays reports
 //     this case, for the warning;
-//   - a worker follows its leader: no channel when the leader, seen by this replica, has none
-//     (the API was not served, or not yet known, when the leader was admitted), so a group
-//     never has ranks with a channel and ranks without.
+//   - a worker follows its leader, when this replica has seen it: a channel exactly when the
+//     leader has one, so a group never has ranks with a channel and ranks without (the API
+//     installed while the group was created, two replicas a recheck apart).
 func (m *Decider) imexFor(pod *corev1.Pod, p rules.Pod, gp GroupPlan) (give, sharedTrays bool) {
+	if p.Group != nil && !p.Group.Leader {
+		// The leader decided, when this replica has seen it: a channel for the workers too
+		// exactly when it has one (whatever this replica's discovery says now).
+		if cd, known := m.View.LeaderComputeDomain(pod.Namespace, pod.Annotations[names.LWSLeaderNameAnnotation]); known {
+			return cd != "" && gp.InClique() && ownClaimsOnly(pod), false
+		}
+	}
 	if !m.imexWanted(pod, gp) {
 		return false, false
 	}
@@ -48,12 +53,14 @@ func (m *Decider) imexFor(pod *corev1.Pod, p rules.Pod, gp GroupPlan) (give, sha
 	if !m.View.WholeNodes(pod, clique, p.GPUs) {
 		return false, true
 	}
-	if p.Group != nil && !p.Group.Leader {
-		if cd, known := m.View.LeaderComputeDomain(pod.Namespace, pod.Annotations[names.LWSLeaderNameAnnotation]); known && cd == "" {
-			return false, false
-		}
-	}
 	return true, false
+}
+
+// ownClaimsOnly reports whether the pod's only resource claims are nvdomain's.
+func ownClaimsOnly(pod *corev1.Pod) bool {
+	return !slices.ContainsFunc(pod.Spec.ResourceClaims, func(r corev1.PodResourceClaim) bool {
+		return r.Name != names.IMEXPodClaim && r.Name != names.DRAPodClaim
+	})
 }
 
 // GiveIMEXChannel returns a copy of pod that holds an IMEX channel of LeaderWorkerSet lws's

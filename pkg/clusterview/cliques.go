@@ -81,7 +81,8 @@ func (v *View) recordGroupLocked(pod *corev1.Pod, p rules.Pod) {
 	if p.Group.Leader {
 		// Workers look their leader up (GroupClique): whether it is pinned, and where; and
 		// whether it has an IMEX channel (LeaderComputeDomain).
-		v.leaders[pod.Namespace+"/"+pod.Name] = leaderSeen{uid: pod.UID, clique: clique, computeDomain: pod.Annotations[v.names.PodComputeDomainAnnotation()]}
+		v.leaders[pod.Namespace+"/"+pod.Name] = leaderSeen{uid: pod.UID, clique: clique,
+			computeDomain: pod.Annotations[v.names.PodComputeDomainAnnotation()], podGroup: pod.Annotations[v.names.PodGroupAnnotation()]}
 	}
 	if clique == "" || clique == names.CliqueNone || !p.TP || p.GPUs == 0 {
 		return
@@ -113,6 +114,9 @@ type leaderSeen struct {
 	// none): the workers follow the leader, so a group never has ranks with a channel and
 	// ranks without.
 	computeDomain string
+	// podGroup is the Workload API PodGroup the leader was put in ("" for none): its
+	// workers join it (--group-placement=workload).
+	podGroup string
 }
 
 // LeaderComputeDomain returns the ComputeDomain whose IMEX channel group leader (a pod name in
@@ -122,6 +126,15 @@ func (v *View) LeaderComputeDomain(namespace, leader string) (computeDomain stri
 	defer v.mu.RUnlock()
 	l, ok := v.leaders[namespace+"/"+leader]
 	return l.computeDomain, ok
+}
+
+// LeaderPodGroup returns the PodGroup group leader (a pod name in namespace) was put in (""
+// for none), and whether the view has seen the leader.
+func (v *View) LeaderPodGroup(namespace, leader string) (podGroup string, known bool) {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	l, ok := v.leaders[namespace+"/"+leader]
+	return l.podGroup, ok
 }
 
 // WholeNodes reports whether every node in clique (every node in any clique, for "") that the

@@ -86,6 +86,12 @@ const (
 	// LWSRevisionLabel is the template revision LeaderWorkerSet puts on a group's pods: a
 	// rolling update makes new groups with a new one.
 	LWSRevisionLabel = "leaderworkerset.sigs.k8s.io/template-revision-hash"
+	// LWSExclusiveTopologyAnnotation, copied by LWS onto the leader pod, makes LWS create the
+	// workers only once the leader is scheduled; LWSStartupLeaderReady, the LeaderWorkerSet's
+	// spec.startupPolicy, only once it is Ready. A gang of the whole group would wait for
+	// those workers for ever, so such groups are pinned instead.
+	LWSExclusiveTopologyAnnotation = "leaderworkerset.sigs.k8s.io/exclusive-topology"
+	LWSStartupLeaderReady          = "LeaderReady"
 
 	// PodGroupGroup, PodGroupVersion, PodGroupResource and PodGroupKind name the Workload
 	// API's PodGroup (KEP-4671 gang scheduling, KEP-5732 topology constraints) at the version

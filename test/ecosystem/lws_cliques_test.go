@@ -2,6 +2,7 @@ package ecosystem
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"slices"
 	"sort"
@@ -19,6 +20,7 @@ import (
 	"github.com/nvdomain/nvdomain/pkg/names"
 	prepin "github.com/nvdomain/nvdomain/pkg/repin"
 	"github.com/nvdomain/nvdomain/test/hacluster"
+	"github.com/nvdomain/nvdomain/webhook/podgroups"
 )
 
 // TestLeaderWorkerSetGroupsInOneClique runs LeaderWorkerSet v0.8's controller (built from the
@@ -220,9 +222,24 @@ func eventNotes(ctx context.Context, t *testing.T, c *hacluster.Cluster) string 
 // real scheduler with two webhook replicas. Three LeaderWorkerSets of groups of 8, 4 and 2
 // trays (72 trays in all) run with every group in one clique; then a rolling update of the
 // largest replaces each of its groups, and every new group is again in one clique.
+//
+// `go test ./test/ecosystem -run TestNVL72RacksWithLWS -args -rack-group-placement=workload`
+// runs the same tier with --group-placement=workload on a control plane with the Workload API
+// gates on (docs/benchmarks.md section 7 has both runs' figures); the default run, part of
+// `make test`, is the pin path.
 func TestNVL72RacksWithLWS(t *testing.T) {
 	lwsDir := buildTool(t, "build-lws.sh")
-	c, dyn := startCluster(t, "replicaset", "statefulset", "garbagecollector")
+	workload := *rackGroupPlacement == "workload"
+	if !workload && *rackGroupPlacement != "pin" {
+		t.Fatalf("-rack-group-placement=%q: use pin or workload", *rackGroupPlacement)
+	}
+	c, dyn := startClusterWith(t, func(o *hacluster.Options) {
+		if workload {
+			o.WebhookArgs = append(o.WebhookArgs, "--group-placement=workload")
+			o.APIServerArgs = map[string]string{"feature-gates": workloadGates, "runtime-config": podgroups.GVR.GroupVersion().String() + "=true"}
+			o.SchedulerArgs = append(o.SchedulerArgs, "--feature-gates="+workloadGates)
+		}
+	}, "replicaset", "statefulset", "garbagecollector")
 	ctx, cancel := context.WithTimeout(context.Background(), 9*time.Minute)
 	defer cancel()
 	cliqueOf := map[string]string{}
@@ -266,17 +283,23 @@ func TestNVL72RacksWithLWS(t *testing.T) {
 	}
 	for _, s := range sets {
 		pods := waitRunning(ctx, t, c, dyn, lwsNameLabel+"="+s.name, int(s.replicas*s.size))
-		checkGroupsInOneClique(t, pods, cliqueOf, int(s.replicas), int(s.size))
+		checkGroups(t, pods, cliqueOf, int(s.replicas), int(s.size), !workload)
+		if workload {
+			checkPodGroups(ctx, t, dyn, pods, int(s.size))
+		}
 	}
-	t.Logf("72 trays of groups running, each group in one clique, %s after the LeaderWorkerSets were created; groups moved whole: %d",
-		time.Since(start).Round(time.Second), countEvents(ctx, t, c, prepin.ReasonRepinned, "Pod"))
+	t.Logf("group placement %s: 72 trays of groups running, each group in one clique, %s after the LeaderWorkerSets were created; groups moved whole: %d",
+		*rackGroupPlacement, time.Since(start).Round(time.Second), countEvents(ctx, t, c, prepin.ReasonRepinned, "Pod"))
 
 	// A rolling update of the groups of 8: each is recreated, and lands in one clique again.
 	start = time.Now()
 	rolled := rollLeaders(ctx, t, c, dyn, "tp32", 4, 8)
-	checkGroupsInOneClique(t, rolled, cliqueOf, 4, 8)
+	checkGroups(t, rolled, cliqueOf, 4, 8, !workload)
 	t.Logf("rolling update of 4 groups of 8 trays done in %s, each group in one clique", time.Since(start).Round(time.Second))
 }
+
+// rackGroupPlacement is TestNVL72RacksWithLWS's --group-placement.
+var rackGroupPlacement = flag.String("rack-group-placement", "pin", "TestNVL72RacksWithLWS: pin, or workload (with the 1.37 Workload API gates on)")
 
 // rollLeaders changes the leader template of LeaderWorkerSet name (an annotation), which
 // rolls every group, and returns its pods once every one of groups groups of size pods runs

@@ -67,28 +67,52 @@ func PodGroup(name string, size int, leader *corev1.Pod) *unstructured.Unstructu
 
 // Check reports whether PodGroups with a topology constraint can be written: the API is
 // served at the version nvdomain writes, and a dry-run create in namespace keeps the
-// constraint. reason says what is missing when it is not.
-func Check(ctx context.Context, dc discovery.DiscoveryInterface, dyn dynamic.Interface, namespace string) (ok bool, reason string) {
+// constraint. reason says what is missing when it is not. err is set when the cluster gave no
+// answer either way (the apiserver unreachable, RBAC not yet in place on a fresh install):
+// the caller asks again rather than fall back on a guess.
+func Check(ctx context.Context, dc discovery.DiscoveryInterface, dyn dynamic.Interface, namespace string) (ok bool, reason string, err error) {
 	list, err := dc.ServerResourcesForGroupVersion(GVR.GroupVersion().String())
 	served := false
-	if err == nil {
+	switch {
+	case err == nil:
 		for _, r := range list.APIResources {
 			served = served || r.Name == names.PodGroupResource
 		}
+	case !apierrors.IsNotFound(err):
+		return false, "", fmt.Errorf("discovery of %s: %w", GVR.GroupVersion(), err)
 	}
 	if !served {
-		return false, fmt.Sprintf("the apiserver does not serve %s at %s (Kubernetes 1.37 with the GenericWorkload feature gate and --runtime-config=%s=true)", names.PodGroupResource, GVR.GroupVersion(), GVR.GroupVersion())
+		return false, fmt.Sprintf("the apiserver does not serve %s at %s (Kubernetes 1.37 with the GenericWorkload feature gate and --runtime-config=%s=true)", names.PodGroupResource, GVR.GroupVersion(), GVR.GroupVersion()), nil
 	}
 	probe := PodGroup("nvdomain-topology-probe", 2, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: namespace}})
 	out, err := dyn.Resource(GVR).Namespace(namespace).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 	if err != nil {
-		return false, fmt.Sprintf("a dry-run PodGroup create in %s failed: %v", namespace, err)
+		return false, "", fmt.Errorf("dry-run PodGroup create in %s: %w", namespace, err)
 	}
 	topo, _, _ := unstructured.NestedSlice(out.Object, "spec", "schedulingConstraints", "topology")
 	if len(topo) == 0 {
-		return false, "the apiserver drops a PodGroup's spec.schedulingConstraints (turn on the TopologyAwareWorkloadScheduling feature gate on the apiserver and the scheduler)"
+		return false, "the apiserver drops a PodGroup's spec.schedulingConstraints (turn on the TopologyAwareWorkloadScheduling feature gate on the apiserver and the scheduler)", nil
 	}
-	return true, ""
+	return true, "", nil
+}
+
+// LWSReader reads a LeaderWorkerSet's startup policy from the API server, for admission
+// (admission.LWSReader): one GET per group leader admitted with --group-placement=workload.
+type LWSReader struct {
+	Reader client.Reader
+}
+
+// StartupPolicy implements admission.LWSReader.
+func (l LWSReader) StartupPolicy(namespace, name string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(schema.GroupVersionKind{Group: names.LWSGroup, Version: names.LWSVersion, Kind: names.LWSKind})
+	if err := l.Reader.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, u); err != nil {
+		return "", fmt.Errorf("get LeaderWorkerSet %s/%s: %w", namespace, name, err)
+	}
+	policy, _, _ := unstructured.NestedString(u.Object, "spec", "startupPolicy")
+	return policy, nil
 }
 
 // Reconciler makes the PodGroup of each group whose pods the webhook put in one. It only
@@ -126,10 +150,6 @@ func (r *Reconciler) Setup(mgr ctrl.Manager) error {
 		Complete(r)
 }
 
-// staleRetry is how soon a PodGroup still held by a group's previous leader (the garbage
-// collector has not deleted it yet) is looked at again.
-const staleRetry = time.Second
-
 // Reconcile makes the leader's PodGroup when it is missing.
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	leader := &corev1.Pod{}
@@ -142,16 +162,24 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if name == "" || err != nil || size < 2 || leader.DeletionTimestamp != nil || leader.Labels[names.TPLabel] != names.TPLabelValue {
 		return reconcile.Result{}, nil
 	}
+	if want := names.PodGroupName(leader.Labels[names.LWSNameLabel], leader.Labels[names.LWSGroupIndexLabel], leader.Labels[names.LWSRevisionLabel]); name != want {
+		// Annotations can be edited after creation: only the name the webhook gives a
+		// group's pods is made, so a tenant cannot have nvdomain create PodGroups of any name.
+		r.Log.Info("a group leader names a PodGroup nvdomain would not give it; none is made", "namespace", req.Namespace, "leader", req.Name, "podGroup", name, "expected", want)
+		return reconcile.Result{}, nil
+	}
 	log := r.Log.WithValues("namespace", req.Namespace, "podGroup", name, "leader", req.Name)
 	pg := &unstructured.Unstructured{}
 	pg.SetGroupVersionKind(GVK)
 	err = r.Reader.Get(ctx, types.NamespacedName{Namespace: req.Namespace, Name: name}, pg)
 	switch {
 	case err == nil:
-		if owners := pg.GetOwnerReferences(); len(owners) == 1 && owners[0].Kind == "Pod" && owners[0].UID != leader.UID {
-			// The previous leader's, not yet collected: its group's pods are gone or going.
-			log.V(1).Info("the PodGroup still belongs to the group's previous leader; waiting for the garbage collector")
-			return reconcile.Result{RequeueAfter: staleRetry}, nil
+		// nvdomain's, whoever's leader owns it: a group recreated at the same revision
+		// (RecreateGroupOnPodRestart, delete and apply) has the same PodGroup name, and the
+		// previous one stays (terminating, held by the PodGroupProtection finalizer while
+		// pods name it) with the same spec, the size being part of the revision.
+		if pg.GetLabels()[names.DRAManagedByLabel] != names.DRAManagedByValue {
+			log.Info("a PodGroup nvdomain did not make has the name of this group's; it is left as it is, and the scheduler places the group by its spec")
 		}
 		return reconcile.Result{}, nil
 	case !apierrors.IsNotFound(err):

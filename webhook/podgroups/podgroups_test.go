@@ -27,11 +27,18 @@ var n = names.Default()
 
 func leader(annotated bool) *corev1.Pod {
 	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "llama-0", Namespace: "team", UID: "leader-uid",
-		Labels: map[string]string{names.TPLabel: names.TPLabelValue, names.LWSNameLabel: "llama", names.LWSGroupIndexLabel: "0", names.LWSWorkerIndexLabel: "0", names.LWSRevisionLabel: "abc"},
+		Labels:      map[string]string{names.TPLabel: names.TPLabelValue, names.LWSNameLabel: "llama", names.LWSGroupIndexLabel: "0", names.LWSWorkerIndexLabel: "0", names.LWSRevisionLabel: "abc"},
 		Annotations: map[string]string{names.LWSSizeAnnotation: "4"}}}
 	if annotated {
 		p.Annotations[n.PodGroupAnnotation()] = names.PodGroupName("llama", "0", "abc")
 	}
+	return p
+}
+
+// renamed is a leader whose annotation was edited to name a PodGroup nvdomain would not give.
+func renamed() *corev1.Pod {
+	p := leader(true)
+	p.Annotations[n.PodGroupAnnotation()] = "someone-elses"
 	return p
 }
 
@@ -47,7 +54,8 @@ func TestReconcilerMakesTheGroupsPodGroup(t *testing.T) {
 		{name: "made, owned by the leader", objects: []client.Object{leader(true)}, wantOwner: "leader-uid"},
 		{name: "a leader the webhook did not put in a PodGroup", objects: []client.Object{leader(false)}},
 		{name: "no leader yet", objects: nil},
-		{name: "the previous leader's PodGroup: waits for the garbage collector", objects: []client.Object{leader(true), stale}, wantOwner: "previous-leader", wantRequeue: true},
+		{name: "the previous leader's PodGroup (same revision) is the group's", objects: []client.Object{leader(true), stale}, wantOwner: "previous-leader"},
+		{name: "an annotation naming another PodGroup", objects: []client.Object{renamed()}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -88,6 +96,18 @@ func TestReconcilerMakesTheGroupsPodGroup(t *testing.T) {
 	}
 }
 
+// No answer from the cluster is an error, not a verdict: the caller asks again.
+func TestCheckWithoutAnAnswer(t *testing.T) {
+	dc := &fakediscovery.FakeDiscovery{Fake: &clienttesting.Fake{}}
+	dc.PrependReactor("get", "resource", func(clienttesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewServiceUnavailable("etcd is down")
+	})
+	dyn := fakedynamic.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{GVR: "PodGroupList"})
+	if ok, reason, err := Check(context.Background(), dc, dyn, "nvdomain-system"); err == nil {
+		t.Errorf("Check = %v, %q with discovery failing; want an error", ok, reason)
+	}
+}
+
 func TestCheck(t *testing.T) {
 	served := []*metav1.APIResourceList{{GroupVersion: GVR.GroupVersion().String(), APIResources: []metav1.APIResource{{Name: names.PodGroupResource}}}}
 	cases := []struct {
@@ -114,7 +134,10 @@ func TestCheck(t *testing.T) {
 				}
 				return true, obj, nil
 			})
-			ok, reason := Check(context.Background(), dc, dyn, "nvdomain-system")
+			ok, reason, err := Check(context.Background(), dc, dyn, "nvdomain-system")
+			if err != nil {
+				t.Fatal(err)
+			}
 			if ok != tc.want || (tc.wantReason != "" && !strings.Contains(reason, tc.wantReason)) {
 				t.Errorf("Check = %v, %q; want %v, a reason with %q", ok, reason, tc.want, tc.wantReason)
 			}

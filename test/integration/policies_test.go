@@ -167,6 +167,28 @@ func TestHandWrittenDomainAnnotationIsDenied(t *testing.T) {
 	if _, err := c.client.CoreV1().Pods("default").Patch(ctx, "pinned", types.MergePatchType, assigned, metav1.PatchOptions{}); err == nil || !strings.Contains(err.Error(), "written only by nvdomain's NRI plugin") {
 		t.Errorf("an admin writing assigned-gpus: %v", err)
 	}
+	// A group's clique, ComputeDomain and PodGroup annotations are fixed too: the elected
+	// replica makes objects from them, and workers follow them. Neither added to a pod that
+	// had none nor changed on one that has them.
+	for _, k := range []string{n.PodCliqueAnnotation(), n.PodComputeDomainAnnotation(), n.PodGroupAnnotation()} {
+		add := []byte(fmt.Sprintf(`{"metadata":{"annotations":{%q:"victim"}}}`, k))
+		if _, err := c.client.CoreV1().Pods("default").Patch(ctx, "pinned", types.MergePatchType, add, metav1.PatchOptions{}); err == nil || !strings.Contains(err.Error(), "group annotations") {
+			t.Errorf("adding %s after creation: %v", k, err)
+		}
+	}
+	grouped := requiresNRI(gpuPod("grouped", false, 0))
+	grouped.Namespace = "default"
+	grouped.Annotations = map[string]string{n.PodCliqueAnnotation(): "rack-a.0"}
+	if _, err := c.client.CoreV1().Pods("default").Create(ctx, grouped, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	moved := []byte(fmt.Sprintf(`{"metadata":{"annotations":{%q:"rack-b.0"}}}`, n.PodCliqueAnnotation()))
+	if _, err := c.client.CoreV1().Pods("default").Patch(ctx, "grouped", types.MergePatchType, moved, metav1.PatchOptions{}); err == nil || !strings.Contains(err.Error(), "group annotations") {
+		t.Errorf("changing a pod's clique: %v", err)
+	}
+	if _, err := c.client.CoreV1().Pods("default").Patch(ctx, "grouped", types.MergePatchType, []byte(`{"metadata":{"labels":{"team":"llm"}}}`), metav1.PatchOptions{}); err != nil {
+		t.Errorf("an unrelated change to a grouped pod was denied: %v", err)
+	}
 	// Other changes to an annotated pod pass.
 	other := []byte(`{"metadata":{"labels":{"team":"llm"}}}`)
 	if _, err := c.client.CoreV1().Pods("default").Patch(ctx, "pinned", types.MergePatchType, other, metav1.PatchOptions{}); err != nil {

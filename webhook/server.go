@@ -254,7 +254,8 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 		// On every replica asked for it, whatever its own check said: the elected replica
 		// must make the PodGroups the other replicas' pods name. It does nothing for pods no
 		// replica put in a PodGroup.
-		r := &podgroups.Reconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Names: so.Handlers.Names, Log: log.WithName("podgroups")}
+		r := &podgroups.Reconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Names: so.Handlers.Names,
+			Recorder: mgr.GetEventRecorder("nvdomain-podgroups"), Log: log.WithName("podgroups")}
 		if err := r.Setup(mgr); err != nil {
 			return nil, nil, fmt.Errorf("PodGroup controller: %w", err)
 		}

@@ -29,6 +29,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -119,12 +120,19 @@ func (l LWSReader) StartupPolicy(namespace, name string) (string, error) {
 // creates: the leader pod owns the PodGroup, and the garbage collector deletes it with the
 // leader (a group made again gets a new leader, and so a new PodGroup).
 type Reconciler struct {
-	// Client creates; Reader reads PodGroups from the API server (they are not cached).
+	// Client creates, and reads pods and nodes from the manager's cache; Reader reads
+	// PodGroups from the API server (they are not cached).
 	Client client.Client
 	Reader client.Reader
 	Names  names.Names
-	Log    logr.Logger
+	// Recorder records the Warning on a leader whose group the scheduler split (nil: none).
+	Recorder events.EventRecorder
+	Log      logr.Logger
 }
+
+// ReasonGroupSplit is the Event reason on a group's leader when its pods, all scheduled, are
+// in more than one clique: the scheduler did not apply the PodGroup's topology constraint.
+const ReasonGroupSplit = "GroupSplitAcrossCliques"
 
 // Setup registers the reconciler: it watches the tensor-parallel pods the webhook marked
 // (PodGroupAnnotation; the webhook, which fails closed for them, removes a hand-written
@@ -181,7 +189,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		if pg.GetLabels()[names.DRAManagedByLabel] != names.DRAManagedByValue {
 			log.Info("a PodGroup nvdomain did not make has the name of this group's; it is left as it is, and the scheduler places the group by its spec")
 		}
-		return reconcile.Result{}, nil
+		return reconcile.Result{}, r.checkPlaced(ctx, leader, name, size)
 	case !apierrors.IsNotFound(err):
 		return reconcile.Result{}, fmt.Errorf("get PodGroup %s/%s: %w", req.Namespace, name, err)
 	}
@@ -190,4 +198,45 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	}
 	log.Info("made the group's PodGroup", "minCount", size, "topologyKey", names.GPUCliqueLabel)
 	return reconcile.Result{}, nil
+}
+
+// checkPlaced looks, once every pod of the leader's group is scheduled, at the cliques of
+// their nodes: more than one means the scheduler did not apply the PodGroup's topology
+// constraint (its GenericWorkload or TopologyAwareWorkloadScheduling gate is off while the
+// apiserver's is on: the webhook's start check sees only the apiserver). A Warning on the
+// leader says so, and names the fix. The reconciler runs again on each pod's binding, so the
+// check needs no loop of its own.
+func (r *Reconciler) checkPlaced(ctx context.Context, leader *corev1.Pod, podGroup string, size int) error {
+	if r.Recorder == nil || leader.Spec.NodeName == "" {
+		return nil
+	}
+	var pods corev1.PodList
+	if err := r.Client.List(ctx, &pods, client.InNamespace(leader.Namespace), client.MatchingLabels{
+		names.LWSNameLabel: leader.Labels[names.LWSNameLabel], names.LWSGroupIndexLabel: leader.Labels[names.LWSGroupIndexLabel],
+		names.LWSRevisionLabel: leader.Labels[names.LWSRevisionLabel],
+	}); err != nil {
+		return fmt.Errorf("list the pods of PodGroup %s/%s: %w", leader.Namespace, podGroup, err)
+	}
+	cliques := map[string][]string{}
+	bound := 0
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		if p.DeletionTimestamp != nil || p.Spec.NodeName == "" || p.Annotations[r.Names.PodGroupAnnotation()] != podGroup {
+			continue
+		}
+		bound++
+		var nd corev1.Node
+		if err := r.Client.Get(ctx, types.NamespacedName{Name: p.Spec.NodeName}, &nd); err != nil {
+			return client.IgnoreNotFound(err)
+		}
+		c := nd.Labels[names.GPUCliqueLabel]
+		cliques[c] = append(cliques[c], p.Name+"@"+nd.Name)
+	}
+	if bound < size || len(cliques) < 2 {
+		return nil
+	}
+	r.Recorder.Eventf(leader, nil, corev1.EventTypeWarning, ReasonGroupSplit, "Check",
+		"the scheduler placed PodGroup %s's %d pods in %d NVLink cliques (%v): it did not apply the topology constraint on %s; turn on the GenericWorkload and TopologyAwareWorkloadScheduling feature gates on the kube-scheduler too, or run the webhook with --group-placement=pin (chart: webhook.groupPlacement=pin)",
+		podGroup, bound, len(cliques), cliques, names.GPUCliqueLabel)
+	return nil
 }

@@ -16,6 +16,7 @@ import (
 	fakediscovery "k8s.io/client-go/discovery/fake"
 	fakedynamic "k8s.io/client-go/dynamic/fake"
 	clienttesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -140,6 +141,58 @@ func TestCheck(t *testing.T) {
 			}
 			if ok != tc.want || (tc.wantReason != "" && !strings.Contains(reason, tc.wantReason)) {
 				t.Errorf("Check = %v, %q; want %v, a reason with %q", ok, reason, tc.want, tc.wantReason)
+			}
+		})
+	}
+}
+
+// A group the scheduler placed in two cliques (its topology gate off) gets a Warning on its
+// leader; a group in one clique, or not all scheduled yet, none.
+func TestSplitGroupIsReported(t *testing.T) {
+	tray := func(name, clique string) *corev1.Node {
+		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{names.GPUCliqueLabel: clique}}}
+	}
+	member := func(name, worker, node string) *corev1.Pod {
+		p := leader(true)
+		p.Name, p.UID = name, types.UID(name+"-uid")
+		p.Labels[names.LWSWorkerIndexLabel] = worker
+		p.Spec.NodeName = node
+		return p
+	}
+	pgName := names.PodGroupName("llama", "0", "abc")
+	for _, tc := range []struct {
+		name      string
+		nodes     [2]string
+		wantEvent bool
+	}{
+		{"one clique", [2]string{"a-0", "a-1"}, false},
+		{"split", [2]string{"a-0", "b-0"}, true},
+		{"a worker not scheduled yet", [2]string{"a-0", ""}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			scheme := runtime.NewScheme()
+			_ = corev1.AddToScheme(scheme)
+			l := member("llama-0", "0", tc.nodes[0])
+			objs := []client.Object{l, member("llama-0-1", "1", tc.nodes[1]), PodGroup(pgName, 2, l),
+				tray("a-0", "a"), tray("a-1", "a"), tray("b-0", "b")}
+			for _, o := range objs {
+				if p, ok := o.(*corev1.Pod); ok {
+					p.Annotations[names.LWSSizeAnnotation] = "2"
+				}
+			}
+			c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).Build()
+			rec := events.NewFakeRecorder(4)
+			r := &Reconciler{Client: c, Reader: c, Names: n, Recorder: rec, Log: logr.Discard()}
+			if _, err := r.Reconcile(context.Background(), reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "team", Name: "llama-0"}}); err != nil {
+				t.Fatal(err)
+			}
+			var got string
+			select {
+			case got = <-rec.Events:
+			default:
+			}
+			if (got != "") != tc.wantEvent || (tc.wantEvent && !strings.Contains(got, ReasonGroupSplit) || tc.wantEvent && !strings.Contains(got, "TopologyAwareWorkloadScheduling")) {
+				t.Errorf("event %q, want one: %v", got, tc.wantEvent)
 			}
 		})
 	}

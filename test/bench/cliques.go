@@ -48,12 +48,14 @@ func cliquePolicies() []func() placementsim.RackPolicy {
 		func() placementsim.RackPolicy { return placementsim.LabelGang{} },
 		func() placementsim.RackPolicy { return &placementsim.NvdomainCliques{} },
 		func() placementsim.RackPolicy { return &placementsim.NvdomainCliques{PodGroup: true} },
+		func() placementsim.RackPolicy { return &placementsim.NvdomainCliques{PodGroup: true, BinPack: true} },
 	}
 }
 
-// cliqueJudged are the policies judged against the bars: nvdomain as it ships, and nvdomain
-// through the Workload API.
-var cliqueJudged = []string{placementsim.PolicyNvdomain, placementsim.PolicyNvdomainPodGroup}
+// cliqueJudged are the policies judged against the bars: nvdomain as it ships (pins), and
+// nvdomain through the Workload API, on the default scheduler profile and on one that
+// bin-packs GPUs.
+var cliqueJudged = []string{placementsim.PolicyNvdomain, placementsim.PolicyNvdomainPodGroup, placementsim.PolicyNvdomainPodGroupBinPack}
 
 // cliqueBench is every layout × load × policy, each merged over the seeds.
 type cliqueBench struct {

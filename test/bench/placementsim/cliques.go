@@ -631,6 +631,10 @@ const (
 	PolicyNvdomain = "nvdomain"
 	// PolicyNvdomainPodGroup is nvdomain with Kubernetes' Workload API gang scheduling on.
 	PolicyNvdomainPodGroup = "nvdomain + Workload API (PodGroup gang, topology on the clique label)"
+	// PolicyNvdomainPodGroupBinPack is the Workload API path on a scheduler whose profile
+	// bin-packs GPUs (NodeResourcesFit MostAllocated on nvidia.com/gpu), as the gang
+	// schedulers pack their singles.
+	PolicyNvdomainPodGroupBinPack = "nvdomain + Workload API, scheduler bin-packing GPUs (MostAllocated)"
 )
 
 // NvdomainCliques is nvdomain on NVL72 racks, production code for every choice except where
@@ -673,6 +677,12 @@ type NvdomainCliques struct {
 	// PodGroup models the Workload API path (PolicyNvdomainPodGroup); the zero value is
 	// production's pin at admission (PolicyNvdomain).
 	PodGroup bool
+	// BinPack (with PodGroup: PolicyNvdomainPodGroupBinPack) models a scheduler profile
+	// that scores nodes by MostAllocated on nvidia.com/gpu: a single goes to the tray with
+	// the fewest free GPUs that fit (the first on a tie), whatever the webhook hinted, as
+	// LabelGang packs its singles. The default profile (LeastAllocated) is modelled as a
+	// random tray among the hinted ones, then among all.
+	BinPack bool
 
 	// pin is the clique each group not yet placed is pinned to, by job ID; attempts counts a
 	// job's admissions (a re-pinned group's pods are new pods, with new seeds).
@@ -695,7 +705,10 @@ type groupPin struct {
 }
 
 func (p *NvdomainCliques) Name() string {
-	if p.PodGroup {
+	switch {
+	case p.PodGroup && p.BinPack:
+		return PolicyNvdomainPodGroupBinPack
+	case p.PodGroup:
 		return PolicyNvdomainPodGroup
 	}
 	return PolicyNvdomain
@@ -851,6 +864,13 @@ func (p *NvdomainCliques) try(s *rackSim, j *rackJob) bool {
 		return true
 	}
 	defer delete(p.hint, j.ID)
+	if p.BinPack {
+		t, ok := binpack(s, j.GPUs)
+		if ok {
+			s.place(j, t)
+		}
+		return ok
+	}
 	room := s.withRoom(j.GPUs)
 	if len(room) == 0 {
 		return false

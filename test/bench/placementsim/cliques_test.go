@@ -24,6 +24,7 @@ func rackPolicies() []func() RackPolicy {
 		func() RackPolicy { return LabelGang{} },
 		func() RackPolicy { return &NvdomainCliques{} },
 		func() RackPolicy { return &NvdomainCliques{PodGroup: true} },
+		func() RackPolicy { return &NvdomainCliques{PodGroup: true, BinPack: true} },
 	}
 }
 
@@ -146,7 +147,7 @@ func TestRackPolicies(t *testing.T) {
 					if name != "clique-blind" && split != 0 {
 						t.Errorf("%d of %d groups split across cliques", split, r.GroupsStarted)
 					}
-					if name == PolicyNvdomainPodGroup && r.Repins != 0 {
+					if (name == PolicyNvdomainPodGroup || name == PolicyNvdomainPodGroupBinPack) && r.Repins != 0 {
 						t.Errorf("the PodGroup path pins nothing, yet re-pinned %d groups", r.Repins)
 					}
 					if name == "clique-blind" && load == 0.95 && split == 0 {

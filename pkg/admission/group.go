@@ -91,18 +91,30 @@ func (m *Decider) planGroup(pod *corev1.Pod, p rules.Pod, seed uint64, admission
 	} else if c, _ := m.View.GroupClique(pod.Namespace, p.Group.Key, ""); c != "" {
 		return GroupPlan{Clique: c, Followed: true}
 	}
+	gp, dec := m.chooseClique(pod, p, seed, admission != "")
+	if gp != nil {
+		return *gp
+	}
+	return GroupPlan{Clique: dec.Clique, Decision: dec}
+}
+
+// chooseClique is the clique decision for pod's group (ChooseAndReserveClique, reserving
+// when reserve), or, instead, the plan when there is no clique to choose: no clique node
+// (NoCliques), a group only nodes outside every clique can run (CliqueNone), or one nothing
+// can (Err).
+func (m *Decider) chooseClique(pod *corev1.Pod, p rules.Pod, seed uint64, reserve bool) (*GroupPlan, placement.CliqueDecision) {
 	g := placement.Group{Pods: p.Group.Size, GPUsPerPod: p.GPUs}
-	dec, ok, err := m.View.ChooseAndReserveClique(pod, p.Group.Key, p.Group.Leader, g, seed, admission != "")
+	dec, ok, err := m.View.ChooseAndReserveClique(pod, p.Group.Key, p.Group.Leader, g, seed, reserve)
 	var ie *placement.ImpossibleGroupError
 	switch {
 	case !ok:
-		return GroupPlan{NoCliques: true}
+		return &GroupPlan{NoCliques: true}, dec
 	case errors.As(err, &ie) && m.View.CliqueOutside(pod, g):
-		return GroupPlan{Clique: names.CliqueNone}
+		return &GroupPlan{Clique: names.CliqueNone}, dec
 	case err != nil:
-		return GroupPlan{Err: err}
+		return &GroupPlan{Err: err}, dec
 	}
-	return GroupPlan{Clique: dec.Clique, Decision: dec}
+	return nil, dec
 }
 
 // planPodGroup is planGroup with GroupWorkload placement: every pod of the group joins the
@@ -113,19 +125,10 @@ func (m *Decider) planGroup(pod *corev1.Pod, p rules.Pod, seed uint64, admission
 // have no clique label for the topology constraint). Only a leader plans (gangable); its
 // workers follow it (planGroup).
 func (m *Decider) planPodGroup(pod *corev1.Pod, p rules.Pod, seed uint64) GroupPlan {
-	name := podGroupName(pod)
-	g := placement.Group{Pods: p.Group.Size, GPUsPerPod: p.GPUs}
-	_, ok, err := m.View.ChooseAndReserveClique(pod, p.Group.Key, p.Group.Leader, g, seed, false)
-	var ie *placement.ImpossibleGroupError
-	switch {
-	case !ok:
-		return GroupPlan{NoCliques: true}
-	case errors.As(err, &ie) && m.View.CliqueOutside(pod, g):
-		return GroupPlan{Clique: names.CliqueNone}
-	case err != nil:
-		return GroupPlan{Err: err}
+	if gp, _ := m.chooseClique(pod, p, seed, false); gp != nil {
+		return *gp
 	}
-	return GroupPlan{PodGroup: name}
+	return GroupPlan{PodGroup: podGroupName(pod)}
 }
 
 // gangable reports whether a group's leader may be placed through a PodGroup (gang of the

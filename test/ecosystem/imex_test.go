@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -53,25 +52,7 @@ func TestLeaderWorkerSetGroupsGetIMEXChannels(t *testing.T) {
 	c, dyn := startClusterWith(t, func(o *hacluster.Options) { o.WebhookArgs = append(o.WebhookArgs, "--imex-recheck=1s") }, "replicaset", "statefulset", "garbagecollector", "resourceclaim-controller")
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	cliqueOf := map[string]string{}
-	for _, rack := range []struct {
-		clique string
-		trays  int
-	}{{"rack-a.0", 4}, {"rack-b.0", 4}} {
-		for i := range rack.trays {
-			name := fmt.Sprintf("gb200-%s-%d", rack.clique[5:6], i)
-			publishLabelledNode(ctx, t, c, name, [][]int{{0, 1, 2, 3}}, map[string]string{names.GPUCliqueLabel: rack.clique})
-			cliqueOf[name] = rack.clique
-		}
-	}
-	if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	installLWS(ctx, t, c, lwsDir)
-	var obj map[string]any
-	example(t, "vllm-nvl72-lws.yaml", &obj)
-	base := &unstructured.Unstructured{Object: obj}
-	base.SetNamespace(ns)
+	cliqueOf, base := rackCluster(ctx, t, c, lwsDir, []rack{{"rack-a.0", 4}, {"rack-b.0", 4}})
 
 	// 1. No ComputeDomain API: a Warning at create, and the groups run without a claim.
 	warned := &warnings{}

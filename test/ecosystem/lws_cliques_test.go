@@ -46,26 +46,7 @@ func TestLeaderWorkerSetGroupsInOneClique(t *testing.T) {
 		"replicaset", "statefulset", "garbagecollector")
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	cliqueOf := map[string]string{}
-	for _, rack := range []struct {
-		clique string
-		trays  int
-	}{{"rack-a.0", 5}, {"rack-b.0", 4}, {"rack-c.0", 3}} {
-		for i := range rack.trays {
-			name := fmt.Sprintf("gb200-%s-%d", rack.clique[5:6], i)
-			publishLabelledNode(ctx, t, c, name, [][]int{{0, 1, 2, 3}}, map[string]string{names.GPUCliqueLabel: rack.clique})
-			cliqueOf[name] = rack.clique
-		}
-	}
-	if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	installLWS(ctx, t, c, lwsDir)
-
-	var obj map[string]any
-	example(t, "vllm-nvl72-lws.yaml", &obj)
-	lws := &unstructured.Unstructured{Object: obj}
-	lws.SetNamespace(ns)
+	cliqueOf, lws := rackCluster(ctx, t, c, lwsDir, []rack{{"rack-a.0", 5}, {"rack-b.0", 4}, {"rack-c.0", 3}})
 	if _, err := dyn.Resource(lwsGVR).Namespace(ns).Create(ctx, lws, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -153,6 +134,37 @@ func dropLWSCheck(ctx context.Context, t *testing.T, c *hacluster.Cluster, dryRu
 	if err := hacluster.Poll(ctx, 100*time.Millisecond, func() (bool, error) { return dryRun() == nil, nil }); err != nil {
 		t.Fatalf("the apiserver still calls lws.nvdomain.io: %v (%v)", err, dryRun())
 	}
+}
+
+// rack is a clique of trays, for rackCluster.
+type rack struct {
+	clique string
+	trays  int
+}
+
+// rackCluster publishes each rack's trays (kwok nodes of one 4-GPU domain, labelled with the
+// clique as GFD labels them; gb200-<the clique's 6th letter>-<i>), makes the test namespace,
+// installs LeaderWorkerSet from lwsDir, and returns each tray's clique and
+// manifests/examples/vllm-nvl72-lws.yaml in the test namespace.
+func rackCluster(ctx context.Context, t *testing.T, c *hacluster.Cluster, lwsDir string, racks []rack) (map[string]string, *unstructured.Unstructured) {
+	t.Helper()
+	cliqueOf := map[string]string{}
+	for _, r := range racks {
+		for i := range r.trays {
+			name := fmt.Sprintf("gb200-%s-%d", r.clique[5:6], i)
+			publishLabelledNode(ctx, t, c, name, [][]int{{0, 1, 2, 3}}, map[string]string{names.GPUCliqueLabel: r.clique})
+			cliqueOf[name] = r.clique
+		}
+	}
+	if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	installLWS(ctx, t, c, lwsDir)
+	var obj map[string]any
+	example(t, "vllm-nvl72-lws.yaml", &obj)
+	lws := &unstructured.Unstructured{Object: obj}
+	lws.SetNamespace(ns)
+	return cliqueOf, lws
 }
 
 // checkGroupsInOneClique fails unless there are groups groups of size pods, each on nodes of

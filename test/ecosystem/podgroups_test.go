@@ -2,7 +2,6 @@ package ecosystem
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
@@ -39,25 +38,7 @@ func TestLeaderWorkerSetGroupsAsPodGroups(t *testing.T) {
 	}, "replicaset", "statefulset", "garbagecollector")
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	cliqueOf := map[string]string{}
-	for _, rack := range []struct {
-		clique string
-		trays  int
-	}{{"rack-a.0", 5}, {"rack-b.0", 4}, {"rack-c.0", 3}} {
-		for i := range rack.trays {
-			name := fmt.Sprintf("gb200-%s-%d", rack.clique[5:6], i)
-			publishLabelledNode(ctx, t, c, name, [][]int{{0, 1, 2, 3}}, map[string]string{names.GPUCliqueLabel: rack.clique})
-			cliqueOf[name] = rack.clique
-		}
-	}
-	if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	installLWS(ctx, t, c, lwsDir)
-	var obj map[string]any
-	example(t, "vllm-nvl72-lws.yaml", &obj)
-	lws := &unstructured.Unstructured{Object: obj}
-	lws.SetNamespace(ns)
+	cliqueOf, lws := rackCluster(ctx, t, c, lwsDir, []rack{{"rack-a.0", 5}, {"rack-b.0", 4}, {"rack-c.0", 3}})
 	if _, err := dyn.Resource(lwsGVR).Namespace(ns).Create(ctx, lws, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

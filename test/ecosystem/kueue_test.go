@@ -26,8 +26,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
@@ -416,20 +416,34 @@ func publishLabelledNode(ctx context.Context, t *testing.T, c *hacluster.Cluster
 	nd.Labels[n.DomainCountLabel()] = fmt.Sprint(len(domains))
 	nd.Labels[n.DomainMaxLabel()] = fmt.Sprint(largest)
 	res[names.GPUResource] = *resource.NewQuantity(int64(total), resource.DecimalSI)
+	// Registered with its capacity, as a kubelet registers (the apiserver keeps a new Node's
+	// status). Setting it afterwards raced kwok: its node-initialize stage writes the capacity
+	// it read, so a node kwok read before the UpdateStatus lost its GPUs for good when kwok's
+	// patch landed after it (seen on a loaded machine: a 5-tray clique counted as 4).
+	nd.Status.Capacity, nd.Status.Allocatable = res.DeepCopy(), res.DeepCopy()
 	if _, err := c.Client.CoreV1().Nodes().Create(ctx, nd, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	// kwok takes the node over at once (its status and leases): retry on a conflict.
-	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	// Wait until kwok made it Ready, then check the GPUs are still there: a test built on a
+	// node that lost them fails later with a misleading message.
+	if err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		cur, err := c.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
-			return err
+			return false, nil
 		}
-		cur.Status.Capacity, cur.Status.Allocatable = res, res
-		_, err = c.Client.CoreV1().Nodes().UpdateStatus(ctx, cur, metav1.UpdateOptions{})
-		return err
+		ready := false
+		for _, cond := range cur.Status.Conditions {
+			ready = ready || (cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue)
+		}
+		if !ready {
+			return false, nil
+		}
+		if got := cur.Status.Allocatable[names.GPUResource]; got.Value() != int64(total) {
+			return false, fmt.Errorf("node %s is Ready with %s nvidia.com/gpu allocatable, want %d (kwok rewrote its status)", name, got.String(), total)
+		}
+		return true, nil
 	}); err != nil {
-		t.Fatal(err)
+		t.Fatalf("publish node %s: %v", name, err)
 	}
 }
 

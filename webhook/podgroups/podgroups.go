@@ -189,7 +189,20 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		if pg.GetLabels()[names.DRAManagedByLabel] != names.DRAManagedByValue {
 			log.Info("a PodGroup nvdomain did not make has the name of this group's; it is left as it is, and the scheduler places the group by its spec")
 		}
-		return reconcile.Result{}, r.checkPlaced(ctx, leader, name, size)
+		cliques, bound, err := r.placement(ctx, leader, name)
+		if err != nil {
+			return reconcile.Result{}, err
+		}
+		if bound < size && (pg.GetDeletionTimestamp() != nil || !ownedBy(pg, leader)) {
+			// An earlier leader's PodGroup: the garbage collector deletes it (its owner is
+			// gone), and PodGroupProtection then keeps it only while some pod names it. If it
+			// goes in a moment when none does (its informer lagging behind this leader's
+			// creation), the waiting pods bring no event here: look again until the group is
+			// placed, and make it anew once it is gone.
+			return reconcile.Result{RequeueAfter: staleRecheck}, nil
+		}
+		r.warnSplit(leader, name, size, cliques, bound)
+		return reconcile.Result{}, nil
 	case !apierrors.IsNotFound(err):
 		return reconcile.Result{}, fmt.Errorf("get PodGroup %s/%s: %w", req.Namespace, name, err)
 	}
@@ -200,22 +213,29 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	return reconcile.Result{}, nil
 }
 
-// checkPlaced looks, once every pod of the leader's group is scheduled, at the cliques of
-// their nodes: more than one means the scheduler did not apply the PodGroup's topology
-// constraint (its GenericWorkload or TopologyAwareWorkloadScheduling gate is off while the
-// apiserver's is on: the webhook's start check sees only the apiserver). A Warning on the
-// leader says so, and names the fix. The reconciler runs again on each pod's binding, so the
-// check needs no loop of its own.
-func (r *Reconciler) checkPlaced(ctx context.Context, leader *corev1.Pod, podGroup string, size int) error {
-	if r.Recorder == nil || leader.Spec.NodeName == "" {
-		return nil
+// staleRecheck is how often Reconcile looks again at a group waiting on an earlier leader's
+// PodGroup.
+const staleRecheck = 5 * time.Second
+
+// ownedBy reports whether leader (this pod, by UID) owns the PodGroup.
+func ownedBy(pg *unstructured.Unstructured, leader *corev1.Pod) bool {
+	for _, o := range pg.GetOwnerReferences() {
+		if o.Kind == "Pod" && o.UID == leader.UID {
+			return true
+		}
 	}
+	return false
+}
+
+// placement is where the scheduled pods of the leader's group (those naming podGroup, not
+// being deleted) are: their node names by clique, and how many are scheduled.
+func (r *Reconciler) placement(ctx context.Context, leader *corev1.Pod, podGroup string) (map[string][]string, int, error) {
 	var pods corev1.PodList
 	if err := r.Client.List(ctx, &pods, client.InNamespace(leader.Namespace), client.MatchingLabels{
 		names.LWSNameLabel: leader.Labels[names.LWSNameLabel], names.LWSGroupIndexLabel: leader.Labels[names.LWSGroupIndexLabel],
 		names.LWSRevisionLabel: leader.Labels[names.LWSRevisionLabel],
 	}); err != nil {
-		return fmt.Errorf("list the pods of PodGroup %s/%s: %w", leader.Namespace, podGroup, err)
+		return nil, 0, fmt.Errorf("list the pods of PodGroup %s/%s: %w", leader.Namespace, podGroup, err)
 	}
 	cliques := map[string][]string{}
 	bound := 0
@@ -224,19 +244,31 @@ func (r *Reconciler) checkPlaced(ctx context.Context, leader *corev1.Pod, podGro
 		if p.DeletionTimestamp != nil || p.Spec.NodeName == "" || p.Annotations[r.Names.PodGroupAnnotation()] != podGroup {
 			continue
 		}
-		bound++
 		var nd corev1.Node
 		if err := r.Client.Get(ctx, types.NamespacedName{Name: p.Spec.NodeName}, &nd); err != nil {
-			return client.IgnoreNotFound(err)
+			if apierrors.IsNotFound(err) {
+				// A node gone: the pod is as good as unscheduled.
+				continue
+			}
+			return nil, 0, fmt.Errorf("get node %s of pod %s/%s: %w", p.Spec.NodeName, p.Namespace, p.Name, err)
 		}
+		bound++
 		c := nd.Labels[names.GPUCliqueLabel]
 		cliques[c] = append(cliques[c], p.Name+"@"+nd.Name)
 	}
-	if bound < size || len(cliques) < 2 {
-		return nil
+	return cliques, bound, nil
+}
+
+// warnSplit records a Warning on the leader once every pod of its group is scheduled and
+// their nodes are in more than one clique: the scheduler did not apply the PodGroup's
+// topology constraint (its GenericWorkload or TopologyAwareWorkloadScheduling gate is off
+// while the apiserver's is on: the webhook's start check sees only the apiserver). The
+// reconciler runs again on each pod's binding, so the check needs no loop of its own.
+func (r *Reconciler) warnSplit(leader *corev1.Pod, podGroup string, size int, cliques map[string][]string, bound int) {
+	if r.Recorder == nil || bound < size || len(cliques) < 2 {
+		return
 	}
 	r.Recorder.Eventf(leader, nil, corev1.EventTypeWarning, ReasonGroupSplit, "Check",
 		"the scheduler placed PodGroup %s's %d pods in %d NVLink cliques (%v): it did not apply the topology constraint on %s; turn on the GenericWorkload and TopologyAwareWorkloadScheduling feature gates on the kube-scheduler too, or run the webhook with --group-placement=pin (chart: webhook.groupPlacement=pin)",
 		podGroup, bound, len(cliques), cliques, names.GPUCliqueLabel)
-	return nil
 }

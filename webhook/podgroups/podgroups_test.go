@@ -2,6 +2,7 @@ package podgroups
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -55,7 +56,7 @@ func TestReconcilerMakesTheGroupsPodGroup(t *testing.T) {
 		{name: "made, owned by the leader", objects: []client.Object{leader(true)}, wantOwner: "leader-uid"},
 		{name: "a leader the webhook did not put in a PodGroup", objects: []client.Object{leader(false)}},
 		{name: "no leader yet", objects: nil},
-		{name: "the previous leader's PodGroup (same revision) is the group's", objects: []client.Object{leader(true), stale}, wantOwner: "previous-leader"},
+		{name: "the previous leader's PodGroup (same revision) is the group's, looked at again until it is placed", objects: []client.Object{leader(true), stale}, wantOwner: "previous-leader", wantRequeue: true},
 		{name: "an annotation naming another PodGroup", objects: []client.Object{renamed()}},
 	}
 	for _, tc := range cases {
@@ -196,4 +197,80 @@ func TestSplitGroupIsReported(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A group made again at the same revision names an earlier leader's PodGroup, which the
+// garbage collector deletes and PodGroupProtection holds only while some pod names it: the
+// reconciler looks again until the group is placed, and makes the PodGroup anew if it went.
+func TestAnEarlierLeadersPodGroupIsWatchedUntilTheGroupIsPlaced(t *testing.T) {
+	pgName := names.PodGroupName("llama", "0", "abc")
+	stale := func() *unstructured.Unstructured {
+		return PodGroup(pgName, 4, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "llama-0", Namespace: "team", UID: "previous-leader"}})
+	}
+	group := func(scheduled bool) []client.Object {
+		objs := []client.Object{&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "a-0", Labels: map[string]string{names.GPUCliqueLabel: "a"}}}}
+		for i := range 4 {
+			p := leader(true)
+			if i > 0 {
+				p.Name, p.UID = fmt.Sprintf("llama-0-%d", i), types.UID(fmt.Sprintf("worker-%d", i))
+				p.Labels[names.LWSWorkerIndexLabel] = fmt.Sprint(i)
+			}
+			if scheduled {
+				p.Spec.NodeName = "a-0"
+			}
+			objs = append(objs, p)
+		}
+		return objs
+	}
+	req := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "team", Name: "llama-0"}}
+	get := func(c client.Client) (*unstructured.Unstructured, error) {
+		pg := &unstructured.Unstructured{}
+		pg.SetGroupVersionKind(GVK)
+		return pg, c.Get(context.Background(), types.NamespacedName{Namespace: "team", Name: pgName}, pg)
+	}
+	scheme := runtime.NewScheme()
+	_ = corev1.AddToScheme(scheme)
+
+	t.Run("waiting: looked at again, then made anew once the old one is gone", func(t *testing.T) {
+		c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(append(group(false), stale())...).Build()
+		r := &Reconciler{Client: c, Reader: c, Names: n, Log: logr.Discard()}
+		res, err := r.Reconcile(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.RequeueAfter <= 0 {
+			t.Fatalf("requeue after %s: a waiting group on an earlier leader's PodGroup must be looked at again", res.RequeueAfter)
+		}
+		pg, err := get(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Delete(context.Background(), pg); err != nil {
+			t.Fatal(err)
+		}
+		if res, err = r.Reconcile(context.Background(), req); err != nil {
+			t.Fatal(err)
+		}
+		if res.RequeueAfter != 0 {
+			t.Errorf("requeue after %s once the group has its own PodGroup", res.RequeueAfter)
+		}
+		pg, err = get(c)
+		if err != nil {
+			t.Fatalf("no PodGroup made after the earlier one went: %v", err)
+		}
+		if owners := pg.GetOwnerReferences(); len(owners) != 1 || owners[0].UID != "leader-uid" {
+			t.Errorf("owners %+v, want this leader", owners)
+		}
+	})
+	t.Run("placed: nothing more to watch", func(t *testing.T) {
+		c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(append(group(true), stale())...).Build()
+		r := &Reconciler{Client: c, Reader: c, Names: n, Log: logr.Discard()}
+		res, err := r.Reconcile(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.RequeueAfter != 0 {
+			t.Errorf("requeue after %s for a group whose pods are all scheduled", res.RequeueAfter)
+		}
+	})
 }

@@ -426,11 +426,14 @@ func publishLabelledNode(ctx context.Context, t *testing.T, c *hacluster.Cluster
 	}
 	// Wait until kwok made it Ready, then check the GPUs are still there: a test built on a
 	// node that lost them fails later with a misleading message.
+	last := "not read yet"
 	if err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		cur, err := c.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
+			last = err.Error()
 			return false, nil
 		}
+		last = fmt.Sprintf("conditions %v", cur.Status.Conditions)
 		ready := false
 		for _, cond := range cur.Status.Conditions {
 			ready = ready || (cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue)
@@ -443,7 +446,7 @@ func publishLabelledNode(ctx context.Context, t *testing.T, c *hacluster.Cluster
 		}
 		return true, nil
 	}); err != nil {
-		t.Fatalf("publish node %s: %v", name, err)
+		t.Fatalf("publish node %s: %v (last seen: %s)", name, err, last)
 	}
 }
 

@@ -35,7 +35,10 @@ func TestLeaderWorkerSetGroupsAsPodGroups(t *testing.T) {
 		o.WebhookArgs = append(o.WebhookArgs, "--group-placement=workload")
 		o.APIServerArgs = map[string]string{"feature-gates": workloadGates, "runtime-config": podgroups.GVR.GroupVersion().String() + "=true"}
 		o.SchedulerArgs = append(o.SchedulerArgs, "--feature-gates="+workloadGates)
-	}, "replicaset", "statefulset", "garbagecollector")
+		// PodGroupProtection lets an earlier leader's PodGroup go once no pod names it, as on
+		// a real cluster (without it such a PodGroup would stay terminating for good).
+		o.ControllerManagerArgs = append(o.ControllerManagerArgs, "--feature-gates="+workloadGates)
+	}, "replicaset", "statefulset", "garbagecollector", "podgroup-protection-controller")
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	cliqueOf, lws := rackCluster(ctx, t, c, lwsDir, []rack{{"rack-a.0", 5}, {"rack-b.0", 4}, {"rack-c.0", 3}})
@@ -65,7 +68,7 @@ func checkPodGroups(ctx context.Context, t *testing.T, dyn dynamic.Interface, po
 			continue
 		}
 		if p.Labels[names.LWSWorkerIndexLabel] == "0" {
-			leaders[want] = podRef{p.Name, string(p.UID)}
+			leaders[want] = podRef{p.Name, string(p.UID), p.CreationTimestamp}
 		}
 	}
 	if len(leaders) == 0 {
@@ -102,11 +105,18 @@ func checkPodGroups(ctx context.Context, t *testing.T, dyn dynamic.Interface, po
 		owners := pg.GetOwnerReferences()
 		if len(owners) != 1 || owners[0].Kind != "Pod" || owners[0].Name != leader.name {
 			t.Errorf("PodGroup %s: owners %+v, want the leader %s", name, owners, leader.name)
-		} else if string(owners[0].UID) != leader.uid && pg.GetDeletionTimestamp() == nil {
-			t.Logf("PodGroup %s: owned by an earlier leader %s (uid %s, now %s); the garbage collector has not marked it yet", name, leader.name, owners[0].UID, leader.uid)
+		} else if string(owners[0].UID) != leader.uid {
+			// An earlier leader's: then it was made before this leader was.
+			if created := pg.GetCreationTimestamp(); leader.created.Before(&created) {
+				t.Errorf("PodGroup %s: owned by pod uid %s, not the leader's %s, yet made at %s, after the leader (%s)", name, owners[0].UID, leader.uid, created, leader.created)
+			}
+			t.Logf("PodGroup %s: owned by an earlier leader %s (uid %s, now %s); being deleted: %v", name, leader.name, owners[0].UID, leader.uid, pg.GetDeletionTimestamp() != nil)
 		}
 	}
 }
 
-// podRef is a pod's name and UID.
-type podRef struct{ name, uid string }
+// podRef is a pod's name, UID and creation time.
+type podRef struct {
+	name, uid string
+	created   metav1.Time
+}

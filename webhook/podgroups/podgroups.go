@@ -186,20 +186,22 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		// (RecreateGroupOnPodRestart, delete and apply) has the same PodGroup name, and the
 		// previous one stays (terminating, held by the PodGroupProtection finalizer while
 		// pods name it) with the same spec, the size being part of the revision.
-		if pg.GetLabels()[names.DRAManagedByLabel] != names.DRAManagedByValue {
+		ours := pg.GetLabels()[names.DRAManagedByLabel] == names.DRAManagedByValue
+		if !ours {
 			log.Info("a PodGroup nvdomain did not make has the name of this group's; it is left as it is, and the scheduler places the group by its spec")
 		}
 		cliques, bound, err := r.placement(ctx, leader, name)
 		if err != nil {
 			return reconcile.Result{}, err
 		}
-		if bound < size && (pg.GetDeletionTimestamp() != nil || !ownedBy(pg, leader)) {
+		if ours && bound < size && (pg.GetDeletionTimestamp() != nil || !ownedBy(pg, leader)) {
 			// An earlier leader's PodGroup: the garbage collector deletes it (its owner is
 			// gone), and PodGroupProtection then keeps it only while some pod names it. If it
 			// goes in a moment when none does (its informer lagging behind this leader's
 			// creation), the waiting pods bring no event here: look again until the group is
-			// placed, and make it anew once it is gone.
-			return reconcile.Result{RequeueAfter: staleRecheck}, nil
+			// placed, and make it anew once it is gone. (Someone else's PodGroup is never
+			// nvdomain's to make again, so it is not watched.)
+			return reconcile.Result{RequeueAfter: staleRecheckAfter(time.Since(leader.CreationTimestamp.Time))}, nil
 		}
 		r.warnSplit(leader, name, size, cliques, bound)
 		return reconcile.Result{}, nil
@@ -213,9 +215,17 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	return reconcile.Result{}, nil
 }
 
-// staleRecheck is how often Reconcile looks again at a group waiting on an earlier leader's
-// PodGroup.
-const staleRecheck = 5 * time.Second
+// staleRecheckAfter is when Reconcile looks again at a group waiting on an earlier leader's
+// PodGroup, by the age of the group's leader: every 5 s in its first 2 minutes, where the
+// release the recheck is for happens (PodGroupProtection holds the PodGroup for good once its
+// informer has seen a pod of the new group), then every minute for as long as the group waits
+// (a group that does not fit can wait for hours: one GET a minute, not twelve).
+func staleRecheckAfter(leaderAge time.Duration) time.Duration {
+	if leaderAge < 2*time.Minute {
+		return 5 * time.Second
+	}
+	return time.Minute
+}
 
 // ownedBy reports whether leader (this pod, by UID) owns the PodGroup.
 func ownedBy(pg *unstructured.Unstructured, leader *corev1.Pod) bool {

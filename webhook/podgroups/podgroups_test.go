@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
@@ -273,4 +274,47 @@ func TestAnEarlierLeadersPodGroupIsWatchedUntilTheGroupIsPlaced(t *testing.T) {
 			t.Errorf("requeue after %s for a group whose pods are all scheduled", res.RequeueAfter)
 		}
 	})
+}
+
+// Which existing PodGroups keep a waiting group looked at: nvdomain's own, when an earlier
+// leader owns it or it is being deleted; never someone else's, which nvdomain would not make
+// again.
+func TestWhichPodGroupsAreLookedAtAgain(t *testing.T) {
+	pgName := names.PodGroupName("llama", "0", "abc")
+	earlier := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "llama-0", Namespace: "team", UID: "previous-leader"}}
+	foreign := PodGroup(pgName, 4, earlier)
+	foreign.SetLabels(nil)
+	terminating := PodGroup(pgName, 4, leader(true))
+	terminating.SetFinalizers([]string{"scheduling.k8s.io/podgroup-protection"})
+	terminating.SetDeletionTimestamp(&metav1.Time{Time: time.Now()})
+	young := leader(true)
+	young.CreationTimestamp = metav1.Now()
+	old := leader(true)
+	old.CreationTimestamp = metav1.NewTime(time.Now().Add(-10 * time.Minute))
+	for _, tc := range []struct {
+		name   string
+		leader *corev1.Pod
+		pg     *unstructured.Unstructured
+		want   time.Duration
+	}{
+		{"this leader's", old, PodGroup(pgName, 4, old), 0},
+		{"an earlier leader's, a young group", young, PodGroup(pgName, 4, earlier), 5 * time.Second},
+		{"an earlier leader's, a group waiting for long", old, PodGroup(pgName, 4, earlier), time.Minute},
+		{"this leader's, being deleted", young, terminating, 5 * time.Second},
+		{"someone else's", young, foreign, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			scheme := runtime.NewScheme()
+			_ = corev1.AddToScheme(scheme)
+			c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(tc.leader, tc.pg).Build()
+			r := &Reconciler{Client: c, Reader: c, Names: n, Log: logr.Discard()}
+			res, err := r.Reconcile(context.Background(), reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "team", Name: "llama-0"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.RequeueAfter != tc.want {
+				t.Errorf("requeue after %s, want %s", res.RequeueAfter, tc.want)
+			}
+		})
+	}
 }

@@ -316,9 +316,7 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 		// Bounded: the first answer is asked for before serving, and a hung apiserver must
 		// not hold the replica's start for ever (the answer then stays "not served" until
 		// the next recheck).
-		dcfg := rest.CopyConfig(cfg)
-		dcfg.Timeout = 10 * time.Second
-		dc, err := discovery.NewDiscoveryClientForConfig(dcfg)
+		dc, err := discovery.NewDiscoveryClientForConfig(bounded(cfg))
 		if err != nil {
 			return nil, nil, fmt.Errorf("IMEX channels: %w", err)
 		}
@@ -498,15 +496,14 @@ func tombstone(obj any) any {
 // (podgroups.Check), with a dry-run create in namespace (the release's; "default" when the
 // webhook runs outside a pod).
 func checkPodGroups(cfg *rest.Config, namespace string, log logr.Logger) (ok bool, reason string, err error) {
-	cfg = rest.CopyConfig(cfg)
-	cfg.Timeout = 10 * time.Second
+	cfg = bounded(cfg)
 	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
 	if err != nil {
-		return false, "", fmt.Errorf("--group-placement=workload: %w", err)
+		return false, "", fmt.Errorf("discovery client: %w", err)
 	}
 	dyn, err := dynamic.NewForConfig(cfg)
 	if err != nil {
-		return false, "", fmt.Errorf("--group-placement=workload: %w", err)
+		return false, "", fmt.Errorf("dynamic client: %w", err)
 	}
 	if namespace == "" {
 		namespace = metav1.NamespaceDefault
@@ -523,4 +520,12 @@ func checkPodGroups(cfg *rest.Config, namespace string, log logr.Logger) (ok boo
 		log.Info("asking again whether PodGroups can be written", "err", err.Error(), "try", try)
 		time.Sleep(5 * time.Second)
 	}
+}
+
+// bounded is cfg with a 10 s request timeout, for the start-up checks asked before serving: a
+// hung apiserver must not hold a replica's start for ever.
+func bounded(cfg *rest.Config) *rest.Config {
+	cfg = rest.CopyConfig(cfg)
+	cfg.Timeout = 10 * time.Second
+	return cfg
 }

@@ -190,11 +190,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		if !ours {
 			log.Info("a PodGroup nvdomain did not make has the name of this group's; it is left as it is, and the scheduler places the group by its spec")
 		}
+		stale := ours && (pg.GetDeletionTimestamp() != nil || !ownedBy(pg, leader))
+		if !stale && (r.Recorder == nil || leader.Spec.NodeName == "") {
+			// Nothing to watch and no split to report yet: skip reading the group's pods.
+			return reconcile.Result{}, nil
+		}
 		cliques, bound, err := r.placement(ctx, leader, name)
 		if err != nil {
 			return reconcile.Result{}, err
 		}
-		if ours && bound < size && (pg.GetDeletionTimestamp() != nil || !ownedBy(pg, leader)) {
+		if stale && bound < size {
 			// An earlier leader's PodGroup: the garbage collector deletes it (its owner is
 			// gone), and PodGroupProtection then keeps it only while some pod names it. If it
 			// goes in a moment when none does (its informer lagging behind this leader's

@@ -179,6 +179,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		log.Info("a ComputeDomain nvdomain did not make has the name nvdomain gives this LeaderWorkerSet's; it is left alone, and the group's pods wait for its channel template, which it may not make: rename it",
 			"computeDomain", name, "template", names.ComputeDomainChannelTemplate(req.Name))
 		return reconcile.Result{}, nil
+	case err == nil && cd.GetDeletionTimestamp() == nil && !ownedBy(cd, lws.GetUID()) && !ownedByAnLWS(cd):
+		// nvdomain's, but no LeaderWorkerSet owns it (orphaned by `kubectl delete
+		// --cascade=orphan` or a prune that orphans, or labelled by hand): the garbage
+		// collector will never take it, so waiting would be for ever. Left alone, as a
+		// foreign one is.
+		log.Info("a ComputeDomain with nvdomain's label and name is owned by no LeaderWorkerSet; it is left alone, and the group's pods get their channels from it if it makes the template they claim from: delete it to have nvdomain make one owned by this LeaderWorkerSet",
+			"computeDomain", name)
+		return reconcile.Result{}, nil
 	case err == nil && (cd.GetDeletionTimestamp() != nil || !ownedBy(cd, lws.GetUID())):
 		// The ComputeDomain of a LeaderWorkerSet of the same name deleted a moment ago
 		// (kubectl delete and apply, an Argo CD replace): the garbage collector deletes it,
@@ -202,6 +210,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 // staleRetry is how soon a ComputeDomain still owned by a deleted LeaderWorkerSet of the same
 // name is looked at again.
 const staleRetry = 2 * time.Second
+
+// ownedByAnLWS reports whether a LeaderWorkerSet is among o's owners.
+func ownedByAnLWS(o metav1.Object) bool {
+	for _, ref := range o.GetOwnerReferences() {
+		if ref.Kind == names.LWSKind {
+			return true
+		}
+	}
+	return false
+}
 
 func ownedBy(o metav1.Object, uid types.UID) bool {
 	for _, ref := range o.GetOwnerReferences() {

@@ -43,6 +43,12 @@ func foreignCD(name string) *unstructured.Unstructured {
 	return u
 }
 
+// orphaned is cd with its owners gone, as `kubectl delete --cascade=orphan` leaves it.
+func orphaned(cd *unstructured.Unstructured) *unstructured.Unstructured {
+	cd.SetOwnerReferences(nil)
+	return cd
+}
+
 func presence(served bool) *Presence {
 	p := &Presence{Log: logr.Discard()}
 	p.served.Store(served)
@@ -68,6 +74,8 @@ func TestReconcilerMakesTheLeaderWorkerSetsComputeDomain(t *testing.T) {
 		{name: "the API is not served: nothing", served: false, objects: []client.Object{lws("llama", false)}, wantNumNodes: -1},
 		{name: "a previous LeaderWorkerSet's ComputeDomain: waits for the garbage collector", served: true,
 			objects: []client.Object{lws("llama", false), ComputeDomain("team", "llama", "previous-uid")}, wantNumNodes: 0, wantRequeue: true, wantOwnerUID: "previous-uid"},
+		{name: "nvdomain's ComputeDomain orphaned (no LeaderWorkerSet owns it): left alone, not waited for", served: true,
+			objects: []client.Object{lws("llama", false), orphaned(ComputeDomain("team", "llama", "previous-uid"))}, wantNumNodes: 0},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

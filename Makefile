@@ -44,7 +44,7 @@ IMAGE_ENV   := NVDOMAIN_IMAGE=$(IMAGE) NVDOMAIN_IMAGE_ARCHIVE=$(IMAGE_ARCHIVE)
 # marks deprecated, which only adds compiler noise.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all build image chart test unit e2e matrix host-deps k8s-assets containerd-assets helm-assets kwok-assets karpenter-assets kueue-assets lws-assets registry-assets cross-deps demo-assets demo-helm demo-image lint fmt vet staticcheck cover fuzz bench bench-placement bench-admission bench-dra bench-dra-blocks bench-placement-huge scale demo down clean
+.PHONY: all build image chart test unit e2e matrix host-deps k8s-assets containerd-assets helm-assets kwok-assets karpenter-assets kueue-assets lws-assets registry-assets cross-deps demo-assets demo-helm demo-image lint fmt vet staticcheck cover fuzz bench bench-placement bench-admission bench-dra bench-dra-blocks bench-dra-huge bench-placement-huge scale demo down clean
 
 all: build
 
@@ -218,6 +218,13 @@ bench-dra: k8s-assets kwok-assets
 ## minutes). Root.
 bench-dra-blocks: k8s-assets kwok-assets
 	NVDOMAIN_DRA_BLOCKS=1 $(GO) test -run '^$$' -bench '^BenchmarkDRA$$' -benchtime 1x -timeout 30m -v ./test/scale/
+
+## bench-dra-huge: bench-dra on 5,000 kwok nodes (3,000 with one 8-GPU domain, 2,000 with two
+## 4-GPU domains), the same stream: where kube-scheduler samples 500 of the feasible nodes and
+## the webhook's replay visits every DRA node. Prints its tables only (about half an hour on 2
+## cores). Root.
+bench-dra-huge: k8s-assets kwok-assets
+	NVDOMAIN_DRA_HUGE=1 $(GO) test -run '^$$' -bench '^BenchmarkDRA$$' -benchtime 1x -timeout 90m -v ./test/scale/
 
 ## matrix: the previous two Kubernetes releases (MATRIX_VERSIONS), each built into
 ## bin/k8s/<version> like the default one: the unit and integration tests (envtest, the HA

@@ -12,6 +12,7 @@ import (
 	"github.com/nvdomain/nvdomain/pkg/names"
 	prepin "github.com/nvdomain/nvdomain/pkg/repin"
 	"github.com/nvdomain/nvdomain/webhook/imex"
+	"github.com/nvdomain/nvdomain/webhook/reservations"
 )
 
 // DefaultServerOptions are the documented defaults of the webhook process.
@@ -33,6 +34,7 @@ func DefaultServerOptions() ServerOptions {
 		KueueWatch:              true,
 		IMEXChannels:            true,
 		IMEXRecheck:             imex.DefaultRecheck,
+		DRAReservations:         reservations.Options{Namespace: os.Getenv("POD_NAMESPACE"), TTL: reservations.DefaultTTL, Interval: reservations.DefaultInterval},
 		CertRotation: CertRotationOptions{
 			Validity:    365 * 24 * time.Hour,
 			RenewBefore: 30 * 24 * time.Hour,
@@ -55,6 +57,7 @@ func (so *ServerOptions) AddFlags(fs *flag.FlagSet) (complete func() error) {
 	mode := fs.String("mode", string(so.Handlers.Mode), "which node pools TP pods go to: classic (pin to a domain id), dra (rewrite onto the ResourceClaimTemplate nvdomain-tp-<k>; DRA pools only) or mixed (DRA for pods that select only nodes labelled nvdomain-mode=dra, classic for the rest); docs/dra.md")
 	groups := fs.String("group-placement", string(so.Handlers.GroupPlacement), "how a LeaderWorkerSet group is kept in one multi-node NVLink clique: pin (required node affinity on the clique label, chosen at the leader's admission; any release) or workload (a Workload API PodGroup with gang minCount and a topology constraint on the clique label, placed by the scheduler; Kubernetes 1.37 with the GenericWorkload and TopologyAwareWorkloadScheduling gates, else the webhook pins and logs why); docs/multinode.md")
 	so.DRATemplates.AddFlags(fs)
+	so.DRAReservations.AddFlags(fs)
 	excluded := fs.String("exclude-namespaces", strings.Join(so.Handlers.ExcludedNamespaces, ","), "comma-separated namespaces never touched (add the webhook's own)")
 	fs.DurationVar(&so.UnschedulableHold, "unschedulable-hold", so.UnschedulableHold, "how long a pending pod that the scheduler rejects for reasons other than GPUs (pod affinity, CPU, volumes) keeps the GPU room it is pinned to; after it, that room counts free for other pods (docs/architecture.md)")
 	fs.IntVar(&so.Replicas, "replicas", so.Replicas, "how many webhook replicas admit pods (the chart passes the Deployment's replicas): each keeps its own reservations and enforces its share of the per-namespace reservation caps, so all of them together hold no more than one namespace's caps")
@@ -109,6 +112,10 @@ func (so *ServerOptions) AddFlags(fs *flag.FlagSet) (complete func() error) {
 				so.Handlers.ExcludedNamespaces = append(so.Handlers.ExcludedNamespaces, ns)
 			}
 		}
+		if so.DRAReservations.Namespace == "" {
+			// The release's namespace, as the Lease's.
+			so.DRAReservations.Namespace = so.LeaderElectionNamespace
+		}
 		return so.Validate()
 	}
 }
@@ -146,6 +153,14 @@ func (so ServerOptions) Validate() error {
 			return fmt.Errorf("--leader-election-namespace is empty: set it (or POD_NAMESPACE) to the webhook's namespace")
 		}
 	}
+	if so.DRATemplates.Enabled && so.DRATemplates.Reservations {
+		if err := so.DRAReservations.Validate(); err != nil {
+			return err
+		}
+		if so.DRAReservations.Namespace == "" {
+			return fmt.Errorf("--dra-reservations needs the webhook's namespace for the ConfigMap %s: set POD_NAMESPACE (the chart does)", names.DRAReservationsConfigMap)
+		}
+	}
 	if so.Repin.Enabled {
 		if err := so.Repin.Validate(); err != nil {
 			return err
@@ -165,6 +180,6 @@ func (so ServerOptions) Summary() map[string]any {
 		"resourcePrefix": so.Handlers.Names.ResourcePrefix(), "repin": so.Repin.Enabled, "repinAfter": so.Repin.After.String(),
 		"leaderElection": so.LeaderElection, "leaderElectionNamespace": so.LeaderElectionNamespace, "shutdownDelay": so.ShutdownDelay.String(),
 		"certSecret": so.CertRotation.Secret, "certValidity": so.CertRotation.Validity.String(), "certRenewBefore": so.CertRotation.RenewBefore.String(),
-		"mode": so.Handlers.Mode, "draTemplates": so.DRATemplates.Enabled, "pools": so.Pools.Namespace + "/" + so.Pools.Name, "kueueWatch": so.KueueWatch, "imexChannels": so.IMEXChannels, "groupPlacement": so.Handlers.GroupPlacement,
+		"mode": so.Handlers.Mode, "draTemplates": so.DRATemplates.Enabled, "draReservations": so.DRATemplates.Enabled && so.DRATemplates.Reservations, "pools": so.Pools.Namespace + "/" + so.Pools.Name, "kueueWatch": so.KueueWatch, "imexChannels": so.IMEXChannels, "groupPlacement": so.Handlers.GroupPlacement,
 	}
 }

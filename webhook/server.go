@@ -42,6 +42,7 @@ import (
 	"github.com/nvdomain/nvdomain/webhook/kueuewatch"
 	"github.com/nvdomain/nvdomain/webhook/podgroups"
 	"github.com/nvdomain/nvdomain/webhook/repin"
+	"github.com/nvdomain/nvdomain/webhook/reservations"
 )
 
 // Paths the handlers serve; the webhook configurations in manifests/ point at them.
@@ -89,6 +90,9 @@ type ServerOptions struct {
 	// mode in every namespace; it runs on the elected leader too. Its sizes and excluded
 	// namespaces are the handlers'.
 	DRATemplates dratemplates.Options
+	// DRAReservations times the reservation controller, which runs with DRATemplates'
+	// Reservations (webhook/reservations).
+	DRAReservations reservations.Options
 	// KueueWatch follows Kueue's Workloads on the elected leader and warns on those Kueue
 	// holds back for nvdomain's per-domain resource (package kueuewatch); it waits for
 	// Kueue's API when Kueue is not installed.
@@ -360,6 +364,16 @@ func NewManager(cfg *rest.Config, so ServerOptions, log logr.Logger) (manager.Ma
 		r := &dratemplates.Reconciler{Options: o, Client: mgr.GetClient(), Log: log.WithName("dratemplates")}
 		if err := r.Setup(mgr); err != nil {
 			return nil, nil, fmt.Errorf("ResourceClaimTemplate controller: %w", err)
+		}
+		if o.Reservations {
+			rc := &reservations.Controller{Options: so.DRAReservations, Pods: mgr.GetClient(), Reader: mgr.GetAPIReader(), Writer: mgr.GetClient(),
+				View: view, Log: log.WithName("reservations")}
+			if err := mgr.Add(rc); err != nil {
+				return nil, nil, fmt.Errorf("DRA reservation controller: %w", err)
+			}
+			if err := mgr.Add(&reservations.Follower{Options: so.DRAReservations, Reader: mgr.GetAPIReader(), View: view, Log: log.WithName("reservations")}); err != nil {
+				return nil, nil, fmt.Errorf("DRA reservation follower: %w", err)
+			}
 		}
 	}
 	var mh, vh, lh admission.Handler = mut, val, &LWSValidator{Decider: val.Decider, Metrics: metrics, Log: log.WithName("validate-lws")}

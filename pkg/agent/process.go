@@ -194,7 +194,7 @@ func RunProcess(ctx context.Context, o ProcessOptions, log logr.Logger) error {
 		}
 		defer func() { _ = closePods() }()
 		d, err := dra.Start(ctx, dra.Options{Node: o.Node, Client: client, KubeletDir: o.DRAKubeletDir, CDI: mode, CDISpecDir: o.CDISpecDir, NVIDIASpecDirs: o.DRANVIDIASpecDirs,
-			Topology: top, Blocks: o.DRABlocks, Pods: pods, Metrics: dm, ModeLabel: o.Names.ModeLabel(), Log: log.WithName("dra"), Fatal: func(err error) { cancel(err) }})
+			Topology: top, Blocks: o.DRABlocks, Pods: pods, Metrics: dm, ReservationsNamespace: o.Namespace, ModeLabel: o.Names.ModeLabel(), Log: log.WithName("dra"), Fatal: func(err error) { cancel(err) }})
 		if err != nil {
 			return err
 		}

@@ -116,6 +116,14 @@ func (v *View) DRAFits(pod *corev1.Pod, k int) error {
 	req := nodeaffinity.GetRequiredNodeAffinity(pod)
 	v.mu.RLock()
 	defer v.mu.RUnlock()
+	// The answer is nearly always yes, found at the first eligible node with a domain that
+	// large: only a refusal needs every node, for its message. (A full pass for every pod
+	// cost 2.4 ms of a DRA admission's 5.6 at 5,000 nodes.)
+	for _, nd := range v.nodes {
+		if nd.dra && largestOf(nd.draSizes) >= k && eligible(pod, req, nd) {
+			return nil
+		}
+	}
 	ch := placement.NewDomainChooser(k)
 	for name, nd := range v.nodes {
 		if !nd.dra || !eligible(pod, req, nd) {
@@ -127,4 +135,13 @@ func (v *View) DRAFits(pod *corev1.Pod, k int) error {
 	}
 	_, err := ch.Decide()
 	return err
+}
+
+// largestOf is the largest domain of a node's domain sizes (0 for none).
+func largestOf(sizes map[int]int) int {
+	l := 0
+	for _, s := range sizes {
+		l = max(l, s)
+	}
+	return l
 }

@@ -31,12 +31,14 @@ import (
 type claimUse struct {
 	node string
 	gpus []int
+	// key is the claim's namespace/name, which pods' statuses name.
+	key string
 }
 
 // UpsertClaim records the GPUs of nvdomain's driver a claim's allocation holds (none while it
 // is not allocated). Admin-access results hold nothing: they share a GPU with its holder.
 func (v *View) UpsertClaim(c *resourceapi.ResourceClaim) {
-	var use claimUse
+	use := claimUse{key: c.Namespace + "/" + c.Name}
 	if a := c.Status.Allocation; a != nil {
 		for _, r := range a.Devices.Results {
 			if r.Driver != names.DRADriver || (r.AdminAccess != nil && *r.AdminAccess) {
@@ -115,7 +117,13 @@ func (v *View) DRAHint(pod *corev1.Pod, k int, tp bool) []string {
 		if nd.draGPUs-len(used) < k || !eligible(pod, req, nd) || !available(pod, nd) {
 			continue
 		}
-		f, ok := dra.Predict(nd.draSlots, func(g int) bool { return used[g] > 0 }, k, tp, v.draBlocks)
+		// A domain reserved for a waiter larger than this pod is closed to it (its devices
+		// carry the reservation taint, which its template does not tolerate).
+		var closed map[int]int
+		if doms := v.draReservations[name]; doms != nil {
+			closed = reservedDomainGPUs(nd.draSlots, doms)
+		}
+		f, ok := dra.Predict(nd.draSlots, func(g int) bool { return used[g] > 0 || (closed != nil && closed[g] > k) }, k, tp, v.draBlocks)
 		switch {
 		case !ok || (len(out) > 0 && best.Tighter(f)):
 			continue
@@ -194,4 +202,104 @@ func StripClaim(obj any) (any, error) {
 		}
 	}
 	return out, nil
+}
+
+// DRADomainLoads gives, for each pod, the domains of the DRA nodes it may use (as DRAHint
+// picks them: labels, name, hard taints, cordoned, NotReady and withdrawn nodes left out),
+// each with its size, its free GPUs (unhealthy ones are not free), how many claims hold GPUs
+// of it, and how many of its GPUs claims held by long-lived pods hold (longLived says which
+// claims, by namespace/name): what the reservation controller (webhook/reservations) chooses
+// among.
+func (v *View) DRADomainLoads(pods []*corev1.Pod, longLived func(claim string) bool) [][]dra.DomainLoad {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	// Claims holding each domain, counted once for every pod.
+	type domKey struct {
+		node   string
+		domain int
+	}
+	holders, long := map[domKey]int{}, map[domKey]int{}
+	for _, use := range v.claims {
+		nd := v.nodes[use.node]
+		if nd == nil || !nd.dra {
+			continue
+		}
+		seen := map[int]bool{}
+		isLong := longLived != nil && longLived(use.key)
+		for _, g := range use.gpus {
+			d := slotDomain(nd.draSlots, g)
+			if d < 0 {
+				continue
+			}
+			if isLong {
+				long[domKey{use.node, d}]++
+			}
+			if !seen[d] {
+				seen[d] = true
+				holders[domKey{use.node, d}]++
+			}
+		}
+	}
+	out := make([][]dra.DomainLoad, len(pods))
+	for i, pod := range pods {
+		req := nodeaffinity.GetRequiredNodeAffinity(pod)
+		for name, nd := range v.nodes {
+			if !nd.dra || nd.draSlots == nil || nd.draWithdrawn || !eligible(pod, req, nd) || !available(pod, nd) {
+				continue
+			}
+			used := v.draUsed[name]
+			byDomain := map[int]*dra.DomainLoad{}
+			var order []int
+			for _, s := range nd.draSlots {
+				if s.Block != 0 || s.Domain < 0 {
+					continue
+				}
+				l := byDomain[s.Domain]
+				if l == nil {
+					l = &dra.DomainLoad{Node: name, Domain: s.Domain, Holders: holders[domKey{name, s.Domain}], LongLived: long[domKey{name, s.Domain}]}
+					byDomain[s.Domain] = l
+					order = append(order, s.Domain)
+				}
+				l.Size++
+				if used[s.GPUs[0]] == 0 && !s.Tainted {
+					l.Free++
+				}
+			}
+			for _, d := range order {
+				out[i] = append(out[i], *byDomain[d])
+			}
+		}
+	}
+	return out
+}
+
+// slotDomain is the domain of GPU g among a node's slots, -1 when it is in none.
+func slotDomain(slots []dra.Slot, g int) int {
+	for _, s := range slots {
+		if s.Block == 0 && s.GPUs[0] == g {
+			return s.Domain
+		}
+	}
+	return -1
+}
+
+// SetDRAReservations records the domains reserved for waiting TP pods, per node: domain id to
+// the waiter's size (dra.NodeReservations of each node's key in the ConfigMap
+// names.DRAReservationsConfigMap). DRAHint then keeps a pod off a domain reserved for a larger
+// one, as the allocator will.
+func (v *View) SetDRAReservations(byNode map[string]map[int]int) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.draReservations = byNode
+}
+
+// reservedDomainGPUs maps each GPU of a reserved domain to the size it is reserved for.
+func reservedDomainGPUs(slots []dra.Slot, doms map[int]int) map[int]int {
+	out := map[int]int{}
+	for _, s := range slots {
+		if k, ok := doms[s.Domain]; ok && s.Block == 0 && s.Domain >= 0 {
+			out[s.GPUs[0]] = k
+		}
+	}
+	return out
 }

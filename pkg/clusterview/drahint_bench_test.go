@@ -37,6 +37,19 @@ func BenchmarkDRAHint(b *testing.B) {
 				v.UpsertClaim(claimOn(name+"-b", name, names.DRADeviceName(2)))
 			}
 		}
+		// What the mutating webhook asks of the view for one TP pod in mixed mode, the pod
+		// selecting the DRA nodes by the mode label: does it select only DRA nodes, can any
+		// domain ever hold it, and the hint.
+		sel := newTP()
+		sel.Spec.NodeSelector = map[string]string{n.ModeLabel(): names.ModeDRA}
+		b.Run(fmt.Sprintf("nodes=%d/admission-k=4", nodes), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if !v.SelectsOnlyDRA(sel) || v.DRAFits(sel, 4) != nil || len(v.DRAHint(sel, 4, true)) == 0 {
+					b.Fatal("no DRA placement")
+				}
+			}
+		})
 		for _, k := range []int{1, 2, 4, 8} {
 			pod := newTP()
 			b.Run(fmt.Sprintf("nodes=%d/k=%d", nodes, k), func(b *testing.B) {

@@ -43,6 +43,9 @@ func StripPod(n names.Names) func(any) (any, error) {
 			out.Spec.Tolerations = pod.Spec.Tolerations
 			out.Spec.Priority = pod.Spec.Priority
 			out.Spec.SchedulingGates = pod.Spec.SchedulingGates
+			// The claims a pending pod asks for name its nvdomain-tp-<k> template, which the
+			// reservation controller reads (webhook/reservations).
+			out.Spec.ResourceClaims = pod.Spec.ResourceClaims
 			if a := pod.Spec.Affinity; a != nil && a.NodeAffinity != nil && a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil {
 				out.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
 					RequiredDuringSchedulingIgnoredDuringExecution: a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution,
@@ -55,6 +58,10 @@ func StripPod(n names.Names) func(any) (any, error) {
 			}
 		}
 		if pod.Spec.NodeName != "" {
+			// The claims a bound pod holds, which the reservation controller weighs by the
+			// pod's owner (webhook/reservations).
+			out.Status.ResourceClaimStatuses = pod.Status.ResourceClaimStatuses
+			out.Status.ExtendedResourceClaimStatus = pod.Status.ExtendedResourceClaimStatus
 			// A container the node refused, by nvdomain's plugin or for want of it, for the
 			// re-pin controller (repin.RefusedByNode), whatever the pod's phase (a restart
 			// refused after the container ran reports Running): the waiting state alone, of

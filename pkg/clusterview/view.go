@@ -107,6 +107,9 @@ type View struct {
 	// draUsed, per DRA node, how many of them hold each GPU (drahint.go).
 	claims  map[types.UID]claimUse
 	draUsed map[string]map[int]int
+	// draReservations are the domains reserved for waiting TP pods, by node: domain id to
+	// the waiter's size (SetDRAReservations).
+	draReservations map[string]map[int]int
 	// draBlocks: DRA nodes publish blocks (SetDRABlocks).
 	draBlocks bool
 	// gpuNodesWithoutDomains counts nodes with GPUs but no NVLink domain (auto mode).

@@ -53,6 +53,12 @@ type Publish struct {
 	// the pod ends. They and every device sharing a GPU with them get names.DRATaintHeld
 	// (or are left out) too.
 	Orphaned []string
+	// Reserved maps a domain id to the size of the TP waiter it is reserved for
+	// (NodeReservations): every device of the domain gets the NoSchedule taint
+	// names.DRATaintReserved=<size>, which only the templates of that many GPUs or more
+	// tolerate. Ignored with WithholdUnhealthy: an apiserver without device taints would drop
+	// the taint, and leaving the domain out instead would strand the waiter too.
+	Reserved map[int]int
 }
 
 // Devices is the ResourceSlice form of a topology, in the order the allocator should prefer
@@ -80,6 +86,29 @@ type Publish struct {
 // Counters returns the counter sets the devices consume.
 func Devices(top *topology.Topology, p Publish) []resourceapi.Device {
 	devs, _ := markHeld(devicesOf(top, p), p)
+	return markReserved(devs, top, p)
+}
+
+// markReserved adds names.DRATaintReserved to the devices of the domains p.Reserved names. A
+// device that carries maxDeviceTaints already (an unhealthy one) is left as it is: no claim
+// gets it anyway.
+func markReserved(devs []resourceapi.Device, top *topology.Topology, p Publish) []resourceapi.Device {
+	if len(p.Reserved) == 0 || p.WithholdUnhealthy {
+		return devs
+	}
+	for i := range devs {
+		gs, ok := names.ParseDRADeviceGPUs(devs[i].Name)
+		if !ok || len(gs) == 0 || len(devs[i].Taints) >= maxDeviceTaints {
+			continue
+		}
+		g, ok := top.GPU(gs[0])
+		if !ok || g.Domain == nil {
+			continue
+		}
+		if k, held := p.Reserved[*g.Domain]; held {
+			devs[i].Taints = append(devs[i].Taints, resourceapi.DeviceTaint{Key: names.DRATaintReserved, Value: strconv.Itoa(k), Effect: resourceapi.DeviceTaintEffectNoSchedule})
+		}
+	}
 	return devs
 }
 
@@ -347,6 +376,7 @@ func Resources(node string, top *topology.Topology, p Publish) resourceslice.Dri
 // resources is Resources, and how many devices it tainted or left out for p.Held (markHeld).
 func resources(node string, top *topology.Topology, p Publish) (resourceslice.DriverResources, int) {
 	devices, covered := markHeld(devicesOf(top, p), p)
+	devices = markReserved(devices, top, p)
 	per := MaxDevicesPerSlice
 	// The API allows 64 devices per slice once any consumes counters or carries a taint.
 	if p.Blocks || slices.ContainsFunc(devices, func(d resourceapi.Device) bool { return len(d.Taints) > 0 }) {

@@ -65,6 +65,10 @@ type Options struct {
 	HousekeepingPeriod time.Duration
 	// Now is the clock of housekeeping's grace (time.Now when nil; tests set their own).
 	Now func() time.Time
+	// ReservationsNamespace is where the ConfigMap names.DRAReservationsConfigMap is read each
+	// housekeeping round (the release's namespace); empty reads none, and no domain is
+	// reserved.
+	ReservationsNamespace string
 	// ModeLabel is the node mode label's key, for messages.
 	ModeLabel string
 	Log       logr.Logger
@@ -115,6 +119,10 @@ type Driver struct {
 	// noBlocks is set once the apiserver dropped the blocks' counters, noTaints once it
 	// dropped a device taint (unhealthy GPUs are then withheld).
 	noBlocks, noTaints bool
+	// reservedRaw is this node's entry of the reservations ConfigMap as last read, and
+	// reserved what is in force of it (NodeReservations), published as taints.
+	reservedRaw string
+	reserved    map[int]int
 	// allocatorChecked is set once the apiserver's version said whether blocks may be
 	// published (checkAllocator); until then none are.
 	allocatorChecked bool
@@ -276,7 +284,7 @@ func (d *Driver) publishLocked(ctx context.Context) error {
 	} else {
 		var held []string
 		held, orphaned = d.heldDevices()
-		res, covered = resources(d.o.Node, top, Publish{Blocks: d.o.Blocks && !d.noBlocks && d.allocatorChecked, WithholdUnhealthy: d.noTaints, Held: held, Orphaned: orphaned})
+		res, covered = resources(d.o.Node, top, Publish{Blocks: d.o.Blocks && !d.noBlocks && d.allocatorChecked, WithholdUnhealthy: d.noTaints, Held: held, Orphaned: orphaned, Reserved: d.reserved})
 	}
 	d.state.SetTopology(top)
 	if d.published != nil && apiequality.Semantic.DeepEqual(*d.published, res) {

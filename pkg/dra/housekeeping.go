@@ -275,6 +275,7 @@ func (d *Driver) housekeeping(ctx context.Context, period time.Duration) {
 // it leaves is past its grace (0: none waits).
 func (d *Driver) Housekeep(ctx context.Context) (next time.Duration) {
 	defer d.checkDevicePlugin(ctx)
+	d.refreshReservations(ctx)
 	if d.checkAllocator(ctx) {
 		// The apiserver answered at last, and blocks may be published.
 		d.mu.Lock()
@@ -699,5 +700,43 @@ func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
 	default:
 		d.o.Metrics.sliceError("other")
 		d.o.Log.Error(err, msg)
+	}
+}
+
+// refreshReservations reads this node's reservations (the webhook's elected replica writes them
+// into the ConfigMap names.DRAReservationsConfigMap) and publishes again when what is in force
+// changed: a new reservation, one the controller ended, or one past its Until. When the
+// ConfigMap cannot be read, the last entry read still ends at its Until, so a reservation
+// never outlives its bound because the apiserver is away.
+func (d *Driver) refreshReservations(ctx context.Context) {
+	if d.o.ReservationsNamespace == "" {
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	cm, err := d.o.Client.CoreV1().ConfigMaps(d.o.ReservationsNamespace).Get(rctx, names.DRAReservationsConfigMap, metav1.GetOptions{})
+	cancel()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	switch {
+	case apierrors.IsNotFound(err):
+		d.reservedRaw = ""
+	case err != nil:
+		d.o.Log.V(1).Info("could not read the DRA reservations; the last ones read end at their time", "configmap", d.o.ReservationsNamespace+"/"+names.DRAReservationsConfigMap, "err", err.Error())
+	default:
+		d.reservedRaw = cm.Data[d.o.Node]
+	}
+	now, err := NodeReservations(d.reservedRaw, d.now())
+	if err != nil {
+		d.o.Log.Error(err, "ignoring this node's DRA reservations")
+	}
+	if maps.Equal(now, d.reserved) {
+		return
+	}
+	d.o.Log.Info("the domains reserved for waiting TP pods changed; publishing them with the reservation taint", "taint", names.DRATaintReserved, "reserved", now, "before", d.reserved)
+	prev := d.reserved
+	d.reserved = now
+	if err := d.publishLocked(ctx); err != nil {
+		d.reserved = prev // the next round tries again
+		d.o.Log.Error(err, "publish the reserved domains")
 	}
 }

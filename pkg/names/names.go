@@ -726,6 +726,15 @@ const (
 	// The allocator counts a held device's counters only while the device is in a slice, so
 	// without the taint it would offer those GPUs again; the taint goes with the Unprepare.
 	DRATaintHeld = DRADriver + "/held"
+	// DRATaintReserved (value: the waiter's GPU count k) is the NoSchedule device taint the
+	// driver puts on every device of a domain reserved for a waiting TP pod of k GPUs
+	// (pkg/dra, "Reservations without pins"); the nvdomain-tp-<k'> templates of k' ≥ k
+	// tolerate it, and the dra-blocks policy refuses any other claim or template that does.
+	DRATaintReserved = DRADriver + "/reserved"
+	// DRAReservationsConfigMap, in the release's namespace, carries the reservations the
+	// webhook's elected replica makes: one key per node, a JSON list of dra.Reservation. The
+	// DRA drivers read their node's key.
+	DRAReservationsConfigMap = "nvdomain-dra-reservations"
 	// DRAAttrBlockSize is a block's GPU count; single GPUs do not have it, which is what the
 	// two DeviceClasses select on.
 	DRAAttrBlockSize = "blockSize"

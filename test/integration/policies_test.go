@@ -1120,6 +1120,9 @@ func TestClaimsDoNotTolerateNvdomainsDeviceTaints(t *testing.T) {
 		want  string // "": admitted
 	}{
 		{tolerating("held", held, false), denied},
+		// A tenant tolerating a reservation by hand would take a domain kept for a waiting TP
+		// pod (the reservation taint, docs/dra.md).
+		{tolerating("reserved", resourcev1.DeviceToleration{Key: names.DRATaintReserved, Operator: resourcev1.DeviceTolerationOpEqual, Value: "4", Effect: resourcev1.DeviceTaintEffectNoSchedule}, true), denied},
 		{tolerating("unhealthy-in-a-subrequest", resourcev1.DeviceToleration{Key: names.DRATaintUnhealthy, Operator: resourcev1.DeviceTolerationOpExists}, true), denied},
 		{tolerating("every-taint", resourcev1.DeviceToleration{Operator: resourcev1.DeviceTolerationOpExists}, false), denied},
 		{tolerating("another-key", resourcev1.DeviceToleration{Key: "example.com/maintenance", Operator: resourcev1.DeviceTolerationOpExists}, false), ""},

@@ -63,6 +63,18 @@ func DRABlocks() Config {
 	return c
 }
 
+// DRAHuge is DRAFull on 5,000 nodes (3,000 with one 8-GPU domain, 2,000 with two 4-GPU domains),
+// ten times its cluster with the same stream: where kube-scheduler no longer filters every node
+// (from 100 nodes it stops once it has found max(100, N×(50−N/125)%, N×5%) feasible ones, 500
+// of 5,000) and the webhook's allocator replay still visits every DRA node a pod may use. `make
+// bench-dra-huge` prints it.
+func DRAHuge() Config {
+	c := DRAFull()
+	c.HGX, c.Split = 3000, 2000
+	c.Settle = 6 * time.Minute
+	return c
+}
+
 // DRASmoke is a 50-node version for a quick check of the harness.
 func DRASmoke() Config {
 	return Config{HGX: 30, Split: 20, Pods: 300, Rate: 30, Lifetime: 2 * time.Second,

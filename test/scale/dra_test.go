@@ -53,6 +53,9 @@ func BenchmarkDRA(b *testing.B) {
 	if os.Getenv("NVDOMAIN_DRA_BLOCKS") == "1" {
 		cfg, command = DRABlocks(), "make bench-dra-blocks"
 	}
+	if os.Getenv("NVDOMAIN_DRA_HUGE") == "1" {
+		cfg, command = DRAHuge(), "make bench-dra-huge"
+	}
 	for b.Loop() {
 		rep := RunDRA(b, cfg)
 		b.Logf("\n%s", rep.Markdown("### DRA against plain DRA and classic", command))

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -32,6 +33,10 @@ type Reconciler struct {
 	Options Options
 	Client  client.Client
 	Log     logr.Logger
+	// untolerated is set once the apiserver dropped a template's tolerations (device taints
+	// off: DRADeviceTaints): the templates are then made without them, or every pass would
+	// find them changed and replace them again.
+	untolerated atomic.Bool
 }
 
 // Setup registers the controller: every Namespace is a request, and so is the namespace of any
@@ -62,7 +67,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			existing = append(existing, t)
 		}
 	}
-	a := Plan(ns, r.Options.Sizes, r.Options.ExcludedNamespaces, r.Options.Blocks, existing)
+	a := Plan(ns, r.Options.Sizes, r.Options.ExcludedNamespaces, r.Options.Blocks, r.Options.Reservations && !r.untolerated.Load(), existing)
 	if a.Empty() {
 		return reconcile.Result{}, nil
 	}
@@ -96,9 +101,38 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			return reconcile.Result{}, fmt.Errorf("create ResourceClaimTemplate %s/%s: %w", t.Namespace, t.Name, err)
 		}
 		r.Log.Info("created ResourceClaimTemplate", "namespace", t.Namespace, "name", t.Name)
+		// Create decoded the stored object into t.
+		if r.wantsTolerations(t) && !tolerates(t) && r.untolerated.CompareAndSwap(false, true) {
+			r.Log.Info("the apiserver dropped the templates' device tolerations (device taints are off: the DRADeviceTaints feature gate); templates are made without them, and reserved domains stay closed to waiting TP pods: turn the gate on, or dra.reservations off",
+				"namespace", t.Namespace, "name", t.Name)
+			requeue = true
+		}
 	}
 	if requeue {
 		return reconcile.Result{RequeueAfter: time.Second}, nil
 	}
 	return reconcile.Result{}, nil
+}
+
+// tolerates says whether any request of the template, as the apiserver stored it, has a
+// toleration.
+func tolerates(t *resourceapi.ResourceClaimTemplate) bool {
+	for _, r := range t.Spec.Spec.Devices.Requests {
+		if r.Exactly != nil && len(r.Exactly.Tolerations) > 0 {
+			return true
+		}
+		for _, s := range r.FirstAvailable {
+			if len(s.Tolerations) > 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// wantsTolerations says whether the template of this name is one that should tolerate the
+// reservation taint.
+func (r *Reconciler) wantsTolerations(t *resourceapi.ResourceClaimTemplate) bool {
+	k, ok := names.ParseDRATemplate(t.Name)
+	return ok && len(Tolerations(r.Options.Reservations, r.Options.Sizes, k)) > 0
 }

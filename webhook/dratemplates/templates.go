@@ -36,11 +36,15 @@ type Options struct {
 	ExcludedNamespaces []string
 	// Blocks makes the templates of power-of-two sizes ask for a block first (--dra-blocks).
 	Blocks bool
+	// Reservations makes the templates of dra.ReserveMinSize GPUs or more tolerate the
+	// reservation taint of their size and smaller (--dra-reservations; Tolerations).
+	Reservations bool
 }
 
 // AddFlags registers the controller's switch; sizes and namespaces are the webhook's own.
 func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.Blocks, "dra-blocks", o.Blocks, "the templates of power-of-two TP sizes ask for one aligned block first (the DRA driver must publish blocks: the chart's dra.blocks sets both); off, they ask for k GPUs of one domain")
+	fs.BoolVar(&o.Reservations, "dra-reservations", o.Reservations, "the templates of 4 GPUs or more tolerate the device taint "+names.DRATaintReserved+" of their size and smaller, and the elected replica reserves a domain for a TP pod that fragmentation strands (docs/dra.md, Reservations); needs device taints (DRADeviceTaints, on by default from Kubernetes 1.36)")
 	fs.BoolVar(&o.Enabled, "dra-templates", o.Enabled, "keep the ResourceClaimTemplates nvdomain-tp-<k> of the allowed TP sizes in every namespace not excluded (DRA node pools; runs on the elected leader)")
 }
 
@@ -54,6 +58,15 @@ func TemplateSizes(allowed []int) []int {
 	}
 	slices.Sort(out)
 	return slices.Compact(out)
+}
+
+// Tolerations are the reservation taint's values the template of k GPUs tolerates: none
+// without reservations, else dra.ReservedTolerated.
+func Tolerations(reserve bool, sizes []int, k int) []string {
+	if !reserve {
+		return nil
+	}
+	return dra.ReservedTolerated(TemplateSizes(sizes), k)
 }
 
 // Desired is the template for TP size k in a namespace: one request, DRARequest.
@@ -79,20 +92,27 @@ func TemplateSizes(allowed []int) []int {
 //
 // Every template constrains its devices to one value of the domain attribute; a block
 // satisfies that by itself.
-func Desired(namespace string, k int, blocks bool) *resourceapi.ResourceClaimTemplate {
+//
+// tolerate are the values of names.DRATaintReserved the template tolerates (Tolerations): a
+// domain reserved for a waiter of that many GPUs is open to it.
+func Desired(namespace string, k int, blocks bool, tolerate ...string) *resourceapi.ResourceClaimTemplate {
 	req := resourceapi.DeviceRequest{Name: names.DRARequest}
+	var tols []resourceapi.DeviceToleration
+	for _, v := range tolerate {
+		tols = append(tols, resourceapi.DeviceToleration{Key: names.DRATaintReserved, Operator: resourceapi.DeviceTolerationOpEqual, Value: v, Effect: resourceapi.DeviceTaintEffectNoSchedule})
+	}
 	if blocks && dra.TemplateBlocks(k) {
 		// The block class selects only devices with blockSize, so the request's selector
 		// reads it without a guard.
 		req.FirstAvailable = []resourceapi.DeviceSubRequest{
 			{Name: names.DRASubBlock, DeviceClassName: names.DRABlockDeviceClass, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1,
 				Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
-					Expression: fmt.Sprintf("device.attributes[%q].%s == %d", names.DRADriver, names.DRAAttrBlockSize, k)}}}},
-			{Name: names.DRASubAny, DeviceClassName: names.DRADeviceClass, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: int64(k)},
+					Expression: fmt.Sprintf("device.attributes[%q].%s == %d", names.DRADriver, names.DRAAttrBlockSize, k)}}}, Tolerations: tols},
+			{Name: names.DRASubAny, DeviceClassName: names.DRADeviceClass, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: int64(k), Tolerations: slices.Clone(tols)},
 		}
 	} else {
 		req.Exactly = &resourceapi.ExactDeviceRequest{
-			DeviceClassName: names.DRADeviceClass, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: int64(k),
+			DeviceClassName: names.DRADeviceClass, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: int64(k), Tolerations: tols,
 		}
 	}
 	return &resourceapi.ResourceClaimTemplate{
@@ -147,21 +167,42 @@ type ask struct {
 	mode      resourceapi.DeviceAllocationMode
 	count     int64
 	selectors []string
-	odd       bool // admin access, tolerations or capacity requests: never in a template
+	// tolerations are the request's tolerations, each as key=value:effect/operator.
+	tolerations []string
+	odd         bool // admin access or capacity requests: never in a template
 }
 
 func askOf(e resourceapi.ExactDeviceRequest) ask {
-	return ask{class: e.DeviceClassName, mode: e.AllocationMode, count: e.Count, selectors: exprs(e.Selectors),
-		odd: ptr.Deref(e.AdminAccess, false) || len(e.Tolerations) != 0 || e.Capacity != nil}
+	return ask{class: e.DeviceClassName, mode: e.AllocationMode, count: e.Count, selectors: exprs(e.Selectors), tolerations: tolerations(e.Tolerations),
+		odd: ptr.Deref(e.AdminAccess, false) || e.Capacity != nil}
 }
 
 func subAsk(s resourceapi.DeviceSubRequest) ask {
-	return ask{class: s.DeviceClassName, mode: s.AllocationMode, count: s.Count, selectors: exprs(s.Selectors),
-		odd: len(s.Tolerations) != 0 || s.Capacity != nil}
+	return ask{class: s.DeviceClassName, mode: s.AllocationMode, count: s.Count, selectors: exprs(s.Selectors), tolerations: tolerations(s.Tolerations),
+		odd: s.Capacity != nil}
 }
 
 func sameAsk(a, b ask) bool {
-	return a.class == b.class && a.mode == b.mode && a.count == b.count && slices.Equal(a.selectors, b.selectors) && !a.odd && !b.odd
+	return a.class == b.class && a.mode == b.mode && a.count == b.count && slices.Equal(a.selectors, b.selectors) &&
+		slices.Equal(a.tolerations, b.tolerations) && !a.odd && !b.odd
+}
+
+// tolerations spells each toleration in full, the apiserver's defaults applied (operator
+// Equal), in order: a template that tolerates anything else, or for longer, is not nvdomain's.
+func tolerations(ts []resourceapi.DeviceToleration) []string {
+	out := make([]string, 0, len(ts))
+	for _, t := range ts {
+		op := t.Operator
+		if op == "" {
+			op = resourceapi.DeviceTolerationOpEqual
+		}
+		s := fmt.Sprintf("%s=%s:%s/%s", t.Key, t.Value, t.Effect, op)
+		if t.TolerationSeconds != nil {
+			s += fmt.Sprintf("/%ds", *t.TolerationSeconds)
+		}
+		out = append(out, s)
+	}
+	return out
 }
 
 func exprs(sels []resourceapi.DeviceSelector) []string {
@@ -198,7 +239,7 @@ func (a Actions) Empty() bool {
 // missing ones are created, ones whose spec differs are replaced (the name is nvdomain's,
 // whoever wrote it), ones without the managed-by label get it, and managed ones of a size no
 // longer in sizes are deleted. A namespace that is excluded or being deleted needs nothing.
-func Plan(ns *corev1.Namespace, sizes []int, excluded []string, blocks bool, existing []resourceapi.ResourceClaimTemplate) Actions {
+func Plan(ns *corev1.Namespace, sizes []int, excluded []string, blocks, reserve bool, existing []resourceapi.ResourceClaimTemplate) Actions {
 	var a Actions
 	if ns.DeletionTimestamp != nil || ns.Status.Phase == corev1.NamespaceTerminating || slices.Contains(excluded, ns.Name) {
 		return a
@@ -209,7 +250,7 @@ func Plan(ns *corev1.Namespace, sizes []int, excluded []string, blocks bool, exi
 	}
 	want := TemplateSizes(sizes)
 	for _, k := range want {
-		desired := Desired(ns.Name, k, blocks)
+		desired := Desired(ns.Name, k, blocks, Tolerations(reserve, sizes, k)...)
 		cur, ok := have[desired.Name]
 		switch {
 		case !ok:

@@ -138,7 +138,7 @@ func TestPlan(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			a := Plan(tc.ns, tc.sizes, []string{"kube-system"}, false, tc.existing)
+			a := Plan(tc.ns, tc.sizes, []string{"kube-system"}, false, false, tc.existing)
 			for what, pair := range map[string][2][]string{
 				"create": {namesOf(a.Create), tc.create}, "relabel": {namesOf(a.Relabel), tc.relabel},
 				"replace": {namesOf(a.Replace), tc.replace}, "delete": {namesOf(a.Delete), tc.delete},
@@ -148,6 +148,54 @@ func TestPlan(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// With reservations on, the templates of 4 GPUs or more tolerate the reservation taint of each
+// allowed size from 4 up to their own, and only those: a template made before reservations
+// (none) or tolerating more (a key of nvdomain's other taints) is replaced.
+func TestTemplatesTolerateReservationsOfTheirSizeAndSmaller(t *testing.T) {
+	sizes := []int{1, 2, 4, 6, 8}
+	want := map[int][]string{1: nil, 2: nil, 4: {"4"}, 6: {"4", "6"}, 8: {"4", "6", "8"}}
+	for k, vals := range want {
+		tpl := Desired("ml", k, k == 8, Tolerations(true, sizes, k)...)
+		for _, req := range tpl.Spec.Spec.Devices.Requests {
+			var lists [][]resourceapi.DeviceToleration
+			if req.Exactly != nil {
+				lists = append(lists, req.Exactly.Tolerations)
+			}
+			for _, sub := range req.FirstAvailable {
+				lists = append(lists, sub.Tolerations)
+			}
+			for _, tols := range lists {
+				var got []string
+				for _, tol := range tols {
+					if tol.Key != names.DRATaintReserved || tol.Operator != resourceapi.DeviceTolerationOpEqual || tol.Effect != resourceapi.DeviceTaintEffectNoSchedule {
+						t.Errorf("k=%d: toleration %+v, want %s=<size>:NoSchedule (Equal)", k, tol, names.DRATaintReserved)
+					}
+					got = append(got, tol.Value)
+				}
+				if !slices.Equal(got, vals) {
+					t.Errorf("k=%d: tolerates reservations %v, want %v", k, got, vals)
+				}
+			}
+		}
+		if got := Tolerations(false, sizes, k); got != nil {
+			t.Errorf("k=%d: tolerations %v with reservations off", k, got)
+		}
+	}
+	before := Desired("ml", 4, false) // made before reservations: no toleration
+	wider := Desired("ml", 8, false, "4", "8")
+	wider.Spec.Spec.Devices.Requests[0].Exactly.Tolerations[1].Key = names.DRATaintHeld
+	current := Desired("ml", 6, false, Tolerations(true, sizes, 6)...)
+	a := Plan(ns("ml"), []int{4, 6, 8}, nil, false, true, []resourceapi.ResourceClaimTemplate{*before, *wider, *current})
+	if got := namesOf(a.Replace); !slices.Equal(got, []string{names.DRATemplate(4), names.DRATemplate(8)}) {
+		t.Errorf("replaced %v, want the template without tolerations and the one tolerating the held taint", got)
+	}
+	// Reservations turned off again: the tolerating templates are replaced by plain ones.
+	a = Plan(ns("ml"), []int{4, 6, 8}, nil, false, false, []resourceapi.ResourceClaimTemplate{*before, *current})
+	if got := namesOf(a.Replace); !slices.Equal(got, []string{names.DRATemplate(6)}) {
+		t.Errorf("replaced %v with reservations off, want only the tolerating one", got)
 	}
 }
 

@@ -202,3 +202,13 @@ carries (node.architectures), so a node the image cannot serve gets no pod that 
 {{- define "nvdomain.nodeArchitectures" -}}
 - {key: kubernetes.io/arch, operator: In, values: [{{ join ", " .Values.node.architectures }}]}
 {{- end }}
+
+{{/*
+Whether DRA reservations run (non-empty for yes): DRA with its templates, dra.reservations,
+and a Kubernetes with device taints on by default (1.36).
+*/}}
+{{- define "nvdomain.draReservations" -}}
+{{- if and .Values.dra.enabled .Values.dra.templates .Values.dra.reservations (semverCompare ">=1.36.0-0" .Capabilities.KubeVersion.Version) -}}
+true
+{{- end -}}
+{{- end }}

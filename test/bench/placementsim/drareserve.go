@@ -1,9 +1,11 @@
 package placementsim
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
-	"sort"
+	"slices"
+	"strconv"
 
 	"github.com/nvdomain/nvdomain/pkg/dra"
 )
@@ -19,10 +21,10 @@ import (
 // as it is placed (or gone), or another job takes GPUs of the domain. A reservation lasts TTL time units, after which the driver may
 // choose again for the same waiter (its target may have changed).
 //
-// The domain is chosen among those not reserved whose size is at least k: the nearest size
-// class first (a domain of exactly k, then at most 2k, then larger: what the templates'
-// prioritized list and the webhook's hint prefer), then the most free GPUs (the least to
-// drain), then node order. Waiters reserve in scheduling order, one domain each.
+// The domain is chosen among those not reserved whose size is at least k by dra.ReserveOrder
+// (production code): the nearest size class first, then the fewest jobs holding it, then the
+// most free GPUs, then node order. Waiters reserve in scheduling order, one domain each, as
+// webhook/reservations' Decide does.
 type DRAReserve struct {
 	DRAShipped
 	// MinSize is the smallest TP size that reserves.
@@ -39,8 +41,20 @@ type DRAReserve struct {
 	// PerSize reserves for at most this many waiters of each size at once (0: no limit),
 	// the first in scheduling order.
 	PerSize int
+	// EndOnTake ends a reservation when a job of the reserved size or larger takes GPUs of the
+	// domain, as production does (webhook/reservations' Decide: fewer GPUs free than when it
+	// reserved); NewDRAReserve sets it.
+	EndOnTake bool
+	// HintSeesReservations computes the webhook's hint under the reservations' taints, as
+	// production does (clusterview.View.SetDRAReservations); NewDRAReserve sets it.
+	HintSeesReservations bool
 
 	since map[int]float64
+	// holder is the job the last placement on each GPU (node, GPU) gave it: the holder while
+	// the GPU is in use.
+	holder map[[2]int]int
+	// service says whether that job is a long-lived service.
+	service map[[2]int]bool
 
 	res   map[domKey]reservation
 	byJob map[int]domKey
@@ -57,15 +71,20 @@ type reservation struct {
 // NewDRAReserve is the model with hints on and reservations for TP jobs of minSize GPUs or
 // more, each lasting ttl.
 func NewDRAReserve(minSize int, ttl float64) *DRAReserve {
-	return &DRAReserve{DRAShipped: DRAShipped{Hints: true}, MinSize: minSize, TTL: ttl,
+	return &DRAReserve{DRAShipped: DRAShipped{Hints: true}, MinSize: minSize, TTL: ttl, EndOnTake: true, HintSeesReservations: true,
 		res: map[domKey]reservation{}, byJob: map[int]domKey{}, since: map[int]float64{}}
 }
 
 func (p *DRAReserve) Name() string { return "DRA mode + reservations" }
 
-// Admit is DRAShipped's, with the reservations in force when the hint is computed.
+// Admit is DRAShipped's; its hint sees the reservations with HintSeesReservations.
 func (p *DRAReserve) Admit(j *Job, nodes []*Node) bool {
 	p.bind(nodes)
+	if !p.HintSeesReservations {
+		t := p.tainted
+		p.tainted = func(int, int, int) bool { return false }
+		defer func() { p.tainted = t }()
+	}
 	return p.DRAShipped.Admit(j, nodes)
 }
 
@@ -78,15 +97,21 @@ func (p *DRAReserve) Place(j *Job, nodes []*Node, rng *rand.Rand) (int, []int, b
 	if !ok {
 		return ni, gs, ok
 	}
+	if p.holder == nil {
+		p.holder, p.service = map[[2]int]int{}, map[[2]int]bool{}
+	}
+	for _, g := range gs {
+		p.holder[[2]int{ni, g}] = j.ID
+		p.service[[2]int{ni, g}] = j.Service
+	}
 	if k, held := p.byJob[j.ID]; held {
 		delete(p.res, k)
 		delete(p.byJob, j.ID)
 	}
-	// A job of the reserved size or larger (it tolerates the taint) that takes GPUs of a
-	// domain reserved for another ends that reservation: the waiter's room is gone, and the
-	// next Act reserves for it again, elsewhere if need be.
+	// With EndOnTake, a job of the reserved size or larger (it tolerates the taint) that
+	// takes GPUs of a domain reserved for another ends that reservation.
 	k := domKey{ni, nodes[ni].domainOf(gs[0])}
-	if r, held := p.res[k]; held {
+	if r, held := p.res[k]; held && p.EndOnTake {
 		delete(p.res, k)
 		delete(p.byJob, r.job)
 	}
@@ -174,31 +199,32 @@ func (p *DRAReserve) Act(now float64, queue []*Job, nodes []*Node) (*Job, float6
 }
 
 // pick is the domain a waiter of k GPUs reserves: the first of order[k] (built on first use:
-// every domain of at least k GPUs, by size class, then most free GPUs, then node order) that
-// no reservation holds.
+// every domain of at least k GPUs in dra.ReserveOrder) that no reservation holds.
 func (p *DRAReserve) pick(nodes []*Node, k int, order map[int][]domKey) (domKey, bool) {
 	list, ok := order[k]
 	if !ok {
-		type cand struct {
-			key         domKey
-			class, free int
-		}
-		var cs []cand
+		var cs []dra.DomainLoad
 		for ni, n := range nodes {
 			for d, gs := range n.Domains {
-				if len(gs) >= k {
-					cs = append(cs, cand{domKey{ni, d}, dra.SizeClass(len(gs), k), n.domainFree(d)})
+				if len(gs) < k {
+					continue
 				}
+				holders, long := map[int]bool{}, 0
+				for _, g := range gs {
+					if n.used[g] {
+						holders[p.holder[[2]int{ni, g}]] = true
+						if p.service[[2]int{ni, g}] {
+							long++
+						}
+					}
+				}
+				cs = append(cs, dra.DomainLoad{Node: fmt.Sprintf("%06d", ni), Domain: d, Size: len(gs), Free: n.domainFree(d), Holders: len(holders), LongLived: long})
 			}
 		}
-		sort.SliceStable(cs, func(a, b int) bool {
-			if cs[a].class != cs[b].class {
-				return cs[a].class < cs[b].class
-			}
-			return cs[a].free > cs[b].free
-		})
+		slices.SortFunc(cs, func(a, b dra.DomainLoad) int { return dra.ReserveOrder(k, a, b) })
 		for _, c := range cs {
-			list = append(list, c.key)
+			ni, _ := strconv.Atoi(c.Node)
+			list = append(list, domKey{ni, c.Domain})
 		}
 	}
 	for i, key := range list {

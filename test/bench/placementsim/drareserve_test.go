@@ -92,8 +92,9 @@ func TestDRAReserveKeepsSmallerJobsOffTheDomain(t *testing.T) {
 		nodes[ni].used[g] = true
 	}
 
-	// Reserved again, and taken by a larger job (TP=4 tolerates a TP=4 reservation): the
-	// reservation ends with it, the waiter's room being gone.
+	// Reserved again, and taken by a job of the reserved size (TP=4 tolerates a TP=4
+	// reservation): the reservation ends with it (EndOnTake, as production's Decide does),
+	// the waiter's room being gone.
 	// Two GPUs free in each of two domains: stranded again.
 	for _, g := range gs[:2] {
 		nodes[ni].used[g] = false

@@ -164,6 +164,40 @@ func TestBlocksRenderFromKubernetes137(t *testing.T) {
 	}
 }
 
+// dra.reservations (on by default) renders from Kubernetes 1.36, where device taints are on by
+// default: the webhook's flags, the ConfigMap the drivers read and the RBAC that writes and
+// reads it by name; below 1.36, or with it off, none of them.
+func TestReservationsRenderFromKubernetes136(t *testing.T) {
+	for _, tc := range []struct {
+		version string
+		set     []string
+		want    bool
+	}{
+		{"v1.35.4", nil, false},
+		{"v1.36.3", nil, true},
+		{"v1.37.2", nil, true},
+		{"v1.37.2", []string{"--set", "dra.reservations=false"}, false},
+		{"v1.37.2", []string{"--set", "dra.templates=false"}, false},
+	} {
+		args := append([]string{"--set", "dra.enabled=true", "--kube-version", tc.version}, tc.set...)
+		out, err := render(t, args...)
+		if err != nil {
+			t.Fatalf("helm template %v: %v", args, err)
+		}
+		for _, want := range []string{"--dra-reservations=true", "--dra-reservation-ttl=5m", "kind: ConfigMap\nmetadata:\n  name: nvdomain-dra-reservations",
+			"resourceNames: [nvdomain-dra-reservations], verbs: [get, update]"} {
+			if got := strings.Contains(out, want); got != tc.want {
+				t.Errorf("%v: %q rendered %v, want %v", args, want, got, tc.want)
+			}
+		}
+		// The drivers' read permission comes with the DRA DaemonSet, whatever the version: an
+		// older apiserver simply never gets a reservation to read.
+		if !strings.Contains(out, "resourceNames: [nvdomain-dra-reservations], verbs: [get]}") {
+			t.Errorf("%v: the node Role cannot read the reservations", args)
+		}
+	}
+}
+
 // Values written for an older release still upgrade: removed settings the schema would
 // otherwise refuse are accepted and ignored.
 func TestOlderReleasesValuesStillRender(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 	"github.com/nvdomain/nvdomain/pkg/clusterview"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	prepin "github.com/nvdomain/nvdomain/pkg/repin"
+	"github.com/nvdomain/nvdomain/webhook/dratemplates"
 	"github.com/nvdomain/nvdomain/webhook/imex"
 	"github.com/nvdomain/nvdomain/webhook/reservations"
 )
@@ -34,7 +35,9 @@ func DefaultServerOptions() ServerOptions {
 		KueueWatch:              true,
 		IMEXChannels:            true,
 		IMEXRecheck:             imex.DefaultRecheck,
-		DRAReservations:         reservations.Options{Namespace: os.Getenv("POD_NAMESPACE"), TTL: reservations.DefaultTTL, Interval: reservations.DefaultInterval},
+		// The chart sets these through the environment, which an older image ignores.
+		DRATemplates:    dratemplates.Options{Reservations: os.Getenv("NVDOMAIN_DRA_RESERVATIONS") == "true"},
+		DRAReservations: reservations.Options{Namespace: os.Getenv("POD_NAMESPACE"), TTL: envDuration("NVDOMAIN_DRA_RESERVATION_TTL", reservations.DefaultTTL), Interval: reservations.DefaultInterval},
 		CertRotation: CertRotationOptions{
 			Validity:    365 * 24 * time.Hour,
 			RenewBefore: 30 * 24 * time.Hour,
@@ -182,4 +185,18 @@ func (so ServerOptions) Summary() map[string]any {
 		"certSecret": so.CertRotation.Secret, "certValidity": so.CertRotation.Validity.String(), "certRenewBefore": so.CertRotation.RenewBefore.String(),
 		"mode": so.Handlers.Mode, "draTemplates": so.DRATemplates.Enabled, "draReservations": so.DRATemplates.Enabled && so.DRATemplates.Reservations, "pools": so.Pools.Namespace + "/" + so.Pools.Name, "kueueWatch": so.KueueWatch, "imexChannels": so.IMEXChannels, "groupPlacement": so.Handlers.GroupPlacement,
 	}
+}
+
+// envDuration is the duration in the environment variable, or def when it is unset; one that
+// does not parse gives 0, which validation refuses with the flag's name.
+func envDuration(name string, def time.Duration) time.Duration {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return 0
+	}
+	return d
 }

@@ -43,6 +43,10 @@ func main() {
 		o.DRANVIDIASpecDirs = splitDirs(v)
 		return nil
 	})
+	// $NVDOMAIN_DRA_RESERVATIONS=true (the chart sets it with dra.reservations): the driver
+	// reads its node's reservations (docs/dra.md); an environment variable, which an older
+	// image ignores, and without it no node reads the ConfigMap at all.
+	o.DRAReservations = os.Getenv("NVDOMAIN_DRA_RESERVATIONS") == "true"
 	flag.StringVar(&o.DRAKubeletDir, "dra-kubelet-dir", dra.DefaultKubeletDir, "the kubelet's --root-dir, where the DRA driver registers (plugins_registry) and keeps its socket and checkpoint (plugins/"+names.DRADriver+")")
 	flag.BoolVar(&o.DRABlocks, "dra-blocks", false, "with --dra, publish each NVSwitch domain's aligned blocks of 2-16 GPUs as devices sharing per-GPU counters with the GPUs (partitionable devices; the driver falls back to GPUs alone where the apiserver drops the counters)")
 	flag.StringVar(&o.DRACDI, "dra-cdi", "auto", "CDI devices of prepared claims: nvdomain (the driver writes per-claim specs; simulated GPUs), nvidia (nvidia.com/gpu=<uuid> from nvidia-ctk's spec), or auto (nvdomain for --source simulated, else nvidia)")

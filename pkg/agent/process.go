@@ -62,6 +62,9 @@ type ProcessOptions struct {
 	DRANVIDIASpecDirs []string
 	// DRABlocks publishes each domain's aligned blocks beside its GPUs (dra.Options.Blocks).
 	DRABlocks bool
+	// DRAReservations has the driver read its node's reservations from the ConfigMap in
+	// Namespace (dra.Options.ReservationsNamespace).
+	DRAReservations bool
 	// Release, Namespace, DaemonSet and Pod place this pod in its Helm release for the
 	// uninstall protocol (package lifecycle); with DaemonSet empty the agent never uninstalls.
 	// HookDir and ContainerdConfDir are where the chart's init containers put the OCI hook
@@ -194,7 +197,7 @@ func RunProcess(ctx context.Context, o ProcessOptions, log logr.Logger) error {
 		}
 		defer func() { _ = closePods() }()
 		d, err := dra.Start(ctx, dra.Options{Node: o.Node, Client: client, KubeletDir: o.DRAKubeletDir, CDI: mode, CDISpecDir: o.CDISpecDir, NVIDIASpecDirs: o.DRANVIDIASpecDirs,
-			Topology: top, Blocks: o.DRABlocks, Pods: pods, Metrics: dm, ReservationsNamespace: o.Namespace, ModeLabel: o.Names.ModeLabel(), Log: log.WithName("dra"), Fatal: func(err error) { cancel(err) }})
+			Topology: top, Blocks: o.DRABlocks, Pods: pods, Metrics: dm, ReservationsNamespace: reservationsNamespace(o), ModeLabel: o.Names.ModeLabel(), Log: log.WithName("dra"), Fatal: func(err error) { cancel(err) }})
 		if err != nil {
 			return err
 		}
@@ -274,4 +277,13 @@ func RestConfig(kubeconfig string, qps float32, burst int) (*rest.Config, error)
 	}
 	cfg.QPS, cfg.Burst = qps, burst
 	return cfg, nil
+}
+
+// reservationsNamespace is where the DRA driver reads reservations: the pod's namespace when
+// they are on, none otherwise.
+func reservationsNamespace(o ProcessOptions) string {
+	if !o.DRAReservations {
+		return ""
+	}
+	return o.Namespace
 }

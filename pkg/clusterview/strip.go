@@ -43,9 +43,11 @@ func StripPod(n names.Names) func(any) (any, error) {
 			out.Spec.Tolerations = pod.Spec.Tolerations
 			out.Spec.Priority = pod.Spec.Priority
 			out.Spec.SchedulingGates = pod.Spec.SchedulingGates
-			// The claims a pending pod asks for name its nvdomain-tp-<k> template, which the
-			// reservation controller reads (webhook/reservations).
+			// The claims a pending pod asks for name its nvdomain-tp-<k> template, and its
+			// status the claim made of it, which the reservation controller reads
+			// (webhook/reservations).
 			out.Spec.ResourceClaims = pod.Spec.ResourceClaims
+			out.Status.ResourceClaimStatuses = pod.Status.ResourceClaimStatuses
 			if a := pod.Spec.Affinity; a != nil && a.NodeAffinity != nil && a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil {
 				out.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
 					RequiredDuringSchedulingIgnoredDuringExecution: a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution,

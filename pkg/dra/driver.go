@@ -207,6 +207,9 @@ func Start(ctx context.Context, o Options) (*Driver, error) {
 	d.markOrphans(ctx)
 	// Blocks only on an allocator that runs them at scale, decided before the first publish.
 	d.checkAllocator(ctx)
+	// And the domains reserved for waiting TP pods: a restarted driver must not open them
+	// for a housekeeping period.
+	d.refreshReservations(ctx)
 	if err := d.SetTopology(ctx, o.Topology); err != nil {
 		helper.Stop()
 		return nil, err

@@ -713,7 +713,9 @@ func (d *Driver) refreshReservations(ctx context.Context) {
 		return
 	}
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	cm, err := d.o.Client.CoreV1().ConfigMaps(d.o.ReservationsNamespace).Get(rctx, names.DRAReservationsConfigMap, metav1.GetOptions{})
+	// From the apiserver's watch cache (resourceVersion 0): every node asks every period, and
+	// a read a moment stale costs nothing here.
+	cm, err := d.o.Client.CoreV1().ConfigMaps(d.o.ReservationsNamespace).Get(rctx, names.DRAReservationsConfigMap, metav1.GetOptions{ResourceVersion: "0"})
 	cancel()
 	d.mu.Lock()
 	defer d.mu.Unlock()

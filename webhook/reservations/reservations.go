@@ -22,11 +22,13 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -62,7 +64,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 func (o Options) Validate() error {
 	switch {
 	case o.TTL < time.Minute:
-		return fmt.Errorf("--dra-reservation-ttl=%s: give at least 1m (the DRA driver reads reservations every 30 s, so a shorter one could end before it is published)", o.TTL)
+		return fmt.Errorf("--dra-reservation-ttl=%s ($NVDOMAIN_DRA_RESERVATION_TTL, the chart's dra.reservationTTL): give a duration of at least 1m (the DRA driver reads reservations every 30 s, so a shorter one could end before it is published)", o.TTL)
 	case o.Interval <= 0 || o.Interval > o.TTL/2:
 		return fmt.Errorf("--dra-reservation-interval=%s: give a positive duration at most half of --dra-reservation-ttl (%s), so a reservation is renewed before it ends", o.Interval, o.TTL)
 	}
@@ -71,9 +73,14 @@ func (o Options) Validate() error {
 
 // Waiter is one pending TP pod, in the order Decide gets them (the scheduling queue's).
 type Waiter struct {
-	UID  types.UID
-	Pod  string // namespace/name
-	Size int
+	UID       types.UID
+	Namespace string
+	Pod       string // namespace/name
+	Size      int
+	// Tolerates says whether the pod's claim tolerates the reservation taint of its size: a
+	// claim made from a template of before reservations (or from one the apiserver stripped of
+	// its tolerations) could not use the domain reserved for it, and nobody else could either.
+	Tolerates bool
 	// Loads are the domains of the DRA nodes it may use (clusterview.View.DRADomainLoads).
 	Loads []dra.DomainLoad
 }
@@ -85,48 +92,109 @@ type Held struct {
 	Size   int
 	Until  time.Time
 	Pod    string
-	// Free is the most GPUs of the domain seen free since it was reserved: when fewer are
-	// free, a claim as large as the waiter (one that tolerates the taint) took some, and the
-	// room the reservation kept is gone.
+	// Since is when the domain was reserved for this waiter.
+	Since time.Time
+	// Free is the most GPUs of the domain seen free once the taint had time to reach the
+	// slices (PublishGrace): when fewer are free, a claim as large as the waiter (one that
+	// tolerates the taint) took some, and the room the reservation kept is gone.
 	Free int
+	// RoomSince is when the domain was first seen with the waiter's GPUs free (zero while it
+	// has not): a waiter still not placed RoomGrace later waits for something else.
+	RoomSince time.Time
 }
 
-// Decide is one round: held are the reservations before it, by waiter. A waiter's reservation
-// is kept while it waits, and renewed to now+ttl, unless another claim took GPUs of the domain
-// since (one as large as the waiter, which tolerates the taint: the room is gone, and the
-// waiter reserves again); a domain reserved for a pod no longer waiting, or past its Until,
-// is free again. Then each waiter without one, of at least
-// dra.ReserveMinSize GPUs, reserves a domain when fragmentation strands it and fewer than
-// dra.ReservePerSize waiters of its size hold one: the first domain of at least its size, in
+// State is what the controller carries from one round to the next.
+type State struct {
+	Held map[types.UID]Held
+	// Cooldown holds the waiters given up on (their domain had room and they did not take it),
+	// until when they may reserve again.
+	Cooldown map[types.UID]time.Time
+}
+
+const (
+	// PublishGrace is how long a new reservation takes to reach the slices at most: the
+	// driver's housekeeping period (30 s) and a round, with room to spare. Claims allocated
+	// meanwhile may still take the domain's GPUs without ending the reservation.
+	PublishGrace = time.Minute
+	// RoomGrace is how long a waiter may leave its reserved domain's room untaken: a pod the
+	// scheduler keeps out for other reasons (CPU, affinity, a volume, quota) would otherwise
+	// keep a domain empty for as long as it waits. It is given up on, for a TTL.
+	RoomGrace = 2 * time.Minute
+)
+
+// Decide is one round. A waiter's reservation is kept while it waits, and renewed to now+ttl,
+// unless a claim as large as the waiter took GPUs of the domain since (the room is gone: the
+// waiter reserves again, elsewhere if that ranks better), or the domain has had the waiter's
+// GPUs free for RoomGrace while the waiter still waits (then it waits for something else, and
+// is given up on for a ttl); a domain reserved for a pod no longer waiting, or past its Until,
+// is free again. Then each waiter without one, of at least dra.ReserveMinSize GPUs, whose claim
+// tolerates the taint and that is not given up on, reserves a domain when fragmentation
+// strands it, fewer than dra.ReservePerSize waiters of its size hold one, and no other waiter
+// of its namespace and size does: the first domain of at least its size, in
 // dra.ReserveOrder, that no other waiter holds.
-func Decide(now time.Time, ttl time.Duration, waiters []Waiter, held map[types.UID]Held) map[types.UID]Held {
-	out := map[types.UID]Held{}
+func Decide(now time.Time, ttl time.Duration, waiters []Waiter, st State) State {
+	out := State{Held: map[types.UID]Held{}, Cooldown: map[types.UID]time.Time{}}
+	waiting := map[types.UID]bool{}
+	for _, w := range waiters {
+		waiting[w.UID] = true
+	}
+	for uid, until := range st.Cooldown {
+		if waiting[uid] && now.Before(until) {
+			out.Cooldown[uid] = until
+		}
+	}
 	type domKey struct {
 		node   string
 		domain int
 	}
+	type nsSize struct {
+		ns   string
+		size int
+	}
 	taken := map[domKey]bool{}
 	perSize := map[int]int{}
+	perNamespace := map[nsSize]bool{}
 	for _, w := range waiters {
-		h, ok := held[w.UID]
+		h, ok := st.Held[w.UID]
 		if !ok {
 			// Published by an earlier leader, which names the pod, not its UID.
-			h, ok = held[types.UID("pod:"+w.Pod)]
+			h, ok = st.Held[types.UID("pod:"+w.Pod)]
 		}
-		if !ok || !now.Before(h.Until) || h.Size != w.Size {
+		if !ok || !now.Before(h.Until) || h.Size != w.Size || !w.Tolerates {
 			continue
 		}
 		l, found := domainOf(w.Loads, h.Node, h.Domain)
-		if !found || l.Free < h.Free {
+		switch {
+		case !found:
+			continue
+		case now.Sub(h.Since) < PublishGrace:
+			h.Free = l.Free // the taint may not be in the slices yet
+		case l.Free < h.Free:
+			continue
+		default:
+			h.Free = l.Free
+		}
+		switch {
+		case l.Free < w.Size:
+			h.RoomSince = time.Time{}
+		case h.RoomSince.IsZero():
+			h.RoomSince = now
+		case now.Sub(h.RoomSince) >= RoomGrace:
+			out.Cooldown[w.UID] = now.Add(ttl)
 			continue
 		}
-		h.Until, h.Free = now.Add(ttl), l.Free
-		out[w.UID] = h
+		h.Until = now.Add(ttl)
+		out.Held[w.UID] = h
 		taken[domKey{h.Node, h.Domain}] = true
 		perSize[w.Size]++
+		perNamespace[nsSize{w.Namespace, w.Size}] = true
 	}
 	for _, w := range waiters {
-		if _, ok := out[w.UID]; ok || w.Size < dra.ReserveMinSize || perSize[w.Size] >= dra.ReservePerSize || !stranded(w) {
+		if _, ok := out.Held[w.UID]; ok || w.Size < dra.ReserveMinSize || !w.Tolerates || perSize[w.Size] >= dra.ReservePerSize ||
+			perNamespace[nsSize{w.Namespace, w.Size}] || !stranded(w) {
+			continue
+		}
+		if _, cooling := out.Cooldown[w.UID]; cooling {
 			continue
 		}
 		var cands []dra.DomainLoad
@@ -139,9 +207,10 @@ func Decide(now time.Time, ttl time.Duration, waiters []Waiter, held map[types.U
 			continue
 		}
 		best := slices.MinFunc(cands, func(a, b dra.DomainLoad) int { return dra.ReserveOrder(w.Size, a, b) })
-		out[w.UID] = Held{Node: best.Node, Domain: best.Domain, Size: w.Size, Until: now.Add(ttl), Pod: w.Pod, Free: best.Free}
+		out.Held[w.UID] = Held{Node: best.Node, Domain: best.Domain, Size: w.Size, Until: now.Add(ttl), Pod: w.Pod, Since: now, Free: best.Free}
 		taken[domKey{best.Node, best.Domain}] = true
 		perSize[w.Size]++
+		perNamespace[nsSize{w.Namespace, w.Size}] = true
 	}
 	return out
 }
@@ -210,8 +279,12 @@ type Controller struct {
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
 
-	held    map[types.UID]Held
+	state   State
 	started bool
+	// tolerates remembers, by claim namespace/name and size, whether a waiter's claim
+	// tolerates the reservation taint of its size: a claim's spec never changes, and the
+	// names the resourceclaim controller generates are not reused.
+	tolerates map[string]bool
 }
 
 // NeedLeaderElection implements manager.LeaderElectionRunnable: one replica reserves.
@@ -252,26 +325,28 @@ func (c *Controller) Round(ctx context.Context) error {
 	}
 	if !c.started {
 		// A new leader goes on from what the last one published.
-		c.held = fromConfigMap(cm, c.now())
+		c.state = State{Held: fromConfigMap(cm, c.now())}
 		c.started = true
 	}
 	waiters, err := c.waiters(ctx)
 	if err != nil {
 		return err
 	}
-	before := c.held
-	c.held = Decide(c.now(), c.Options.TTL, waiters, c.held)
-	for uid, h := range c.held {
+	before := c.state.Held
+	c.state = Decide(c.now(), c.Options.TTL, waiters, c.state)
+	for uid, h := range c.state.Held {
 		if old, ok := before[uid]; !ok || old.Node != h.Node || old.Domain != h.Domain {
 			c.Log.Info("reserved a domain for a TP pod that fragmentation strands", "pod", h.Pod, "node", h.Node, "domain", h.Domain, "gpus", h.Size, "until", h.Until, "taint", names.DRATaintReserved)
 		}
 	}
 	for uid, h := range before {
-		if _, ok := c.held[uid]; !ok {
-			c.Log.Info("ended a domain reservation", "pod", h.Pod, "node", h.Node, "domain", h.Domain)
+		if _, ok := c.state.Held[uid]; !ok {
+			_, given := c.state.Cooldown[uid]
+			c.Log.Info("ended a domain reservation", "pod", h.Pod, "node", h.Node, "domain", h.Domain,
+				"givenUp", given, "why", map[bool]string{true: "the domain had the pod's GPUs free and the scheduler still kept it out: it waits for something else", false: "placed, gone, ended, or the room taken"}[given])
 		}
 	}
-	data, err := ConfigMapData(c.held)
+	data, err := ConfigMapData(c.state.Held)
 	if err != nil {
 		return err
 	}
@@ -333,13 +408,90 @@ func (c *Controller) waiters(ctx context.Context) ([]Waiter, error) {
 	for i, j := range idx {
 		sorted[i] = pods[j]
 	}
-	loads := c.View.DRADomainLoads(sorted, func(claim string) bool { return long[claim] })
+	// Waiters with the same node constraints may use the same domains: the view is asked once
+	// per set of constraints, not once per waiter (most ask for the DRA nodes alone).
+	groups := map[string]int{}
+	var reps []*corev1.Pod
+	groupOf := make([]int, len(sorted))
+	for i, p := range sorted {
+		key := constraintKey(p)
+		g, ok := groups[key]
+		if !ok {
+			g = len(reps)
+			groups[key] = g
+			reps = append(reps, p)
+		}
+		groupOf[i] = g
+	}
+	loads := c.View.DRADomainLoads(reps, func(claim string) bool { return long[claim] })
 	out := make([]Waiter, len(sorted))
 	for i, j := range idx {
 		p := pods[j]
-		out[i] = Waiter{UID: p.UID, Pod: p.Namespace + "/" + p.Name, Size: sizes[j], Loads: loads[i]}
+		out[i] = Waiter{UID: p.UID, Namespace: p.Namespace, Pod: p.Namespace + "/" + p.Name, Size: sizes[j], Loads: loads[groupOf[i]],
+			Tolerates: c.claimTolerates(ctx, p, sizes[j])}
 	}
 	return out, nil
+}
+
+// constraintKey identifies what of a pod decides the nodes it may use, as the view reads it.
+func constraintKey(p *corev1.Pod) string {
+	var aff any
+	if a := p.Spec.Affinity; a != nil && a.NodeAffinity != nil {
+		aff = a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution
+	}
+	b, _ := json.Marshal([]any{p.Spec.NodeSelector, aff, p.Spec.Tolerations})
+	return string(b)
+}
+
+// claimTolerates reads the waiter's claim (its status names it once the resourceclaim
+// controller made it) and says whether it tolerates the reservation taint of size k. A claim
+// not made yet, or that cannot be read, does not: the waiter reserves in a later round.
+func (c *Controller) claimTolerates(ctx context.Context, p *corev1.Pod, k int) bool {
+	claimed := claimNames(p)
+	if len(claimed) == 0 {
+		return false
+	}
+	key := p.Namespace + "/" + claimed[0] + "/" + strconv.Itoa(k)
+	if ok, known := c.tolerates[key]; known {
+		return ok
+	}
+	claim := &resourceapi.ResourceClaim{}
+	if err := c.Reader.Get(ctx, types.NamespacedName{Namespace: p.Namespace, Name: claimed[0]}, claim); err != nil {
+		return false
+	}
+	ok := claimToleratesSize(claim, k)
+	if c.tolerates == nil || len(c.tolerates) > 10000 {
+		c.tolerates = map[string]bool{}
+	}
+	c.tolerates[key] = ok
+	return ok
+}
+
+// claimToleratesSize says whether every request of the claim tolerates the reservation taint
+// of value k.
+func claimToleratesSize(claim *resourceapi.ResourceClaim, k int) bool {
+	want := strconv.Itoa(k)
+	tolerates := func(ts []resourceapi.DeviceToleration) bool {
+		return slices.ContainsFunc(ts, func(t resourceapi.DeviceToleration) bool {
+			return t.Key == names.DRATaintReserved && (t.Operator == resourceapi.DeviceTolerationOpExists || t.Value == want) &&
+				(t.Effect == "" || t.Effect == resourceapi.DeviceTaintEffectNoSchedule)
+		})
+	}
+	reqs := claim.Spec.Devices.Requests
+	if len(reqs) == 0 {
+		return false
+	}
+	for _, r := range reqs {
+		if r.Exactly != nil && !tolerates(r.Exactly.Tolerations) {
+			return false
+		}
+		for _, sub := range r.FirstAvailable {
+			if !tolerates(sub.Tolerations) {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // longLived says whether a pod keeps its GPUs until someone ends it: its controller is not a
@@ -350,7 +502,7 @@ func longLived(p *corev1.Pod) bool {
 	return ref != nil && ref.Kind != "Job" && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed
 }
 
-// claimNames are the ResourceClaims a bound pod's status names: those of its resourceClaims
+// claimNames are the ResourceClaims a pod's status names: those of its resourceClaims
 // and the one the scheduler made for an extended resource backed by a DeviceClass.
 func claimNames(p *corev1.Pod) []string {
 	var out []string
@@ -395,21 +547,25 @@ type Follower struct {
 // NeedLeaderElection implements manager.LeaderElectionRunnable: every replica follows.
 func (f *Follower) NeedLeaderElection() bool { return false }
 
-// Start reads the ConfigMap every Interval until ctx ends.
+// Start reads the ConfigMap every Interval until ctx ends. What it read last is taken again
+// at each round, so reservations past their end leave the hint even while the apiserver cannot
+// be read.
 func (f *Follower) Start(ctx context.Context) error {
 	t := time.NewTicker(f.Options.Interval)
 	defer t.Stop()
+	var last map[string]string
 	for {
 		cm := &corev1.ConfigMap{}
 		err := f.Reader.Get(ctx, types.NamespacedName{Namespace: f.Options.Namespace, Name: names.DRAReservationsConfigMap}, cm)
 		switch {
 		case apierrors.IsNotFound(err):
-			f.View.SetDRAReservations(nil)
+			last = nil
 		case err != nil:
 			f.Log.V(1).Info("could not read the DRA reservations", "err", err.Error())
 		default:
-			f.View.SetDRAReservations(inForce(cm.Data, time.Now(), f.Log))
+			last = cm.Data
 		}
+		f.View.SetDRAReservations(inForce(last, time.Now(), f.Log))
 		select {
 		case <-ctx.Done():
 			return nil

@@ -165,8 +165,9 @@ func TestBlocksRenderFromKubernetes137(t *testing.T) {
 }
 
 // dra.reservations (on by default) renders from Kubernetes 1.36, where device taints are on by
-// default: the webhook's flags, the ConfigMap the drivers read and the RBAC that writes and
-// reads it by name; below 1.36, or with it off, none of them.
+// default: the webhook's and the DRA drivers' environment (not flags, which an older image
+// would refuse), the ConfigMap the drivers read and the RBAC that writes it by name; below
+// 1.36, or with it off, none of them.
 func TestReservationsRenderFromKubernetes136(t *testing.T) {
 	for _, tc := range []struct {
 		version string
@@ -184,11 +185,21 @@ func TestReservationsRenderFromKubernetes136(t *testing.T) {
 		if err != nil {
 			t.Fatalf("helm template %v: %v", args, err)
 		}
-		for _, want := range []string{"--dra-reservations=true", "--dra-reservation-ttl=5m", "kind: ConfigMap\nmetadata:\n  name: nvdomain-dra-reservations",
-			"resourceNames: [nvdomain-dra-reservations], verbs: [get, update]"} {
-			if got := strings.Contains(out, want); got != tc.want {
-				t.Errorf("%v: %q rendered %v, want %v", args, want, got, tc.want)
+		for want, count := range map[string]int{
+			"{name: NVDOMAIN_DRA_RESERVATIONS, value: \"true\"}":               2, // the webhook and the DRA DaemonSet
+			"{name: NVDOMAIN_DRA_RESERVATION_TTL, value: \"5m\"}":              1,
+			"kind: ConfigMap\nmetadata:\n  name: nvdomain-dra-reservations":    1,
+			"resourceNames: [nvdomain-dra-reservations], verbs: [get, update]": 1,
+		} {
+			if !tc.want {
+				count = 0
 			}
+			if got := strings.Count(out, want); got != count {
+				t.Errorf("%v: %q rendered %d times, want %d", args, want, got, count)
+			}
+		}
+		if strings.Contains(out, "--dra-reservation") {
+			t.Errorf("%v: a --dra-reservation flag is rendered; an older image would refuse it", args)
 		}
 		// The drivers' read permission comes with the DRA DaemonSet, whatever the version: an
 		// older apiserver simply never gets a reservation to read.

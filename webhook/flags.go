@@ -115,6 +115,11 @@ func (so *ServerOptions) AddFlags(fs *flag.FlagSet) (complete func() error) {
 				so.Handlers.ExcludedNamespaces = append(so.Handlers.ExcludedNamespaces, ns)
 			}
 		}
+		if v := os.Getenv("NVDOMAIN_DRA_RESERVATION_TTL"); v != "" {
+			if _, err := time.ParseDuration(v); err != nil {
+				return fmt.Errorf("$NVDOMAIN_DRA_RESERVATION_TTL=%q (the chart's dra.reservationTTL): %w; give a duration such as 5m", v, err)
+			}
+		}
 		if so.DRAReservations.Namespace == "" {
 			// The release's namespace, as the Lease's.
 			so.DRAReservations.Namespace = so.LeaderElectionNamespace

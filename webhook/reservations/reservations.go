@@ -56,8 +56,8 @@ type Options struct {
 
 // AddFlags registers the controller's timings.
 func (o *Options) AddFlags(fs *flag.FlagSet) {
-	fs.DurationVar(&o.TTL, "dra-reservation-ttl", DefaultTTL, "how long one reservation of a domain for a waiting TP pod lasts before it is renewed (the DRA driver drops it then if the webhook did not renew it)")
-	fs.DurationVar(&o.Interval, "dra-reservation-interval", DefaultInterval, "how often the elected replica looks for TP pods that fragmentation strands in DRA mode")
+	fs.DurationVar(&o.TTL, "dra-reservation-ttl", o.TTL, "($NVDOMAIN_DRA_RESERVATION_TTL) how long one reservation of a domain for a waiting TP pod lasts before it is renewed (the DRA driver drops it then if the webhook did not renew it)")
+	fs.DurationVar(&o.Interval, "dra-reservation-interval", o.Interval, "how often the elected replica looks for TP pods that fragmentation strands in DRA mode")
 }
 
 // Validate names the flag at fault.
@@ -80,7 +80,9 @@ type Waiter struct {
 	// Tolerates says whether the pod's claim tolerates the reservation taint of its size: a
 	// claim made from a template of before reservations (or from one the apiserver stripped of
 	// its tolerations) could not use the domain reserved for it, and nobody else could either.
-	Tolerates bool
+	// Unknown: the claim could not be read this round; a reservation held is kept, none is
+	// made.
+	Tolerates, Unknown bool
 	// Loads are the domains of the DRA nodes it may use (clusterview.View.DRADomainLoads).
 	Loads []dra.DomainLoad
 }
@@ -160,7 +162,7 @@ func Decide(now time.Time, ttl time.Duration, waiters []Waiter, st State) State 
 			// Published by an earlier leader, which names the pod, not its UID.
 			h, ok = st.Held[types.UID("pod:"+w.Pod)]
 		}
-		if !ok || !now.Before(h.Until) || h.Size != w.Size || !w.Tolerates {
+		if !ok || !now.Before(h.Until) || h.Size != w.Size || (!w.Tolerates && !w.Unknown) {
 			continue
 		}
 		l, found := domainOf(w.Loads, h.Node, h.Domain)
@@ -427,8 +429,9 @@ func (c *Controller) waiters(ctx context.Context) ([]Waiter, error) {
 	out := make([]Waiter, len(sorted))
 	for i, j := range idx {
 		p := pods[j]
+		tolerates, known := c.claimTolerates(ctx, p, sizes[j])
 		out[i] = Waiter{UID: p.UID, Namespace: p.Namespace, Pod: p.Namespace + "/" + p.Name, Size: sizes[j], Loads: loads[groupOf[i]],
-			Tolerates: c.claimTolerates(ctx, p, sizes[j])}
+			Tolerates: tolerates, Unknown: !known}
 	}
 	return out, nil
 }
@@ -443,28 +446,34 @@ func constraintKey(p *corev1.Pod) string {
 	return string(b)
 }
 
-// claimTolerates reads the waiter's claim (its status names it once the resourceclaim
-// controller made it) and says whether it tolerates the reservation taint of size k. A claim
-// not made yet, or that cannot be read, does not: the waiter reserves in a later round.
-func (c *Controller) claimTolerates(ctx context.Context, p *corev1.Pod, k int) bool {
-	claimed := claimNames(p)
-	if len(claimed) == 0 {
-		return false
+// claimTolerates reads the waiter's TP claim (the status entry of the pod's nvdomain-gpus
+// claim names it once the resourceclaim controller made it; an IMEX or a user's claim may come
+// first) and says whether it tolerates the reservation taint of size k. known is false when
+// there is no such claim yet or it cannot be read: the waiter reserves in a later round.
+func (c *Controller) claimTolerates(ctx context.Context, p *corev1.Pod, k int) (tolerates, known bool) {
+	name := ""
+	for _, st := range p.Status.ResourceClaimStatuses {
+		if st.Name == names.DRAPodClaim && st.ResourceClaimName != nil {
+			name = *st.ResourceClaimName
+		}
 	}
-	key := p.Namespace + "/" + claimed[0] + "/" + strconv.Itoa(k)
-	if ok, known := c.tolerates[key]; known {
-		return ok
+	if name == "" {
+		return false, false
+	}
+	key := p.Namespace + "/" + name + "/" + strconv.Itoa(k)
+	if ok, cached := c.tolerates[key]; cached {
+		return ok, true
 	}
 	claim := &resourceapi.ResourceClaim{}
-	if err := c.Reader.Get(ctx, types.NamespacedName{Namespace: p.Namespace, Name: claimed[0]}, claim); err != nil {
-		return false
+	if err := c.Reader.Get(ctx, types.NamespacedName{Namespace: p.Namespace, Name: name}, claim); err != nil {
+		return false, false
 	}
 	ok := claimToleratesSize(claim, k)
 	if c.tolerates == nil || len(c.tolerates) > 10000 {
 		c.tolerates = map[string]bool{}
 	}
 	c.tolerates[key] = ok
-	return ok
+	return ok, true
 }
 
 // claimToleratesSize says whether every request of the claim tolerates the reservation taint
@@ -473,8 +482,9 @@ func claimToleratesSize(claim *resourceapi.ResourceClaim, k int) bool {
 	want := strconv.Itoa(k)
 	tolerates := func(ts []resourceapi.DeviceToleration) bool {
 		return slices.ContainsFunc(ts, func(t resourceapi.DeviceToleration) bool {
-			return t.Key == names.DRATaintReserved && (t.Operator == resourceapi.DeviceTolerationOpExists || t.Value == want) &&
-				(t.Effect == "" || t.Effect == resourceapi.DeviceTaintEffectNoSchedule)
+			keyed := t.Key == names.DRATaintReserved && (t.Operator == resourceapi.DeviceTolerationOpExists || t.Value == want)
+			every := t.Key == "" && t.Operator == resourceapi.DeviceTolerationOpExists // tolerates every taint
+			return (keyed || every) && (t.Effect == "" || t.Effect == resourceapi.DeviceTaintEffectNoSchedule)
 		})
 	}
 	reqs := claim.Spec.Devices.Requests
@@ -633,7 +643,9 @@ func fromConfigMap(cm *corev1.ConfigMap, now time.Time) map[types.UID]Held {
 			if r.Pod == "" || !now.Before(r.Until) {
 				continue
 			}
-			out[types.UID("pod:"+r.Pod)] = Held{Node: node, Domain: r.Domain, Size: r.Size, Until: r.Until, Pod: r.Pod}
+			// Since now: the earlier leader may have reserved it a moment ago, and its taint
+			// may not be published yet (PublishGrace).
+			out[types.UID("pod:"+r.Pod)] = Held{Node: node, Domain: r.Domain, Size: r.Size, Until: r.Until, Pod: r.Pod, Since: now}
 		}
 	}
 	return out

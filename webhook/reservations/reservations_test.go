@@ -3,6 +3,7 @@ package reservations
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"strings"
 	"testing"
@@ -45,6 +46,9 @@ func TestDecide(t *testing.T) {
 	}
 	untolerating := w("a", 4, frag)
 	untolerating.Tolerates = false
+	unknown, unknownB := untolerating, w("b", 4, frag)
+	unknown.Unknown = true
+	unknownB.Tolerates, unknownB.Unknown = false, true
 	roomy := append(split("n1", 4, 0, 1, 3), split("n2", 0, 2, 0, 1)...) // n1/0 has the waiter's 4 GPUs free
 	cases := []struct {
 		name         string
@@ -83,6 +87,9 @@ func TestDecide(t *testing.T) {
 			map[types.UID]Held{"a": {Node: "n2", Domain: 0, Size: 4, Until: now.Add(time.Minute), Pod: "ml/a"}},
 			nil, map[types.UID]Held{}, nil},
 		{"a waiter whose claim does not tolerate the taint reserves nothing", []Waiter{untolerating}, nil, nil, map[types.UID]Held{}, nil},
+		{"a claim that could not be read this round: the reservation is kept, none made", []Waiter{unknown, in("team-b", unknownB)},
+			map[types.UID]Held{"a": {Node: "n1", Domain: 0, Size: 4, Until: now.Add(time.Minute), Pod: "ml/a"}}, nil,
+			map[types.UID]Held{"a": {Node: "n1", Domain: 0, Size: 4, Pod: "ml/a"}}, nil},
 		{"one reservation per namespace and size", []Waiter{w("a", 4, frag), w("b", 4, frag), in("other", w("c", 4, frag))}, nil, nil,
 			map[types.UID]Held{"a": {Node: "n1", Domain: 0, Size: 4}, "c": {Node: "n2", Domain: 1, Size: 4, Pod: "other/c"}}, nil},
 		{"GPUs taken before the taint can be published: kept", []Waiter{w("a", 4, frag)},
@@ -233,5 +240,46 @@ func TestOptionsValidate(t *testing.T) {
 	}
 	if err := (Options{TTL: DefaultTTL, Interval: DefaultInterval}).Validate(); err != nil {
 		t.Errorf("the defaults are refused: %v", err)
+	}
+}
+
+// The flags start from the options' values (the chart sets the TTL through
+// $NVDOMAIN_DRA_RESERVATION_TTL, which the webhook reads into them before the flags are
+// registered), so registering them does not put the defaults back.
+func TestFlagsStartFromTheOptions(t *testing.T) {
+	o := Options{TTL: 7 * time.Minute, Interval: 3 * time.Second}
+	fs := flag.NewFlagSet("webhook", flag.ContinueOnError)
+	o.AddFlags(fs)
+	if err := fs.Parse(nil); err != nil {
+		t.Fatal(err)
+	}
+	if o.TTL != 7*time.Minute || o.Interval != 3*time.Second {
+		t.Errorf("after registering the flags: TTL %s, interval %s; want 7m and 3s", o.TTL, o.Interval)
+	}
+	if err := fs.Parse([]string{"--dra-reservation-ttl=9m"}); err != nil || o.TTL != 9*time.Minute {
+		t.Errorf("--dra-reservation-ttl=9m gave %s (%v)", o.TTL, err)
+	}
+}
+
+// The waiter's TP claim is the one its status names for nvdomain-gpus, whatever comes first
+// (an IMEX channel's claim, say); a claim tolerating every taint tolerates the reservation.
+func TestTheWaitersOwnClaimIsJudged(t *testing.T) {
+	p := pendingTP("lws-0", 4, time.Now(), true)
+	p.Status.ResourceClaimStatuses = append([]corev1.PodResourceClaimStatus{{Name: "nvdomain-imex", ResourceClaimName: ptr.To("lws-0-imex")}}, p.Status.ResourceClaimStatuses...)
+	imex := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "lws-0-imex", Namespace: "ml"}}
+	everything := claimOf("ml", "every", 4)
+	everything.Spec.Devices.Requests[0].Exactly.Tolerations = []resourceapi.DeviceToleration{{Operator: resourceapi.DeviceTolerationOpExists}}
+	c := fake.NewClientBuilder().WithScheme(clientgoscheme.Scheme).WithObjects(imex, claimOf("ml", "lws-0", 4, "4"), everything).Build()
+	ctl := &Controller{Reader: c}
+	if ok, known := ctl.claimTolerates(context.Background(), p, 4); !ok || !known {
+		t.Errorf("the TP claim behind an IMEX claim: tolerates %v, known %v; want both", ok, known)
+	}
+	q := pendingTP("every", 4, time.Now(), true)
+	if ok, known := ctl.claimTolerates(context.Background(), q, 4); !ok || !known {
+		t.Errorf("a claim tolerating every taint: tolerates %v, known %v; want both", ok, known)
+	}
+	r := pendingTP("missing", 4, time.Now(), true)
+	if ok, known := ctl.claimTolerates(context.Background(), r, 4); ok || known {
+		t.Errorf("a claim that cannot be read: tolerates %v, known %v; want neither", ok, known)
 	}
 }

@@ -49,7 +49,23 @@ func (c *Cluster) writePKI(context.Context) error {
 	if c.APIPort, err = freePort(); err != nil {
 		return err
 	}
+	// kube-controller-manager authenticates as itself, as on a kubeadm cluster, so admission
+	// policies that trust its claims made from templates (the chart's dra-blocks policy) see
+	// the name a real cluster gives them; system:masters keeps it as able as the admin.
+	if _, _, err := p.issue("controller-manager", "system:kube-controller-manager", []string{"system:masters"}, nil, false); err != nil {
+		return err
+	}
 	paths := c.pkiPaths()
+	c.Kubeconfig = c.path("admin.kubeconfig")
+	if err := c.writeKubeconfig(c.Kubeconfig, paths.ca, paths.adminCert, paths.adminKey); err != nil {
+		return err
+	}
+	d := c.path("pki")
+	return c.writeKubeconfig(c.path("controller-manager.kubeconfig"), paths.ca, filepath.Join(d, "controller-manager.crt"), filepath.Join(d, "controller-manager.key"))
+}
+
+// writeKubeconfig writes a kubeconfig for the apiserver with the given client certificate.
+func (c *Cluster) writeKubeconfig(path, ca, cert, key string) error {
 	read := func(f string) string { b, _ := os.ReadFile(f); return base64.StdEncoding.EncodeToString(b) }
 	kc := fmt.Sprintf(`apiVersion: v1
 kind: Config
@@ -67,9 +83,8 @@ contexts:
 - name: local
   context: {cluster: local, user: admin}
 current-context: local
-`, c.APIPort, read(paths.ca), read(paths.adminCert), read(paths.adminKey))
-	c.Kubeconfig = c.path("admin.kubeconfig")
-	return os.WriteFile(c.Kubeconfig, []byte(kc), 0o600)
+`, c.APIPort, read(ca), read(cert), read(key))
+	return os.WriteFile(path, []byte(kc), 0o600)
 }
 
 func (c *Cluster) startEtcd(ctx context.Context) error {
@@ -134,7 +149,7 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 func (c *Cluster) startControllerManager(context.Context) error {
 	p := c.pkiPaths()
 	return c.start("kube-controller-manager", filepath.Join(c.K8sBin, "kube-controller-manager"), nil,
-		"--kubeconfig="+c.Kubeconfig, "--bind-address=127.0.0.1", "--secure-port=0", "--leader-elect=false",
+		"--kubeconfig="+c.path("controller-manager.kubeconfig"), "--bind-address=127.0.0.1", "--secure-port=0", "--leader-elect=false",
 		"--service-account-private-key-file="+p.saKey, "--root-ca-file="+p.ca,
 		"--cluster-signing-cert-file="+p.ca, "--cluster-signing-key-file="+c.path("pki", "ca.key"),
 		"--use-service-account-credentials=false", "--allocate-node-cidrs=false",

@@ -241,7 +241,15 @@ func (v *View) DRADomainLoads(pods []*corev1.Pod, longLived func(claim string) b
 		}
 	}
 	out := make([][]dra.DomainLoad, len(pods))
+	// Pods with the same node constraints may use the same domains (most ask for the DRA
+	// nodes alone): each set of constraints is matched against the nodes once.
+	byKey := map[string][]dra.DomainLoad{}
 	for i, pod := range pods {
+		key := constraints{NodeName: pod.Spec.NodeName, NodeSelector: pod.Spec.NodeSelector, Tolerations: pod.Spec.Tolerations, Affinity: requiredAffinity(pod)}.key(0)
+		if loads, seen := byKey[key]; seen {
+			out[i] = loads
+			continue
+		}
 		req := nodeaffinity.GetRequiredNodeAffinity(pod)
 		for name, nd := range v.nodes {
 			if !nd.dra || nd.draSlots == nil || nd.draWithdrawn || !eligible(pod, req, nd) || !available(pod, nd) {
@@ -269,8 +277,17 @@ func (v *View) DRADomainLoads(pods []*corev1.Pod, longLived func(claim string) b
 				out[i] = append(out[i], *byDomain[d])
 			}
 		}
+		byKey[key] = out[i]
 	}
 	return out
+}
+
+// requiredAffinity is the pod's required node affinity, nil for none.
+func requiredAffinity(pod *corev1.Pod) *corev1.NodeSelector {
+	if a := pod.Spec.Affinity; a != nil && a.NodeAffinity != nil {
+		return a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution
+	}
+	return nil
 }
 
 // slotDomain is the domain of GPU g among a node's slots, -1 when it is in none.

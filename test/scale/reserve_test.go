@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -200,7 +201,8 @@ func waitClaimDevices(ctx context.Context, t *testing.T, client kubernetes.Inter
 // it (dra.Resources with dra.NodeReservations), updating the slice publishDRA created.
 type sliceDriver struct {
 	parsed *simulated.Document
-	last   chan map[int]int
+	mu     sync.Mutex
+	last   map[int]int // what the slice carries now
 }
 
 func newSliceDriver(doc []byte) (*sliceDriver, error) {
@@ -212,15 +214,13 @@ func newSliceDriver(doc []byte) (*sliceDriver, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &sliceDriver{parsed: parsed, last: make(chan map[int]int, 1)}
-	d.last <- nil
-	return d, nil
+	return &sliceDriver{parsed: parsed}, nil
 }
 
 func (d *sliceDriver) reserved() map[int]int {
-	r := <-d.last
-	d.last <- r
-	return r
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.last
 }
 
 func (d *sliceDriver) follow(ctx context.Context, t *testing.T, client kubernetes.Interface, node string, stop <-chan struct{}) {
@@ -267,7 +267,8 @@ func (d *sliceDriver) follow(ctx context.Context, t *testing.T, client kubernete
 			continue
 		}
 		published = want
-		<-d.last
-		d.last <- want
+		d.mu.Lock()
+		d.last = want
+		d.mu.Unlock()
 	}
 }

@@ -410,40 +410,15 @@ func (c *Controller) waiters(ctx context.Context) ([]Waiter, error) {
 	for i, j := range idx {
 		sorted[i] = pods[j]
 	}
-	// Waiters with the same node constraints may use the same domains: the view is asked once
-	// per set of constraints, not once per waiter (most ask for the DRA nodes alone).
-	groups := map[string]int{}
-	var reps []*corev1.Pod
-	groupOf := make([]int, len(sorted))
-	for i, p := range sorted {
-		key := constraintKey(p)
-		g, ok := groups[key]
-		if !ok {
-			g = len(reps)
-			groups[key] = g
-			reps = append(reps, p)
-		}
-		groupOf[i] = g
-	}
-	loads := c.View.DRADomainLoads(reps, func(claim string) bool { return long[claim] })
+	loads := c.View.DRADomainLoads(sorted, func(claim string) bool { return long[claim] })
 	out := make([]Waiter, len(sorted))
 	for i, j := range idx {
 		p := pods[j]
 		tolerates, known := c.claimTolerates(ctx, p, sizes[j])
-		out[i] = Waiter{UID: p.UID, Namespace: p.Namespace, Pod: p.Namespace + "/" + p.Name, Size: sizes[j], Loads: loads[groupOf[i]],
+		out[i] = Waiter{UID: p.UID, Namespace: p.Namespace, Pod: p.Namespace + "/" + p.Name, Size: sizes[j], Loads: loads[i],
 			Tolerates: tolerates, Unknown: !known}
 	}
 	return out, nil
-}
-
-// constraintKey identifies what of a pod decides the nodes it may use, as the view reads it.
-func constraintKey(p *corev1.Pod) string {
-	var aff any
-	if a := p.Spec.Affinity; a != nil && a.NodeAffinity != nil {
-		aff = a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution
-	}
-	b, _ := json.Marshal([]any{p.Spec.NodeSelector, aff, p.Spec.Tolerations})
-	return string(b)
 }
 
 // claimTolerates reads the waiter's TP claim (the status entry of the pod's nvdomain-gpus

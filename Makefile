@@ -44,7 +44,7 @@ IMAGE_ENV   := NVDOMAIN_IMAGE=$(IMAGE) NVDOMAIN_IMAGE_ARCHIVE=$(IMAGE_ARCHIVE)
 # marks deprecated, which only adds compiler noise.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all build image chart test unit e2e matrix host-deps k8s-assets containerd-assets helm-assets kwok-assets karpenter-assets kueue-assets lws-assets registry-assets cross-deps demo-assets demo-helm demo-image lint fmt vet staticcheck cover fuzz bench bench-placement bench-admission bench-dra bench-dra-blocks bench-dra-huge bench-placement-huge scale demo down clean
+.PHONY: all build image chart test unit e2e matrix host-deps k8s-assets containerd-assets helm-assets kwok-assets karpenter-assets kueue-assets lws-assets registry-assets cross-deps demo-assets demo-helm demo-image lint fmt vet staticcheck cover fuzz bench bench-placement bench-admission bench-dra bench-dra-blocks bench-dra-upstream bench-dra-huge bench-placement-huge scale demo down clean
 
 all: build
 
@@ -205,19 +205,29 @@ scale: k8s-assets kwok-assets
 	$(GO) run ./test/bench -only scale
 
 ## bench-dra: nvdomain's DRA mode against plain DRA (the cost peer: k devices, no constraint, no
-## webhook) and classic mode on the same 500 kwok nodes: 2,000 TP pods at 50/s in each (about
-## 7 minutes); prints the table and the cost targets, and rewrites the "DRA against plain DRA
-## and classic" section and rows of docs/benchmarks.md. Root. The fragmentation side is the
-## placement simulation's (bench-placement).
+## webhook) and classic mode on the same 500 kwok nodes: 2,000 TP pods at 50/s in each run,
+## classic once, then plain and nvdomain twice each in ABBA order (about 7 minutes); prints the
+## table, each round, and the cost targets, and rewrites the "DRA against plain DRA and
+## classic" section and rows of docs/benchmarks.md. Root. The fragmentation side is the
+## placement simulation's (bench-placement). NVDOMAIN_WEBHOOK_PROFILES=<dir> also writes each
+## webhook replica's CPU profile of every run there.
 bench-dra: k8s-assets kwok-assets
 	$(GO) run ./test/bench -only dra
 
 ## bench-dra-blocks: bench-dra with blocks (dra.blocks): the slices publish each domain's aligned
 ## blocks, the templates ask for one first, and the plain-DRA peer's class selects the GPUs
-## alone. Needs Kubernetes 1.37 or later (kubernetes#138917). Prints its tables only (about 6
+## alone. Needs Kubernetes 1.37 or later (kubernetes#138917). Prints its tables only (about 7
 ## minutes). Root.
 bench-dra-blocks: k8s-assets kwok-assets
 	NVDOMAIN_DRA_BLOCKS=1 $(GO) test -run '^$$' -bench '^BenchmarkDRA$$' -benchtime 1x -timeout 30m -v ./test/scale/
+
+## bench-dra-upstream: scheduler_perf's SchedulingWithResourceClaimTemplate/5000pods_500nodes shape
+## (kubernetes test/integration/scheduler_perf/dra/performance-config.yaml) under plain DRA and
+## nvdomain's DRA mode on 500 kwok nodes: 2,000 one-GPU pods scheduled first, then 2,000 measured,
+## the cluster full at the end; prints both beside upstream's published bands (about 8 minutes).
+## Root.
+bench-dra-upstream: k8s-assets kwok-assets
+	$(GO) test -run '^$$' -bench '^BenchmarkDRAUpstream$$' -benchtime 1x -timeout 30m -v ./test/scale/
 
 ## bench-dra-huge: bench-dra on 5,000 kwok nodes (3,000 with one 8-GPU domain, 2,000 with two
 ## 4-GPU domains), the same stream: where kube-scheduler samples 500 of the feasible nodes and

@@ -4,6 +4,7 @@
 package nriplugin
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"slices"
@@ -17,8 +18,11 @@ import (
 )
 
 // createDRA handles a container on a DRA node.
-func (p *Plugin) createDRA(pod *api.PodSandbox, ctr *api.Container, fail func(string, error) (*api.ContainerAdjustment, []*api.ContainerUpdate, error)) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
+func (p *Plugin) createDRA(ctx context.Context, pod *api.PodSandbox, ctr *api.Container, fail func(string, error) (*api.ContainerAdjustment, []*api.ContainerUpdate, error)) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
 	tp := pod.Labels[names.TPLabel] == names.TPLabelValue
+	if reason, err := p.fromDevicePlugin(ctx, pod, ctr); err != nil {
+		return fail(reason, err)
+	}
 	// DRA nodes run no device plugin, so no strategy puts GPUs in NVIDIA_VISIBLE_DEVICES
 	// there either (unless configured so).
 	env, neutralise := p.envVerdict(ctr.Env)
@@ -50,6 +54,36 @@ func (p *Plugin) createDRA(pod *api.PodSandbox, ctr *api.Container, fail func(st
 	adj := &api.ContainerAdjustment{}
 	adj.AddAnnotation(p.cfg.Names.PodAssignedGPUsAnnotation(), names.FormatGPUList(gpus))
 	return p.neutralise(adj, pod, ctr, env), nil, nil
+}
+
+// fromDevicePlugin refuses a container to which the kubelet gave nvidia.com/ devices from a
+// device plugin, when the plugin can ask (Config.Allocations, --pod-resources-socket) and the
+// container names GPUs by CDI device (review DRA 2026-12, finding 2b). A device plugin's CDI
+// names (nvidia.com/gpu=<uuid> under the cdi-cri strategy) are the form of NVIDIA's spec the
+// driver itself uses in nvidia CDI mode, so the names alone cannot tell the two apart, and a
+// device plugin left running on a DRA node hands out GPUs the allocator may have given a claim
+// (the driver withdraws its devices when it sees one, which stops new claims, not the plugin's
+// pods). Only the kubelet knows which it was: PodResources lists a device plugin's allocations
+// under the container's devices and a claim's under its dynamic resources (the device manager
+// skips an nvidia.com/gpu limit that DRA's extendedResourceName serves). A kubelet that does
+// not answer refuses the container, as under the envvar strategy: the GPUs might be a device
+// plugin's. It returns the refusal's reason for the metric.
+func (p *Plugin) fromDevicePlugin(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) (string, error) {
+	if p.cfg.Allocations == nil || !slices.ContainsFunc(ctr.CDIDevices, func(d *api.CDIDevice) bool {
+		_, _, _, ok := dra.ParseCDIDevice(d.Name)
+		return ok
+	}) {
+		return "", nil
+	}
+	ids, err := p.cfg.Allocations.Allocated(ctx, pod.Namespace, pod.Name, ctr.Name)
+	if err != nil {
+		return "pod-resources", fmt.Errorf("on a DRA node only the kubelet's PodResources API can tell whether the container's GPUs came from its ResourceClaims or from a device plugin, and it did not answer, so the container is refused until it does: %w; check the nvdomain-nri container's --pod-resources-socket and its mount of the kubelet's pod-resources directory", err)
+	}
+	if len(ids) > 0 {
+		return "dra-device-plugin", fmt.Errorf("the kubelet gave the container devices %s from a device plugin; on a DRA node GPUs come only from ResourceClaims, which the scheduler's allocator counts, so a device plugin's GPU may be one a claim holds: remove the device plugin (or its nvidia.com/ resources) from the node, or move the node out of the DRA pool (docs/dra.md)",
+			strings.Join(ids, ", "))
+	}
+	return "", nil
 }
 
 // draGPUsLocked reads the GPUs the DRA driver prepared for a container from its CDI device

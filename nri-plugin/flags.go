@@ -34,7 +34,7 @@ func BindFlags(fs *flag.FlagSet) func(logr.Logger) (RunOptions, error) {
 	trusted := fs.String("trusted-namespaces", strings.Join(names.DefaultTrustedNamespaces, ","),
 		"comma-separated namespaces whose containers are left exactly as they are (system components such as GPU Operator's, which set NVIDIA_VISIBLE_DEVICES=all on purpose)")
 	naming := fs.String("naming", "", "deprecated and ignored (GPUs are named as the device plugin named them)")
-	fs.StringVar(&o.PodResourcesSocket, "pod-resources-socket", "", "the kubelet's PodResources socket (/var/lib/kubelet/pod-resources/kubelet.sock), asked under the envvar strategy whether a GPU list in NVIDIA_VISIBLE_DEVICES is the device plugin's; empty: not asked")
+	fs.StringVar(&o.PodResourcesSocket, "pod-resources-socket", "", "the kubelet's PodResources socket (/var/lib/kubelet/pod-resources/kubelet.sock), asked under the envvar strategy whether a GPU list in NVIDIA_VISIBLE_DEVICES is the device plugin's, and with --dra whether a container's GPUs came from a device plugin rather than its claims; empty: not asked")
 	fs.BoolVar(&o.DRA, "dra", false, "the node is a DRA node: check that a tensor-parallel container's prepared GPUs share one domain and record them, rewrite nothing")
 	fs.DurationVar(&o.TopologyReload, "topology-reload", 30*time.Second, "how often the topology source is read again (0: once)")
 	fs.StringVar(&o.StateFile, "state-file", nristate.DefaultPath, "where to write which container holds which GPUs, for the node agent")

@@ -73,7 +73,9 @@ type Config struct {
 	LastGeneration int64
 	// Allocations, when set, is asked whether the kubelet allocated GPUs to a container whose
 	// NVIDIA_VISIBLE_DEVICES lists GPUs under the envvar strategy: a list in a container the
-	// kubelet allocated none came from envFrom or the image, and is set to void.
+	// kubelet allocated none came from envFrom or the image, and is set to void. On a DRA
+	// node it is asked whether a container naming GPUs by CDI device got them from a device
+	// plugin, which is refused (fromDevicePlugin).
 	Allocations Allocations
 	// Previous is what the state file said containers held when the plugin started: the
 	// first Synchronize keeps the holds of exited containers of pods that still run from it,

@@ -8,6 +8,9 @@ import (
 	"time"
 
 	"github.com/containerd/nri/pkg/api"
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -164,6 +167,65 @@ func TestPodResourcesFallsBackToListWhenGetIsOff(t *testing.T) {
 			}
 			if f.lists != tc.wantLists {
 				t.Errorf("List asked %d times, want %d", f.lists, tc.wantLists)
+			}
+		})
+	}
+}
+
+// On a DRA node a container naming GPUs by CDI device is refused when the kubelet says a
+// device plugin gave them (review DRA 2026-12, finding 2b: the names are the same form as the
+// driver's in nvidia CDI mode), and when the kubelet does not answer; a claim's GPUs (no
+// device-plugin devices) run, and a container without GPU names is not asked about.
+func TestDRANodesRefuseGPUsFromADevicePlugin(t *testing.T) {
+	pod := &api.PodSandbox{Id: "sb", Name: "train", Namespace: "default", Uid: "uid", Labels: map[string]string{"tensor-parallel": "true"}}
+	cases := []struct {
+		name       string
+		kubelet    *fakeKubelet
+		devs       []string
+		wantReason string // empty: created
+		wantInErr  string
+		wantAsked  int
+	}{
+		{"a claim's GPUs", &fakeKubelet{}, []string{"nvidia.com/gpu=GPU-4", "nvidia.com/gpu=GPU-5"}, "", "", 1},
+		{"a device plugin's GPUs", &fakeKubelet{allocated: map[string][]string{"default/train/main": {"GPU-4", "GPU-5"}}},
+			[]string{"nvidia.com/gpu=GPU-4", "nvidia.com/gpu=GPU-5"}, "dra-device-plugin", "devices GPU-4, GPU-5 from a device plugin", 1},
+		{"the kubelet does not answer", &fakeKubelet{err: errors.New("connection refused")},
+			[]string{"gpu.nvdomain.io/gpu=c1-gpu-4"}, "pod-resources", "connection refused", 1},
+		{"no GPU named: not asked", &fakeKubelet{err: errors.New("connection refused")}, []string{"example.com/nic=0"}, "", "", 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := NewMetrics(prometheus.NewRegistry())
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec := &recorder{}
+			p, err := New(Config{Names: n, Topology: seedTopology(t), DRA: true, Allocations: tc.kubelet}, logr.Discard(), m, rec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := ctr("c1", pod.Id, "main", "NVIDIA_VISIBLE_DEVICES=void")
+			for _, d := range tc.devs {
+				c.CDIDevices = append(c.CDIDevices, &api.CDIDevice{Name: d})
+			}
+			_, _, err = p.createContainer(context.Background(), pod, c)
+			if tc.kubelet.asked != tc.wantAsked {
+				t.Errorf("the kubelet was asked %d times, want %d", tc.kubelet.asked, tc.wantAsked)
+			}
+			if tc.wantReason == "" {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.wantInErr) {
+				t.Fatalf("err = %v, want a refusal naming %q", err, tc.wantInErr)
+			}
+			if got := testutil.ToFloat64(m.Refusals.WithLabelValues(tc.wantReason)); got != 1 {
+				t.Errorf("%s refusals = %v, want 1", tc.wantReason, got)
+			}
+			if len(rec.assigned) != 0 {
+				t.Errorf("a refused container was recorded: %+v", rec.assigned)
 			}
 		})
 	}

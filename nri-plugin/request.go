@@ -74,7 +74,7 @@ func (p *Plugin) createContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 		return p.createTrusted(pod, ctr)
 	}
 	if p.cfg.DRA {
-		return p.createDRA(pod, ctr, fail)
+		return p.createDRA(ctx, pod, ctr, fail)
 	}
 	k, domain, tp, err := p.request(pod, ctr)
 	if err != nil {

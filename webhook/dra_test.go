@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -23,12 +24,15 @@ import (
 	"github.com/nvdomain/nvdomain/pkg/topology"
 )
 
-// draNode is a node as a DRA agent publishes it: size labels and the mode label, no domain
-// resources and no nvidia.com/gpu in its status.
+// draNode is a node as a DRA agent publishes it: size labels, the largest domain's, and the
+// mode label, no domain resources and no nvidia.com/gpu in its status.
 func draNode(name string, domains []int, extra map[string]string) *corev1.Node {
 	nd := node(name, domains, extra, nil)
 	nd.Status.Allocatable = corev1.ResourceList{}
 	nd.Labels[n.ModeLabel()] = names.ModeDRA
+	if _, ok := extra[n.DomainMaxLabel()]; !ok && len(domains) > 0 {
+		nd.Labels[n.DomainMaxLabel()] = strconv.Itoa(slices.Max(domains))
+	}
 	return nd
 }
 
@@ -83,8 +87,14 @@ func TestTPPodBoundForDRAIsRewrittenOntoItsTemplate(t *testing.T) {
 	if out.Annotations["gpu.nvidia.com/tp-size"] != "4" || out.Annotations["gpu.nvidia.com/container-gpus"] != `{"vllm":4}` {
 		t.Errorf("annotations = %v", out.Annotations)
 	}
-	if _, pinned := out.Annotations["gpu.nvidia.com/nvswitch-domain"]; pinned || out.Spec.Affinity != nil {
-		t.Errorf("a DRA pod is pinned: annotations %v affinity %+v", out.Annotations, out.Spec.Affinity)
+	if _, pinned := out.Annotations["gpu.nvidia.com/nvswitch-domain"]; pinned {
+		t.Errorf("a DRA pod is pinned: annotations %v", out.Annotations)
+	}
+	// No pin and no hint (one node only): the one required expression is the capability,
+	// nodes whose largest domain holds 4, which keeps the allocator off nodes it could only
+	// search in vain.
+	if got := requiredExprs(out); !apiequality.Semantic.DeepEqual(got, [][]corev1.NodeSelectorRequirement{{{Key: n.DomainMaxLabel(), Operator: corev1.NodeSelectorOpGt, Values: []string{"3"}}}}) {
+		t.Errorf("required node affinity %+v, want only %s Gt 3", got, n.DomainMaxLabel())
 	}
 	again := f.mut.Handle(context.Background(), request(t, out))
 	if !again.Allowed || len(again.Patches) != 0 {
@@ -301,6 +311,18 @@ func withTopology(t *testing.T, nd *corev1.Node, domains [][]int) *corev1.Node {
 	return nd
 }
 
+// requiredExprs is the match expressions of each of the pod's required node selector terms.
+func requiredExprs(p *corev1.Pod) [][]corev1.NodeSelectorRequirement {
+	if p.Spec.Affinity == nil || p.Spec.Affinity.NodeAffinity == nil || p.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil {
+		return nil
+	}
+	var out [][]corev1.NodeSelectorRequirement
+	for _, t := range p.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
+		out = append(out, t.MatchExpressions)
+	}
+	return out
+}
+
 // draHintOf returns the hostnames of the pod's DRA hint term (HintWeight, hostname In, on
 // DRA nodes), or nil.
 func draHintOf(p *corev1.Pod) []string {
@@ -346,8 +368,14 @@ func TestDRAPodsGetTheTightestNodesAsAPreference(t *testing.T) {
 			if got := draHintOf(out); len(got) != 1 || got[0] != "dra-busy" {
 				t.Errorf("hint %v, want [dra-busy] (its half-used domain is the tightest fit)", got)
 			}
-			if a := out.Spec.Affinity.NodeAffinity; a.RequiredDuringSchedulingIgnoredDuringExecution != nil {
-				t.Errorf("a DRA pod got a required node affinity: %+v", a.RequiredDuringSchedulingIgnoredDuringExecution)
+			// A hint is a preference; the only requirement is the capability of a TP pod of
+			// more than one GPU (a domain of its size), which every node of the hint has.
+			var want [][]corev1.NodeSelectorRequirement
+			if k, _ := strconv.Atoi(out.Annotations[n.PodTPSizeAnnotation()]); k > 1 {
+				want = [][]corev1.NodeSelectorRequirement{{{Key: n.DomainMaxLabel(), Operator: corev1.NodeSelectorOpGt, Values: []string{strconv.Itoa(k - 1)}}}}
+			}
+			if got := requiredExprs(out); !apiequality.Semantic.DeepEqual(got, want) {
+				t.Errorf("required node affinity %+v, want %+v", got, want)
 			}
 			again := f.mut.Handle(context.Background(), request(t, out))
 			if !again.Allowed || len(again.Patches) != 0 {
@@ -381,6 +409,56 @@ func TestDRAPodsGetTheTightestNodesAsAPreference(t *testing.T) {
 			terms := out.Spec.Affinity.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution
 			if got := draHintOf(out); len(got) != 1 || got[0] != "dra-busy" || len(terms) != 3 || terms[0].Weight != 5 || !apiequality.Semantic.DeepEqual(terms[1], own) {
 				t.Errorf("copied stale hint: hint %v, terms %+v; want [dra-busy] in place of [dra-empty], the zone term and the user's own hostname term kept", got, terms)
+			}
+		})
+	}
+}
+
+// A TP pod rewritten for DRA requires a node whose largest domain holds it, on each of its own
+// required terms (ORed, so each must say it), and leaves a term that already speaks of the
+// label as the user wrote it. A node with smaller domains only is no longer one the pod may use,
+// and the rewrite stays idempotent.
+func TestDRARewriteRequiresADomainOfTheSizeOnEveryTerm(t *testing.T) {
+	gt := func(v string) corev1.NodeSelectorRequirement {
+		return corev1.NodeSelectorRequirement{Key: n.DomainMaxLabel(), Operator: corev1.NodeSelectorOpGt, Values: []string{v}}
+	}
+	zone := func(z string) corev1.NodeSelectorRequirement {
+		return corev1.NodeSelectorRequirement{Key: "zone", Operator: corev1.NodeSelectorOpIn, Values: []string{z}}
+	}
+	own := corev1.NodeSelectorRequirement{Key: n.DomainMaxLabel(), Operator: corev1.NodeSelectorOpIn, Values: []string{"8"}}
+	cases := []struct {
+		name  string
+		k     int64
+		terms [][]corev1.NodeSelectorRequirement
+		want  [][]corev1.NodeSelectorRequirement
+	}{
+		{"no terms: one is made", 8, nil, [][]corev1.NodeSelectorRequirement{{gt("7")}}},
+		{"each term gets it", 4, [][]corev1.NodeSelectorRequirement{{zone("a")}, {zone("b")}}, [][]corev1.NodeSelectorRequirement{{zone("a"), gt("3")}, {zone("b"), gt("3")}}},
+		{"a term of the user's on the label is kept", 4, [][]corev1.NodeSelectorRequirement{{zone("a"), own}, {zone("b")}}, [][]corev1.NodeSelectorRequirement{{zone("a"), own}, {zone("b"), gt("3")}}},
+		{"a Gt already there is kept", 4, [][]corev1.NodeSelectorRequirement{{gt("7"), zone("a")}}, [][]corev1.NodeSelectorRequirement{{gt("7"), zone("a")}}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := newModeFixture(t, decision.ModeDRA,
+				draNode("dra-hgx", []int{8}, map[string]string{"zone": "a"}), draNode("dra-split", []int{4, 4}, map[string]string{"zone": "b"}))
+			p := pod(true, c.k, "--tensor-parallel-size", fmt.Sprint(c.k))
+			if c.terms != nil {
+				var terms []corev1.NodeSelectorTerm
+				for _, e := range c.terms {
+					terms = append(terms, corev1.NodeSelectorTerm{MatchExpressions: slices.Clone(e)})
+				}
+				p.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: terms}}}
+			}
+			out, mresp, vresp := f.admit(t, p)
+			if !mresp.Allowed || !vresp.Allowed {
+				t.Fatalf("mutate %+v validate %+v", mresp.Result, vresp.Result)
+			}
+			if got := requiredExprs(out); !apiequality.Semantic.DeepEqual(got, c.want) {
+				t.Errorf("required terms %+v, want %+v", got, c.want)
+			}
+			again := f.mut.Handle(context.Background(), request(t, out))
+			if !again.Allowed || len(again.Patches) != 0 {
+				t.Errorf("re-admission patched: %v", again.Patches)
 			}
 		})
 	}

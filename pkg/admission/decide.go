@@ -482,6 +482,9 @@ func (v *Decider) warnings(pod *corev1.Pod, p rules.Pod) []Warning {
 		}
 		out = append(out, Warning{"unadvertised-resource", text})
 	}
+	if v.View.SelectedAdvertise(pod, sortedKeys(asked)) {
+		return out // some selected node advertises each resource: no split inventory
+	}
 	selected := v.View.SelectedNodes(pod)
 	if len(selected) == 0 {
 		return out

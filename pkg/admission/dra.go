@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
@@ -86,7 +87,33 @@ func RewriteForDRA(pod *corev1.Pod, p rules.Pod, n names.Names) *corev1.Pod {
 		out.Annotations = map[string]string{}
 	}
 	n.EncodePin(out.Annotations, names.PodPin{Domain: -1, TPSize: p.GPUs, ContainerGPUs: perContainer})
+	requireDomainOfSize(out, p.GPUs, n)
 	return out
+}
+
+// requireDomainOfSize adds `<prefix>/nvswitch-domain-max Gt k-1` to every required node
+// selector term of a pod rewritten for DRA with k > 1: only nodes with a domain of k GPUs or
+// more. The template's matchAttribute constraint already keeps the allocator off every other
+// node, but only after it has searched it: on a node whose domains are all smaller than k the
+// allocator backtracks through every combination of the node's devices before it gives up
+// (BenchmarkAllocatorDomainTooSmall in test/bench/placementsim: about 2.5x what the same TP=8
+// claim costs on an 8-GPU node where it fits), and it does so on every such node for every
+// pod. The label is static (the node's largest domain, which the agent publishes
+// before the driver's slices), so NodeAffinity's Filter, which runs first and costs a map
+// lookup, turns those nodes away at once; where a node's topology changes, the agent changes
+// the label with it. It is a capability, not a pin: any node with a domain of k or more stays
+// open, and the webhook has already refused a pod that no DRA node could ever take
+// (View.DRAFits). A term that already says something of the label is left as it is: the
+// user's own choice (even a Gt: it cannot be told from one a manifest copied from a pod of
+// another size carries, and loosening a user's constraint would be worse than keeping a stale
+// one, which DRAFits refuses by name when no node meets it). Admitting the rewritten pod again
+// changes nothing.
+func requireDomainOfSize(pod *corev1.Pod, k int, n names.Names) {
+	if k <= 1 {
+		return // every node with a GPU has a domain of one
+	}
+	key := n.DomainMaxLabel()
+	requireOnEveryTerm(pod, corev1.NodeSelectorRequirement{Key: key, Operator: corev1.NodeSelectorOpGt, Values: []string{strconv.Itoa(k - 1)}})
 }
 
 // HintDRA returns a copy of a pod bound for DRA nodes with a preferred node affinity for the

@@ -114,7 +114,7 @@ func (v *View) DRAHint(pod *corev1.Pod, k int, tp bool) []string {
 			continue
 		}
 		used := v.draUsed[name]
-		if nd.draGPUs-len(used) < k || !eligible(pod, req, nd) || !available(pod, nd) {
+		if nd.draGPUs-len(used) < k || !available(pod, nd) {
 			continue
 		}
 		// A domain reserved for a waiter larger than this pod is closed to it (its devices
@@ -124,9 +124,13 @@ func (v *View) DRAHint(pod *corev1.Pod, k int, tp bool) []string {
 			closed = reservedDomainGPUs(nd.draSlots, doms)
 		}
 		f, ok := dra.Predict(nd.draSlots, func(g int) bool { return used[g] > 0 || (closed != nil && closed[g] > k) }, k, tp, v.draBlocks)
-		switch {
-		case !ok || (len(out) > 0 && best.Tighter(f)):
+		// Whether the pod's node affinity admits the node is asked last, of the nodes that
+		// would enter the hint: matching it against the node's labels costs more than the
+		// replay, and once the tightest fit is known most nodes are looser.
+		if !ok || (len(out) > 0 && best.Tighter(f)) || !eligible(pod, req, nd) {
 			continue
+		}
+		switch {
 		case len(out) == 0 || f.Tighter(best):
 			best, out, worst = f, out[:0], -1
 		}

@@ -221,6 +221,46 @@ func TestMixedNodesAndConstraints(t *testing.T) {
 	}
 }
 
+// SelectedAdvertise says whether the nodes a pod selects advertise each resource it asks for,
+// with the answer SelectedNodes would give the split-inventory warning: true for a pod without
+// node constraints, false for one that selects no node.
+func TestSelectedAdvertise(t *testing.T) {
+	v := New(n)
+	mig := gpuNode("mig", nil, map[string]string{"pool": "a"})
+	mig.Status.Allocatable["nvidia.com/mig-1g.5gb"] = resource.MustParse("7")
+	delete(mig.Status.Allocatable, "nvidia.com/gpu")
+	v.UpsertNode(mig)
+	v.UpsertNode(gpuNode("whole", []int{8}, map[string]string{"pool": "a"}))
+	v.UpsertNode(gpuNode("other", []int{8}, map[string]string{"pool": "b"}))
+	inPool := func(pool, nodeName string) *corev1.Pod {
+		p := newTP()
+		p.Spec.NodeSelector = map[string]string{"pool": pool}
+		p.Spec.NodeName = nodeName
+		return p
+	}
+	cases := []struct {
+		name string
+		pod  *corev1.Pod
+		res  []string
+		want bool
+	}{
+		{"no node constraints", newTP(), []string{"nvidia.com/mig-7g.80gb"}, true},
+		{"a selected node advertises it", inPool("a", ""), []string{"nvidia.com/gpu"}, true},
+		{"each on another selected node", inPool("a", ""), []string{"nvidia.com/gpu", "nvidia.com/mig-1g.5gb"}, true},
+		{"advertised only outside the selection", inPool("b", ""), []string{"nvidia.com/mig-1g.5gb"}, false},
+		{"one of two missing", inPool("a", ""), []string{"nvidia.com/gpu", "nvidia.com/mig-2g.10gb"}, false},
+		{"no node selected", inPool("c", ""), []string{"nvidia.com/gpu"}, false},
+		{"bound to a node without it", inPool("a", "mig"), []string{"nvidia.com/gpu"}, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := v.SelectedAdvertise(c.pod, c.res); got != c.want {
+				t.Errorf("SelectedAdvertise(%v) = %v, want %v", c.res, got, c.want)
+			}
+		})
+	}
+}
+
 func TestAdvertisers(t *testing.T) {
 	v := New(n)
 	nd := gpuNode("mig", nil, nil)
@@ -451,5 +491,37 @@ func TestDecisionSizesOnlyWhenCapacitiesAreSizes(t *testing.T) {
 	}
 	if dec, err := v.ChooseDomain(newTP(), 4, 0); err != nil || dec.Fits || dec.Sizes != nil {
 		t.Errorf("a pod that waits: %+v (%v), want no room and no sizes", dec, err)
+	}
+}
+
+// The expressions nvdomain's webhook writes are not the user's node constraints: a pod whose
+// only required terms are the domain-size pin, mixed mode's mode NotIn [dra] or DRA mode's
+// domain-max Gt selects every node, as one with no terms does; anything else the user wrote is
+// a constraint.
+func TestOwnExpressionsAreNoNodeConstraints(t *testing.T) {
+	v := New(n)
+	expr := func(key string, op corev1.NodeSelectorOperator, vals ...string) corev1.NodeSelectorRequirement {
+		return corev1.NodeSelectorRequirement{Key: key, Operator: op, Values: vals}
+	}
+	cases := []struct {
+		name  string
+		exprs []corev1.NodeSelectorRequirement
+		want  bool
+	}{
+		{"domain-max Gt", []corev1.NodeSelectorRequirement{expr(n.DomainMaxLabel(), corev1.NodeSelectorOpGt, "3")}, false},
+		{"mode NotIn dra", []corev1.NodeSelectorRequirement{expr(n.ModeLabel(), corev1.NodeSelectorOpNotIn, names.ModeDRA)}, false},
+		{"a domain size pin", []corev1.NodeSelectorRequirement{expr(n.DomainSizeLabel(1), corev1.NodeSelectorOpGt, "3")}, false},
+		{"domain-max In: the user's", []corev1.NodeSelectorRequirement{expr(n.DomainMaxLabel(), corev1.NodeSelectorOpIn, "8")}, true},
+		{"a zone beside ours", []corev1.NodeSelectorRequirement{expr(n.DomainMaxLabel(), corev1.NodeSelectorOpGt, "3"), expr("zone", corev1.NodeSelectorOpIn, "a")}, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			pod := newTP()
+			pod.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+				NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: c.exprs}}}}}
+			if got := v.hasNodeConstraints(pod); got != c.want {
+				t.Errorf("hasNodeConstraints = %v, want %v", got, c.want)
+			}
+		})
 	}
 }

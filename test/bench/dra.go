@@ -81,7 +81,9 @@ machine; test/integration/scheduler_perf/dra/performance-config.yaml) holds Sche
 to a floor of 56 pods/s ("typically above 70") and SteadyStateClusterResourceClaimTemplate/{empty,half,full}_500nodes to
 64/60/60 ("typically above 81/75/75"). Here the control plane, kwok, the webhook and the load generator share the cores
 above, so the absolute rates are this machine's; the ratios against plain DRA, measured in the same run on the same
-nodes, are what carries over.
+nodes, are what carries over. ` + "`make bench-dra-upstream`" + ` runs the first of those shapes on this harness (500 nodes, a
+first half of one-GPU pods not measured, then a burst of one-GPU pods measured, the cluster full at the end), plain DRA
+and nvdomain's DRA mode one after the other; its figures are in docs/dra.md ("Scheduler cost").
 
 What the allocator's first-found device choice costs in placement (utilisation, TP jobs' waiting time, TP jobs
 stranded by fragmentation) against classic mode's tightest fit is measured by simulation in section 4,

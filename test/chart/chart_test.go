@@ -534,31 +534,46 @@ func TestPodResourcesSocketOnlyUnderEnvvar(t *testing.T) {
 }
 
 // The chart's DeviceClasses are the driver's own (pkg/dra.DeviceClasses): a selector that
-// drifted would let plain pods take blocks, or leave the templates' blocks unselectable.
+// drifted would let plain pods take blocks, or leave the templates' blocks unselectable. The
+// GPU class excludes blocks with dra.blocks on, and with dra.gpuClassExcludesBlocks=true (the
+// rollout that turns blocks off); otherwise it tests the driver alone.
 func TestChartDeviceClassesMatchTheDriver(t *testing.T) {
-	out, err := render(t, "--set", "dra.enabled=true", "--show-only", "templates/dra.yaml")
-	if err != nil {
-		t.Fatal(err)
+	cases := []struct {
+		name          string
+		args          []string
+		excludeBlocks bool
+	}{
+		{"blocks off", nil, false},
+		{"blocks on", []string{"--set", "dra.blocks=true", "--kube-version", "1.37.0"}, true},
+		{"blocks going off", []string{"--set", "dra.gpuClassExcludesBlocks=true"}, true},
 	}
-	want := dra.DeviceClasses(names.GPUResource)
-	var got []resourceapi.DeviceClass
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader([]byte(out)), 4096)
-	for {
-		var c resourceapi.DeviceClass
-		if err := dec.Decode(&c); err != nil {
-			break
-		}
-		if c.Kind == "DeviceClass" {
-			got = append(got, c)
-		}
-	}
-	if len(got) != len(want) {
-		t.Fatalf("the chart renders %d DeviceClasses, the driver has %d", len(got), len(want))
-	}
-	for i := range want {
-		if got[i].Name != want[i].Name || !reflect.DeepEqual(got[i].Spec, want[i].Spec) {
-			t.Errorf("DeviceClass %s: chart %+v, driver %s %+v", got[i].Name, got[i].Spec, want[i].Name, want[i].Spec)
-		}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			out, err := render(t, append([]string{"--set", "dra.enabled=true", "--show-only", "templates/dra.yaml"}, c.args...)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := dra.DeviceClasses(names.GPUResource, c.excludeBlocks)
+			var got []resourceapi.DeviceClass
+			dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader([]byte(out)), 4096)
+			for {
+				var dc resourceapi.DeviceClass
+				if err := dec.Decode(&dc); err != nil {
+					break
+				}
+				if dc.Kind == "DeviceClass" {
+					got = append(got, dc)
+				}
+			}
+			if len(got) != len(want) {
+				t.Fatalf("the chart renders %d DeviceClasses, the driver has %d", len(got), len(want))
+			}
+			for i := range want {
+				if got[i].Name != want[i].Name || !reflect.DeepEqual(got[i].Spec, want[i].Spec) {
+					t.Errorf("DeviceClass %s: chart %+v, driver %s %+v", got[i].Name, got[i].Spec, want[i].Name, want[i].Spec)
+				}
+			}
+		})
 	}
 }
 

@@ -219,6 +219,13 @@ type Options struct {
 	APIServerArgs map[string]string
 	// Pprof serves each replica's pprof profiles on its address, port PprofPort.
 	Pprof bool
+	// ProbePeriod is how often the cluster asks each replica's /readyz, as the kubelet's
+	// readiness probe (0: every 100 ms, so that failover tests see a replica leave the
+	// rotation at once). Each answer costs the replica a TLS handshake with its own webhook
+	// server (controller-runtime's StartedChecker), so a benchmark that charges the replicas'
+	// CPU to nvdomain probes as the chart does (periodSeconds: 2). A replica marked
+	// terminating leaves the rotation within 100 ms whatever the period.
+	ProbePeriod time.Duration
 	// AlsoBuild are more main packages to build with the webhook's (Build).
 	AlsoBuild []string
 	// ReplicasLater leaves the replicas stopped: StartReplica starts them (then
@@ -282,6 +289,10 @@ type Cluster struct {
 	CertSecret string
 	// SchedulerURL is kube-scheduler's debug address under Options.SchedulerDebug, else empty.
 	SchedulerURL string
+	// ProbePeriod is Options.ProbePeriod, defaulted.
+	ProbePeriod time.Duration
+	// Pprof says the replicas serve pprof, each at its IP and PprofPort (Options.Pprof).
+	Pprof bool
 
 	webhookBin  string
 	mu          sync.Mutex
@@ -331,7 +342,10 @@ func Start(t testing.TB, o Options) *Cluster {
 	if err != nil {
 		t.Fatalf("start envtest: %v", err)
 	}
-	c := &Cluster{T: t, Env: env, Config: cfg, BinDir: assets, webhookBin: bin, terminating: map[string]bool{}, LogDir: t.TempDir()}
+	c := &Cluster{T: t, Env: env, Config: cfg, BinDir: assets, webhookBin: bin, terminating: map[string]bool{}, LogDir: t.TempDir(), ProbePeriod: o.ProbePeriod}
+	if c.ProbePeriod <= 0 {
+		c.ProbePeriod = 100 * time.Millisecond
+	}
 	t.Cleanup(c.stop)
 	c.Client = kubernetes.NewForConfigOrDie(cfg)
 	user, err := env.AddUser(envtest.User{Name: "nvdomain-test-admin", Groups: []string{"system:masters"}}, nil)
@@ -393,6 +407,7 @@ func Start(t testing.TB, o Options) *Cluster {
 		}, o.WebhookArgs...)
 		if o.Pprof {
 			r.args = append(r.args, fmt.Sprintf("--pprof-bind-address=%s:%d", ip, PprofPort))
+			c.Pprof = true
 		}
 		c.Replicas = append(c.Replicas, r)
 		if !o.ReplicasLater {
@@ -628,6 +643,22 @@ func (c *Cluster) startReplica(r *Replica, bin string) {
 // syncEndpoints keeps the Service's EndpointSlice true to the replicas every 100 ms.
 func (c *Cluster) syncEndpoints(ctx context.Context) {
 	var last []discoveryv1.Endpoint
+	// Each replica's last readiness answer and when it was asked, by name; an answer of a
+	// previous process of the replica (done differs) is not reused.
+	type probe struct {
+		ready bool
+		at    time.Time
+		done  chan struct{}
+	}
+	probes := map[string]probe{}
+	probeReady := func(r *Replica, done chan struct{}) bool {
+		p, ok := probes[r.Name]
+		if !ok || p.done != done || time.Since(p.at) >= c.ProbePeriod {
+			p = probe{ready: r.Ready(), at: time.Now(), done: done}
+			probes[r.Name] = p
+		}
+		return p.ready
+	}
 	for {
 		var eps []discoveryv1.Endpoint
 		c.mu.Lock()
@@ -646,8 +677,9 @@ func (c *Cluster) syncEndpoints(ctx context.Context) {
 				continue // a process that exited has no endpoint
 			default:
 			}
-			ready := !term && r.Ready()
-			serving := ready || (term && r.Ready())
+			up := probeReady(r, done)
+			ready := !term && up
+			serving := ready || (term && up)
 			eps = append(eps, discoveryv1.Endpoint{Addresses: []string{r.IP},
 				Conditions: discoveryv1.EndpointConditions{Ready: &ready, Serving: &serving, Terminating: &term}})
 		}

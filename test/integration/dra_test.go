@@ -101,7 +101,7 @@ func TestDRAModeThroughTheRealAPIServer(t *testing.T) {
 	c := startCluster(t, opts)
 	ctx := context.Background()
 	nd := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "dra-node01", Labels: map[string]string{
-		n.ModeLabel(): names.ModeDRA, n.DomainSizeLabel(0): "4", n.DomainSizeLabel(1): "4"}}}
+		n.ModeLabel(): names.ModeDRA, n.DomainSizeLabel(0): "4", n.DomainSizeLabel(1): "4", n.DomainMaxLabel(): "4"}}}
 	if _, err := c.client.CoreV1().Nodes().Create(ctx, nd, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -130,3 +130,17 @@ func TestClaimWatcher(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkDRAUpstream is `make bench-dra-upstream` (run with -benchtime 1x): scheduler_perf's
+// SchedulingWithResourceClaimTemplate/5000pods_500nodes shape under plain DRA and nvdomain's
+// DRA mode, with upstream's published bands beside them.
+func BenchmarkDRAUpstream(b *testing.B) {
+	for b.Loop() {
+		rep := RunDRAUpstream(b, DRAUpstream())
+		b.Logf("\n%s", rep.Markdown("### DRA in scheduler_perf's shape", "make bench-dra-upstream"))
+		b.ReportMetric(rep.Plain.Throughput, "pods/s-plain")
+		b.ReportMetric(rep.DRA.Throughput, "pods/s-dra")
+		b.ReportMetric(float64(len(rep.Plain.OverCommits)+len(rep.DRA.OverCommits)), "over-commits")
+		b.ReportMetric(float64(len(rep.DRA.Violations)), "dra-violations")
+	}
+}

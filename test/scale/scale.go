@@ -23,6 +23,7 @@ import (
 	"context"
 	_ "embed"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"math/rand/v2"
@@ -39,6 +40,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/pprof/profile"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -105,6 +107,11 @@ type Config struct {
 	KwokPodWorkers uint
 	// Blocks runs the DRA phases with blocks published and asked for first (RunDRA only).
 	Blocks bool `json:",omitempty"`
+	// Rounds is how many times RunDRA runs plain DRA and nvdomain's DRA mode (0: once), in
+	// alternating order, ABBA (plain, nvdomain, nvdomain, plain), so that what drifts during
+	// a run (etcd's size, the apiserver's caches, the machine's other load) falls on both
+	// alike; the figures are of all rounds together, and each round's ratios are reported.
+	Rounds int `json:",omitempty"`
 }
 
 // Full is `make scale`: 1,000 nodes and 5,000 pods at 25 a second, a rate this 2-core machine
@@ -277,6 +284,10 @@ type Phase struct {
 	// Scheduler is where kube-scheduler's CPU went while the stream was created (nil when
 	// the cluster does not serve the scheduler's debug endpoints).
 	Scheduler *SchedulerUse `json:",omitempty"`
+
+	// lat, adm and sched are every pod's times behind P50/P99/Max, AdmitP* and SchedP*, which
+	// mergePhases needs to compute them over more than one run.
+	lat, adm, sched []time.Duration
 }
 
 // SchedulerUse is kube-scheduler's CPU profile over a run's stream, read by area, and what
@@ -835,6 +846,7 @@ func runPhase(t testing.TB, c *hacluster.Cluster, cfg Config, name, ns string, w
 	}
 
 	prof := startSchedulerProfile(ctx, t, c, ns)
+	webhookProf := startWebhookProfiles(ctx, t, c, ns)
 
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -882,6 +894,7 @@ func runPhase(t testing.TB, c *hacluster.Cluster, cfg Config, name, ns string, w
 	}
 	sort.Slice(ph.Usage, func(i, j int) bool { return ph.Usage[i].Name < ph.Usage[j].Name })
 	ph.Scheduler = prof.finish(ctx, t)
+	webhookProf.finish(t)
 	cancel()
 
 	w.mu.Lock()
@@ -909,16 +922,9 @@ func runPhase(t testing.TB, c *hacluster.Cluster, cfg Config, name, ns string, w
 	ph.OverCommits = slices.Clone(w.over)
 	ph.PeakGPUs = w.peakGPUs
 	w.mu.Unlock()
-	slices.Sort(lat)
-	if n := len(lat); n > 0 {
-		ph.P50, ph.P99, ph.Max = lat[n/2], lat[min(n-1, n*99/100)], lat[n-1]
-	}
-	ph.AdmitP50, ph.AdmitP99 = percentiles(adm)
-	ph.SchedP50, ph.SchedP99 = percentiles(sched)
+	ph.lat, ph.adm, ph.sched = lat, adm, sched
 	ph.Span = last.Sub(first)
-	if ph.Span > 0 {
-		ph.Throughput = float64(ph.Scheduled) / ph.Span.Seconds()
-	}
+	ph.latencies()
 	if claims != nil {
 		over, _, peak := claims.results()
 		ph.OverCommits, ph.PeakGPUs = append(ph.OverCommits, over...), peak
@@ -1004,6 +1010,163 @@ func (p *schedulerProfile) finish(ctx context.Context, t testing.TB) *SchedulerU
 		t.Fatal(err)
 	}
 	return &SchedulerUse{Profile: sum, Counters: after.Sub(p.before), ProfilePath: p.path}
+}
+
+// latencies sets the percentiles and the throughput from the pods' times and the span.
+func (ph *Phase) latencies() {
+	lat := slices.Clone(ph.lat)
+	slices.Sort(lat)
+	if n := len(lat); n > 0 {
+		ph.P50, ph.P99, ph.Max = lat[n/2], lat[min(n-1, n*99/100)], lat[n-1]
+	}
+	ph.AdmitP50, ph.AdmitP99 = percentiles(ph.adm)
+	ph.SchedP50, ph.SchedP99 = percentiles(ph.sched)
+	if ph.Span > 0 {
+		ph.Throughput = float64(ph.Scheduled) / ph.Span.Seconds()
+	}
+}
+
+// mergePhases is several runs of one stream as one: counts, spans and CPU summed (so the
+// throughput is all pods over all spans, and CPU per pod all CPU over all pods), percentiles
+// over every pod, the peaks the highest, the findings all listed, and kube-scheduler's profiles
+// merged into one (written beside the first, "-merged"). One run is returned as it is.
+func mergePhases(t testing.TB, ps ...Phase) Phase {
+	t.Helper()
+	if len(ps) == 1 {
+		return ps[0]
+	}
+	out := Phase{Name: ps[0].Name, Webhook: ps[0].Webhook, Stress: ps[0].Stress}
+	usage := map[string]Usage{}
+	var profs []*SchedulerUse
+	for _, p := range ps {
+		out.Created += p.Created
+		out.Failed += p.Failed
+		out.Scheduled += p.Scheduled
+		if out.FailSample == "" {
+			out.FailSample = p.FailSample
+		}
+		out.Span += p.Span
+		out.lat = append(out.lat, p.lat...)
+		out.adm = append(out.adm, p.adm...)
+		out.sched = append(out.sched, p.sched...)
+		out.PeakGPUs = max(out.PeakGPUs, p.PeakGPUs)
+		out.OverCommits = append(out.OverCommits, p.OverCommits...)
+		out.Violations = append(out.Violations, p.Violations...)
+		for _, u := range p.Usage {
+			m := usage[u.Name]
+			m.Name, m.CPU, m.PeakRSS = u.Name, m.CPU+u.CPU, max(m.PeakRSS, u.PeakRSS)
+			usage[u.Name] = m
+		}
+		if p.Scheduler != nil {
+			profs = append(profs, p.Scheduler)
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(usage)) {
+		out.Usage = append(out.Usage, usage[name])
+	}
+	out.latencies()
+	if len(profs) == len(ps) {
+		out.Scheduler = mergeSchedulerUse(t, profs)
+	}
+	return out
+}
+
+// mergeSchedulerUse merges the runs' profiles (profile.Merge) and adds their counters.
+func mergeSchedulerUse(t testing.TB, us []*SchedulerUse) *SchedulerUse {
+	t.Helper()
+	var parts []*profile.Profile
+	counters := schedprof.Counters{Attempts: map[string]float64{}, PointSeconds: map[string]float64{}, Batch: map[string]float64{}}
+	for _, u := range us {
+		data, err := os.ReadFile(u.ProfilePath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := profile.Parse(bytes.NewReader(data))
+		if err != nil {
+			t.Fatalf("%s: %v", u.ProfilePath, err)
+		}
+		parts = append(parts, p)
+		for _, m := range []struct{ to, from map[string]float64 }{{counters.Attempts, u.Counters.Attempts}, {counters.PointSeconds, u.Counters.PointSeconds}, {counters.Batch, u.Counters.Batch}} {
+			for k, v := range m.from {
+				m.to[k] += v
+			}
+		}
+	}
+	merged, err := profile.Merge(parts)
+	if err != nil {
+		t.Fatalf("merge kube-scheduler's profiles: %v", err)
+	}
+	var buf bytes.Buffer
+	if err := merged.Write(&buf); err != nil {
+		t.Fatal(err)
+	}
+	path := strings.TrimSuffix(us[0].ProfilePath, ".pprof") + "-merged.pprof"
+	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sum, err := schedprof.Summarize(buf.Bytes(), 15)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &SchedulerUse{Profile: sum, Counters: counters, ProfilePath: path}
+}
+
+// webhookProfiles are CPU profiles of every webhook replica taken while a stream runs, where
+// the replicas serve pprof (hacluster.Options.Pprof, which NVDOMAIN_WEBHOOK_PROFILES asks the
+// DRA bench for): where the webhook's CPU per pod goes.
+type webhookProfiles struct {
+	stop  chan struct{}
+	wg    sync.WaitGroup
+	errs  []error
+	mu    sync.Mutex
+	paths []string
+}
+
+// startWebhookProfiles profiles each replica's CPU in windows of profileWindow until finish,
+// into $NVDOMAIN_WEBHOOK_PROFILES/<replica>-<ns>.pprof; nil when the directory is not set or
+// the replicas serve no pprof.
+func startWebhookProfiles(ctx context.Context, t testing.TB, c *hacluster.Cluster, ns string) *webhookProfiles {
+	t.Helper()
+	dir := os.Getenv("NVDOMAIN_WEBHOOK_PROFILES")
+	if dir == "" || !c.Pprof {
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p := &webhookProfiles{stop: make(chan struct{})}
+	for _, r := range c.Replicas {
+		path := filepath.Join(dir, r.Name+"-"+ns+".pprof")
+		client := schedprof.New(fmt.Sprintf("http://%s:%d", r.IP, hacluster.PprofPort))
+		p.wg.Go(func() {
+			data, err := client.CPUProfileUntil(ctx, p.stop, profileWindow)
+			if err == nil {
+				err = os.WriteFile(path, data, 0o644)
+			}
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if err != nil {
+				p.errs = append(p.errs, fmt.Errorf("%s: %w", r.Name, err))
+				return
+			}
+			p.paths = append(p.paths, path)
+		})
+	}
+	return p
+}
+
+// finish ends the profiles (within a window) and logs where they are.
+func (p *webhookProfiles) finish(t testing.TB) {
+	t.Helper()
+	if p == nil {
+		return
+	}
+	close(p.stop)
+	p.wg.Wait()
+	if err := errors.Join(p.errs...); err != nil {
+		t.Fatalf("webhook profiles: %v", err)
+	}
+	t.Logf("webhook profiles: %s", strings.Join(p.paths, " "))
 }
 
 // pinViolations checks every pod of a run. With the webhook: each carries the domain

@@ -103,7 +103,7 @@ func (c *Client) CPUProfileUntil(ctx context.Context, stop <-chan struct{}, chun
 			if err != nil {
 				return nil, fmt.Errorf("merge %d CPU profiles: %w", len(parts), err)
 			}
-			// Merge keeps one window's length; the whole is their sum.
+			// The whole is the windows' sum, set here rather than left to Merge's own rule.
 			merged.DurationNanos = 0
 			for _, p := range parts {
 				merged.DurationNanos += p.DurationNanos

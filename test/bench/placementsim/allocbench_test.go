@@ -25,13 +25,14 @@ import (
 // PreFilter; this benchmark makes one per Allocate, a fixed extra cost the same in every case)
 // and one Allocate, with the v1.36 default features (the "incubating" implementation), on a
 // half-used HGX node. "shipped" is the nvdomain-tp-<k> template as the webhook writes it with
-// blocks off, on the GPU class and its selector; the others put the same request on a class
-// whose selector tests the driver only, or on one without a selector. Neither is shipped: a
-// class without a selector is 2-3x cheaper per node, but it matches every driver's devices
-// for any claim (or implicit extended resource) that names it, and TP claims of a class that
-// does not map nvidia.com/gpu stop counting against that quota (docs/dra.md, "Scheduler
-// cost"). "plain DRA" is the cost peer: k devices of a driver-only class, no constraint, the
-// claim NVIDIA's driver or the example driver gives a pod (which keeps nothing in one domain).
+// blocks off, on the GPU class as the chart installs it then (its selector tests the driver);
+// "excluding blocks" is the same on the class as it is with blocks on (the driver, and no
+// blockSize attribute); "no selector" on a class without one, which is not shipped: it is
+// cheaper again, but it matches every driver's devices for any claim (or implicit extended
+// resource) that names it, and TP claims of a class that does not map nvidia.com/gpu stop
+// counting against that quota (docs/dra.md, "Scheduler cost"). "plain DRA" is the cost peer:
+// k devices of a driver-only class, no constraint, the claim NVIDIA's driver or the example
+// driver gives a pod (which keeps nothing in one domain).
 func BenchmarkAllocatorPerNode(b *testing.B) {
 	features := v136Features
 	n := node(HGX8, 0, 0, 1, 2, 3)
@@ -47,12 +48,12 @@ func BenchmarkAllocatorPerNode(b *testing.B) {
 		name, expr string
 		plain      bool
 	}{
-		{"shipped", dra.GPUClassSelector, false},
-		{"driver only", fmt.Sprintf("device.driver == %q", names.DRADriver), false},
+		{"excluding blocks", dra.GPUClassSelector, false},
+		{"shipped", dra.DriverSelector, false},
 		{"no selector", "", false},
 		{"plain DRA", fmt.Sprintf("device.driver == %q", names.DRADriver), true},
 	} {
-		classes := classLister(dra.DeviceClasses(""))
+		classes := classLister(dra.DeviceClasses("", false))
 		for _, c := range classes {
 			if c.Name == names.DRADeviceClass {
 				c.Spec.Selectors = nil
@@ -88,6 +89,49 @@ func BenchmarkAllocatorPerNode(b *testing.B) {
 	}
 }
 
+// BenchmarkAllocatorDomainTooSmall is what one Allocate costs on a node none of whose domains
+// can hold the claim: a TP=8 claim on an empty node of two 4-GPU domains. The shipped claim's
+// domain constraint makes the allocator try every way to choose the node's devices before it
+// gives up (each fails the constraint on the fifth); plain DRA's claim, for comparison, takes
+// all eight GPUs at once. kube-scheduler pays this on every such node it filters, for every
+// such pod, unless the webhook's `nvswitch-domain-max Gt k-1` requirement (pkg/admission,
+// requireDomainOfSize) has NodeAffinity turn the node away first; "an 8-GPU domain" is the
+// same claim on a node that can hold it.
+func BenchmarkAllocatorDomainTooSmall(b *testing.B) {
+	for _, tc := range []struct {
+		name  string
+		n     *Node
+		plain bool
+		fits  bool
+	}{
+		{"shipped/two 4-GPU domains", node(Split2x4, 0), false, false},
+		{"plain DRA/two 4-GPU domains", node(Split2x4, 0), true, true},
+		{"shipped/an 8-GPU domain", node(HGX8, 0), false, true},
+	} {
+		rs := shippedSlices(b, tc.n, false)
+		nd := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: tc.n.name}}
+		classes := classLister(dra.DeviceClasses("", false))
+		claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "ns", UID: "uid"}, Spec: dratemplates.Desired("ns", 8, false).Spec.Spec}
+		if tc.plain {
+			claim.Spec = resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: "gpus",
+				Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: names.DRADeviceClass, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 8}}}}}
+		}
+		cache := cel.NewCache(10, cel.Features{})
+		b.Run(tc.name, func(b *testing.B) {
+			for b.Loop() {
+				alloc, err := structured.NewAllocator(context.Background(), v136Features, structured.AllocatedState{AllocatedDevices: sets.New[structured.DeviceID]()}, classes, rs, cache)
+				if err != nil {
+					b.Fatal(err)
+				}
+				res, err := alloc.Allocate(context.Background(), nd, []*resourceapi.ResourceClaim{claim})
+				if err != nil || (len(res) == 1) != tc.fits {
+					b.Fatalf("allocate: %v, %d results; want a fit: %v", err, len(res), tc.fits)
+				}
+			}
+		})
+	}
+}
+
 // BenchmarkAllocatorAttributes is what the device's attributes and capacity cost the allocator
 // per node (review DRA 2026-12, "trim device attributes"): the same half-used HGX node and
 // TP=4 claim on the shipped class, with the devices as pkg/dra publishes them from NVML (index,
@@ -112,7 +156,7 @@ func BenchmarkAllocatorAttributes(b *testing.B) {
 		}
 	}
 	nd := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name}}
-	classes := classLister(dra.DeviceClasses(""))
+	classes := classLister(dra.DeviceClasses("", false))
 	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "ns", UID: "uid"}, Spec: dratemplates.Desired("ns", 4, false).Spec.Spec}
 	for _, tc := range []struct {
 		name string

@@ -162,7 +162,7 @@ func TestFirstFoundMatchesAllocator(t *testing.T) {
 		{"no features", structured.Features{}},
 		{"v1.36 defaults", v136Features},
 	}
-	class := dra.DeviceClasses("")[0]
+	class := dra.DeviceClasses("", false)[0]
 	rng := rand.New(rand.NewPCG(11, 12))
 	for _, ft := range features {
 		for _, kind := range []NodeKind{HGX8, Split2x4, Bridged4x2} {
@@ -283,9 +283,10 @@ func TestStrandedByFirstFound(t *testing.T) {
 // break.
 func TestShippedMatchesAllocator(t *testing.T) {
 	features := v136Features
-	classes := classLister(dra.DeviceClasses(names.GPUResource))
 	rng := rand.New(rand.NewPCG(13, 14))
 	for _, blocks := range []bool{false, true} {
+		// The chart's class for the setting: it excludes blocks only where they are published.
+		classes := classLister(dra.DeviceClasses(names.GPUResource, blocks))
 		for _, kind := range []NodeKind{HGX8, Split2x4, Bridged4x2} {
 			for _, k := range []int{1, 2, 4, 8} {
 				t.Run(fmt.Sprintf("blocks %v/kind %d/k=%d", blocks, kind, k), func(t *testing.T) {
@@ -431,7 +432,7 @@ func allocateOn(t *testing.T, f structured.Features, classes classLister, rs []*
 // taint pkg/dra publishes (Publish.Held) the claim does not fit, and a TP=4 claim gets 4-7.
 func TestHeldTaintKeepsAnUnpublishedBlocksGPUsFromTheAllocator(t *testing.T) {
 	features := v136Features
-	classes := classLister(dra.DeviceClasses(names.GPUResource))
+	classes := classLister(dra.DeviceClasses(names.GPUResource, false))
 	n := newNode(HGX8, 0)
 	held := names.DRABlockName([]int{0, 1, 2, 3})
 	for _, tc := range []struct {

@@ -210,7 +210,8 @@ scale: k8s-assets kwok-assets
 ## table, each round, and the cost targets, and rewrites the "DRA against plain DRA and
 ## classic" section and rows of docs/benchmarks.md. Root. The fragmentation side is the
 ## placement simulation's (bench-placement). NVDOMAIN_WEBHOOK_PROFILES=<dir> also writes each
-## webhook replica's CPU profile of every run there.
+## webhook replica's CPU profile of every run there (profiling costs the replicas' side, which
+## is nvdomain's: judge no target on such a run).
 bench-dra: k8s-assets kwok-assets
 	$(GO) run ./test/bench -only dra
 

@@ -56,8 +56,9 @@ func (p *Plugin) createDRA(ctx context.Context, pod *api.PodSandbox, ctr *api.Co
 	return p.neutralise(adj, pod, ctr, env), nil, nil
 }
 
-// fromDevicePlugin refuses a container to which the kubelet gave nvidia.com/ devices from a
-// device plugin, when the plugin can ask (Config.Allocations, --pod-resources-socket) and the
+// fromDevicePlugin refuses a container to which the kubelet gave GPUs from a device plugin
+// (names.IsGPUDevicePluginResource: a NIC of the Network Operator or an IMEX channel, also
+// nvidia.com/, is no GPU and passes), when the plugin can ask (Config.Allocations, --pod-resources-socket) and the
 // container names GPUs by CDI device (review DRA 2026-12, finding 2b). A device plugin's CDI
 // names (nvidia.com/gpu=<uuid> under the cdi-cri strategy) are the form of NVIDIA's spec the
 // driver itself uses in nvidia CDI mode, so the names alone cannot tell the two apart, and a
@@ -75,12 +76,12 @@ func (p *Plugin) fromDevicePlugin(ctx context.Context, pod *api.PodSandbox, ctr 
 	}) {
 		return "", nil
 	}
-	ids, err := p.cfg.Allocations.Allocated(ctx, pod.Namespace, pod.Name, ctr.Name)
+	ids, err := p.cfg.Allocations.AllocatedGPUs(ctx, pod.Namespace, pod.Name, ctr.Name)
 	if err != nil {
 		return "pod-resources", fmt.Errorf("on a DRA node only the kubelet's PodResources API can tell whether the container's GPUs came from its ResourceClaims or from a device plugin, and it did not answer, so the container is refused until it does: %w; check the nvdomain-nri container's --pod-resources-socket and its mount of the kubelet's pod-resources directory", err)
 	}
 	if len(ids) > 0 {
-		return "dra-device-plugin", fmt.Errorf("the kubelet gave the container devices %s from a device plugin; on a DRA node GPUs come only from ResourceClaims, which the scheduler's allocator counts, so a device plugin's GPU may be one a claim holds: remove the device plugin (or its nvidia.com/ resources) from the node, or move the node out of the DRA pool (docs/dra.md)",
+		return "dra-device-plugin", fmt.Errorf("the kubelet gave the container devices %s from a device plugin; on a DRA node GPUs come only from ResourceClaims, which the scheduler's allocator counts, so a device plugin's GPU may be one a claim holds: remove the GPU device plugin (or its nvidia.com/gpu and nvidia.com/mig-* resources) from the node, or move the node out of the DRA pool (docs/dra.md)",
 			strings.Join(ids, ", "))
 	}
 	return "", nil

@@ -25,6 +25,10 @@ import (
 type Allocations interface {
 	// Allocated returns the ids of the nvidia.com/ devices allocated to the container.
 	Allocated(ctx context.Context, namespace, pod, container string) ([]string, error)
+	// AllocatedGPUs returns the ids of the devices of GPU resources
+	// (names.IsGPUDevicePluginResource) a device plugin allocated to the container: not a
+	// NIC's or an IMEX channel's, which share the nvidia.com/ prefix.
+	AllocatedGPUs(ctx context.Context, namespace, pod, container string) ([]string, error)
 }
 
 // podResources asks the kubelet over its PodResources socket.
@@ -50,13 +54,24 @@ func DialPodResources(socket string) (Allocations, func() error, error) {
 // Get method disabled"), so any error but the deadline falls back to List rather than
 // refusing every envvar GPU container on those kubelets (review node-side M5).
 func (r *podResources) Allocated(ctx context.Context, namespace, pod, container string) ([]string, error) {
+	return r.allocated(ctx, namespace, pod, container, func(res string) bool { return strings.HasPrefix(res, names.NVIDIAPrefix) })
+}
+
+// AllocatedGPUs is Allocated for GPU resources only.
+func (r *podResources) AllocatedGPUs(ctx context.Context, namespace, pod, container string) ([]string, error) {
+	return r.allocated(ctx, namespace, pod, container, names.IsGPUDevicePluginResource)
+}
+
+func (r *podResources) allocated(ctx context.Context, namespace, pod, container string, want func(resource string) bool) ([]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
 	resp, err := r.client.Get(ctx, &podresourcesv1.GetPodResourcesRequest{PodName: pod, PodNamespace: namespace})
 	switch {
 	case err == nil:
-		return devicesOf(resp.GetPodResources(), container), nil
-	case ctx.Err() != nil || status.Code(err) == codes.DeadlineExceeded:
+		return devicesOf(resp.GetPodResources(), container, want), nil
+	case ctx.Err() != nil || status.Code(err) == codes.DeadlineExceeded || status.Code(err) == codes.ResourceExhausted:
+		// The kubelet rate-limits PodResources (ResourceExhausted): asking List would only
+		// spend another token. The container is refused and the kubelet retries it.
 		return nil, fmt.Errorf("kubelet PodResources Get %s/%s: %w", namespace, pod, err)
 	}
 	list, lerr := r.client.List(ctx, &podresourcesv1.ListPodResourcesRequest{})
@@ -65,20 +80,20 @@ func (r *podResources) Allocated(ctx context.Context, namespace, pod, container 
 	}
 	for _, p := range list.GetPodResources() {
 		if p.GetNamespace() == namespace && p.GetName() == pod {
-			return devicesOf(p, container), nil
+			return devicesOf(p, container, want), nil
 		}
 	}
 	return nil, nil
 }
 
-func devicesOf(p *podresourcesv1.PodResources, container string) []string {
+func devicesOf(p *podresourcesv1.PodResources, container string, want func(resource string) bool) []string {
 	var ids []string
 	for _, c := range p.GetContainers() {
 		if c.GetName() != container {
 			continue
 		}
 		for _, d := range c.GetDevices() {
-			if strings.HasPrefix(d.GetResourceName(), names.NVIDIAPrefix) {
+			if want(d.GetResourceName()) {
 				ids = append(ids, d.GetDeviceIds()...)
 			}
 		}

@@ -19,16 +19,22 @@ import (
 	"github.com/nvdomain/nvdomain/pkg/names"
 )
 
-// fakeKubelet is the kubelet's PodResources answer, by namespace/pod/container.
+// fakeKubelet is the kubelet's PodResources answer, by namespace/pod/container: allocated
+// every nvidia.com/ device, gpus those of GPU resources.
 type fakeKubelet struct {
-	allocated map[string][]string
-	err       error
-	asked     int
+	allocated, gpus map[string][]string
+	err             error
+	asked           int
 }
 
 func (f *fakeKubelet) Allocated(_ context.Context, ns, pod, container string) ([]string, error) {
 	f.asked++
 	return f.allocated[ns+"/"+pod+"/"+container], f.err
+}
+
+func (f *fakeKubelet) AllocatedGPUs(_ context.Context, ns, pod, container string) ([]string, error) {
+	f.asked++
+	return f.gpus[ns+"/"+pod+"/"+container], f.err
 }
 
 // Under the envvar strategy a GPU list from envFrom or an image's ENV has the device plugin's
@@ -150,6 +156,7 @@ func TestPodResourcesFallsBackToListWhenGetIsOff(t *testing.T) {
 		{"Get disabled by its feature gate", status.Error(codes.Unknown, "PodResources API Get method disabled"), "GPU-3", 1, ""},
 		{"Get unimplemented", status.Error(codes.Unimplemented, "unknown method Get"), "GPU-3", 1, ""},
 		{"Get timed out", status.Error(codes.DeadlineExceeded, "context deadline exceeded"), "", 0, "DeadlineExceeded"},
+		{"Get rate-limited", status.Error(codes.ResourceExhausted, "rejected by rate limit"), "", 0, "ResourceExhausted"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := &fakeLister{getErr: tc.getErr, pods: pods}
@@ -172,6 +179,36 @@ func TestPodResourcesFallsBackToListWhenGetIsOff(t *testing.T) {
 	}
 }
 
+// AllocatedGPUs keeps the devices of GPU resources only: whole GPUs, their time-slicing and
+// MPS renames, MIG slices; not the Network Operator's NICs nor another vendor's devices.
+func TestAllocatedGPUsKeepsGPUResourcesOnly(t *testing.T) {
+	pods := []*podresourcesv1.PodResources{{Namespace: "default", Name: "train", Containers: []*podresourcesv1.ContainerResources{
+		{Name: "c", Devices: []*podresourcesv1.ContainerDevices{
+			{ResourceName: "nvidia.com/gpu", DeviceIds: []string{"GPU-3"}},
+			{ResourceName: "nvidia.com/gpu.shared", DeviceIds: []string{"GPU-4::1"}},
+			{ResourceName: "nvidia.com/mig-1g.10gb", DeviceIds: []string{"MIG-7"}},
+			{ResourceName: "nvidia.com/hostdev", DeviceIds: []string{"0000:3b:00.0"}},
+			{ResourceName: "nvidia.com/mlnx_sriov_rdma", DeviceIds: []string{"mlx5_3"}},
+			{ResourceName: "example.com/gpu", DeviceIds: []string{"x"}},
+		}},
+	}}}
+	r := &podResources{client: &fakeLister{pods: pods}, timeout: time.Second}
+	gpus, err := r.AllocatedGPUs(context.Background(), "default", "train", "c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(gpus, ","); got != "GPU-3,GPU-4::1,MIG-7" {
+		t.Errorf("AllocatedGPUs = %q, want GPU-3,GPU-4::1,MIG-7", got)
+	}
+	all, err := r.Allocated(context.Background(), "default", "train", "c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) != 5 {
+		t.Errorf("Allocated = %v, want every nvidia.com/ device (5)", all)
+	}
+}
+
 // On a DRA node a container naming GPUs by CDI device is refused when the kubelet says a
 // device plugin gave them (review DRA 2026-12, finding 2b: the names are the same form as the
 // driver's in nvidia CDI mode), and when the kubelet does not answer; a claim's GPUs (no
@@ -187,8 +224,10 @@ func TestDRANodesRefuseGPUsFromADevicePlugin(t *testing.T) {
 		wantAsked  int
 	}{
 		{"a claim's GPUs", &fakeKubelet{}, []string{"nvidia.com/gpu=GPU-4", "nvidia.com/gpu=GPU-5"}, "", "", 1},
-		{"a device plugin's GPUs", &fakeKubelet{allocated: map[string][]string{"default/train/main": {"GPU-4", "GPU-5"}}},
+		{"a device plugin's GPUs", &fakeKubelet{gpus: map[string][]string{"default/train/main": {"GPU-4", "GPU-5"}}},
 			[]string{"nvidia.com/gpu=GPU-4", "nvidia.com/gpu=GPU-5"}, "dra-device-plugin", "devices GPU-4, GPU-5 from a device plugin", 1},
+		{"a claim's GPUs and a device plugin's RDMA NIC", &fakeKubelet{allocated: map[string][]string{"default/train/main": {"mlx5_0"}}},
+			[]string{"nvidia.com/gpu=GPU-4"}, "", "", 1},
 		{"the kubelet does not answer", &fakeKubelet{err: errors.New("connection refused")},
 			[]string{"gpu.nvdomain.io/gpu=c1-gpu-4"}, "pod-resources", "connection refused", 1},
 		{"no GPU named: not asked", &fakeKubelet{err: errors.New("connection refused")}, []string{"example.com/nic=0"}, "", "", 0},

@@ -905,15 +905,13 @@ func (v *View) hasNodeConstraints(pod *corev1.Pod) bool {
 }
 
 // ownExpression reports whether a node selector expression is one nvdomain's webhook writes:
-// a domain size term, mixed mode's `nvdomain-mode NotIn [dra]`, which only keeps a pod off
-// DRA nodes, where the view counts no domain capacity anyway, or DRA mode's
-// `nvswitch-domain-max Gt <k-1>`, which only says what the pod's size already does (a node
-// with a domain of k; pkg/admission requireDomainOfSize).
+// a domain size term, or mixed mode's `nvdomain-mode NotIn [dra]`, which only keeps a pod off
+// DRA nodes, where the view counts no domain capacity anyway. DRA mode's
+// `nvswitch-domain-max Gt <k-1>` (pkg/admission requireDomainOfSize) is not among them: the
+// same expression written by a user in classic mode narrows the nodes the chooser may pin
+// to, and a rewritten DRA pod never reaches the chooser.
 func (v *View) ownExpression(e corev1.NodeSelectorRequirement) bool {
 	if _, ours := v.names.ParseDomainSizeLabel(e.Key); ours {
-		return true
-	}
-	if e.Key == v.names.DomainMaxLabel() && e.Operator == corev1.NodeSelectorOpGt {
 		return true
 	}
 	return e.Key == v.names.ModeLabel() && e.Operator == corev1.NodeSelectorOpNotIn && len(e.Values) == 1 && e.Values[0] == names.ModeDRA

@@ -494,10 +494,11 @@ func TestDecisionSizesOnlyWhenCapacitiesAreSizes(t *testing.T) {
 	}
 }
 
-// The expressions nvdomain's webhook writes are not the user's node constraints: a pod whose
-// only required terms are the domain-size pin, mixed mode's mode NotIn [dra] or DRA mode's
-// domain-max Gt selects every node, as one with no terms does; anything else the user wrote is
-// a constraint.
+// The expressions nvdomain's webhook writes for the chooser's own use are not the user's node
+// constraints: a pod whose only required terms are the domain-size pin or mixed mode's mode
+// NotIn [dra] selects every node, as one with no terms does. Anything else is a constraint,
+// domain-max Gt included: a user may write it in classic mode, where it narrows what the
+// chooser may pin to.
 func TestOwnExpressionsAreNoNodeConstraints(t *testing.T) {
 	v := New(n)
 	expr := func(key string, op corev1.NodeSelectorOperator, vals ...string) corev1.NodeSelectorRequirement {
@@ -508,7 +509,7 @@ func TestOwnExpressionsAreNoNodeConstraints(t *testing.T) {
 		exprs []corev1.NodeSelectorRequirement
 		want  bool
 	}{
-		{"domain-max Gt", []corev1.NodeSelectorRequirement{expr(n.DomainMaxLabel(), corev1.NodeSelectorOpGt, "3")}, false},
+		{"domain-max Gt", []corev1.NodeSelectorRequirement{expr(n.DomainMaxLabel(), corev1.NodeSelectorOpGt, "3")}, true},
 		{"mode NotIn dra", []corev1.NodeSelectorRequirement{expr(n.ModeLabel(), corev1.NodeSelectorOpNotIn, names.ModeDRA)}, false},
 		{"a domain size pin", []corev1.NodeSelectorRequirement{expr(n.DomainSizeLabel(1), corev1.NodeSelectorOpGt, "3")}, false},
 		{"domain-max In: the user's", []corev1.NodeSelectorRequirement{expr(n.DomainMaxLabel(), corev1.NodeSelectorOpIn, "8")}, true},

@@ -577,12 +577,7 @@ func (d *Driver) now() time.Time {
 func advertisedGPUs(node *corev1.Node) string {
 	var found []string
 	for name, q := range node.Status.Capacity {
-		n := string(name)
-		rest, ok := strings.CutPrefix(n, "nvidia.com/")
-		if !ok || q.IsZero() {
-			continue
-		}
-		if rest == "gpu" || strings.HasPrefix(rest, "gpu.") || strings.HasPrefix(rest, "gpu-") || strings.HasPrefix(rest, "mig-") {
+		if n := string(name); names.IsGPUDevicePluginResource(n) && !q.IsZero() {
 			found = append(found, n+"="+q.String())
 		}
 	}

@@ -88,8 +88,8 @@ func blockThroughItsClass(claim *resourceapi.ResourceClaim, r resourceapi.Device
 	if class == "" {
 		class = "(no class the claim's spec names for request " + r.Request + ")"
 	}
-	return fmt.Errorf("claim %s/%s: device %s, a block of GPUs, was allocated through DeviceClass %s; nvdomain hands out blocks only through %s, as its nvdomain-tp-<k> templates ask for them (quota and the %s policy count them there): remove blocks from that class's selector (add !(\"blockSize\" in device.attributes[\"%s\"])), or ask for GPUs through %s",
-		claim.Namespace, claim.Name, r.Device, class, names.DRABlockDeviceClass, "dra-blocks", names.DRADriver, names.DRADeviceClass)
+	return fmt.Errorf("claim %s/%s: device %s, a block of GPUs, was allocated through DeviceClass %s; nvdomain hands out blocks only through %s, as its nvdomain-tp-<k> templates ask for them (quota and the %s policy count them there): remove blocks from that class's selector (add !(\"blockSize\" in device.attributes[\"%s\"]); for %s while nodes still publish blocks after dra.blocks went off, set the chart's dra.gpuClassExcludesBlocks=true), then delete this pod so that its claim is allocated again, or ask for GPUs through %s",
+		claim.Namespace, claim.Name, r.Device, class, names.DRABlockDeviceClass, "dra-blocks", names.DRADriver, names.DRADeviceClass, names.DRADeviceClass)
 }
 
 // requestClass is the DeviceClass of a claim's request or subrequest ("<request>/<sub>"), as

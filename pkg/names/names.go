@@ -847,3 +847,14 @@ const modeSuffix = "nvdomain-mode"
 // (absent or ModeClassic) or as DRA devices (ModeDRA). The operator sets it on a node pool to
 // choose; the agent started with --dra sets it too, and never removes it.
 func (n Names) ModeLabel() string { return n.label(modeSuffix) }
+
+// IsGPUDevicePluginResource reports whether a resource name is one a GPU device plugin
+// advertises: nvidia.com/gpu, its time-slicing and MPS renames (nvidia.com/gpu.shared, any
+// nvidia.com/gpu.<x> or nvidia.com/gpu-<x>), and the MIG slices of the mixed strategy
+// (nvidia.com/mig-<profile>). Other nvidia.com/ resources are not GPUs: the Network
+// Operator's NICs (nvidia.com/hostdev, nvidia.com/mlnx_sriov_rdma) and IMEX channels. A rename
+// to a name without "gpu" or "mig" is not recognised (docs/dra.md).
+func IsGPUDevicePluginResource(name string) bool {
+	rest, ok := strings.CutPrefix(name, NVIDIAPrefix)
+	return ok && (rest == "gpu" || strings.HasPrefix(rest, "gpu.") || strings.HasPrefix(rest, "gpu-") || strings.HasPrefix(rest, "mig-"))
+}

@@ -45,7 +45,7 @@ func runDRAOnly(outPath string) error {
 		return fmt.Errorf("read the DRA report: %w", err)
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "\tCLASSIC\tPLAIN DRA\tNVDOMAIN DRA\tNVDOMAIN/PLAIN")
+	fmt.Fprintf(tw, "\tCLASSIC\tPLAIN DRA (%d)\tNVDOMAIN DRA (%d)\tNVDOMAIN/PLAIN\n", max(1, len(rep.Rounds)), max(1, len(rep.Rounds)))
 	for _, r := range rep.DRARows() {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r[0], r[1], r[2], r[3], r[4])
 	}

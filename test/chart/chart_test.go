@@ -18,6 +18,8 @@ import (
 
 	cmv1 "github.com/cert-manager/cert-manager/pkg/apis/certmanager/v1"
 	admissionregv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
@@ -608,5 +610,68 @@ func TestChartRefusesASecondClassForTheExtendedResource(t *testing.T) {
 	// block security upgrades): NOTES.txt warns instead (helm lint renders it).
 	if _, err := server("--is-upgrade"); err != nil {
 		t.Errorf("an upgrade with the conflict is refused: %v", err)
+	}
+}
+
+// On `helm upgrade` the GPU class keeps excluding blocks while the release's node-dra
+// DaemonSet, as it stands before the upgrade, still runs drivers with --dra-blocks=true or has
+// not finished rolling: those nodes may still publish blocks, first in their slices, and the
+// driver-only selector would hand one to a plain GPU pod. Once it runs drivers without blocks
+// and has rolled, the next upgrade drops the test (helm's lookup against a real
+// kube-apiserver, --dry-run=server, as install and upgrade do).
+func TestChartGPUClassExcludesBlocksWhileTheDriversMayPublishThem(t *testing.T) {
+	cfg, kubeconfig := apiServer(t)
+	client := kubernetes.NewForConfigOrDie(cfg)
+	ctx := context.Background()
+	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "nvdomain-system"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	selector := func() string {
+		t.Helper()
+		out, err := render(t, "--dry-run=server", "--is-upgrade", "--kubeconfig", kubeconfig, "--set", "dra.enabled=true", "--show-only", "templates/dra.yaml")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(out, "\n") {
+			if strings.Contains(line, "- cel: {expression:") {
+				return line // the first class is gpu.nvdomain.io
+			}
+		}
+		t.Fatalf("no selector rendered:\n%s", out)
+		return ""
+	}
+	excludes := func(line string) bool { return strings.Contains(line, "blockSize") }
+	if got := selector(); excludes(got) {
+		t.Errorf("no node-dra DaemonSet yet: %s, want the driver alone", got)
+	}
+	labels := map[string]string{"app": "node-dra"}
+	ds := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "nvdomain-node-dra", Namespace: "nvdomain-system"},
+		Spec: appsv1.DaemonSetSpec{Selector: &metav1.LabelSelector{MatchLabels: labels}, Template: corev1.PodTemplateSpec{
+			ObjectMeta: metav1.ObjectMeta{Labels: labels},
+			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "agent", Image: "x", Args: []string{"--dra", "--dra-blocks=true"}}}}}}}
+	ds, err := client.AppsV1().DaemonSets("nvdomain-system").Create(ctx, ds, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := selector(); !excludes(got) {
+		t.Errorf("the drivers run with blocks: %s, want blocks excluded", got)
+	}
+	ds.Spec.Template.Spec.Containers[0].Args = []string{"--dra", "--dra-blocks=false"}
+	if ds, err = client.AppsV1().DaemonSets("nvdomain-system").Update(ctx, ds, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ds.Status = appsv1.DaemonSetStatus{DesiredNumberScheduled: 3, UpdatedNumberScheduled: 1, CurrentNumberScheduled: 3, NumberReady: 3}
+	if ds, err = client.AppsV1().DaemonSets("nvdomain-system").UpdateStatus(ctx, ds, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := selector(); !excludes(got) {
+		t.Errorf("blocks off but 1 of 3 nodes rolled: %s, want blocks excluded", got)
+	}
+	ds.Status.UpdatedNumberScheduled = 3
+	if _, err = client.AppsV1().DaemonSets("nvdomain-system").UpdateStatus(ctx, ds, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := selector(); excludes(got) {
+		t.Errorf("blocks off and rolled: %s, want the driver alone", got)
 	}
 }

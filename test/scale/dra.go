@@ -790,7 +790,12 @@ func (r DRAReport) Markdown(heading, command string) string {
 	fmt.Fprintf(&b, "Scheduled = a watch sees the pod bound. Over-commits are checked at every binding (classic: `nvidia.com/gpu` and\n")
 	fmt.Fprintf(&b, "every domain resource of the node) or every claim allocation (DRA: a device allocated to two claims at once), in the\n")
 	fmt.Fprintf(&b, "apiserver's order. The agent published all nodes in %s; setup took %s.\n\n", r.Published.Round(100*time.Millisecond), r.Setup.Round(time.Second))
-	fmt.Fprintf(&b, "| | classic | plain DRA | nvdomain DRA | nvdomain / plain |\n|---|---|---|---|---|\n")
+	runs := ""
+	if n := len(r.Rounds); n > 1 {
+		// Counts and CPU times of the DRA columns are of all their runs, classic's of one.
+		runs = fmt.Sprintf(" (%d runs summed)", n)
+	}
+	fmt.Fprintf(&b, "| | classic (1 run) | plain DRA%s | nvdomain DRA%s | nvdomain / plain |\n|---|---|---|---|---|\n", runs, runs)
 	for _, row := range r.DRARows() {
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", row[0], row[1], row[2], row[3], row[4])
 	}

@@ -42,12 +42,12 @@ import (
 
 	"github.com/google/pprof/profile"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/nvdomain/nvdomain/pkg/names"
@@ -612,9 +612,11 @@ func tpPod(name string, k int) *corev1.Pod {
 // deleteAll removes every pod of a namespace at once and waits until they are gone.
 func deleteAll(ctx context.Context, client kubernetes.Interface, ns string) error {
 	zero := int64(0)
+	var last error
 	err := wait.PollUntilContextTimeout(ctx, time.Second, 10*time.Minute, true, func(ctx context.Context) (bool, error) {
 		list, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{Limit: 1})
 		if err != nil {
+			last = err
 			return false, nil
 		}
 		if len(list.Items) == 0 {
@@ -622,15 +624,16 @@ func deleteAll(ctx context.Context, client kubernetes.Interface, ns string) erro
 		}
 		// Deleting thousands of pods can take the apiserver longer than its request timeout
 		// (60s) on a busy machine; the pods deleted by then stay deleted, so ask again for
-		// the rest.
-		err = client.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{})
-		if err != nil && !apierrors.IsTimeout(err) && !apierrors.IsServerTimeout(err) && !apierrors.IsTooManyRequests(err) {
-			return false, fmt.Errorf("delete the pods of %s: %w", ns, err)
+		// the rest. Over HTTP/2 that timeout does not always come back as a Status: the
+		// apiserver may reset the stream instead (INTERNAL_ERROR), so every error is asked
+		// again until the poll's own limit, and the last one is reported then.
+		if err := client.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{}); err != nil {
+			last = err
 		}
 		return false, nil
 	})
 	if err != nil {
-		return fmt.Errorf("the pods of %s were not deleted: %w", ns, err)
+		return fmt.Errorf("the pods of %s were not deleted: %w (last error: %v)", ns, err, last)
 	}
 	return nil
 }
@@ -1122,9 +1125,9 @@ type webhookProfiles struct {
 	paths []string
 }
 
-// startWebhookProfiles profiles each replica's CPU in windows of profileWindow until finish,
-// into $NVDOMAIN_WEBHOOK_PROFILES/<replica>-<ns>.pprof; nil when the directory is not set or
-// the replicas serve no pprof.
+// startWebhookProfiles profiles each replica's CPU, and kube-apiserver's, in windows of
+// profileWindow until finish, into $NVDOMAIN_WEBHOOK_PROFILES/<replica or kube-apiserver>-<ns>.pprof;
+// nil when the directory is not set or the replicas serve no pprof.
 func startWebhookProfiles(ctx context.Context, t testing.TB, c *hacluster.Cluster, ns string) *webhookProfiles {
 	t.Helper()
 	dir := os.Getenv("NVDOMAIN_WEBHOOK_PROFILES")
@@ -1135,9 +1138,19 @@ func startWebhookProfiles(ctx context.Context, t testing.TB, c *hacluster.Cluste
 		t.Fatal(err)
 	}
 	p := &webhookProfiles{stop: make(chan struct{})}
+	sources := map[string]*schedprof.Client{}
 	for _, r := range c.Replicas {
-		path := filepath.Join(dir, r.Name+"-"+ns+".pprof")
-		client := schedprof.New(fmt.Sprintf("http://%s:%d", r.IP, hacluster.PprofPort))
+		sources[r.Name] = schedprof.New(fmt.Sprintf("http://%s:%d", r.IP, hacluster.PprofPort))
+	}
+	// kube-apiserver too: it spends the largest share of the control plane's CPU per pod, and
+	// its side of admission (encoding each AdmissionReview, applying the patch) shows only there.
+	hc, err := rest.HTTPClientFor(c.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sources["kube-apiserver"] = schedprof.NewHTTP(c.Config.Host, hc)
+	for name, client := range sources {
+		path := filepath.Join(dir, name+"-"+ns+".pprof")
 		p.wg.Go(func() {
 			data, err := client.CPUProfileUntil(ctx, p.stop, profileWindow)
 			if err == nil {
@@ -1146,7 +1159,7 @@ func startWebhookProfiles(ctx context.Context, t testing.TB, c *hacluster.Cluste
 			p.mu.Lock()
 			defer p.mu.Unlock()
 			if err != nil {
-				p.errs = append(p.errs, fmt.Errorf("%s: %w", r.Name, err))
+				p.errs = append(p.errs, fmt.Errorf("%s: %w", name, err))
 				return
 			}
 			p.paths = append(p.paths, path)

@@ -38,6 +38,12 @@ func New(base string) *Client {
 	}}}
 }
 
+// NewHTTP reads the debug endpoints served at base through hc: a client the server
+// authenticates, such as kube-apiserver's (rest.HTTPClientFor), whose /debug/pprof needs it.
+func NewHTTP(base string, hc *http.Client) *Client {
+	return &Client{base: strings.TrimRight(base, "/"), http: hc}
+}
+
 func (c *Client) get(ctx context.Context, path string) ([]byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+path, nil)
 	if err != nil {

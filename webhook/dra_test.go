@@ -463,3 +463,66 @@ func TestDRARewriteRequiresADomainOfTheSizeOnEveryTerm(t *testing.T) {
 		})
 	}
 }
+
+// A DRA node whose domain-max label is missing or stale (labelled by hand, or by an
+// autoscaler's node template, with the size labels only) cannot take a TP pod: the rewrite
+// requires the label (nvswitch-domain-max Gt k-1). The refusal names the node and the label
+// to set, not a domain size the hardware has.
+func TestDRARefusalNamesAMissingDomainMaxLabel(t *testing.T) {
+	maxLabel := n.DomainMaxLabel()
+	unlabelled := func(name string, domains []int) *corev1.Node {
+		nd := draNode(name, domains, nil)
+		delete(nd.Labels, maxLabel)
+		return nd
+	}
+	cases := []struct {
+		name    string
+		nodes   []*corev1.Node
+		k       int
+		allowed bool
+		want    []string // in the refusal, when not allowed
+		notWant string
+		own     []corev1.NodeSelectorRequirement // the pod's own required expressions
+	}{
+		{"labelled by the agent", []*corev1.Node{draNode("hgx-a", []int{8}, nil)}, 4, true, nil, "", nil},
+		{"no label", []*corev1.Node{unlabelled("hgx-b", []int{8}), unlabelled("hgx-a", []int{8})}, 4, false,
+			[]string{"DRA node hgx-a has", "has no label " + maxLabel, "greater than 3", "set " + maxLabel + " to the largest domain"}, "no node this pod can run on", nil},
+		{"stale label", []*corev1.Node{draNode("hgx-a", []int{4, 4}, map[string]string{maxLabel: "2"})}, 4, false,
+			[]string{"has " + maxLabel + "=2", "greater than 3"}, "no node this pod can run on", nil},
+		{"the label is right and the domains too small", []*corev1.Node{draNode("split", []int{2, 2}, nil)}, 4, false,
+			[]string{"no node has an NVSwitch domain of 4 GPUs; largest is 2"}, maxLabel, nil},
+		{"a node labelled right is enough", []*corev1.Node{unlabelled("hgx-b", []int{8}), draNode("hgx-c", []int{8}, nil)}, 8, true, nil, "", nil},
+		{"the pod's own expression on the label", []*corev1.Node{draNode("hgx-a", []int{8}, nil)}, 4, false,
+			[]string{"has " + maxLabel + "=8", "the pod's own node affinity"}, "no node this pod can run on",
+			[]corev1.NodeSelectorRequirement{{Key: maxLabel, Operator: corev1.NodeSelectorOpIn, Values: []string{"4"}}}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newModeFixture(t, decision.ModeDRA, tc.nodes...)
+			p := pod(true, int64(tc.k))
+			if tc.own != nil {
+				p.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+					NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: tc.own}}}}}
+			}
+			_, mresp, vresp := f.admit(t, p)
+			if !mresp.Allowed {
+				t.Fatalf("mutate refused: %+v", mresp.Result)
+			}
+			if vresp.Allowed != tc.allowed {
+				t.Fatalf("validate allowed = %v, want %v: %+v", vresp.Allowed, tc.allowed, vresp.Result)
+			}
+			if tc.allowed {
+				return
+			}
+			msg := vresp.Result.Message
+			for _, w := range tc.want {
+				if !strings.Contains(msg, w) {
+					t.Errorf("refusal lacks %q:\n%s", w, msg)
+				}
+			}
+			if tc.notWant != "" && strings.Contains(msg, tc.notWant) {
+				t.Errorf("refusal says %q:\n%s", tc.notWant, msg)
+			}
+		})
+	}
+}

@@ -280,6 +280,9 @@ func (v *Decider) draViolations(pod *corev1.Pod, p rules.Pod) []rules.Violation 
 	}
 	var ie *placement.ImpossibleError
 	if err := v.View.DRAFits(pod, p.GPUs); errors.As(err, &ie) {
+		if node, value := v.View.DRADomainMaxMismatch(pod, p.GPUs); node != "" {
+			return []rules.Violation{{Field: field, Reason: rules.ReasonNoDomain, Message: domainMaxMessage(p.GPUs, node, value, v.Options.Names.DomainMaxLabel())}}
+		}
 		return []rules.Violation{{Field: field, Reason: rules.ReasonNoDomain, Message: impossibleMessage(p.GPUs, err)}}
 	}
 	i, k := draClaim(pod)
@@ -293,6 +296,19 @@ func (v *Decider) draViolations(pod *corev1.Pod, p rules.Pod) []rules.Violation 
 				names.DRATemplate(k), k, p.GPUs, v.Options.Names.PodContainerGPUsAnnotation(), names.GPUResource)}}
 	}
 	return nil
+}
+
+// domainMaxMessage is the rejection of a TP pod that DRA node node could hold but for its
+// domain-max label (View.DRADomainMaxMismatch): the label, not the hardware, is what to fix.
+func domainMaxMessage(k int, node, value, label string) string {
+	has := "has no label " + label
+	if value != "" {
+		has = fmt.Sprintf("has %s=%s", label, value)
+	}
+	return fmt.Sprintf("tensor-parallel size %d cannot run: DRA node %s has an NVSwitch domain of %d GPUs or more but %s, and the pod may run only where that label is greater than %d "+
+		"(nvdomain requires it of every TP pod on DRA nodes, so the scheduler skips nodes with smaller domains; a requirement on the label in the pod's own node affinity is kept instead); "+
+		"the nvdomain agent sets it to the node's largest domain: check that the agent runs on %s, or, for a node labelled by hand or by an autoscaler's node template, set %s to the largest domain there",
+		k, node, k, has, k-1, node, label)
 }
 
 // impossibleMessage is the rejection of a TP size no domain can hold; the classic path in

@@ -100,3 +100,48 @@ func TestSelectsOnlyDRA(t *testing.T) {
 		}
 	}
 }
+
+func TestDRADomainMaxMismatch(t *testing.T) {
+	maxLabel := n.DomainMaxLabel()
+	gt3 := corev1.NodeSelectorRequirement{Key: maxLabel, Operator: corev1.NodeSelectorOpGt, Values: []string{"3"}}
+	zoneA := corev1.NodeSelectorRequirement{Key: "zone", Operator: corev1.NodeSelectorOpIn, Values: []string{"a"}}
+	withTerms := func(terms ...[]corev1.NodeSelectorRequirement) *corev1.Pod {
+		p := newTP()
+		var ts []corev1.NodeSelectorTerm
+		for _, e := range terms {
+			ts = append(ts, corev1.NodeSelectorTerm{MatchExpressions: e})
+		}
+		p.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: ts}}}
+		return p
+	}
+	nodes := []*corev1.Node{
+		draNode("b-unlabelled", []int{8}, map[string]string{"zone": "b"}),           // no domain-max
+		draNode("c-stale", []int{8}, map[string]string{"zone": "a", maxLabel: "2"}), // stale
+		draNode("d-right", []int{4, 4}, map[string]string{"zone": "c", maxLabel: "4"}),
+		draNode("a-small", []int{2, 2}, map[string]string{"zone": "a"}), // too small whatever its label
+	}
+	cases := []struct {
+		name       string
+		pod        *corev1.Pod
+		k          int
+		node, want string
+	}{
+		{"the label alone turns nodes away: the first by name", withTerms([]corev1.NodeSelectorRequirement{gt3}), 4, "b-unlabelled", ""},
+		{"in zone a only the stale node", withTerms([]corev1.NodeSelectorRequirement{zoneA, gt3}), 4, "c-stale", "2"},
+		{"a term of the label alone admits every node without it", withTerms([]corev1.NodeSelectorRequirement{zoneA, gt3}, []corev1.NodeSelectorRequirement{gt3}), 4, "b-unlabelled", ""},
+		{"no domain that large anywhere", withTerms([]corev1.NodeSelectorRequirement{gt3}), 16, "", ""},
+		{"no expression on the label: nothing to blame it on", newTP(), 4, "", ""},
+	}
+	v := New(n)
+	for _, nd := range nodes {
+		v.UpsertNode(nd)
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			node, value := v.DRADomainMaxMismatch(tc.pod, tc.k)
+			if node != tc.node || value != tc.want {
+				t.Errorf("DRADomainMaxMismatch = %q, %q; want %q, %q", node, value, tc.node, tc.want)
+			}
+		})
+	}
+}

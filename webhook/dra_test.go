@@ -493,8 +493,11 @@ func TestDRARefusalNamesAMissingDomainMaxLabel(t *testing.T) {
 			[]string{"no node has an NVSwitch domain of 4 GPUs; largest is 2"}, maxLabel, nil},
 		{"a node labelled right is enough", []*corev1.Node{unlabelled("hgx-b", []int{8}), draNode("hgx-c", []int{8}, nil)}, 8, true, nil, "", nil},
 		{"the pod's own expression on the label", []*corev1.Node{draNode("hgx-a", []int{8}, nil)}, 4, false,
-			[]string{"has " + maxLabel + "=8", "the pod's own node affinity"}, "no node this pod can run on",
+			[]string{"DRA node hgx-a has an NVSwitch domain of 4 GPUs or more (" + maxLabel + "=8), but the pod's own required node affinity on " + maxLabel + " turns it away; remove that expression"}, "set " + maxLabel,
 			[]corev1.NodeSelectorRequirement{{Key: maxLabel, Operator: corev1.NodeSelectorOpIn, Values: []string{"4"}}}},
+		{"the pod's own stale Gt", []*corev1.Node{draNode("hgx-a", []int{4, 4}, nil)}, 4, false,
+			[]string{"(" + maxLabel + "=4), but the pod's own required node affinity"}, "set " + maxLabel,
+			[]corev1.NodeSelectorRequirement{{Key: maxLabel, Operator: corev1.NodeSelectorOpGt, Values: []string{"7"}}}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/utils/ptr"
 
+	"github.com/nvdomain/nvdomain/pkg/clusterview"
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/placement"
 	"github.com/nvdomain/nvdomain/pkg/rules"
@@ -280,8 +281,8 @@ func (v *Decider) draViolations(pod *corev1.Pod, p rules.Pod) []rules.Violation 
 	}
 	var ie *placement.ImpossibleError
 	if err := v.View.DRAFits(pod, p.GPUs); errors.As(err, &ie) {
-		if node, value := v.View.DRADomainMaxMismatch(pod, p.GPUs); node != "" {
-			return []rules.Violation{{Field: field, Reason: rules.ReasonNoDomain, Message: domainMaxMessage(p.GPUs, node, value, v.Options.Names.DomainMaxLabel())}}
+		if m := v.View.DRADomainMaxMismatch(pod, p.GPUs); m != nil {
+			return []rules.Violation{domainMaxViolation(p.GPUs, *m, field, v.Options.Names.DomainMaxLabel())}
 		}
 		return []rules.Violation{{Field: field, Reason: rules.ReasonNoDomain, Message: impossibleMessage(p.GPUs, err)}}
 	}
@@ -298,17 +299,23 @@ func (v *Decider) draViolations(pod *corev1.Pod, p rules.Pod) []rules.Violation 
 	return nil
 }
 
-// domainMaxMessage is the rejection of a TP pod that DRA node node could hold but for its
-// domain-max label (View.DRADomainMaxMismatch): the label, not the hardware, is what to fix.
-func domainMaxMessage(k int, node, value, label string) string {
-	has := "has no label " + label
-	if value != "" {
-		has = fmt.Sprintf("has %s=%s", label, value)
+// domainMaxViolation is the rejection of a TP pod that a DRA node could hold but for its
+// domain-max label (View.DRADomainMaxMismatch): the label, or the pod's own expression on it,
+// is what to fix, not the hardware. field is the GPU request's, for a label at fault.
+func domainMaxViolation(k int, m clusterview.DomainMaxMismatch, field, label string) rules.Violation {
+	if m.LabelFits {
+		return rules.Violation{Field: "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution", Reason: rules.ReasonNoDomain,
+			Message: fmt.Sprintf("tensor-parallel size %d cannot run: DRA node %s has an NVSwitch domain of %d GPUs or more (%s=%s), but the pod's own required node affinity on %s turns it away; "+
+				"remove that expression (nvdomain adds %s Gt %d itself) or correct it", k, m.Node, k, label, m.Value, label, label, k-1)}
 	}
-	return fmt.Sprintf("tensor-parallel size %d cannot run: DRA node %s has an NVSwitch domain of %d GPUs or more but %s, and the pod may run only where that label is greater than %d "+
-		"(nvdomain requires it of every TP pod on DRA nodes, so the scheduler skips nodes with smaller domains; a requirement on the label in the pod's own node affinity is kept instead); "+
-		"the nvdomain agent sets it to the node's largest domain: check that the agent runs on %s, or, for a node labelled by hand or by an autoscaler's node template, set %s to the largest domain there",
-		k, node, k, has, k-1, node, label)
+	has := "has no label " + label
+	if m.Value != "" {
+		has = fmt.Sprintf("has %s=%s", label, m.Value)
+	}
+	return rules.Violation{Field: field, Reason: rules.ReasonNoDomain,
+		Message: fmt.Sprintf("tensor-parallel size %d cannot run: DRA node %s has an NVSwitch domain of %d GPUs or more but %s, and a TP pod on DRA nodes may run only where that label is greater than %d "+
+			"(nvdomain requires it, so that the scheduler skips nodes with smaller domains); the nvdomain agent sets it to the node's largest domain: check that the agent runs on %s, "+
+			"or, for a node labelled by hand or by an autoscaler's node template, set %s to the largest domain there", k, m.Node, k, has, k-1, m.Node, label)}
 }
 
 // impossibleMessage is the rejection of a TP size no domain can hold; the classic path in

@@ -137,18 +137,29 @@ func (v *View) DRAFits(pod *corev1.Pod, k int) error {
 	return err
 }
 
-// DRADomainMaxMismatch explains a DRAFits refusal that the node label
-// <prefix>/nvswitch-domain-max causes: it returns a DRA node the pod could run on (labels,
-// name, taints) if the pod's required node affinity said nothing of that label, that has a
-// domain of k GPUs or more, and the label's value on it (empty when the node has none), or
-// "" when no node is turned away by that label alone. The webhook adds `Gt k-1` on the label
-// to every TP pod it rewrites for DRA (admission.requireDomainOfSize), and the agent sets the
-// label from the node's topology with the size labels DRAFits reads; a node labelled by hand,
-// or by an autoscaler's template, with the sizes but not the largest domain passes neither the
-// scheduler's NodeAffinity nor DRAFits, and without this the refusal would say that no node
-// has a domain that large, which is not what the operator has to fix. Of several such nodes
-// the first by name is named, so every replica words it the same.
-func (v *View) DRADomainMaxMismatch(pod *corev1.Pod, k int) (node, value string) {
+// DomainMaxMismatch is a DRA node that could hold a pod but for the node label
+// <prefix>/nvswitch-domain-max: Node, the label's Value on it (empty when it has none), and
+// whether that value would pass nvdomain's own requirement, Gt k-1 (LabelFits): when it
+// would, what turns the node away is an expression on the label that the pod itself carries,
+// not the label.
+type DomainMaxMismatch struct {
+	Node, Value string
+	LabelFits   bool
+}
+
+// DRADomainMaxMismatch explains a DRAFits refusal that the label <prefix>/nvswitch-domain-max
+// causes: a DRA node the pod could run on (labels, name, taints) if its required node affinity
+// said nothing of that label, that has a domain of k GPUs or more; nil when no node is turned
+// away by that label alone. The webhook adds `Gt k-1` on the label to every TP pod it rewrites
+// for DRA (admission.requireDomainOfSize), and the agent sets the label from the node's
+// topology with the size labels DRAFits reads; a node labelled by hand, or by an autoscaler's
+// template, with the sizes but not the largest domain passes neither the scheduler's
+// NodeAffinity nor DRAFits, and without this the refusal would say that no node has a domain
+// that large, which is not what the operator has to fix. A requirement on the label that the
+// pod carries itself is kept by the rewrite and can turn a rightly labelled node away too
+// (LabelFits). Of several such nodes the first by name is named, so every replica words it
+// the same.
+func (v *View) DRADomainMaxMismatch(pod *corev1.Pod, k int) *DomainMaxMismatch {
 	key := v.names.DomainMaxLabel()
 	stripped := pod
 	if a := pod.Spec.Affinity; a != nil && a.NodeAffinity != nil && a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil {
@@ -158,23 +169,28 @@ func (v *View) DRADomainMaxMismatch(pod *corev1.Pod, k int) (node, value string)
 	full, loose := nodeaffinity.GetRequiredNodeAffinity(pod), nodeaffinity.GetRequiredNodeAffinity(stripped)
 	v.mu.RLock()
 	defer v.mu.RUnlock()
+	var out *DomainMaxMismatch
 	for name, nd := range v.nodes {
-		if !nd.dra || largestOf(nd.draSizes) < k || (node != "" && name >= node) || !eligible(stripped, loose, nd) || eligible(pod, full, nd) {
+		if !nd.dra || largestOf(nd.draSizes) < k || (out != nil && name >= out.Node) || !eligible(stripped, loose, nd) || eligible(pod, full, nd) {
 			continue
 		}
-		node, value = name, nd.obj.Labels[key]
+		value := nd.obj.Labels[key]
+		largest, err := strconv.Atoi(value)
+		out = &DomainMaxMismatch{Node: name, Value: value, LabelFits: err == nil && largest > k-1}
 	}
-	return node, value
+	return out
 }
 
 // withoutKey is a copy of a required node selector without the expressions on key. The terms
 // are alternatives, so a term that asked only for key admits every node once that is gone:
-// the copy is then nil, no constraint. (Left in, an empty term would match no node at all.)
+// the copy is then nil, no constraint. A term that was empty to begin with matches no node
+// and is kept as it is.
 func withoutKey(ns *corev1.NodeSelector, key string) *corev1.NodeSelector {
 	var terms []corev1.NodeSelectorTerm
 	for _, t := range ns.NodeSelectorTerms {
+		had := len(t.MatchExpressions)
 		t.MatchExpressions = slices.DeleteFunc(slices.Clone(t.MatchExpressions), func(e corev1.NodeSelectorRequirement) bool { return e.Key == key })
-		if len(t.MatchExpressions) == 0 && len(t.MatchFields) == 0 {
+		if had > len(t.MatchExpressions) && len(t.MatchExpressions) == 0 && len(t.MatchFields) == 0 {
 			return nil
 		}
 		terms = append(terms, t)

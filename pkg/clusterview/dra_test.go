@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 
 	"github.com/nvdomain/nvdomain/pkg/names"
 	"github.com/nvdomain/nvdomain/pkg/placement"
@@ -120,17 +121,30 @@ func TestDRADomainMaxMismatch(t *testing.T) {
 		draNode("d-right", []int{4, 4}, map[string]string{"zone": "c", maxLabel: "4"}),
 		draNode("a-small", []int{2, 2}, map[string]string{"zone": "a"}), // too small whatever its label
 	}
+	zoneC := corev1.NodeSelectorRequirement{Key: "zone", Operator: corev1.NodeSelectorOpIn, Values: []string{"c"}}
+	gt7 := corev1.NodeSelectorRequirement{Key: maxLabel, Operator: corev1.NodeSelectorOpGt, Values: []string{"7"}}
+	tainted := draNode("e-tainted", []int{8}, map[string]string{"zone": "e"}, corev1.Taint{Key: "dedicated", Value: "infra", Effect: corev1.TaintEffectNoSchedule})
+	nodes = append(nodes, tainted)
+	named := func(node string) *corev1.Pod {
+		p := withTerms([]corev1.NodeSelectorRequirement{gt3})
+		p.Spec.NodeName = node
+		return p
+	}
 	cases := []struct {
-		name       string
-		pod        *corev1.Pod
-		k          int
-		node, want string
+		name string
+		pod  *corev1.Pod
+		k    int
+		want *DomainMaxMismatch
 	}{
-		{"the label alone turns nodes away: the first by name", withTerms([]corev1.NodeSelectorRequirement{gt3}), 4, "b-unlabelled", ""},
-		{"in zone a only the stale node", withTerms([]corev1.NodeSelectorRequirement{zoneA, gt3}), 4, "c-stale", "2"},
-		{"a term of the label alone admits every node without it", withTerms([]corev1.NodeSelectorRequirement{zoneA, gt3}, []corev1.NodeSelectorRequirement{gt3}), 4, "b-unlabelled", ""},
-		{"no domain that large anywhere", withTerms([]corev1.NodeSelectorRequirement{gt3}), 16, "", ""},
-		{"no expression on the label: nothing to blame it on", newTP(), 4, "", ""},
+		{"the label alone turns nodes away: the first by name", withTerms([]corev1.NodeSelectorRequirement{gt3}), 4, &DomainMaxMismatch{Node: "b-unlabelled"}},
+		{"in zone a only the stale node", withTerms([]corev1.NodeSelectorRequirement{zoneA, gt3}), 4, &DomainMaxMismatch{Node: "c-stale", Value: "2"}},
+		{"a term of the label alone admits every node without it", withTerms([]corev1.NodeSelectorRequirement{zoneA, gt3}, []corev1.NodeSelectorRequirement{gt3}), 4, &DomainMaxMismatch{Node: "b-unlabelled"}},
+		{"an empty term still matches nothing", withTerms([]corev1.NodeSelectorRequirement{zoneA, gt3}, nil), 4, &DomainMaxMismatch{Node: "c-stale", Value: "2"}},
+		{"the pod's own stale Gt turns a rightly labelled node away", withTerms([]corev1.NodeSelectorRequirement{zoneC, gt7}), 4, &DomainMaxMismatch{Node: "d-right", Value: "4", LabelFits: true}},
+		{"a tainted node is not named", withTerms([]corev1.NodeSelectorRequirement{{Key: "zone", Operator: corev1.NodeSelectorOpIn, Values: []string{"e"}}, gt3}), 4, nil},
+		{"nodeName confines it", named("c-stale"), 4, &DomainMaxMismatch{Node: "c-stale", Value: "2"}},
+		{"no domain that large anywhere", withTerms([]corev1.NodeSelectorRequirement{gt3}), 16, nil},
+		{"no expression on the label: nothing to blame it on", newTP(), 4, nil},
 	}
 	v := New(n)
 	for _, nd := range nodes {
@@ -138,9 +152,13 @@ func TestDRADomainMaxMismatch(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			node, value := v.DRADomainMaxMismatch(tc.pod, tc.k)
-			if node != tc.node || value != tc.want {
-				t.Errorf("DRADomainMaxMismatch = %q, %q; want %q, %q", node, value, tc.node, tc.want)
+			before := tc.pod.DeepCopy()
+			got := v.DRADomainMaxMismatch(tc.pod, tc.k)
+			if (got == nil) != (tc.want == nil) || (got != nil && *got != *tc.want) {
+				t.Errorf("DRADomainMaxMismatch = %+v, want %+v", got, tc.want)
+			}
+			if !equality.Semantic.DeepEqual(before, tc.pod) {
+				t.Errorf("the pod was changed: %+v", tc.pod.Spec.Affinity)
 			}
 		})
 	}

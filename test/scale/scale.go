@@ -42,6 +42,7 @@ import (
 
 	"github.com/google/pprof/profile"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -615,8 +616,8 @@ func deleteAll(ctx context.Context, client kubernetes.Interface, ns string) erro
 	var last error
 	err := wait.PollUntilContextTimeout(ctx, time.Second, 10*time.Minute, true, func(ctx context.Context) (bool, error) {
 		list, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{Limit: 1})
+		last = err
 		if err != nil {
-			last = err
 			return false, nil
 		}
 		if len(list.Items) == 0 {
@@ -626,10 +627,14 @@ func deleteAll(ctx context.Context, client kubernetes.Interface, ns string) erro
 		// (60s) on a busy machine; the pods deleted by then stay deleted, so ask again for
 		// the rest. Over HTTP/2 that timeout does not always come back as a Status: the
 		// apiserver may reset the stream instead (INTERNAL_ERROR), so every error is asked
-		// again until the poll's own limit, and the last one is reported then.
-		if err := client.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{}); err != nil {
-			last = err
+		// again until the poll's own limit, and the last one is reported then; a refusal
+		// that asking again cannot change ends the wait at once.
+		err = client.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{})
+		switch {
+		case apierrors.IsForbidden(err), apierrors.IsUnauthorized(err), apierrors.IsBadRequest(err), apierrors.IsInvalid(err):
+			return false, fmt.Errorf("delete the pods of %s: %w", ns, err)
 		}
+		last = err
 		return false, nil
 	})
 	if err != nil {

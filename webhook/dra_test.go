@@ -436,6 +436,8 @@ func TestDRARewriteRequiresADomainOfTheSizeOnEveryTerm(t *testing.T) {
 		{"each term gets it", 4, [][]corev1.NodeSelectorRequirement{{zone("a")}, {zone("b")}}, [][]corev1.NodeSelectorRequirement{{zone("a"), gt("3")}, {zone("b"), gt("3")}}},
 		{"a term of the user's on the label is kept", 4, [][]corev1.NodeSelectorRequirement{{zone("a"), own}, {zone("b")}}, [][]corev1.NodeSelectorRequirement{{zone("a"), own}, {zone("b"), gt("3")}}},
 		{"a Gt already there is kept", 4, [][]corev1.NodeSelectorRequirement{{gt("7"), zone("a")}}, [][]corev1.NodeSelectorRequirement{{gt("7"), zone("a")}}},
+		// An empty term matches no node; with the Gt it would match zone b's nodes too.
+		{"an empty term stays empty", 4, [][]corev1.NodeSelectorRequirement{{zone("a")}, {}}, [][]corev1.NodeSelectorRequirement{{zone("a"), gt("3")}, nil}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -881,7 +881,11 @@ func TestUnpinUndoesPin(t *testing.T) {
 	orig.Spec.NodeSelector = map[string]string{"pool": "a"}
 	orig.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
 		NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "zone", Operator: corev1.NodeSelectorOpIn, Values: []string{"a"}}}}}}}}
-	for _, bare := range []*corev1.Pod{pod(true, 4), orig} {
+	// A term the pod carries empty matches no node: Pin leaves it so and Unpin keeps it.
+	withEmpty := orig.DeepCopy()
+	na := withEmpty.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution
+	na.NodeSelectorTerms = append(na.NodeSelectorTerms, corev1.NodeSelectorTerm{})
+	for _, bare := range []*corev1.Pod{pod(true, 4), orig, withEmpty} {
 		p := rulesInspect(bare)
 		pinned := decision.Pin(bare, p, 1, decision.Preference{Hint: []string{"gpu-node01"}}, n)
 		if got := decision.Unpin(pinned, n); !equality.Semantic.DeepEqual(got, bare) {

@@ -317,7 +317,9 @@ func requireOnEveryTerm(pod *corev1.Pod, expr corev1.NodeSelectorRequirement) *c
 
 // addToEveryTerm adds expr to every required node selector term of the pod (making one when
 // there is none) that has no expression present matches, in place, and returns the pod's node
-// affinity.
+// affinity. A term the pod carries empty (no expression, no field) matches no node, so it is
+// left as it is: with expr it would match every node expr admits, outside what the pod's other
+// terms allow.
 func addToEveryTerm(pod *corev1.Pod, expr corev1.NodeSelectorRequirement, present func(corev1.NodeSelectorRequirement) bool) *corev1.NodeAffinity {
 	if pod.Spec.Affinity == nil {
 		pod.Spec.Affinity = &corev1.Affinity{}
@@ -330,10 +332,14 @@ func addToEveryTerm(pod *corev1.Pod, expr corev1.NodeSelectorRequirement, presen
 		na.RequiredDuringSchedulingIgnoredDuringExecution = &corev1.NodeSelector{}
 	}
 	terms := na.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
-	if len(terms) == 0 {
+	made := len(terms) == 0
+	if made {
 		terms = []corev1.NodeSelectorTerm{{}}
 	}
 	for i := range terms {
+		if !made && len(terms[i].MatchExpressions) == 0 && len(terms[i].MatchFields) == 0 {
+			continue
+		}
 		if !slices.ContainsFunc(terms[i].MatchExpressions, present) {
 			terms[i].MatchExpressions = append(terms[i].MatchExpressions, expr)
 		}
@@ -375,11 +381,14 @@ func Unpin(pod *corev1.Pod, n names.Names) *corev1.Pod {
 	if req := na.RequiredDuringSchedulingIgnoredDuringExecution; req != nil {
 		var terms []corev1.NodeSelectorTerm
 		for _, t := range req.NodeSelectorTerms {
+			had := len(t.MatchExpressions)
 			t.MatchExpressions = slices.DeleteFunc(slices.Clone(t.MatchExpressions), ours)
 			if len(t.MatchExpressions) == 0 {
 				t.MatchExpressions = nil
 			}
-			if len(t.MatchExpressions) > 0 || len(t.MatchFields) > 0 {
+			// A term left empty held only nvdomain's expressions: it goes. One the pod
+			// carried empty stays, since it matches no node, as its user wrote it.
+			if len(t.MatchExpressions) > 0 || len(t.MatchFields) > 0 || had == 0 {
 				terms = append(terms, t)
 			}
 		}

@@ -241,6 +241,7 @@ func (v *View) withoutDomainExpressions(ns *corev1.NodeSelector) *corev1.NodeSel
 	}
 	var terms []corev1.NodeSelectorTerm
 	for _, t := range ns.NodeSelectorTerms {
+		had := len(t.MatchExpressions)
 		var exprs []corev1.NodeSelectorRequirement
 		for _, e := range t.MatchExpressions {
 			if _, ours := v.names.ParseDomainSizeLabel(e.Key); !ours {
@@ -248,7 +249,9 @@ func (v *View) withoutDomainExpressions(ns *corev1.NodeSelector) *corev1.NodeSel
 			}
 		}
 		t.MatchExpressions = exprs
-		if len(t.MatchExpressions) > 0 || len(t.MatchFields) > 0 {
+		// A term left empty held only nvdomain's expressions; one the pod carried empty
+		// selects no node and stays.
+		if len(t.MatchExpressions) > 0 || len(t.MatchFields) > 0 || had == 0 {
 			terms = append(terms, t)
 		}
 	}

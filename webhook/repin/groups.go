@@ -193,10 +193,11 @@ func withoutClique(pod *corev1.Pod, n names.Names) *corev1.Pod {
 	c := out.Annotations[n.PodCliqueAnnotation()]
 	delete(out.Annotations, n.PodCliqueAnnotation())
 	if a := out.Spec.Affinity; a != nil && a.NodeAffinity != nil && a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil {
-		// A term left with nothing would select no node: it is dropped, and the requirement
-		// with the last one.
+		// A term left with nothing held only the clique: it is dropped, and the requirement
+		// with the last one. A term the pod carried empty (it selects no node) stays.
 		var terms []corev1.NodeSelectorTerm
 		for _, t := range a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
+			had := len(t.MatchExpressions)
 			var kept []corev1.NodeSelectorRequirement
 			for _, e := range t.MatchExpressions {
 				if e.Key == names.GPUCliqueLabel && e.Operator == corev1.NodeSelectorOpIn && len(e.Values) == 1 && e.Values[0] == c {
@@ -204,7 +205,7 @@ func withoutClique(pod *corev1.Pod, n names.Names) *corev1.Pod {
 				}
 				kept = append(kept, e)
 			}
-			if t.MatchExpressions = kept; len(kept) > 0 || len(t.MatchFields) > 0 {
+			if t.MatchExpressions = kept; len(kept) > 0 || len(t.MatchFields) > 0 || had == 0 {
 				terms = append(terms, t)
 			}
 		}

@@ -882,7 +882,9 @@ func tolerates(taints []corev1.Taint, tolerations []corev1.Toleration) bool {
 
 // hasNodeConstraints reports whether the pod restricts nodes by labels; nvdomain's own
 // expressions (from an earlier admission, ownExpression) do not count, they are implied by
-// the domain.
+// the domain. Required terms that are all empty select no node at all, which is a constraint
+// (the matchers then find no node, and the pod is refused rather than pinned to a domain it
+// can never reach); a term of nvdomain's expressions alone selects every node.
 func (v *View) hasNodeConstraints(pod *corev1.Pod) bool {
 	if len(pod.Spec.NodeSelector) > 0 || pod.Spec.NodeName != "" {
 		return true
@@ -891,7 +893,9 @@ func (v *View) hasNodeConstraints(pod *corev1.Pod) bool {
 	if a == nil || a.NodeAffinity == nil || a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil {
 		return false
 	}
-	for _, t := range a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
+	terms := a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
+	onlyOwn := false // some term holds nvdomain's expressions and nothing else
+	for _, t := range terms {
 		for _, e := range t.MatchExpressions {
 			if !v.ownExpression(e) {
 				return true
@@ -900,8 +904,9 @@ func (v *View) hasNodeConstraints(pod *corev1.Pod) bool {
 		if len(t.MatchFields) > 0 {
 			return true
 		}
+		onlyOwn = onlyOwn || len(t.MatchExpressions) > 0
 	}
-	return false
+	return len(terms) > 0 && !onlyOwn
 }
 
 // ownExpression reports whether a node selector expression is one nvdomain's webhook writes:

@@ -508,18 +508,25 @@ func TestOwnExpressionsAreNoNodeConstraints(t *testing.T) {
 		name  string
 		exprs []corev1.NodeSelectorRequirement
 		want  bool
+		empty bool // a second, empty term beside
 	}{
-		{"domain-max Gt", []corev1.NodeSelectorRequirement{expr(n.DomainMaxLabel(), corev1.NodeSelectorOpGt, "3")}, true},
-		{"mode NotIn dra", []corev1.NodeSelectorRequirement{expr(n.ModeLabel(), corev1.NodeSelectorOpNotIn, names.ModeDRA)}, false},
-		{"a domain size pin", []corev1.NodeSelectorRequirement{expr(n.DomainSizeLabel(1), corev1.NodeSelectorOpGt, "3")}, false},
-		{"domain-max In: the user's", []corev1.NodeSelectorRequirement{expr(n.DomainMaxLabel(), corev1.NodeSelectorOpIn, "8")}, true},
-		{"a zone beside ours", []corev1.NodeSelectorRequirement{expr(n.DomainMaxLabel(), corev1.NodeSelectorOpGt, "3"), expr("zone", corev1.NodeSelectorOpIn, "a")}, true},
+		{"domain-max Gt", []corev1.NodeSelectorRequirement{expr(n.DomainMaxLabel(), corev1.NodeSelectorOpGt, "3")}, true, false},
+		{"an empty term selects no node", nil, true, false},
+		{"ours beside an empty term", []corev1.NodeSelectorRequirement{expr(n.DomainSizeLabel(1), corev1.NodeSelectorOpGt, "3")}, false, true},
+		{"mode NotIn dra", []corev1.NodeSelectorRequirement{expr(n.ModeLabel(), corev1.NodeSelectorOpNotIn, names.ModeDRA)}, false, false},
+		{"a domain size pin", []corev1.NodeSelectorRequirement{expr(n.DomainSizeLabel(1), corev1.NodeSelectorOpGt, "3")}, false, false},
+		{"domain-max In: the user's", []corev1.NodeSelectorRequirement{expr(n.DomainMaxLabel(), corev1.NodeSelectorOpIn, "8")}, true, false},
+		{"a zone beside ours", []corev1.NodeSelectorRequirement{expr(n.DomainMaxLabel(), corev1.NodeSelectorOpGt, "3"), expr("zone", corev1.NodeSelectorOpIn, "a")}, true, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			pod := newTP()
+			terms := []corev1.NodeSelectorTerm{{MatchExpressions: c.exprs}}
+			if c.empty {
+				terms = append(terms, corev1.NodeSelectorTerm{})
+			}
 			pod.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
-				NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: c.exprs}}}}}
+				NodeSelectorTerms: terms}}}
 			if got := v.hasNodeConstraints(pod); got != c.want {
 				t.Errorf("hasNodeConstraints = %v, want %v", got, c.want)
 			}

@@ -130,8 +130,11 @@ lws-assets:
 registry-assets:
 	test/tools/build-registry.sh >/dev/null
 
+# The per-package limit is for a cold Go build cache: pkg/image's TestBuildContents cross-builds
+# every binary of the release image for amd64 and arm64 while the other packages' tests share
+# the 2 cores, which took 20 minutes on a fresh machine (a few warm).
 unit: host-deps cross-deps k8s-assets containerd-assets helm-assets kwok-assets karpenter-assets kueue-assets lws-assets
-	KUBEBUILDER_ASSETS=$(K8S_ASSETS) $(GO) test -race -count=1 -timeout 20m ./...
+	KUBEBUILDER_ASSETS=$(K8S_ASSETS) $(GO) test -race -count=1 -timeout 35m ./...
 
 ## e2e: the seed scenarios on a real single-node cluster (kubelet + containerd with NRI) with
 ## nvdomain installed by its Helm chart. Root only; runs alone.

@@ -309,6 +309,20 @@ func (c *Cluster) RunScenarios(ctx context.Context, w io.Writer) (*Report, error
 	if err != nil {
 		return rep, err
 	}
+	// Ready is the new pod's, not yet the kubelet's: its device manager drops the node's
+	// nvidia.com/gpu and domain resources while the replaced plugin's sockets are gone and
+	// brings them back when the new ones register. This step is about the NRI plugin's state
+	// after the restart, so it creates its pod once the node advertises all 8 GPUs again; a TP
+	// pod admitted inside that window is the webhook's own case (the view sees no capacity).
+	err = waitUntil(ctx, 90*time.Second, "the node to advertise its GPUs and domains again", func() bool {
+		gpus, _, _ := c.Kubectl("get", "node", NodeName, "-o", `jsonpath={.status.allocatable.nvidia\.com/gpu}`)
+		d0, _, _ := c.Kubectl("get", "node", NodeName, "-o", `jsonpath={.status.allocatable.nvidia\.com/nvswitch-domain-0}`)
+		d1, _, _ := c.Kubectl("get", "node", NodeName, "-o", `jsonpath={.status.allocatable.nvidia\.com/nvswitch-domain-1}`)
+		return strings.TrimSpace(gpus) == "8" && strings.TrimSpace(d0) == "4" && strings.TrimSpace(d1) == "4"
+	})
+	if err != nil {
+		return rep, err
+	}
 	rep.NRIRestart = fmt.Sprintf("deleted the agent + NRI pod %s; its replacement synchronized with the running containers", strings.TrimSpace(before))
 	say("  %s", rep.NRIRestart)
 	// The only free GPUs are the pair tp4 and the surviving TP=2 pod left: tp2-d must get

@@ -961,15 +961,15 @@ func TestTemplatePinBurstKeepsThePinOnlyWhileThereIsRoom(t *testing.T) {
 }
 
 // A TP pod whose required node affinity is one empty term selects no node (the scheduler's
-// reading): it is refused at admission, naming why, instead of being pinned to a domain it
-// can never reach.
+// reading): it is refused at admission, naming the term and the fix, instead of being pinned
+// to a domain it can never reach.
 func TestAnEmptyRequiredTermSelectsNoNode(t *testing.T) {
 	f := newFixture(t, decision.NonTPAuto, node("gpu-node01", []int{4, 4}, nil, nil))
 	p := pod(true, 4)
 	p.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
 		NodeSelectorTerms: []corev1.NodeSelectorTerm{{}}}}}
 	out, _, vresp := f.admit(t, p)
-	if vresp.Allowed || !strings.Contains(vresp.Result.Message, "no node this pod can run on") {
+	if vresp.Allowed || !strings.Contains(vresp.Result.Message, "nodeSelectorTerms[0]: the only term is empty, and an empty node-selector term matches no node") {
 		t.Fatalf("validate = allowed %v %+v", vresp.Allowed, vresp.Result)
 	}
 	if terms := out.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms; len(terms) != 1 || len(terms[0].MatchExpressions) != 0 {

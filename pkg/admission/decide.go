@@ -310,7 +310,7 @@ func (m *Decider) plan(pod *corev1.Pod, seed uint64, admission string) PinPlan {
 		plan.Outcome = OutcomeNoGPU
 		return plan
 	case p.TP:
-		if len(rules.ValidateTP(p, m.Options.rulesConfig(), nil)) > 0 || len(rules.ValidateDomains(pod, p, m.Options.Names)) > 0 {
+		if len(rules.ValidateTP(p, m.Options.rulesConfig(), nil)) > 0 || len(rules.ValidateDomains(pod, p, m.Options.Names)) > 0 || len(rules.ValidateNodeAffinity(pod)) > 0 {
 			plan.Outcome = OutcomeInvalid
 			return plan
 		}
@@ -400,8 +400,14 @@ func (v *Decider) review(pod *corev1.Pod) ([]rules.Violation, []Warning) {
 		tp := rules.ValidateTP(p, v.Options.rulesConfig(), v.View.LargestDomain)
 		vs = append(vs, tp...)
 		if len(tp) == 0 {
-			vs = append(vs, v.placementViolations(pod, p)...)
-			vs = append(vs, v.groupViolations(pod, p)...)
+			// A pod no node can take is refused for that alone: the cluster's checks would
+			// only say, less clearly, that no node it may run on has a domain.
+			if na := rules.ValidateNodeAffinity(pod); len(na) > 0 {
+				vs = append(vs, na...)
+			} else {
+				vs = append(vs, v.placementViolations(pod, p)...)
+				vs = append(vs, v.groupViolations(pod, p)...)
+			}
 		}
 	}
 	ws := v.warnings(pod, p)

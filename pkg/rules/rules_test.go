@@ -155,6 +155,50 @@ func TestValidateDomains(t *testing.T) {
 	}
 }
 
+func TestValidateNodeAffinity(t *testing.T) {
+	withTerms := func(terms ...corev1.NodeSelectorTerm) *corev1.Pod {
+		p := tpPod(container("vllm", gpus(4)))
+		p.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: terms}}}
+		return p
+	}
+	pool := corev1.NodeSelectorTerm{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "pool", Operator: corev1.NodeSelectorOpIn, Values: []string{"h100"}}}}
+	byName := corev1.NodeSelectorTerm{MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{"gpu-node01"}}}}
+	preferredOnly := tpPod(container("vllm", gpus(4)))
+	preferredOnly.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{PreferredDuringSchedulingIgnoredDuringExecution: []corev1.PreferredSchedulingTerm{{Weight: 1}}}}
+	const fix = " empty, and an empty node-selector term matches no node, so this pod could never be scheduled; give the term matchExpressions or matchFields that name the nodes you want, or remove requiredDuringSchedulingIgnoredDuringExecution"
+	cases := []struct {
+		name string
+		pod  *corev1.Pod
+		want string
+	}{
+		{"no affinity", tpPod(container("vllm", gpus(4))), ""},
+		{"preferred terms only", preferredOnly, ""},
+		{"an expression", withTerms(pool), ""},
+		{"a field", withTerms(byName), ""},
+		// Terms are ORed: the expression's term selects nodes, the empty one adds none.
+		{"an empty term beside an expression", withTerms(corev1.NodeSelectorTerm{}, pool), ""},
+		{"the only term empty", withTerms(corev1.NodeSelectorTerm{}),
+			"spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0]: the only term is" + fix},
+		{"every term empty", withTerms(corev1.NodeSelectorTerm{}, corev1.NodeSelectorTerm{MatchExpressions: []corev1.NodeSelectorRequirement{}}),
+			"spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms: all 2 terms are" + fix},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			vs := ValidateNodeAffinity(tc.pod)
+			got := ""
+			if len(vs) > 0 {
+				got = vs[0].Error()
+				if vs[0].Reason != ReasonNoNodeSelected {
+					t.Errorf("reason = %q", vs[0].Reason)
+				}
+			}
+			if got != tc.want || len(vs) > 1 {
+				t.Errorf("got %d violations, first:\n  %s\nwant\n  %s", len(vs), got, tc.want)
+			}
+		})
+	}
+}
+
 func TestInspect(t *testing.T) {
 	pod := tpPod(container("a", map[string]int64{"nvidia.com/gpu": 2, "nvidia.com/nvswitch-domain-1": 2, "nvidia.com/mig-1g.5gb": 1}), container("b", nil))
 	p := Inspect(pod, n)

@@ -22,6 +22,7 @@ const (
 	ReasonDomainConflict = "domain-conflict"
 	ReasonNotPinned      = "not-pinned"
 	ReasonNoClique       = "no-clique-large-enough"
+	ReasonNoNodeSelected = "no-node-selected"
 )
 
 // Violation is one reason to reject a pod.
@@ -157,6 +158,33 @@ func ValidateDomains(pod *corev1.Pod, p Pod, n names.Names) []Violation {
 		}
 	}
 	return vs
+}
+
+// requiredTermsPath is the field of a pod's required node-selector terms.
+const requiredTermsPath = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms"
+
+// ValidateNodeAffinity refuses a pod whose required node-selector terms are all empty. The
+// scheduler reads an empty term as one that matches no node (terms are ORed, so one term with
+// an expression is enough), and the API server accepts it, so such a pod would wait Pending
+// forever; nvdomain also never adds its own expressions to an empty term, since that would
+// make it select nodes the user never asked for. Only the user can say what was meant.
+func ValidateNodeAffinity(pod *corev1.Pod) []Violation {
+	a := pod.Spec.Affinity
+	if a == nil || a.NodeAffinity == nil || a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil {
+		return nil
+	}
+	terms := a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
+	if len(terms) == 0 || slices.ContainsFunc(terms, func(t corev1.NodeSelectorTerm) bool {
+		return len(t.MatchExpressions) > 0 || len(t.MatchFields) > 0
+	}) {
+		return nil
+	}
+	field, which := requiredTermsPath+"[0]", "the only term is"
+	if len(terms) > 1 {
+		field, which = requiredTermsPath, fmt.Sprintf("all %d terms are", len(terms))
+	}
+	return []Violation{{field, ReasonNoNodeSelected,
+		which + " empty, and an empty node-selector term matches no node, so this pod could never be scheduled; give the term matchExpressions or matchFields that name the nodes you want, or remove requiredDuringSchedulingIgnoredDuringExecution"}}
 }
 
 // Engine command-line flags that fix how many GPUs the engine uses: vLLM, SGLang and

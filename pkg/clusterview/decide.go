@@ -110,6 +110,9 @@ func (v *View) ChooseDomain(pod *corev1.Pod, k int, seed uint64) (placement.Deci
 		for d, gpus := range v.leavingLocked(pod, k) {
 			ch.Leaving(d, gpus)
 		}
+		for d, gpus := range v.returningLocked(pod, k) {
+			ch.Leaving(d, gpus)
+		}
 	}
 	dec, err := ch.Decide()
 	if _, impossible := err.(*placement.ImpossibleError); impossible {
@@ -484,6 +487,38 @@ func (v *View) leavingLocked(pod *corev1.Pod, k int) map[int]int {
 			continue
 		}
 		out[l.domain] += l.gpus
+	}
+	return out
+}
+
+// returningLocked sums, per domain id, the room for k-GPU pods that nodes out for a while
+// (View.returning: NotReady, unreachable, their NRI plugin reconnecting while the node pod
+// restarts) will have when they are back, on those the pod could use then: room about to
+// come back, which, like the GPUs of leaving pods, shortens that id's line. Without it a pod
+// admitted while the only node with room is briefly out joins the shortest line by capacity
+// alone, which may be the id whose domains are full, and stays pinned there when the node
+// returns with room in another (a bare pod is never moved). A pod that tolerates a node's
+// taints already counts the node as room; a cordoned node may never come back and counts
+// nothing.
+func (v *View) returningLocked(pod *corev1.Pod, k int) map[int]int {
+	if len(v.returning) == 0 {
+		return nil
+	}
+	req := nodeaffinity.GetRequiredNodeAffinity(pod)
+	var out map[int]int
+	for name := range v.returning {
+		nd := v.nodes[name]
+		if nd == nil || available(pod, nd) || !eligible(pod, req, nd) {
+			continue
+		}
+		for d, e := range nd.hist {
+			if room := e.cf.free / k * k; e.cf.capacity >= k && room > 0 {
+				if out == nil {
+					out = map[int]int{}
+				}
+				out[d] += room
+			}
+		}
 	}
 	return out
 }

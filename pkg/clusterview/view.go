@@ -117,6 +117,11 @@ type View struct {
 	// loweredNodes counts nodes whose domain capacity differs from their size labels
 	// (node.lowered): while any does, decisions carry no Sizes (ChooseDomain).
 	loweredNodes int
+	// returning names the nodes that are no room now for a reason that passes by itself
+	// (NotReady, unreachable, their NRI plugin reconnecting: availability taints other than a
+	// cordon), so that a pod that has to wait anyway waits where they will have room
+	// (returningLocked). They are few, so a decision walks them, not every node.
+	returning map[string]struct{}
 
 	// matchHook, when set (tests), runs each time RepinInputs matches waiters to nodes.
 	matchHook func()
@@ -316,6 +321,7 @@ func New(n names.Names) *View {
 		groupPins:   map[types.UID]groupPin{},
 		cliqueRes:   map[string]cliqueReservation{},
 		leaders:     map[string]leaderSeen{},
+		returning:   map[string]struct{}{},
 	}
 }
 
@@ -382,6 +388,9 @@ func (v *View) UpsertNode(obj *corev1.Node) {
 	}
 	if nd.lowered {
 		v.loweredNodes++
+	}
+	if returns(ts.avail) {
+		v.returning[obj.Name] = struct{}{}
 	}
 	if obj.Labels[names.GPUCliqueLabel] != "" {
 		v.cliqueNodes++
@@ -476,6 +485,7 @@ func (v *View) removeNodeLocked(name string) {
 	if nd.lowered {
 		v.loweredNodes--
 	}
+	delete(v.returning, name)
 	delete(v.nodes, name)
 }
 
@@ -870,6 +880,13 @@ func availabilityTaints(n *corev1.Node) []corev1.Taint {
 		}
 	}
 	return out
+}
+
+// returns reports whether a node with these availability taints is out for a while only:
+// it has some, and none is a cordon, which is an operator taking the node out of service
+// (a drain, a replacement) rather than a state the node leaves by itself.
+func returns(avail []corev1.Taint) bool {
+	return len(avail) > 0 && !slices.ContainsFunc(avail, func(t corev1.Taint) bool { return t.Key == corev1.TaintNodeUnschedulable })
 }
 
 func tolerates(taints []corev1.Taint, tolerations []corev1.Toleration) bool {

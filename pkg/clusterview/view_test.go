@@ -533,3 +533,59 @@ func TestOwnExpressionsAreNoNodeConstraints(t *testing.T) {
 		})
 	}
 }
+
+// A node that is out for a while (its NRI plugin reconnecting while the node pod restarts,
+// NotReady) is no room now, but a TP pod that has to wait meanwhile waits for the id where
+// that node will have room when it is back, whichever seed its admission draws: the e2e's
+// seed scenario (g) pinned tp2-d to the full domain 0 of the only node in this window, and a
+// bare pod stays where it was pinned. A cordon is not such a state: it changes no line.
+func TestAPodWaitsWhereANodeOutForAWhileHasRoom(t *testing.T) {
+	disconnected := map[string]string{n.PluginDisconnectedLabel(): "true"}
+	notReady := corev1.Taint{Key: corev1.TaintNodeNotReady, Effect: corev1.TaintEffectNoSchedule}
+	cordoned := corev1.Taint{Key: corev1.TaintNodeUnschedulable, Effect: corev1.TaintEffectNoSchedule}
+	cases := []struct {
+		name string
+		node *corev1.Node
+		pod  *corev1.Pod
+		// want is the domain every seed must pick; -1: the seeds must not all agree (the
+		// line is by capacity alone, both ids tie).
+		want int
+		fits bool
+	}{
+		{"NRI plugin reconnecting", gpuNode("gpu-node01", []int{4, 4}, disconnected), newTP(), 1, false},
+		{"NotReady", gpuNode("gpu-node01", []int{4, 4}, nil, notReady), newTP(), 1, false},
+		{"a pod that tolerates NotReady has room now", gpuNode("gpu-node01", []int{4, 4}, nil, notReady),
+			&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default"}, Spec: corev1.PodSpec{Tolerations: []corev1.Toleration{{Key: corev1.TaintNodeNotReady, Operator: corev1.TolerationOpExists}}}}, 1, true},
+		{"cordoned", gpuNode("gpu-node01", []int{4, 4}, nil, cordoned), newTP(), -1, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			v := New(n)
+			v.UpsertNode(tc.node)
+			v.UpsertPod(pinnedPod("gpu-node01", 0, 4))
+			v.UpsertPod(pinnedPod("gpu-node01", 1, 2))
+			picked := map[int]int{}
+			for seed := uint64(0); seed < 64; seed++ {
+				got, err := v.ChooseDomain(tc.pod, 2, seed)
+				if err != nil {
+					t.Fatalf("seed %d: %v", seed, err)
+				}
+				if got.Fits != tc.fits {
+					t.Fatalf("seed %d: fits now = %v, want %v", seed, got.Fits, tc.fits)
+				}
+				picked[got.Domain]++
+			}
+			switch {
+			case tc.want >= 0 && picked[tc.want] != 64:
+				t.Errorf("picked %v over 64 seeds; want domain %d every time", picked, tc.want)
+			case tc.want < 0 && len(picked) < 2:
+				t.Errorf("picked %v over 64 seeds; want both ids (a cordoned node's room counts nothing)", picked)
+			}
+			// Once the node is back, the pod pinned there fits.
+			v.UpsertNode(gpuNode("gpu-node01", []int{4, 4}, nil))
+			if got, _ := v.ChooseDomain(newTP(), 2, 0); !got.Fits || got.Domain != 1 {
+				t.Errorf("with the node back: %+v; want domain 1, fitting", got)
+			}
+		})
+	}
+}

@@ -975,4 +975,14 @@ func TestAnEmptyRequiredTermSelectsNoNode(t *testing.T) {
 	if terms := out.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms; len(terms) != 1 || len(terms[0].MatchExpressions) != 0 {
 		t.Errorf("the empty term was changed: %+v", terms)
 	}
+	// The mutating webhook leaves it as written: no pin, and no room held for it.
+	if d, ok := out.Annotations[n.PodDomainAnnotation()]; ok {
+		t.Errorf("pinned to domain %s", d)
+	}
+	if _, err := f.view.ChooseAndReserve(pod(true, 4), 4, 0, "other-admission"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := f.view.ChooseDomain(pod(true, 4), 4, 0); err != nil || !got.Fits {
+		t.Errorf("after the refused pod and one TP=4 pod, another gets %+v, %v; want the second domain, free", got, err)
+	}
 }

@@ -79,6 +79,9 @@ func TestLeaderWorkerSetJudgedAtApply(t *testing.T) {
 			wantFields: []string{"spec.leaderWorkerTemplate.workerTemplate.spec.containers[0].resources.limits[nvidia.com/gpu]"}, wantText: []string{"tensor-parallel size 8 cannot run"}},
 		{name: "a leader template with no GPU", fixture: racks, size: 2, leader: pod(true, 0), worker: pod(true, 4),
 			wantFields: []string{"spec.leaderWorkerTemplate.leaderTemplate.spec.containers"}},
+		{name: "a worker template whose required terms select no node", fixture: racks, size: 2, worker: emptyTerm(pod(true, 4)),
+			wantFields: []string{"spec.leaderWorkerTemplate.workerTemplate.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0]"},
+			wantText:   []string{"an empty node-selector term matches no node"}},
 		{name: "not tensor-parallel: not judged", fixture: racks, size: 9, worker: pod(false, 4)},
 		{name: "an excluded namespace", fixture: racks, ns: "kube-system", size: 9, worker: pod(true, 4)},
 	}
@@ -114,6 +117,13 @@ func TestLeaderWorkerSetJudgedAtApply(t *testing.T) {
 			}
 		})
 	}
+}
+
+// emptyTerm gives p one required node-selector term, empty: it selects no node.
+func emptyTerm(p *corev1.Pod) *corev1.Pod {
+	p.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+		NodeSelectorTerms: []corev1.NodeSelectorTerm{{}}}}}
+	return p
 }
 
 func TestLeaderWorkerSetUpdateJudgedOnlyWhenTheGroupsChange(t *testing.T) {

@@ -398,16 +398,14 @@ func (v *Decider) review(pod *corev1.Pod) ([]rules.Violation, []Warning) {
 	vs := rules.ValidateDomains(pod, p, n)
 	if p.TP {
 		tp := rules.ValidateTP(p, v.Options.rulesConfig(), v.View.LargestDomain)
-		vs = append(vs, tp...)
-		if len(tp) == 0 {
-			// A pod no node can take is refused for that alone: the cluster's checks would
-			// only say, less clearly, that no node it may run on has a domain.
-			if na := rules.ValidateNodeAffinity(pod); len(na) > 0 {
-				vs = append(vs, na...)
-			} else {
-				vs = append(vs, v.placementViolations(pod, p)...)
-				vs = append(vs, v.groupViolations(pod, p)...)
-			}
+		// A pod no node can take is told so with the size checks, in one answer; the
+		// cluster's checks would only say, less clearly, that no node it may run on has a
+		// domain.
+		na := rules.ValidateNodeAffinity(pod)
+		vs = append(append(vs, tp...), na...)
+		if len(tp) == 0 && len(na) == 0 {
+			vs = append(vs, v.placementViolations(pod, p)...)
+			vs = append(vs, v.groupViolations(pod, p)...)
 		}
 	}
 	ws := v.warnings(pod, p)

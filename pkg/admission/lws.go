@@ -81,7 +81,8 @@ func (v *Decider) ReviewLeaderWorkerSet(l LWSTemplate) ([]rules.Violation, []War
 		if !p.TP {
 			continue
 		}
-		vs := rules.ValidateTP(p, v.Options.rulesConfig(), v.View.LargestDomain)
+		// Spec errors, refused on an update too: no node will ever change them.
+		vs := append(rules.ValidateTP(p, v.Options.rulesConfig(), v.View.LargestDomain), rules.ValidateNodeAffinity(pod)...)
 		for _, x := range vs {
 			out = append(out, lwsViolation(x, s.field))
 		}

@@ -67,9 +67,11 @@ func (ns *nameSources) read(b *bucket, s *placement.NodeSample) string {
 // for it per GPU of capacity; else an *placement.ImpossibleError naming the largest domain the
 // pod could ever get. Pods pinned but not bound yet, and the webhook's own fresh reservations,
 // take their room first (claimsLocked, applyPending); what finds none is the line. Cordoned
-// and NotReady nodes the pod does not tolerate are neither room nor a line to wait in: they
-// only keep a pod from being rejected, and are waited for only when no available node has a
-// domain large enough. seed spreads ties between equally good ids (0: lowest id).
+// and NotReady nodes the pod does not tolerate are no room: they keep a pod from being
+// rejected, and are waited for only when no available node has a domain large enough. The
+// room that nodes out for a while will have when they are back, and that of pods being
+// deleted, shortens the lines (returningLocked, leavingLocked). seed spreads ties between
+// equally good ids (0: lowest id).
 func (v *View) ChooseDomain(pod *corev1.Pod, k int, seed uint64) (placement.Decision, error) {
 	v.releaseRejected()
 	reserved := v.liveReservations()
@@ -491,24 +493,28 @@ func (v *View) leavingLocked(pod *corev1.Pod, k int) map[int]int {
 	return out
 }
 
-// returningLocked sums, per domain id, the room for k-GPU pods that nodes out for a while
-// (View.returning: NotReady, unreachable, their NRI plugin reconnecting while the node pod
-// restarts) will have when they are back, on those the pod could use then: room about to
-// come back, which, like the GPUs of leaving pods, shortens that id's line. Without it a pod
-// admitted while the only node with room is briefly out joins the shortest line by capacity
-// alone, which may be the id whose domains are full, and stays pinned there when the node
-// returns with room in another (a bare pod is never moved). A pod that tolerates a node's
-// taints already counts the node as room; a cordoned node may never come back and counts
-// nothing.
+// returningLocked sums, per domain id, the room for k-GPU pods (whole multiples of k) that
+// nodes out for a while (View.returning: NotReady or unreachable for ReturningFor at most,
+// their NRI plugin reconnecting while the node pod restarts for ReconnectingFor) will have
+// when they are back, on
+// those the pod could use then: room about to come back, which, like the GPUs of leaving
+// pods, shortens that id's line. Without it a pod admitted while the only node with room is
+// briefly out joins the shortest line by capacity alone, which may be the id whose domains
+// are full, and stays pinned there when the node returns with room in another (a bare pod is
+// never moved). A pod that tolerates a node's taints already counts the node as room; a
+// cordoned node may never come back and counts nothing. The re-pin plan does not count this
+// room (it counts leaving pods'): a pod that waits for a node's return is moved if another id
+// has room first, which only costs a restart of a pod that was waiting anyway.
 func (v *View) returningLocked(pod *corev1.Pod, k int) map[int]int {
 	if len(v.returning) == 0 {
 		return nil
 	}
+	now := v.now()
 	req := nodeaffinity.GetRequiredNodeAffinity(pod)
 	var out map[int]int
-	for name := range v.returning {
+	for name, until := range v.returning {
 		nd := v.nodes[name]
-		if nd == nil || available(pod, nd) || !eligible(pod, req, nd) {
+		if nd == nil || now.After(until) || available(pod, nd) || !eligible(pod, req, nd) {
 			continue
 		}
 		for d, e := range nd.hist {

@@ -411,17 +411,28 @@ func TestGroupedPendingMatchesOneByOne(t *testing.T) {
 // BenchmarkChooseDomainWaiting measures a decision for a pod that has no room, at 5,000 full
 // nodes × 2 domains, with 1,000 or 100,000 pods pinned and waiting: the line comes from
 // counts by (domain, size), so the two cost the same.
+// Nodes out for a while (NotReady: a node pod roll, a zone outage) are walked on this path,
+// for the room they will have when back (returningLocked); the out-* cases measure that.
 func BenchmarkChooseDomainWaiting(b *testing.B) {
-	for _, pending := range []int{1000, 100000} {
-		b.Run(fmt.Sprintf("pending-%d", pending), func(b *testing.B) {
+	notReady := corev1.Taint{Key: corev1.TaintNodeNotReady, Effect: corev1.TaintEffectNoSchedule}
+	for _, c := range []struct{ pending, out int }{{1000, 0}, {100000, 0}, {1000, 50}, {1000, 500}} {
+		name := fmt.Sprintf("pending-%d", c.pending)
+		if c.out > 0 {
+			name += fmt.Sprintf("/out-%d", c.out)
+		}
+		b.Run(name, func(b *testing.B) {
 			v := New(n)
 			for i := range 5000 {
 				name := fmt.Sprintf("node-%05d", i)
-				v.UpsertNode(gpuNode(name, []int{4, 4}, nil))
+				if i < c.out {
+					v.UpsertNode(gpuNode(name, []int{4, 4}, nil, notReady))
+				} else {
+					v.UpsertNode(gpuNode(name, []int{4, 4}, nil))
+				}
 				v.UpsertPod(pinnedPod(name, 0, 4))
 				v.UpsertPod(pinnedPod(name, 1, 4))
 			}
-			for i := range pending {
+			for i := range c.pending {
 				v.UpsertPod(pinnedPod("", i%2, 1<<(i%3)))
 			}
 			b.ReportAllocs()
@@ -538,32 +549,57 @@ func TestOwnExpressionsAreNoNodeConstraints(t *testing.T) {
 // NotReady) is no room now, but a TP pod that has to wait meanwhile waits for the id where
 // that node will have room when it is back, whichever seed its admission draws: the e2e's
 // seed scenario (g) pinned tp2-d to the full domain 0 of the only node in this window, and a
-// bare pod stays where it was pinned. A cordon is not such a state: it changes no line.
+// bare pod stays where it was pinned. A cordon or out-of-service is not such a state, nor is a
+// node out for longer than ReturningFor: they change no line.
 func TestAPodWaitsWhereANodeOutForAWhileHasRoom(t *testing.T) {
+	clock := time.Date(2026, 12, 5, 10, 0, 0, 0, time.UTC)
 	disconnected := map[string]string{n.PluginDisconnectedLabel(): "true"}
 	notReady := corev1.Taint{Key: corev1.TaintNodeNotReady, Effect: corev1.TaintEffectNoSchedule}
 	cordoned := corev1.Taint{Key: corev1.TaintNodeUnschedulable, Effect: corev1.TaintEffectNoSchedule}
+	outOfService := corev1.Taint{Key: corev1.TaintNodeOutOfService, Effect: corev1.TaintEffectNoExecute}
+	notReadySince := func(ago time.Duration) *corev1.Node {
+		nd := gpuNode("gpu-node01", []int{4, 4}, nil)
+		nd.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, LastTransitionTime: metav1.NewTime(clock.Add(-ago))}}
+		return nd
+	}
+	tolerant := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default"}, Spec: corev1.PodSpec{Tolerations: []corev1.Toleration{{Key: corev1.TaintNodeNotReady, Operator: corev1.TolerationOpExists}}}}
 	cases := []struct {
 		name string
 		node *corev1.Node
 		pod  *corev1.Pod
+		// later is how long after the node went out the pod comes.
+		later time.Duration
 		// want is the domain every seed must pick; -1: the seeds must not all agree (the
 		// line is by capacity alone, both ids tie).
 		want int
 		fits bool
 	}{
-		{"NRI plugin reconnecting", gpuNode("gpu-node01", []int{4, 4}, disconnected), newTP(), 1, false},
-		{"NotReady", gpuNode("gpu-node01", []int{4, 4}, nil, notReady), newTP(), 1, false},
-		{"a pod that tolerates NotReady has room now", gpuNode("gpu-node01", []int{4, 4}, nil, notReady),
-			&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default"}, Spec: corev1.PodSpec{Tolerations: []corev1.Toleration{{Key: corev1.TaintNodeNotReady, Operator: corev1.TolerationOpExists}}}}, 1, true},
-		{"cordoned", gpuNode("gpu-node01", []int{4, 4}, nil, cordoned), newTP(), -1, false},
+		{"NRI plugin reconnecting", gpuNode("gpu-node01", []int{4, 4}, disconnected), newTP(), 0, 1, false},
+		{"NotReady", gpuNode("gpu-node01", []int{4, 4}, nil, notReady), newTP(), 0, 1, false},
+		{"NotReady for a minute by its Ready condition", notReadySince(time.Minute), newTP(), 0, 1, false},
+		{"NRI plugin reconnecting for 50 seconds", gpuNode("gpu-node01", []int{4, 4}, disconnected), newTP(), 50 * time.Second, 1, false},
+		{"NotReady for 4 minutes", gpuNode("gpu-node01", []int{4, 4}, nil, notReady), newTP(), 4 * time.Minute, 1, false},
+		{"NotReady and disconnected for 4 minutes", gpuNode("gpu-node01", []int{4, 4}, disconnected, notReady), newTP(), 4 * time.Minute, 1, false},
+		{"a pod that tolerates NotReady has room now", gpuNode("gpu-node01", []int{4, 4}, nil, notReady), tolerant, 0, 1, true},
+		{"cordoned", gpuNode("gpu-node01", []int{4, 4}, nil, cordoned), newTP(), 0, -1, false},
+		{"NotReady and cordoned", gpuNode("gpu-node01", []int{4, 4}, nil, notReady, cordoned), newTP(), 0, -1, false},
+		{"out of service", gpuNode("gpu-node01", []int{4, 4}, nil, outOfService), newTP(), 0, -1, false},
+		{"NRI plugin disconnected for 2 minutes", gpuNode("gpu-node01", []int{4, 4}, disconnected), newTP(), 2 * time.Minute, -1, false},
+		{"NotReady for 6 minutes", gpuNode("gpu-node01", []int{4, 4}, nil, notReady), newTP(), 6 * time.Minute, -1, false},
+		{"NotReady for 10 minutes by its Ready condition", notReadySince(10 * time.Minute), newTP(), 0, -1, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			now := clock
 			v := New(n)
+			v.now = func() time.Time { return now }
 			v.UpsertNode(tc.node)
 			v.UpsertPod(pinnedPod("gpu-node01", 0, 4))
 			v.UpsertPod(pinnedPod("gpu-node01", 1, 2))
+			// A heartbeat meanwhile does not restart the node's clock.
+			now = clock.Add(tc.later / 2)
+			v.UpsertNode(tc.node)
+			now = clock.Add(tc.later)
 			picked := map[int]int{}
 			for seed := uint64(0); seed < 64; seed++ {
 				got, err := v.ChooseDomain(tc.pod, 2, seed)
@@ -579,13 +615,32 @@ func TestAPodWaitsWhereANodeOutForAWhileHasRoom(t *testing.T) {
 			case tc.want >= 0 && picked[tc.want] != 64:
 				t.Errorf("picked %v over 64 seeds; want domain %d every time", picked, tc.want)
 			case tc.want < 0 && len(picked) < 2:
-				t.Errorf("picked %v over 64 seeds; want both ids (a cordoned node's room counts nothing)", picked)
+				t.Errorf("picked %v over 64 seeds; want both ids (the node's room counts nothing)", picked)
 			}
-			// Once the node is back, the pod pinned there fits.
+			// Once the node is back, it is no longer out, and the pod pinned there fits.
 			v.UpsertNode(gpuNode("gpu-node01", []int{4, 4}, nil))
+			if len(v.returning) != 0 {
+				t.Errorf("a Ready node is still counted as out: %v", v.returning)
+			}
 			if got, _ := v.ChooseDomain(newTP(), 2, 0); !got.Fits || got.Domain != 1 {
 				t.Errorf("with the node back: %+v; want domain 1, fitting", got)
 			}
+			v.UpsertNode(tc.node)
+			v.DeleteNode("gpu-node01")
+			if len(v.returning) != 0 {
+				t.Errorf("a deleted node is still counted as out: %v", v.returning)
+			}
 		})
+	}
+}
+
+// Only nodes with domains are counted as coming back: a CPU node that is NotReady has no
+// room for a TP pod whenever it returns.
+func TestANodeWithoutDomainsIsNotCountedAsComingBack(t *testing.T) {
+	v := New(n)
+	cpu := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "cpu-node01"}, Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: corev1.TaintNodeNotReady, Effect: corev1.TaintEffectNoSchedule}}}}
+	v.UpsertNode(cpu)
+	if len(v.returning) != 0 {
+		t.Errorf("returning = %v; want none", v.returning)
 	}
 }

@@ -446,7 +446,9 @@ func (n Names) FailOpenLabel() string { return n.label(failOpen) }
 // PluginDisconnectedLabel is "true" on a node whose NRI plugin has lost the container runtime
 // and not synchronized again: containerd refuses every container that requires the plugin
 // meanwhile. The webhook counts no room there (the node is unavailable, as a cordoned one), so
-// no pod is pinned toward it and a refused pod is not moved back to it. The published capacity
+// no pod that fits now elsewhere is pinned toward it and a refused pod is not moved back to it;
+// a pod that has to wait anyway waits for its room for a minute at most (a node pod restart,
+// clusterview.ReconnectingFor). The published capacity
 // is left alone: a capacity below what bound pods request would make the kubelet reject them
 // at its next restart (review classic M7).
 func (n Names) PluginDisconnectedLabel() string { return n.label(pluginDisconnected) }

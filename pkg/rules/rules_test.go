@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -165,7 +166,7 @@ func TestValidateNodeAffinity(t *testing.T) {
 	byName := corev1.NodeSelectorTerm{MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{"gpu-node01"}}}}
 	preferredOnly := tpPod(container("vllm", gpus(4)))
 	preferredOnly.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{PreferredDuringSchedulingIgnoredDuringExecution: []corev1.PreferredSchedulingTerm{{Weight: 1}}}}
-	const fix = " empty, and an empty node-selector term matches no node, so this pod could never be scheduled; give the term matchExpressions or matchFields that name the nodes you want, or remove requiredDuringSchedulingIgnoredDuringExecution"
+	const fix = " empty, and an empty node-selector term matches no node, so this pod could never be scheduled; give %s term matchExpressions or matchFields that name the nodes you want, or remove requiredDuringSchedulingIgnoredDuringExecution"
 	cases := []struct {
 		name string
 		pod  *corev1.Pod
@@ -178,9 +179,9 @@ func TestValidateNodeAffinity(t *testing.T) {
 		// Terms are ORed: the expression's term selects nodes, the empty one adds none.
 		{"an empty term beside an expression", withTerms(corev1.NodeSelectorTerm{}, pool), ""},
 		{"the only term empty", withTerms(corev1.NodeSelectorTerm{}),
-			"spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0]: the only term is" + fix},
+			"spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0]: the only term is" + fmt.Sprintf(fix, "the")},
 		{"every term empty", withTerms(corev1.NodeSelectorTerm{}, corev1.NodeSelectorTerm{MatchExpressions: []corev1.NodeSelectorRequirement{}}),
-			"spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms: all 2 terms are" + fix},
+			"spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms: all 2 terms are" + fmt.Sprintf(fix, "a")},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -179,12 +179,12 @@ func ValidateNodeAffinity(pod *corev1.Pod) []Violation {
 	}) {
 		return nil
 	}
-	field, which := requiredTermsPath+"[0]", "the only term is"
+	field, which, term := requiredTermsPath+"[0]", "the only term is", "the term"
 	if len(terms) > 1 {
-		field, which = requiredTermsPath, fmt.Sprintf("all %d terms are", len(terms))
+		field, which, term = requiredTermsPath, fmt.Sprintf("all %d terms are", len(terms)), "a term"
 	}
-	return []Violation{{field, ReasonNoNodeSelected,
-		which + " empty, and an empty node-selector term matches no node, so this pod could never be scheduled; give the term matchExpressions or matchFields that name the nodes you want, or remove requiredDuringSchedulingIgnoredDuringExecution"}}
+	return []Violation{{field, ReasonNoNodeSelected, which + " empty, and an empty node-selector term matches no node, so this pod could never be scheduled; give " +
+		term + " matchExpressions or matchFields that name the nodes you want, or remove requiredDuringSchedulingIgnoredDuringExecution"}}
 }
 
 // Engine command-line flags that fix how many GPUs the engine uses: vLLM, SGLang and

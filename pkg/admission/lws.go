@@ -46,7 +46,8 @@ const (
 //
 // Checked, for each template labelled tensor-parallel=true (a worker template is skipped when
 // it is also the leader's): the rules that need no cluster (TP size, MIG and shared GPUs, engine
-// flags against the group's size: --tensor-parallel-size × --pipeline-parallel-size, say), a
+// flags against the group's size: --tensor-parallel-size × --pipeline-parallel-size, say,
+// required node-selector terms that are all empty and so select no node), a
 // NVSwitch domain that can hold the pod, and, for the leader on a cluster with cliques, a
 // clique that can ever hold the group (size × the leader's GPUs, as the leader's own admission
 // judges it). Nothing that depends on current load is judged: a group that fits an empty

@@ -512,9 +512,9 @@ func (v *View) returningLocked(pod *corev1.Pod, k int) map[int]int {
 	now := v.now()
 	req := nodeaffinity.GetRequiredNodeAffinity(pod)
 	var out map[int]int
-	for name, until := range v.returning {
+	for name, o := range v.returning {
 		nd := v.nodes[name]
-		if nd == nil || now.After(until) || available(pod, nd) || !eligible(pod, req, nd) {
+		if nd == nil || now.After(o.until) || available(pod, nd) || !eligible(pod, req, nd) {
 			continue
 		}
 		for d, e := range nd.hist {

@@ -119,11 +119,11 @@ type View struct {
 	loweredNodes int
 	// returning holds, for each node with domains that is no room now for a reason that
 	// passes by itself (NotReady, unreachable, its NRI plugin reconnecting: returns), until
-	// when it counts as coming back (returnsUntil), so that a pod that has to wait anyway
+	// when it counts as coming back (outFor), so that a pod that has to wait anyway
 	// waits where such a node will have room (returningLocked). Only the no-room path reads
 	// it, walking these nodes: usually a node pod or two restarting, hundreds in a zone
 	// outage (about 0.1 ms a decision for 500: BenchmarkChooseDomainWaiting).
-	returning map[string]time.Time
+	returning map[string]outFor
 
 	// matchHook, when set (tests), runs each time RepinInputs matches waiters to nodes.
 	matchHook func()
@@ -323,7 +323,7 @@ func New(n names.Names) *View {
 		groupPins:   map[types.UID]groupPin{},
 		cliqueRes:   map[string]cliqueReservation{},
 		leaders:     map[string]leaderSeen{},
-		returning:   map[string]time.Time{},
+		returning:   map[string]outFor{},
 	}
 }
 
@@ -376,7 +376,7 @@ func (v *View) UpsertNode(obj *corev1.Node) {
 	if old, ok := v.nodes[obj.Name]; !ok || !sameShape(old, nd) {
 		v.nodeGen.Add(1)
 	}
-	until, wasOut := v.returning[obj.Name]
+	was, wasOut := v.returning[obj.Name]
 	v.removeNodeLocked(obj.Name)
 	v.nodes[obj.Name] = nd
 	v.taintSets[nd.taintKey] = ts
@@ -393,10 +393,11 @@ func (v *View) UpsertNode(obj *corev1.Node) {
 		v.loweredNodes++
 	}
 	if len(nd.capacity) > 0 && v.returns(ts.avail) {
-		if !wasOut {
-			until = v.returnsUntil(obj, ts.avail, v.now())
+		var prev *outFor
+		if wasOut {
+			prev = &was
 		}
-		v.returning[obj.Name] = until
+		v.returning[obj.Name] = v.outFor(obj, ts.avail, prev, v.now())
 	}
 	if obj.Labels[names.GPUCliqueLabel] != "" {
 		v.cliqueNodes++
@@ -910,22 +911,37 @@ func (v *View) returns(avail []corev1.Taint) bool {
 	})
 }
 
-// returnsUntil is when a node that went out now, or as its Ready condition says (so that a
-// webhook replica started during an outage does not count a long-dead node as coming back;
-// the NRI plugin's label carries no time), stops counting as coming back: ReturningFor
-// after, or ReconnectingFor when only its NRI plugin is out.
-func (v *View) returnsUntil(obj *corev1.Node, avail []corev1.Taint, now time.Time) time.Time {
-	limit := ReconnectingFor
-	if slices.ContainsFunc(avail, func(t corev1.Taint) bool { return t.Key != v.names.PluginDisconnectedLabel() }) {
-		limit = ReturningFor
-	}
-	since := now
-	for _, c := range obj.Status.Conditions {
-		if c.Type == corev1.NodeReady && c.Status != corev1.ConditionTrue && !c.LastTransitionTime.IsZero() && c.LastTransitionTime.Time.Before(now) {
-			since = c.LastTransitionTime.Time
+// outFor is how long a node counts as coming back (View.returning): until when, and whether
+// only its NRI plugin is out, the one reason whose start the node does not record.
+type outFor struct {
+	until   time.Time
+	nriOnly bool
+}
+
+// outFor is when a node that is out, as avail says, stops counting as coming back. A NotReady
+// or unreachable node counts ReturningFor from its Ready condition's last transition, which
+// every heartbeat repeats and a new outage moves, so a webhook replica started during an
+// outage does not count a long-dead node as coming back. A node whose NRI plugin alone is out
+// (the label carries no time) counts ReconnectingFor from when this view first saw it so, kept
+// across heartbeats (prev) while that stays the reason; a node with no usable transition time
+// is timed the same way, ReturningFor from when first seen.
+func (v *View) outFor(obj *corev1.Node, avail []corev1.Taint, prev *outFor, now time.Time) outFor {
+	nriOnly := !slices.ContainsFunc(avail, func(t corev1.Taint) bool { return t.Key != v.names.PluginDisconnectedLabel() })
+	if !nriOnly {
+		for _, c := range obj.Status.Conditions {
+			if c.Type == corev1.NodeReady && c.Status != corev1.ConditionTrue && !c.LastTransitionTime.IsZero() && !c.LastTransitionTime.Time.After(now) {
+				return outFor{until: c.LastTransitionTime.Time.Add(ReturningFor)}
+			}
 		}
 	}
-	return since.Add(limit)
+	if prev != nil && prev.nriOnly == nriOnly {
+		return *prev
+	}
+	limit := ReturningFor
+	if nriOnly {
+		limit = ReconnectingFor
+	}
+	return outFor{until: now.Add(limit), nriOnly: nriOnly}
 }
 
 func tolerates(taints []corev1.Taint, tolerations []corev1.Toleration) bool {

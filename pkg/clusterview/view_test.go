@@ -644,3 +644,48 @@ func TestANodeWithoutDomainsIsNotCountedAsComingBack(t *testing.T) {
 		t.Errorf("returning = %v; want none", v.returning)
 	}
 }
+
+// How long a node counts as coming back follows the reason it is out, as the reason changes:
+// a reboot is NotReady (5 minutes from the Ready transition), then Ready with its NRI plugin
+// still syncing (1 minute from then, not what is left of the 5), then back.
+func TestComingBackFollowsTheReason(t *testing.T) {
+	t0 := time.Date(2026, 12, 5, 10, 0, 0, 0, time.UTC)
+	now := t0
+	disconnected := map[string]string{n.PluginDisconnectedLabel(): "true"}
+	notReadyAt := func(at time.Time, labels map[string]string) *corev1.Node {
+		nd := gpuNode("gpu-node01", []int{4, 4}, labels, corev1.Taint{Key: corev1.TaintNodeNotReady, Effect: corev1.TaintEffectNoSchedule})
+		nd.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, LastTransitionTime: metav1.NewTime(at)}}
+		return nd
+	}
+	readyDisconnected := gpuNode("gpu-node01", []int{4, 4}, disconnected)
+	steps := []struct {
+		at     time.Duration
+		node   *corev1.Node
+		counts bool
+	}{
+		{0, readyDisconnected, true}, // the node pod restarts
+		{50 * time.Second, readyDisconnected, true},
+		// The kubelet goes too: NotReady counts 5 minutes from its transition, not the
+		// plugin's minute.
+		{55 * time.Second, notReadyAt(t0.Add(55*time.Second), disconnected), true},
+		{4 * time.Minute, notReadyAt(t0.Add(55*time.Second), disconnected), true},
+		// Ready again, the plugin still syncing: a fresh minute.
+		{5 * time.Minute, readyDisconnected, true},
+		{5*time.Minute + 50*time.Second, readyDisconnected, true},
+		{6*time.Minute + 10*time.Second, readyDisconnected, false},
+		// Out again later, for another reason: timed afresh from its own transition.
+		{7 * time.Minute, notReadyAt(t0.Add(7*time.Minute), nil), true},
+		{11 * time.Minute, notReadyAt(t0.Add(7*time.Minute), nil), true},
+		{12*time.Minute + time.Second, notReadyAt(t0.Add(7*time.Minute), nil), false},
+	}
+	v := New(n)
+	v.now = func() time.Time { return now }
+	for _, s := range steps {
+		now = t0.Add(s.at)
+		v.UpsertNode(s.node)
+		counts := len(v.returningLocked(newTP(), 2)) > 0
+		if counts != s.counts {
+			t.Errorf("at +%v: counts as coming back = %v, want %v (%+v)", s.at, counts, s.counts, v.returning)
+		}
+	}
+}

@@ -447,8 +447,9 @@ func (n Names) FailOpenLabel() string { return n.label(failOpen) }
 // and not synchronized again: containerd refuses every container that requires the plugin
 // meanwhile. The webhook counts no room there (the node is unavailable, as a cordoned one), so
 // no pod that fits now elsewhere is pinned toward it and a refused pod is not moved back to it;
-// a pod that has to wait anyway waits for its room for a minute at most (a node pod restart,
-// clusterview.ReconnectingFor). The published capacity
+// a pod that has to wait anyway waits for its room while the label is a minute old at most, as
+// a webhook replica sees it (a node pod restart, clusterview.ReconnectingFor; a node also
+// NotReady counts as a NotReady one). The published capacity
 // is left alone: a capacity below what bound pods request would make the kubelet reject them
 // at its next restart (review classic M7).
 func (n Names) PluginDisconnectedLabel() string { return n.label(pluginDisconnected) }

@@ -496,9 +496,8 @@ func (v *View) leavingLocked(pod *corev1.Pod, k int) map[int]int {
 // returningLocked sums, per domain id, the room for k-GPU pods (whole multiples of k) that
 // nodes out for a while (View.returning: NotReady or unreachable for ReturningFor at most,
 // their NRI plugin reconnecting while the node pod restarts for ReconnectingFor) will have
-// when they are back, on
-// those the pod could use then: room about to come back, which, like the GPUs of leaving
-// pods, shortens that id's line. Without it a pod admitted while the only node with room is
+// when they are back, on those the pod could use then: room about to come back, which, like
+// the GPUs of leaving pods, shortens that id's line. Without it a pod admitted while the only node with room is
 // briefly out joins the shortest line by capacity alone, which may be the id whose domains
 // are full, and stays pinned there when the node returns with room in another (a bare pod is
 // never moved). A pod that tolerates a node's taints already counts the node as room; a

@@ -497,13 +497,14 @@ func (v *View) leavingLocked(pod *corev1.Pod, k int) map[int]int {
 // nodes out for a while (View.returning: NotReady or unreachable for ReturningFor at most,
 // their NRI plugin reconnecting while the node pod restarts for ReconnectingFor) will have
 // when they are back, on those the pod could use then: room about to come back, which, like
-// the GPUs of leaving pods, shortens that id's line. Without it a pod admitted while the only node with room is
-// briefly out joins the shortest line by capacity alone, which may be the id whose domains
-// are full, and stays pinned there when the node returns with room in another (a bare pod is
-// never moved). A pod that tolerates a node's taints already counts the node as room; a
-// cordoned node may never come back and counts nothing. The re-pin plan does not count this
-// room (it counts leaving pods'): a pod that waits for a node's return is moved if another id
-// has room first, which only costs a restart of a pod that was waiting anyway.
+// the GPUs of leaving pods, shortens that id's line. Without it a pod admitted while the only
+// node with room is briefly out joins the shortest line by capacity alone, which may be the
+// id whose domains are full, and stays pinned there when the node returns with room in
+// another (a bare pod is never moved). A pod that tolerates a node's taints already counts
+// the node as room; a cordoned node may never come back and counts nothing. The re-pin plan
+// does not count this room (it counts leaving pods'): a pod that waits for a node's return is
+// moved if another id has room first, which only costs a restart of a pod that was waiting
+// anyway.
 func (v *View) returningLocked(pod *corev1.Pod, k int) map[int]int {
 	if len(v.returning) == 0 {
 		return nil

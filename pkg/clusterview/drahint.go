@@ -59,6 +59,7 @@ func (v *View) UpsertClaim(c *resourceapi.ResourceClaim) {
 		return
 	}
 	v.claims[c.UID] = use
+	v.markDRADirtyLocked(use.node)
 	used := v.draUsed[use.node]
 	if used == nil {
 		used = map[int]int{}
@@ -82,6 +83,7 @@ func (v *View) dropClaimLocked(uid types.UID) {
 		return
 	}
 	delete(v.claims, uid)
+	v.markDRADirtyLocked(use.node)
 	used := v.draUsed[use.node]
 	for _, g := range use.gpus {
 		if used[g]--; used[g] <= 0 {
@@ -97,8 +99,11 @@ func (v *View) dropClaimLocked(uid types.UID) {
 // taints; cordoned and NotReady nodes, and nodes whose driver withdrew its devices, are
 // left out) where the allocator would place k GPUs
 // best: the template's most preferred subrequest for a TP pod (tp), then the fewest GPUs left
-// free in the domain it takes them from. Nodes whose topology the view does not know (no
-// topology annotation yet) are left out. nil when no DRA node has room now.
+// free in the domain it takes them from; of more ties than it names, the first hostnames.
+// Nodes whose topology the view does not know (no topology annotation yet) are left out. nil
+// when no DRA node has room now. The replay of the allocator is kept per node between calls
+// (drahintindex.go), so a call costs what the nodes it names and those it passes over cost,
+// not what the whole fleet does.
 func (v *View) DRAHint(pod *corev1.Pod, k int, tp bool) []string {
 	if k <= 0 {
 		return nil
@@ -106,48 +111,23 @@ func (v *View) DRAHint(pod *corev1.Pod, k int, tp bool) []string {
 	req := nodeaffinity.GetRequiredNodeAffinity(pod)
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	var best dra.Fit
+	v.hintMu.Lock()
+	defer v.hintMu.Unlock()
+	idx := v.hintIndexLocked(hintKey{k: k, tp: tp})
 	var out []string
-	worst := -1 // the index in out of the name that sorts last, once out is full
-	for name, nd := range v.nodes {
-		if !nd.dra || nd.draSlots == nil || nd.draWithdrawn {
+	var best hintEntry
+	for _, e := range idx.entries {
+		if len(out) > 0 && !e.sameFit(best) {
+			break // the rest fit looser
+		}
+		nd := v.nodes[e.name]
+		if !available(pod, nd) || !eligible(pod, req, nd) {
 			continue
 		}
-		used := v.draUsed[name]
-		if nd.draGPUs-len(used) < k || !available(pod, nd) {
-			continue
-		}
-		// A domain reserved for a waiter larger than this pod is closed to it (its devices
-		// carry the reservation taint, which its template does not tolerate).
-		var closed map[int]int
-		if doms := v.draReservations[name]; doms != nil {
-			closed = reservedDomainGPUs(nd.draSlots, doms)
-		}
-		f, ok := dra.Predict(nd.draSlots, func(g int) bool { return used[g] > 0 || (closed != nil && closed[g] > k) }, k, tp, v.draBlocks)
-		// Whether the pod's node affinity admits the node is asked last, of the nodes that
-		// would enter the hint: matching it against the node's labels costs more than the
-		// replay, and once the tightest fit is known most nodes are looser.
-		if !ok || (len(out) > 0 && best.Tighter(f)) || !eligible(pod, req, nd) {
-			continue
-		}
-		switch {
-		case len(out) == 0 || f.Tighter(best):
-			best, out, worst = f, out[:0], -1
-		}
-		// Of more ties than the hint names, the first names: every call (the apiserver's
-		// reinvocation, another replica) names the same nodes, not those the map's order
-		// happens to give first.
-		h := nd.draHost
-		switch {
-		case len(out) < placement.MaxHintNodes:
-			out = append(out, h)
-			continue
-		case worst < 0:
-			worst = slices.Index(out, slices.Max(out))
-		}
-		if h < out[worst] {
-			out[worst] = h
-			worst = slices.Index(out, slices.Max(out))
+		best = e
+		out = append(out, e.host)
+		if len(out) == placement.MaxHintNodes {
+			break
 		}
 	}
 	slices.Sort(out)
@@ -188,6 +168,7 @@ func (v *View) SetDRABlocks(on bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	v.draBlocks = on
+	v.hints = nil // every replay changes
 }
 
 // StripClaim is a cache transform that keeps what UpsertClaim reads of a ResourceClaim: its
@@ -311,6 +292,7 @@ func slotDomain(slots []dra.Slot, g int) int {
 func (v *View) SetDRAReservations(byNode map[string]map[int]int) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	v.markReservationsDirtyLocked(v.draReservations, byNode)
 	v.draReservations = byNode
 }
 

@@ -50,6 +50,23 @@ func BenchmarkDRAHint(b *testing.B) {
 				}
 			}
 		})
+		// As under a stream of pods: between two admissions a claim is allocated on one
+		// node and another freed, so the hint replays those nodes again.
+		b.Run(fmt.Sprintf("nodes=%d/k=4-claims-changing", nodes), func(b *testing.B) {
+			b.ReportAllocs()
+			pod := newTP()
+			i := 0
+			for b.Loop() {
+				name := fmt.Sprintf("hgx-%05d", (i%(nodes/5))*5+1) // an 8-GPU node (i%5 == 1)
+				c := claimOn(fmt.Sprintf("churn-%d", i), name, names.DRADeviceName(7))
+				v.UpsertClaim(c)
+				if len(v.DRAHint(pod, 4, true)) == 0 {
+					b.Fatal("no hint")
+				}
+				v.DeleteClaim(c.UID)
+				i++
+			}
+		})
 		for _, k := range []int{1, 2, 4, 8} {
 			pod := newTP()
 			b.Run(fmt.Sprintf("nodes=%d/k=%d", nodes, k), func(b *testing.B) {

@@ -112,6 +112,11 @@ type View struct {
 	draReservations map[string]map[int]int
 	// draBlocks: DRA nodes publish blocks (SetDRABlocks).
 	draBlocks bool
+	// hints are DRAHint's indexes (drahintindex.go), one per size and request kind asked
+	// for; hintMu serialises the queries that build them or apply their dirty marks under
+	// mu's read lock.
+	hintMu sync.Mutex
+	hints  map[hintKey]*hintIndex
 	// gpuNodesWithoutDomains counts nodes with GPUs but no NVLink domain (auto mode).
 	gpuNodes, gpuNodesWithoutDomains int
 	// loweredNodes counts nodes whose domain capacity differs from their size labels
@@ -373,8 +378,14 @@ func (v *View) UpsertNode(obj *corev1.Node) {
 		})
 	}
 	v.gen.Add(1)
-	if old, ok := v.nodes[obj.Name]; !ok || !sameShape(old, nd) {
+	old, had := v.nodes[obj.Name]
+	if !had || !sameShape(old, nd) {
 		v.nodeGen.Add(1)
+	}
+	if (had && old.dra) || nd.dra {
+		if !had || !sameDRA(old, nd) {
+			v.markDRADirtyLocked(obj.Name)
+		}
 	}
 	was, wasOut := v.returning[obj.Name]
 	v.removeNodeLocked(obj.Name)
@@ -427,8 +438,11 @@ func (v *View) DeleteNode(name string) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	v.gen.Add(1)
-	if _, ok := v.nodes[name]; ok {
+	if nd, ok := v.nodes[name]; ok {
 		v.nodeGen.Add(1)
+		if nd.dra {
+			v.markDRADirtyLocked(name)
+		}
 	}
 	v.removeNodeLocked(name)
 }

@@ -235,7 +235,7 @@ bench-dra-upstream: k8s-assets kwok-assets
 
 ## bench-dra-huge: bench-dra on 5,000 kwok nodes (3,000 with one 8-GPU domain, 2,000 with two
 ## 4-GPU domains), the same stream: where kube-scheduler samples 500 of the feasible nodes and
-## the webhook's replay visits every DRA node. Prints its tables only (about half an hour on 2
+## the webhook's hint index holds every DRA node. Prints its tables only (about half an hour on 2
 ## cores). Root.
 bench-dra-huge: k8s-assets kwok-assets
 	NVDOMAIN_DRA_HUGE=1 $(GO) test -run '^$$' -bench '^BenchmarkDRA$$' -benchtime 1x -timeout 90m -v ./test/scale/

@@ -54,6 +54,9 @@ func (v *View) UpsertClaim(c *resourceapi.ResourceClaim) {
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	if old, ok := v.claims[c.UID]; ok && old.node == use.node && slices.Equal(old.gpus, use.gpus) {
+		return // a status update that left the allocation as it was (reservedFor, a resync)
+	}
 	v.dropClaimLocked(c.UID)
 	if len(use.gpus) == 0 {
 		return
@@ -105,8 +108,8 @@ func (v *View) dropClaimLocked(uid types.UID) {
 // (drahintindex.go), so a call costs what the nodes it names and those it passes over cost,
 // not what the whole fleet does.
 func (v *View) DRAHint(pod *corev1.Pod, k int, tp bool) []string {
-	if k <= 0 {
-		return nil
+	if k <= 0 || k > names.DRAMaxDevicesPerClaim {
+		return nil // no claim holds it: no node has room, and no index is made for it
 	}
 	req := nodeaffinity.GetRequiredNodeAffinity(pod)
 	v.mu.RLock()
@@ -121,7 +124,7 @@ func (v *View) DRAHint(pod *corev1.Pod, k int, tp bool) []string {
 			break // the rest fit looser
 		}
 		nd := v.nodes[e.name]
-		if !available(pod, nd) || !eligible(pod, req, nd) {
+		if nd == nil || !available(pod, nd) || !eligible(pod, req, nd) {
 			continue
 		}
 		best = e

@@ -23,7 +23,13 @@ import (
 // Concurrency: writers (UpsertNode, DeleteNode, the claims, SetDRAReservations) hold v.mu
 // exclusively and only mark nodes dirty in the existing indexes; DRAHint holds v.mu for
 // reading and hintMu, under which it builds an index or applies its dirty marks. Writers
-// never run beside a query, so the marks need no lock of their own.
+// never run beside a query, so the marks need no lock of their own. Queries run one at a
+// time: each costs microseconds, and a rebuild (after a quarter of the nodes changed since the
+// size was last asked for) one full replay, as every query did before.
+//
+// Bounds: sizes are those a claim can hold (names.DRAMaxDevicesPerClaim; a pod asking for
+// more gets no hint, as no node could hold it), so a tenant's odd GPU counts cannot grow the
+// indexes, and each index's dirty marks stay under a quarter of the nodes.
 
 // hintKey names one replay of the allocator: k GPUs from an nvdomain-tp-<k> template (tp) or
 // plain k GPUs of the GPU class.
@@ -62,22 +68,29 @@ type hintIndex struct {
 }
 
 // markDRADirtyLocked records that what a node offers DRA pods may have changed: its claims,
-// its topology or withdrawal, its reservations, or the node itself. Call with v.mu held for
-// writing.
+// its topology or withdrawal, its reservations, or the node itself. An index with more
+// changes waiting than replaying them one by one is worth is dropped here, to be rebuilt by
+// its next query: a size asked for once and never again holds no more than that. Call with
+// v.mu held for writing.
 func (v *View) markDRADirtyLocked(name string) {
-	for _, idx := range v.hints {
+	for key, idx := range v.hints {
 		idx.dirty[name] = struct{}{}
+		if len(idx.dirty) > v.rebuildAfterLocked() {
+			delete(v.hints, key)
+		}
 	}
 }
+
+// rebuildAfterLocked is how many changed nodes an index replays one by one; past it, sorting
+// every node again costs less (a node pod rollout, a reservation change touching every node).
+func (v *View) rebuildAfterLocked() int { return len(v.nodes)/4 + 8 }
 
 // hintIndexLocked is key's index, built on first use and brought up to date: the nodes
 // marked dirty since are replayed again. Call with v.mu held (for reading at least) and
 // v.hintMu held.
 func (v *View) hintIndexLocked(key hintKey) *hintIndex {
 	idx := v.hints[key]
-	// Replaying more than a quarter of the nodes one by one costs more than sorting them all
-	// again (a node pod rollout, a reservation change touching every node).
-	if idx != nil && len(idx.dirty) <= len(idx.at)/4+8 {
+	if idx != nil && len(idx.dirty) <= v.rebuildAfterLocked() {
 		for name := range idx.dirty {
 			v.reindexLocked(idx, key, name)
 		}
@@ -103,6 +116,8 @@ func (v *View) hintIndexLocked(key hintKey) *hintIndex {
 // room) in at its place.
 func (v *View) reindexLocked(idx *hintIndex, key hintKey, name string) {
 	if old, ok := idx.at[name]; ok {
+		// Entries are unique by name and at holds each one as it was inserted, so the
+		// search always finds it.
 		if i, found := slices.BinarySearchFunc(idx.entries, old, hintEntry.order); found {
 			idx.entries = slices.Delete(idx.entries, i, i+1)
 		}

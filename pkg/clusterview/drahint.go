@@ -112,10 +112,13 @@ func (v *View) DRAHint(pod *corev1.Pod, k int, tp bool) []string {
 		return nil // no claim holds it: no node has room, and no index is made for it
 	}
 	req := nodeaffinity.GetRequiredNodeAffinity(pod)
-	v.mu.RLock()
-	defer v.mu.RUnlock()
+	// hintMu first: a query waiting for another holds no read lock, so a writer waits for
+	// the query running now, not for every query queued behind it (and, while it waits,
+	// keeps every other reader of the view waiting too).
 	v.hintMu.Lock()
 	defer v.hintMu.Unlock()
+	v.mu.RLock()
+	defer v.mu.RUnlock()
 	idx := v.hintIndexLocked(hintKey{k: k, tp: tp})
 	var out []string
 	var best hintEntry

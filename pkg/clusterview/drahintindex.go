@@ -18,18 +18,20 @@ import (
 // query. The pod's own constraints (labels, name, tolerations) and the nodes' availability
 // (cordon, NotReady, an NRI plugin reconnecting) are asked at query time, of the entries in
 // order, so a query visits the tightest class and stops once it names MaxHintNodes nodes or
-// the fit turns looser: a few entries where the original visited them all.
+// the fit turns looser: a few entries where the original visited them all. A pod whose own
+// constraints leave out most of the nodes with room walks past them, at most every entry.
 //
 // Concurrency: writers (UpsertNode, DeleteNode, the claims, SetDRAReservations) hold v.mu
-// exclusively and only mark nodes dirty in the existing indexes; DRAHint holds v.mu for
-// reading and hintMu, under which it builds an index or applies its dirty marks. Writers
+// exclusively and only mark nodes dirty in the existing indexes; DRAHint takes hintMu and
+// then v.mu for reading, under which it builds an index or applies its dirty marks. Writers
 // never run beside a query, so the marks need no lock of their own. Queries run one at a
-// time: each costs microseconds, and a rebuild (after a quarter of the nodes changed since the
-// size was last asked for) one full replay, as every query did before.
+// time: each usually costs microseconds, and a rebuild (after rebuildAfterLocked nodes
+// changed since the size was last asked for) one full replay, as every query did before.
 //
 // Bounds: sizes are those a claim can hold (names.DRAMaxDevicesPerClaim; a pod asking for
 // more gets no hint, as no node could hold it), so a tenant's odd GPU counts cannot grow the
-// indexes, and each index's dirty marks stay under a quarter of the nodes.
+// indexes, and each index's dirty marks stay within rebuildAfterLocked (a quarter of the
+// nodes, and 8).
 
 // hintKey names one replay of the allocator: k GPUs from an nvdomain-tp-<k> template (tp) or
 // plain k GPUs of the GPU class.
@@ -86,8 +88,8 @@ func (v *View) markDRADirtyLocked(name string) {
 func (v *View) rebuildAfterLocked() int { return len(v.nodes)/4 + 8 }
 
 // hintIndexLocked is key's index, built on first use and brought up to date: the nodes
-// marked dirty since are replayed again. Call with v.mu held (for reading at least) and
-// v.hintMu held.
+// marked dirty since are replayed again. Call with v.hintMu held, then v.mu (for reading at
+// least).
 func (v *View) hintIndexLocked(key hintKey) *hintIndex {
 	idx := v.hints[key]
 	if idx != nil && len(idx.dirty) <= v.rebuildAfterLocked() {

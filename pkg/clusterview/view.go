@@ -113,8 +113,8 @@ type View struct {
 	// draBlocks: DRA nodes publish blocks (SetDRABlocks).
 	draBlocks bool
 	// hints are DRAHint's indexes (drahintindex.go), one per size and request kind asked
-	// for; hintMu serialises the queries that build them or apply their dirty marks under
-	// mu's read lock.
+	// for; hintMu serialises the queries that build them or apply their dirty marks. A query
+	// takes hintMu before mu's read lock; writers never take hintMu.
 	hintMu sync.Mutex
 	hints  map[hintKey]*hintIndex
 	// gpuNodesWithoutDomains counts nodes with GPUs but no NVLink domain (auto mode).

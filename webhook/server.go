@@ -467,8 +467,17 @@ func feedView(c cache.Cache, view *clusterview.View, claims bool) ([]toolscache.
 		return nil, fmt.Errorf("ResourceClaim informer: %w", err)
 	}
 	creg, err := rcs.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { upsertClaim(view, obj) },
-		UpdateFunc: func(_, obj any) { upsertClaim(view, obj) },
+		AddFunc: func(obj any) { upsertClaim(view, obj) },
+		UpdateFunc: func(old, obj any) {
+			// As for pods: a claim deleted and made again under its name during a watch gap
+			// arrives as an update, and the old UID's GPUs must go with it.
+			if o, ok := old.(*resourceapi.ResourceClaim); ok {
+				if c, ok := obj.(*resourceapi.ResourceClaim); ok && o.UID != c.UID {
+					view.DeleteClaim(o.UID)
+				}
+			}
+			upsertClaim(view, obj)
+		},
 		DeleteFunc: func(obj any) {
 			if c, ok := tombstone(obj).(*resourceapi.ResourceClaim); ok {
 				view.DeleteClaim(c.UID)

@@ -1,6 +1,7 @@
 package scale
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	admissionregv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -24,6 +26,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/nvdomain/nvdomain/pkg/dra"
 	"github.com/nvdomain/nvdomain/pkg/names"
@@ -55,7 +60,7 @@ import (
 // otherwise equal invocations, as much as the margins the targets leave.
 func DRAFull() Config {
 	return Config{HGX: 300, Split: 200, Pods: 2000, Rate: 50, Lifetime: 5 * time.Second,
-		Mix: [4]int{40, 30, 20, 10}, Settle: 3 * time.Minute, KwokPodWorkers: 16, Rounds: 2}
+		Mix: [4]int{40, 30, 20, 10}, Settle: 3 * time.Minute, KwokPodWorkers: 16, Rounds: 2, Floor: true}
 }
 
 // DRABlocks is DRAFull with blocks (dra.blocks): the driver publishes each domain's aligned
@@ -65,6 +70,7 @@ func DRAFull() Config {
 func DRABlocks() Config {
 	c := DRAFull()
 	c.Blocks = true
+	c.Floor = false // the floor does not depend on the slices' shape; bench-dra measures it
 	return c
 }
 
@@ -78,13 +84,14 @@ func DRAHuge() Config {
 	c.HGX, c.Split = 3000, 2000
 	c.Settle = 6 * time.Minute
 	c.Rounds = 1 // half an hour a round on 2 cores
+	c.Floor = false
 	return c
 }
 
 // DRASmoke is a 50-node version for a quick check of the harness.
 func DRASmoke() Config {
 	return Config{HGX: 30, Split: 20, Pods: 300, Rate: 30, Lifetime: 2 * time.Second,
-		Mix: [4]int{40, 30, 20, 10}, Settle: 2 * time.Minute, KwokPodWorkers: 16}
+		Mix: [4]int{40, 30, 20, 10}, Settle: 2 * time.Minute, KwokPodWorkers: 16, Floor: true}
 }
 
 // DRAReport is a run of both modes on one cluster.
@@ -102,19 +109,27 @@ type DRAReport struct {
 	// cost peer: k devices of a driver-only DeviceClass, no constraint, no webhook) and
 	// nvdomain's DRA mode; Plain and DRA of every round together (mergePhases).
 	Classic, Plain, DRA Phase
+	// Floor is plain DRA's stream admitted by nvdomain's webhooks and let through unchanged,
+	// every round's run together (Config.Floor); FloorCalls is how many admission calls the
+	// apiserver made to them for it, which the run checks covers every pod.
+	Floor      Phase      `json:",omitzero"`
+	FloorCalls FloorCalls `json:",omitzero"`
 	// Rounds are the runs of plain DRA and nvdomain's DRA mode one by one (Config.Rounds).
 	Rounds []DRARound
 	// PlainAcross is how many of plain DRA's claims got GPUs of more than one NVSwitch domain:
 	// what the peer costs a TP pod, which nvdomain's DRA mode never does.
 	PlainAcross int
+	// FloorAcross is the same count for the floor's claims (Config.Floor).
+	FloorAcross int `json:",omitempty"`
 	// Cores is the machine's CPU count (runtime.NumCPU), which every absolute figure depends on.
 	Cores int
 }
 
 // DRARound is one run of plain DRA and one of nvdomain's DRA mode, in the order PlainFirst
-// says.
+// says, with the floor's run between them (Config.Floor).
 type DRARound struct {
 	Plain, DRA Phase
+	Floor      Phase `json:",omitzero"`
 	PlainFirst bool
 }
 
@@ -188,6 +203,13 @@ func RunDRA(t testing.TB, cfg Config) DRAReport {
 	if err := waitAdmitsDRA(ctx, c.Client, 8); err != nil {
 		t.Fatalf("%v\n%s", err, c.ReplicaLogs())
 	}
+	if cfg.Floor {
+		// Registered for every round, so that plain DRA's and nvdomain's rounds pay the
+		// apiserver's matching of one more pair of webhooks as the floor's does.
+		if err := registerFloorWebhooks(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+	}
 	// Plain DRA first, on the same nodes and slices: the peer pays every DRA cost (the claim's
 	// writes, the allocator on each filtered node) and nothing of nvdomain's (no webhook: its
 	// pods carry no tensor-parallel label and no nvidia.com/ limit, so neither webhook is
@@ -227,18 +249,61 @@ func RunDRA(t testing.TB, cfg Config) DRAReport {
 		clearRun(ctx, t, c.Client, ns)
 		return ph
 	}
-	var plains, ours []Phase
-	for round := range max(1, cfg.Rounds) {
-		if round%2 == 0 {
-			plains = append(plains, runPlain(round))
-			ours = append(ours, runNvdomain(round))
-		} else {
-			ours = append(ours, runNvdomain(round))
-			plains = append(plains, runPlain(round))
+	// The floor: plain DRA's pods and templates, with the label the bench's own webhook
+	// configurations select, so each creation makes the same two calls to the replicas that a
+	// TP pod makes, which let it through unchanged. The apiserver's own count of those calls
+	// shows that every pod made them.
+	runFloor := func(round int) Phase {
+		ns := roundNS("dra-bench-floor", round)
+		if err := createPlainTemplates(ctx, c.Client, ns, cfg.Blocks); err != nil {
+			t.Fatal(err)
 		}
-		rep.Rounds = append(rep.Rounds, DRARound{Plain: plains[round], DRA: ours[round], PlainFirst: round%2 == 0})
+		floor := newClaimWatcher(domains)
+		floor.plain, floor.floor = true, true
+		stop, err := floor.start(ctx, c.Client, ns)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before, err := floorCallCount(ctx, c.Client)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ph := runPhase(t, c, cfg, "plain DRA through nvdomain's webhooks", ns, true, sizes, fleet.caps, procs, floor)
+		stop()
+		after, err := floorCallCount(ctx, c.Client)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep.FloorCalls.Mutating += after.Mutating - before.Mutating
+		rep.FloorCalls.Validating += after.Validating - before.Validating
+		rep.FloorAcross += floor.acrossDomains()
+		clearRun(ctx, t, c.Client, ns)
+		return ph
+	}
+	var plains, ours, floors []Phase
+	for round := range max(1, cfg.Rounds) {
+		// The floor runs between the other two, so that neither of them is always next to it.
+		first, second := runPlain, runNvdomain
+		if round%2 == 1 {
+			first, second = runNvdomain, runPlain
+		}
+		a := first(round)
+		var f Phase
+		if cfg.Floor {
+			f = runFloor(round)
+			floors = append(floors, f)
+		}
+		b := second(round)
+		if round%2 == 1 {
+			a, b = b, a
+		}
+		plains, ours = append(plains, a), append(ours, b)
+		rep.Rounds = append(rep.Rounds, DRARound{Plain: a, DRA: b, Floor: f, PlainFirst: round%2 == 0})
 	}
 	rep.Plain, rep.DRA = mergePhases(t, plains...), mergePhases(t, ours...)
+	if cfg.Floor {
+		rep.Floor = mergePhases(t, floors...)
+	}
 	t.Logf("classic and DRA runs done at %s", time.Since(start).Round(time.Second))
 	return rep
 }
@@ -418,6 +483,130 @@ func publishDRA(ctx context.Context, client kubernetes.Interface, doc []byte, bl
 	return domains, created, nil
 }
 
+// The floor's webhooks (Config.Floor): nvdomain's shipped tp.pods.nvdomain.io entries, mutating
+// and validating, with the same service, paths, CA, failure policy, timeout and reinvocation,
+// selecting only pods labelled floorLabel=true instead of tensor-parallel=true. They are the
+// benchmark's own objects, not names nvdomain publishes.
+const (
+	floorLabel   = "bench.nvdomain.io/floor"
+	floorWebhook = "floor.bench.nvdomain.io"
+	floorConfig  = "nvdomain-bench-floor"
+	// shippedTPWebhook is the shipped entry the floor's are copied from.
+	shippedTPWebhook = "tp.pods.nvdomain.io"
+)
+
+// registerFloorWebhooks creates the floor's webhook configurations and waits until the
+// apiserver calls them: a dry-run creation of a floor pod must reach both.
+func registerFloorWebhooks(ctx context.Context, c *hacluster.Cluster) error {
+	muts, vals, err := hacluster.WebhookConfigurations(func(cc *admissionregv1.WebhookClientConfig) { cc.CABundle = c.CACert })
+	if err != nil {
+		return err
+	}
+	sel := &metav1.LabelSelector{MatchLabels: map[string]string{floorLabel: "true"}}
+	meta := metav1.ObjectMeta{Name: floorConfig}
+	var mut *admissionregv1.MutatingWebhookConfiguration
+	for _, m := range muts {
+		for _, w := range m.Webhooks {
+			if w.Name == shippedTPWebhook {
+				w.Name, w.ObjectSelector, w.MatchConditions = floorWebhook, sel, nil
+				mut = &admissionregv1.MutatingWebhookConfiguration{ObjectMeta: meta, Webhooks: []admissionregv1.MutatingWebhook{w}}
+			}
+		}
+	}
+	var val *admissionregv1.ValidatingWebhookConfiguration
+	for _, v := range vals {
+		for _, w := range v.Webhooks {
+			if w.Name == shippedTPWebhook {
+				w.Name, w.ObjectSelector, w.MatchConditions = floorWebhook, sel, nil
+				val = &admissionregv1.ValidatingWebhookConfiguration{ObjectMeta: meta, Webhooks: []admissionregv1.ValidatingWebhook{w}}
+			}
+		}
+	}
+	if mut == nil || val == nil {
+		return fmt.Errorf("the shipped webhook configurations have no mutating and validating %s entry to copy for the floor", shippedTPWebhook)
+	}
+	adm := c.Client.AdmissionregistrationV1()
+	if _, err := adm.MutatingWebhookConfigurations().Create(ctx, mut, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create the floor's mutating webhook configuration: %w", err)
+	}
+	if _, err := adm.ValidatingWebhookConfigurations().Create(ctx, val, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create the floor's validating webhook configuration: %w", err)
+	}
+	// The apiserver picks configurations up from its informer, a moment after they exist.
+	var last FloorCalls
+	var lastErr error
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		before, err := floorCallCount(ctx, c.Client)
+		if err != nil {
+			return false, err
+		}
+		p := plainPod("floor-probe", 1)
+		p.Labels[floorLabel] = "true"
+		if _, lastErr = c.Client.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); lastErr != nil {
+			return false, nil
+		}
+		after, err := floorCallCount(ctx, c.Client)
+		if err != nil {
+			return false, err
+		}
+		last = FloorCalls{Mutating: after.Mutating - before.Mutating, Validating: after.Validating - before.Validating}
+		return last.Mutating > 0 && last.Validating > 0, nil
+	})
+	if err != nil {
+		return fmt.Errorf("the apiserver never called both floor webhooks for a floor pod (last try: %+v calls, creation error %v): %w", last, lastErr, err)
+	}
+	return nil
+}
+
+// FloorCalls counts the apiserver's calls to the floor's webhooks.
+type FloorCalls struct {
+	Mutating, Validating int
+}
+
+// floorCallCount reads how many calls the apiserver has made to the floor's webhooks
+// (apiserver_admission_webhook_admission_duration_seconds, whose type label is "admit" for a
+// mutating call and "validating" for a validating one: the webhook dispatchers' own words,
+// not the "validate" of the admission-step metrics).
+func floorCallCount(ctx context.Context, client kubernetes.Interface) (FloorCalls, error) {
+	raw, err := client.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		return FloorCalls{}, fmt.Errorf("read kube-apiserver's metrics: %w", err)
+	}
+	return parseFloorCalls(raw)
+}
+
+// parseFloorCalls reads the floor's call counts from kube-apiserver's /metrics text.
+func parseFloorCalls(text []byte) (FloorCalls, error) {
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(bytes.NewReader(text))
+	if err != nil {
+		return FloorCalls{}, fmt.Errorf("parse kube-apiserver's metrics: %w", err)
+	}
+	var out FloorCalls
+	for _, m := range fams["apiserver_admission_webhook_admission_duration_seconds"].GetMetric() {
+		var name, typ string
+		for _, l := range m.GetLabel() {
+			switch l.GetName() {
+			case "name":
+				name = l.GetValue()
+			case "type":
+				typ = l.GetValue()
+			}
+		}
+		if name != floorWebhook {
+			continue
+		}
+		n := int(m.GetHistogram().GetSampleCount())
+		switch typ {
+		case "admit":
+			out.Mutating += n
+		case "validating":
+			out.Validating += n
+		}
+	}
+	return out, nil
+}
+
 // waitAdmitsDRA waits until the webhook replicas see DRA nodes with a domain of k GPUs: until
 // then a DRA pod of k GPUs is refused as impossible.
 func waitAdmitsDRA(ctx context.Context, client kubernetes.Interface, k int) error {
@@ -460,6 +649,8 @@ type claimWatcher struct {
 	// plain watches the plain-DRA peer's claims: GPUs of more than one domain are what the
 	// peer gives, counted (across) rather than flagged; one node and k devices still hold.
 	plain bool
+	// floor makes the pods of a plain run the floor's (floorLabel).
+	floor bool
 
 	mu      sync.Mutex
 	holder  map[deviceKey]string // device → claim holding it
@@ -599,7 +790,11 @@ func (w *claimWatcher) acrossDomains() int {
 // mkPod is the stream's pod for the watched run.
 func (w *claimWatcher) mkPod(name string, k int) *corev1.Pod {
 	if w.plain {
-		return plainPod(name, k)
+		p := plainPod(name, k)
+		if w.floor {
+			p.Labels[floorLabel] = "true"
+		}
+		return p
 	}
 	return draPod(name, k)
 }
@@ -822,9 +1017,10 @@ func (r DRAReport) Markdown(heading, command string) string {
 				ps, ds, ratioOf(ds, ps), pc, dc, ratioOf(dc, pc))
 		}
 	}
+	b.WriteString(r.floorMarkdown())
 	fmt.Fprintf(&b, "\n%s\n", r.reading())
-	b.WriteString(SchedulerMarkdown([]Phase{r.Classic, r.Plain, r.DRA}))
-	for _, p := range []Phase{r.Classic, r.Plain, r.DRA} {
+	b.WriteString(SchedulerMarkdown(r.phases()))
+	for _, p := range r.phases() {
 		for _, s := range append(slices.Clone(p.OverCommits), p.Violations...)[:min(5, len(p.OverCommits)+len(p.Violations))] {
 			fmt.Fprintf(&b, "\n- %s: %s", p.Name, s)
 		}
@@ -833,6 +1029,63 @@ func (r DRAReport) Markdown(heading, command string) string {
 		}
 	}
 	b.WriteString("\n")
+	return b.String()
+}
+
+// phases are the report's runs: classic, plain DRA, the floor when it ran, nvdomain's DRA mode.
+func (r DRAReport) phases() []Phase {
+	if r.Config.Floor {
+		return []Phase{r.Classic, r.Plain, r.Floor, r.DRA}
+	}
+	return []Phase{r.Classic, r.Plain, r.DRA}
+}
+
+// floorMarkdown compares the floor (Config.Floor) with plain DRA and with nvdomain's DRA mode:
+// how much of the targets' margin a webhook that changes nothing already takes.
+func (r DRAReport) floorMarkdown() string {
+	if !r.Config.Floor {
+		return ""
+	}
+	var b strings.Builder
+	p, f, d := r.Plain, r.Floor, r.DRA
+	fmt.Fprintf(&b, "\n**The floor: plain DRA's pods through nvdomain's webhooks, unchanged.** A third setup runs between the other two\n")
+	fmt.Fprintf(&b, "in each round: plain DRA's pods and templates, labelled so that copies of nvdomain's shipped `%s` entries\n", shippedTPWebhook)
+	fmt.Fprintf(&b, "(mutating and validating, same service, paths and failure policy) send each creation to the replicas, which let\n")
+	fmt.Fprintf(&b, "it through unchanged. The apiserver made %d mutating and %d validating calls to them for %d pods. It is what any\n",
+		r.FloorCalls.Mutating, r.FloorCalls.Validating, f.Created)
+	fmt.Fprintf(&b, "webhook-based design pays on top of plain DRA before it changes a pod: the two calls and the replicas' CPU,\n")
+	fmt.Fprintf(&b, "charged to it as to nvdomain. %d of its %d claims got GPUs of two domains.\n\n", r.FloorAcross+len(f.Violations), f.Scheduled)
+	fmt.Fprintf(&b, "| | plain DRA | floor | nvdomain DRA | floor / plain | nvdomain / floor |\n|---|---|---|---|---|---|\n")
+	row := func(what, unit string, val func(Phase) float64, peer func(Phase) float64) {
+		pv, fv, dv := peer(p), val(f), val(d)
+		fmt.Fprintf(&b, "| %s | %.1f%s | %.1f%s | %.1f%s | %.2f | %.2f |\n", what, pv, unit, fv, unit, dv, unit, ratioOf(fv, pv), ratioOf(dv, fv))
+	}
+	thr := func(x Phase) float64 { return x.Throughput }
+	per := func(who ...string) func(Phase) float64 { return func(x Phase) float64 { return cpuPerPod(x, who...) } }
+	row("scheduled per second", "", thr, thr)
+	row("kube-scheduler CPU per pod", " ms", per("kube-scheduler"), per("kube-scheduler"))
+	row("kube-apiserver CPU per pod", " ms", per("kube-apiserver"), per("kube-apiserver"))
+	row("webhook replicas' CPU per pod (plain DRA: not charged, shown)", " ms", per("webhook"), per("webhook"))
+	row("control-plane CPU per pod (replicas on the floor's and nvdomain's side)", " ms", per(controlPlane...), per(peerPlane...))
+	fmt.Fprintf(&b, "\nThe floor against the targets' bounds:\n\n| target | floor / plain | bound | met |\n|---|---|---|---|\n")
+	for _, t := range targetsOf(p, f) {
+		bound := "≤ "
+		if t.AtLeast {
+			bound = "≥ "
+		}
+		fmt.Fprintf(&b, "| %s | %.2f | %s%.2f | %s |\n", t.What, t.Ratio, bound, t.Limit, yes(t.Met()))
+	}
+	if len(r.Rounds) > 1 {
+		fmt.Fprintf(&b, "\nEach round alone, floor over plain DRA: ")
+		for i, rd := range r.Rounds {
+			ts := targetsOf(rd.Plain, rd.Floor)
+			if i > 0 {
+				b.WriteString("; ")
+			}
+			fmt.Fprintf(&b, "round %d %.2f / %.2f / %.2f", i+1, ts[0].Ratio, ts[1].Ratio, ts[2].Ratio)
+		}
+		b.WriteString(" (throughput / kube-scheduler CPU per pod / control-plane CPU per pod).\n")
+	}
 	return b.String()
 }
 

@@ -2,6 +2,7 @@ package scale
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -18,7 +19,9 @@ import (
 // in two claims at once); every classic pod is pinned to one domain of its size, every plain
 // DRA pod got k devices on the node it is bound to, and every nvdomain DRA pod was rewritten
 // onto the claim template of its size and got k devices of one domain on the node it is bound
-// to. The figures are logged, not judged.
+// to. The floor's pods (plain DRA's, through nvdomain's webhooks) were each seen by both of the
+// floor's webhooks, by the apiserver's own count, and left as plain DRA's. The figures are
+// logged, not judged.
 func TestDRASmoke(t *testing.T) {
 	cfg := DRASmoke()
 	rep := RunDRA(t, cfg)
@@ -26,7 +29,16 @@ func TestDRASmoke(t *testing.T) {
 	if !rep.Served {
 		t.Error("resource.k8s.io/v1 is not served")
 	}
-	for _, p := range []Phase{rep.Classic, rep.Plain, rep.DRA} {
+	if !cfg.Floor {
+		t.Fatal("DRASmoke must run the floor, so that CI checks it")
+	}
+	if rep.FloorCalls.Mutating < rep.Floor.Created || rep.FloorCalls.Validating < rep.Floor.Created {
+		t.Errorf("the floor's %d pods made %+v calls to the floor's webhooks; want at least one of each per pod", rep.Floor.Created, rep.FloorCalls)
+	}
+	if !strings.Contains(rep.Markdown("### smoke", "test"), "The floor against the targets' bounds") {
+		t.Error("the report has no floor section")
+	}
+	for _, p := range rep.phases() {
 		if p.Created != cfg.Pods || p.Failed != 0 {
 			t.Errorf("%s: %d pods created, %d failed (%s); want all %d", p.Name, p.Created, p.Failed, p.FailSample, cfg.Pods)
 		}
@@ -126,6 +138,38 @@ func TestClaimWatcher(t *testing.T) {
 			over, wrong, peak := w.results()
 			if len(over) != c.wantOver || len(wrong) != c.wantWrong || peak != c.wantPeak {
 				t.Errorf("over-commits %v, wrong allocations %v, peak %d; want %d, %d, %d", over, wrong, peak, c.wantOver, c.wantWrong, c.wantPeak)
+			}
+		})
+	}
+}
+
+// parseFloorCalls counts only the floor's webhook, mutating calls as "admit" and validating
+// ones as "validating", whatever the other labels.
+func TestParseFloorCalls(t *testing.T) {
+	const metric = "apiserver_admission_webhook_admission_duration_seconds"
+	line := func(name, typ, rejected string, n int) string {
+		return fmt.Sprintf("%s_bucket{name=%q,operation=\"CREATE\",rejected=%q,type=%q,le=\"+Inf\"} %d\n%s_sum{name=%q,operation=\"CREATE\",rejected=%q,type=%q} 0.5\n%s_count{name=%q,operation=\"CREATE\",rejected=%q,type=%q} %d\n",
+			metric, name, rejected, typ, n, metric, name, rejected, typ, metric, name, rejected, typ, n)
+	}
+	head := "# HELP " + metric + " x\n# TYPE " + metric + " histogram\n"
+	cases := []struct {
+		name string
+		text string
+		want FloorCalls
+	}{
+		{"no admission metrics yet", "", FloorCalls{}},
+		{"only nvdomain's own webhook", head + line(shippedTPWebhook, "admit", "false", 7), FloorCalls{}},
+		{"both kinds, accepted and rejected summed", head + line(floorWebhook, "admit", "false", 5) + line(floorWebhook, "admit", "true", 1) +
+			line(floorWebhook, "validating", "false", 4) + line(shippedTPWebhook, "validating", "false", 9) + line(floorWebhook, "validate", "false", 3), FloorCalls{Mutating: 6, Validating: 4}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got, err := parseFloorCalls([]byte(c.text))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != c.want {
+				t.Errorf("got %+v, want %+v", got, c.want)
 			}
 		})
 	}

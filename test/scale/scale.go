@@ -113,6 +113,13 @@ type Config struct {
 	// a run (etcd's size, the apiserver's caches, the machine's other load) falls on both
 	// alike; the figures are of all rounds together, and each round's ratios are reported.
 	Rounds int `json:",omitempty"`
+	// Floor adds a third DRA setup to every round of RunDRA: plain DRA's pods sent through
+	// nvdomain's two admission calls (mutating and validating) and let through unchanged
+	// (registerFloorWebhooks). It is what any webhook-based design pays on top of plain DRA
+	// before it does anything: the calls, the replicas' CPU charged to it, and the stream's
+	// slower pace feeding back into every process at saturation. nvdomain's DRA mode is
+	// judged against plain DRA; the floor says how much of the targets' margin is left.
+	Floor bool `json:",omitempty"`
 }
 
 // Full is `make scale`: 1,000 nodes and 5,000 pods at 25 a second, a rate this 2-core machine

@@ -1076,15 +1076,17 @@ func (r DRAReport) floorMarkdown() string {
 		fmt.Fprintf(&b, "| %s | %.2f | %s%.2f | %s |\n", t.What, t.Ratio, bound, t.Limit, yes(t.Met()))
 	}
 	if len(r.Rounds) > 1 {
-		fmt.Fprintf(&b, "\nEach round alone, floor over plain DRA: ")
+		// nvdomain over the floor compares two runs that both pay the webhook, so the
+		// control-plane ratio counts the replicas on both sides (controlPlane).
+		fmt.Fprintf(&b, "\nEach round alone (throughput / kube-scheduler CPU per pod / control-plane CPU per pod):\n\n")
+		fmt.Fprintf(&b, "| round | floor / plain | nvdomain / floor |\n|---|---|---|\n")
 		for i, rd := range r.Rounds {
-			ts := targetsOf(rd.Plain, rd.Floor)
-			if i > 0 {
-				b.WriteString("; ")
-			}
-			fmt.Fprintf(&b, "round %d %.2f / %.2f / %.2f", i+1, ts[0].Ratio, ts[1].Ratio, ts[2].Ratio)
+			fp := targetsOf(rd.Plain, rd.Floor)
+			df := []float64{ratioOf(rd.DRA.Throughput, rd.Floor.Throughput),
+				ratioOf(cpuPerPod(rd.DRA, "kube-scheduler"), cpuPerPod(rd.Floor, "kube-scheduler")),
+				ratioOf(cpuPerPod(rd.DRA, controlPlane...), cpuPerPod(rd.Floor, controlPlane...))}
+			fmt.Fprintf(&b, "| %d | %.2f / %.2f / %.2f | %.2f / %.2f / %.2f |\n", i+1, fp[0].Ratio, fp[1].Ratio, fp[2].Ratio, df[0], df[1], df[2])
 		}
-		b.WriteString(" (throughput / kube-scheduler CPU per pod / control-plane CPU per pod).\n")
 	}
 	return b.String()
 }

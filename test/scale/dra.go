@@ -966,7 +966,11 @@ func (r DRAReport) Markdown(heading, command string) string {
 	}
 	if n := len(r.Rounds); n > 1 {
 		fmt.Fprintf(&b, "The same stream runs on the same nodes under classic mode, then %d times under each DRA setup, in alternating order\n", n)
-		fmt.Fprintf(&b, "(plain, nvdomain, nvdomain, plain, ...: whatever drifts over a run falls on both alike); the table sums each setup's\n")
+		order := "plain, nvdomain, nvdomain, plain"
+		if c.Floor {
+			order = "plain, floor, nvdomain, nvdomain, floor, plain"
+		}
+		fmt.Fprintf(&b, "(%s, ...: whatever drifts over a run falls on each alike); the table sums each setup's\n", order)
 		fmt.Fprintf(&b, "runs, and each round's ratios follow it:\n\n")
 	} else {
 		fmt.Fprintf(&b, "The same stream runs three times on the same nodes, in this order:\n\n")

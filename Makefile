@@ -210,7 +210,7 @@ scale: k8s-assets kwok-assets
 ## bench-dra: nvdomain's DRA mode against plain DRA (the cost peer: k devices, no constraint, no
 ## webhook) and classic mode on the same 500 kwok nodes: 2,000 TP pods at 50/s in each run,
 ## classic once, then plain and nvdomain twice each in ABBA order, with the floor (plain DRA's
-## pods through nvdomain's webhooks, unchanged) between them (about 16 minutes); prints the
+## pods through nvdomain's webhooks, unchanged) between them (16-18 minutes); prints the
 ## table, each round, and the cost targets, and rewrites the "DRA against plain DRA and
 ## classic" section and rows of docs/benchmarks.md. Root. The fragmentation side is the
 ## placement simulation's (bench-placement). NVDOMAIN_WEBHOOK_PROFILES=<dir> also writes each

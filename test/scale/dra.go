@@ -120,7 +120,7 @@ type DRAReport struct {
 	// what the peer costs a TP pod, which nvdomain's DRA mode never does.
 	PlainAcross int
 	// FloorAcross is the same count for the floor's claims (Config.Floor).
-	FloorAcross int `json:",omitempty"`
+	FloorAcross int `json:",omitzero"`
 	// Cores is the machine's CPU count (runtime.NumCPU), which every absolute figure depends on.
 	Cores int
 }
@@ -282,7 +282,8 @@ func RunDRA(t testing.TB, cfg Config) DRAReport {
 	}
 	var plains, ours, floors []Phase
 	for round := range max(1, cfg.Rounds) {
-		// The floor runs between the other two, so that neither of them is always next to it.
+		// The floor runs between the other two, so that neither of them always follows it:
+		// plain, floor, nvdomain, then nvdomain, floor, plain.
 		first, second := runPlain, runNvdomain
 		if round%2 == 1 {
 			first, second = runNvdomain, runPlain
@@ -536,9 +537,11 @@ func registerFloorWebhooks(ctx context.Context, c *hacluster.Cluster) error {
 	var last FloorCalls
 	var lastErr error
 	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		// A failed read of the metrics is retried like a refused creation, and reported as
+		// what it is if it is the last thing that happened.
 		before, err := floorCallCount(ctx, c.Client)
-		if err != nil {
-			return false, err
+		if lastErr = err; err != nil {
+			return false, nil
 		}
 		p := plainPod("floor-probe", 1)
 		p.Labels[floorLabel] = "true"
@@ -546,14 +549,14 @@ func registerFloorWebhooks(ctx context.Context, c *hacluster.Cluster) error {
 			return false, nil
 		}
 		after, err := floorCallCount(ctx, c.Client)
-		if err != nil {
-			return false, err
+		if lastErr = err; err != nil {
+			return false, nil
 		}
 		last = FloorCalls{Mutating: after.Mutating - before.Mutating, Validating: after.Validating - before.Validating}
 		return last.Mutating > 0 && last.Validating > 0, nil
 	})
 	if err != nil {
-		return fmt.Errorf("the apiserver never called both floor webhooks for a floor pod (last try: %+v calls, creation error %v): %w", last, lastErr, err)
+		return fmt.Errorf("the apiserver never called both floor webhooks for a floor pod (last try: %+v calls, last error %v): %w", last, lastErr, err)
 	}
 	return nil
 }
@@ -649,7 +652,8 @@ type claimWatcher struct {
 	// plain watches the plain-DRA peer's claims: GPUs of more than one domain are what the
 	// peer gives, counted (across) rather than flagged; one node and k devices still hold.
 	plain bool
-	// floor makes the pods of a plain run the floor's (floorLabel).
+	// floor makes the pods of a plain run the floor's (floorLabel) and checks that they
+	// were left as written; set only with plain, whose pods and templates the floor's are.
 	floor bool
 
 	mu      sync.Mutex
@@ -833,6 +837,19 @@ func (w *claimWatcher) draViolations(ctx context.Context, client kubernetes.Inte
 		if req := nvidiaRequests(&p); len(req) > 0 {
 			out = append(out, fmt.Sprintf("%s still asks for %v", p.Name, req))
 		}
+		if w.floor {
+			// The floor is only worth its name if its pods reach the scheduler as plain
+			// DRA's do: a hint or an annotation added on the way would cost the scheduler
+			// and every watcher what nvdomain's rewrite costs them.
+			if p.Spec.Affinity != nil {
+				out = append(out, fmt.Sprintf("%s (floor) was given an affinity: %+v", p.Name, p.Spec.Affinity))
+			}
+			for k := range p.Annotations {
+				if k != lifetimeAnnotation {
+					out = append(out, fmt.Sprintf("%s (floor) was given the annotation %s", p.Name, k))
+				}
+			}
+		}
 		if _, pinned := p.Annotations[n.PodDomainAnnotation()]; pinned {
 			out = append(out, p.Name+" was pinned to a domain")
 		}
@@ -973,7 +990,11 @@ func (r DRAReport) Markdown(heading, command string) string {
 		fmt.Fprintf(&b, "(%s, ...: whatever drifts over a run falls on each alike); the table sums each setup's\n", order)
 		fmt.Fprintf(&b, "runs, and each round's ratios follow it:\n\n")
 	} else {
-		fmt.Fprintf(&b, "The same stream runs three times on the same nodes, in this order:\n\n")
+		times, floor := "three", ""
+		if c.Floor {
+			times, floor = "four", " (the floor, described below, between plain DRA and nvdomain DRA)"
+		}
+		fmt.Fprintf(&b, "The same stream runs %s times on the same nodes, in this order%s:\n\n", times, floor)
 	}
 	fmt.Fprintf(&b, "- **classic**: the agent publishes the domains as node labels and extended resources; the webhook pins each pod to a\n")
 	fmt.Fprintf(&b, "  domain id; the scheduler counts `nvidia.com/nvswitch-domain-<id>`. For reference: it bypasses DRA.\n")
@@ -1013,6 +1034,9 @@ func (r DRAReport) Markdown(heading, command string) string {
 			order := "nvdomain, then plain"
 			if rd.PlainFirst {
 				order = "plain, then nvdomain"
+			}
+			if r.Config.Floor {
+				order = strings.Replace(order, ", then ", ", floor, ", 1)
 			}
 			ps, ds := cpuPerPod(rd.Plain, "kube-scheduler"), cpuPerPod(rd.DRA, "kube-scheduler")
 			pc, dc := cpuPerPod(rd.Plain, peerPlane...), cpuPerPod(rd.DRA, controlPlane...)
@@ -1071,8 +1095,12 @@ func (r DRAReport) floorMarkdown() string {
 	row("kube-apiserver CPU per pod", " ms", per("kube-apiserver"), per("kube-apiserver"))
 	row("webhook replicas' CPU per pod (plain DRA: not charged, shown)", " ms", per("webhook"), per("webhook"))
 	row("control-plane CPU per pod (replicas on the floor's and nvdomain's side)", " ms", per(controlPlane...), per(peerPlane...))
+	// The same with plain DRA charged its replicas too: what the two calls cost, apart from
+	// the replicas' watches, which a webhook without a watched view would not pay.
+	row("control-plane CPU per pod, the replicas charged on every side", " ms", per(controlPlane...), per(controlPlane...))
 	fmt.Fprintf(&b, "\nThe floor against the targets' bounds:\n\n| target | floor / plain | bound | met |\n|---|---|---|---|\n")
 	for _, t := range targetsOf(p, f) {
+		t.What = strings.Replace(t.What, "nvdomain's webhook replicas on nvdomain's side", "the webhook replicas on the floor's side", 1)
 		bound := "≤ "
 		if t.AtLeast {
 			bound = "≥ "

@@ -24,19 +24,16 @@ import (
 // logged, not judged.
 func TestDRASmoke(t *testing.T) {
 	cfg := DRASmoke()
+	if !cfg.Floor {
+		t.Fatal("DRASmoke must run the floor, so that CI checks it")
+	}
 	rep := RunDRA(t, cfg)
 	t.Logf("\n%s", rep.Markdown("### DRA smoke", "go test -run TestDRASmoke ./test/scale/"))
 	if !rep.Served {
 		t.Error("resource.k8s.io/v1 is not served")
 	}
-	if !cfg.Floor {
-		t.Fatal("DRASmoke must run the floor, so that CI checks it")
-	}
 	if rep.FloorCalls.Mutating < rep.Floor.Created || rep.FloorCalls.Validating < rep.Floor.Created {
 		t.Errorf("the floor's %d pods made %+v calls to the floor's webhooks; want at least one of each per pod", rep.Floor.Created, rep.FloorCalls)
-	}
-	if !strings.Contains(rep.Markdown("### smoke", "test"), "The floor against the targets' bounds") {
-		t.Error("the report has no floor section")
 	}
 	for _, p := range rep.phases() {
 		if p.Created != cfg.Pods || p.Failed != 0 {

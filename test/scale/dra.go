@@ -1020,13 +1020,7 @@ func (r DRAReport) Markdown(heading, command string) string {
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", row[0], row[1], row[2], row[3], row[4])
 	}
 	fmt.Fprintf(&b, "\n**Cost targets against plain DRA, this run:**\n\n| target | nvdomain / plain | bound | met |\n|---|---|---|---|\n")
-	for _, t := range r.Targets() {
-		bound := "≤ "
-		if t.AtLeast {
-			bound = "≥ "
-		}
-		fmt.Fprintf(&b, "| %s | %.2f | %s%.2f | %s |\n", t.What, t.Ratio, bound, t.Limit, yes(t.Met()))
-	}
+	writeTargets(&b, r.Targets())
 	if len(r.Rounds) > 1 {
 		fmt.Fprintf(&b, "\nEach round alone, plain DRA / nvdomain DRA (nvdomain over plain):\n\n")
 		fmt.Fprintf(&b, "| round | order | scheduled per second | kube-scheduler CPU per pod | control-plane CPU per pod |\n|---|---|---|---|---|\n")
@@ -1099,14 +1093,11 @@ func (r DRAReport) floorMarkdown() string {
 	// the replicas' watches, which a webhook without a watched view would not pay.
 	row("control-plane CPU per pod, the replicas charged on every side", " ms", per(controlPlane...), per(controlPlane...))
 	fmt.Fprintf(&b, "\nThe floor against the targets' bounds:\n\n| target | floor / plain | bound | met |\n|---|---|---|---|\n")
-	for _, t := range targetsOf(p, f) {
-		t.What = strings.Replace(t.What, "nvdomain's webhook replicas on nvdomain's side", "the webhook replicas on the floor's side", 1)
-		bound := "≤ "
-		if t.AtLeast {
-			bound = "≥ "
-		}
-		fmt.Fprintf(&b, "| %s | %.2f | %s%.2f | %s |\n", t.What, t.Ratio, bound, t.Limit, yes(t.Met()))
+	floor := targetsOf(p, f)
+	for i := range floor {
+		floor[i].What = strings.Replace(floor[i].What, "nvdomain's webhook replicas on nvdomain's side", "the webhook replicas on the floor's side", 1)
 	}
+	writeTargets(&b, floor)
 	if len(r.Rounds) > 1 {
 		// nvdomain over the floor compares two runs that both pay the webhook, so the
 		// control-plane ratio counts the replicas on both sides (controlPlane).
@@ -1121,6 +1112,17 @@ func (r DRAReport) floorMarkdown() string {
 		}
 	}
 	return b.String()
+}
+
+// writeTargets writes the rows of a targets table: what, ratio, bound, met.
+func writeTargets(b *strings.Builder, ts []Target) {
+	for _, t := range ts {
+		bound := "≤ "
+		if t.AtLeast {
+			bound = "≥ "
+		}
+		fmt.Fprintf(b, "| %s | %.2f | %s%.2f | %s |\n", t.What, t.Ratio, bound, t.Limit, yes(t.Met()))
+	}
 }
 
 func yes(ok bool) string {

@@ -1073,10 +1073,10 @@ func (r DRAReport) floorMarkdown() string {
 	fmt.Fprintf(&b, "\n**The floor: plain DRA's pods through nvdomain's webhooks, unchanged.** A third setup runs between the other two\n")
 	fmt.Fprintf(&b, "in each round: plain DRA's pods and templates, labelled so that copies of nvdomain's shipped `%s` entries\n", shippedTPWebhook)
 	fmt.Fprintf(&b, "(mutating and validating, same service, paths and failure policy) send each creation to the replicas, which let\n")
-	fmt.Fprintf(&b, "it through unchanged. The apiserver made %d mutating and %d validating calls to them for %d pods. It is what any\n",
+	fmt.Fprintf(&b, "it through unchanged. The apiserver made %d mutating and %d validating calls to them for %d pods. It is what a\n",
 		r.FloorCalls.Mutating, r.FloorCalls.Validating, f.Created)
-	fmt.Fprintf(&b, "webhook-based design pays on top of plain DRA before it changes a pod: the two calls and the replicas' CPU,\n")
-	fmt.Fprintf(&b, "charged to it as to nvdomain. %d of its %d claims got GPUs of two domains.\n\n", r.FloorAcross+len(f.Violations), f.Scheduled)
+	fmt.Fprintf(&b, "webhook with a watched view like nvdomain's pays on top of plain DRA before it changes a pod: the two calls and the\n")
+	fmt.Fprintf(&b, "replicas' CPU, their watches included, charged to it as to nvdomain. %d of its %d claims got GPUs of two domains.\n\n", r.FloorAcross, f.Scheduled)
 	fmt.Fprintf(&b, "| | plain DRA | floor | nvdomain DRA | floor / plain | nvdomain / floor |\n|---|---|---|---|---|---|\n")
 	row := func(what, unit string, val func(Phase) float64, peer func(Phase) float64) {
 		pv, fv, dv := peer(p), val(f), val(d)

@@ -115,10 +115,11 @@ type Config struct {
 	Rounds int `json:",omitempty"`
 	// Floor adds a third DRA setup to every round of RunDRA: plain DRA's pods sent through
 	// nvdomain's two admission calls (mutating and validating) and let through unchanged
-	// (registerFloorWebhooks). It is what any webhook-based design pays on top of plain DRA
-	// before it does anything: the calls, the replicas' CPU charged to it, and the stream's
-	// slower pace feeding back into every process at saturation. nvdomain's DRA mode is
-	// judged against plain DRA; the floor says how much of the targets' margin is left.
+	// (registerFloorWebhooks). It is what a webhook with a watched view like nvdomain's pays on
+	// top of plain DRA before it does anything: the calls, the replicas' CPU charged to it
+	// (their watches included), and the stream's slower pace feeding back into every process
+	// at saturation. nvdomain's DRA mode is judged against plain DRA; the floor says how much
+	// of the targets' margin is left.
 	Floor bool `json:",omitempty"`
 }
 

@@ -40,6 +40,14 @@ var refusedCond = map[string]any{"type": "QuotaReserved", "status": "False", "re
 
 func start(t *testing.T, served []*metav1.APIResourceList, objs ...runtime.Object) (*Watch, *events.FakeRecorder, *dynamicfake.FakeDynamicClient) {
 	t.Helper()
+	return startWithClock(t, nil, served, objs...)
+}
+
+// startWithClock starts the watch with now as its clock (time.Now when nil). The clock is set
+// before Start: the informer's first Add can come at once, and a Warning stamped with another
+// clock than the test moves would never come due again.
+func startWithClock(t *testing.T, now func() time.Time, served []*metav1.APIResourceList, objs ...runtime.Object) (*Watch, *events.FakeRecorder, *dynamicfake.FakeDynamicClient) {
+	t.Helper()
 	scheme := runtime.NewScheme()
 	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme, map[schema.GroupVersionResource]string{WorkloadsGVR: "WorkloadList"}, objs...)
 	disc := &fakediscovery.FakeDiscovery{Fake: &clienttesting.Fake{Resources: served}}
@@ -49,7 +57,7 @@ func start(t *testing.T, served []*metav1.APIResourceList, objs ...runtime.Objec
 		t.Fatal(err)
 	}
 	rec := events.NewFakeRecorder(20)
-	w := &Watch{Dynamic: dyn, Discovery: disc, Names: names.Default(), Recorder: rec, Metrics: m, Log: logr.Discard(), Recheck: 20 * time.Millisecond}
+	w := &Watch{Dynamic: dyn, Discovery: disc, Names: names.Default(), Recorder: rec, Metrics: m, Log: logr.Discard(), Recheck: 20 * time.Millisecond, Now: now}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- w.Start(ctx) }()
@@ -157,10 +165,7 @@ func TestKueueAPIStates(t *testing.T) {
 func TestAlternatingMessagesWarnOnceUntilRewarn(t *testing.T) {
 	var clock atomicTime
 	clock.set(time.Unix(1_000_000, 0))
-	w, rec, dyn := start(t, servedKueue("v1beta2"), kueueWorkload("alt", refusedCond))
-	w.mu.Lock()
-	w.Now = clock.get
-	w.mu.Unlock()
+	w, rec, dyn := startWithClock(t, clock.get, servedKueue("v1beta2"), kueueWorkload("alt", refusedCond))
 	for range 2 {
 		select {
 		case <-rec.Events:

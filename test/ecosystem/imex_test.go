@@ -89,6 +89,15 @@ func TestLeaderWorkerSetGroupsGetIMEXChannels(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("the webhook did not notice the ComputeDomain API: %v (warnings %q)", err, warned.all())
 	}
+	// The dry run reached one replica. Each asks discovery on its own clock, and a group whose
+	// leader pod a replica admits before it has asked gets no claim, by design: wait for all
+	// of them, so that every group below has one. (The elected replica seeing marked pods
+	// before it has seen the API is webhook/imex's unit test.)
+	if err := hacluster.Poll(ctx, 200*time.Millisecond, func() (bool, error) {
+		return c.EveryLogContains("NVIDIA's ComputeDomain API is served"), nil
+	}); err != nil {
+		t.Fatalf("not every replica noticed the ComputeDomain API: %v\n%s", err, c.ReplicaLogs())
+	}
 	if _, err := dyn.Resource(lwsGVR).Namespace(ns).Create(ctx, base, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

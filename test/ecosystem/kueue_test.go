@@ -562,7 +562,14 @@ func waitRunning(ctx context.Context, t *testing.T, c *hacluster.Cluster, dyn dy
 		l, _ := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 		var desc []string
 		for _, p := range l.Items {
-			desc = append(desc, fmt.Sprintf("%s phase=%s node=%q gates=%v domain=%d conds=%v", p.Name, p.Status.Phase, p.Spec.NodeName, p.Spec.SchedulingGates, rules.Inspect(&p, n).PinnedDomain(), p.Status.Conditions))
+			var claims []string
+			for _, rc := range p.Spec.ResourceClaims {
+				claims = append(claims, rc.Name+"<-"+ptr.Deref(rc.ResourceClaimTemplateName, ptr.Deref(rc.ResourceClaimName, "")))
+			}
+			for _, st := range p.Status.ResourceClaimStatuses {
+				claims = append(claims, st.Name+"="+ptr.Deref(st.ResourceClaimName, "<none>"))
+			}
+			desc = append(desc, fmt.Sprintf("%s phase=%s node=%q gates=%v domain=%d claims=%v conds=%v", p.Name, p.Status.Phase, p.Spec.NodeName, p.Spec.SchedulingGates, rules.Inspect(&p, n).PinnedDomain(), claims, p.Status.Conditions))
 		}
 		t.Fatalf("%d Running pods %s: %v\npods:\n%s\n%s\nkueue:\n%s\nreplicas:\n%s", count, selector, err, strings.Join(desc, "\n"), workloads(ctx, t, dyn),
 			c.Log("kueue-2", 4000), c.ReplicaLogs())

@@ -872,6 +872,16 @@ func (c *Cluster) ReplicaLogs() string {
 	return b.String()
 }
 
+// EveryLogContains reports whether every replica's log holds s.
+func (c *Cluster) EveryLogContains(s string) bool {
+	for _, r := range c.Replicas {
+		if data, _ := os.ReadFile(r.LogPath); !strings.Contains(string(data), s) {
+			return false
+		}
+	}
+	return true
+}
+
 // LogContains reports whether any replica's log holds s.
 func (c *Cluster) LogContains(s string) bool {
 	for _, r := range c.Replicas {

@@ -62,6 +62,8 @@ type Presence struct {
 
 	served atomic.Bool
 	known  atomic.Bool
+	// checkedAt is when discovery last answered (unix nanoseconds), for Refresh.
+	checkedAt atomic.Int64
 }
 
 // Served implements admission.APIPresence.
@@ -82,6 +84,7 @@ func (p *Presence) Check() {
 		p.Log.V(1).Info("ComputeDomain discovery failed; keeping the last answer", "err", err)
 		return
 	}
+	p.checkedAt.Store(time.Now().UnixNano())
 	first := !p.known.Swap(true)
 	if old := p.served.Swap(served); old != served || first {
 		if served {
@@ -95,13 +98,27 @@ func (p *Presence) Check() {
 // NeedLeaderElection: every replica admits pods, so every replica must know.
 func (p *Presence) NeedLeaderElection() bool { return false }
 
+// Refresh asks discovery again unless it answered within maxAge: a caller that has reason
+// to doubt the last answer (the reconciler, below) gets a fresh one, and many such callers
+// at once cost one GET.
+func (p *Presence) Refresh(maxAge time.Duration) {
+	if time.Since(time.Unix(0, p.checkedAt.Load())) < maxAge {
+		return
+	}
+	p.Check()
+}
+
+// every is how often Start asks discovery.
+func (p *Presence) every() time.Duration {
+	if p.Recheck <= 0 {
+		return DefaultRecheck
+	}
+	return p.Recheck
+}
+
 // Start asks discovery every Recheck until ctx ends.
 func (p *Presence) Start(ctx context.Context) error {
-	every := p.Recheck
-	if every <= 0 {
-		every = DefaultRecheck
-	}
-	t := time.NewTicker(every)
+	t := time.NewTicker(p.every())
 	defer t.Stop()
 	for {
 		p.Check()
@@ -152,9 +169,18 @@ func (r *Reconciler) Setup(mgr ctrl.Manager) error {
 // Reconcile makes the LeaderWorkerSet's ComputeDomain when it is missing.
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	if !r.Presence.Served() {
-		// Pods marked while the API was served, and it went away: nothing to make. Pods
-		// admitted from now on get no claim, so none waits for a ComputeDomain.
-		return reconcile.Result{}, nil
+		// The pod was marked by a replica that found the API served, and every replica asks
+		// discovery on its own clock: this one, the leader, may be up to Recheck behind
+		// (NVIDIA's driver installed a moment ago). Dropping the request here left the pods
+		// waiting for ever for a template no ComputeDomain would make, so ask again now,
+		// and while the answer is still "not served" (the driver uninstalled again, or
+		// discovery failing) look again every Recheck, for as long as marked pods exist.
+		r.Presence.Refresh(presenceMaxAge)
+		if !r.Presence.Served() {
+			r.Log.V(1).Info("pods were given an IMEX claim but the ComputeDomain API is not served here; looking again later",
+				"namespace", req.Namespace, "leaderWorkerSet", req.Name)
+			return reconcile.Result{RequeueAfter: r.Presence.every()}, nil
+		}
 	}
 	log := r.Log.WithValues("namespace", req.Namespace, "leaderWorkerSet", req.Name)
 	lws := &metav1.PartialObjectMetadata{}
@@ -206,6 +232,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	log.Info("made the LeaderWorkerSet's ComputeDomain for its groups' IMEX channels", "computeDomain", name)
 	return reconcile.Result{}, nil
 }
+
+// presenceMaxAge bounds how often reconciles of pods marked while this replica found the API
+// not served ask discovery: one GET a second at most, however many LeaderWorkerSets wait.
+const presenceMaxAge = time.Second
 
 // staleRetry is how soon a ComputeDomain still owned by a deleted LeaderWorkerSet of the same
 // name is looked at again.

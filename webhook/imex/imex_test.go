@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -14,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	fakediscovery "k8s.io/client-go/discovery/fake"
 	clienttesting "k8s.io/client-go/testing"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -49,17 +51,30 @@ func orphaned(cd *unstructured.Unstructured) *unstructured.Unstructured {
 	return cd
 }
 
-func presence(served bool) *Presence {
-	p := &Presence{Log: logr.Discard()}
+// presence answers served until discovery is asked again; discovery then answers
+// discovered.
+func presence(served, discovered bool) *Presence {
+	d := &fakediscovery.FakeDiscovery{Fake: &clienttesting.Fake{}}
+	if discovered {
+		d.Resources = computeDomainAPI()
+	}
+	p := &Presence{Discovery: d, Log: logr.Discard()}
 	p.served.Store(served)
 	return p
 }
 
+func computeDomainAPI() []*metav1.APIResourceList {
+	gv := schema.GroupVersion{Group: names.ComputeDomainGroup, Version: names.ComputeDomainVersion}.String()
+	return []*metav1.APIResourceList{{GroupVersion: gv, APIResources: []metav1.APIResource{{Name: names.ComputeDomainResource}}}}
+}
+
 func TestReconcilerMakesTheLeaderWorkerSetsComputeDomain(t *testing.T) {
 	cases := []struct {
-		name    string
-		served  bool
-		objects []client.Object
+		name   string
+		served bool
+		// discovered is discovery's answer when asked again (served's, when not set).
+		discovered *bool
+		objects    []client.Object
 		// want: the ComputeDomain's spec.numNodes after the reconcile; -1: none exists.
 		wantNumNodes int64
 		wantOwner    bool
@@ -71,7 +86,11 @@ func TestReconcilerMakesTheLeaderWorkerSetsComputeDomain(t *testing.T) {
 			objects: []client.Object{lws("llama", false), foreignCD(names.ComputeDomainName("llama"))}, wantNumNodes: 2},
 		{name: "no LeaderWorkerSet: nothing that would outlive it", served: true, wantNumNodes: -1},
 		{name: "a LeaderWorkerSet being deleted", served: true, objects: []client.Object{lws("llama", true)}, wantNumNodes: -1},
-		{name: "the API is not served: nothing", served: false, objects: []client.Object{lws("llama", false)}, wantNumNodes: -1},
+		{name: "the API is not served: nothing yet, looked at again", served: false, objects: []client.Object{lws("llama", false)}, wantNumNodes: -1, wantRequeue: true},
+		// The leader asks discovery on its own clock: the replica that admitted the pods saw
+		// the API before it did (CI's failure of TestLeaderWorkerSetGroupsGetIMEXChannels).
+		{name: "this replica had not yet seen the API the pods were marked under: asks again, and makes it", served: false, discovered: ptr.To(true),
+			objects: []client.Object{lws("llama", false)}, wantNumNodes: 0, wantOwner: true},
 		{name: "a previous LeaderWorkerSet's ComputeDomain: waits for the garbage collector", served: true,
 			objects: []client.Object{lws("llama", false), ComputeDomain("team", "llama", "previous-uid")}, wantNumNodes: 0, wantRequeue: true, wantOwnerUID: "previous-uid"},
 		{name: "nvdomain's ComputeDomain orphaned (no LeaderWorkerSet owns it): left alone, not waited for", served: true,
@@ -80,7 +99,11 @@ func TestReconcilerMakesTheLeaderWorkerSetsComputeDomain(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			c := fake.NewClientBuilder().WithScheme(runtime.NewScheme()).WithObjects(tc.objects...).Build()
-			r := &Reconciler{Client: c, Reader: c, Presence: presence(tc.served), Names: names.Default(), Log: logr.Discard()}
+			discovered := tc.served
+			if tc.discovered != nil {
+				discovered = *tc.discovered
+			}
+			r := &Reconciler{Client: c, Reader: c, Presence: presence(tc.served, discovered), Names: names.Default(), Log: logr.Discard()}
 			res, err := r.Reconcile(context.Background(), reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "team", Name: "llama"}})
 			if err != nil {
 				t.Fatal(err)
@@ -122,14 +145,13 @@ func TestReconcilerMakesTheLeaderWorkerSetsComputeDomain(t *testing.T) {
 }
 
 func TestPresenceFollowsDiscovery(t *testing.T) {
-	gv := schema.GroupVersion{Group: names.ComputeDomainGroup, Version: names.ComputeDomainVersion}.String()
 	d := &fakediscovery.FakeDiscovery{Fake: &clienttesting.Fake{}}
 	p := &Presence{Discovery: d, Log: logr.Discard()}
 	p.Check()
 	if p.Served() {
 		t.Fatal("served with no API")
 	}
-	d.Resources = []*metav1.APIResourceList{{GroupVersion: gv, APIResources: []metav1.APIResource{{Name: names.ComputeDomainResource}}}}
+	d.Resources = computeDomainAPI()
 	p.Check()
 	if !p.Served() {
 		t.Fatal("not served after the API appeared")
@@ -142,5 +164,33 @@ func TestPresenceFollowsDiscovery(t *testing.T) {
 	p.Check()
 	if !p.Served() {
 		t.Error("a failed discovery call changed the answer")
+	}
+}
+
+// Refresh asks discovery only when its last answer is older than maxAge: reconciles of many
+// LeaderWorkerSets waiting on the API cost one GET.
+func TestPresenceRefreshAsksAtMostOncePerMaxAge(t *testing.T) {
+	d := &fakediscovery.FakeDiscovery{Fake: &clienttesting.Fake{}}
+	p := &Presence{Discovery: d, Log: logr.Discard()}
+	for range 5 {
+		p.Refresh(time.Hour)
+	}
+	if n := len(d.Actions()); n != 1 {
+		t.Fatalf("5 refreshes within maxAge asked discovery %d times, want 1", n)
+	}
+	d.Resources = computeDomainAPI()
+	p.Refresh(0)
+	if n := len(d.Actions()); n != 2 || !p.Served() {
+		t.Fatalf("a refresh past maxAge: %d discovery calls, served %v; want 2, true", n, p.Served())
+	}
+	// A failed call is not an answer: the next refresh asks again.
+	d.PrependReactor("get", "resource", func(clienttesting.Action) (bool, runtime.Object, error) {
+		return true, nil, errors.New("connection refused")
+	})
+	p.checkedAt.Store(0)
+	p.Refresh(time.Hour)
+	p.Refresh(time.Hour)
+	if n := len(d.Actions()); n != 4 {
+		t.Fatalf("refreshes after failed calls made %d discovery calls in all, want 4", n)
 	}
 }

@@ -21,6 +21,8 @@ package imex
 import (
 	"context"
 	"fmt"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -60,10 +62,14 @@ type Presence struct {
 	Recheck   time.Duration
 	Log       logr.Logger
 
+	// served is read lock-free on every admission.
 	served atomic.Bool
-	known  atomic.Bool
-	// checkedAt is when discovery last answered (unix nanoseconds), for Refresh.
-	checkedAt atomic.Int64
+	// mu keeps one discovery call at a time (Start's tick and the reconciler's Refresh), so
+	// that an older answer cannot overwrite a newer one.
+	mu    sync.Mutex
+	known bool
+	// askedAt is when the last call began (monotonic), answered or not: Refresh's rate limit.
+	askedAt time.Time
 }
 
 // Served implements admission.APIPresence.
@@ -72,6 +78,13 @@ func (p *Presence) Served() bool { return p.served.Load() }
 // Check asks discovery once. A failure other than "not served" (the apiserver unreachable)
 // keeps the last answer.
 func (p *Presence) Check() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.checkLocked()
+}
+
+func (p *Presence) checkLocked() {
+	p.askedAt = time.Now()
 	gv := schema.GroupVersion{Group: names.ComputeDomainGroup, Version: names.ComputeDomainVersion}.String()
 	list, err := p.Discovery.ServerResourcesForGroupVersion(gv)
 	served := false
@@ -84,8 +97,8 @@ func (p *Presence) Check() {
 		p.Log.V(1).Info("ComputeDomain discovery failed; keeping the last answer", "err", err)
 		return
 	}
-	p.checkedAt.Store(time.Now().UnixNano())
-	first := !p.known.Swap(true)
+	first := !p.known
+	p.known = true
 	if old := p.served.Swap(served); old != served || first {
 		if served {
 			p.Log.Info("NVIDIA's ComputeDomain API is served: LeaderWorkerSet groups pinned to a clique get an IMEX channel", "api", gv)
@@ -98,14 +111,16 @@ func (p *Presence) Check() {
 // NeedLeaderElection: every replica admits pods, so every replica must know.
 func (p *Presence) NeedLeaderElection() bool { return false }
 
-// Refresh asks discovery again unless it answered within maxAge: a caller that has reason
-// to doubt the last answer (the reconciler, below) gets a fresh one, and many such callers
-// at once cost one GET.
+// Refresh asks discovery again unless it was asked within maxAge: a caller that has reason
+// to doubt the last answer (the reconciler, below) gets a fresh one, and many such callers,
+// or discovery failing, cost one GET per maxAge.
 func (p *Presence) Refresh(maxAge time.Duration) {
-	if time.Since(time.Unix(0, p.checkedAt.Load())) < maxAge {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.askedAt.IsZero() && time.Since(p.askedAt) < maxAge {
 		return
 	}
-	p.Check()
+	p.checkLocked()
 }
 
 // every is how often Start asks discovery.
@@ -143,20 +158,18 @@ type Reconciler struct {
 	Presence *Presence
 	Names    names.Names
 	Log      logr.Logger
+
+	mu sync.Mutex
+	// waiting holds the LeaderWorkerSets already logged as waiting for the API, so that the
+	// log says it once per wait, not every Recheck.
+	waiting map[types.NamespacedName]bool
 }
 
 // Setup registers the reconciler with the manager: it watches the pods the webhook marked
 // (PodComputeDomainAnnotation, which the pod cache keeps), and its request is the
 // LeaderWorkerSet's namespace and name.
 func (r *Reconciler) Setup(mgr ctrl.Manager) error {
-	ann := r.Names.PodComputeDomainAnnotation()
-	// Only tensor-parallel pods: the webhook, which fails closed for them, removes a
-	// hand-written annotation, so a tenant cannot make nvdomain create a ComputeDomain by
-	// annotating a pod it never admitted.
-	marked := predicate.NewPredicateFuncs(func(o client.Object) bool {
-		return o.GetAnnotations()[ann] != "" && o.GetLabels()[names.TPLabel] == names.TPLabelValue &&
-			o.GetLabels()[names.LWSNameLabel] != "" && o.GetDeletionTimestamp() == nil
-	})
+	marked := predicate.NewPredicateFuncs(r.marked)
 	toLWS := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 		return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: o.GetLabels()[names.LWSNameLabel]}}}
 	})
@@ -166,22 +179,28 @@ func (r *Reconciler) Setup(mgr ctrl.Manager) error {
 		Complete(r)
 }
 
+// marked reports whether o is a pod the webhook gave the IMEX claim, not being deleted. Only
+// tensor-parallel pods: the webhook, which fails closed for them, removes a hand-written
+// annotation, so a tenant cannot make nvdomain create a ComputeDomain by annotating a pod it
+// never admitted.
+func (r *Reconciler) marked(o client.Object) bool {
+	return o.GetAnnotations()[r.Names.PodComputeDomainAnnotation()] != "" && o.GetLabels()[names.TPLabel] == names.TPLabelValue &&
+		o.GetLabels()[names.LWSNameLabel] != "" && o.GetDeletionTimestamp() == nil
+}
+
 // Reconcile makes the LeaderWorkerSet's ComputeDomain when it is missing.
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	if !r.Presence.Served() {
 		// The pod was marked by a replica that found the API served, and every replica asks
 		// discovery on its own clock: this one, the leader, may be up to Recheck behind
 		// (NVIDIA's driver installed a moment ago). Dropping the request here left the pods
-		// waiting for ever for a template no ComputeDomain would make, so ask again now,
-		// and while the answer is still "not served" (the driver uninstalled again, or
-		// discovery failing) look again every Recheck, for as long as marked pods exist.
+		// waiting for ever for a template no ComputeDomain would make, so ask again now.
 		r.Presence.Refresh(presenceMaxAge)
 		if !r.Presence.Served() {
-			r.Log.V(1).Info("pods were given an IMEX claim but the ComputeDomain API is not served here; looking again later",
-				"namespace", req.Namespace, "leaderWorkerSet", req.Name)
-			return reconcile.Result{RequeueAfter: r.Presence.every()}, nil
+			return r.notServed(ctx, req)
 		}
 	}
+	r.setWaiting(req, false)
 	log := r.Log.WithValues("namespace", req.Namespace, "leaderWorkerSet", req.Name)
 	lws := &metav1.PartialObjectMetadata{}
 	lws.SetGroupVersionKind(LWSGVK)
@@ -233,8 +252,49 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	return reconcile.Result{}, nil
 }
 
+// notServed answers a LeaderWorkerSet with marked pods while this replica, freshly asked,
+// finds the API not served (NVIDIA's driver uninstalled, or discovery failing): while one of
+// its marked pods is not yet scheduled (waiting for its claim's template) it is looked at
+// again every Recheck, and the wait is logged once; once none is, it is left. Running pods
+// need nothing made, and their LeaderWorkerSet's new pods bring it back.
+func (r *Reconciler) notServed(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	pods := &corev1.PodList{}
+	if err := r.Client.List(ctx, pods, client.InNamespace(req.Namespace), client.MatchingLabels{names.LWSNameLabel: req.Name}); err != nil {
+		return reconcile.Result{}, fmt.Errorf("list the pods of LeaderWorkerSet %s: %w", req, err)
+	}
+	waiting := slices.ContainsFunc(pods.Items, func(p corev1.Pod) bool { return r.marked(&p) && p.Spec.NodeName == "" })
+	if !waiting {
+		r.setWaiting(req, false)
+		return reconcile.Result{}, nil
+	}
+	if r.setWaiting(req, true) {
+		r.Log.Info("pods of this LeaderWorkerSet were given an IMEX channel claim, but NVIDIA's ComputeDomain API is not served: they wait for the channel template until it is again (looked at every recheck); to run them without a channel, delete them, and the pods made again are admitted without the claim",
+			"namespace", req.Namespace, "leaderWorkerSet", req.Name)
+	}
+	return reconcile.Result{RequeueAfter: r.Presence.every()}, nil
+}
+
+// setWaiting records whether req waits for the API, and reports whether it just began to.
+func (r *Reconciler) setWaiting(req reconcile.Request, waiting bool) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !waiting {
+		delete(r.waiting, req.NamespacedName)
+		return false
+	}
+	if r.waiting[req.NamespacedName] {
+		return false
+	}
+	if r.waiting == nil {
+		r.waiting = map[types.NamespacedName]bool{}
+	}
+	r.waiting[req.NamespacedName] = true
+	return true
+}
+
 // presenceMaxAge bounds how often reconciles of pods marked while this replica found the API
-// not served ask discovery: one GET a second at most, however many LeaderWorkerSets wait.
+// not served ask discovery: one GET a second at most, however many LeaderWorkerSets wait,
+// answered or not.
 const presenceMaxAge = time.Second
 
 // staleRetry is how soon a ComputeDomain still owned by a deleted LeaderWorkerSet of the same

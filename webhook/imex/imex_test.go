@@ -3,10 +3,13 @@ package imex
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -53,6 +56,21 @@ func orphaned(cd *unstructured.Unstructured) *unstructured.Unstructured {
 
 // presence answers served until discovery is asked again; discovery then answers
 // discovered.
+// markedPod is a pod of LeaderWorkerSet llama the webhook gave the IMEX claim, bound to node
+// (pending when empty).
+func markedPod(name, node string) *corev1.Pod {
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "team",
+		Labels:      map[string]string{names.TPLabel: names.TPLabelValue, names.LWSNameLabel: "llama"},
+		Annotations: map[string]string{names.Default().PodComputeDomainAnnotation(): names.ComputeDomainName("llama")}}}
+	p.Spec.NodeName = node
+	return p
+}
+
+func unmarked(p *corev1.Pod) *corev1.Pod {
+	p.Annotations = nil
+	return p
+}
+
 func presence(served, discovered bool) *Presence {
 	d := &fakediscovery.FakeDiscovery{Fake: &clienttesting.Fake{}}
 	if discovered {
@@ -86,7 +104,13 @@ func TestReconcilerMakesTheLeaderWorkerSetsComputeDomain(t *testing.T) {
 			objects: []client.Object{lws("llama", false), foreignCD(names.ComputeDomainName("llama"))}, wantNumNodes: 2},
 		{name: "no LeaderWorkerSet: nothing that would outlive it", served: true, wantNumNodes: -1},
 		{name: "a LeaderWorkerSet being deleted", served: true, objects: []client.Object{lws("llama", true)}, wantNumNodes: -1},
-		{name: "the API is not served: nothing yet, looked at again", served: false, objects: []client.Object{lws("llama", false)}, wantNumNodes: -1, wantRequeue: true},
+		{name: "the API is not served, a marked pod waits: nothing made, looked at again", served: false,
+			objects: []client.Object{lws("llama", false), markedPod("llama-0", ""), markedPod("llama-1", "tray-1")}, wantNumNodes: -1, wantRequeue: true},
+		{name: "the API is not served, the marked pods all run: nothing made, left", served: false,
+			objects: []client.Object{lws("llama", false), markedPod("llama-0", "tray-0"), markedPod("llama-1", "tray-1")}, wantNumNodes: -1},
+		{name: "the API is not served, the waiting pod is not marked (admitted without the claim): left", served: false,
+			objects: []client.Object{lws("llama", false), unmarked(markedPod("llama-0", ""))}, wantNumNodes: -1},
+		{name: "the API is not served and the pods are gone: left", served: false, objects: []client.Object{lws("llama", false)}, wantNumNodes: -1},
 		// The leader asks discovery on its own clock: the replica that admitted the pods saw
 		// the API before it did (CI's failure of TestLeaderWorkerSetGroupsGetIMEXChannels).
 		{name: "this replica had not yet seen the API the pods were marked under: asks again, and makes it", served: false, discovered: ptr.To(true),
@@ -98,7 +122,11 @@ func TestReconcilerMakesTheLeaderWorkerSetsComputeDomain(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			c := fake.NewClientBuilder().WithScheme(runtime.NewScheme()).WithObjects(tc.objects...).Build()
+			scheme := runtime.NewScheme()
+			if err := corev1.AddToScheme(scheme); err != nil {
+				t.Fatal(err)
+			}
+			c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(tc.objects...).Build()
 			discovered := tc.served
 			if tc.discovered != nil {
 				discovered = *tc.discovered
@@ -167,7 +195,7 @@ func TestPresenceFollowsDiscovery(t *testing.T) {
 	}
 }
 
-// Refresh asks discovery only when its last answer is older than maxAge: reconciles of many
+// Refresh asks discovery only when it was last asked more than maxAge ago: reconciles of many
 // LeaderWorkerSets waiting on the API cost one GET.
 func TestPresenceRefreshAsksAtMostOncePerMaxAge(t *testing.T) {
 	d := &fakediscovery.FakeDiscovery{Fake: &clienttesting.Fake{}}
@@ -183,14 +211,57 @@ func TestPresenceRefreshAsksAtMostOncePerMaxAge(t *testing.T) {
 	if n := len(d.Actions()); n != 2 || !p.Served() {
 		t.Fatalf("a refresh past maxAge: %d discovery calls, served %v; want 2, true", n, p.Served())
 	}
-	// A failed call is not an answer: the next refresh asks again.
+	// Discovery failing: each call keeps the last answer, and is rate-limited all the same
+	// (a failing apiserver is not asked once per waiting LeaderWorkerSet).
 	d.PrependReactor("get", "resource", func(clienttesting.Action) (bool, runtime.Object, error) {
 		return true, nil, errors.New("connection refused")
 	})
-	p.checkedAt.Store(0)
-	p.Refresh(time.Hour)
-	p.Refresh(time.Hour)
-	if n := len(d.Actions()); n != 4 {
-		t.Fatalf("refreshes after failed calls made %d discovery calls in all, want 4", n)
+	p.Refresh(0)
+	for range 5 {
+		p.Refresh(time.Hour)
 	}
+	if n := len(d.Actions()); n != 3 || !p.Served() {
+		t.Fatalf("a failed call then 5 refreshes within maxAge: %d discovery calls in all, served %v; want 3, true (the last answer kept)", n, p.Served())
+	}
+}
+
+// A LeaderWorkerSet waiting for the API is logged when the wait begins, not on every recheck;
+// a new wait (after its pods ran) is logged again.
+func TestWaitForTheAPIIsLoggedOncePerWait(t *testing.T) {
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	pod := markedPod("llama-0", "")
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(lws("llama", false), pod).Build()
+	var logged int
+	log := funcr.New(func(_, args string) {
+		if strings.Contains(args, "were given an IMEX channel claim") {
+			logged++
+		}
+	}, funcr.Options{})
+	r := &Reconciler{Client: c, Reader: c, Presence: presence(false, false), Names: names.Default(), Log: log}
+	req := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "team", Name: "llama"}}
+	reconcileWant := func(requeue bool, wantLogged int) {
+		t.Helper()
+		res, err := r.Reconcile(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if (res.RequeueAfter > 0) != requeue || logged != wantLogged {
+			t.Fatalf("requeue after %s, logged %d times; want requeue %v, logged %d", res.RequeueAfter, logged, requeue, wantLogged)
+		}
+	}
+	reconcileWant(true, 1)
+	reconcileWant(true, 1)
+	pod.Spec.NodeName = "tray-0"
+	if err := c.Update(context.Background(), pod); err != nil {
+		t.Fatal(err)
+	}
+	reconcileWant(false, 1)
+	pod.Spec.NodeName = ""
+	if err := c.Update(context.Background(), pod); err != nil {
+		t.Fatal(err)
+	}
+	reconcileWant(true, 2)
 }

@@ -151,8 +151,9 @@ func (p *Presence) Start(ctx context.Context) error {
 // left alone (and logged), and the pods' claim then waits for a template that never comes,
 // which `kubectl describe pod` shows.
 type Reconciler struct {
-	// Client creates; Reader reads from the API server (the manager's APIReader), so that
-	// neither ComputeDomains nor LeaderWorkerSets are cached (or need list and watch).
+	// Client creates, and lists pods from the manager's pod cache; Reader reads from the API
+	// server (the manager's APIReader), so that neither ComputeDomains nor LeaderWorkerSets
+	// are cached (or need list and watch).
 	Client   client.Client
 	Reader   client.Reader
 	Presence *Presence
@@ -160,9 +161,9 @@ type Reconciler struct {
 	Log      logr.Logger
 
 	mu sync.Mutex
-	// waiting holds the LeaderWorkerSets already logged as waiting for the API, so that the
-	// log says it once per wait, not every Recheck.
-	waiting map[types.NamespacedName]bool
+	// waiting counts the passes in a row that found a LeaderWorkerSet waiting for the API
+	// (notServed), so that the log says it once per wait, not every Recheck.
+	waiting map[types.NamespacedName]int
 }
 
 // Setup registers the reconciler with the manager: it watches the pods the webhook marked
@@ -252,44 +253,48 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	return reconcile.Result{}, nil
 }
 
-// notServed answers a LeaderWorkerSet with marked pods while this replica, freshly asked,
-// finds the API not served (NVIDIA's driver uninstalled, or discovery failing): while one of
-// its marked pods is not yet scheduled (waiting for its claim's template) it is looked at
-// again every Recheck, and the wait is logged once; once none is, it is left. Running pods
-// need nothing made, and their LeaderWorkerSet's new pods bring it back.
+// notServed answers a LeaderWorkerSet with marked pods while this replica finds the API not
+// served. Only while one of its marked pods is not yet scheduled (waiting for its claim's
+// template) is there anything to wait for; running pods need nothing made, and their
+// LeaderWorkerSet's new pods bring it back. The first such pass looks again as soon as
+// Refresh may ask again: the answer it had may be up to presenceMaxAge older than the
+// replica's that marked the pods. A second pass means the API is really not served here
+// (NVIDIA's driver uninstalled, or discovery failing): the wait is logged once, and looked at
+// every Recheck.
 func (r *Reconciler) notServed(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	pods := &corev1.PodList{}
 	if err := r.Client.List(ctx, pods, client.InNamespace(req.Namespace), client.MatchingLabels{names.LWSNameLabel: req.Name}); err != nil {
 		return reconcile.Result{}, fmt.Errorf("list the pods of LeaderWorkerSet %s: %w", req, err)
 	}
-	waiting := slices.ContainsFunc(pods.Items, func(p corev1.Pod) bool { return r.marked(&p) && p.Spec.NodeName == "" })
-	if !waiting {
+	if !slices.ContainsFunc(pods.Items, func(p corev1.Pod) bool { return r.marked(&p) && p.Spec.NodeName == "" }) {
 		r.setWaiting(req, false)
 		return reconcile.Result{}, nil
 	}
-	if r.setWaiting(req, true) {
-		r.Log.Info("pods of this LeaderWorkerSet were given an IMEX channel claim, but NVIDIA's ComputeDomain API is not served: they wait for the channel template until it is again (looked at every recheck); to run them without a channel, delete them, and the pods made again are admitted without the claim",
-			"namespace", req.Namespace, "leaderWorkerSet", req.Name)
+	switch r.setWaiting(req, true) {
+	case 1:
+		return reconcile.Result{RequeueAfter: presenceMaxAge + presenceMaxAge/10}, nil
+	case 2:
+		r.Log.Info("pods of this LeaderWorkerSet were given an IMEX channel claim by a replica that found NVIDIA's ComputeDomain API served, but it is not served here: they wait for their channel template until it is (looked at every recheck); reinstall NVIDIA's DRA driver for GPUs with compute domains enabled, or delete the pods: the replicas admit the pods made again without the claim once they too find the API gone",
+			"namespace", req.Namespace, "leaderWorkerSet", req.Name, "api", ComputeDomainGVK.GroupVersion().String())
 	}
 	return reconcile.Result{RequeueAfter: r.Presence.every()}, nil
 }
 
-// setWaiting records whether req waits for the API, and reports whether it just began to.
-func (r *Reconciler) setWaiting(req reconcile.Request, waiting bool) bool {
+// setWaiting records whether req waits for the API, and returns how many passes in a row
+// (this one included) have found it waiting; 0 when it does not wait.
+func (r *Reconciler) setWaiting(req reconcile.Request, waiting bool) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if !waiting {
 		delete(r.waiting, req.NamespacedName)
-		return false
-	}
-	if r.waiting[req.NamespacedName] {
-		return false
+		return 0
 	}
 	if r.waiting == nil {
-		r.waiting = map[types.NamespacedName]bool{}
+		r.waiting = map[types.NamespacedName]int{}
 	}
-	r.waiting[req.NamespacedName] = true
-	return true
+	n := min(r.waiting[req.NamespacedName]+1, 3) // 3: "more than twice" is all that matters
+	r.waiting[req.NamespacedName] = n
+	return n
 }
 
 // presenceMaxAge bounds how often reconciles of pods marked while this replica found the API

@@ -66,6 +66,11 @@ func markedPod(name, node string) *corev1.Pod {
 	return p
 }
 
+func inNamespace(p *corev1.Pod, ns string) *corev1.Pod {
+	p.Namespace = ns
+	return p
+}
+
 func unmarked(p *corev1.Pod) *corev1.Pod {
 	p.Annotations = nil
 	return p
@@ -111,6 +116,8 @@ func TestReconcilerMakesTheLeaderWorkerSetsComputeDomain(t *testing.T) {
 		{name: "the API is not served, the waiting pod is not marked (admitted without the claim): left", served: false,
 			objects: []client.Object{lws("llama", false), unmarked(markedPod("llama-0", ""))}, wantNumNodes: -1},
 		{name: "the API is not served and the pods are gone: left", served: false, objects: []client.Object{lws("llama", false)}, wantNumNodes: -1},
+		{name: "the API is not served, the waiting marked pod is another namespace's llama: left", served: false,
+			objects: []client.Object{lws("llama", false), inNamespace(markedPod("llama-0", ""), "other")}, wantNumNodes: -1},
 		// The leader asks discovery on its own clock: the replica that admitted the pods saw
 		// the API before it did (CI's failure of TestLeaderWorkerSetGroupsGetIMEXChannels).
 		{name: "this replica had not yet seen the API the pods were marked under: asks again, and makes it", served: false, discovered: ptr.To(true),
@@ -211,22 +218,32 @@ func TestPresenceRefreshAsksAtMostOncePerMaxAge(t *testing.T) {
 	if n := len(d.Actions()); n != 2 || !p.Served() {
 		t.Fatalf("a refresh past maxAge: %d discovery calls, served %v; want 2, true", n, p.Served())
 	}
-	// Discovery failing: each call keeps the last answer, and is rate-limited all the same
-	// (a failing apiserver is not asked once per waiting LeaderWorkerSet).
+	// Discovery failing keeps the last answer.
 	d.PrependReactor("get", "resource", func(clienttesting.Action) (bool, runtime.Object, error) {
 		return true, nil, errors.New("connection refused")
 	})
 	p.Refresh(0)
-	for range 5 {
-		p.Refresh(time.Hour)
-	}
 	if n := len(d.Actions()); n != 3 || !p.Served() {
-		t.Fatalf("a failed call then 5 refreshes within maxAge: %d discovery calls in all, served %v; want 3, true (the last answer kept)", n, p.Served())
+		t.Fatalf("a failed call: %d discovery calls in all, served %v; want 3, true (the last answer kept)", n, p.Served())
+	}
+
+	// Failed calls are rate-limited too, from the first (a failing apiserver is not asked
+	// once per waiting LeaderWorkerSet).
+	failing := &fakediscovery.FakeDiscovery{Fake: &clienttesting.Fake{}}
+	failing.PrependReactor("get", "resource", func(clienttesting.Action) (bool, runtime.Object, error) {
+		return true, nil, errors.New("connection refused")
+	})
+	q := &Presence{Discovery: failing, Log: logr.Discard()}
+	for range 5 {
+		q.Refresh(time.Hour)
+	}
+	if n := len(failing.Actions()); n != 1 || q.Served() {
+		t.Fatalf("5 refreshes within maxAge with discovery failing: %d calls, served %v; want 1, false", n, q.Served())
 	}
 }
 
-// A LeaderWorkerSet waiting for the API is logged when the wait begins, not on every recheck;
-// a new wait (after its pods ran) is logged again.
+// A LeaderWorkerSet waiting for the API is logged once the wait is real (a second pass), not
+// on every recheck; a new wait (after its pods ran) is logged again.
 func TestWaitForTheAPIIsLoggedOncePerWait(t *testing.T) {
 	scheme := runtime.NewScheme()
 	if err := corev1.AddToScheme(scheme); err != nil {
@@ -242,26 +259,32 @@ func TestWaitForTheAPIIsLoggedOncePerWait(t *testing.T) {
 	}, funcr.Options{})
 	r := &Reconciler{Client: c, Reader: c, Presence: presence(false, false), Names: names.Default(), Log: log}
 	req := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "team", Name: "llama"}}
-	reconcileWant := func(requeue bool, wantLogged int) {
+	reconcileWant := func(requeue time.Duration, wantLogged int) {
 		t.Helper()
 		res, err := r.Reconcile(context.Background(), req)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if (res.RequeueAfter > 0) != requeue || logged != wantLogged {
-			t.Fatalf("requeue after %s, logged %d times; want requeue %v, logged %d", res.RequeueAfter, logged, requeue, wantLogged)
+		if res.RequeueAfter != requeue || logged != wantLogged {
+			t.Fatalf("requeue after %s, logged %d times; want requeue after %s, logged %d", res.RequeueAfter, logged, requeue, wantLogged)
 		}
 	}
-	reconcileWant(true, 1)
-	reconcileWant(true, 1)
+	// The first pass: this replica's answer may be up to presenceMaxAge old, so it looks
+	// again as soon as it may ask, and says nothing yet.
+	soon, recheck := presenceMaxAge+presenceMaxAge/10, r.Presence.every()
+	reconcileWant(soon, 0)
+	reconcileWant(recheck, 1)
+	reconcileWant(recheck, 1)
+	reconcileWant(recheck, 1)
 	pod.Spec.NodeName = "tray-0"
 	if err := c.Update(context.Background(), pod); err != nil {
 		t.Fatal(err)
 	}
-	reconcileWant(false, 1)
+	reconcileWant(0, 1)
 	pod.Spec.NodeName = ""
 	if err := c.Update(context.Background(), pod); err != nil {
 		t.Fatal(err)
 	}
-	reconcileWant(true, 2)
+	reconcileWant(soon, 1)
+	reconcileWant(recheck, 2)
 }

@@ -92,9 +92,8 @@ func TestLeaderWorkerSetGroupsGetIMEXChannels(t *testing.T) {
 	// The dry run reached one replica. Each asks discovery on its own clock, and a group whose
 	// leader pod a replica admits before it has asked gets no claim, by design: wait for all
 	// of them, so that every group below has one. (The elected replica seeing marked pods
-	// before it has seen the API is webhook/imex's unit test.)
-	// --imex-recheck is 1s: 30s is plenty, and a replica that never notices fails here, not
-	// at the test's deadline.
+	// before it has seen the API is webhook/imex's unit test.) --imex-recheck is 1s: 30s is
+	// plenty, and a replica that never notices fails here, not at the test's deadline.
 	nctx, ncancel := context.WithTimeout(ctx, 30*time.Second)
 	defer ncancel()
 	if err := hacluster.Poll(nctx, 200*time.Millisecond, func() (bool, error) {

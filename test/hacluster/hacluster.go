@@ -873,23 +873,20 @@ func (c *Cluster) ReplicaLogs() string {
 }
 
 // EveryLogContains reports whether every replica's log holds s.
-func (c *Cluster) EveryLogContains(s string) bool {
-	for _, r := range c.Replicas {
-		if data, _ := os.ReadFile(r.LogPath); !strings.Contains(string(data), s) {
-			return false
-		}
-	}
-	return true
-}
+func (c *Cluster) EveryLogContains(s string) bool { return c.logsContaining(s) == len(c.Replicas) }
 
 // LogContains reports whether any replica's log holds s.
-func (c *Cluster) LogContains(s string) bool {
+func (c *Cluster) LogContains(s string) bool { return c.logsContaining(s) > 0 }
+
+// logsContaining counts the replicas whose log holds s.
+func (c *Cluster) logsContaining(s string) int {
+	n := 0
 	for _, r := range c.Replicas {
 		if data, _ := os.ReadFile(r.LogPath); strings.Contains(string(data), s) {
-			return true
+			n++
 		}
 	}
-	return false
+	return n
 }
 
 func (c *Cluster) stop() {

@@ -201,7 +201,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			return r.notServed(ctx, req)
 		}
 	}
-	r.setWaiting(req, false)
+	r.stopWaiting(req)
 	log := r.Log.WithValues("namespace", req.Namespace, "leaderWorkerSet", req.Name)
 	lws := &metav1.PartialObjectMetadata{}
 	lws.SetGroupVersionKind(LWSGVK)
@@ -267,12 +267,12 @@ func (r *Reconciler) notServed(ctx context.Context, req reconcile.Request) (reco
 		return reconcile.Result{}, fmt.Errorf("list the pods of LeaderWorkerSet %s: %w", req, err)
 	}
 	if !slices.ContainsFunc(pods.Items, func(p corev1.Pod) bool { return r.marked(&p) && p.Spec.NodeName == "" }) {
-		r.setWaiting(req, false)
+		r.stopWaiting(req)
 		return reconcile.Result{}, nil
 	}
-	switch r.setWaiting(req, true) {
+	switch r.waitPass(req) {
 	case 1:
-		return reconcile.Result{RequeueAfter: presenceMaxAge + presenceMaxAge/10}, nil
+		return reconcile.Result{RequeueAfter: firstRecheck}, nil
 	case 2:
 		r.Log.Info("pods of this LeaderWorkerSet were given an IMEX channel claim by a replica that found NVIDIA's ComputeDomain API served, but it is not served here: they wait for their channel template until it is (looked at every recheck); reinstall NVIDIA's DRA driver for GPUs with compute domains enabled, or delete the pods: the replicas admit the pods made again without the claim once they too find the API gone",
 			"namespace", req.Namespace, "leaderWorkerSet", req.Name, "api", ComputeDomainGVK.GroupVersion().String())
@@ -280,15 +280,11 @@ func (r *Reconciler) notServed(ctx context.Context, req reconcile.Request) (reco
 	return reconcile.Result{RequeueAfter: r.Presence.every()}, nil
 }
 
-// setWaiting records whether req waits for the API, and returns how many passes in a row
-// (this one included) have found it waiting; 0 when it does not wait.
-func (r *Reconciler) setWaiting(req reconcile.Request, waiting bool) int {
+// waitPass records a pass that found req waiting for the API, and returns how many passes in
+// a row (this one included) have.
+func (r *Reconciler) waitPass(req reconcile.Request) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if !waiting {
-		delete(r.waiting, req.NamespacedName)
-		return 0
-	}
 	if r.waiting == nil {
 		r.waiting = map[types.NamespacedName]int{}
 	}
@@ -297,10 +293,21 @@ func (r *Reconciler) setWaiting(req reconcile.Request, waiting bool) int {
 	return n
 }
 
+// stopWaiting records that req does not wait for the API (any more).
+func (r *Reconciler) stopWaiting(req reconcile.Request) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.waiting, req.NamespacedName)
+}
+
 // presenceMaxAge bounds how often reconciles of pods marked while this replica found the API
 // not served ask discovery: one GET a second at most, however many LeaderWorkerSets wait,
 // answered or not.
 const presenceMaxAge = time.Second
+
+// firstRecheck is how soon a first not-served pass looks again: just after Refresh may ask
+// discovery again.
+const firstRecheck = presenceMaxAge + presenceMaxAge/10
 
 // staleRetry is how soon a ComputeDomain still owned by a deleted LeaderWorkerSet of the same
 // name is looked at again.

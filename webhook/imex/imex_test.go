@@ -54,8 +54,6 @@ func orphaned(cd *unstructured.Unstructured) *unstructured.Unstructured {
 	return cd
 }
 
-// presence answers served until discovery is asked again; discovery then answers
-// discovered.
 // markedPod is a pod of LeaderWorkerSet llama the webhook gave the IMEX claim, bound to node
 // (pending when empty).
 func markedPod(name, node string) *corev1.Pod {
@@ -76,6 +74,8 @@ func unmarked(p *corev1.Pod) *corev1.Pod {
 	return p
 }
 
+// presence answers served until discovery is asked again; discovery then answers
+// discovered.
 func presence(served, discovered bool) *Presence {
 	d := &fakediscovery.FakeDiscovery{Fake: &clienttesting.Fake{}}
 	if discovered {
@@ -84,6 +84,16 @@ func presence(served, discovered bool) *Presence {
 	p := &Presence{Discovery: d, Log: logr.Discard()}
 	p.served.Store(served)
 	return p
+}
+
+// fakeClient serves objs, pods among them.
+func fakeClient(t *testing.T, objs ...client.Object) client.Client {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	return fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).Build()
 }
 
 func computeDomainAPI() []*metav1.APIResourceList {
@@ -129,11 +139,7 @@ func TestReconcilerMakesTheLeaderWorkerSetsComputeDomain(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			scheme := runtime.NewScheme()
-			if err := corev1.AddToScheme(scheme); err != nil {
-				t.Fatal(err)
-			}
-			c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(tc.objects...).Build()
+			c := fakeClient(t, tc.objects...)
 			discovered := tc.served
 			if tc.discovered != nil {
 				discovered = *tc.discovered
@@ -245,12 +251,8 @@ func TestPresenceRefreshAsksAtMostOncePerMaxAge(t *testing.T) {
 // A LeaderWorkerSet waiting for the API is logged once the wait is real (a second pass), not
 // on every recheck; a new wait (after its pods ran) is logged again.
 func TestWaitForTheAPIIsLoggedOncePerWait(t *testing.T) {
-	scheme := runtime.NewScheme()
-	if err := corev1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
 	pod := markedPod("llama-0", "")
-	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(lws("llama", false), pod).Build()
+	c := fakeClient(t, lws("llama", false), pod)
 	var logged int
 	log := funcr.New(func(_, args string) {
 		if strings.Contains(args, "were given an IMEX channel claim") {
@@ -271,7 +273,7 @@ func TestWaitForTheAPIIsLoggedOncePerWait(t *testing.T) {
 	}
 	// The first pass: this replica's answer may be up to presenceMaxAge old, so it looks
 	// again as soon as it may ask, and says nothing yet.
-	soon, recheck := presenceMaxAge+presenceMaxAge/10, r.Presence.every()
+	soon, recheck := firstRecheck, r.Presence.every()
 	reconcileWant(soon, 0)
 	reconcileWant(recheck, 1)
 	reconcileWant(recheck, 1)

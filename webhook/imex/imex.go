@@ -14,8 +14,9 @@
 //
 // The pods are created before the ComputeDomain exists (admission must not create objects:
 // a dry run, or a create refused by a later webhook, would leave one behind). Their claims
-// wait for the template, which the kube-controller-manager's resourceclaim controller keeps
-// retrying; the pods start once NVIDIA's controller has made it.
+// wait for the template: the kube-controller-manager's resourceclaim controller makes them
+// when it appears (1.37's looks at a template's pods again then; older ones retry with a
+// backoff), and the pods start.
 package imex
 
 import (
@@ -259,8 +260,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 // LeaderWorkerSet's new pods bring it back. The first such pass looks again as soon as
 // Refresh may ask again: the answer it had may be up to presenceMaxAge older than the
 // replica's that marked the pods. A second pass means the API is really not served here
-// (NVIDIA's driver uninstalled, or discovery failing): the wait is logged once, and looked at
-// every Recheck.
+// (its CRD deleted, or discovery failing): the wait is logged once, and looked at every
+// Recheck.
 func (r *Reconciler) notServed(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	pods := &corev1.PodList{}
 	if err := r.Client.List(ctx, pods, client.InNamespace(req.Namespace), client.MatchingLabels{names.LWSNameLabel: req.Name}); err != nil {
@@ -274,7 +275,7 @@ func (r *Reconciler) notServed(ctx context.Context, req reconcile.Request) (reco
 	case 1:
 		return reconcile.Result{RequeueAfter: firstRecheck}, nil
 	case 2:
-		r.Log.Info("pods of this LeaderWorkerSet were given an IMEX channel claim by a replica that found NVIDIA's ComputeDomain API served, but it is not served here: they wait for their channel template until it is (looked at every recheck); reinstall NVIDIA's DRA driver for GPUs with compute domains enabled, or delete the pods: the replicas admit the pods made again without the claim once they too find the API gone",
+		r.Log.Info("pods of this LeaderWorkerSet were given an IMEX channel claim by a replica that found NVIDIA's ComputeDomain API served, but it is not served here (its CRD deleted, or discovery failing): they wait for their channel template until it is (looked at every recheck); restore the CRD and NVIDIA's DRA driver for GPUs with compute domains enabled, or delete the pods: the replicas admit the pods made again without the claim once they too find the API gone",
 			"namespace", req.Namespace, "leaderWorkerSet", req.Name, "api", ComputeDomainGVK.GroupVersion().String())
 	}
 	return reconcile.Result{RequeueAfter: r.Presence.every()}, nil
